@@ -1,0 +1,77 @@
+"""One loader for every spec file: YAML or JSON in, a frozen pydantic model out.
+
+Errors become one `SpecError` line naming the file and the key, with a
+"did you mean" for misspelt keys.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from splitplan.errors import SpecError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_mapping(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not a text file; pass a YAML or JSON spec") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        line = line + 1 if line is not None else getattr(exc, "lineno", None)
+        where = f" line {line}" if line else ""
+        raise SpecError(f"{path}:{where} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}; fix the syntax") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of keys to values at the top level")
+    return data
+
+
+def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names valid at `loc`'s parent, for "did you mean" suggestions."""
+    current: Any = model
+    for part in loc[:-1]:
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return list(getattr(current, "model_fields", {}))
+        annotation = field.annotation
+        args = getattr(annotation, "__args__", ())
+        current = next((a for a in (annotation, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if current is None:
+            return []
+    return list(getattr(current, "model_fields", {}))
+
+
+def validation_message(model: type[BaseModel], exc: ValidationError) -> str:
+    errors = exc.errors()
+    # A misspelt key also shows up as a missing one: report the misspelling, it says more.
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    loc = tuple(err["loc"])
+    key = ".".join(str(p) for p in loc) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        close = difflib.get_close_matches(str(loc[-1]), _known_keys(model, loc), n=1, cutoff=0.6)
+        hint = f"; did you mean '{close[0]}'?" if close else "; remove it"
+        return f"unknown key '{key}'{hint}"
+    if err["type"] == "missing":
+        return f"missing key '{key}'; add it"
+    more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
+    return f"key '{key}': {err['msg']}{more}"
+
+
+def load_spec(model: type[M], path: Path, data: dict[str, Any] | None = None) -> M:
+    raw = read_mapping(path) if data is None else data
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(f"{path}: {validation_message(model, exc)}") from None

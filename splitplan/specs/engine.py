@@ -1,0 +1,101 @@
+"""Serving-engine profiles: what the software achieves on the hardware.
+
+The chip's datasheet stays in `hardware_specs/`; everything the engine adds or
+loses (achieved fractions of peak, launch and per-iteration overheads, collective
+latency, memory reserved) lives here, so one profile predicts any GPU. A profile
+may override factors for specific machine types (`hardware_overrides`) when
+measurements show the engine behaves differently there; machines without an
+override use the profile's defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from splitplan.specs._load import load_spec, read_mapping
+from splitplan.specs.catalog import catalog_names, resolve
+
+Frac = Annotated[float, Field(gt=0, le=1)]
+Secs = Annotated[float, Field(ge=0, le=10)]
+
+
+class EngineFactors(BaseModel):
+    """The fitted or assumed factors. In `hardware_overrides` only the keys given
+    replace the defaults."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    compute_efficiency: Frac = 0.7
+    attention_efficiency: Frac = 0.5
+    memory_efficiency: Frac = 0.8
+    gemm_half_tokens: Annotated[float, Field(ge=0, le=100_000)] = 0.0
+    kernel_launch_s: Secs = 3e-6
+    host_launch_s_per_layer: Secs = 0.0
+    prefill_overhead_s: Secs = 0.0
+    decode_overhead_s: Secs = 0.0
+    sequence_overhead_s: Secs = 0.0
+    collective_latency_s: Secs = 10e-6
+    link_efficiency: Frac = 0.8
+    kv_transfer_latency_s: Secs = 5e-3
+
+
+class EngineProfile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    description: str
+    source: str
+    dtype: Literal["bf16", "fp8"] = "bf16"
+    memory_usable_fraction: Frac = 0.9
+    activation_reserve_gb_per_gpu: Annotated[float, Field(ge=0, le=1000)] = 2.0
+    layerwise_transfer_min_tokens: Annotated[int, Field(ge=0)] = 512
+    kernels_per_layer: Annotated[int, Field(ge=1, le=1000)] = 8
+    # `per_prompt`: attention is block-diagonal, causal cost sum(T_i^2) (flash/varlen
+    # kernels). `packed`: the engine attends over the whole packed batch with a mask,
+    # cost (sum T_i)^2 -- what the 2023 vLLM measurements show (8 x 512 tokens take as
+    # long as one 4,096-token prompt).
+    prefill_attention: Literal["per_prompt", "packed"] = "per_prompt"
+    defaults: EngineFactors = EngineFactors()
+    hardware_overrides: dict[str, EngineFactors] = {}
+    fit: dict[str, Any] | None = None
+
+    def factors(self, hardware_name: str, tp: int) -> EngineFactors:
+        """Defaults, then the machine type's overrides (key `HW`), then those for
+        this TP degree on it (key `HW/tpN`)."""
+        factors = self.defaults
+        for key in (hardware_name, f"{hardware_name}/tp{tp}"):
+            override = self.hardware_overrides.get(key)
+            if override is not None:
+                factors = factors.model_copy(update=override.model_dump(include=override.model_fields_set))
+        return factors
+
+    @property
+    def bytes_per_element(self) -> float:
+        return 1.0 if self.dtype == "fp8" else 2.0
+
+
+def load_engine(name_or_path: str) -> EngineProfile:
+    path = resolve("engine_profiles", name_or_path, "engine profile")
+    data = read_mapping(path)
+    data.setdefault("name", path.stem)
+    return load_spec(EngineProfile, path, data)
+
+
+def engine_catalog() -> list[EngineProfile]:
+    return [load_engine(n) for n in catalog_names("engine_profiles")]
+
+
+def engine_to_yaml(profile: EngineProfile, header: str = "") -> str:
+    """The profile as an `engine_profiles/` YAML file (round-trips through `load_engine`)."""
+    import yaml
+
+    def rounded(value):  # 4 significant digits: the fit is not more precise than that
+        if isinstance(value, float):
+            return float(f"{value:.4g}")
+        if isinstance(value, dict):
+            return {k: rounded(v) for k, v in value.items()}
+        return value
+
+    data = rounded(profile.model_dump(exclude={"name"}, exclude_none=True))
+    comment = "".join(f"# {line}\n" for line in header.splitlines())
+    return comment + yaml.safe_dump(data, sort_keys=False, width=120)

@@ -1,0 +1,106 @@
+"""Machine types: one YAML per machine in `hardware_specs/`.
+
+Data files use human units with the unit in the key (TFLOP/s, GB, TB/s, Gbit/s, W);
+the properties below convert once to SI (`_flops_per_s`, `_bytes`, `_bytes_per_s`).
+Every figure carries a source and a date.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from splitplan.specs._load import load_spec, read_mapping
+from splitplan.specs.catalog import catalog_names, resolve
+
+_STRICT = ConfigDict(frozen=True, extra="forbid")
+
+Pos = Annotated[float, Field(gt=0)]
+
+
+class GpuSpec(BaseModel):
+    """One accelerator, dense (no sparsity) datasheet figures."""
+
+    model_config = _STRICT
+    name: str
+    bf16_tflop_per_s: Annotated[float, Field(gt=0, le=100_000)]
+    fp8_tflop_per_s: Annotated[float, Field(gt=0, le=100_000)] | None = None
+    memory_gb: Annotated[float, Field(gt=0, le=10_000)]
+    memory_tb_per_s: Annotated[float, Field(gt=0, le=1_000)]
+    tdp_w: Annotated[float, Field(gt=0, le=10_000)]
+    idle_w: Annotated[float, Field(ge=0, le=10_000)]
+    decode_w: Annotated[float, Field(gt=0, le=10_000)] | None = None
+    intra_node_bidir_gbyte_per_s: Annotated[float, Field(gt=0, le=100_000)]
+    source: str
+    source_date: str
+
+    @model_validator(mode="after")
+    def _power_order(self) -> "GpuSpec":
+        if self.idle_w >= self.tdp_w:
+            raise ValueError(f"idle_w ({self.idle_w}) must be below tdp_w ({self.tdp_w})")
+        if self.decode_w is not None and not self.idle_w <= self.decode_w <= self.tdp_w:
+            raise ValueError("decode_w must lie between idle_w and tdp_w")
+        return self
+
+
+class HardwareSpec(BaseModel):
+    """A machine type: GPUs, network, price and power."""
+
+    model_config = _STRICT
+    name: str
+    description: str
+    gpu: GpuSpec
+    gpus_per_machine: Annotated[int, Field(ge=1, le=72)]
+    scale_out_gbit_per_s: Annotated[float, Field(gt=0, le=100_000)]
+    price_usd_per_hour: Annotated[float, Field(gt=0, le=10_000)]
+    price_source: str
+    price_date: str
+    provisioned_power_w: Annotated[float, Field(gt=0, le=1_000_000)]
+    power_cap_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
+    power_cap_prefill_slowdown: Annotated[float, Field(ge=1, le=10)] = 1.0
+
+    @model_validator(mode="after")
+    def _cap_consistent(self) -> "HardwareSpec":
+        if self.power_cap_prefill_slowdown > 1 and self.power_cap_fraction is None:
+            raise ValueError("power_cap_prefill_slowdown needs power_cap_fraction")
+        return self
+
+    # SI views, converted once here so no other module sees human units.
+    def peak_flops_per_s(self, dtype: str) -> float:
+        """Dense peak per GPU for `dtype` (bf16 or fp8); fp8 falls back to bf16 if absent."""
+        tflops = self.gpu.fp8_tflop_per_s if dtype == "fp8" and self.gpu.fp8_tflop_per_s else self.gpu.bf16_tflop_per_s
+        return tflops * 1e12
+
+    @property
+    def memory_bytes_per_gpu(self) -> float:
+        return self.gpu.memory_gb * 1e9
+
+    @property
+    def memory_bytes_per_s(self) -> float:
+        return self.gpu.memory_tb_per_s * 1e12
+
+    @property
+    def intra_node_bytes_per_s(self) -> float:
+        """One direction of the GPU's intra-node link (the datasheet figure is bidirectional)."""
+        return self.gpu.intra_node_bidir_gbyte_per_s * 1e9 / 2
+
+    @property
+    def scale_out_bytes_per_s(self) -> float:
+        return self.scale_out_gbit_per_s * 1e9 / 8
+
+    def tp_degrees(self) -> list[int]:
+        """TP degrees that tile a machine exactly (one or more instances per machine)."""
+        return [t for t in range(1, self.gpus_per_machine + 1) if self.gpus_per_machine % t == 0]
+
+
+def load_hardware(name_or_path: str) -> HardwareSpec:
+    path = resolve("hardware_specs", name_or_path, "hardware")
+    data = read_mapping(path)
+    data.setdefault("name", path.stem)
+    return load_spec(HardwareSpec, path, data)
+
+
+def hardware_catalog() -> list[HardwareSpec]:
+    return [load_hardware(n) for n in catalog_names("hardware_specs")]

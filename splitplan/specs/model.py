@@ -1,0 +1,145 @@
+"""LLM architectures, read from Hugging Face `config.json` keys.
+
+A real `config.json` can be passed unchanged: keys splitplan does not use are
+ignored, and a few GPT-style spellings (`n_layer`, `n_head`, `n_embd`, ...) are
+mapped to the Llama-style names. The FFN is gated (SwiGLU, 3 matrices) when
+`hidden_act` is a gated activation (silu/swish, the Llama default) and plain
+(2 matrices, GELU as in BLOOM/GPT-3) otherwise; `ffn_gated` overrides.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from splitplan.specs._load import load_spec, read_mapping
+from splitplan.specs.catalog import catalog_names, resolve
+
+_ALIASES = {
+    "n_layer": "num_hidden_layers",
+    "num_layers": "num_hidden_layers",
+    "n_head": "num_attention_heads",
+    "n_embd": "hidden_size",
+    "num_kv_heads": "num_key_value_heads",
+    "n_inner": "intermediate_size",
+    "ffn_hidden_size": "intermediate_size",
+    "num_experts": "num_local_experts",
+}
+_GATED_ACTS = {"silu", "swish", "swiglu", "geglu", "gelu_pytorch_tanh_gated"}
+
+PosInt = Annotated[int, Field(ge=1, le=10_000_000)]
+
+
+class ModelSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    name: str
+    num_hidden_layers: Annotated[int, Field(ge=1, le=10_000)]
+    hidden_size: PosInt
+    num_attention_heads: Annotated[int, Field(ge=1, le=100_000)]
+    num_key_value_heads: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    head_dim: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    intermediate_size: PosInt
+    vocab_size: PosInt
+    tie_word_embeddings: bool = False
+    hidden_act: str = "silu"
+    ffn_gated: bool | None = None
+    num_local_experts: Annotated[int, Field(ge=1, le=100_000)] = 1
+    num_experts_per_tok: Annotated[int, Field(ge=1, le=100_000)] = 1
+    max_position_embeddings: PosInt | None = None
+
+    @model_validator(mode="after")
+    def _shapes(self) -> "ModelSpec":
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) does not divide hidden_size "
+                f"({self.hidden_size}); give head_dim explicitly if that is intended"
+            )
+        if self.num_attention_heads % self.kv_heads:
+            raise ValueError(
+                f"num_key_value_heads ({self.kv_heads}) must divide num_attention_heads ({self.num_attention_heads})"
+            )
+        if self.num_experts_per_tok > self.num_local_experts:
+            raise ValueError("num_experts_per_tok exceeds num_local_experts")
+        return self
+
+    # Derived shapes -------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads or self.num_attention_heads
+
+    @property
+    def head_dim_eff(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_attention_heads * self.head_dim_eff
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim_eff
+
+    @property
+    def gated(self) -> bool:
+        return self.ffn_gated if self.ffn_gated is not None else self.hidden_act.lower() in _GATED_ACTS
+
+    @property
+    def ffn_matrices(self) -> int:
+        return 3 if self.gated else 2
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_local_experts > 1
+
+    # Parameter counts (weights only; norms and biases are < 0.1 % and ignored) --
+    @property
+    def attn_params_per_layer(self) -> int:
+        return self.hidden_size * (2 * self.q_dim + 2 * self.kv_dim)
+
+    @property
+    def expert_params(self) -> int:
+        """One FFN (one expert, for MoE)."""
+        return self.ffn_matrices * self.hidden_size * self.intermediate_size
+
+    @property
+    def router_params_per_layer(self) -> int:
+        return self.hidden_size * self.num_local_experts if self.is_moe else 0
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+
+    @property
+    def total_params(self) -> int:
+        per_layer = self.attn_params_per_layer + self.num_local_experts * self.expert_params + self.router_params_per_layer
+        return self.num_hidden_layers * per_layer + self.embedding_params
+
+    @property
+    def active_params(self) -> int:
+        per_layer = self.attn_params_per_layer + self.num_experts_per_tok * self.expert_params + self.router_params_per_layer
+        return self.num_hidden_layers * per_layer + self.embedding_params
+
+    def kv_bytes_per_token(self, bytes_per_element: float) -> float:
+        return 2 * self.num_hidden_layers * self.kv_dim * bytes_per_element
+
+
+def _canonical(data: dict[str, Any]) -> dict[str, Any]:
+    out = dict(data)
+    for alias, key in _ALIASES.items():
+        if alias in out and key not in out:
+            out[key] = out[alias]
+    return out
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    path = resolve("model_specs", name_or_path, "model")
+    data = _canonical(read_mapping(path))
+    stem = path.stem if path.stem != "config" else path.parent.name or "config"
+    data.setdefault("name", stem)
+    return load_spec(ModelSpec, path, data)
+
+
+def model_catalog() -> list[ModelSpec]:
+    return [load_model(n) for n in catalog_names("model_specs")]
+
