@@ -1,0 +1,67 @@
+"""Measured latencies: the splitwise-sim `perf_model.csv` format and a generic CSV.
+
+Both are reduced to one row per distinct point with the median latency:
+`hardware, model, tp, phase, batch, prompt_tokens, context_tokens, latency_ms, repeats`.
+In the splitwise format a row holds a prefill (`prompt_time`: `batch_size` prompts
+of `prompt_size` tokens) and a decode step (`token_time`: `batch_size` requests;
+the context grows from `prompt_size` over `token_size` outputs, so its mean,
+`prompt_size + token_size / 2`, is the context used).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from splitplan.errors import TraceError
+
+SPLITWISE_COLUMNS = ["model", "hardware", "prompt_size", "batch_size", "token_size", "prompt_time", "token_time", "tensor_parallel"]
+GENERIC_COLUMNS = ["hardware", "model", "tp", "phase", "batch", "prompt_tokens", "context_tokens", "latency_ms"]
+POINT_KEYS = ["model", "hardware", "tp", "phase", "batch", "prompt_tokens", "context_tokens"]
+
+# Names used in splitwise-sim's file for machines of our catalog.
+HARDWARE_ALIASES = {"h100-80gb-pcap": "h100-80gb-cap70"}
+
+
+def read_measurements(path: str | Path) -> pd.DataFrame:
+    """Medians per point, with `repeats` counting the raw rows behind each."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file; pass a perf_model.csv or a generic latency CSV")
+    try:
+        raw = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
+    if set(SPLITWISE_COLUMNS) <= set(raw.columns):
+        raw = raw.dropna(subset=SPLITWISE_COLUMNS)
+        base = pd.DataFrame({
+            "model": raw["model"],
+            "hardware": raw["hardware"].replace(HARDWARE_ALIASES),
+            "tp": raw["tensor_parallel"].astype(int),
+            "batch": raw["batch_size"].astype(int),
+        })
+        prefill = base.assign(phase="prefill", prompt_tokens=raw["prompt_size"].astype(int), context_tokens=0,
+                              latency_ms=raw["prompt_time"].astype(float))
+        decode = base.assign(phase="decode", prompt_tokens=0,
+                             context_tokens=(raw["prompt_size"] + raw["token_size"] // 2).astype(int),
+                             latency_ms=raw["token_time"].astype(float))
+        points = pd.concat([prefill, decode], ignore_index=True)
+    elif set(GENERIC_COLUMNS) <= set(raw.columns):
+        points = raw[GENERIC_COLUMNS].copy()
+        for col in ("tp", "batch", "prompt_tokens", "context_tokens", "latency_ms"):
+            points[col] = pd.to_numeric(points[col], errors="coerce")
+        bad = points[points.isna().any(axis=1)]
+        if len(bad):
+            raise TraceError(f"{path}: line {int(bad.index[0]) + 2}: empty or non-numeric value; fix or remove the row")
+        points["hardware"] = points["hardware"].replace(HARDWARE_ALIASES)
+    else:
+        raise TraceError(
+            f"{path}: unknown columns; expected the splitwise perf_model.csv header "
+            f"({','.join(SPLITWISE_COLUMNS)}) or {','.join(GENERIC_COLUMNS)}"
+        )
+    bad = points[~points["phase"].isin(["prefill", "decode"]) | (points["latency_ms"] <= 0) | (points["batch"] < 1)]
+    if len(bad):
+        raise TraceError(f"{path}: line {int(bad.index[0]) % len(raw) + 2}: phase must be prefill or decode, batch >= 1, latency > 0")
+    grouped = points.groupby(POINT_KEYS, sort=True)["latency_ms"]
+    return grouped.median().to_frame().assign(repeats=grouped.size()).reset_index()

@@ -1,0 +1,242 @@
+"""Analytic (roofline) latency of one forward pass on one model instance.
+
+An instance is a model at tensor-parallel degree `tp` on `tp` GPUs of one machine.
+Per layer and per operator class (dense GEMMs, MoE experts, attention, LM head):
+
+    time = max(flops / (peak * efficiency), bytes / (bandwidth * memory_efficiency))
+
+plus two ring all-reduces per layer over the intra-node link
+(`2 (t-1)/t * bytes / (link * link_efficiency) + collective_latency`), a GPU launch cost per kernel,
+and the engine's per-iteration and per-sequence overheads. An eager engine issues
+kernels from the host: the GPU work overlaps the host's launch time
+(`host_launch_s_per_layer * layers`), so the pass takes the larger of the two.
+
+Modelling assumptions (units: seconds, FLOPs and bytes per GPU):
+- FLOPs and weight bytes divide evenly by `tp`; KV heads are replicated when
+  `tp` exceeds them (GQA), which costs memory and bandwidth.
+- Prefill attention is causal: 2 x T^2 x q_dim FLOPs per layer per prompt (QK^T
+  and PV, halved), at `attention_efficiency` of peak (flash-style kernels reach
+  more than 2023-era ones). An engine with `prefill_attention: packed` attends
+  over the whole packed batch, (sum T)^2.
+- Small GEMMs (decode) lose efficiency: eff(M) = eff * M / (M + gemm_half_tokens).
+- MoE: FLOPs for the k experts each token uses; bytes for the experts the batch
+  touches, E (1 - (1 - k/E)^tokens).
+- A power cap slows the whole prefill pass by the machine's
+  `power_cap_prefill_slowdown` (Splitwise: 1.3x at 70 % power); decode is memory-
+  bound and unchanged.
+- Mixed batches (prefill and decode in one iteration) are the same formula with
+  both kinds of attention: the co-located baseline needs nothing else.
+
+All functions are pure and accept numpy arrays, so the capacity search and the
+simulator can evaluate thousands of passes at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from splitplan.specs.engine import EngineFactors, EngineProfile
+from splitplan.specs.hardware import HardwareSpec
+from splitplan.specs.model import ModelSpec
+
+BOUNDS = ("compute", "memory", "network", "overhead")
+
+
+@dataclass(frozen=True)
+class Latency:
+    """A predicted latency and what bound it. Breakdown terms sum to `time_s`."""
+
+    time_s: float
+    bound: str
+    compute_s: float
+    memory_s: float
+    network_s: float
+    overhead_s: float
+    flops_per_gpu: float
+    bytes_per_gpu: float
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Whether a model fits an instance, and the KV room left if it does."""
+
+    fits: bool
+    reason: str
+    weights_bytes_per_gpu: float
+    kv_capacity_tokens: int
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One model instance: (model, machine type, TP degree) under an engine profile."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    engine: EngineProfile
+    tp: int
+
+    @cached_property
+    def factors(self) -> EngineFactors:
+        return self.engine.factors(self.hardware.name, self.tp)
+
+    @property
+    def instances_per_machine(self) -> int:
+        return self.hardware.gpus_per_machine // self.tp
+
+    # --- memory ---------------------------------------------------------------
+    @cached_property
+    def kv_heads_per_gpu(self) -> int:
+        return math.ceil(self.model.kv_heads / self.tp)
+
+    @cached_property
+    def kv_bytes_per_token(self) -> float:
+        """KV bytes one token occupies on this instance (all GPUs, replication included)."""
+        m = self.model
+        return 2 * m.num_hidden_layers * self.kv_heads_per_gpu * self.tp * m.head_dim_eff * self.engine.bytes_per_element
+
+    @cached_property
+    def fit(self) -> Fit:
+        hw, eng = self.hardware, self.engine
+        weights = self.model.total_params * eng.bytes_per_element / self.tp
+        usable = hw.memory_bytes_per_gpu * eng.memory_usable_fraction - eng.activation_reserve_gb_per_gpu * 1e9
+        room = usable - weights
+        if self.tp > hw.gpus_per_machine or hw.gpus_per_machine % self.tp:
+            return Fit(False, f"TP {self.tp} does not divide the {hw.gpus_per_machine} GPUs of {hw.name}", weights, 0)
+        if self.model.num_attention_heads % self.tp:
+            return Fit(False, f"TP {self.tp} does not divide {self.model.num_attention_heads} attention heads", weights, 0)
+        tokens = int(room * self.tp // self.kv_bytes_per_token) if room > 0 else 0
+        if tokens < 1:
+            return Fit(
+                False,
+                f"{self.model.name} weights need {weights / 1e9:.1f} GB per GPU at TP {self.tp}, "
+                f"{hw.name} has {usable / 1e9:.1f} GB usable per GPU",
+                weights,
+                0,
+            )
+        return Fit(True, "", weights, tokens)
+
+    # --- one forward pass -------------------------------------------------------
+    def _terms(self, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens):
+        """Time terms (arrays) of one pass: compute-bound, memory-bound, network, overhead,
+        plus FLOPs and bytes per GPU."""
+        m, hw, f, t = self.model, self.hardware, self.factors, self.tp
+        L = m.num_hidden_layers
+        bpe = self.engine.bytes_per_element
+        peak = hw.peak_flops_per_s(self.engine.dtype)
+        bw = hw.memory_bytes_per_s * f.memory_efficiency
+        n_tok = np.asarray(prefill_tokens, float) + np.asarray(decode_seqs, float)
+        n_seq = np.asarray(prefill_seqs, float) + np.asarray(decode_seqs, float)
+        has_prefill = np.asarray(prefill_tokens, float) > 0
+        kv_dim_gpu = self.kv_heads_per_gpu * m.head_dim_eff
+        q_dim_gpu = m.q_dim / t
+
+        def gemm_eff(rows):
+            return f.compute_efficiency * rows / (rows + f.gemm_half_tokens)
+
+        safe_tok = np.maximum(n_tok, 1.0)
+        classes = []  # (flops, bytes, achieved peak) per layer, per GPU
+        dense_params = m.attn_params_per_layer + (0 if m.is_moe else m.expert_params)
+        act = n_tok * bpe * (4 * m.hidden_size + (2 * m.q_dim + 2 * m.kv_dim + (m.ffn_matrices + 1) * m.intermediate_size) / t)
+        classes.append((2 * n_tok * dense_params / t, dense_params * bpe / t + act, peak * gemm_eff(safe_tok)))
+        if m.is_moe:
+            E, k = m.num_local_experts, m.num_experts_per_tok
+            touched = E * (1 - (1 - k / E) ** n_tok)
+            rows = np.maximum(n_tok * k / np.maximum(touched, 1e-9), 1.0)
+            classes.append((2 * n_tok * k * m.expert_params / t, touched * m.expert_params * bpe / t, peak * gemm_eff(rows)))
+        pre_tok = np.asarray(prefill_tokens, float)
+        pre_sq = pre_tok**2 if self.engine.prefill_attention == "packed" else np.asarray(prefill_sq_tokens, float)
+        ctx = np.asarray(decode_context_tokens, float)
+        classes.append((
+            2 * pre_sq * q_dim_gpu,
+            pre_tok * (2 * q_dim_gpu + 2 * kv_dim_gpu) * bpe,
+            peak * f.attention_efficiency,
+        ))
+        classes.append((4 * ctx * q_dim_gpu, ctx * 2 * kv_dim_gpu * bpe, peak * f.compute_efficiency))
+
+        compute_s = np.zeros_like(n_tok)
+        memory_s = np.zeros_like(n_tok)
+        flops = np.zeros_like(n_tok)
+        nbytes = np.zeros_like(n_tok)
+        for c_flops, c_bytes, c_peak in classes:
+            tc = L * c_flops / c_peak
+            tm = L * c_bytes / bw
+            compute_s = compute_s + np.where(tc > tm, tc, 0.0)
+            memory_s = memory_s + np.where(tc > tm, 0.0, tm)
+            flops = flops + L * c_flops
+            nbytes = nbytes + L * c_bytes
+        # LM head: one row per sequence (the last prompt token, or the decoded token).
+        head_params = m.vocab_size * m.hidden_size / t
+        tc = 2 * n_seq * head_params / (peak * gemm_eff(np.maximum(n_seq, 1.0)))
+        tm = head_params * bpe / bw
+        compute_s = compute_s + np.where(tc > tm, tc, 0.0)
+        memory_s = memory_s + np.where(tc > tm, 0.0, tm)
+        flops, nbytes = flops + 2 * n_seq * head_params, nbytes + head_params * bpe
+
+        if t > 1:
+            link = hw.intra_node_bytes_per_s * f.link_efficiency
+            per_collective = 2 * (t - 1) / t * n_tok * m.hidden_size * 2 / link + f.collective_latency_s
+            network_s = 2 * L * per_collective
+        else:
+            network_s = np.zeros_like(n_tok)
+        launch_s = L * self.engine.kernels_per_layer * f.kernel_launch_s
+        gpu_s = compute_s + memory_s + network_s + launch_s
+        host_s = f.host_launch_s_per_layer * L
+        waiting_on_host = np.maximum(host_s - gpu_s, 0.0)
+        overhead_s = (
+            np.where(has_prefill, f.prefill_overhead_s, f.decode_overhead_s)
+            + f.sequence_overhead_s * n_seq
+            + launch_s
+            + waiting_on_host
+        )
+        slow = np.where(has_prefill, hw.power_cap_prefill_slowdown, 1.0)
+        return compute_s * slow, memory_s * slow, network_s * slow, overhead_s * slow, flops, nbytes
+
+    def pass_time_s(self, prefill_seqs=0, prefill_tokens=0, prefill_sq_tokens=0, decode_seqs=0, decode_context_tokens=0):
+        """Seconds for one forward pass (vectorized over numpy arrays)."""
+        c, mem, net, ovh, _, _ = self._terms(prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens)
+        return c + mem + net + ovh
+
+    def prefill_time_s(self, prompt_tokens):
+        """One prompt per element of `prompt_tokens`, each prefilled alone."""
+        tokens = np.asarray(prompt_tokens, float)
+        return self.pass_time_s(1, tokens, tokens**2)
+
+    def decode_step_time_s(self, batch, context_tokens_per_request):
+        """One decode iteration of `batch` requests each holding that many context tokens."""
+        b = np.asarray(batch, float)
+        return self.pass_time_s(decode_seqs=b, decode_context_tokens=b * np.asarray(context_tokens_per_request, float))
+
+    def explain(self, prompt_tokens: list[int] | None = None, decode_batch: int = 0, decode_context_tokens: int = 0) -> Latency:
+        """A scalar pass with its breakdown: a batch of prompts, or a decode batch, or both."""
+        prompts = np.asarray(prompt_tokens or [], float)
+        terms = self._terms(len(prompts), prompts.sum(), (prompts**2).sum(), decode_batch, decode_batch * decode_context_tokens)
+        c, mem, net, ovh, flops, nbytes = (float(x) for x in terms)
+        parts = dict(zip(BOUNDS, (c, mem, net, ovh)))
+        return Latency(c + mem + net + ovh, max(parts, key=parts.get), c, mem, net, ovh, flops, nbytes)
+
+
+def kv_transfer_time_s(src: Instance, dst: Instance, prompt_tokens, prefill_s=None):
+    """Seconds of KV transfer the request sees between a prompt and a token instance.
+
+    Bandwidth is the smaller of the two instances' shares of their machines'
+    scale-out NICs. Prompts shorter than the engine's `layerwise_transfer_min_tokens`
+    are sent after the prefill (serialized: all bytes exposed); longer ones layer by
+    layer during the prefill, leaving the last layer's share exposed (or more, when
+    the network is slower than the prefill produces KV). The engine's
+    `kv_transfer_latency_s` is added either way.
+    """
+    tokens = np.asarray(prompt_tokens, float)
+    bw = min(
+        src.hardware.scale_out_bytes_per_s * src.tp / src.hardware.gpus_per_machine,
+        dst.hardware.scale_out_bytes_per_s * dst.tp / dst.hardware.gpus_per_machine,
+    )
+    total_s = tokens * src.model.kv_bytes_per_token(src.engine.bytes_per_element) / bw
+    layers = src.model.num_hidden_layers
+    prefill = src.prefill_time_s(tokens) if prefill_s is None else np.asarray(prefill_s, float)
+    layerwise_s = np.maximum(total_s / layers, total_s - prefill * (layers - 1) / layers)
+    exposed = np.where(tokens < src.engine.layerwise_transfer_min_tokens, total_s, layerwise_s)
+    return exposed + src.factors.kv_transfer_latency_s

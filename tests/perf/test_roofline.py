@@ -1,0 +1,127 @@
+"""Roofline limits computed by hand, monotonicity, and the physical effects."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from splitplan.perf.roofline import Instance, kv_transfer_time_s
+from splitplan.specs.engine import EngineFactors, EngineProfile, load_engine
+from splitplan.specs.hardware import load_hardware
+from splitplan.specs.model import load_model
+
+# An engine at the roofline: full efficiency, no overheads of any kind.
+IDEAL = EngineProfile(
+    name="ideal", description="test", source="test",
+    defaults=EngineFactors(compute_efficiency=1, attention_efficiency=1, memory_efficiency=1, gemm_half_tokens=0,
+                           kernel_launch_s=0, collective_latency_s=0, link_efficiency=1, kv_transfer_latency_s=0),
+)
+H100 = load_hardware("h100-80gb")
+
+
+def test_decode_batch1_is_weight_reading_time():
+    m = load_model("llama3.1-8b")
+    inst = Instance(m, H100, IDEAL, 1)
+    # batch 1, context 1: memory-bound; every weight read once (the input embedding
+    # table only by one row), plus 1 token of KV and small activations.
+    t = float(inst.decode_step_time_s(1, 1))
+    weights_s = (m.total_params - m.vocab_size * m.hidden_size) * 2 / 3.35e12
+    assert t == pytest.approx(weights_s, rel=0.01)
+    assert inst.explain(decode_batch=1, decode_context_tokens=1).bound == "memory"
+
+
+def test_prefill_long_prompt_is_flops_time():
+    m = load_model("llama3.1-8b")
+    inst = Instance(m, H100, IDEAL, 1)
+    T = 8192
+    flops = 2 * (m.total_params - m.embedding_params) * T + 2 * m.num_hidden_layers * T**2 * m.q_dim + 2 * m.hidden_size * m.vocab_size
+    t = float(inst.prefill_time_s(T))
+    assert t == pytest.approx(flops / 989e12, rel=0.01)
+    assert inst.explain(prompt_tokens=[T]).bound == "compute"
+
+
+def test_tp_all_reduce_time():
+    m = load_model("llama2-70b")
+    t1 = Instance(m, H100, IDEAL, 8)
+    lat = t1.explain(prompt_tokens=[4096])
+    # two ring all-reduces per layer of tokens x hidden x 2 bytes over 450 GB/s one-way
+    expected = 2 * 80 * (2 * 7 / 8 * 4096 * 8192 * 2 / 450e9)
+    assert lat.network_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_kv_capacity_by_hand():
+    m = load_model("llama2-70b")
+    inst = Instance(m, H100, load_engine("lean"), 8)
+    usable = 80e9 * 0.9 - 2e9
+    weights = m.total_params * 2 / 8
+    assert inst.fit.kv_capacity_tokens == int((usable - weights) * 8 // 327_680)
+
+
+def test_gqa_kv_heads_are_replicated_beyond_kv_heads():
+    m = load_model("llama3.1-8b")  # 8 KV heads
+    assert Instance(m, H100, IDEAL, 8).kv_bytes_per_token == m.kv_bytes_per_token(2)
+    b200 = load_hardware("b200-180gb")
+    m405 = load_model("llama3.1-405b")
+    assert Instance(m405, b200, IDEAL, 8).kv_bytes_per_token == m405.kv_bytes_per_token(2)
+
+
+def test_model_that_does_not_fit_says_why():
+    inst = Instance(load_model("llama3.1-405b"), H100, load_engine("lean"), 8)
+    assert not inst.fit.fits and "GB" in inst.fit.reason
+    assert not Instance(load_model("llama2-70b"), H100, IDEAL, 3).fit.fits
+
+
+def test_power_cap_slows_prefill_only():
+    m = load_model("llama2-70b")
+    eng = load_engine("lean")
+    full, capped = Instance(m, H100, eng, 8), Instance(m, load_hardware("h100-80gb-cap70"), eng, 8)
+    assert float(capped.prefill_time_s(2048)) == pytest.approx(1.3 * float(full.prefill_time_s(2048)))
+    assert float(capped.decode_step_time_s(32, 1024)) == pytest.approx(float(full.decode_step_time_s(32, 1024)))
+
+
+def test_moe_decode_reads_only_touched_experts():
+    m = load_model("mixtral-8x7b")
+    inst = Instance(m, H100, IDEAL, 1)
+    one = inst.explain(decode_batch=1, decode_context_tokens=1).bytes_per_gpu
+    many = inst.explain(decode_batch=256, decode_context_tokens=1).bytes_per_gpu
+    L, h = m.num_hidden_layers, m.hidden_size
+    expert_bytes = L * m.expert_params * 2
+    # 255 more tokens: activations in and out of each GEMM, and one more KV entry read each.
+    act_bytes = 255 * L * 2 * (4 * h + 2 * m.q_dim + 2 * m.kv_dim + 4 * m.intermediate_size)
+    kv_bytes = 255 * L * 2 * m.kv_dim * 2
+    touched = 8 * (1 - (1 - 2 / 8) ** 256) - 2  # experts touched at 256 minus at 1
+    assert many - one == pytest.approx(touched * expert_bytes + act_bytes + kv_bytes, rel=1e-6)
+
+
+def test_packed_attention_costs_more_than_per_prompt():
+    m = load_model("llama2-70b")
+    packed = IDEAL.model_copy(update={"prefill_attention": "packed"})
+    args = dict(prefill_seqs=8, prefill_tokens=8 * 512, prefill_sq_tokens=8 * 512**2)
+    assert float(Instance(m, H100, packed, 8).pass_time_s(**args)) > float(Instance(m, H100, IDEAL, 8).pass_time_s(**args))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 32_000), st.integers(1, 4000), st.integers(1, 256), st.sampled_from(["lean", "splitwise-vllm"]))
+def test_monotone_in_tokens_batch_and_context(tokens, extra, batch, engine):
+    inst = Instance(load_model("llama2-70b"), H100, load_engine(engine), 8)
+    assert inst.prefill_time_s(tokens + extra) > inst.prefill_time_s(tokens)
+    assert inst.decode_step_time_s(batch + 1, tokens) >= inst.decode_step_time_s(batch, tokens)
+    assert inst.decode_step_time_s(batch, tokens + extra) >= inst.decode_step_time_s(batch, tokens)
+
+
+def test_kv_transfer_serialized_vs_layerwise():
+    m = load_model("bloom-176b")
+    eng = load_engine("lean")
+    src, dst = Instance(m, H100, eng, 8), Instance(m, load_hardware("a100-80gb"), eng, 8)
+    # BLOOM 2,048 tokens: 8.2 GB; the A100 side (200 GB/s per machine) is the bottleneck.
+    total_s = 2048 * m.kv_bytes_per_token(2) / 200e9
+    short = float(kv_transfer_time_s(src, dst, 256))
+    assert short == pytest.approx(256 / 2048 * total_s + 5e-3)
+    long = float(kv_transfer_time_s(src, dst, 2048))
+    assert 5e-3 < long < total_s  # overlapped with the prefill: only part exposed
+
+
+def test_vectorized_matches_scalar():
+    inst = Instance(load_model("llama2-70b"), H100, load_engine("splitwise-vllm"), 4)
+    tokens = np.array([100, 1000, 5000])
+    vec = inst.prefill_time_s(tokens)
+    assert np.allclose(vec, [inst.explain(prompt_tokens=[int(t)]).time_s for t in tokens])
