@@ -1,0 +1,88 @@
+"""Every command through typer's CliRunner, failures and exit codes included."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from splitplan.cli import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_hardware_list_table_and_json():
+    assert "h100-80gb-cap70" in run("hardware", "list").stdout
+    data = json.loads(run("hardware", "list", "--format", "json").stdout)
+    assert {"a100-80gb", "h100-80gb", "mi300x-192gb"} <= {d["name"] for d in data}
+
+
+def test_models_list():
+    assert "llama3.1-405b" in run("models", "list").stdout
+    data = json.loads(run("models", "list", "--format", "json").stdout)
+    assert {d["name"]: d["kv_bytes_per_token_bf16"] for d in data}["bloom-176b"] == 4_014_080
+
+
+def test_trace_summarize(tmp_path):
+    from splitplan.workload.trace import default_trace_path
+    result = run("trace", "summarize", str(default_trace_path()), "--format", "json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["requests"] == 8819
+    resampled = json.loads(run("trace", "summarize", str(default_trace_path()), "--rate", "10", "--duration", "60",
+                               "--format", "json").stdout)
+    assert 500 < resampled["requests"] < 700
+    assert "inter-arrival CV" in run("trace", "summarize", str(default_trace_path())).stdout
+    generic = tmp_path / "g.csv"
+    generic.write_text("t,p,o\n0,10,2\n1,20,3\n")
+    out = run("trace", "summarize", str(generic), "--time-column", "t", "--prompt-column", "p", "--output-column", "o", "--format", "json")
+    assert json.loads(out.stdout)["requests"] == 2
+
+
+def test_perf_json_contract():
+    result = run("perf", "--model", "llama2-70b", "--hardware", "h100-80gb", "--tp", "8",
+                 "--prefill", "512,2048,4x512", "--decode", "1x512,64x2048", "--format", "json")
+    assert result.exit_code == 0, result.output
+    points = json.loads(result.stdout)
+    assert [(p["phase"], p["batch"]) for p in points] == [("prefill", 1), ("prefill", 1), ("prefill", 4), ("decode", 1), ("decode", 64)]
+    assert points[1]["prompt_tokens"] == 2048 and points[4]["context_tokens"] == 2048
+    assert all(p["latency_ms"] > 0 and p["bound"] in {"compute", "memory", "network", "overhead"} for p in points)
+    assert points[1]["latency_ms"] > points[0]["latency_ms"]
+
+
+def test_perf_default_tp_is_smallest_that_fits():
+    table = run("perf", "--model", "llama3.1-70b", "--hardware", "h100-80gb")
+    assert table.exit_code == 0 and "TP 4" in table.stdout  # 141 GB of weights: TP 2 leaves no room
+
+
+def test_perf_accepts_model_file_and_engine(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
+                               "intermediate_size": 512, "vocab_size": 1000}))
+    result = run("perf", "--model", str(cfg), "--hardware", "l40s-48gb", "--engine", "splitwise-vllm", "--format", "json")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("args,code,needle", [
+    (["perf", "--model", "llama2-70bb"], 2, "did you mean 'llama2-70b'"),
+    (["perf", "--hardware", "h100"], 2, "unknown hardware 'h100'"),
+    (["perf", "--tp", "3"], 2, "--tp 3: must divide the 8 GPUs"),
+    (["perf", "--prefill", "4y512"], 2, "--prefill '4y512'"),
+    (["perf", "--model", "llama3.1-405b", "--hardware", "a100-40gb"], 3, "does not fit a100-40gb at any TP"),
+    (["perf", "--model", "llama2-70b", "--hardware", "h100-80gb", "--tp", "1"], 3, "does not fit h100-80gb at TP 1"),
+    (["perf", "--engine", "nope"], 2, "unknown engine profile 'nope'"),
+    (["trace", "summarize", "/nonexistent.csv"], 2, "no such file"),
+    (["trace", "summarize", "/tmp", "--rate", "-1"], 2, "--rate -1: must be > 0"),
+])
+def test_user_errors_are_one_line_with_exit_code(args, code, needle):
+    result = run(*args)
+    assert result.exit_code == code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_debug_shows_traceback():
+    result = run("--debug", "perf", "--model", "nope")
+    assert result.exit_code != 0 and result.exception is not None

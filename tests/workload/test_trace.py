@@ -1,0 +1,94 @@
+import gzip
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from splitplan.errors import TraceError
+from splitplan.workload.trace import Columns, default_trace_path, load_trace, resample_poisson, summarize
+
+
+def _write(tmp_path, name, text, mode="w"):
+    path = tmp_path / name
+    if mode == "wb":
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def test_embedded_azure_code_trace_matches_published_facts():
+    s = summarize(load_trace(default_trace_path()))
+    assert s["requests"] == 8819
+    assert s["span_s"] / 60 == pytest.approx(57, abs=1)
+    assert s["mean_rate_rps"] == pytest.approx(2.57, abs=0.01)
+    assert s["interarrival_cv"] == pytest.approx(13, abs=0.5)
+    assert (s["prompt_tokens"]["p50"], s["output_tokens"]["p50"]) == (1469, 13)
+
+
+def test_mooncake_and_conversation(shared_data):
+    moon = summarize(load_trace(shared_data / "traces" / "mooncake_conversation.jsonl"))
+    assert moon["requests"] == 12031 and moon["prompt_tokens"]["max"] == 126195
+    assert moon["interarrival_cv"] == pytest.approx(3.0, abs=0.1)
+    conv = summarize(load_trace(shared_data / "traces" / "azure_conv_2023.csv"))
+    assert conv["mean_rate_rps"] == pytest.approx(5.53, abs=0.01)
+
+
+def test_splitwise_generic_and_gzip(tmp_path):
+    sw = _write(tmp_path, "sw.csv", "request_id,arrival_timestamp,prompt_size,token_size\n0,0.5,100,10\n1,1.5,200,20\n")
+    t = load_trace(sw)
+    assert t.arrival_s.tolist() == [0.0, 1.0] and t.prompt_tokens.tolist() == [100, 200]
+    gen = _write(tmp_path, "g.csv", "t_ms,inp,out\n0,5,6\n250,7,8\n")
+    t = load_trace(gen, Columns("t_ms", "inp", "out", 1e-3))
+    assert t.arrival_s.tolist() == [0.0, 0.25] and t.output_tokens.tolist() == [6, 8]
+    gz = _write(tmp_path, "sw.csv.gz", gzip.compress(sw.read_bytes()), "wb")
+    assert load_trace(gz).prompt_tokens.tolist() == [100, 200]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("arrival_timestamp,prompt_size,token_size\n0,10,5\n1,abc,5\n", "line 3: column prompt_size has 'abc'"),
+    ("arrival_timestamp,prompt_size,token_size\n0,10,5\n1,0,5\n", "line 3: column prompt_size is 0"),
+    ("arrival_timestamp,prompt_size,token_size\n0,10,-5\n", "line 2: column token_size is -5"),
+    ("arrival_timestamp,prompt_size,token_size\n5,10,5\n1,10,5\n", "line 3: arrival goes back in time"),
+    ("arrival_timestamp,prompt_size,token_size\n0,,5\n", "line 2: column prompt_size has ''"),
+    ("arrival_timestamp,prompt_size,token_size\n0,nan,5\n", "line 2"),
+    ("arrival_timestamp,prompt_size,token_size\n", "header only"),
+    ("", "empty file"),
+    ("when,prompt,out\n0,1,1\n", "missing column"),
+])
+def test_bad_traces_name_the_line(tmp_path, text, message):
+    with pytest.raises(TraceError, match=message):
+        load_trace(_write(tmp_path, "bad.csv", text))
+
+
+def test_directory_binary_and_missing(tmp_path):
+    with pytest.raises(TraceError, match="is a directory"):
+        load_trace(tmp_path)
+    with pytest.raises(TraceError, match="binary"):
+        load_trace(_write(tmp_path, "b.bin", b"\x00\x01\x02garbage", "wb"))
+    with pytest.raises(TraceError, match="no such file"):
+        load_trace(tmp_path / "nope.csv")
+
+
+def test_poisson_resample_rate_and_determinism():
+    base = load_trace(default_trace_path())
+    a = resample_poisson(base, 70.0, 120.0, np.random.default_rng(7))
+    b = resample_poisson(base, 70.0, 120.0, np.random.default_rng(7))
+    assert np.array_equal(a.arrival_s, b.arrival_s) and np.array_equal(a.prompt_tokens, b.prompt_tokens)
+    assert len(a) == pytest.approx(70 * 120, rel=0.05)
+    gaps = np.diff(a.arrival_s)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.05)  # Poisson: CV 1
+    assert set(a.prompt_tokens) <= set(base.prompt_tokens)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300) | st.text("0123456789,.-e\n{}[]\":abcnx ", max_size=300).map(str.encode)
+       | st.builds(lambda body: b"arrival_timestamp,prompt_size,token_size\n" + body.encode(),
+                   st.text("0123456789,.-e\ninfa ", max_size=200)))
+def test_parser_raises_only_trace_error_on_arbitrary_bytes(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("fuzz") / "x.csv"
+    path.write_bytes(data)
+    try:
+        load_trace(path)
+    except TraceError:
+        pass
