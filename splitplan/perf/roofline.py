@@ -46,6 +46,15 @@ from splitplan.specs.model import ModelSpec
 BOUNDS = ("compute", "memory", "network", "overhead")
 
 
+def _num(x):
+    """Python numbers stay floats (fast scalar path); anything else becomes a float array."""
+    return float(x) if isinstance(x, (int, float)) else np.asarray(x, float)
+
+
+def _max(a, b):
+    return max(a, b) if isinstance(a, float) and isinstance(b, float) else np.maximum(a, b)
+
+
 @dataclass(frozen=True)
 class Latency:
     """A predicted latency and what bound it. Breakdown terms sum to `time_s`."""
@@ -128,16 +137,16 @@ class Instance:
         bpe = self.engine.bytes_per_element
         peak = hw.peak_flops_per_s(self.engine.dtype)
         bw = hw.memory_bytes_per_s * f.memory_efficiency
-        n_tok = np.asarray(prefill_tokens, float) + np.asarray(decode_seqs, float)
-        n_seq = np.asarray(prefill_seqs, float) + np.asarray(decode_seqs, float)
-        has_prefill = np.asarray(prefill_tokens, float) > 0
+        n_tok = _num(prefill_tokens) + _num(decode_seqs)
+        n_seq = _num(prefill_seqs) + _num(decode_seqs)
+        has_prefill = _num(prefill_tokens) > 0
         kv_dim_gpu = self.kv_heads_per_gpu * m.head_dim_eff
         q_dim_gpu = m.q_dim / t
 
         def gemm_eff(rows):
             return f.compute_efficiency * rows / (rows + f.gemm_half_tokens)
 
-        safe_tok = np.maximum(n_tok, 1.0)
+        safe_tok = _max(n_tok, 1.0)
         classes = []  # (flops, bytes, achieved peak) per layer, per GPU
         dense_params = m.attn_params_per_layer + (0 if m.is_moe else m.expert_params)
         act = n_tok * bpe * (4 * m.hidden_size + (2 * m.q_dim + 2 * m.kv_dim + (m.ffn_matrices + 1) * m.intermediate_size) / t)
@@ -145,11 +154,11 @@ class Instance:
         if m.is_moe:
             E, k = m.num_local_experts, m.num_experts_per_tok
             touched = E * (1 - (1 - k / E) ** n_tok)
-            rows = np.maximum(n_tok * k / np.maximum(touched, 1e-9), 1.0)
+            rows = _max(n_tok * k / _max(touched, 1e-9), 1.0)
             classes.append((2 * n_tok * k * m.expert_params / t, touched * m.expert_params * bpe / t, peak * gemm_eff(rows)))
-        pre_tok = np.asarray(prefill_tokens, float)
-        pre_sq = pre_tok**2 if self.engine.prefill_attention == "packed" else np.asarray(prefill_sq_tokens, float)
-        ctx = np.asarray(decode_context_tokens, float)
+        pre_tok = _num(prefill_tokens)
+        pre_sq = pre_tok**2 if self.engine.prefill_attention == "packed" else _num(prefill_sq_tokens)
+        ctx = _num(decode_context_tokens)
         classes.append((
             2 * pre_sq * q_dim_gpu,
             pre_tok * (2 * q_dim_gpu + 2 * kv_dim_gpu) * bpe,
@@ -157,23 +166,22 @@ class Instance:
         ))
         classes.append((4 * ctx * q_dim_gpu, ctx * 2 * kv_dim_gpu * bpe, peak * f.compute_efficiency))
 
-        compute_s = np.zeros_like(n_tok)
-        memory_s = np.zeros_like(n_tok)
-        flops = np.zeros_like(n_tok)
-        nbytes = np.zeros_like(n_tok)
+        # Plain arithmetic (no np.where/zeros_like) so that Python floats stay floats:
+        # the prompt-queue replay calls this once per batch.
+        compute_s = memory_s = flops = nbytes = 0.0
         for c_flops, c_bytes, c_peak in classes:
             tc = L * c_flops / c_peak
             tm = L * c_bytes / bw
-            compute_s = compute_s + np.where(tc > tm, tc, 0.0)
-            memory_s = memory_s + np.where(tc > tm, 0.0, tm)
+            compute_s = compute_s + tc * (tc > tm)
+            memory_s = memory_s + tm * (tc <= tm)
             flops = flops + L * c_flops
             nbytes = nbytes + L * c_bytes
         # LM head: one row per sequence (the last prompt token, or the decoded token).
         head_params = m.vocab_size * m.hidden_size / t
-        tc = 2 * n_seq * head_params / (peak * gemm_eff(np.maximum(n_seq, 1.0)))
+        tc = 2 * n_seq * head_params / (peak * gemm_eff(_max(n_seq, 1.0)))
         tm = head_params * bpe / bw
-        compute_s = compute_s + np.where(tc > tm, tc, 0.0)
-        memory_s = memory_s + np.where(tc > tm, 0.0, tm)
+        compute_s = compute_s + tc * (tc > tm)
+        memory_s = memory_s + tm * (tc <= tm)
         flops, nbytes = flops + 2 * n_seq * head_params, nbytes + head_params * bpe
 
         if t > 1:
@@ -181,18 +189,18 @@ class Instance:
             per_collective = 2 * (t - 1) / t * n_tok * m.hidden_size * 2 / link + f.collective_latency_s
             network_s = 2 * L * per_collective
         else:
-            network_s = np.zeros_like(n_tok)
+            network_s = 0.0 * n_tok
         launch_s = L * self.engine.kernels_per_layer * f.kernel_launch_s
         gpu_s = compute_s + memory_s + network_s + launch_s
         host_s = f.host_launch_s_per_layer * L
-        waiting_on_host = np.maximum(host_s - gpu_s, 0.0)
+        waiting_on_host = _max(host_s - gpu_s, 0.0)
         overhead_s = (
-            np.where(has_prefill, f.prefill_overhead_s, f.decode_overhead_s)
+            f.decode_overhead_s + (f.prefill_overhead_s - f.decode_overhead_s) * has_prefill
             + f.sequence_overhead_s * n_seq
             + launch_s
             + waiting_on_host
         )
-        slow = np.where(has_prefill, hw.power_cap_prefill_slowdown, 1.0)
+        slow = 1.0 + (hw.power_cap_prefill_slowdown - 1.0) * has_prefill
         return compute_s * slow, memory_s * slow, network_s * slow, overhead_s * slow, flops, nbytes
 
     def pass_time_s(self, prefill_seqs=0, prefill_tokens=0, prefill_sq_tokens=0, decode_seqs=0, decode_context_tokens=0):

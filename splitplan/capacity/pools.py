@@ -1,0 +1,148 @@
+"""How many instances of a pool option keep the SLO, from the trace itself.
+
+Prompt pool (TTFT): the trace is replayed against n instances sharing one FCFS
+queue; a free instance takes the queued prompts in arrival order up to
+`max_batch_tokens` (always at least one), runs the batch for the perf model's
+time, and every request in it gets its first token when the batch ends
+(Splitwise stamps TTFT at the end of the prefill). Queueing, and so the bursts
+of a real trace, are in the TTFT percentiles; no mean-rate formula is used.
+Cost: O(batches x log n) per evaluation.
+
+Token pool (TBT, KV memory): continuous batching. Request i decodes from its
+start for `output_i` iterations; the batch on an instance is the number of
+requests decoding at that moment divided by n (join-shortest-queue spreads them
+evenly); the step time at that batch and the mean context sets the decode
+duration, which sets the concurrency: a fixed point, iterated to convergence
+(Little's law applied request by request over the replayed trace). TBT per
+request is Splitwise's (E2E - TTFT) / output = (KV transfer + output x step) /
+output. KV memory: the peak over time of the tokens (prompt + output) held by
+the requests decoding on an instance must fit its KV capacity.
+
+Slowdown SLOs divide each request's latency by its latency alone on the
+reference instance (prefill; one decode step at batch 1 and context = prompt;
+E2E = TTFT + TBT x (output - 1)).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from splitplan.perf.roofline import Instance
+from splitplan.specs.slo import SloLine
+
+MAX_INSTANCES = 4096
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Each request's latencies alone on the reference instance (seconds)."""
+
+    ttft_s: np.ndarray
+    tbt_s: np.ndarray
+    e2e_s: np.ndarray
+
+
+def reference_latencies(inst: Instance, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> Reference:
+    ttft = inst.prefill_time_s(prompt_tokens)
+    tbt = inst.decode_step_time_s(1, prompt_tokens)
+    return Reference(ttft, tbt, ttft + tbt * np.maximum(output_tokens - 1, 0))
+
+
+def achieved(line: SloLine, values_s: np.ndarray, reference: Reference | None) -> float:
+    """The line's percentile: milliseconds for absolute limits, a factor for slowdowns."""
+    if line.max_ms is not None:
+        return float(np.percentile(values_s, line.percentile) * 1e3)
+    ref = getattr(reference, f"{line.metric}_s")
+    return float(np.percentile(values_s / ref, line.percentile))
+
+
+def meets(line: SloLine, value: float) -> bool:
+    return value <= (line.max_ms if line.max_ms is not None else line.slowdown) * (1 + 1e-9)
+
+
+def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[tuple[Instance, int]],
+                        max_batch_tokens: int) -> np.ndarray:
+    """TTFT of every request on the given prompt instances (type, count), FCFS + batching."""
+    n_req = len(arrival_s)
+    finish_at = [0.0] * n_req
+    single = [inst.prefill_time_s(prompt_tokens).tolist() for inst, _ in pools]
+    caches: list[dict] = [{} for _ in pools]
+    heap = [(0.0, k, j) for k, (_, count) in enumerate(pools) for j in range(count)]
+    heapq.heapify(heap)
+    arrival = arrival_s.tolist()
+    tokens = prompt_tokens.tolist()
+    i = 0
+    while i < n_req:
+        free, k, j = heapq.heappop(heap)
+        start = free if free > arrival[i] else arrival[i]
+        end_idx, total = i + 1, tokens[i]
+        while end_idx < n_req and arrival[end_idx] <= start and total + tokens[end_idx] <= max_batch_tokens:
+            total += tokens[end_idx]
+            end_idx += 1
+        if end_idx == i + 1:
+            duration = single[k][i]
+        else:
+            key = (end_idx - i, total, sum(t * t for t in tokens[i:end_idx]))
+            duration = caches[k].get(key)
+            if duration is None:
+                duration = float(pools[k][0].pass_time_s(key[0], key[1], key[2]))
+                caches[k][key] = duration
+        finish = start + duration
+        finish_at[i:end_idx] = [finish] * (end_idx - i)
+        heapq.heappush(heap, (finish, k, j))
+        i = end_idx
+    return np.asarray(finish_at) - arrival_s
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    step_s: np.ndarray  # per request: mean decode step while it decodes
+    kv_peak_fraction: float  # peak KV held per instance / its KV capacity (<= 1 fits)
+    mean_batch: float
+
+
+def decode_pool(start_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray, inst: Instance,
+                instances: int, iterations: int = 6) -> DecodeResult:
+    """Continuous-batching fixed point for `instances` identical token instances."""
+    p = prompt_tokens.astype(float)
+    o = output_tokens.astype(float)
+    order_start = np.sort(start_s)
+    step = inst.decode_step_time_s(1, p + o / 2)
+    for _ in range(iterations):
+        end = start_s + o * step
+        mid = (start_s + end) / 2
+        active = np.searchsorted(order_start, mid, side="right") - np.searchsorted(np.sort(end), mid, side="right")
+        batch = np.maximum(active / instances, 1.0)
+        duration = end - start_s
+        context = float(np.sum((p + o / 2) * duration) / max(np.sum(duration), 1e-12))
+        step = inst.decode_step_time_s(batch, context)
+    end = start_s + o * step
+    # KV tokens held: +(prompt + output) at start, released at end; peak of the running sum.
+    times = np.concatenate([start_s, end])
+    weights = np.concatenate([p + o, -(p + o)])
+    order = np.lexsort((weights, times))  # releases before admissions at equal times
+    peak = float(np.max(np.cumsum(weights[order]))) / instances
+    busy = float(np.sum(end - start_s))
+    span = float(max(end.max() - start_s.min(), 1e-9))
+    return DecodeResult(step, peak / inst.fit.kv_capacity_tokens, busy / span / instances)
+
+
+def smallest_count(check, lower: int = 1) -> int | None:
+    """Smallest n >= lower with check(n) true, assuming monotonicity; None past MAX_INSTANCES."""
+    lo, n = lower - 1, max(lower, 1)
+    while not check(n):
+        lo = n
+        if n >= MAX_INSTANCES:
+            return None
+        n = min(n * 2, MAX_INSTANCES)
+    hi = n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if check(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

@@ -1,0 +1,304 @@
+"""Pool options -> sized options -> ILP or exhaustive grid -> a verified Plan.
+
+1. Options are (machine type, TP, role); those the model does not fit are kept
+   with the reason. Each option is sized alone on the trace (capacity.pools):
+   n*(o) instances, and the SLO line that decided n*.
+2. The ILP (PuLP + CBC) picks integer machine counts x_o: minimize cost or power
+   subject to sum_o x_o * instances_per_machine_o / n*(o) >= 1 for the prompt and
+   the token role (mixes within a pool allowed), budgets and availability.
+   `grid` enumerates the same integer space exhaustively (the paper's method).
+3. The chosen plan is evaluated on the trace as a whole (mixed pools, KV
+   transfer, E2E); while a line fails, one machine is added to the role that
+   line depends on (the option with the lowest cost per unit of capacity) and
+   the plan is evaluated again. Pooling is not linear, so this repair is what
+   makes the reported plan honest.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pulp
+
+from splitplan.capacity.pools import (
+    Reference, achieved, decode_pool, meets, prompt_queue_ttft_s, smallest_count,
+)
+from splitplan.errors import InfeasibleError, SolverError
+from splitplan.perf.roofline import Instance, kv_transfer_time_s
+from splitplan.specs.slo import SloLine, SloProfile
+from splitplan.workload.trace import Trace
+
+ROLES = ("prompt", "token")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One pool option, sized alone on the trace."""
+
+    role: str
+    inst: Instance
+    instances: int | None  # n*: None when the option cannot meet the SLO at any size
+    binding: str
+    skipped: str = ""  # why the option is not usable
+
+    @property
+    def key(self) -> tuple:
+        return (self.role, self.inst.hardware.name, self.inst.tp)
+
+    @property
+    def machines_alone(self) -> int:
+        return math.ceil(self.instances / self.inst.instances_per_machine)
+
+    @property
+    def price_usd_per_hour(self) -> float:
+        return self.inst.hardware.price_usd_per_hour
+
+    @property
+    def power_kw(self) -> float:
+        return self.inst.hardware.provisioned_power_w / 1e3
+
+
+@dataclass(frozen=True)
+class Pool:
+    hardware: str
+    tp: int
+    machines: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    prompt_pools: tuple[Pool, ...]
+    token_pools: tuple[Pool, ...]
+    mixed_pools: tuple[Pool, ...]
+    cost_usd_per_hour: float
+    power_kw: float
+    predicted: dict = field(default_factory=dict)  # metric -> {p50, p90, p99} in ms
+    slo: tuple = ()  # (line, achieved, met)
+    binding: str = ""
+    repairs: int = 0
+
+    @property
+    def machines(self) -> int:
+        return sum(p.machines for p in self.prompt_pools + self.token_pools + self.mixed_pools)
+
+
+@dataclass(frozen=True)
+class Problem:
+    trace: Trace
+    slo: SloProfile
+    reference: Reference | None
+    max_batch_tokens: int = 2048
+    objective: str = "cost"
+    max_cost_per_hour: float | None = None
+    max_power_kw: float | None = None
+    max_machines: tuple[tuple[str, int], ...] = ()
+
+
+def _lines(problem: Problem, metric: str) -> list[SloLine]:
+    return [l for l in problem.slo.lines() if l.metric == metric]
+
+
+def _first_failing(problem: Problem, metric: str, values: np.ndarray) -> SloLine | None:
+    for line in _lines(problem, metric):
+        if not meets(line, achieved(line, values, problem.reference)):
+            return line
+    return None
+
+
+def _decode_values(problem: Problem, inst: Instance, n: int, src: Instance, start_s: np.ndarray, idx=slice(None)):
+    t = problem.trace
+    p, o = t.prompt_tokens[idx], t.output_tokens[idx]
+    result = decode_pool(start_s, p, o, inst, n)
+    transfer = kv_transfer_time_s(src, inst, p)
+    decode_s = transfer + np.maximum(o - 1, 0) * result.step_s
+    return decode_s / o, decode_s, result
+
+
+def size_option(problem: Problem, role: str, inst: Instance) -> Option:
+    """n*(o) for one option alone, and the line that decided it."""
+    if not inst.fit.fits:
+        return Option(role, inst, None, "", inst.fit.reason)
+    t = problem.trace
+    if role == "prompt":
+        def failing(n):
+            return _first_failing(problem, "ttft", prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, [(inst, n)], problem.max_batch_tokens))
+        alone = _first_failing(problem, "ttft", inst.prefill_time_s(t.prompt_tokens))
+        if alone is not None:
+            return Option(role, inst, None, alone.label, f"{alone.label} not met even without queueing")
+        work = float(np.sum(inst.prefill_time_s(t.prompt_tokens)))
+        lower = max(1, math.ceil(work / max(t.span_s, 1e-9) * 0.5))
+    else:
+        if int(np.max(t.prompt_tokens + t.output_tokens)) > inst.fit.kv_capacity_tokens:
+            return Option(role, inst, None, "KV memory", "the longest request's KV exceeds one instance's KV capacity")
+        def failing(n):
+            tbt, _, res = _decode_values(problem, inst, n, inst, t.arrival_s)
+            line = _first_failing(problem, "tbt", tbt)
+            if line is not None:
+                return line
+            return "KV memory" if res.kv_peak_fraction > 1 else None
+        lower = 1
+    n = smallest_count(lambda k: failing(k) is None, lower)
+    if n is None:
+        return Option(role, inst, None, "", "SLO not met at any size")
+    binding = failing(n - 1) if n > 1 else None
+    label = binding if isinstance(binding, str) else (binding.label if binding else "minimum size (1 instance)")
+    return Option(role, inst, n, label)
+
+
+def solve_counts(problem: Problem, options: list[Option], method: str = "ilp") -> dict[tuple, int]:
+    """Machine counts per option key minimizing the objective under the linear model."""
+    usable = [o for o in options if o.instances]
+    for role in ROLES:
+        if not any(o.role == role for o in usable):
+            raise InfeasibleError(f"no {role} option can meet the SLO (see the skipped options)")
+    primary = {"cost": lambda o: o.price_usd_per_hour, "power": lambda o: o.power_kw}[problem.objective]
+    secondary = {"cost": lambda o: o.power_kw, "power": lambda o: o.price_usd_per_hour}[problem.objective]
+    if method == "grid":
+        return _grid(problem, usable, primary, secondary)
+    lp = pulp.LpProblem("splitplan", pulp.LpMinimize)
+    x = {o.key: pulp.LpVariable(f"x{i}", lowBound=0, upBound=o.machines_alone, cat="Integer") for i, o in enumerate(usable)}
+    # The secondary objective breaks ties (cheapest among equal power, or the reverse).
+    lp += pulp.lpSum((primary(o) + 1e-6 * secondary(o)) * x[o.key] for o in usable)
+    for role in ROLES:
+        lp += pulp.lpSum(x[o.key] * o.inst.instances_per_machine / o.instances for o in usable if o.role == role) >= 1
+    _budget_constraints(problem, usable, lambda o: x[o.key], lambda terms, limit: lp.__iadd__(pulp.lpSum(terms) <= limit))
+    status = lp.solve(pulp.PULP_CBC_CMD(msg=False))
+    if pulp.LpStatus[status] == "Infeasible":
+        raise InfeasibleError(_budget_message(problem, usable))
+    if pulp.LpStatus[status] != "Optimal":
+        raise SolverError(f"CBC returned status {pulp.LpStatus[status]}")
+    return {k: int(round(v.value() or 0)) for k, v in x.items() if round(v.value() or 0) > 0}
+
+
+def _budget_constraints(problem: Problem, usable: list[Option], var, add) -> None:
+    if problem.max_cost_per_hour is not None:
+        add([o.price_usd_per_hour * var(o) for o in usable], problem.max_cost_per_hour)
+    if problem.max_power_kw is not None:
+        add([o.power_kw * var(o) for o in usable], problem.max_power_kw)
+    for hw, limit in problem.max_machines:
+        add([var(o) for o in usable if o.inst.hardware.name == hw], limit)
+
+
+def _budget_message(problem: Problem, usable: list[Option]) -> str:
+    cheapest = min(o.price_usd_per_hour * o.machines_alone for o in usable if o.role == "prompt") + \
+        min(o.price_usd_per_hour * o.machines_alone for o in usable if o.role == "token")
+    return (f"no plan meets the SLO within the budget (--max-cost-per-hour {problem.max_cost_per_hour}, "
+            f"--max-power-kw {problem.max_power_kw}, --max-machines {dict(problem.max_machines) or '-'}); "
+            f"the cheapest homogeneous plan needs about ${cheapest:,.1f}/h: raise the budget or loosen the SLO")
+
+
+def _grid(problem: Problem, usable: list[Option], primary, secondary) -> dict[tuple, int]:
+    """Exhaustive enumeration of the same integer space as the ILP."""
+    ranges = [range(o.machines_alone + 1) for o in usable]
+    best, best_key = None, None
+    for counts in itertools.product(*ranges):
+        ok = all(sum(c * o.inst.instances_per_machine / o.instances for c, o in zip(counts, usable) if o.role == r) >= 1 - 1e-9
+                 for r in ROLES)
+        if not ok:
+            continue
+        within = []
+        _budget_constraints(problem, usable, lambda o: counts[usable.index(o)], lambda terms, limit: within.append(sum(terms) <= limit + 1e-9))
+        if not all(within):
+            continue
+        key = (round(sum(c * primary(o) for c, o in zip(counts, usable)), 9), round(sum(c * secondary(o) for c, o in zip(counts, usable)), 9))
+        if best is None or key < best:
+            best, best_key = key, counts
+    if best_key is None:
+        raise InfeasibleError(_budget_message(problem, usable))
+    return {o.key: c for o, c in zip(usable, best_key) if c > 0}
+
+
+def evaluate(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Option]) -> dict:
+    """Per-request TTFT, TBT and E2E (seconds) of a split plan on the trace."""
+    t = problem.trace
+    prompt = [(options[k].inst, c * options[k].inst.instances_per_machine) for k, c in sorted(counts.items()) if k[0] == "prompt"]
+    token = [(options[k].inst, c * options[k].inst.instances_per_machine) for k, c in sorted(counts.items()) if k[0] == "token"]
+    ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens)
+    src = max(prompt, key=lambda pair: pair[1])[0]
+    # Requests go to token types in proportion to their capacity (a deterministic interleave).
+    share = np.array([n / options[("token", i.hardware.name, i.tp)].instances for i, n in token])
+    cut = np.cumsum(share / share.sum())
+    kind = np.minimum(np.searchsorted(cut, (np.arange(len(t)) * 0.6180339887498949) % 1.0, side="right"), len(token) - 1)
+    tbt, decode_s = np.empty(len(t)), np.empty(len(t))
+    kv_peak = 0.0
+    start = t.arrival_s + ttft
+    for j, (inst, n) in enumerate(token):
+        idx = np.flatnonzero(kind == j)
+        if len(idx):
+            tbt[idx], decode_s[idx], res = _decode_values(problem, inst, n, src, start[idx], idx)
+            kv_peak = max(kv_peak, res.kv_peak_fraction)
+    return {"ttft": ttft, "tbt": tbt, "e2e": ttft + decode_s, "kv_peak_fraction": kv_peak}
+
+
+def check(problem: Problem, values: dict) -> list[tuple[SloLine, float, bool]]:
+    out = []
+    for line in problem.slo.lines():
+        value = achieved(line, values[line.metric], problem.reference)
+        out.append((line, value, meets(line, value)))
+    return out
+
+
+def repair(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Option], limit: int = 100):
+    """Grow the plan until every line holds on the whole-trace evaluation.
+
+    Greedy: for the first failing line, try one more machine of each option of the
+    role(s) that line depends on (TTFT: prompt; TBT and KV: token; E2E: both), keep
+    the one that improves the line most per dollar (per kW for the power
+    objective), and evaluate again."""
+    counts = dict(counts)
+    weight = (lambda o: o.price_usd_per_hour) if problem.objective == "cost" else (lambda o: o.power_kw)
+
+    def score(values):
+        lines = check(problem, values)
+        failed = [(line, value) for line, value, ok in lines if not ok]
+        return lines, failed
+
+    values = evaluate(problem, counts, options)
+    lines, failed = score(values)
+    for step in range(limit + 1):
+        kv_bad = values["kv_peak_fraction"] > 1
+        if not failed and not kv_bad:
+            return counts, values, lines, step
+        line, value = failed[0] if failed else (None, values["kv_peak_fraction"])
+        roles = {"ttft": ("prompt",), "tbt": ("token",), "e2e": ROLES}[line.metric if line else "tbt"]
+        best = None
+        for option in sorted(options.values(), key=lambda o: o.key):
+            if option.role not in roles or not option.instances:
+                continue
+            trial = {**counts, option.key: counts.get(option.key, 0) + 1}
+            trial_values = evaluate(problem, trial, options)
+            if line is None:
+                new = trial_values["kv_peak_fraction"]
+            else:
+                new = achieved(line, trial_values[line.metric], problem.reference)
+            gain = (value - new) / weight(option)
+            if gain > 0 and (best is None or gain > best[0]):
+                best = (gain, trial, trial_values)
+        if best is None:
+            break
+        counts, values = best[1], best[2]
+        lines, failed = score(values)
+    what = failed[0][0].label if failed else "KV memory"
+    raise InfeasibleError(f"no plan found that meets {what}: adding machines of any option stopped improving it "
+                          f"(best {failed[0][1]:.3g}, target {failed[0][0].target})" if failed else
+                          f"no plan found that fits the decode KV cache")
+
+
+def make_plan(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Option], repairs: int,
+              values: dict, lines) -> Plan:
+    def pools(role):
+        return tuple(Pool(k[1], k[2], c) for k, c in sorted(counts.items()) if k[0] == role)
+    cost = sum(options[k].price_usd_per_hour * c for k, c in counts.items())
+    power = sum(options[k].power_kw * c for k, c in counts.items())
+    predicted = {m: {f"p{q}": float(np.percentile(values[m], q) * 1e3) for q in (50, 90, 99)} for m in ("ttft", "tbt", "e2e")}
+    bindings = []
+    for role in ROLES:
+        used = [options[k] for k in counts if k[0] == role]
+        bindings.append(f"{role}: {', '.join(sorted({o.binding for o in used}))}")
+    if repairs:
+        bindings.append(f"{repairs} machine(s) added on whole-trace evaluation")
+    return Plan(pools("prompt"), pools("token"), (), cost, power, predicted,
+                tuple((l, v, ok) for l, v, ok in lines), "; ".join(bindings), repairs)

@@ -1,0 +1,101 @@
+"""SLO profiles: per metric (ttft, tbt, e2e) and percentile (pXX), an absolute limit
+(`max_ms`) or a slowdown factor against a reference (machine, TP) running the request
+alone (`slowdown`)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from splitplan.errors import SpecError
+from splitplan.specs._load import load_spec, read_mapping
+from splitplan.specs.catalog import catalog_names, resolve
+
+_PCT = re.compile(r"^p(\d+(?:\.\d+)?)$")
+METRICS = ("ttft", "tbt", "e2e")
+
+
+class Limit(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    max_ms: Annotated[float, Field(gt=0)] | None = None
+    slowdown: Annotated[float, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> "Limit":
+        if (self.max_ms is None) == (self.slowdown is None):
+            raise ValueError("give exactly one of max_ms or slowdown")
+        return self
+
+
+class Reference(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    hardware: str
+    tp: Annotated[int, Field(ge=1)]
+
+
+class SloProfile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    description: str
+    reference: Reference | None = None
+    ttft: dict[str, Limit] = {}
+    tbt: dict[str, Limit] = {}
+    e2e: dict[str, Limit] = {}
+
+    @model_validator(mode="after")
+    def _percentiles(self) -> "SloProfile":
+        for metric in METRICS:
+            for key, limit in getattr(self, metric).items():
+                match = _PCT.match(key)
+                if not match or not 0 < float(match.group(1)) < 100:
+                    raise ValueError(f"{metric}.{key}: percentile keys look like p50, p99 or p99.9, strictly between 0 and 100")
+                if limit.slowdown is not None and self.reference is None:
+                    raise ValueError(f"{metric}.{key}: a slowdown limit needs 'reference: {{hardware, tp}}'")
+        if not self.lines():
+            raise ValueError("no limits: give at least one of ttft, tbt, e2e")
+        return self
+
+    def lines(self) -> list["SloLine"]:
+        out = []
+        for metric in METRICS:
+            for key, limit in getattr(self, metric).items():
+                out.append(SloLine(metric, float(key[1:]), limit.max_ms, limit.slowdown))
+        return sorted(out, key=lambda l: (METRICS.index(l.metric), l.percentile))
+
+
+@dataclass(frozen=True)
+class SloLine:
+    metric: str
+    percentile: float
+    max_ms: float | None
+    slowdown: float | None
+
+    @property
+    def label(self) -> str:
+        return f"{self.metric.upper()} p{self.percentile:g}"
+
+    @property
+    def target(self) -> str:
+        return f"<= {self.max_ms:g} ms" if self.max_ms is not None else f"<= {self.slowdown:g}x"
+
+
+def load_slo(name_or_path: str) -> SloProfile:
+    path = resolve("slo_profiles", name_or_path, "SLO profile")
+    data = read_mapping(path)
+    data.setdefault("name", path.stem)
+    profile = load_spec(SloProfile, path, data)
+    if profile.reference is not None:
+        from splitplan.specs.hardware import load_hardware
+
+        try:
+            load_hardware(profile.reference.hardware)
+        except SpecError as exc:
+            raise SpecError(f"{path}: reference.hardware: {exc}") from None
+    return profile
+
+
+def slo_names() -> list[str]:
+    return catalog_names("slo_profiles")

@@ -1,0 +1,104 @@
+"""The ILP equals the exhaustive grid; plans hold on the trace; failures are precise."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from splitplan import api
+from splitplan.errors import InfeasibleError
+from splitplan.perf.roofline import Instance
+from splitplan.search.plan import Option, Problem, solve_counts
+from splitplan.specs.engine import load_engine
+from splitplan.specs.hardware import load_hardware
+from splitplan.specs.model import load_model
+from splitplan.specs.slo import load_slo
+from splitplan.workload.trace import Trace, default_trace_path, load_trace, resample_poisson
+
+MODEL, ENGINE = load_model("llama2-70b"), load_engine("lean")
+CHOICES = [("a100-80gb", 8), ("h100-80gb", 4), ("h100-80gb", 8), ("mi300x-192gb", 2), ("h200-141gb", 4)]
+
+
+def _cost(counts, options, attr):
+    by_key = {o.key: o for o in options}
+    return sum(getattr(by_key[k], attr) * c for k, c in counts.items())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["prompt", "token"]), st.sampled_from(CHOICES), st.integers(1, 14)), min_size=2, max_size=5),
+    st.sampled_from(["cost", "power"]),
+    st.one_of(st.none(), st.floats(20, 400)),
+    st.one_of(st.none(), st.integers(0, 6)),
+)
+def test_ilp_optimum_equals_grid_optimum(specs, objective, max_cost, max_h100):
+    options, seen = [], set()
+    for role, (hw, tp), n in specs:
+        if (role, hw, tp) in seen:
+            continue
+        seen.add((role, hw, tp))
+        options.append(Option(role, Instance(MODEL, load_hardware(hw), ENGINE, tp), n, "test"))
+    problem = Problem(trace=None, slo=None, reference=None, objective=objective, max_cost_per_hour=max_cost,
+                      max_machines=(("h100-80gb", max_h100),) if max_h100 is not None else ())
+    try:
+        ilp = solve_counts(problem, options, "ilp")
+    except InfeasibleError:
+        with pytest.raises(InfeasibleError):
+            solve_counts(problem, options, "grid")
+        return
+    grid = solve_counts(problem, options, "grid")
+    attr = "price_usd_per_hour" if objective == "cost" else "power_kw"
+    assert _cost(ilp, options, attr) == pytest.approx(_cost(grid, options, attr))
+
+
+@pytest.fixture(scope="module")
+def small_trace():
+    return resample_poisson(load_trace(default_trace_path()), 4.0, 120.0, np.random.default_rng(3))
+
+
+def test_plan_meets_every_line_and_explains_itself(small_trace):
+    result = api.optimize(small_trace, "llama2-70b", "splitwise", ["a100-80gb", "h100-80gb"])
+    plan = result.plan
+    assert plan.prompt_pools and plan.token_pools
+    assert all(ok for _, _, ok in plan.slo) and len(plan.slo) == 9
+    assert "prompt:" in plan.binding and "token:" in plan.binding
+    assert plan.cost_usd_per_hour == pytest.approx(sum(
+        p.machines * load_hardware(p.hardware).price_usd_per_hour for p in plan.prompt_pools + plan.token_pools))
+    assert all(a.cost_usd_per_hour >= plan.cost_usd_per_hour - 1e-9 for a in result.alternatives)
+    skipped = [o for o in result.options if o.skipped]
+    assert any("weights need" in o.skipped for o in skipped)  # TP 1 does not fit: kept with its reason
+
+
+def test_grid_and_ilp_give_the_same_plan_cost(small_trace):
+    kwargs = dict(hardware=["a100-80gb", "h100-80gb"], tp=8)
+    ilp = api.optimize(small_trace, "llama2-70b", "splitwise", search="ilp", **kwargs)
+    grid = api.optimize(small_trace, "llama2-70b", "splitwise", search="grid", **kwargs)
+    assert ilp.plan.cost_usd_per_hour == pytest.approx(grid.plan.cost_usd_per_hour)
+
+
+def test_more_load_never_lowers_cost():
+    base = load_trace(default_trace_path())
+    costs = [api.optimize(resample_poisson(base, r, 60.0, np.random.default_rng(1)), "llama2-70b", "splitwise",
+                          ["h100-80gb"], tp=8).plan.cost_usd_per_hour for r in (2.0, 8.0, 20.0)]
+    assert costs == sorted(costs)
+
+
+def test_tighter_slo_never_lowers_cost(small_trace, tmp_path):
+    loose = tmp_path / "loose.yaml"
+    loose.write_text("description: t\nttft:\n  p99: {max_ms: 4000}\ntbt:\n  p99: {max_ms: 200}\n")
+    tight = tmp_path / "tight.yaml"
+    tight.write_text("description: t\nttft:\n  p99: {max_ms: 1000}\ntbt:\n  p99: {max_ms: 60}\n")
+    kw = dict(hardware=["a100-80gb", "h100-80gb"])
+    assert api.optimize(small_trace, "llama2-70b", str(tight), **kw).plan.cost_usd_per_hour >= \
+        api.optimize(small_trace, "llama2-70b", str(loose), **kw).plan.cost_usd_per_hour
+
+
+def test_unreachable_slo_names_line_best_value_and_hardware(small_trace, tmp_path):
+    slo = tmp_path / "impossible.yaml"
+    slo.write_text("description: t\nttft:\n  p50: {max_ms: 1}\n")
+    with pytest.raises(InfeasibleError, match=r"TTFT p50 <= 1 ms cannot be met: the best reachable is .* ms on h100-80gb"):
+        api.optimize(small_trace, "llama2-70b", str(slo), ["a100-80gb", "h100-80gb"])
+
+
+def test_budget_too_small_is_infeasible(small_trace):
+    with pytest.raises(InfeasibleError, match="within the budget"):
+        api.optimize(small_trace, "llama2-70b", "splitwise", ["h100-80gb"], max_cost_per_hour=10)
