@@ -6,7 +6,7 @@ pure layers and returns plain data.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.perf.roofline import Instance
@@ -81,3 +81,116 @@ def instance_facts(inst: Instance) -> dict:
         "kv_bytes_per_token": inst.kv_bytes_per_token,
         "kv_capacity_tokens": inst.fit.kv_capacity_tokens,
     }
+
+
+# --- optimize -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OptimizeResult:
+    plan: "Plan"
+    alternatives: tuple
+    options: tuple  # every evaluated Option, sized or skipped
+
+
+def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, prompt_hardware: list[str] | None = None,
+             token_hardware: list[str] | None = None, tp: int | None = None, objective: str = "cost",
+             engine: str = DEFAULT_ENGINE, search: str = "ilp", max_cost_per_hour: float | None = None,
+             max_power_kw: float | None = None, max_machines: dict[str, int] | None = None,
+             max_batch_tokens: int = 2048, alternatives: int = 5) -> OptimizeResult:
+    """The cheapest (or lowest-power) split plan meeting every SLO line on `trace`."""
+    from splitplan.capacity.pools import reference_latencies
+    from splitplan.search.plan import Problem, make_plan, size_option, solve_counts
+    from splitplan.specs.hardware import hardware_catalog
+    from splitplan.specs.slo import load_slo
+
+    m, eng, profile = load_model(model), load_engine(engine), load_slo(slo)
+    if objective not in ("cost", "power"):
+        raise SpecError(f"--objective {objective}: choose cost or power")
+    names = hardware or [h.name for h in hardware_catalog()]
+    machines = {n: load_hardware(n) for n in sorted(set(names) | set(prompt_hardware or []) | set(token_hardware or []))}
+    for hw in (max_machines or {}):
+        if hw not in machines:
+            raise SpecError(f"--max-machines {hw}: not among the hardware considered ({', '.join(machines)})")
+    reference = None
+    if profile.reference is not None:
+        ref_inst = instance(m, profile.reference.hardware, profile.reference.tp, eng)
+        reference = reference_latencies(ref_inst, trace.prompt_tokens, trace.output_tokens)
+    problem = Problem(trace, profile, reference, max_batch_tokens, objective, max_cost_per_hour, max_power_kw,
+                      tuple(sorted((max_machines or {}).items())))
+    options = []
+    for role, allowed in (("prompt", prompt_hardware or names), ("token", token_hardware or names)):
+        for name in sorted(set(allowed)):
+            hw = machines[name]
+            for t in ([tp] if tp else hw.tp_degrees()):
+                if t not in hw.tp_degrees():
+                    continue
+                options.append(size_option(problem, role, Instance(m, hw, eng, t)))
+    _raise_if_unreachable(problem, options)
+    by_key = {o.key: o for o in options}
+    # Candidates: the ILP's (or grid's) plan, and the best homogeneous plan of every
+    # (prompt, token) hardware pair; each is verified and repaired on the whole trace,
+    # and the best verified one wins. The rest are the runner-ups.
+    candidates = [solve_counts(problem, options, search)]
+    usable = [o for o in options if o.instances]
+    pairs = sorted(
+        ((p, t) for p in usable if p.role == "prompt" for t in usable if t.role == "token"),
+        key=lambda pt: (_objective(objective, pt[0]) * pt[0].machines_alone + _objective(objective, pt[1]) * pt[1].machines_alone, pt[0].key, pt[1].key),
+    )
+    seen_pairs = set()
+    for p, t in pairs:
+        pair = (p.inst.hardware.name, t.inst.hardware.name)
+        if pair not in seen_pairs and len(seen_pairs) < alternatives + 1:
+            seen_pairs.add(pair)
+            candidates.append({p.key: p.machines_alone, t.key: t.machines_alone})
+    plans = []
+    for counts in candidates:
+        try:
+            plans.append(make_plan(problem, *_repaired(problem, counts, by_key)))
+        except InfeasibleError:
+            if not plans:  # the optimizer's own plan must verify; a runner-up may be dropped
+                raise
+    key = (lambda p: (p.cost_usd_per_hour, p.power_kw)) if objective == "cost" else (lambda p: (p.power_kw, p.cost_usd_per_hour))
+    plans.sort(key=lambda p: (*key(p), p.machines, repr(p.prompt_pools), repr(p.token_pools)))
+    plan, alts = plans[0], []
+    for other in plans[1:]:
+        if other.prompt_pools + other.token_pools != plan.prompt_pools + plan.token_pools and other not in alts:
+            alts.append(other)
+    return OptimizeResult(plan, tuple(alts[:alternatives]), tuple(options))
+
+
+def _repaired(problem, counts, by_key):
+    from splitplan.search.plan import repair
+    counts, values, lines, repairs = repair(problem, counts, by_key)
+    return counts, by_key, repairs, values, lines
+
+
+def _objective(objective: str, option) -> float:
+    return option.price_usd_per_hour if objective == "cost" else option.power_kw
+
+
+def _raise_if_unreachable(problem, options) -> None:
+    """Exit 3 naming the line no hardware can meet, the best value reachable and where."""
+    import numpy as np
+
+    from splitplan.capacity.pools import achieved, meets
+    t = problem.trace
+    for role, metric in (("prompt", "ttft"), ("token", "tbt")):
+        fitting = [o for o in options if o.role == role and o.inst.fit.fits]
+        if not fitting:
+            reasons = "; ".join(sorted({o.skipped for o in options if o.role == role}))
+            raise InfeasibleError(f"the model fits no {role} hardware considered: {reasons}")
+        if any(o.instances for o in fitting):
+            continue
+        for line in (l for l in problem.slo.lines() if l.metric == metric):
+            best = None
+            for o in fitting:
+                alone = o.inst.prefill_time_s(t.prompt_tokens) if metric == "ttft" else o.inst.decode_step_time_s(1, t.prompt_tokens + t.output_tokens // 2)
+                value = achieved(line, np.asarray(alone), problem.reference)
+                if best is None or value < best[0]:
+                    best = (value, o)
+            if best and not meets(line, best[0]):
+                unit = " ms" if line.max_ms is not None else "x"
+                raise InfeasibleError(
+                    f"{line.label} {line.target} cannot be met: the best reachable is {best[0]:.3g}{unit} "
+                    f"on {best[1].inst.hardware.name} at TP {best[1].inst.tp}, running requests alone")
+        raise InfeasibleError(f"no {role} option meets the SLO: " + "; ".join(f"{o.inst.hardware.name} TP{o.inst.tp}: {o.skipped}" for o in fitting))

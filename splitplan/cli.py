@@ -33,6 +33,22 @@ class Format(str, Enum):
     json = "json"
 
 
+class PlanFormat(str, Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+class Objective(str, Enum):
+    cost = "cost"
+    power = "power"
+
+
+class Search(str, Enum):
+    ilp = "ilp"
+    grid = "grid"
+
+
 _DEBUG = {"on": False}
 
 
@@ -202,6 +218,98 @@ def perf(
     cols = ["phase", "batch", "tokens", "latency ms", "bound", "compute ms", "memory ms", "network ms", "overhead ms", "KV fits"]
     title = f"{inst.model.name} on {inst.hardware.name}, TP {inst.tp}, engine {inst.engine.name}"
     report.console().print(report.table(title, cols, rows, caption))
+
+
+# --- optimize ---------------------------------------------------------------------
+
+def _names(text: Optional[str]) -> list[str] | None:
+    return [n.strip() for n in text.split(",") if n.strip()] if text else None
+
+
+def _limits(items: list[str]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        name, _, count = item.partition("=")
+        if not name or not count.isdigit():
+            raise SpecError(f"--max-machines '{item}': expected TYPE=N, e.g. h100-80gb=40")
+        out[name.strip()] = int(count)
+    return out
+
+
+@app.command()
+@user_errors
+def optimize(
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace (default: the embedded Azure 2023 code trace)."),
+    rate: Optional[float] = typer.Option(None, "--rate", help="Poisson resample of the trace's sizes at this rate (req/s)."),
+    duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
+    model: str = typer.Option("llama2-70b", "--model", help="Catalog name or path to a config.json / YAML."),
+    slo: str = typer.Option("splitwise", "--slo", help="SLO profile name or path (splitwise, chat, code-completion, batch)."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="Machine types to consider, comma-separated (default: all)."),
+    prompt_hardware: Optional[str] = typer.Option(None, "--prompt-hardware", help="Restrict prompt machines to these types."),
+    token_hardware: Optional[str] = typer.Option(None, "--token-hardware", help="Restrict token machines to these types."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Only this TP degree (default: every degree that fits)."),
+    objective: Objective = typer.Option(Objective.cost, "--objective", help="Minimize cost (USD/h) or power (provisioned kW)."),
+    engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
+    search: Search = typer.Option(Search.ilp, "--search", help="ilp (PuLP/CBC) or grid (exhaustive)."),
+    max_cost_per_hour: Optional[float] = typer.Option(None, "--max-cost-per-hour", help="Budget in USD per hour."),
+    max_power_kw: Optional[float] = typer.Option(None, "--max-power-kw", help="Budget in provisioned kW."),
+    max_machines: list[str] = typer.Option([], "--max-machines", help="Availability, TYPE=N (repeatable)."),
+    max_batch_tokens: int = typer.Option(2048, "--max-batch-tokens", help="Prompt tokens per prefill batch."),
+    format: PlanFormat = typer.Option(PlanFormat.table, "--format", help="table, json or csv"),
+    output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write plan.json, candidates.csv, pareto.csv here."),
+) -> None:
+    """The cheapest (or lowest-power) prompt/token machine plan meeting every SLO line on the trace."""
+    if tp is not None and tp < 1:
+        raise SpecError(f"--tp {tp}: must be >= 1")
+    if max_batch_tokens < 1:
+        raise SpecError(f"--max-batch-tokens {max_batch_tokens}: must be >= 1")
+    workload = load_workload(trace, rate, duration, seed)
+    result = api.optimize(
+        workload, model, slo, _names(hardware), _names(prompt_hardware), _names(token_hardware), tp,
+        objective.value, engine, search.value, max_cost_per_hour, max_power_kw, _limits(max_machines), max_batch_tokens,
+    )
+    inputs = {
+        "trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
+        "seed": seed, "model": model, "slo": slo, "hardware": _names(hardware), "prompt_hardware": _names(prompt_hardware),
+        "token_hardware": _names(token_hardware), "tp": tp, "objective": objective.value, "engine": engine,
+        "search": search.value, "max_cost_per_hour": max_cost_per_hour, "max_power_kw": max_power_kw,
+        "max_machines": _limits(max_machines), "max_batch_tokens": max_batch_tokens,
+    }
+    document = report.optimize_json(result, inputs)
+    plans = [result.plan, *result.alternatives]
+    if output_dir is not None:
+        files = {
+            "plan.json": report.to_json(document),
+            "candidates.csv": report.candidates_csv(result),
+            "pareto.csv": report.plans_csv(report.pareto(plans)),
+        }
+        for name, text in files.items():
+            report.write_atomic(output_dir / name, text)
+    if format is PlanFormat.json:
+        _emit_json(document)
+    elif format is PlanFormat.csv:
+        sys.stdout.write(report.plans_csv(plans))
+    else:
+        _render_plan(result, workload)
+
+
+def _render_plan(result, workload) -> None:
+    plan = result.plan
+    con = report.console()
+    rows = [("prompt machines", report.pools_text(plan.prompt_pools)), ("token machines", report.pools_text(plan.token_pools)),
+            ("cost", f"${plan.cost_usd_per_hour:,.2f}/h"), ("power", f"{plan.power_kw:,.2f} kW provisioned"),
+            ("binding", plan.binding)]
+    con.print(report.table(f"Plan for {workload.source} ({len(workload):,} requests)", ["", "value"], rows))
+    con.print(report.table("Predicted against the SLO", ["line", "target", "achieved", "met"],
+                           [(l.label, l.target, v, "yes" if ok else "NO") for l, v, ok in plan.slo]))
+    alt_rows = [(report.pools_text(a.prompt_pools), report.pools_text(a.token_pools), a.cost_usd_per_hour, a.power_kw,
+                 a.cost_usd_per_hour / plan.cost_usd_per_hour - 1) for a in result.alternatives]
+    con.print(report.table("Runner-up plans (best of each other hardware pair)", ["prompt", "token", "$/h", "kW", "vs plan"],
+                           [(p, t, c, w, f"{d:+.0%}") for p, t, c, w, d in alt_rows]))
+    skipped = sorted({f"{o.role} {o.inst.hardware.name} TP{o.inst.tp}: {o.skipped}" for o in result.options if o.skipped})
+    if skipped:
+        con.print(f"{len(skipped)} option(s) skipped; see candidates.csv (--output-dir) for the reasons.")
 
 
 def main() -> None:

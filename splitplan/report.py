@@ -77,3 +77,74 @@ def console() -> Console:
     """The terminal's width on a terminal; wide enough for every table in a pipe or a file."""
     probe = Console()
     return probe if probe.is_terminal else Console(width=200)
+
+
+# --- plans ------------------------------------------------------------------------
+
+def pools_json(pools) -> list[dict]:
+    return [{"hardware": p.hardware, "tp": p.tp, "machines": p.machines} for p in pools]
+
+
+def pools_text(pools) -> str:
+    return " + ".join(f"{p.machines}x {p.hardware} (TP {p.tp})" for p in pools) or "-"
+
+
+def plan_json(plan) -> dict:
+    return {
+        "prompt_pools": pools_json(plan.prompt_pools),
+        "token_pools": pools_json(plan.token_pools),
+        "cost_usd_per_hour": plan.cost_usd_per_hour,
+        "power_kw": plan.power_kw,
+        "machines": plan.machines,
+        "predicted": {f"{m}_ms": v for m, v in plan.predicted.items()},
+        "slo": [{"line": l.label, "target": l.target, "achieved": v, "met": ok} for l, v, ok in plan.slo],
+        "binding": plan.binding,
+    }
+
+
+def optimize_json(result, inputs: dict) -> dict:
+    body = plan_json(result.plan)
+    body["alternatives"] = [plan_json(a) for a in result.alternatives]
+    return {"schema_version": SCHEMA_VERSION, "inputs": inputs, "plan": body}
+
+
+def pareto(plans) -> list:
+    """Plans not beaten on both cost and power by another plan, cheapest first."""
+    ordered = sorted(plans, key=lambda p: (p.cost_usd_per_hour, p.power_kw))
+    front, best_power = [], float("inf")
+    for p in ordered:
+        if p.power_kw < best_power - 1e-9:
+            front.append(p)
+            best_power = p.power_kw
+    return front
+
+
+def plans_csv(plans) -> str:
+    import io
+    import csv
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(["rank", "prompt_pools", "token_pools", "machines", "cost_usd_per_hour", "power_kw",
+                "ttft_p99_ms", "tbt_p99_ms", "e2e_p99_ms", "all_slo_met", "binding"])
+    for i, p in enumerate(plans):
+        w.writerow([i, pools_text(p.prompt_pools), pools_text(p.token_pools), p.machines, f"{p.cost_usd_per_hour:.4f}",
+                    f"{p.power_kw:.4f}", f"{p.predicted['ttft']['p99']:.3f}", f"{p.predicted['tbt']['p99']:.3f}",
+                    f"{p.predicted['e2e']['p99']:.3f}", all(ok for _, _, ok in p.slo), p.binding])
+    return out.getvalue()
+
+
+def candidates_csv(result) -> str:
+    import io
+    import csv
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(["kind", "role", "hardware", "tp", "instances", "machines", "cost_usd_per_hour", "power_kw", "binding", "skipped_reason", "plan"])
+    for o in result.options:
+        machines = o.machines_alone if o.instances else ""
+        w.writerow(["option", o.role, o.inst.hardware.name, o.inst.tp, o.instances or "", machines,
+                    f"{o.price_usd_per_hour * machines:.4f}" if machines else "", f"{o.power_kw * machines:.4f}" if machines else "",
+                    o.binding, o.skipped, ""])
+    for p in (result.plan, *result.alternatives):
+        w.writerow(["plan", "", "", "", "", p.machines, f"{p.cost_usd_per_hour:.4f}", f"{p.power_kw:.4f}", p.binding, "",
+                    f"prompt {pools_text(p.prompt_pools)}; token {pools_text(p.token_pools)}"])
+    return out.getvalue()

@@ -86,3 +86,45 @@ def test_user_errors_are_one_line_with_exit_code(args, code, needle):
 def test_debug_shows_traceback():
     result = run("--debug", "perf", "--model", "nope")
     assert result.exit_code != 0 and result.exception is not None
+
+
+def test_optimize_json_contract_and_output_dir(tmp_path):
+    out = tmp_path / "plan"
+    result = run("optimize", "--rate", "3", "--duration", "60", "--hardware", "a100-80gb,h100-80gb", "--tp", "8",
+                 "--format", "json", "--output-dir", str(out))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["schema_version"] == 1 and doc["inputs"]["model"] == "llama2-70b"
+    plan = doc["plan"]
+    for key in ("prompt_pools", "token_pools", "cost_usd_per_hour", "power_kw", "predicted", "binding", "alternatives"):
+        assert key in plan
+    assert set(plan["predicted"]) == {"ttft_ms", "tbt_ms", "e2e_ms"}
+    assert set(plan["predicted"]["ttft_ms"]) == {"p50", "p90", "p99"}
+    assert {"hardware", "tp", "machines"} == set(plan["prompt_pools"][0])
+    assert json.loads((out / "plan.json").read_text()) == doc
+    assert (out / "candidates.csv").read_text().startswith("kind,role,hardware")
+    assert (out / "pareto.csv").read_text().startswith("rank,")
+    again = run("optimize", "--rate", "3", "--duration", "60", "--hardware", "a100-80gb,h100-80gb", "--tp", "8", "--format", "json")
+    assert again.stdout == result.stdout  # deterministic
+
+
+def test_optimize_table_and_csv():
+    table = run("optimize", "--rate", "3", "--duration", "60", "--hardware", "h100-80gb", "--tp", "8", "--slo", "chat")
+    assert table.exit_code == 0 and "Predicted against the SLO" in table.stdout and "binding" in table.stdout
+    csv = run("optimize", "--rate", "3", "--duration", "60", "--hardware", "h100-80gb", "--tp", "8", "--format", "csv")
+    assert csv.stdout.splitlines()[0].startswith("rank,prompt_pools")
+
+
+@pytest.mark.parametrize("args,code,needle", [
+    (["optimize", "--slo", "nope"], 2, "unknown SLO profile 'nope'"),
+    (["optimize", "--max-machines", "h100-80gb"], 2, "expected TYPE=N"),
+    (["optimize", "--rate", "0"], 2, "--rate 0: must be > 0"),
+    (["optimize", "--rate", "3", "--duration", "30", "--hardware", "h100-80gb", "--max-cost-per-hour", "5"], 3, "within the budget"),
+    (["optimize", "--model", "llama3.1-405b", "--hardware", "a100-40gb", "--slo", "chat"], 3, "fits no prompt hardware"),
+    (["optimize", "--model", "llama3.1-405b"], 3, "does not fit a100-80gb at TP 8"),
+])
+def test_optimize_failures(args, code, needle, tmp_path):
+    result = run(*args, "--output-dir", str(tmp_path / "o"))
+    assert result.exit_code == code, result.output
+    assert result.stderr.startswith("error: ") and needle in result.stderr, result.stderr
+    assert not (tmp_path / "o").exists()  # no partial output
