@@ -142,10 +142,10 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
         if pair not in seen_pairs and len(seen_pairs) < alternatives + 1:
             seen_pairs.add(pair)
             candidates.append({p.key: p.machines_alone, t.key: t.machines_alone})
-    plans = []
+    plans, memo = [], {}
     for counts in candidates:
         try:
-            plans.append(make_plan(problem, *_repaired(problem, counts, by_key)))
+            plans.append(make_plan(problem, *_repaired(problem, counts, by_key, memo)))
         except InfeasibleError:
             if not plans:  # the optimizer's own plan must verify; a runner-up may be dropped
                 raise
@@ -158,9 +158,9 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     return OptimizeResult(plan, tuple(alts[:alternatives]), tuple(options))
 
 
-def _repaired(problem, counts, by_key):
+def _repaired(problem, counts, by_key, memo):
     from splitplan.search.plan import repair
-    counts, values, lines, repairs = repair(problem, counts, by_key)
+    counts, values, lines, repairs = repair(problem, counts, by_key, memo=memo)
     return counts, by_key, repairs, values, lines
 
 

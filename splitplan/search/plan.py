@@ -24,7 +24,7 @@ import numpy as np
 import pulp
 
 from splitplan.capacity.pools import (
-    Reference, achieved, decode_pool, meets, prompt_queue_ttft_s, smallest_count,
+    Reference, achieved, batch_memo, decode_pool, meets, prompt_queue_ttft_s, smallest_count,
 )
 from splitplan.errors import InfeasibleError, SolverError
 from splitplan.perf.roofline import Instance, kv_transfer_time_s
@@ -123,8 +123,11 @@ def size_option(problem: Problem, role: str, inst: Instance) -> Option:
         return Option(role, inst, None, "", inst.fit.reason)
     t = problem.trace
     if role == "prompt":
+        memo = batch_memo([inst], t.prompt_tokens)
+
         def failing(n):
-            return _first_failing(problem, "ttft", prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, [(inst, n)], problem.max_batch_tokens))
+            ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, [(inst, n)], problem.max_batch_tokens, memo)
+            return _first_failing(problem, "ttft", ttft)
         alone = _first_failing(problem, "ttft", inst.prefill_time_s(t.prompt_tokens))
         if alone is not None:
             return Option(role, inst, None, alone.label, f"{alone.label} not met even without queueing")
@@ -211,12 +214,20 @@ def _grid(problem: Problem, usable: list[Option], primary, secondary) -> dict[tu
     return {o.key: c for o, c in zip(usable, best_key) if c > 0}
 
 
-def evaluate(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Option]) -> dict:
-    """Per-request TTFT, TBT and E2E (seconds) of a split plan on the trace."""
+def evaluate(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Option], memo: dict | None = None) -> dict:
+    """Per-request TTFT, TBT and E2E (seconds) of a split plan on the trace.
+
+    `memo` (any dict, reused across calls on the same problem) keeps the prompt
+    replay of each prompt-pool configuration and each option's batch times."""
     t = problem.trace
-    prompt = [(options[k].inst, c * options[k].inst.instances_per_machine) for k, c in sorted(counts.items()) if k[0] == "prompt"]
+    memo = {} if memo is None else memo
+    prompt_keys = tuple(sorted((k, c) for k, c in counts.items() if k[0] == "prompt"))
+    prompt = [(options[k].inst, c * options[k].inst.instances_per_machine) for k, c in prompt_keys]
     token = [(options[k].inst, c * options[k].inst.instances_per_machine) for k, c in sorted(counts.items()) if k[0] == "token"]
-    ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens)
+    ttft = memo.get(("ttft", prompt_keys))
+    if ttft is None:
+        batches = [memo.setdefault(("batch", k), batch_memo([options[k].inst], t.prompt_tokens)[0]) for k, _ in prompt_keys]
+        ttft = memo[("ttft", prompt_keys)] = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens, batches)
     src = max(prompt, key=lambda pair: pair[1])[0]
     # Requests go to token types in proportion to their capacity (a deterministic interleave).
     share = np.array([n / options[("token", i.hardware.name, i.tp)].instances for i, n in token])
@@ -241,7 +252,7 @@ def check(problem: Problem, values: dict) -> list[tuple[SloLine, float, bool]]:
     return out
 
 
-def repair(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Option], limit: int = 100):
+def repair(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Option], limit: int = 100, memo: dict | None = None):
     """Grow the plan until every line holds on the whole-trace evaluation.
 
     Greedy: for the first failing line, try one more machine of each option of the
@@ -249,6 +260,7 @@ def repair(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Opti
     the one that improves the line most per dollar (per kW for the power
     objective), and evaluate again."""
     counts = dict(counts)
+    memo = {} if memo is None else memo
     weight = (lambda o: o.price_usd_per_hour) if problem.objective == "cost" else (lambda o: o.power_kw)
 
     def score(values):
@@ -256,7 +268,7 @@ def repair(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Opti
         failed = [(line, value) for line, value, ok in lines if not ok]
         return lines, failed
 
-    values = evaluate(problem, counts, options)
+    values = evaluate(problem, counts, options, memo)
     lines, failed = score(values)
     for step in range(limit + 1):
         kv_bad = values["kv_peak_fraction"] > 1
@@ -269,7 +281,7 @@ def repair(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Opti
             if option.role not in roles or not option.instances:
                 continue
             trial = {**counts, option.key: counts.get(option.key, 0) + 1}
-            trial_values = evaluate(problem, trial, options)
+            trial_values = evaluate(problem, trial, options, memo)
             if line is None:
                 new = trial_values["kv_peak_fraction"]
             else:
