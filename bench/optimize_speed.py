@@ -4,7 +4,8 @@
 
 Cases: the whole catalog on the embedded Azure code trace (defaults), and the Azure
 conversation trace resampled at 70 req/s for 120 s. Target: under 5 s each on a
-2-core machine. Prints one markdown row per case (best of 3 runs) and peak RSS.
+2-core machine (pool options are sized in one process per core; the `--jobs 1` case shows
+one core). Prints one markdown row per case (best of 3 runs) and peak RSS.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ CASES = {
     "embedded Azure code trace, whole catalog": ["splitplan", "optimize", "--format", "json"],
     "Azure conversation, 70 req/s x 120 s, whole catalog": ["splitplan", "optimize", "--trace", str(CONV), "--rate", "70",
                                                               "--duration", "120", "--format", "json"],
+    "embedded Azure code trace, whole catalog, --jobs 1": ["splitplan", "optimize", "--format", "json", "--jobs", "1"],
 }
 
 

@@ -6,6 +6,9 @@ pure layers and returns plain data.
 
 from __future__ import annotations
 
+import dataclasses
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 from splitplan.errors import InfeasibleError, SpecError
@@ -88,18 +91,29 @@ def instance_facts(inst: Instance) -> dict:
 @dataclass(frozen=True)
 class OptimizeResult:
     plan: "Plan"
-    alternatives: tuple
+    alternatives: tuple  # runner-ups, the best co-located plan among them
     options: tuple  # every evaluated Option, sized or skipped
+    colocated: "Plan | None" = None  # the best co-located plan (None if none meets the SLO)
+    max_rate_rps: float | None = None  # objective throughput: the highest rate served
+
+    @property
+    def split_saving_pct(self) -> float | None:
+        """Cost saved against the best co-located plan, in % (negative: splitting loses)."""
+        if self.colocated is None or self.plan.mixed_pools:
+            return None
+        return (1 - self.plan.cost_usd_per_hour / self.colocated.cost_usd_per_hour) * 100
 
 
 def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, prompt_hardware: list[str] | None = None,
              token_hardware: list[str] | None = None, tp: int | None = None, objective: str = "cost",
              engine: str = DEFAULT_ENGINE, search: str = "ilp", max_cost_per_hour: float | None = None,
              max_power_kw: float | None = None, max_machines: dict[str, int] | None = None,
-             max_batch_tokens: int = 2048, alternatives: int = 5) -> OptimizeResult:
-    """The cheapest (or lowest-power) split plan meeting every SLO line on `trace`."""
+             max_batch_tokens: int = 2048, alternatives: int = 5, split: bool = True,
+             with_colocated: bool = True, jobs: int = 1) -> OptimizeResult:
+    """The cheapest (or lowest-power) plan meeting every SLO line on `trace`: split
+    prompt/token pools (default) or, with `split=False`, co-located machines."""
     from splitplan.capacity.pools import reference_latencies
-    from splitplan.search.plan import Problem, make_plan, size_option, solve_counts
+    from splitplan.search.plan import Problem, colocated_plan
     from splitplan.specs.hardware import hardware_catalog
     from splitplan.specs.slo import load_slo
 
@@ -117,24 +131,137 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
         reference = reference_latencies(ref_inst, trace.prompt_tokens, trace.output_tokens)
     problem = Problem(trace, profile, reference, max_batch_tokens, objective, max_cost_per_hour, max_power_kw,
                       tuple(sorted((max_machines or {}).items())))
-    options = []
-    for role, allowed in (("prompt", prompt_hardware or names), ("token", token_hardware or names)):
-        for name in sorted(set(allowed)):
-            hw = machines[name]
-            for t in ([tp] if tp else hw.tp_degrees()):
-                if t not in hw.tp_degrees():
-                    continue
-                options.append(size_option(problem, role, Instance(m, hw, eng, t)))
+
+    def tasks(role, allowed, lower=None):
+        return [(role, Instance(m, machines[name], eng, t), (lower or {}).get((name, t)) or 1)
+                for name in sorted(set(allowed)) for t in ([tp] if tp else machines[name].tp_degrees())
+                if t in machines[name].tp_degrees()]
+
+    prompt_names = prompt_hardware or names
+    first = _size_all(problem, tasks("prompt", set(names) | set(prompt_names))
+                      + (tasks("token", token_hardware or names) if split else []), jobs)
+    # A co-located pool carries the prompt load and more: the prompt pool's count of the
+    # same (machine, TP) bounds its size from below, which shortens its search.
+    lower = {(o.inst.hardware.name, o.inst.tp): o.instances for o in first if o.role == "prompt"}
+    mixed = _size_all(problem, tasks("mixed", names, lower), jobs) if with_colocated or not split else []
+    if not split:
+        plan = colocated_plan(problem, mixed)
+        others = []
+        for name in sorted({o.inst.hardware.name for o in mixed} - {p.hardware for p in plan.mixed_pools}):
+            try:  # the best co-located plan of each other machine type
+                others.append(colocated_plan(problem, [o for o in mixed if o.inst.hardware.name == name]))
+            except InfeasibleError:
+                continue
+        others.sort(key=lambda p: _plan_key(objective, p))
+        return OptimizeResult(plan, tuple(others[:alternatives]), tuple(mixed), plan)
+    options = [o for o in first if o.role == "token" or o.inst.hardware.name in prompt_names]
     _raise_if_unreachable(problem, options)
+    plan, alts = _best_split(problem, options, search, alternatives)
+    try:
+        colocated = colocated_plan(problem, mixed) if mixed else None
+    except InfeasibleError:
+        colocated = None
+    shown = alts[: alternatives - 1] + ([colocated] if colocated else [])
+    return OptimizeResult(plan, tuple(sorted(shown, key=lambda p: _plan_key(objective, p))), tuple(options + mixed), colocated)
+
+
+_SIZING_PROBLEM = None  # set before forking workers, so tasks need not carry the trace
+
+
+def _size_task(task):
+    from splitplan.search.plan import size_option
+    return size_option(_SIZING_PROBLEM, *task)
+
+
+def _size_all(problem, tasks: list, jobs: int) -> list:
+    """Size every (role, instance, lower bound) task; in `jobs` forked processes when
+    more than one (results come back in task order, so the output does not depend
+    on `jobs`)."""
+    global _SIZING_PROBLEM
+    from splitplan.search.plan import size_option
+    if jobs <= 1 or len(tasks) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return [size_option(problem, *task) for task in tasks]
+    _SIZING_PROBLEM = problem
+    try:
+        with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("fork")) as pool:
+            return list(pool.map(_size_task, tasks))
+    finally:
+        _SIZING_PROBLEM = None
+
+
+def max_rate(workload_at, base_rate_rps: float, model: str, slo: str, progress=None, **kwargs) -> OptimizeResult:
+    """The highest request rate a plan within the budget serves under the SLO
+    (Splitwise's iso-power / iso-cost scenarios), and the cheapest such plan.
+
+    `workload_at(rate)` gives the trace at a rate (a Poisson resample, or the
+    trace's timestamps compressed). The rate is bracketed by doubling or halving
+    from `base_rate_rps`, then bisected to 2 %; each step asks whether a
+    cost-minimal split plan exists within the budget. `progress(rate, ok)` is
+    called after each step.
+    """
+    if kwargs.get("max_cost_per_hour") is None and kwargs.get("max_power_kw") is None and not kwargs.get("max_machines"):
+        raise SpecError("--objective throughput needs a budget: --max-cost-per-hour, --max-power-kw or --max-machines TYPE=N")
+
+    def attempt(rate):
+        try:
+            result = optimize(workload_at(rate), model, slo, alternatives=0, with_colocated=False, **kwargs)
+        except InfeasibleError:
+            result = None
+        if progress:
+            progress(rate, result is not None)
+        return result
+
+    rate = base_rate_rps
+    result = attempt(rate)
+    if result is not None:
+        lo, lo_result, hi = rate, result, None
+        while hi is None and rate < base_rate_rps * 4096:
+            rate *= 2
+            result = attempt(rate)
+            if result is None:
+                hi = rate
+            else:
+                lo, lo_result = rate, result
+    else:
+        hi, lo = rate, None
+        while lo is None and rate > base_rate_rps / 4096:
+            rate /= 2
+            result = attempt(rate)
+            if result is not None:
+                lo, lo_result = rate, result
+        if lo is None:
+            raise InfeasibleError(f"no plan within the budget meets the SLO even at {rate:.3g} req/s")
+    while hi is not None and hi / lo > 1.02:
+        mid = (lo * hi) ** 0.5
+        result = attempt(mid)
+        if result is None:
+            hi = mid
+        else:
+            lo, lo_result = mid, result
+    plan = lo_result.plan
+    if hi is not None:
+        plan = dataclasses.replace(plan, binding=f"{plan.binding}; rate: at {hi:.3g} req/s no plan fits the budget")
+    return OptimizeResult(plan, lo_result.alternatives, lo_result.options, None, lo)
+
+
+def _plan_key(objective: str, plan) -> tuple:
+    first, second = (plan.cost_usd_per_hour, plan.power_kw) if objective == "cost" else (plan.power_kw, plan.cost_usd_per_hour)
+    return (first, second, plan.machines, repr(plan.prompt_pools + plan.token_pools + plan.mixed_pools))
+
+
+def _best_split(problem, options, search: str, alternatives: int):
+    """Candidates: the ILP's (or grid's) plan, and the best homogeneous plan of every
+    (prompt, token) hardware pair; each is verified and repaired on the whole trace,
+    and the best verified one wins. The rest are the runner-ups."""
+    from splitplan.search.plan import make_plan, repair, solve_counts
+
     by_key = {o.key: o for o in options}
-    # Candidates: the ILP's (or grid's) plan, and the best homogeneous plan of every
-    # (prompt, token) hardware pair; each is verified and repaired on the whole trace,
-    # and the best verified one wins. The rest are the runner-ups.
     candidates = [solve_counts(problem, options, search)]
-    usable = [o for o in options if o.instances]
+    usable = [o for o in options if o.instances and o.role in ("prompt", "token")]
     pairs = sorted(
         ((p, t) for p in usable if p.role == "prompt" for t in usable if t.role == "token"),
-        key=lambda pt: (_objective(objective, pt[0]) * pt[0].machines_alone + _objective(objective, pt[1]) * pt[1].machines_alone, pt[0].key, pt[1].key),
+        key=lambda pt: (_objective(problem.objective, pt[0]) * pt[0].machines_alone
+                        + _objective(problem.objective, pt[1]) * pt[1].machines_alone, pt[0].key, pt[1].key),
     )
     seen_pairs = set()
     for p, t in pairs:
@@ -145,23 +272,17 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     plans, memo = [], {}
     for counts in candidates:
         try:
-            plans.append(make_plan(problem, *_repaired(problem, counts, by_key, memo)))
+            counts, values, lines, repairs = repair(problem, counts, by_key, memo=memo)
+            plans.append(make_plan(problem, counts, by_key, repairs, values, lines))
         except InfeasibleError:
             if not plans:  # the optimizer's own plan must verify; a runner-up may be dropped
                 raise
-    key = (lambda p: (p.cost_usd_per_hour, p.power_kw)) if objective == "cost" else (lambda p: (p.power_kw, p.cost_usd_per_hour))
-    plans.sort(key=lambda p: (*key(p), p.machines, repr(p.prompt_pools), repr(p.token_pools)))
+    plans.sort(key=lambda p: _plan_key(problem.objective, p))
     plan, alts = plans[0], []
     for other in plans[1:]:
         if other.prompt_pools + other.token_pools != plan.prompt_pools + plan.token_pools and other not in alts:
             alts.append(other)
-    return OptimizeResult(plan, tuple(alts[:alternatives]), tuple(options))
-
-
-def _repaired(problem, counts, by_key, memo):
-    from splitplan.search.plan import repair
-    counts, values, lines, repairs = repair(problem, counts, by_key, memo=memo)
-    return counts, by_key, repairs, values, lines
+    return plan, alts
 
 
 def _objective(objective: str, option) -> float:

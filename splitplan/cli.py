@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
+import os
 import re
 import sys
 from enum import Enum
@@ -42,6 +45,7 @@ class PlanFormat(str, Enum):
 class Objective(str, Enum):
     cost = "cost"
     power = "power"
+    throughput = "throughput"
 
 
 class Search(str, Enum):
@@ -139,6 +143,8 @@ def load_workload(trace: Optional[Path], rate: Optional[float], duration: float,
     if duration <= 0:
         raise SpecError(f"--duration {duration:g}: must be > 0 seconds")
     loaded = load_trace(trace or default_trace_path(), columns)
+    if trace is None:
+        loaded = dataclasses.replace(loaded, source="azure_code_2023.csv (embedded)")
     if rate is None:
         return loaded
     return resample_poisson(loaded, rate, duration, np.random.default_rng(seed))
@@ -256,6 +262,8 @@ def optimize(
     max_power_kw: Optional[float] = typer.Option(None, "--max-power-kw", help="Budget in provisioned kW."),
     max_machines: list[str] = typer.Option([], "--max-machines", help="Availability, TYPE=N (repeatable)."),
     max_batch_tokens: int = typer.Option(2048, "--max-batch-tokens", help="Prompt tokens per prefill batch."),
+    no_split: bool = typer.Option(False, "--no-split", help="Plan co-located machines (mixed batching), not split pools."),
+    jobs: int = typer.Option(0, "--jobs", help="Processes for sizing pool options (0: one per core)."),
     format: PlanFormat = typer.Option(PlanFormat.table, "--format", help="table, json or csv"),
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write plan.json, candidates.csv, pareto.csv here."),
 ) -> None:
@@ -265,16 +273,33 @@ def optimize(
     if max_batch_tokens < 1:
         raise SpecError(f"--max-batch-tokens {max_batch_tokens}: must be >= 1")
     workload = load_workload(trace, rate, duration, seed)
-    result = api.optimize(
-        workload, model, slo, _names(hardware), _names(prompt_hardware), _names(token_hardware), tp,
-        objective.value, engine, search.value, max_cost_per_hour, max_power_kw, _limits(max_machines), max_batch_tokens,
-    )
+    common = dict(hardware=_names(hardware), prompt_hardware=_names(prompt_hardware), token_hardware=_names(token_hardware),
+                  tp=tp, engine=engine, search=search.value, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
+                  max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens,
+                  jobs=jobs if jobs > 0 else (os.cpu_count() or 1))
+    if objective is Objective.throughput:
+        if no_split:
+            raise SpecError("--objective throughput plans split pools; drop --no-split")
+        base = load_workload(trace, None, duration, seed)
+
+        def workload_at(r):  # Poisson resample when --rate was given, else the trace's timestamps compressed
+            if rate is not None:
+                return resample_poisson(base, r, duration, np.random.default_rng(seed))
+            return dataclasses.replace(base, arrival_s=base.arrival_s * (base.mean_rate_rps / r),
+                                       source=f"{base.source} (timestamps scaled to {r:.3g} req/s)")
+
+        with _progress("searching the highest rate") as step:
+            result = api.max_rate(workload_at, rate or workload.mean_rate_rps, model, slo,
+                                  progress=lambda r, ok: step(f"{r:.3g} req/s: {'served' if ok else 'not served'}"), **common)
+        workload = workload_at(result.max_rate_rps)
+    else:
+        result = api.optimize(workload, model, slo, objective=objective.value, split=not no_split, **common)
     inputs = {
         "trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
         "seed": seed, "model": model, "slo": slo, "hardware": _names(hardware), "prompt_hardware": _names(prompt_hardware),
         "token_hardware": _names(token_hardware), "tp": tp, "objective": objective.value, "engine": engine,
         "search": search.value, "max_cost_per_hour": max_cost_per_hour, "max_power_kw": max_power_kw,
-        "max_machines": _limits(max_machines), "max_batch_tokens": max_batch_tokens,
+        "max_machines": _limits(max_machines), "max_batch_tokens": max_batch_tokens, "split": not no_split,
     }
     document = report.optimize_json(result, inputs)
     plans = [result.plan, *result.alternatives]
@@ -294,19 +319,40 @@ def optimize(
         _render_plan(result, workload)
 
 
+@contextlib.contextmanager
+def _progress(title: str):
+    """A rich status line on stderr (only on a terminal) while a long search runs."""
+    from rich.console import Console
+    err = Console(stderr=True)
+    if not err.is_terminal:
+        yield lambda message: None
+        return
+    with err.status(title) as status:
+        yield lambda message: status.update(f"{title}: {message}")
+
+
 def _render_plan(result, workload) -> None:
     plan = result.plan
     con = report.console()
-    rows = [("prompt machines", report.pools_text(plan.prompt_pools)), ("token machines", report.pools_text(plan.token_pools)),
-            ("cost", f"${plan.cost_usd_per_hour:,.2f}/h"), ("power", f"{plan.power_kw:,.2f} kW provisioned"),
-            ("binding", plan.binding)]
+    if plan.mixed_pools:
+        rows = [("co-located machines", report.pools_text(plan.mixed_pools))]
+    else:
+        rows = [("prompt machines", report.pools_text(plan.prompt_pools)), ("token machines", report.pools_text(plan.token_pools))]
+    if result.max_rate_rps is not None:
+        rows.append(("max rate", f"{result.max_rate_rps:,.3g} req/s within the budget"))
+    rows += [("cost", f"${plan.cost_usd_per_hour:,.2f}/h"), ("power", f"{plan.power_kw:,.2f} kW provisioned"),
+             ("binding", plan.binding)]
+    if result.split_saving_pct is not None:
+        rows.append(("vs best co-located", f"{report.plan_text(result.colocated)} at ${result.colocated.cost_usd_per_hour:,.2f}/h: "
+                     f"splitting {'saves' if result.split_saving_pct >= 0 else 'costs'} {abs(result.split_saving_pct):.0f} %"))
+    elif not plan.mixed_pools and result.max_rate_rps is None:
+        rows.append(("vs best co-located", "no co-located plan meets the SLO"))
     con.print(report.table(f"Plan for {workload.source} ({len(workload):,} requests)", ["", "value"], rows))
     con.print(report.table("Predicted against the SLO", ["line", "target", "achieved", "met"],
                            [(l.label, l.target, v, "yes" if ok else "NO") for l, v, ok in plan.slo]))
-    alt_rows = [(report.pools_text(a.prompt_pools), report.pools_text(a.token_pools), a.cost_usd_per_hour, a.power_kw,
-                 a.cost_usd_per_hour / plan.cost_usd_per_hour - 1) for a in result.alternatives]
-    con.print(report.table("Runner-up plans (best of each other hardware pair)", ["prompt", "token", "$/h", "kW", "vs plan"],
-                           [(p, t, c, w, f"{d:+.0%}") for p, t, c, w, d in alt_rows]))
+    alt_rows = [(report.plan_text(a), a.cost_usd_per_hour, a.power_kw, f"{a.cost_usd_per_hour / plan.cost_usd_per_hour - 1:+.0%}",
+                 a.binding) for a in result.alternatives]
+    con.print(report.table("Runner-up plans", ["plan", "$/h", "kW", "vs plan", "binding"], alt_rows))
     skipped = sorted({f"{o.role} {o.inst.hardware.name} TP{o.inst.tp}: {o.skipped}" for o in result.options if o.skipped})
     if skipped:
         con.print(f"{len(skipped)} option(s) skipped; see candidates.csv (--output-dir) for the reasons.")

@@ -89,10 +89,17 @@ def pools_text(pools) -> str:
     return " + ".join(f"{p.machines}x {p.hardware} (TP {p.tp})" for p in pools) or "-"
 
 
+def plan_text(plan) -> str:
+    if plan.mixed_pools:
+        return f"co-located {pools_text(plan.mixed_pools)}"
+    return f"prompt {pools_text(plan.prompt_pools)}; token {pools_text(plan.token_pools)}"
+
+
 def plan_json(plan) -> dict:
+    pools = ({"mixed_pools": pools_json(plan.mixed_pools)} if plan.mixed_pools else
+             {"prompt_pools": pools_json(plan.prompt_pools), "token_pools": pools_json(plan.token_pools)})
     return {
-        "prompt_pools": pools_json(plan.prompt_pools),
-        "token_pools": pools_json(plan.token_pools),
+        **pools,
         "cost_usd_per_hour": plan.cost_usd_per_hour,
         "power_kw": plan.power_kw,
         "machines": plan.machines,
@@ -105,6 +112,9 @@ def plan_json(plan) -> dict:
 def optimize_json(result, inputs: dict) -> dict:
     body = plan_json(result.plan)
     body["alternatives"] = [plan_json(a) for a in result.alternatives]
+    body["split_saving_pct"] = result.split_saving_pct
+    if result.max_rate_rps is not None:
+        body["max_rate_rps"] = result.max_rate_rps
     return {"schema_version": SCHEMA_VERSION, "inputs": inputs, "plan": body}
 
 
@@ -124,10 +134,10 @@ def plans_csv(plans) -> str:
     import csv
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(["rank", "prompt_pools", "token_pools", "machines", "cost_usd_per_hour", "power_kw",
+    w.writerow(["rank", "prompt_pools", "token_pools", "mixed_pools", "machines", "cost_usd_per_hour", "power_kw",
                 "ttft_p99_ms", "tbt_p99_ms", "e2e_p99_ms", "all_slo_met", "binding"])
     for i, p in enumerate(plans):
-        w.writerow([i, pools_text(p.prompt_pools), pools_text(p.token_pools), p.machines, f"{p.cost_usd_per_hour:.4f}",
+        w.writerow([i, pools_text(p.prompt_pools), pools_text(p.token_pools), pools_text(p.mixed_pools), p.machines, f"{p.cost_usd_per_hour:.4f}",
                     f"{p.power_kw:.4f}", f"{p.predicted['ttft']['p99']:.3f}", f"{p.predicted['tbt']['p99']:.3f}",
                     f"{p.predicted['e2e']['p99']:.3f}", all(ok for _, _, ok in p.slo), p.binding])
     return out.getvalue()
@@ -146,5 +156,5 @@ def candidates_csv(result) -> str:
                     o.binding, o.skipped, ""])
     for p in (result.plan, *result.alternatives):
         w.writerow(["plan", "", "", "", "", p.machines, f"{p.cost_usd_per_hour:.4f}", f"{p.power_kw:.4f}", p.binding, "",
-                    f"prompt {pools_text(p.prompt_pools)}; token {pools_text(p.token_pools)}"])
+                    plan_text(p)])
     return out.getvalue()

@@ -128,3 +128,29 @@ def test_optimize_failures(args, code, needle, tmp_path):
     assert result.exit_code == code, result.output
     assert result.stderr.startswith("error: ") and needle in result.stderr, result.stderr
     assert not (tmp_path / "o").exists()  # no partial output
+
+
+def test_optimize_no_split_has_mixed_pools():
+    result = run("optimize", "--rate", "3", "--duration", "60", "--hardware", "h100-80gb", "--tp", "8", "--no-split", "--format", "json")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)["plan"]
+    assert "mixed_pools" in plan and "prompt_pools" not in plan and plan["split_saving_pct"] is None
+
+
+def test_optimize_default_report_shows_colocated_saving():
+    result = run("optimize", "--rate", "3", "--duration", "60", "--hardware", "h100-80gb", "--tp", "8", "--format", "json")
+    plan = json.loads(result.stdout)["plan"]
+    assert any("mixed_pools" in a for a in plan["alternatives"])
+    assert isinstance(plan["split_saving_pct"], float)
+    table = run("optimize", "--rate", "3", "--duration", "60", "--hardware", "h100-80gb", "--tp", "8")
+    assert "vs best co-located" in table.stdout
+
+
+def test_optimize_throughput():
+    result = run("optimize", "--objective", "throughput", "--hardware", "h100-80gb", "--tp", "8", "--max-machines",
+                 "h100-80gb=4", "--rate", "3", "--duration", "60", "--format", "json")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)["plan"]
+    assert plan["max_rate_rps"] > 3 and plan["machines"] <= 4
+    missing = run("optimize", "--objective", "throughput", "--hardware", "h100-80gb")
+    assert missing.exit_code == 2 and "needs a budget" in missing.stderr

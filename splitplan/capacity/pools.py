@@ -63,21 +63,39 @@ def meets(line: SloLine, value: float) -> bool:
     return value <= (line.max_ms if line.max_ms is not None else line.slowdown) * (1 + 1e-9)
 
 
-def batch_memo(instances: list[Instance], prompt_tokens: np.ndarray) -> list[tuple[list, dict]]:
-    """Per instance type: every request's single-prompt prefill time, and a cache of
-    multi-prompt batch times. Reusable across replays of the same trace (e.g. while
-    searching for the smallest instance count)."""
-    return [(inst.prefill_time_s(prompt_tokens).tolist(), {}) for inst in instances]
+class BatchTimes:
+    """Prefill batch times of one instance type over one trace: every request's
+    single-prompt time up front (vectorized) and multi-prompt batches cached as
+    they appear. Reusable across replays (e.g. while searching for the smallest
+    instance count). `decode_batch` requests of `decode_context_tokens` context
+    ride along in every iteration (co-located mixed batching)."""
+
+    def __init__(self, inst: Instance, prompt_tokens: np.ndarray, decode_batch: float = 0.0,
+                 decode_context_tokens: float = 0.0):
+        self.inst = inst
+        self.decode = (float(decode_batch), float(decode_batch * decode_context_tokens))
+        p = prompt_tokens.astype(float)
+        self.single = inst.pass_time_s(1.0, p, p * p, *self.decode).tolist()
+        self.cache: dict = {}
+
+    def batch_s(self, first: int, seqs: int, tokens: float, sq_tokens: float) -> float:
+        if seqs == 1:
+            return self.single[first]
+        key = (seqs, tokens, sq_tokens)
+        duration = self.cache.get(key)
+        if duration is None:
+            duration = self.cache[key] = float(self.inst.pass_time_s(float(seqs), float(tokens), float(sq_tokens), *self.decode))
+        return duration
 
 
 def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[tuple[Instance, int]],
-                        max_batch_tokens: int, memo: list[tuple[list, dict]] | None = None) -> np.ndarray:
-    """TTFT of every request on the given prompt instances (type, count), FCFS + batching."""
+                        max_batch_tokens: int, times: list[BatchTimes] | None = None,
+                        busy: list | None = None) -> np.ndarray:
+    """TTFT of every request on the given prompt instances (type, count), FCFS + batching.
+    With `busy` (a list), every batch's (start, duration) is appended to it."""
     n_req = len(arrival_s)
     finish_at = [0.0] * n_req
-    memo = memo or batch_memo([inst for inst, _ in pools], prompt_tokens)
-    single = [m[0] for m in memo]
-    caches = [m[1] for m in memo]
+    times = times or [BatchTimes(inst, prompt_tokens) for inst, _ in pools]
     heap = [(0.0, k, j) for k, (_, count) in enumerate(pools) for j in range(count)]
     heapq.heapify(heap)
     arrival = arrival_s.tolist()
@@ -86,20 +104,16 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     while i < n_req:
         free, k, j = heapq.heappop(heap)
         start = free if free > arrival[i] else arrival[i]
-        end_idx, total = i + 1, tokens[i]
+        end_idx, total, sq = i + 1, tokens[i], tokens[i] * tokens[i]
         while end_idx < n_req and arrival[end_idx] <= start and total + tokens[end_idx] <= max_batch_tokens:
             total += tokens[end_idx]
+            sq += tokens[end_idx] * tokens[end_idx]
             end_idx += 1
-        if end_idx == i + 1:
-            duration = single[k][i]
-        else:
-            key = (end_idx - i, total, sum(t * t for t in tokens[i:end_idx]))
-            duration = caches[k].get(key)
-            if duration is None:
-                duration = float(pools[k][0].pass_time_s(key[0], key[1], key[2]))
-                caches[k][key] = duration
+        duration = times[k].batch_s(i, end_idx - i, total, sq)
         finish = start + duration
         finish_at[i:end_idx] = [finish] * (end_idx - i)
+        if busy is not None:
+            busy.append((start, duration))
         heapq.heappush(heap, (finish, k, j))
         i = end_idx
     return np.asarray(finish_at) - arrival_s
@@ -110,23 +124,27 @@ class DecodeResult:
     step_s: np.ndarray  # per request: mean decode step while it decodes
     kv_peak_fraction: float  # peak KV held per instance / its KV capacity (<= 1 fits)
     mean_batch: float
+    context_tokens: float  # mean context of the requests decoding
 
 
 def decode_pool(start_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray, inst: Instance,
-                instances: int, iterations: int = 6) -> DecodeResult:
-    """Continuous-batching fixed point for `instances` identical token instances."""
+                instances: int, max_iterations: int = 12, tolerance: float = 1e-2) -> DecodeResult:
+    """Continuous-batching fixed point for `instances` identical token instances,
+    iterated until no request's step time moves by more than `tolerance` (relative)."""
     p = prompt_tokens.astype(float)
     o = output_tokens.astype(float)
     order_start = np.sort(start_s)
     step = inst.decode_step_time_s(1, p + o / 2)
-    for _ in range(iterations):
+    for _ in range(max_iterations):
         end = start_s + o * step
         mid = (start_s + end) / 2
         active = np.searchsorted(order_start, mid, side="right") - np.searchsorted(np.sort(end), mid, side="right")
         batch = np.maximum(active / instances, 1.0)
         duration = end - start_s
         context = float(np.sum((p + o / 2) * duration) / max(np.sum(duration), 1e-12))
-        step = inst.decode_step_time_s(batch, context)
+        previous, step = step, inst.decode_step_time_s(batch, context)
+        if np.max(np.abs(step - previous) / previous) < tolerance:
+            break
     end = start_s + o * step
     # KV tokens held: +(prompt + output) at start, released at end; peak of the running sum.
     times = np.concatenate([start_s, end])
@@ -135,7 +153,43 @@ def decode_pool(start_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: n
     peak = float(np.max(np.cumsum(weights[order]))) / instances
     busy = float(np.sum(end - start_s))
     span = float(max(end.max() - start_s.min(), 1e-9))
-    return DecodeResult(step, peak / inst.fit.kv_capacity_tokens, busy / span / instances)
+    return DecodeResult(step, peak / inst.fit.kv_capacity_tokens, busy / span / instances, context)
+
+
+def colocated_pool(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray, inst: Instance,
+                   instances: int, max_batch_tokens: int, memo: dict | None = None) -> dict:
+    """Per-request TTFT, TBT and E2E on `instances` co-located (non-split) instances.
+
+    Mixed continuous batching with prefill priority: a queued prompt batch runs in
+    the next iteration together with the instance's decodes, so (a) each prefill
+    iteration also carries the decode batch, and (b) every decode on that instance
+    waits the whole iteration. A request's decode is stretched by the prefill
+    work its instance does while it decodes: the pool's prefill busy time in its
+    decode window, divided by the instance count. The decode load a prefill
+    carries comes from a first decode pass that starts each request after its
+    prefill alone; the prompts are then replayed once with that load. `memo` (a
+    dict reused across calls on the same trace and instance) keeps batch times
+    per decode load, rounded to 1/4 request and 64 tokens of context.
+    """
+    o = output_tokens.astype(float)
+    memo = {} if memo is None else memo
+    first = decode_pool(arrival_s + inst.prefill_time_s(prompt_tokens), prompt_tokens, output_tokens, inst, instances)
+    load = (round(first.mean_batch * 4) / 4, round(first.context_tokens / 64) * 64)
+    if load not in memo:
+        memo[load] = BatchTimes(inst, prompt_tokens, *load)
+    busy: list = []
+    ttft = prompt_queue_ttft_s(arrival_s, prompt_tokens, [(inst, instances)], max_batch_tokens, [memo[load]], busy)
+    start = arrival_s + ttft
+    res = decode_pool(start, prompt_tokens, output_tokens, inst, instances)
+    starts, durations = np.array(busy).T
+    order = np.argsort(starts, kind="stable")
+    starts, cum = starts[order], np.concatenate([[0.0], np.cumsum(durations[order])])
+    decode_s = np.maximum(o - 1, 0) * res.step_s
+    for _ in range(2):  # the stall stretches the window, which may hold more prefills
+        end = start + decode_s
+        stall = (cum[np.searchsorted(starts, end, side="right")] - cum[np.searchsorted(starts, start, side="right")]) / instances
+        decode_s = np.maximum(o - 1, 0) * res.step_s + stall
+    return {"ttft": ttft, "tbt": decode_s / o, "e2e": ttft + decode_s, "kv_peak_fraction": res.kv_peak_fraction}
 
 
 def smallest_count(check, lower: int = 1) -> int | None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -129,78 +130,71 @@ class Instance:
         return Fit(True, "", weights, tokens)
 
     # --- one forward pass -------------------------------------------------------
-    def _terms(self, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens):
-        """Time terms (arrays) of one pass: compute-bound, memory-bound, network, overhead,
-        plus FLOPs and bytes per GPU."""
+    @cached_property
+    def _c(self) -> SimpleNamespace:
+        """Per-instance constants of the pass formula (per GPU), computed once."""
         m, hw, f, t = self.model, self.hardware, self.factors, self.tp
-        L = m.num_hidden_layers
         bpe = self.engine.bytes_per_element
-        peak = hw.peak_flops_per_s(self.engine.dtype)
-        bw = hw.memory_bytes_per_s * f.memory_efficiency
-        n_tok = _num(prefill_tokens) + _num(decode_seqs)
+        dense_params = m.attn_params_per_layer + (0 if m.is_moe else m.expert_params)
+        return SimpleNamespace(
+            L=m.num_hidden_layers, bpe=bpe, peak=hw.peak_flops_per_s(self.engine.dtype),
+            bw=hw.memory_bytes_per_s * f.memory_efficiency, eff=f.compute_efficiency, half=f.gemm_half_tokens,
+            dense_flops=2 * dense_params / t, dense_bytes=dense_params * bpe / t,
+            act_bytes=bpe * (4 * m.hidden_size + (2 * m.q_dim + 2 * m.kv_dim + (m.ffn_matrices + 1) * m.intermediate_size) / t),
+            q_dim_gpu=m.q_dim / t, kv_dim_gpu=self.kv_heads_per_gpu * m.head_dim_eff,
+            head_params=m.vocab_size * m.hidden_size / t,
+            collective_s_per_token=(2 * (t - 1) / t * m.hidden_size * 2 / (hw.intra_node_bytes_per_s * f.link_efficiency)) if t > 1 else 0.0,
+            collective_latency_s=f.collective_latency_s if t > 1 else 0.0,
+            launch_s=m.num_hidden_layers * self.engine.kernels_per_layer * f.kernel_launch_s,
+            host_s=f.host_launch_s_per_layer * m.num_hidden_layers,
+            packed=self.engine.prefill_attention == "packed",
+        )
+
+    def _terms(self, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens):
+        """Time terms of one pass (floats or arrays): compute-bound, memory-bound,
+        network, overhead, plus FLOPs and bytes per GPU. Plain arithmetic (no
+        np.where) keeps Python floats as floats: the prompt-queue replay calls this
+        once per batch."""
+        m, f, c = self.model, self.factors, self._c
+        L, peak = c.L, c.peak
+        pre_tok = _num(prefill_tokens)
+        n_tok = pre_tok + _num(decode_seqs)
         n_seq = _num(prefill_seqs) + _num(decode_seqs)
-        has_prefill = _num(prefill_tokens) > 0
-        kv_dim_gpu = self.kv_heads_per_gpu * m.head_dim_eff
-        q_dim_gpu = m.q_dim / t
+        has_prefill = pre_tok > 0
 
         def gemm_eff(rows):
-            return f.compute_efficiency * rows / (rows + f.gemm_half_tokens)
+            return c.eff * rows / (rows + c.half)
 
-        safe_tok = _max(n_tok, 1.0)
-        classes = []  # (flops, bytes, achieved peak) per layer, per GPU
-        dense_params = m.attn_params_per_layer + (0 if m.is_moe else m.expert_params)
-        act = n_tok * bpe * (4 * m.hidden_size + (2 * m.q_dim + 2 * m.kv_dim + (m.ffn_matrices + 1) * m.intermediate_size) / t)
-        classes.append((2 * n_tok * dense_params / t, dense_params * bpe / t + act, peak * gemm_eff(safe_tok)))
+        classes = [(n_tok * c.dense_flops, c.dense_bytes + n_tok * c.act_bytes, peak * gemm_eff(_max(n_tok, 1.0)))]
         if m.is_moe:
             E, k = m.num_local_experts, m.num_experts_per_tok
             touched = E * (1 - (1 - k / E) ** n_tok)
             rows = _max(n_tok * k / _max(touched, 1e-9), 1.0)
-            classes.append((2 * n_tok * k * m.expert_params / t, touched * m.expert_params * bpe / t, peak * gemm_eff(rows)))
-        pre_tok = _num(prefill_tokens)
-        pre_sq = pre_tok**2 if self.engine.prefill_attention == "packed" else _num(prefill_sq_tokens)
+            classes.append((2 * n_tok * k * m.expert_params / self.tp, touched * m.expert_params * c.bpe / self.tp, peak * gemm_eff(rows)))
+        pre_sq = pre_tok**2 if c.packed else _num(prefill_sq_tokens)
         ctx = _num(decode_context_tokens)
-        classes.append((
-            2 * pre_sq * q_dim_gpu,
-            pre_tok * (2 * q_dim_gpu + 2 * kv_dim_gpu) * bpe,
-            peak * f.attention_efficiency,
-        ))
-        classes.append((4 * ctx * q_dim_gpu, ctx * 2 * kv_dim_gpu * bpe, peak * f.compute_efficiency))
+        classes.append((2 * pre_sq * c.q_dim_gpu, pre_tok * (2 * c.q_dim_gpu + 2 * c.kv_dim_gpu) * c.bpe, peak * f.attention_efficiency))
+        classes.append((4 * ctx * c.q_dim_gpu, ctx * 2 * c.kv_dim_gpu * c.bpe, peak * c.eff))
+        # LM head: one row per sequence (the last prompt token, or the decoded token).
+        classes.append((2 * n_seq * c.head_params / L, c.head_params * c.bpe / L, peak * gemm_eff(_max(n_seq, 1.0))))
 
-        # Plain arithmetic (no np.where/zeros_like) so that Python floats stay floats:
-        # the prompt-queue replay calls this once per batch.
         compute_s = memory_s = flops = nbytes = 0.0
         for c_flops, c_bytes, c_peak in classes:
             tc = L * c_flops / c_peak
-            tm = L * c_bytes / bw
+            tm = L * c_bytes / c.bw
             compute_s = compute_s + tc * (tc > tm)
             memory_s = memory_s + tm * (tc <= tm)
             flops = flops + L * c_flops
             nbytes = nbytes + L * c_bytes
-        # LM head: one row per sequence (the last prompt token, or the decoded token).
-        head_params = m.vocab_size * m.hidden_size / t
-        tc = 2 * n_seq * head_params / (peak * gemm_eff(_max(n_seq, 1.0)))
-        tm = head_params * bpe / bw
-        compute_s = compute_s + tc * (tc > tm)
-        memory_s = memory_s + tm * (tc <= tm)
-        flops, nbytes = flops + 2 * n_seq * head_params, nbytes + head_params * bpe
-
-        if t > 1:
-            link = hw.intra_node_bytes_per_s * f.link_efficiency
-            per_collective = 2 * (t - 1) / t * n_tok * m.hidden_size * 2 / link + f.collective_latency_s
-            network_s = 2 * L * per_collective
-        else:
-            network_s = 0.0 * n_tok
-        launch_s = L * self.engine.kernels_per_layer * f.kernel_launch_s
-        gpu_s = compute_s + memory_s + network_s + launch_s
-        host_s = f.host_launch_s_per_layer * L
-        waiting_on_host = _max(host_s - gpu_s, 0.0)
+        network_s = 2 * L * (n_tok * c.collective_s_per_token + c.collective_latency_s)
+        gpu_s = compute_s + memory_s + network_s + c.launch_s
         overhead_s = (
             f.decode_overhead_s + (f.prefill_overhead_s - f.decode_overhead_s) * has_prefill
             + f.sequence_overhead_s * n_seq
-            + launch_s
-            + waiting_on_host
+            + c.launch_s
+            + _max(c.host_s - gpu_s, 0.0)  # waiting on the host's kernel launches
         )
-        slow = 1.0 + (hw.power_cap_prefill_slowdown - 1.0) * has_prefill
+        slow = 1.0 + (self.hardware.power_cap_prefill_slowdown - 1.0) * has_prefill
         return compute_s * slow, memory_s * slow, network_s * slow, overhead_s * slow, flops, nbytes
 
     def pass_time_s(self, prefill_seqs=0, prefill_tokens=0, prefill_sq_tokens=0, decode_seqs=0, decode_context_tokens=0):

@@ -24,7 +24,7 @@ import numpy as np
 import pulp
 
 from splitplan.capacity.pools import (
-    Reference, achieved, batch_memo, decode_pool, meets, prompt_queue_ttft_s, smallest_count,
+    BatchTimes, Reference, achieved, colocated_pool, decode_pool, meets, prompt_queue_ttft_s, smallest_count,
 )
 from splitplan.errors import InfeasibleError, SolverError
 from splitplan.perf.roofline import Instance, kv_transfer_time_s
@@ -117,13 +117,30 @@ def _decode_values(problem: Problem, inst: Instance, n: int, src: Instance, star
     return decode_s / o, decode_s, result
 
 
-def size_option(problem: Problem, role: str, inst: Instance) -> Option:
-    """n*(o) for one option alone, and the line that decided it."""
+def _fails_alone(problem: Problem, role: str, inst: Instance) -> SloLine | None:
+    """The first line an option misses even with no queueing and batch-1 decode
+    (more instances only approach this from above)."""
+    t = problem.trace
+    step = inst.decode_step_time_s(1, t.prompt_tokens + t.output_tokens // 2)
+    decode_s = np.maximum(t.output_tokens - 1, 0) * step
+    if role == "token":
+        return _first_failing(problem, "tbt", decode_s / t.output_tokens)
+    ttft = inst.prefill_time_s(t.prompt_tokens)
+    for metric, values in (("ttft", ttft), ("tbt", decode_s / t.output_tokens), ("e2e", ttft + decode_s)):
+        line = _first_failing(problem, metric, values)
+        if line is not None:
+            return line
+    return None
+
+
+def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> Option:
+    """n*(o) for one option alone, and the line that decided it. `lower` is a known
+    lower bound on n* (a co-located pool needs at least the prompt pool's count)."""
     if not inst.fit.fits:
         return Option(role, inst, None, "", inst.fit.reason)
     t = problem.trace
     if role == "prompt":
-        memo = batch_memo([inst], t.prompt_tokens)
+        memo = [BatchTimes(inst, t.prompt_tokens)]
 
         def failing(n):
             ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, [(inst, n)], problem.max_batch_tokens, memo)
@@ -132,28 +149,43 @@ def size_option(problem: Problem, role: str, inst: Instance) -> Option:
         if alone is not None:
             return Option(role, inst, None, alone.label, f"{alone.label} not met even without queueing")
         work = float(np.sum(inst.prefill_time_s(t.prompt_tokens)))
-        lower = max(1, math.ceil(work / max(t.span_s, 1e-9) * 0.5))
-    else:
-        if int(np.max(t.prompt_tokens + t.output_tokens)) > inst.fit.kv_capacity_tokens:
-            return Option(role, inst, None, "KV memory", "the longest request's KV exceeds one instance's KV capacity")
+        lower = max(lower, math.ceil(work / max(t.span_s, 1e-9) * 0.5))
+    elif int(np.max(t.prompt_tokens + t.output_tokens)) > inst.fit.kv_capacity_tokens:
+        return Option(role, inst, None, "KV memory", "the longest request's KV exceeds one instance's KV capacity")
+    elif (alone := _fails_alone(problem, role, inst)) is not None:
+        return Option(role, inst, None, alone.label, f"{alone.label} not met even running requests alone")
+    elif role == "token":
         def failing(n):
             tbt, _, res = _decode_values(problem, inst, n, inst, t.arrival_s)
             line = _first_failing(problem, "tbt", tbt)
             if line is not None:
                 return line
             return "KV memory" if res.kv_peak_fraction > 1 else None
-        lower = 1
+    else:  # mixed: one pool runs both phases; every line is checked on it directly
+        memo: dict = {}
+
+        def failing(n):
+            values = colocated_pool(t.arrival_s, t.prompt_tokens, t.output_tokens, inst, n, problem.max_batch_tokens, memo=memo)
+            for metric in ("ttft", "tbt", "e2e"):
+                line = _first_failing(problem, metric, values[metric])
+                if line is not None:
+                    return line
+            return "KV memory" if values["kv_peak_fraction"] > 1 else None
+        work = float(np.sum(inst.prefill_time_s(t.prompt_tokens)))
+        lower = max(lower, math.ceil(work / max(t.span_s, 1e-9) * 0.5))
     n = smallest_count(lambda k: failing(k) is None, lower)
     if n is None:
         return Option(role, inst, None, "", "SLO not met at any size")
     binding = failing(n - 1) if n > 1 else None
+    if binding is None and n > 1:  # n came from the lower bound: the bound is what binds
+        binding = "prompt-pool size (lower bound)"
     label = binding if isinstance(binding, str) else (binding.label if binding else "minimum size (1 instance)")
     return Option(role, inst, n, label)
 
 
 def solve_counts(problem: Problem, options: list[Option], method: str = "ilp") -> dict[tuple, int]:
     """Machine counts per option key minimizing the objective under the linear model."""
-    usable = [o for o in options if o.instances]
+    usable = [o for o in options if o.instances and o.role in ROLES]
     for role in ROLES:
         if not any(o.role == role for o in usable):
             raise InfeasibleError(f"no {role} option can meet the SLO (see the skipped options)")
@@ -226,7 +258,7 @@ def evaluate(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Op
     token = [(options[k].inst, c * options[k].inst.instances_per_machine) for k, c in sorted(counts.items()) if k[0] == "token"]
     ttft = memo.get(("ttft", prompt_keys))
     if ttft is None:
-        batches = [memo.setdefault(("batch", k), batch_memo([options[k].inst], t.prompt_tokens)[0]) for k, _ in prompt_keys]
+        batches = [memo.setdefault(("batch", k), BatchTimes(options[k].inst, t.prompt_tokens)) for k, _ in prompt_keys]
         ttft = memo[("ttft", prompt_keys)] = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens, batches)
     src = max(prompt, key=lambda pair: pair[1])[0]
     # Requests go to token types in proportion to their capacity (a deterministic interleave).
@@ -256,9 +288,10 @@ def repair(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Opti
     """Grow the plan until every line holds on the whole-trace evaluation.
 
     Greedy: for the first failing line, try one more machine of each option of the
-    role(s) that line depends on (TTFT: prompt; TBT and KV: token; E2E: both), keep
-    the one that improves the line most per dollar (per kW for the power
-    objective), and evaluate again."""
+    role(s) that line depends on (TTFT: prompt; TBT and KV: token; E2E: both) that
+    is in the plan or among the most capacity per dollar, keep the one that
+    improves the line most per dollar (per kW for the power objective), and
+    evaluate again."""
     counts = dict(counts)
     memo = {} if memo is None else memo
     weight = (lambda o: o.price_usd_per_hour) if problem.objective == "cost" else (lambda o: o.power_kw)
@@ -277,9 +310,7 @@ def repair(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Opti
         line, value = failed[0] if failed else (None, values["kv_peak_fraction"])
         roles = {"ttft": ("prompt",), "tbt": ("token",), "e2e": ROLES}[line.metric if line else "tbt"]
         best = None
-        for option in sorted(options.values(), key=lambda o: o.key):
-            if option.role not in roles or not option.instances:
-                continue
+        for option in _repair_moves(counts, options, roles, weight):
             trial = {**counts, option.key: counts.get(option.key, 0) + 1}
             trial_values = evaluate(problem, trial, options, memo)
             if line is None:
@@ -299,6 +330,17 @@ def repair(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Opti
                           f"no plan found that fits the decode KV cache")
 
 
+def _repair_moves(counts: dict, options: dict, roles: tuple, weight, extra: int = 3) -> list[Option]:
+    """Options worth one more machine: those already in the plan, and per role the
+    `extra` with the lowest weight (cost or power) per unit of capacity."""
+    moves = {k: options[k] for k in counts if k[0] in roles}
+    for role in roles:
+        ranked = sorted((o for o in options.values() if o.role == role and o.instances),
+                        key=lambda o: (weight(o) * o.instances / o.inst.instances_per_machine, o.key))
+        moves.update((o.key, o) for o in ranked[:extra])
+    return [moves[k] for k in sorted(moves)]
+
+
 def make_plan(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Option], repairs: int,
               values: dict, lines) -> Plan:
     def pools(role):
@@ -307,10 +349,44 @@ def make_plan(problem: Problem, counts: dict[tuple, int], options: dict[tuple, O
     power = sum(options[k].power_kw * c for k, c in counts.items())
     predicted = {m: {f"p{q}": float(np.percentile(values[m], q) * 1e3) for q in (50, 90, 99)} for m in ("ttft", "tbt", "e2e")}
     bindings = []
-    for role in ROLES:
+    for role in ("prompt", "token", "mixed"):
         used = [options[k] for k in counts if k[0] == role]
-        bindings.append(f"{role}: {', '.join(sorted({o.binding for o in used}))}")
+        if used:
+            bindings.append(f"{role}: {', '.join(sorted({o.binding for o in used}))}")
     if repairs:
         bindings.append(f"{repairs} machine(s) added on whole-trace evaluation")
-    return Plan(pools("prompt"), pools("token"), (), cost, power, predicted,
+    bindings += _tight_budgets(problem, counts, cost, power)
+    return Plan(pools("prompt"), pools("token"), pools("mixed"), cost, power, predicted,
                 tuple((l, v, ok) for l, v, ok in lines), "; ".join(bindings), repairs)
+
+
+def _tight_budgets(problem: Problem, counts: dict[tuple, int], cost: float, power: float) -> list[str]:
+    """Budget and availability limits the plan reaches: they, not the SLO, shape it."""
+    tight = []
+    if problem.max_cost_per_hour is not None and cost >= problem.max_cost_per_hour * (1 - 1e-6) - 1e-9:
+        tight.append(f"budget: cost at --max-cost-per-hour {problem.max_cost_per_hour:g}")
+    if problem.max_power_kw is not None and power >= problem.max_power_kw * (1 - 1e-6) - 1e-9:
+        tight.append(f"budget: power at --max-power-kw {problem.max_power_kw:g}")
+    for hw, limit in problem.max_machines:
+        if sum(c for k, c in counts.items() if k[1] == hw) >= limit:
+            tight.append(f"availability: all {limit} {hw} machines used")
+    return tight
+
+
+def colocated_plan(problem: Problem, options: list[Option]) -> Plan:
+    """The best homogeneous co-located plan (Splitwise's baselines) within the budgets."""
+    def within(o: Option) -> bool:
+        m = o.machines_alone
+        return ((problem.max_cost_per_hour is None or o.price_usd_per_hour * m <= problem.max_cost_per_hour + 1e-9)
+                and (problem.max_power_kw is None or o.power_kw * m <= problem.max_power_kw + 1e-9)
+                and all(m <= limit for hw, limit in problem.max_machines if hw == o.inst.hardware.name))
+    usable = [o for o in options if o.role == "mixed" and o.instances and within(o)]
+    if not usable:
+        reasons = "; ".join(f"{o.inst.hardware.name} TP{o.inst.tp}: {o.skipped or 'over budget'}" for o in options if o.role == "mixed")
+        raise InfeasibleError(f"no co-located plan meets the SLO within the budget ({reasons})")
+    weight = (lambda o: (o.price_usd_per_hour, o.power_kw)) if problem.objective == "cost" else (lambda o: (o.power_kw, o.price_usd_per_hour))
+    best = min(usable, key=lambda o: (weight(o)[0] * o.machines_alone, weight(o)[1] * o.machines_alone, o.key))
+    n = best.machines_alone * best.inst.instances_per_machine
+    t = problem.trace
+    values = colocated_pool(t.arrival_s, t.prompt_tokens, t.output_tokens, best.inst, n, problem.max_batch_tokens)
+    return make_plan(problem, {best.key: best.machines_alone}, {best.key: best}, 0, values, check(problem, values))

@@ -102,3 +102,54 @@ def test_unreachable_slo_names_line_best_value_and_hardware(small_trace, tmp_pat
 def test_budget_too_small_is_infeasible(small_trace):
     with pytest.raises(InfeasibleError, match="within the budget"):
         api.optimize(small_trace, "llama2-70b", "splitwise", ["h100-80gb"], max_cost_per_hour=10)
+
+
+def test_colocated_baseline_beside_split(small_trace):
+    result = api.optimize(small_trace, "llama2-70b", "splitwise", ["a100-80gb", "h100-80gb"], tp=8)
+    assert result.colocated is not None and result.colocated.mixed_pools
+    assert not result.colocated.prompt_pools and all(ok for _, _, ok in result.colocated.slo)
+    assert result.colocated in result.alternatives
+    expected = (1 - result.plan.cost_usd_per_hour / result.colocated.cost_usd_per_hour) * 100
+    assert result.split_saving_pct == pytest.approx(expected)
+
+
+def test_no_split_plan_is_the_colocated_one(small_trace):
+    split = api.optimize(small_trace, "llama2-70b", "splitwise", ["a100-80gb", "h100-80gb"], tp=8)
+    mixed = api.optimize(small_trace, "llama2-70b", "splitwise", ["a100-80gb", "h100-80gb"], tp=8, split=False)
+    assert mixed.plan.mixed_pools and not mixed.plan.token_pools
+    assert mixed.plan.cost_usd_per_hour == pytest.approx(split.colocated.cost_usd_per_hour)
+
+
+def test_colocated_tbt_suffers_from_prefill_stalls():
+    from splitplan.capacity.pools import colocated_pool, decode_pool
+    trace = resample_poisson(load_trace(default_trace_path()), 6.0, 120.0, np.random.default_rng(5))
+    inst = Instance(MODEL, load_hardware("h100-80gb"), ENGINE, 8)
+    mixed = colocated_pool(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, inst, 4, 2048)
+    alone = decode_pool(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, inst, 4)
+    plain_tbt = np.maximum(trace.output_tokens - 1, 0) * alone.step_s / trace.output_tokens
+    assert np.mean(mixed["tbt"]) > np.mean(plain_tbt)
+    assert np.all(mixed["e2e"] >= mixed["ttft"])
+
+
+def _scaled(base):
+    import dataclasses
+    return lambda r: dataclasses.replace(base, arrival_s=base.arrival_s * (base.mean_rate_rps / r))
+
+
+def test_throughput_objective_and_bigger_budget_never_lowers_rate():
+    base = resample_poisson(load_trace(default_trace_path()), 3.0, 60.0, np.random.default_rng(2))
+    kw = dict(hardware=["h100-80gb"], tp=8)
+    small = api.max_rate(_scaled(base), base.mean_rate_rps, "llama2-70b", "splitwise", max_machines={"h100-80gb": 3}, **kw)
+    big = api.max_rate(_scaled(base), base.mean_rate_rps, "llama2-70b", "splitwise", max_machines={"h100-80gb": 6}, **kw)
+    assert small.max_rate_rps > 0 and big.max_rate_rps >= small.max_rate_rps
+    assert small.plan.machines <= 3 and big.plan.machines <= 6
+    # Just past the rate found, the budget no longer suffices.
+    with pytest.raises(InfeasibleError):
+        api.optimize(_scaled(base)(small.max_rate_rps * 1.1), "llama2-70b", "splitwise", max_machines={"h100-80gb": 3}, **kw)
+
+
+def test_throughput_needs_a_budget():
+    from splitplan.errors import SpecError
+    base = load_trace(default_trace_path())
+    with pytest.raises(SpecError, match="needs a budget"):
+        api.max_rate(_scaled(base), 1.0, "llama2-70b", "splitwise")
