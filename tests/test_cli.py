@@ -154,3 +154,13 @@ def test_optimize_throughput():
     assert plan["max_rate_rps"] > 3 and plan["machines"] <= 4
     missing = run("optimize", "--objective", "throughput", "--hardware", "h100-80gb")
     assert missing.exit_code == 2 and "needs a budget" in missing.stderr
+
+
+def test_optimize_heterogeneous_splitwise_ha_and_power_budget():
+    result = run("optimize", "--rate", "3", "--duration", "60", "--prompt-hardware", "h100-80gb", "--token-hardware", "a100-80gb",
+                 "--tp", "8", "--objective", "power", "--max-power-kw", "200", "--format", "json")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)["plan"]
+    assert {p["hardware"] for p in plan["prompt_pools"]} == {"h100-80gb"}
+    assert {p["hardware"] for p in plan["token_pools"]} == {"a100-80gb"}
+    assert plan["power_kw"] <= 200
