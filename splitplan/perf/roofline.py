@@ -202,6 +202,19 @@ class Instance:
         c, mem, net, ovh, _, _ = self._terms(prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens)
         return c + mem + net + ovh
 
+    def decode_line(self, batch: int) -> tuple[float, float, float]:
+        """A decode step of `batch` requests as a function of their summed context C:
+        `base + C * per_token + max(slack - C * per_token, 0)` seconds, exactly
+        `pass_time_s(decode_seqs=batch, decode_context_tokens=C)` (the context enters
+        only through decode attention, linear in C, and through the host-launch wait).
+        The simulator evaluates one step per iteration with this."""
+        c = self._c
+        compute_s, memory_s, network_s, overhead_s, _, _ = self._terms(0.0, 0.0, 0.0, float(batch), 0.0)
+        gpu_s = compute_s + memory_s + network_s + c.launch_s
+        wait_s = max(c.host_s - gpu_s, 0.0)
+        per_token = c.L * max(4 * c.q_dim_gpu / (c.peak * c.eff), 2 * c.kv_dim_gpu * c.bpe / c.bw)
+        return compute_s + memory_s + network_s + overhead_s - wait_s, per_token, c.host_s - gpu_s
+
     def prefill_time_s(self, prompt_tokens):
         """One prompt per element of `prompt_tokens`, each prefilled alone."""
         tokens = np.asarray(prompt_tokens, float)
