@@ -7,6 +7,8 @@ pure layers and returns plain data.
 from __future__ import annotations
 
 import dataclasses
+
+import numpy as np
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
@@ -109,7 +111,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
              engine: str = DEFAULT_ENGINE, search: str = "ilp", max_cost_per_hour: float | None = None,
              max_power_kw: float | None = None, max_machines: dict[str, int] | None = None,
              max_batch_tokens: int = 2048, alternatives: int = 5, split: bool = True,
-             with_colocated: bool = True, jobs: int = 1) -> OptimizeResult:
+             with_colocated: bool = True, jobs: int = 1, perf_db: str | None = None) -> OptimizeResult:
     """The cheapest (or lowest-power) plan meeting every SLO line on `trace`: split
     prompt/token pools (default) or, with `split=False`, co-located machines."""
     from splitplan.capacity.pools import reference_latencies
@@ -117,7 +119,10 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     from splitplan.specs.hardware import hardware_catalog
     from splitplan.specs.slo import load_slo
 
+    from splitplan.perf.table import PerfDb
+
     m, eng, profile = load_model(model), load_engine(engine), load_slo(slo)
+    db = PerfDb(perf_db) if perf_db else None
     if objective not in ("cost", "power"):
         raise SpecError(f"--objective {objective}: choose cost or power")
     names = hardware or [h.name for h in hardware_catalog()]
@@ -128,12 +133,18 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     reference = None
     if profile.reference is not None:
         ref_inst = instance(m, profile.reference.hardware, profile.reference.tp, eng)
+        if db and db.instance(ref_inst).rows is not None:
+            ref_inst = db.instance(ref_inst)
         reference = reference_latencies(ref_inst, trace.prompt_tokens, trace.output_tokens)
     problem = Problem(trace, profile, reference, max_batch_tokens, objective, max_cost_per_hour, max_power_kw,
                       tuple(sorted((max_machines or {}).items())))
 
+    def make(hw, t):  # measured timing where --perf-db has the group; otherwise skipped with the reason
+        inst = Instance(m, hw, eng, t)
+        return db.instance(inst) if db else inst
+
     def tasks(role, allowed, lower=None):
-        return [(role, Instance(m, machines[name], eng, t), (lower or {}).get((name, t)) or 1)
+        return [(role, make(machines[name], t), (lower or {}).get((name, t)) or 1)
                 for name in sorted(set(allowed)) for t in ([tp] if tp else machines[name].tp_degrees())
                 if t in machines[name].tp_degrees()]
 
@@ -315,3 +326,98 @@ def _raise_if_unreachable(problem, options) -> None:
                     f"{line.label} {line.target} cannot be met: the best reachable is {best[0]:.3g}{unit} "
                     f"on {best[1].inst.hardware.name} at TP {best[1].inst.tp}, running requests alone")
         raise InfeasibleError(f"no {role} option meets the SLO: " + "; ".join(f"{o.inst.hardware.name} TP{o.inst.tp}: {o.skipped}" for o in fitting))
+
+
+# --- simulate -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SimulateResult:
+    result: "SimResult"
+    summary: dict
+    pools: tuple
+
+
+def pool_specs(pools: list[tuple[str, str, int, int]], model: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None):
+    """(role, hardware, tp, machines) -> PoolSpecs with analytic or measured instances."""
+    from splitplan.perf.table import PerfDb
+    from splitplan.sim.cluster import PoolSpec
+    db = PerfDb(perf_db) if perf_db else None
+    out = []
+    for role, hw, tp, machines in pools:
+        if machines < 1:
+            raise SpecError(f"--{role}-pool {hw}:{tp}:{machines}: machines must be >= 1")
+        inst = instance(model, hw, tp, engine)
+        out.append(PoolSpec(role, db.require(inst) if db else inst, machines))
+    return out
+
+
+def simulate(trace, pools: list[tuple[str, str, int, int]], model: str, slo: str, engine: str = DEFAULT_ENGINE,
+             perf_db: str | None = None, max_batch_tokens: int = 2048, routing: str = "jsq",
+             borrow_threshold_tokens: int | None = None) -> SimulateResult:
+    """Replay `trace` through the cluster request by request (sim.cluster) and summarize."""
+    from splitplan.capacity.pools import reference_latencies
+    from splitplan.sim.cluster import SimOptions, simulate as run
+    from splitplan.sim.metrics import summarize_result
+    from splitplan.specs.slo import load_slo
+
+    roles = {r for r, *_ in pools}
+    if not ({"prompt", "token"} <= roles or "mixed" in roles) or ("mixed" in roles and len(roles) > 1):
+        raise SpecError("give prompt and token pools (split), or mixed pools (co-located), not a mix of both")
+    if routing not in ("jsq", "round-robin"):
+        raise SpecError(f"--routing {routing}: choose jsq or round-robin")
+    profile = load_slo(slo)
+    specs = pool_specs(pools, model, engine, perf_db)
+    reference = None
+    if profile.reference is not None:
+        ref = instance(model, profile.reference.hardware, profile.reference.tp, engine)
+        if perf_db:
+            from splitplan.perf.table import PerfDb
+            measured = PerfDb(perf_db).instance(ref)
+            ref = measured if measured.rows is not None else ref
+        reference = reference_latencies(ref, trace.prompt_tokens, trace.output_tokens)
+    result = run(trace, specs, SimOptions(max_batch_tokens, routing, borrow_threshold_tokens))
+    return SimulateResult(result, summarize_result(result, specs, profile, reference), tuple(specs))
+
+
+def plan_pools(plan) -> list[tuple[str, str, int, int]]:
+    return ([("prompt", p.hardware, p.tp, p.machines) for p in plan.prompt_pools]
+            + [("token", p.hardware, p.tp, p.machines) for p in plan.token_pools]
+            + [("mixed", p.hardware, p.tp, p.machines) for p in plan.mixed_pools])
+
+
+def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
+             max_batch_tokens: int = 2048, limit: int = 30):
+    """Simulate the plan; while a line fails, grow the pool that binds (TTFT: prompt;
+    TBT: token; E2E: the side with the larger median share; co-located: the mixed
+    pool) by one machine of its cheapest-per-capacity type and simulate again.
+    Returns (plan, SimulateResult, machines added)."""
+    from splitplan.search.plan import Pool
+    pools = [list(p) for p in plan_pools(plan)]
+    for added in range(limit + 1):
+        sim = simulate(trace, [tuple(p) for p in pools], model, slo, engine, perf_db, max_batch_tokens)
+        failed = [s for s in sim.summary["slo"] if not s["met"]]
+        if not failed:
+            break
+        if added == limit:
+            raise InfeasibleError(f"the simulated plan still misses {failed[0]['line']} after {limit} added machines")
+        metric = failed[0]["line"].split()[0].lower()
+        r = sim.result
+        if any(p[0] == "mixed" for p in pools):
+            role = "mixed"
+        elif metric == "ttft":
+            role = "prompt"
+        elif metric == "tbt":
+            role = "token"
+        else:
+            role = "prompt" if np.nanmedian(r.ttft_s) > np.nanmedian(r.e2e_s - r.ttft_s) else "token"
+        grow = min((p for p in pools if p[0] == role), key=lambda p: (load_hardware(p[1]).price_usd_per_hour / p[2], p[1]))
+        grow[3] += 1
+    if added:
+        from dataclasses import replace
+        by_role = {role: tuple(Pool(h, t, m) for r_, h, t, m in pools if r_ == role) for role in ("prompt", "token", "mixed")}
+        cost = sum(load_hardware(h).price_usd_per_hour * m for _, h, _, m in pools)
+        power = sum(load_hardware(h).provisioned_power_w / 1e3 * m for _, h, _, m in pools)
+        plan = replace(plan, prompt_pools=by_role["prompt"], token_pools=by_role["token"], mixed_pools=by_role["mixed"],
+                       cost_usd_per_hour=cost, power_kw=power,
+                       binding=f"{plan.binding}; simulation: {added} machine(s) added")
+    return plan, sim, added

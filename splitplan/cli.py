@@ -204,11 +204,15 @@ def perf(
     prefill: str = typer.Option("512,2048", "--prefill", help="Prefill batches: T (one prompt) or BxT (B prompts of T tokens)."),
     decode: str = typer.Option("1x512,64x2048", "--decode", help="Decode steps: BxC (B requests, C context tokens each)."),
     engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Engine profile name or path (lean, splitwise-vllm)."),
+    perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies (splitwise perf_model.csv or generic CSV) instead of the analytic model."),
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
 ) -> None:
     """Predicted prefill and decode-step latency of one model instance, and what bounds it."""
     pre, dec = parse_points(prefill, "--prefill", True), parse_points(decode, "--decode", False)
     inst = api.instance(model, hardware, tp, engine)
+    if perf_db is not None:
+        from splitplan.perf.table import PerfDb
+        inst = PerfDb(perf_db).require(inst)
     points = api.perf_points(inst, pre, dec)
     if format is Format.json:
         _emit_json(points)
@@ -264,6 +268,8 @@ def optimize(
     max_batch_tokens: int = typer.Option(2048, "--max-batch-tokens", help="Prompt tokens per prefill batch."),
     no_split: bool = typer.Option(False, "--no-split", help="Plan co-located machines (mixed batching), not split pools."),
     jobs: int = typer.Option(0, "--jobs", help="Processes for sizing pool options (0: one per core)."),
+    validate: bool = typer.Option(False, "--validate", help="Simulate the plan; grow the binding pool until the simulation meets the SLO."),
+    perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Plan from measured latencies (options without measurements are skipped)."),
     format: PlanFormat = typer.Option(PlanFormat.table, "--format", help="table, json or csv"),
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write plan.json, candidates.csv, pareto.csv here."),
 ) -> None:
@@ -276,7 +282,7 @@ def optimize(
     common = dict(hardware=_names(hardware), prompt_hardware=_names(prompt_hardware), token_hardware=_names(token_hardware),
                   tp=tp, engine=engine, search=search.value, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
                   max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens,
-                  jobs=jobs if jobs > 0 else (os.cpu_count() or 1))
+                  jobs=jobs if jobs > 0 else (os.cpu_count() or 1), perf_db=str(perf_db) if perf_db else None)
     if objective is Objective.throughput:
         if no_split:
             raise SpecError("--objective throughput plans split pools; drop --no-split")
@@ -301,7 +307,16 @@ def optimize(
         "search": search.value, "max_cost_per_hour": max_cost_per_hour, "max_power_kw": max_power_kw,
         "max_machines": _limits(max_machines), "max_batch_tokens": max_batch_tokens, "split": not no_split,
     }
+    simulated = None
+    if validate:
+        with _progress("validating by simulation"):
+            plan, sim, added = api.validate(result.plan, workload, model, slo, engine, common["perf_db"], max_batch_tokens)
+        result = dataclasses.replace(result, plan=plan)
+        simulated = {**{k: sim.summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms", "slo")}, "machines_added": added}
+    inputs["validate"] = validate
     document = report.optimize_json(result, inputs)
+    if simulated is not None:
+        document["plan"]["simulated"] = simulated
     plans = [result.plan, *result.alternatives]
     if output_dir is not None:
         files = {
@@ -316,7 +331,7 @@ def optimize(
     elif format is PlanFormat.csv:
         sys.stdout.write(report.plans_csv(plans))
     else:
-        _render_plan(result, workload)
+        _render_plan(result, workload, simulated)
 
 
 @contextlib.contextmanager
@@ -331,7 +346,7 @@ def _progress(title: str):
         yield lambda message: status.update(f"{title}: {message}")
 
 
-def _render_plan(result, workload) -> None:
+def _render_plan(result, workload, simulated=None) -> None:
     plan = result.plan
     con = report.console()
     if plan.mixed_pools:
@@ -350,12 +365,127 @@ def _render_plan(result, workload) -> None:
     con.print(report.table(f"Plan for {workload.source} ({len(workload):,} requests)", ["", "value"], rows))
     con.print(report.table("Predicted against the SLO", ["line", "target", "achieved", "met"],
                            [(l.label, l.target, v, "yes" if ok else "NO") for l, v, ok in plan.slo]))
+    if simulated is not None:
+        rows = [(f"{m.upper()} {q}", plan.predicted[m][q], simulated[f"{m}_ms"][q])
+                for m in ("ttft", "tbt", "e2e") for q in ("p50", "p90", "p99")]
+        con.print(report.table(f"Predicted vs simulated, ms ({simulated['machines_added']} machine(s) added by validation)",
+                               ["percentile", "predicted", "simulated"], rows))
+        con.print(report.table("Simulated against the SLO", ["line", "target", "achieved", "attainment %", "met"],
+                               [(x["line"], x["target"], x["achieved"], x["attainment_pct"], "yes" if x["met"] else "NO")
+                                for x in simulated["slo"]]))
     alt_rows = [(report.plan_text(a), a.cost_usd_per_hour, a.power_kw, f"{a.cost_usd_per_hour / plan.cost_usd_per_hour - 1:+.0%}",
                  a.binding) for a in result.alternatives]
     con.print(report.table("Runner-up plans", ["plan", "$/h", "kW", "vs plan", "binding"], alt_rows))
     skipped = sorted({f"{o.role} {o.inst.hardware.name} TP{o.inst.tp}: {o.skipped}" for o in result.options if o.skipped})
     if skipped:
         con.print(f"{len(skipped)} option(s) skipped; see candidates.csv (--output-dir) for the reasons.")
+
+
+# --- simulate ---------------------------------------------------------------------
+
+_POOL = re.compile(r"^([^:]+):(\d+):(\d+)$")
+
+
+def parse_pool(text: str, role: str) -> tuple[str, str, int, int]:
+    match = _POOL.match(text.strip())
+    if not match:
+        raise SpecError(f"--{role}-pool '{text}': expected HARDWARE:TP:MACHINES, e.g. h100-80gb:8:35")
+    return role, match.group(1), int(match.group(2)), int(match.group(3))
+
+
+def read_plan(path: Path) -> tuple[list[tuple[str, str, int, int]], dict]:
+    """Pools and input echo of a plan.json written by `optimize --output-dir`."""
+    import json
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        plan = doc["plan"]
+        pools = [(role, p["hardware"], int(p["tp"]), int(p["machines"]))
+                 for role in ("prompt", "token", "mixed") for p in plan.get(f"{role}_pools", [])]
+    except FileNotFoundError:
+        raise SpecError(f"--plan {path}: no such file; write one with splitplan optimize --output-dir DIR") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SpecError(f"--plan {path}: not valid JSON ({exc})") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SpecError(f"--plan {path}: not a splitplan plan.json (missing or bad key {exc})") from None
+    if not pools:
+        raise SpecError(f"--plan {path}: the plan has no pools")
+    return pools, doc.get("inputs", {})
+
+
+@app.command()
+@user_errors
+def simulate(
+    plan: Optional[Path] = typer.Option(None, "--plan", help="A plan.json from optimize --output-dir."),
+    prompt_pool: list[str] = typer.Option([], "--prompt-pool", help="HARDWARE:TP:MACHINES (repeatable)."),
+    token_pool: list[str] = typer.Option([], "--token-pool", help="HARDWARE:TP:MACHINES (repeatable)."),
+    mixed_pool: list[str] = typer.Option([], "--mixed-pool", help="Co-located HARDWARE:TP:MACHINES (repeatable)."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace (default: the embedded Azure 2023 code trace)."),
+    rate: Optional[float] = typer.Option(None, "--rate", help="Poisson resample of the trace's sizes at this rate (req/s)."),
+    duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model (default: the plan's, else llama2-70b)."),
+    slo: Optional[str] = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else splitwise)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else lean)."),
+    perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
+    max_batch_tokens: int = typer.Option(2048, "--max-batch-tokens", help="Prompt tokens per prefill batch."),
+    routing: str = typer.Option("jsq", "--routing", help="jsq (join-shortest-queue on pending tokens) or round-robin."),
+    borrow_threshold: Optional[int] = typer.Option(None, "--mixed-pool-threshold", help="Splitwise's mixed pool: prefill on a token machine when every prompt queue holds more than this many tokens."),
+    format: Format = typer.Option(Format.table, "--format", help="table or json"),
+    output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write requests.csv and summary.json here."),
+) -> None:
+    """Replay a trace through a plan's machines request by request and check the SLO."""
+    pools = [parse_pool(x, "prompt") for x in prompt_pool] + [parse_pool(x, "token") for x in token_pool] \
+        + [parse_pool(x, "mixed") for x in mixed_pool]
+    echo: dict = {}
+    if plan is not None:
+        if pools:
+            raise SpecError("give --plan or inline pools (--prompt-pool/--token-pool/--mixed-pool), not both")
+        pools, echo = read_plan(plan)
+    if not pools:
+        raise SpecError("nothing to simulate: give --plan plan.json or --prompt-pool and --token-pool (or --mixed-pool)")
+    model = model or echo.get("model") or "llama2-70b"
+    slo = slo or echo.get("slo") or "splitwise"
+    engine = engine or echo.get("engine") or api.DEFAULT_ENGINE
+    if max_batch_tokens < 1:
+        raise SpecError(f"--max-batch-tokens {max_batch_tokens}: must be >= 1")
+    workload = load_workload(trace, rate, duration, seed)
+    sim = api.simulate(workload, pools, model, slo, engine, str(perf_db) if perf_db else None, max_batch_tokens,
+                       routing, borrow_threshold)
+    inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
+              "seed": seed, "model": model, "slo": slo, "engine": engine, "perf_db": str(perf_db) if perf_db else None,
+              "pools": [{"role": r, "hardware": h, "tp": t, "machines": m} for r, h, t, m in pools],
+              "routing": routing, "max_batch_tokens": max_batch_tokens, "mixed_pool_threshold": borrow_threshold}
+    document = {"schema_version": report.SCHEMA_VERSION, "inputs": inputs, "summary": sim.summary}
+    if output_dir is not None:
+        from splitplan.sim.metrics import requests_csv
+        files = {"requests.csv": requests_csv(sim.result, sim.result.names), "summary.json": report.to_json(document)}
+        for name, text in files.items():
+            report.write_atomic(output_dir / name, text)
+    if format is Format.json:
+        _emit_json(document)
+        return
+    _render_simulation(sim.summary, workload)
+
+
+def _render_simulation(summary: dict, workload) -> None:
+    con = report.console()
+    metrics = [("TTFT", "ttft_ms"), ("TBT (E2E-TTFT)/output", "tbt_ms"), ("TBT max gap", "tbt_max_ms"), ("E2E", "e2e_ms"),
+               ("prompt queue", "prompt_queue_ms"), ("KV transfer", "transfer_ms"), ("decode queue", "decode_queue_ms")]
+    con.print(report.table(f"Simulated {summary['finished']:,} of {summary['requests']:,} requests from {workload.source} "
+                           f"over {summary['span_s']:,.1f} s", ["ms", "p50", "p90", "p99"],
+                           [(name, summary[key]["p50"], summary[key]["p90"], summary[key]["p99"]) for name, key in metrics]))
+    con.print(report.table("SLO", ["line", "target", "achieved", "attainment %", "met"],
+                           [(x["line"], x["target"], x["achieved"], x["attainment_pct"], "yes" if x["met"] else "NO")
+                            for x in summary["slo"]]))
+    con.print(report.table("Pools", ["role", "hardware", "TP", "machines", "utilization", "mean batch", "energy kWh"],
+                           [(x["role"], x["hardware"], x["tp"], x["machines"], f"{x['utilization']:.0%}", x["mean_batch"],
+                             x["energy_kwh"]) for x in summary["pools"]],
+                           caption=f"tokens out {summary['tokens_out']:,} of {summary['tokens_asked']:,}; "
+                                   f"{summary['rejected_kv']} request(s) never fit a token instance's KV; "
+                                   f"GPU energy {summary['energy_kwh']:.2f} kWh"))
+    if "extrapolated_pct" in summary:
+        e = summary["extrapolated_pct"]
+        con.print(f"perf-db: {e['prefill']:.1f} % of prefill and {e['decode']:.1f} % of decode lookups extrapolated beyond the measurements")
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """Every command through typer's CliRunner, failures and exit codes included."""
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -164,3 +165,80 @@ def test_optimize_heterogeneous_splitwise_ha_and_power_budget():
     assert {p["hardware"] for p in plan["prompt_pools"]} == {"h100-80gb"}
     assert {p["hardware"] for p in plan["token_pools"]} == {"a100-80gb"}
     assert plan["power_kw"] <= 200
+
+
+def test_simulate_inline_json_contract_and_files(tmp_path):
+    result = run("simulate", "--prompt-pool", "h100-80gb:8:2", "--token-pool", "h100-80gb:8:1", "--rate", "4",
+                 "--duration", "30", "--format", "json", "--output-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)["summary"]
+    for key in ("ttft_ms", "tbt_ms", "e2e_ms"):
+        assert set(summary[key]) == {"p50", "p90", "p99"}
+    assert {"line", "target", "achieved", "met"} <= set(summary["slo"][0])
+    assert summary["finished"] == summary["requests"] and summary["tokens_out"] == summary["tokens_asked"]
+    rows = (tmp_path / "requests.csv").read_text().splitlines()
+    assert rows[0].startswith("request,arrival_s,prompt_tokens,output_tokens,ttft_ms") and len(rows) == summary["requests"] + 1
+    assert json.loads((tmp_path / "summary.json").read_text())["summary"] == summary
+
+
+def test_simulate_plan_file_from_optimize(tmp_path):
+    out = tmp_path / "o"
+    assert run("optimize", "--rate", "3", "--duration", "30", "--hardware", "h100-80gb", "--tp", "8", "--slo", "chat",
+               "--output-dir", str(out)).exit_code == 0
+    result = run("simulate", "--plan", str(out / "plan.json"), "--rate", "3", "--duration", "30", "--format", "json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["inputs"]["slo"] == "chat"  # taken from the plan's inputs
+    assert "Pools" in run("simulate", "--plan", str(out / "plan.json"), "--rate", "3", "--duration", "30").stdout
+
+
+def test_simulate_mixed_pool_and_round_robin():
+    result = run("simulate", "--mixed-pool", "h100-80gb:8:2", "--routing", "round-robin", "--rate", "3", "--duration", "30",
+                 "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["summary"]["pools"][0]["role"] == "mixed"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["simulate"], "nothing to simulate"),
+    (["simulate", "--prompt-pool", "h100-80gb:8"], "expected HARDWARE:TP:MACHINES"),
+    (["simulate", "--prompt-pool", "h100-80gb:8:1"], "give prompt and token pools"),
+    (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "h100-80gb:8:0"], "machines must be >= 1"),
+    (["simulate", "--plan", "/nonexistent/plan.json"], "no such file"),
+    (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "h100-80gb:8:1", "--routing", "random"], "choose jsq or round-robin"),
+    (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "b200-180gb:8:1", "--perf-db",
+      "../shared/data/perf/splitwise_perf_model.csv"], "no measurements for llama2-70b on b200-180gb TP 8"),
+])
+def test_simulate_failures(args, needle, tmp_path, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    result = run(*args, "--output-dir", str(tmp_path / "o"))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: ") and needle in result.stderr, result.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_simulate_bad_plan_file(tmp_path):
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"plan": {"prompt_pools": [{"hardware": "h100-80gb"}]}}')
+    result = run("simulate", "--plan", str(bad))
+    assert result.exit_code == 2 and "not a splitplan plan.json" in result.stderr
+
+
+def test_optimize_validate_reports_simulated_beside_predicted():
+    result = run("optimize", "--rate", "4", "--duration", "30", "--hardware", "h100-80gb", "--tp", "8", "--validate",
+                 "--format", "json")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)["plan"]
+    assert set(plan["simulated"]["ttft_ms"]) == {"p50", "p90", "p99"}
+    assert all(line["met"] for line in plan["simulated"]["slo"])
+    assert plan["simulated"]["machines_added"] >= 0
+
+
+def test_perf_with_perf_db():
+    result = run("perf", "--hardware", "a100-80gb", "--tp", "8", "--prefill", "2048,20000", "--decode", "64x576",
+                 "--perf-db", str(Path(__file__).resolve().parents[2] / "shared/data/perf/splitwise_perf_model.csv"), "--format", "json")
+    if not (Path(__file__).resolve().parents[2] / "shared").is_dir():
+        pytest.skip("../shared is not present")
+    points = json.loads(result.stdout)
+    assert points[0]["bound"] == "measured" and abs(points[0]["latency_ms"] - 274.2) < 3
+    assert points[1]["bound"] == "extrapolated"

@@ -1,0 +1,381 @@
+"""Discrete-event simulation of a serving cluster, request by request.
+
+Machines are split into model instances (machine GPUs / TP). Every instance runs
+one iteration at a time; what an iteration holds depends on the instance's role:
+- prompt: a prefill batch (FCFS from its queue, at most `max_batch_tokens` prompt
+  tokens, at least one prompt). When it ends, each request has its first token
+  (TTFT) and its KV cache is sent to the token instance chosen at arrival.
+- token: continuous batching. Requests whose KV has arrived join at an iteration
+  boundary when their KV (prompt + output tokens, reserved whole) fits the
+  instance's KV capacity, in arrival order; each iteration gives every request in
+  the batch one token; its time is the perf model's at the batch size and the
+  summed context, which grows by one token per request per iteration.
+- mixed (co-located baselines): both; a queued prefill batch goes into the next
+  iteration together with the decode batch (prefill priority), so decodes stall
+  while a prompt runs; finished prefills join the instance's own decode batch.
+
+KV transfer (split pools) uses the destination instance's ingress link, shared
+FIFO by concurrent transfers at the smaller of the two instances' NIC shares.
+Prompts shorter than the engine's `layerwise_transfer_min_tokens` are sent after
+the prefill (serialized); longer ones layer by layer from the prefill's start, so
+only the last layer's share (or what the link could not keep up with) is exposed.
+The engine's `kv_transfer_latency_s` is added either way.
+
+Routing at arrival: join-shortest-queue on pending tokens (prompt instances:
+queued prompt tokens; token instances: output tokens of the requests assigned
+and not yet finished), ties to the lowest index; or round-robin.
+Splitwise's mixed pool: with `borrow_threshold_tokens`, a prompt that finds every
+prompt instance with more pending tokens than that is prefilled on the least
+loaded token instance instead, which decodes it there.
+
+Determinism: one event heap keyed on (time, sequence number); the counter
+belongs to the run, so equal times resolve the same way every run.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from splitplan.workload.trace import Trace
+
+PROMPT, TOKEN, MIXED = "prompt", "token", "mixed"
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """`machines` machines of one type, each holding gpus/tp instances of `perf`."""
+
+    role: str
+    perf: object  # Instance or MeasuredInstance
+    machines: int
+
+    @property
+    def instances(self) -> int:
+        return self.machines * self.perf.instances_per_machine
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    max_batch_tokens: int = 2048
+    routing: str = "jsq"  # or "round-robin"
+    borrow_threshold_tokens: int | None = None
+
+
+class _Inst:
+    __slots__ = ("idx", "pool", "role", "perf", "can_prefill", "can_decode", "queue",
+                 "waiting", "kv_cap", "kv_used", "batch", "ctx", "iters", "ends", "finishing", "running", "link_free",
+                 "bw", "prefill_s", "decode_s", "batch_integral", "run_prefill")
+
+    def __init__(self, idx, pool, role, perf, bw):
+        self.idx, self.pool, self.role, self.perf = idx, pool, role, perf
+        self.can_prefill = role in (PROMPT, MIXED)
+        self.can_decode = role in (TOKEN, MIXED)
+        self.queue = deque()
+        self.waiting = deque()
+        self.kv_cap = perf.fit.kv_capacity_tokens
+        self.kv_used = 0
+        self.batch = 0
+        self.ctx = 0
+        self.iters = 0
+        self.ends: list[float] = []  # end time of each decode iteration
+        self.finishing: dict[int, list[int]] = {}
+        self.running = False
+        self.link_free = 0.0
+        self.bw = bw
+        self.prefill_s = 0.0  # time in iterations that hold a prefill
+        self.decode_s = 0.0  # time in decode-only iterations
+        self.batch_integral = 0.0  # decode batch x time
+        self.run_prefill: list[int] = []
+
+
+@dataclass
+class SimResult:
+    """Per-request arrays (seconds; NaN for requests that could not be served) and
+    per-instance counters."""
+
+    trace: Trace
+    ttft_s: np.ndarray
+    e2e_s: np.ndarray
+    tbt_max_s: np.ndarray
+    prompt_queue_s: np.ndarray
+    transfer_s: np.ndarray
+    decode_queue_s: np.ndarray
+    prompt_instance: np.ndarray
+    token_instance: np.ndarray
+    rejected: np.ndarray  # bool: KV never fits the assigned token instance
+    tokens_out: int
+    span_s: float
+    instances: list = field(default_factory=list)  # (pool index, role, prefill_s, decode_s, batch_integral)
+    events: int = 0
+    names: list = field(default_factory=list)  # instance index -> "role:hardware:tpN:k"
+
+    @property
+    def tbt_s(self) -> np.ndarray:
+        """Splitwise's per-request TBT: (E2E - TTFT) / output tokens."""
+        return (self.e2e_s - self.ttft_s) / self.trace.output_tokens
+
+
+def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptions()) -> SimResult:
+    n = len(trace)
+    arrival = trace.arrival_s.tolist()
+    p = trace.prompt_tokens.tolist()
+    o = trace.output_tokens.tolist()
+    insts: list[_Inst] = []
+    nic = {}
+    for k, pool in enumerate(pools):
+        hw = pool.perf.hardware
+        share = hw.scale_out_bytes_per_s * pool.perf.tp / hw.gpus_per_machine
+        for _ in range(pool.instances):
+            insts.append(_Inst(len(insts), k, pool.role, pool.perf, share))
+        nic[k] = share
+    prompt_side = [i for i in insts if i.role in (PROMPT, MIXED)]
+    token_side = [i for i in insts if i.role in (TOKEN, MIXED)]
+    if not prompt_side or not token_side:
+        raise ValueError("a cluster needs prompt and token instances, or mixed ones")
+    split = any(i.role == PROMPT for i in insts)
+    single = {k: pool.perf.prefill_time_s(trace.prompt_tokens).tolist() for k, pool in enumerate(pools)}
+    lines: dict[int, dict[int, tuple]] = {k: {} for k in range(len(pools))}  # decode steps per batch size
+    linear = {k: callable(getattr(pool.perf, "decode_line", None)) for k, pool in enumerate(pools)}
+    model = pools[0].perf.model
+    kv_bytes = model.kv_bytes_per_token(pools[0].perf.engine.bytes_per_element)
+    layers = model.num_hidden_layers
+    max_tokens = options.max_batch_tokens
+
+    ttft = [np.nan] * n
+    e2e = [np.nan] * n
+    prefill_start = [0.0] * n
+    kv_ready = [np.nan] * n
+    join_time = [np.nan] * n
+    join_iter = [-1] * n
+    p_inst = [-1] * n
+    t_inst = [-1] * n
+    rejected = [False] * n
+    heap: list = []
+    seq = 0
+    tokens_out = 0
+    rr = [0, 0]
+    events = 0
+
+    def push(time, kind, a, b=None):
+        nonlocal seq
+        seq += 1
+        heapq.heappush(heap, (time, seq, kind, a, b))
+
+    # Loads for join-shortest-queue, kept in lists so the choice is two C-level passes.
+    prompt_load = [0] * len(prompt_side)  # queued prompt tokens
+    token_load = [0] * len(token_side)  # output tokens assigned and not finished
+    p_pos = {inst.idx: k for k, inst in enumerate(prompt_side)}
+    t_pos = {inst.idx: k for k, inst in enumerate(token_side)}
+
+    def pick(loads, which):
+        if options.routing == "round-robin":
+            rr[which] += 1
+            return (rr[which] - 1) % len(loads)
+        return loads.index(min(loads))
+
+    def finish(i, now):
+        nonlocal tokens_out
+        e2e[i] = now - arrival[i]
+        tokens_out += o[i]
+
+    def start(inst: _Inst, now: float):
+        """Begin the instance's next iteration, if it has work."""
+        prefill = []
+        if inst.can_prefill and inst.queue:
+            total = sq = 0
+            while inst.queue and (not prefill or total + p[inst.queue[0]] <= max_tokens):
+                i = inst.queue.popleft()
+                prefill.append(i)
+                total += p[i]
+                sq += p[i] * p[i]
+                prefill_start[i] = now
+            k = p_pos.get(inst.idx)
+            if k is not None:  # a borrowed token instance is no prompt routing target
+                prompt_load[k] -= total
+        if prefill:
+            if len(prefill) == 1 and inst.batch == 0:
+                duration = single[inst.pool][prefill[0]]
+            else:
+                duration = float(inst.perf.pass_time_s(float(len(prefill)), float(total), float(sq),
+                                                       float(inst.batch), float(inst.ctx)))
+            inst.prefill_s += duration
+        elif inst.batch:
+            if linear[inst.pool]:
+                line = lines[inst.pool].get(inst.batch)
+                if line is None:
+                    line = lines[inst.pool][inst.batch] = inst.perf.decode_line(inst.batch)
+                attention = inst.ctx * line[1]
+                duration = line[0] + attention + (line[2] - attention if line[2] > attention else 0.0)
+            else:
+                duration = float(inst.perf.pass_time_s(0.0, 0.0, 0.0, float(inst.batch), float(inst.ctx)))
+            inst.decode_s += duration
+        else:
+            inst.running = False
+            return
+        inst.batch_integral += inst.batch * duration
+        inst.run_prefill = prefill
+        inst.running = True
+        push(now + duration, 3, inst.idx)
+
+    def admit(inst: _Inst, now: float):
+        while inst.waiting:
+            i = inst.waiting[0]
+            need = p[i] + o[i]
+            if need > inst.kv_cap:  # can never fit: report, do not block the queue
+                inst.waiting.popleft()
+                rejected[i] = True
+                token_load[t_pos[inst.idx]] -= o[i]
+                continue
+            if inst.kv_used + need > inst.kv_cap:
+                break
+            inst.waiting.popleft()
+            inst.kv_used += need
+            inst.batch += 1
+            inst.ctx += p[i] + 1
+            join_time[i] = now
+            join_iter[i] = inst.iters
+            inst.finishing.setdefault(inst.iters + o[i] - 1, []).append(i)
+
+    def prefill_done(inst: _Inst, i: int, now: float):
+        ttft[i] = now - arrival[i]
+        if o[i] == 1:  # the first token was the whole answer
+            finish(i, now)
+            token_load[t_pos[t_inst[i]]] -= 1
+            return
+        tok = insts[t_inst[i]]
+        if tok is inst:  # co-located: decode here
+            kv_ready[i] = now
+            tok.waiting.append(i)
+            return
+        bw = min(inst.bw, tok.bw)
+        duration = p[i] * kv_bytes / bw
+        latency = inst.perf.factors.kv_transfer_latency_s
+        if p[i] < inst.perf.engine.layerwise_transfer_min_tokens:
+            begin = max(now, tok.link_free)
+            tok.link_free = begin + duration
+            done = begin + duration + latency
+        else:
+            begin = max(prefill_start[i], tok.link_free)
+            tok.link_free = begin + duration
+            done = max(begin + duration, now + duration / layers) + latency
+        push(done, 2, tok.idx, i)
+
+    next_arrival = 0
+    while next_arrival < n or heap:
+        if next_arrival < n and (not heap or arrival[next_arrival] < heap[0][0]):
+            i = next_arrival
+            now = arrival[i]
+            next_arrival += 1
+            events += 1
+            src = prompt_side[pick(prompt_load, 0)]
+            if src.role == MIXED:
+                dst = src
+            else:
+                dst = token_side[pick(token_load, 1)]
+                if (options.borrow_threshold_tokens is not None
+                        and prompt_load[p_pos[src.idx]] > options.borrow_threshold_tokens):
+                    src = dst  # borrowed into the mixed pool: prefill and decode on the token machine
+                    src.can_prefill = True
+            p_inst[i], t_inst[i] = src.idx, dst.idx
+            src.queue.append(i)
+            if src.idx in p_pos:
+                prompt_load[p_pos[src.idx]] += p[i]
+            token_load[t_pos[dst.idx]] += o[i]
+            if not src.running:
+                start(src, now)
+            continue
+        now, _, kind, a, b = heapq.heappop(heap)
+        events += 1
+        if kind == 2:  # KV arrived at token instance a for request b
+            inst = insts[a]
+            kv_ready[b] = now
+            inst.waiting.append(b)
+            if not inst.running:
+                admit(inst, now)
+                start(inst, now)
+            continue
+        inst = insts[a]  # kind 3: iteration over
+        if inst.batch:  # every decoding request got one more token
+            inst.iters += 1
+            inst.ends.append(now)
+            inst.ctx += inst.batch
+            for i in inst.finishing.pop(inst.iters, ()):
+                inst.kv_used -= p[i] + o[i]
+                inst.batch -= 1
+                inst.ctx -= p[i] + o[i]
+                token_load[t_pos[inst.idx]] -= o[i]
+                finish(i, now)
+        for i in inst.run_prefill:
+            prefill_done(inst, i, now)
+        if inst.role == TOKEN and not inst.queue:
+            inst.can_prefill = False  # a borrowed machine returns to its pool
+        admit(inst, now)
+        start(inst, now)
+
+    tbt_max = _tbt_max(insts, o, t_inst, join_iter, ttft, arrival)
+    done = trace.arrival_s + np.array(e2e)
+    span = float(np.nanmax(done) - arrival[0]) if tokens_out else 0.0
+    return SimResult(
+        trace, np.array(ttft), np.array(e2e), tbt_max, np.array(prefill_start) - trace.arrival_s,
+        np.array(kv_ready) - (trace.arrival_s + np.array(ttft)), np.array(join_time) - np.array(kv_ready),
+        np.array(p_inst), np.array(t_inst), np.array(rejected), tokens_out, span,
+        [(x.pool, x.role, x.prefill_s, x.decode_s, x.batch_integral) for x in insts], events,
+        [f"{x.role}:{x.perf.hardware.name}:tp{x.perf.tp}:{x.idx}" for x in insts],
+    )
+
+
+def _tbt_max(insts, o, t_inst, join_iter, ttft, arrival) -> np.ndarray:
+    """Longest gap between consecutive tokens of each request: from its first token
+    to the end of its first decode iteration, then each iteration it spent in."""
+    n = len(o)
+    out = np.full(n, np.nan)
+    o_arr = np.asarray(o)
+    ji = np.asarray(join_iter)
+    ti = np.asarray(t_inst)
+    first_token = np.asarray(arrival) + np.asarray(ttft)
+    out[o_arr == 1] = 0.0
+    for inst in insts:
+        if not inst.ends:
+            continue
+        ends = np.asarray(inst.ends)
+        starts_ = np.concatenate([[np.nan], ends[:-1]])
+        durations = ends - starts_  # iteration k spans (ends[k-1], ends[k]]; k=0 has no start
+        mine = np.flatnonzero((ti == inst.idx) & (ji >= 0) & (o_arr > 1))
+        if not len(mine):
+            continue
+        first_end = ends[ji[mine]]
+        gap0 = first_end - first_token[mine]
+        # later gaps: iterations join+1 .. join+o-2 (the request's own iterations)
+        lo, hi = ji[mine] + 1, ji[mine] + o_arr[mine] - 1
+        table = _sparse_max(np.nan_to_num(durations, nan=0.0))
+        out[mine] = np.maximum(gap0, _range_max(table, lo, hi))
+    return out
+
+
+def _sparse_max(values: np.ndarray) -> list[np.ndarray]:
+    table = [values]
+    k = 1
+    while 2 * k <= len(values):
+        prev = table[-1]
+        table.append(np.maximum(prev[:-k], prev[k:]))
+        k *= 2
+    return table
+
+
+def _range_max(table: list[np.ndarray], lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """max(values[lo:hi]) per pair (0 for empty ranges)."""
+    length = hi - lo
+    out = np.zeros(len(lo))
+    ok = length > 0
+    if not ok.any():
+        return out
+    level = np.floor(np.log2(np.maximum(length[ok], 1))).astype(int)
+    width = 1 << level
+    a = np.array([table[l][s] for l, s in zip(level, lo[ok])])
+    b = np.array([table[l][e - w] for l, e, w in zip(level, hi[ok], width)])
+    out[ok] = np.maximum(a, b)
+    return out

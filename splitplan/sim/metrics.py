@@ -1,0 +1,116 @@
+"""From a SimResult to the numbers people check: percentiles, SLO attainment,
+utilization and mean batch per pool, and an energy estimate.
+
+Energy model (GPU power only, the part that changes with the design): a GPU draws
+its TDP in iterations that hold a prefill (the cap fraction of it on a power-capped
+machine), `decode_w` in decode-only iterations (55 % of TDP when the catalog has no
+figure), and `idle_w` otherwise, over the simulated span; host power is left out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from splitplan.capacity.pools import Reference, meets
+from splitplan.sim.cluster import PoolSpec, SimResult
+from splitplan.specs.slo import SloProfile
+
+PCTS = (50, 90, 99)
+
+
+def percentiles_ms(values_s: np.ndarray) -> dict:
+    finite = values_s[np.isfinite(values_s)]
+    if not len(finite):
+        return {f"p{q}": None for q in PCTS}
+    return {f"p{q}": float(np.percentile(finite, q) * 1e3) for q in PCTS}
+
+
+def slo_report(result: SimResult, slo: SloProfile, reference: Reference | None) -> list[dict]:
+    """Per SLO line: target, achieved percentile, met, and the share of requests within it.
+    Rejected requests count as misses."""
+    values = {"ttft": result.ttft_s, "tbt": result.tbt_s, "e2e": result.e2e_s}
+    out = []
+    for line in slo.lines():
+        v = values[line.metric]
+        if line.max_ms is not None:
+            ratio, limit, unit = v * 1e3, line.max_ms, 1.0
+        else:
+            ratio, limit, unit = v / getattr(reference, f"{line.metric}_s"), line.slowdown, 1.0
+        ratio = np.where(np.isfinite(ratio), ratio, np.inf)
+        achieved = float(np.percentile(ratio, line.percentile)) * unit
+        out.append({"line": line.label, "target": line.target, "achieved": achieved if np.isfinite(achieved) else None,
+                    "met": bool(np.isfinite(achieved) and meets(line, achieved)),
+                    "attainment_pct": float(np.mean(ratio <= limit * (1 + 1e-9)) * 100)})
+    return out
+
+
+def pool_report(result: SimResult, pools: list[PoolSpec]) -> list[dict]:
+    span = max(result.span_s, 1e-9)
+    out = []
+    for k, pool in enumerate(pools):
+        mine = [x for x in result.instances if x[0] == k]
+        prefill = sum(x[2] for x in mine)
+        decode = sum(x[3] for x in mine)
+        batch_time = sum(x[4] for x in mine)
+        hw = pool.perf.hardware
+        tdp = hw.gpu.tdp_w * (hw.power_cap_fraction or 1.0)
+        decode_w = hw.gpu.decode_w or 0.55 * hw.gpu.tdp_w
+        idle = max(span * len(mine) - prefill - decode, 0.0)
+        joules = pool.perf.tp * (prefill * tdp + decode * decode_w + idle * hw.gpu.idle_w)
+        out.append({
+            "role": pool.role, "hardware": hw.name, "tp": pool.perf.tp, "machines": pool.machines,
+            "instances": len(mine), "utilization": (prefill + decode) / (span * max(len(mine), 1)),
+            "mean_batch": batch_time / max(prefill + decode, 1e-12) if pool.role != "prompt" else None,
+            "energy_kwh": joules / 3.6e6,
+        })
+    return out
+
+
+def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, reference: Reference | None) -> dict:
+    t = result.trace
+    finished = np.isfinite(result.e2e_s)
+    pool_rows = pool_report(result, pools)
+    summary = {
+        "requests": len(t),
+        "finished": int(finished.sum()),
+        "rejected_kv": int(result.rejected.sum()),
+        "tokens_asked": int(t.output_tokens.sum()),
+        "tokens_out": int(result.tokens_out),
+        "span_s": result.span_s,
+        "throughput_rps": float(finished.sum() / max(result.span_s, 1e-9)),
+        "ttft_ms": percentiles_ms(result.ttft_s),
+        "tbt_ms": percentiles_ms(result.tbt_s),
+        "tbt_max_ms": percentiles_ms(result.tbt_max_s),
+        "e2e_ms": percentiles_ms(result.e2e_s),
+        "prompt_queue_ms": percentiles_ms(result.prompt_queue_s),
+        "transfer_ms": percentiles_ms(result.transfer_s),
+        "decode_queue_ms": percentiles_ms(result.decode_queue_s),
+        "slo": slo_report(result, slo, reference),
+        "pools": pool_rows,
+        "energy_kwh": sum(r["energy_kwh"] for r in pool_rows),
+        "events": result.events,
+    }
+    measured = [pool.perf for pool in pools if hasattr(pool.perf, "extrapolated")]
+    if measured:
+        summary["extrapolated_pct"] = {
+            phase: 100.0 * sum(m.extrapolated[phase] for m in measured) / max(sum(m.queries[phase] for m in measured), 1)
+            for phase in ("prefill", "decode")
+        }
+    return summary
+
+
+def requests_csv(result: SimResult, names: list[str]) -> str:
+    import io
+    t = result.trace
+    buf = io.StringIO()
+    buf.write("request,arrival_s,prompt_tokens,output_tokens,ttft_ms,tbt_ms,tbt_max_ms,e2e_ms,prompt_queue_ms,"
+              "transfer_ms,decode_queue_ms,prompt_instance,token_instance,rejected_kv\n")
+
+    def ms(x):
+        return "" if not np.isfinite(x) else f"{x * 1e3:.3f}"
+    for i in range(len(t)):
+        buf.write(f"{i},{t.arrival_s[i]:.6f},{t.prompt_tokens[i]},{t.output_tokens[i]},{ms(result.ttft_s[i])},"
+                  f"{ms(result.tbt_s[i])},{ms(result.tbt_max_s[i])},{ms(result.e2e_s[i])},{ms(result.prompt_queue_s[i])},"
+                  f"{ms(result.transfer_s[i])},{ms(result.decode_queue_s[i])},{names[result.prompt_instance[i]]},"
+                  f"{names[result.token_instance[i]]},{int(result.rejected[i])}\n")
+    return buf.getvalue()

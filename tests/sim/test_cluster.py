@@ -1,0 +1,111 @@
+"""Simulator: exact single-request timing, conservation, determinism, KV limits, routing."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from splitplan import api
+from splitplan.perf.roofline import kv_transfer_time_s
+from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
+from splitplan.workload.trace import Trace, default_trace_path, load_trace, resample_poisson
+
+H100 = api.instance("llama2-70b", "h100-80gb", 8)
+A100 = api.instance("llama2-70b", "a100-80gb", 8)
+
+
+def one(prompt, output, at=0.0):
+    return Trace(np.array([at]), np.array([prompt]), np.array([output]), "test")
+
+
+@pytest.mark.parametrize("prompt", [300, 3000])  # serialized and layer-wise KV transfer
+def test_single_request_is_prefill_plus_transfer_plus_decode_steps(prompt):
+    out = 20
+    r = simulate(one(prompt, out), [PoolSpec("prompt", H100, 1), PoolSpec("token", A100, 1)])
+    prefill = float(H100.prefill_time_s(prompt))
+    transfer = float(kv_transfer_time_s(H100, A100, prompt))
+    steps = sum(float(A100.pass_time_s(0.0, 0.0, 0.0, 1.0, float(prompt + 1 + k))) for k in range(out - 1))
+    assert r.ttft_s[0] == pytest.approx(prefill, rel=1e-12)
+    assert r.transfer_s[0] == pytest.approx(transfer, rel=1e-9)
+    assert r.e2e_s[0] == pytest.approx(prefill + transfer + steps, rel=1e-9)
+    assert r.decode_queue_s[0] == 0 and r.prompt_queue_s[0] == 0
+    assert r.tokens_out == out
+
+
+def test_one_output_token_finishes_at_prefill():
+    r = simulate(one(500, 1), [PoolSpec("prompt", H100, 1), PoolSpec("token", H100, 1)])
+    assert r.e2e_s[0] == r.ttft_s[0] and r.tokens_out == 1
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000), st.floats(0.5, 30), st.sampled_from(["jsq", "round-robin"]), st.booleans())
+def test_conservation_every_request_once_and_tokens(seed, rate, routing, colocated):
+    trace = resample_poisson(load_trace(default_trace_path()), rate, 20.0, np.random.default_rng(seed))
+    pools = [PoolSpec("mixed", H100, 2)] if colocated else [PoolSpec("prompt", H100, 2), PoolSpec("token", H100, 1)]
+    r = simulate(trace, pools, SimOptions(routing=routing))
+    finished = np.isfinite(r.e2e_s)
+    assert finished.sum() + r.rejected.sum() == len(trace)
+    assert r.tokens_out == int(trace.output_tokens[finished].sum())
+    assert np.all(r.e2e_s[finished] >= r.ttft_s[finished])
+    assert np.all(r.ttft_s >= 0) and np.all(r.prompt_queue_s >= 0)
+
+
+def test_deterministic_byte_identical(tmp_path):
+    from typer.testing import CliRunner
+    from splitplan.cli import app
+    args = ["simulate", "--prompt-pool", "h100-80gb:8:2", "--token-pool", "h100-80gb:8:1", "--rate", "8", "--duration", "30"]
+    a = CliRunner().invoke(app, args + ["--output-dir", str(tmp_path / "a")])
+    b = CliRunner().invoke(app, args + ["--output-dir", str(tmp_path / "b")])
+    assert a.exit_code == 0, a.output
+    for name in ("requests.csv", "summary.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_kv_capacity_limits_the_batch_and_oversize_requests_are_reported():
+    small = api.instance("bloom-176b", "h100-80gb", 8)  # 4 MB of KV per token: about 50,000 tokens of room
+    cap = small.fit.kv_capacity_tokens
+    half = cap // 2
+    trace = Trace(np.array([0.0, 0.0, 0.0]), np.array([half, half, cap + 10]), np.array([10, 10, 10]), "t")
+    # two prompt instances: both halves prefill at once and reach the one token instance together
+    r = simulate(trace, [PoolSpec("prompt", small, 2), PoolSpec("token", small, 1)], SimOptions(routing="round-robin"))
+    assert r.rejected.tolist() == [False, False, True]
+    # the two halves do not fit together (prompt + output > capacity): one waits for the other
+    assert r.ttft_s[0] == r.ttft_s[1]
+    assert np.nanmax(r.decode_queue_s[:2]) > 0
+
+
+def test_round_robin_spreads_evenly():
+    trace = resample_poisson(load_trace(default_trace_path()), 2.0, 60.0, np.random.default_rng(1))
+    r = simulate(trace, [PoolSpec("prompt", H100, 3), PoolSpec("token", H100, 3)], SimOptions(routing="round-robin"))
+    counts = np.bincount(r.prompt_instance, minlength=3)[:3]
+    assert counts.max() - counts.min() <= 1
+
+
+def test_colocated_decode_stalls_behind_prompts():
+    trace = resample_poisson(load_trace(default_trace_path()), 6.0, 60.0, np.random.default_rng(2))
+    split = simulate(trace, [PoolSpec("prompt", H100, 2), PoolSpec("token", H100, 2)])
+    mixed = simulate(trace, [PoolSpec("mixed", H100, 4)])
+    assert np.nanpercentile(mixed.tbt_max_s, 90) > np.nanpercentile(split.tbt_max_s, 90)
+
+
+def test_mixed_pool_borrowing_uses_token_machines_for_prompts():
+    trace = resample_poisson(load_trace(default_trace_path()), 20.0, 30.0, np.random.default_rng(3))
+    pools = [PoolSpec("prompt", H100, 1), PoolSpec("token", H100, 2)]
+    plain = simulate(trace, pools)
+    borrowed = simulate(trace, pools, SimOptions(borrow_threshold_tokens=4096))
+    assert np.any(borrowed.prompt_instance >= 1)  # some prompts ran on token instances
+    assert np.nanpercentile(borrowed.ttft_s, 99) < np.nanpercentile(plain.ttft_s, 99)
+
+
+def test_measured_table_matches_its_points_and_reports_extrapolation(shared_data):
+    from splitplan.perf.table import PerfDb
+    db = PerfDb(shared_data / "perf" / "splitwise_perf_model.csv")
+    m = db.require(A100)
+    assert float(m.prefill_time_s(2048)) * 1e3 == pytest.approx(274.2, rel=0.01)
+    assert float(m.decode_step_time_s(64, 576)) * 1e3 == pytest.approx(71.6, rel=0.01)
+    before = m.extrapolated["prefill"]
+    m.prefill_time_s(20_000)
+    assert m.extrapolated["prefill"] == before + 1
+    r = api.simulate(resample_poisson(load_trace(default_trace_path()), 3.0, 30.0, np.random.default_rng(0)),
+                     [("prompt", "a100-80gb", 8, 2), ("token", "a100-80gb", 8, 1)], "llama2-70b", "splitwise",
+                     perf_db=str(shared_data / "perf" / "splitwise_perf_model.csv"))
+    assert "extrapolated_pct" in r.summary and 0 <= r.summary["extrapolated_pct"]["prefill"] <= 100
