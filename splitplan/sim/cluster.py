@@ -14,8 +14,8 @@ one iteration at a time; what an iteration holds depends on the instance's role:
   iteration together with the decode batch (prefill priority), so decodes stall
   while a prompt runs; finished prefills join the instance's own decode batch.
 
-KV transfer (split pools) uses the destination instance's ingress link, shared
-FIFO by concurrent transfers at the smaller of the two instances' NIC shares.
+KV transfer (split pools) occupies the source's and the destination's NIC shares,
+each shared FIFO by concurrent transfers, at the smaller of the two bandwidths.
 Prompts shorter than the engine's `layerwise_transfer_min_tokens` are sent after
 the prefill (serialized); longer ones layer by layer from the prefill's start, so
 only the last layer's share (or what the link could not keep up with) is exposed.
@@ -254,14 +254,14 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
         bw = min(inst.bw, tok.bw)
         duration = p[i] * kv_bytes / bw
         latency = inst.perf.factors.kv_transfer_latency_s
+        busy_until = max(inst.link_free, tok.link_free)  # both NICs carry the transfer
         if p[i] < inst.perf.engine.layerwise_transfer_min_tokens:
-            begin = max(now, tok.link_free)
-            tok.link_free = begin + duration
+            begin = max(now, busy_until)
             done = begin + duration + latency
         else:
-            begin = max(prefill_start[i], tok.link_free)
-            tok.link_free = begin + duration
+            begin = max(prefill_start[i], busy_until)
             done = max(begin + duration, now + duration / layers) + latency
+        inst.link_free = tok.link_free = begin + duration
         push(done, 2, tok.idx, i)
 
     next_arrival = 0
