@@ -9,8 +9,6 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 from splitplan.errors import InfeasibleError, SpecError
@@ -176,28 +174,15 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     return OptimizeResult(plan, tuple(sorted(shown, key=lambda p: _plan_key(objective, p))), tuple(options + mixed), colocated)
 
 
-_SIZING_PROBLEM = None  # set before forking workers, so tasks need not carry the trace
-
-
-def _size_task(task):
+def _size_one(problem, task):
     from splitplan.search.plan import size_option
-    return size_option(_SIZING_PROBLEM, *task)
+    return size_option(problem, *task)
 
 
 def _size_all(problem, tasks: list, jobs: int) -> list:
-    """Size every (role, instance, lower bound) task; in `jobs` forked processes when
-    more than one (results come back in task order, so the output does not depend
-    on `jobs`)."""
-    global _SIZING_PROBLEM
-    from splitplan.search.plan import size_option
-    if jobs <= 1 or len(tasks) < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        return [size_option(problem, *task) for task in tasks]
-    _SIZING_PROBLEM = problem
-    try:
-        with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("fork")) as pool:
-            return list(pool.map(_size_task, tasks))
-    finally:
-        _SIZING_PROBLEM = None
+    """Size every (role, instance, lower bound) task, in `jobs` processes."""
+    from splitplan.parallel import fork_map
+    return fork_map(_size_one, tasks, jobs, problem)
 
 
 def max_rate(workload_at, base_rate_rps: float, model: str, slo: str, progress=None, **kwargs) -> OptimizeResult:
@@ -421,3 +406,58 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
                        cost_usd_per_hour=cost, power_kw=power,
                        binding=f"{plan.binding}; simulation: {added} machine(s) added")
     return plan, sim, added
+
+
+# --- calibrate ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CalibrateResult:
+    profile: EngineProfile
+    report: dict  # {"groups": [...], "overall": {...}}
+    points: "object"  # DataFrame: every point used, with before_ms, fit_ms, cv_ms
+    excluded: "object"  # DataFrame: points left out, with the reason
+
+
+def calibrate(perf_db: str, engine: str = DEFAULT_ENGINE, folds: int = 5, max_prefill_batch_tokens: int | None = None,
+              keep_anomalies: bool = False, progress=None, jobs: int = 1) -> CalibrateResult:
+    """Fit `engine`'s factors to the measurements in `perf_db`; report MAPE before,
+    fitted and k-fold cross-validated. Non-physical points (see
+    `measurements.flag_anomalies`) and, with `max_prefill_batch_tokens`, batched
+    prefills beyond that size are left out and listed."""
+    import pandas as pd
+
+    from splitplan.errors import SpecError as _SpecError
+    from splitplan.perf import calibrate as cal
+    from splitplan.perf.measurements import flag_anomalies, read_measurements
+
+    if folds < 0 or folds == 1:
+        raise _SpecError(f"--folds {folds}: use 0 (no cross-validation) or k >= 2")
+    base = load_engine(engine)
+    points = read_measurements(perf_db)
+    for name in sorted(set(points.model)):
+        load_model(name)  # unknown names fail here, with a suggestion
+    for name in sorted(set(points.hardware)):
+        load_hardware(name)
+    reasons = pd.Series("", index=points.index)
+    if not keep_anomalies:
+        reasons[flag_anomalies(points)] = "faster than a smaller batch of the same sweep (failed run)"
+    if max_prefill_batch_tokens is not None:
+        big = (points.phase == "prefill") & (points.batch > 1) & (points.batch * points.prompt_tokens > max_prefill_batch_tokens)
+        reasons[big & (reasons == "")] = f"batched prefill above {max_prefill_batch_tokens} tokens"
+    used = points[reasons == ""].reset_index(drop=True)
+    excluded = points[reasons != ""].assign(reason=reasons[reasons != ""]).reset_index(drop=True)
+    if used.empty:
+        raise _SpecError(f"{perf_db}: no points left to fit after exclusions")
+    result = cal.calibrate(used, base, folds, progress, jobs)
+    summary = cal.report(result)
+    provenance = {
+        "data": str(perf_db),
+        "points": len(used),
+        "excluded": {reason: int(n) for reason, n in excluded.reason.value_counts().sort_index().items()},
+        "method": "splitplan calibrate: scipy least_squares, soft-L1 on log(predicted/measured); all factors on all "
+                  "points, then efficiencies and overheads per (model, machine, TP); physical bounds",
+        "folds": folds,
+        "mape_pct": {phase: {k: v for k, v in figures.items() if k != "points"} for phase, figures in summary["overall"].items()},
+    }
+    profile = result.profile.model_copy(update={"fit": provenance})
+    return CalibrateResult(profile, summary, result.points, excluded)

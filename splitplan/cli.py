@@ -488,5 +488,97 @@ def _render_simulation(summary: dict, workload) -> None:
         con.print(f"perf-db: {e['prefill']:.1f} % of prefill and {e['decode']:.1f} % of decode lookups extrapolated beyond the measurements")
 
 
+# --- calibrate --------------------------------------------------------------------
+
+@app.command()
+@user_errors
+def calibrate(
+    perf_db: Path = typer.Option(..., "--perf-db", help="Measured latencies: splitwise perf_model.csv or the generic CSV."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Write the fitted engine profile (YAML) here."),
+    engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Starting profile (and the 'before' reference)."),
+    folds: int = typer.Option(5, "--folds", help="k of the k-fold cross-validation (0: none)."),
+    max_prefill_batch_tokens: Optional[int] = typer.Option(None, "--max-prefill-batch-tokens", help="Leave out batched prefills above this many tokens."),
+    keep_anomalies: bool = typer.Option(False, "--keep-anomalies", help="Fit points that are faster than a smaller batch too."),
+    description: Optional[str] = typer.Option(None, "--description", help="Description written into the profile."),
+    residuals: Optional[Path] = typer.Option(None, "--residuals", help="Write every point with its predictions (CSV)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Predicted vs measured (PNG; needs the plot extra)."),
+    jobs: int = typer.Option(0, "--jobs", help="Processes for the cross-validation fits (0: one per core)."),
+    format: Format = typer.Option(Format.table, "--format", help="table or json"),
+) -> None:
+    """Fit an engine profile to measurements and report its error, in-sample and cross-validated."""
+    if plot is not None:
+        _require_matplotlib()
+    with _progress("fitting") as step:
+        steps = iter(["cross-validating", "done"])
+        result = api.calibrate(str(perf_db), engine, folds, max_prefill_batch_tokens, keep_anomalies,
+                               progress=lambda: step(next(steps)), jobs=jobs if jobs > 0 else (os.cpu_count() or 1))
+    profile = result.profile
+    if description:
+        profile = profile.model_copy(update={"description": description})
+    files = {}
+    if output is not None:
+        from splitplan.specs.engine import engine_to_yaml
+        header = (f"Engine profile fitted by: splitplan calibrate --perf-db {perf_db.name}"
+                  + (f" --max-prefill-batch-tokens {max_prefill_batch_tokens}" if max_prefill_batch_tokens else "")
+                  + f" --engine {engine} --folds {folds}\nFit error (MAPE %, cross-validated) is under fit.mape_pct.")
+        files[output] = engine_to_yaml(profile.model_copy(update={"source": f"splitplan calibrate on {perf_db.name}"}), header)
+    if residuals is not None:
+        files[residuals] = result.points.to_csv(index=False, float_format="%.4f")
+    for path, text in files.items():
+        report.write_atomic(path, text)
+    if plot is not None:
+        _calibration_plot(result.points, plot)
+    if format is Format.json:
+        _emit_json(result.report)
+        return
+    con = report.console()
+    con.print(report.table(f"MAPE % by group ({len(result.points)} points; {len(result.excluded)} left out)",
+                           ["model", "hardware", "TP", "phase", "points", "before", "fitted", f"{folds}-fold CV"],
+                           [(g["model"], g["hardware"], g["tp"], g["phase"], g["points"], g["mape_before_pct"],
+                             g["mape_fit_pct"], g["mape_cv_pct"]) for g in result.report["groups"]]))
+    con.print(report.table("Overall MAPE %", ["phase", "points", "before", "fitted", f"{folds}-fold CV"],
+                           [(k, v["points"], v["mape_before_pct"], v["mape_fit_pct"], v["mape_cv_pct"])
+                            for k, v in result.report["overall"].items()]))
+    worst = result.points.assign(error=(result.points.fit_ms / result.points.latency_ms - 1) * 100)
+    worst = worst.reindex(worst.error.abs().sort_values(ascending=False).index).head(10)
+    con.print(report.table("Largest residuals (fitted)", ["model", "hardware", "TP", "phase", "batch", "tokens", "measured ms", "fitted ms", "error %"],
+                           [(r.model, r.hardware, r.tp, r.phase, r.batch, r.prompt_tokens or r.context_tokens, r.latency_ms,
+                             r.fit_ms, f"{r.error:+.1f}") for r in worst.itertuples()]))
+    d = profile.defaults
+    con.print(report.table("Fitted defaults (machines and models outside the data)", ["factor", "value"],
+                           [(name, getattr(d, name)) for name in type(d).model_fields]))
+    if len(result.excluded):
+        con.print("Left out: " + "; ".join(f"{n} x {reason}" for reason, n in result.excluded.reason.value_counts().sort_index().items()))
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SpecError("--plot needs matplotlib: pip install '.[plot]'") from None
+
+
+def _calibration_plot(points, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
+    for ax, phase in zip(axes, ("prefill", "decode")):
+        rows = points[points.phase == phase]
+        for hw, part in rows.groupby("hardware"):
+            ax.scatter(part.latency_ms, part.fit_ms, s=12, label=f"{hw} (fitted)")
+        if rows.cv_ms.notna().any():
+            ax.scatter(rows.latency_ms, rows.cv_ms, s=8, marker="x", color="grey", label="cross-validated")
+        lo, hi = rows.latency_ms.min() * 0.8, rows.latency_ms.max() * 1.2
+        ax.plot([lo, hi], [lo, hi], color="black", lw=0.8)
+        ax.set(xscale="log", yscale="log", xlabel="measured ms", ylabel="predicted ms", title=phase)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
 def main() -> None:
     app()

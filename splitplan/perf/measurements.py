@@ -65,3 +65,21 @@ def read_measurements(path: str | Path) -> pd.DataFrame:
         raise TraceError(f"{path}: line {int(bad.index[0]) % len(raw) + 2}: phase must be prefill or decode, batch >= 1, latency > 0")
     grouped = points.groupby(POINT_KEYS, sort=True)["latency_ms"]
     return grouped.median().to_frame().assign(repeats=grouped.size()).reset_index()
+
+
+def flag_anomalies(points: pd.DataFrame, drop_pct: float = 5.0) -> pd.Series:
+    """Points that are not physical: in a batch sweep (same model, machine, TP, phase,
+    prompt and context), a latency more than `drop_pct` % below the next smaller
+    batch's (more work finishing sooner: a failed or truncated run). Returns a
+    boolean Series aligned with `points`."""
+    flagged = pd.Series(False, index=points.index)
+    keys = ["model", "hardware", "tp", "phase", "prompt_tokens", "context_tokens"]
+    for _, sweep in points.groupby(keys, sort=False):
+        sweep = sweep.sort_values("batch")
+        best = None
+        for idx, latency in zip(sweep.index, sweep["latency_ms"]):
+            if best is not None and latency < best * (1 - drop_pct / 100):
+                flagged[idx] = True
+            else:
+                best = latency if best is None else max(best, latency)
+    return flagged

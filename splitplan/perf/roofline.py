@@ -19,6 +19,10 @@ Modelling assumptions (units: seconds, FLOPs and bytes per GPU):
   more than 2023-era ones). An engine with `prefill_attention: packed` attends
   over the whole packed batch, (sum T)^2.
 - Small GEMMs (decode) lose efficiency: eff(M) = eff * M / (M + gemm_half_tokens).
+- An engine with a knee (`knee_tokens`, `knee_slowdown`) moves the all-reduce
+  traffic of tokens beyond the knee in one pass (1 + knee_slowdown) times slower:
+  the 2023 vLLM measurements slow down past about 2k tokens per pass, the more the
+  larger the TP degree, which is where all-reduces weigh most.
 - MoE: FLOPs for the k experts each token uses; bytes for the experts the batch
   touches, E (1 - (1 - k/E)^tokens).
 - A power cap slows the whole prefill pass by the machine's
@@ -91,7 +95,7 @@ class Instance:
 
     @cached_property
     def factors(self) -> EngineFactors:
-        return self.engine.factors(self.hardware.name, self.tp)
+        return self.engine.factors(self.hardware.name, self.tp, self.model.name)
 
     @property
     def instances_per_machine(self) -> int:
@@ -165,7 +169,9 @@ class Instance:
         def gemm_eff(rows):
             return c.eff * rows / (rows + c.half)
 
-        classes = [(n_tok * c.dense_flops, c.dense_bytes + n_tok * c.act_bytes, peak * gemm_eff(_max(n_tok, 1.0)))]
+        safe_tok = _max(n_tok, 1.0)
+        knee = 1.0 + f.knee_slowdown * _max(safe_tok - f.knee_tokens, 0.0) / safe_tok if f.knee_slowdown else 1.0  # all-reduces
+        classes = [(n_tok * c.dense_flops, c.dense_bytes + n_tok * c.act_bytes, peak * gemm_eff(safe_tok))]
         if m.is_moe:
             E, k = m.num_local_experts, m.num_experts_per_tok
             touched = E * (1 - (1 - k / E) ** n_tok)
@@ -186,11 +192,12 @@ class Instance:
             memory_s = memory_s + tm * (tc <= tm)
             flops = flops + L * c_flops
             nbytes = nbytes + L * c_bytes
-        network_s = 2 * L * (n_tok * c.collective_s_per_token + c.collective_latency_s)
+        network_s = 2 * L * (n_tok * c.collective_s_per_token * knee + c.collective_latency_s)
         gpu_s = compute_s + memory_s + network_s + c.launch_s
         overhead_s = (
             f.decode_overhead_s + (f.prefill_overhead_s - f.decode_overhead_s) * has_prefill
             + f.sequence_overhead_s * n_seq
+            + f.prefill_sequence_overhead_s * _num(prefill_seqs)
             + c.launch_s
             + _max(c.host_s - gpu_s, 0.0)  # waiting on the host's kernel launches
         )

@@ -10,6 +10,8 @@ override use the profile's defaults.
 
 from __future__ import annotations
 
+import functools
+
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +37,12 @@ class EngineFactors(BaseModel):
     prefill_overhead_s: Secs = 0.0
     decode_overhead_s: Secs = 0.0
     sequence_overhead_s: Secs = 0.0
+    prefill_sequence_overhead_s: Secs = 0.0
+    # An engine whose all-reduces slow down past a pass size (eager 2023 vLLM: about 2k
+    # tokens): traffic of tokens beyond `knee_tokens` in one pass moves (1 + knee_slowdown)
+    # times slower. 0: no knee.
+    knee_tokens: Annotated[float, Field(ge=0, le=1_000_000)] = 0.0
+    knee_slowdown: Annotated[float, Field(ge=0, le=10)] = 0.0
     collective_latency_s: Secs = 10e-6
     link_efficiency: Frac = 0.8
     kv_transfer_latency_s: Secs = 5e-3
@@ -59,11 +67,12 @@ class EngineProfile(BaseModel):
     hardware_overrides: dict[str, EngineFactors] = {}
     fit: dict[str, Any] | None = None
 
-    def factors(self, hardware_name: str, tp: int) -> EngineFactors:
-        """Defaults, then the machine type's overrides (key `HW`), then those for
-        this TP degree on it (key `HW/tpN`)."""
+    def factors(self, hardware_name: str, tp: int, model_name: str | None = None) -> EngineFactors:
+        """Defaults, then the machine type's overrides (key `HW`), then those for this
+        TP degree on it (`HW/tpN`), then those for this model there (`HW/tpN/MODEL`)."""
         factors = self.defaults
-        for key in (hardware_name, f"{hardware_name}/tp{tp}"):
+        keys = [hardware_name, f"{hardware_name}/tp{tp}"] + ([f"{hardware_name}/tp{tp}/{model_name}"] if model_name else [])
+        for key in keys:
             override = self.hardware_overrides.get(key)
             if override is not None:
                 factors = factors.model_copy(update=override.model_dump(include=override.model_fields_set))
@@ -74,6 +83,7 @@ class EngineProfile(BaseModel):
         return 1.0 if self.dtype == "fp8" else 2.0
 
 
+@functools.lru_cache(maxsize=256)
 def load_engine(name_or_path: str) -> EngineProfile:
     path = resolve("engine_profiles", name_or_path, "engine profile")
     data = read_mapping(path)

@@ -7,6 +7,8 @@ Every figure carries a source and a date.
 
 from __future__ import annotations
 
+import functools
+
 from pathlib import Path
 from typing import Annotated
 
@@ -95,6 +97,7 @@ class HardwareSpec(BaseModel):
         return [t for t in range(1, self.gpus_per_machine + 1) if self.gpus_per_machine % t == 0]
 
 
+@functools.lru_cache(maxsize=256)
 def load_hardware(name_or_path: str) -> HardwareSpec:
     path = resolve("hardware_specs", name_or_path, "hardware")
     data = read_mapping(path)

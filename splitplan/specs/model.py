@@ -9,6 +9,8 @@ mapped to the Llama-style names. The FFN is gated (SwiGLU, 3 matrices) when
 
 from __future__ import annotations
 
+import functools
+
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -132,6 +134,7 @@ def _canonical(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@functools.lru_cache(maxsize=256)
 def load_model(name_or_path: str) -> ModelSpec:
     path = resolve("model_specs", name_or_path, "model")
     data = _canonical(read_mapping(path))

@@ -4,6 +4,8 @@ alone (`slowdown`)."""
 
 from __future__ import annotations
 
+import functools
+
 import re
 from dataclasses import dataclass
 from typing import Annotated
@@ -82,6 +84,7 @@ class SloLine:
         return f"<= {self.max_ms:g} ms" if self.max_ms is not None else f"<= {self.slowdown:g}x"
 
 
+@functools.lru_cache(maxsize=256)
 def load_slo(name_or_path: str) -> SloProfile:
     path = resolve("slo_profiles", name_or_path, "SLO profile")
     data = read_mapping(path)

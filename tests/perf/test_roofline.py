@@ -102,10 +102,14 @@ def test_packed_attention_costs_more_than_per_prompt():
 @settings(max_examples=50, deadline=None)
 @given(st.integers(1, 32_000), st.integers(1, 4000), st.integers(1, 256), st.sampled_from(["lean", "splitwise-vllm"]))
 def test_monotone_in_tokens_batch_and_context(tokens, extra, batch, engine):
+    """More tokens, a bigger batch or more context never make a pass faster."""
     inst = Instance(load_model("llama2-70b"), H100, load_engine(engine), 8)
-    assert inst.prefill_time_s(tokens + extra) > inst.prefill_time_s(tokens)
-    assert inst.decode_step_time_s(batch + 1, tokens) >= inst.decode_step_time_s(batch, tokens)
-    assert inst.decode_step_time_s(batch, tokens + extra) >= inst.decode_step_time_s(batch, tokens)
+    # Non-decreasing (flat while the host's kernel launches bound the pass), up to rounding.
+    def no_less(a, b):
+        return float(a) >= float(b) * (1 - 1e-12)
+    assert no_less(inst.prefill_time_s(tokens + extra), inst.prefill_time_s(tokens))
+    assert no_less(inst.decode_step_time_s(batch + 1, tokens), inst.decode_step_time_s(batch, tokens))
+    assert no_less(inst.decode_step_time_s(batch, tokens + extra), inst.decode_step_time_s(batch, tokens))
 
 
 def test_kv_transfer_serialized_vs_layerwise():

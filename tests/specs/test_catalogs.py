@@ -115,11 +115,12 @@ def test_bad_yaml_names_line(tmp_path):
         load_engine(_write(tmp_path, "e.yaml", "description: x\nsource: a: b\n"))
 
 
-def test_engine_overrides_layer_by_hardware_and_tp():
+def test_engine_overrides_layer_by_hardware_tp_and_model():
     eng = load_engine("splitwise-vllm")
-    assert eng.factors("a100-80gb", 8) == eng.hardware_overrides["a100-80gb/tp8"]
-    assert eng.factors("a100-80gb", 1).kv_transfer_latency_s == 8e-3  # machine-level override
-    assert eng.factors("b200-180gb", 8) == eng.defaults
+    assert eng.factors("a100-80gb", 8, "llama2-70b") == eng.hardware_overrides["a100-80gb/tp8/llama2-70b"]
+    assert eng.factors("a100-80gb", 8, "mixtral-8x7b") == eng.hardware_overrides["a100-80gb/tp8"]  # model not measured
+    assert eng.factors("a100-80gb", 1) == eng.hardware_overrides["a100-80gb"]  # TP not measured
+    assert eng.factors("b200-180gb", 8) == eng.defaults  # machine not measured
     assert all(f.compute_efficiency <= 1 and f.memory_efficiency <= 1 for f in eng.hardware_overrides.values())
 
 

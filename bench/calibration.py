@@ -1,0 +1,60 @@
+"""Calibration accuracy on the Splitwise measurements: fitted and cross-validated,
+and how a fit carries to machines and models it has not seen.
+
+    python bench/calibration.py [--data PATH] [--folds 5]
+
+1. The same call as `splitplan calibrate --perf-db DATA --max-prefill-batch-tokens 2048`
+   (the command that wrote engine_profiles/splitwise-vllm.yaml): MAPE per (model,
+   machine, TP, phase) before (lean), fitted, and k-fold cross-validated.
+2. Transfer: fit on one machine (or model) only, predict the other, compared with
+   the uncalibrated `lean` defaults (TP 8 sweeps, single-prompt prefills).
+Prints markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from splitplan import api
+from splitplan.perf import calibrate as cal
+from splitplan.perf.measurements import flag_anomalies, read_measurements
+from splitplan.specs.engine import load_engine
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "perf" / "splitwise_perf_model.csv"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--folds", type=int, default=5)
+    args = parser.parse_args()
+    result = api.calibrate(str(args.data), "lean", args.folds, max_prefill_batch_tokens=2048, jobs=os.cpu_count() or 1)
+    print(f"| model | hardware | TP | phase | points | before (lean) | fitted | {args.folds}-fold CV |")
+    print("|---|---|---|---|---|---|---|---|")
+    for g in result.report["groups"]:
+        print(f"| {g['model']} | {g['hardware']} | {g['tp']} | {g['phase']} | {g['points']} | {g['mape_before_pct']:.1f} "
+              f"| {g['mape_fit_pct']:.1f} | {g['mape_cv_pct']:.1f} |")
+    for phase, o in result.report["overall"].items():
+        print(f"| all | | | {phase} | {o['points']} | {o['mape_before_pct']:.1f} | {o['mape_fit_pct']:.1f} | {o['mape_cv_pct']:.1f} |")
+
+    points = read_measurements(args.data)
+    points = points[~flag_anomalies(points) & (points.tp == 8)]
+    points = points[~((points.phase == "prefill") & (points.batch > 1))].reset_index(drop=True)
+    lean = load_engine("lean")
+    print("\n| fitted on | predicted | phase | MAPE calibrated | MAPE lean |")
+    print("|---|---|---|---|---|")
+    for column, train, test in (("hardware", "a100-80gb", "h100-80gb"), ("hardware", "h100-80gb", "a100-80gb"),
+                                ("model", "llama2-70b", "bloom-176b"), ("model", "bloom-176b", "llama2-70b")):
+        fitted = cal.fit_profile(points[points[column] == train].reset_index(drop=True), lean)
+        held = points[points[column] == test].reset_index(drop=True)
+        for phase in ("prefill", "decode"):
+            rows = held[held.phase == phase].reset_index(drop=True)
+            mine = cal.ape_pct(cal.predict_ms(rows, fitted), rows.latency_ms).mean()
+            base = cal.ape_pct(cal.predict_ms(rows, lean), rows.latency_ms).mean()
+            print(f"| {train} | {test} | {phase} | {mine:.1f} | {base:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Calibration: recovers a known engine, reports honest errors, stays physical."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from splitplan import api
+from splitplan.cli import app
+from splitplan.perf import calibrate as cal
+from splitplan.perf.measurements import flag_anomalies, read_measurements
+from splitplan.specs.engine import load_engine
+
+
+def _synthetic_csv(tmp_path, engine="lean", noise=0.0, seed=0):
+    """Generic-format measurements made by a known profile (with optional noise and repeats)."""
+    inst = api.instance("llama2-70b", "h100-80gb", 4, engine)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for repeat in range(3):
+        for t in (128, 256, 512, 1024, 2048, 4096):
+            rows.append(("h100-80gb", "llama2-70b", 4, "prefill", 1, t, 0, float(inst.prefill_time_s(t)) * 1e3))
+        for b in (1, 4, 16, 64):
+            for c in (512, 2048):
+                rows.append(("h100-80gb", "llama2-70b", 4, "decode", b, 0, c, float(inst.decode_step_time_s(b, c)) * 1e3))
+    frame = pd.DataFrame(rows, columns=["hardware", "model", "tp", "phase", "batch", "prompt_tokens", "context_tokens", "latency_ms"])
+    frame["latency_ms"] *= np.exp(rng.normal(0, noise, len(frame)))
+    path = tmp_path / "measured.csv"
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_fit_recovers_a_known_engine_from_a_generic_csv(tmp_path):
+    path = _synthetic_csv(tmp_path, "lean")
+    result = api.calibrate(str(path), engine="splitwise-vllm", folds=3)
+    for group in result.report["groups"]:
+        assert group["points"] in (6, 8)  # repeats reduced to medians
+        assert group["mape_before_pct"] > 10  # the starting profile is a different engine
+        assert group["mape_fit_pct"] < 1.5 and group["mape_cv_pct"] < 5
+
+
+def test_noise_gives_honest_cross_validation(tmp_path):
+    result = api.calibrate(str(_synthetic_csv(tmp_path, "lean", noise=0.05)), folds=3)
+    for figures in result.report["overall"].values():
+        assert figures["mape_cv_pct"] >= figures["mape_fit_pct"] * 0.8  # held-out error is not flattered
+
+
+def test_fitted_factors_stay_within_physical_bounds(tmp_path):
+    profile = api.calibrate(str(_synthetic_csv(tmp_path, "lean", noise=0.1)), folds=0).profile
+    for factors in [profile.defaults, *profile.hardware_overrides.values()]:
+        assert 0 < factors.compute_efficiency <= 1 and 0 < factors.memory_efficiency <= 1
+        assert factors.prefill_overhead_s >= 0 and factors.decode_overhead_s >= 0
+
+
+def test_anomalies_are_the_failed_runs(shared_data):
+    points = read_measurements(shared_data / "perf" / "splitwise_perf_model.csv")
+    flagged = points[flag_anomalies(points)]
+    assert set(zip(flagged.model, flagged.tp, flagged.batch)) == {("llama2-70b", 2, 64)}
+
+
+def test_calibrated_profile_predicts_unseen_hardware_and_models_better_than_defaults(shared_data):
+    """Fit on one machine (or model) of the Splitwise data; the other is predicted at
+    least as well as by the uncalibrated `lean` defaults."""
+    points = read_measurements(shared_data / "perf" / "splitwise_perf_model.csv")
+    points = points[~flag_anomalies(points) & (points.tp == 8)]
+    points = points[~((points.phase == "prefill") & (points.batch > 1))].reset_index(drop=True)
+    lean = load_engine("lean")
+    for column, train, test in (("hardware", "a100-80gb", "h100-80gb"), ("model", "llama2-70b", "bloom-176b")):
+        fitted = cal.fit_profile(points[points[column] == train].reset_index(drop=True), lean)
+        held = points[points[column] == test].reset_index(drop=True)
+        for phase in ("prefill", "decode"):
+            rows = held[held.phase == phase].reset_index(drop=True)
+            calibrated = cal.ape_pct(cal.predict_ms(rows, fitted), rows.latency_ms).mean()
+            default = cal.ape_pct(cal.predict_ms(rows, lean), rows.latency_ms).mean()
+            assert calibrated <= default, (column, test, phase, calibrated, default)
+
+
+def test_cli_json_contract_and_profile_round_trip(tmp_path):
+    path = _synthetic_csv(tmp_path, "lean")
+    out = tmp_path / "fitted.yaml"
+    result = CliRunner().invoke(app, ["calibrate", "--perf-db", str(path), "--output", str(out), "--folds", "3",
+                                      "--format", "json", "--residuals", str(tmp_path / "res.csv")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert set(doc) >= {"groups", "overall"}
+    assert set(doc["groups"][0]) == {"model", "hardware", "tp", "phase", "points", "mape_before_pct", "mape_fit_pct", "mape_cv_pct"}
+    assert set(doc["overall"]) == {"prefill", "decode"}
+    saved = yaml.safe_load(out.read_text())
+    assert saved["fit"]["points"] == 14 and "mape_pct" in saved["fit"]
+    perf = CliRunner().invoke(app, ["perf", "--engine", str(out), "--tp", "4", "--format", "json"])
+    assert perf.exit_code == 0, perf.output
+    assert pd.read_csv(tmp_path / "res.csv").columns.tolist()[-3:] == ["before_ms", "fit_ms", "cv_ms"]
+
+
+def test_cli_table_and_failures(tmp_path):
+    path = _synthetic_csv(tmp_path)
+    table = CliRunner().invoke(app, ["calibrate", "--perf-db", str(path), "--folds", "2"])
+    assert table.exit_code == 0 and "Largest residuals" in table.stdout and "Fitted defaults" in table.stdout
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    for args, needle in ((["--perf-db", str(bad)], "unknown columns"),
+                         (["--perf-db", str(tmp_path / "none.csv")], "no such file"),
+                         (["--perf-db", str(path), "--folds", "1"], "--folds 1")):
+        result = CliRunner().invoke(app, ["calibrate", *args, "--output", str(tmp_path / "x.yaml")])
+        assert result.exit_code == 2 and needle in result.stderr, result.stderr
+        assert not (tmp_path / "x.yaml").exists()
+    renamed = tmp_path / "unknown.csv"
+    renamed.write_text(path.read_text().replace("llama2-70b", "llama2-70bb"))
+    result = CliRunner().invoke(app, ["calibrate", "--perf-db", str(renamed)])
+    assert result.exit_code == 2 and "did you mean 'llama2-70b'" in result.stderr
+
+
+def test_plot_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "fit.png"
+    result = CliRunner().invoke(app, ["calibrate", "--perf-db", str(_synthetic_csv(tmp_path)), "--folds", "2", "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
