@@ -1,0 +1,76 @@
+"""splitplan: provision phase-split ("disaggregated") LLM serving clusters.
+
+The Python API for capacity-planning scripts. Every function takes catalog names
+or file paths (or loaded objects), and returns a typed result with `.to_frame()`
+(pandas) and `.to_json()` (the same document the CLI prints):
+
+    import splitplan
+    result = splitplan.plan(model="llama2-70b", slo="splitwise", rate=20, duration_s=120)
+    result.to_frame()                     # the plan and its runner-ups
+    splitplan.simulate(result.plan, rate=20).to_json()["summary"]["ttft_ms"]
+    splitplan.compare("splitwise-designs", "iso-power", budget_machines={"h100-80gb": 40})
+    splitplan.sweep([5, 10, 20], designs="splitwise-designs")
+
+See docs/API.md.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from splitplan.api import (  # noqa: E402  (re-exported)
+    CalibrateResult,
+    CompareResult,
+    OptimizeResult,
+    SimulateResult,
+    SweepResult,
+)
+from splitplan.workload.trace import Trace, load_trace, resample_poisson  # noqa: E402
+
+__all__ = ["plan", "simulate", "compare", "sweep", "calibrate", "workload", "Trace", "load_trace", "resample_poisson",
+           "OptimizeResult", "SimulateResult", "CompareResult", "SweepResult", "CalibrateResult"]
+
+
+def workload(trace=None, rate: float | None = None, duration_s: float = 120.0, seed: int = 0) -> Trace:
+    """A Trace: `trace` (a path, a Trace, or None for the embedded Azure code trace),
+    or its Poisson resample at `rate` req/s for `duration_s` seconds."""
+    import numpy as np
+
+    from splitplan.workload.trace import default_trace_path
+    loaded = trace if isinstance(trace, Trace) else load_trace(trace or default_trace_path())
+    return resample_poisson(loaded, rate, duration_s, np.random.default_rng(seed)) if rate else loaded
+
+
+def plan(trace=None, model: str = "llama2-70b", slo: str = "splitwise", rate: float | None = None,
+         duration_s: float = 120.0, seed: int = 0, **options) -> OptimizeResult:
+    """The cheapest (or lowest-power, `objective="power"`) plan meeting the SLO; options
+    as `splitplan.api.optimize` (hardware, prompt_hardware, token_hardware, tp, engine,
+    search, max_cost_per_hour, max_power_kw, max_machines, split, pareto, jobs, perf_db)."""
+    from splitplan import api
+    return api.optimize(workload(trace, rate, duration_s, seed), model, slo, **options)
+
+
+def simulate(plan_or_pools, trace=None, model: str = "llama2-70b", slo: str = "splitwise", rate: float | None = None,
+             duration_s: float = 120.0, seed: int = 0, **options) -> SimulateResult:
+    """Simulate a Plan (from `plan()`) or a list of (role, hardware, tp, machines)."""
+    from splitplan import api
+    pools = plan_or_pools if isinstance(plan_or_pools, list) else api.plan_pools(plan_or_pools)
+    return api.simulate(workload(trace, rate, duration_s, seed), pools, model, slo, **options)
+
+
+def compare(designs: str = "splitwise-designs", scenario: str = "iso-power", trace=None, **options) -> CompareResult:
+    """Every design in one scenario; options as `splitplan.api.compare`."""
+    from splitplan import api
+    return api.compare(workload(trace), designs, scenario, **options)
+
+
+def sweep(rates: list[float], trace=None, **options) -> SweepResult:
+    """A load sweep over `rates`; options as `splitplan.api.sweep` (designs or pools)."""
+    from splitplan import api
+    return api.sweep(workload(trace), list(rates), **options)
+
+
+def calibrate(perf_db: str, **options) -> CalibrateResult:
+    """Fit an engine profile to measurements; options as `splitplan.api.calibrate`."""
+    from splitplan import api
+    return api.calibrate(perf_db, **options)

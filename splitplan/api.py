@@ -96,6 +96,7 @@ class OptimizeResult:
     options: tuple  # every evaluated Option, sized or skipped
     colocated: "Plan | None" = None  # the best co-located plan (None if none meets the SLO)
     max_rate_rps: float | None = None  # objective throughput: the highest rate served
+    pareto: tuple = ()  # with pareto=True: plans no other plan beats on both cost and power
 
     @property
     def split_saving_pct(self) -> float | None:
@@ -104,13 +105,31 @@ class OptimizeResult:
             return None
         return (1 - self.plan.cost_usd_per_hour / self.colocated.cost_usd_per_hour) * 100
 
+    def to_json(self, inputs: dict | None = None) -> dict:
+        """The document `splitplan optimize --format json` prints."""
+        from splitplan.report import optimize_json, plan_json
+        document = optimize_json(self, inputs or {})
+        if self.pareto:
+            document["pareto"] = [plan_json(p) for p in self.pareto]
+        return document
+
+    def to_frame(self):
+        """One row per plan: the chosen one first, then the runner-ups."""
+        import io
+
+        import pandas as pd
+
+        from splitplan.report import plans_csv
+        return pd.read_csv(io.StringIO(plans_csv([self.plan, *self.alternatives])))
+
 
 def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, prompt_hardware: list[str] | None = None,
              token_hardware: list[str] | None = None, tp: int | None = None, objective: str = "cost",
              engine: str = DEFAULT_ENGINE, search: str = "ilp", max_cost_per_hour: float | None = None,
              max_power_kw: float | None = None, max_machines: dict[str, int] | None = None,
              max_batch_tokens: int = 2048, alternatives: int = 5, split: bool = True,
-             with_colocated: bool = True, jobs: int = 1, perf_db: str | None = None) -> OptimizeResult:
+             with_colocated: bool = True, jobs: int = 1, perf_db: str | None = None,
+             pareto: bool = False) -> OptimizeResult:
     """The cheapest (or lowest-power) plan meeting every SLO line on `trace`: split
     prompt/token pools (default) or, with `split=False`, co-located machines."""
     from splitplan.capacity.pools import reference_latencies
@@ -164,7 +183,8 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
                 continue
         others.sort(key=lambda p: _plan_key(objective, p))
         return OptimizeResult(plan, tuple(others[:alternatives]), tuple(mixed), plan)
-    options = [o for o in first if o.role == "token" or o.inst.hardware.name in prompt_names]
+    prompt_types = {machines[n].name for n in prompt_names}  # names may be paths: compare the loaded names
+    options = [o for o in first if o.role == "token" or o.inst.hardware.name in prompt_types]
     _raise_if_unreachable(problem, options)
     plan, alts = _best_split(problem, options, search, alternatives)
     try:
@@ -172,7 +192,41 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     except InfeasibleError:
         colocated = None
     shown = alts[: alternatives - 1] + ([colocated] if colocated else [])
-    return OptimizeResult(plan, tuple(sorted(shown, key=lambda p: _plan_key(objective, p))), tuple(options + mixed), colocated)
+    front = _pareto(problem, options, [plan, *alts, *([colocated] if colocated else [])]) if pareto else ()
+    return OptimizeResult(plan, tuple(sorted(shown, key=lambda p: _plan_key(objective, p))), tuple(options + mixed),
+                          colocated, pareto=front)
+
+
+def _pareto(problem, options, seeds: list) -> tuple:
+    """Cost against power: the epsilon-constraint method on the ILP (cheapest plan
+    under a power cap, the cap lowered below each plan found until none is
+    feasible), every plan verified and repaired on the whole trace; then the
+    plans no other beats on both. `seeds` (plans already found) join the set."""
+    from dataclasses import replace as _replace
+
+    from splitplan.report import pareto as frontier
+    from splitplan.search.plan import make_plan, repair, solve_counts
+
+    by_key = {o.key: o for o in options}
+    plans, memo = list(seeds), {}
+    cost_problem = _replace(problem, objective="cost")
+    cap = None
+    for _ in range(50):
+        try:
+            counts = solve_counts(_replace(cost_problem, max_power_kw=cap) if cap is not None else cost_problem, options)
+        except InfeasibleError:
+            break
+        counts, values, lines, repairs = repair(cost_problem, counts, by_key, memo=memo)
+        found = make_plan(cost_problem, counts, by_key, repairs, values, lines)
+        plans.append(found)
+        next_cap = found.power_kw - 1e-6
+        if problem.max_power_kw is not None:
+            next_cap = min(next_cap, problem.max_power_kw)
+        if cap is not None and next_cap >= cap:
+            break
+        cap = next_cap
+    unique = {(p.prompt_pools, p.token_pools, p.mixed_pools): p for p in plans}
+    return tuple(frontier(list(unique.values())))
 
 
 def _size_one(problem, task):
@@ -295,7 +349,7 @@ def _raise_if_unreachable(problem, options) -> None:
     for role, metric in (("prompt", "ttft"), ("token", "tbt")):
         fitting = [o for o in options if o.role == role and o.inst.fit.fits]
         if not fitting:
-            reasons = "; ".join(sorted({o.skipped for o in options if o.role == role}))
+            reasons = "; ".join(sorted({o.skipped for o in options if o.role == role})) or "no option of that role"
             raise InfeasibleError(f"the model fits no {role} hardware considered: {reasons}")
         if any(o.instances for o in fitting):
             continue
@@ -321,6 +375,19 @@ class SimulateResult:
     result: "SimResult"
     summary: dict
     pools: tuple
+
+    def to_json(self) -> dict:
+        from splitplan.report import SCHEMA_VERSION
+        return {"schema_version": SCHEMA_VERSION, "summary": self.summary}
+
+    def to_frame(self):
+        """One row per request (the `requests.csv` columns)."""
+        import io
+
+        import pandas as pd
+
+        from splitplan.sim.metrics import requests_csv
+        return pd.read_csv(io.StringIO(requests_csv(self.result, self.result.names)))
 
 
 def pool_specs(pools: list[tuple[str, str, int, int]], model: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None):
@@ -417,6 +484,13 @@ class CalibrateResult:
     report: dict  # {"groups": [...], "overall": {...}}
     points: "object"  # DataFrame: every point used, with before_ms, fit_ms, cv_ms
     excluded: "object"  # DataFrame: points left out, with the reason
+
+    def to_json(self) -> dict:
+        return self.report
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame(self.report["groups"])
 
 
 def calibrate(perf_db: str, engine: str = DEFAULT_ENGINE, folds: int = 5, max_prefill_batch_tokens: int | None = None,

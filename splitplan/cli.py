@@ -269,6 +269,8 @@ def optimize(
     no_split: bool = typer.Option(False, "--no-split", help="Plan co-located machines (mixed batching), not split pools."),
     jobs: int = typer.Option(0, "--jobs", help="Processes for sizing pool options (0: one per core)."),
     validate: bool = typer.Option(False, "--validate", help="Simulate the plan; grow the binding pool until the simulation meets the SLO."),
+    pareto: bool = typer.Option(False, "--pareto", help="Also find the cost-vs-power Pareto frontier across hardware mixes."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="With --pareto: the frontier (PNG; needs the plot extra)."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Plan from measured latencies (options without measurements are skipped)."),
     format: PlanFormat = typer.Option(PlanFormat.table, "--format", help="table, json or csv"),
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write plan.json, candidates.csv, pareto.csv here."),
@@ -283,6 +285,12 @@ def optimize(
                   tp=tp, engine=engine, search=search.value, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
                   max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens,
                   jobs=jobs if jobs > 0 else (os.cpu_count() or 1), perf_db=str(perf_db) if perf_db else None)
+    if plot is not None:
+        if not pareto:
+            raise SpecError("--plot draws the Pareto frontier: add --pareto")
+        _require_matplotlib()
+    if pareto and (no_split or objective is Objective.throughput):
+        raise SpecError("--pareto compares split plans by cost and power: drop --no-split / --objective throughput")
     if objective is Objective.throughput:
         if no_split:
             raise SpecError("--objective throughput plans split pools; drop --no-split")
@@ -299,7 +307,7 @@ def optimize(
                                   progress=lambda r, ok: step(f"{r:.3g} req/s: {'served' if ok else 'not served'}"), **common)
         workload = workload_at(result.max_rate_rps)
     else:
-        result = api.optimize(workload, model, slo, objective=objective.value, split=not no_split, **common)
+        result = api.optimize(workload, model, slo, objective=objective.value, split=not no_split, pareto=pareto, **common)
     inputs = {
         "trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
         "seed": seed, "model": model, "slo": slo, "hardware": _names(hardware), "prompt_hardware": _names(prompt_hardware),
@@ -317,21 +325,48 @@ def optimize(
     document = report.optimize_json(result, inputs)
     if simulated is not None:
         document["plan"]["simulated"] = simulated
+    if pareto:
+        document["pareto"] = [report.plan_json(p) for p in result.pareto]
     plans = [result.plan, *result.alternatives]
     if output_dir is not None:
         files = {
             "plan.json": report.to_json(document),
             "candidates.csv": report.candidates_csv(result),
-            "pareto.csv": report.plans_csv(report.pareto(plans)),
+            "pareto.csv": report.plans_csv(list(result.pareto) if pareto else report.pareto(plans)),
         }
         for name, text in files.items():
             report.write_atomic(output_dir / name, text)
+    if plot is not None:
+        _pareto_plot(result, plot)
     if format is PlanFormat.json:
         _emit_json(document)
     elif format is PlanFormat.csv:
-        sys.stdout.write(report.plans_csv(plans))
+        sys.stdout.write(report.plans_csv(list(result.pareto) if pareto else plans))
     else:
         _render_plan(result, workload, simulated)
+        if pareto:
+            report.console().print(report.table(
+                "Pareto frontier: cost against provisioned power", ["plan", "$/h", "kW", "machines", "binding"],
+                [(report.plan_text(p), p.cost_usd_per_hour, p.power_kw, p.machines, p.binding) for p in result.pareto]))
+
+
+def _pareto_plot(result, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    others = [result.plan, *result.alternatives]
+    ax.scatter([p.power_kw for p in others], [p.cost_usd_per_hour for p in others], color="grey", s=18, label="evaluated plans")
+    front = sorted(result.pareto, key=lambda p: p.power_kw)
+    ax.plot([p.power_kw for p in front], [p.cost_usd_per_hour for p in front], marker="o", color="#3b75af", label="Pareto frontier")
+    for p in front:
+        ax.annotate(report.plan_text(p).replace("; ", "\n"), (p.power_kw, p.cost_usd_per_hour), fontsize=6,
+                    xytext=(4, 4), textcoords="offset points")
+    ax.set(xlabel="provisioned power (kW)", ylabel="cost (USD/h)", title="Plans meeting the SLO: cost against power")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    _save_figure(fig, path)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,27 @@
+"""The Python API documented in docs/API.md."""
+
+import re
+from pathlib import Path
+
+import pandas as pd
+
+import splitplan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_docs_examples_run():
+    code = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "API.md").read_text(), re.S)
+    assert code
+    for block in code:
+        exec(compile(block.replace("duration_s=120", "duration_s=30").replace("duration_s=60", "duration_s=30"),
+                     "docs/API.md", "exec"), {})
+
+
+def test_results_have_frames_and_json():
+    result = splitplan.plan(rate=4, duration_s=30, hardware=["h100-80gb"], tp=8)
+    assert isinstance(result.to_frame(), pd.DataFrame) and result.to_json()["plan"]["prompt_pools"]
+    sim = splitplan.simulate(result.plan, rate=4, duration_s=30)
+    assert len(sim.to_frame()) == sim.summary["requests"] and "summary" in sim.to_json()
+    sweep = splitplan.sweep([2, 4], pools=[("prompt", "h100-80gb", 8, 1), ("token", "h100-80gb", 8, 1)], duration_s=30)
+    assert len(sweep.to_frame()) == 2 and sweep.to_json()["mode"] == "plan"
