@@ -624,7 +624,7 @@ def compare(trace, designs: str, scenario: str, model: str = "llama2-70b", slo: 
             engine: str = DEFAULT_ENGINE, budget_machines: dict[str, int] | None = None,
             max_power_kw: float | None = None, max_cost_per_hour: float | None = None, rate: float | None = None,
             duration_s: float = 120.0, seed: int = 0, baseline: str | None = None, validate: bool = False,
-            perf_db: str | None = None, max_batch_tokens: int = 2048, jobs: int = 1) -> CompareResult:
+            perf_db: str | None = None, max_batch_tokens: int = 2048, jobs: int = 1, progress=None) -> CompareResult:
     """Splitwise's provisioning study as one call: every design of `designs` in `scenario`.
 
     iso-power / iso-cost: the highest rate each design serves within the budget
@@ -664,7 +664,7 @@ def compare(trace, designs: str, scenario: str, model: str = "llama2-70b", slo: 
     workload = resample_poisson(trace, rate, duration_s, np.random.default_rng(seed)) if rate else trace
     workload_at = functools.partial(_resampled, trace, duration_s, seed)
     shared = (scenario, workload, workload_at, base_rate, model, slo, kwargs, validate)
-    results = fork_map(_design_unit, list(spec.designs), jobs, shared)
+    results = fork_map(_design_unit, list(spec.designs), jobs, shared, progress)
     return CompareResult(scenario, tuple(results), base_name, budget)
 
 
@@ -741,7 +741,7 @@ def report_predicted(plan) -> dict:
 def sweep(trace, rates: list[float], model: str = "llama2-70b", slo: str = "splitwise", designs: str | None = None,
           only: list[str] | None = None, pools: list[tuple[str, str, int, int]] | None = None,
           engine: str = DEFAULT_ENGINE, objective: str = "cost", duration_s: float = 120.0, seed: int = 0,
-          perf_db: str | None = None, max_batch_tokens: int = 2048, jobs: int = 1) -> SweepResult:
+          perf_db: str | None = None, max_batch_tokens: int = 2048, jobs: int = 1, progress=None) -> SweepResult:
     """A load sweep. With `designs`: the cheapest (or lowest-power) plan of each design
     at each rate, with its predicted percentiles and cost per million tokens. With
     `pools`: one fixed plan simulated at each rate (latency against load). Every rate
@@ -763,5 +763,5 @@ def sweep(trace, rates: list[float], model: str = "llama2-70b", slo: str = "spli
         pool_specs(pools, model, engine, perf_db)  # validate before forking
         units = [("plan", None, r) for r in rates]
         mode = "plan"
-    rows = fork_map(_sweep_unit, units, jobs, (mode, trace, duration_s, seed, model, slo, kwargs, pools))
+    rows = fork_map(_sweep_unit, units, jobs, (mode, trace, duration_s, seed, model, slo, kwargs, pools), progress)
     return SweepResult(tuple(rows), mode)

@@ -370,15 +370,24 @@ def _pareto_plot(result, path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _progress(title: str):
-    """A rich status line on stderr (only on a terminal) while a long search runs."""
+def _progress(title: str, total: int | None = None):
+    """On a terminal, a rich progress bar on stderr counting `total` finished units
+    (or a status line when the count is unknown); elsewhere nothing. Yields
+    `step(message=None)`, to call as each unit finishes."""
     from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     err = Console(stderr=True)
     if not err.is_terminal:
-        yield lambda message: None
+        yield lambda message=None: None
         return
-    with err.status(title) as status:
-        yield lambda message: status.update(f"{title}: {message}")
+    if total is None:
+        with err.status(title) as status:
+            yield lambda message=None: status.update(f"{title}: {message}" if message else title)
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task(title, total=total)
+        yield lambda message=None: bar.advance(task)
 
 
 def _render_plan(result, workload, simulated=None) -> None:
@@ -560,10 +569,12 @@ def compare(
     base = load_workload(trace, None, duration, seed)
     if rate is not None and rate <= 0:
         raise SpecError(f"--rate {rate:g}: must be > 0 requests per second")
-    with _progress(f"{scenario.value}: comparing designs"):
+    from splitplan.specs.design import load_designs
+    with _progress(f"{scenario.value}: designs", total=len(load_designs(designs).designs)) as step:
         result = api.compare(base, designs, scenario.value, model, slo, engine, _limits(budget_machines) or None,
                              max_power_kw, max_cost_per_hour, rate, duration, seed, baseline, validate,
-                             str(perf_db) if perf_db else None, jobs=jobs if jobs > 0 else (os.cpu_count() or 1))
+                             str(perf_db) if perf_db else None, jobs=jobs if jobs > 0 else (os.cpu_count() or 1),
+                             progress=step)
     document = result.to_json()
     if plot is not None:
         _compare_plot(result, plot)
@@ -663,10 +674,16 @@ def sweep(
     if duration <= 0:
         raise SpecError(f"--duration {duration:g}: must be > 0 seconds")
     base = load_workload(trace, None, duration, seed)
-    with _progress("sweeping"):
-        result = api.sweep(base, parse_rates(rates), model, slo, designs, design or None, pools or None, engine,
+    rate_list = parse_rates(rates)
+    if designs is not None:
+        from splitplan.specs.design import load_designs
+        units = len(rate_list) * (len(design) or len(load_designs(designs).designs))
+    else:
+        units = len(rate_list)
+    with _progress("sweep: (design, rate) units", total=units) as step:
+        result = api.sweep(base, rate_list, model, slo, designs, design or None, pools or None, engine,
                            objective.value, duration, seed, str(perf_db) if perf_db else None,
-                           jobs=jobs if jobs > 0 else (os.cpu_count() or 1))
+                           jobs=jobs if jobs > 0 else (os.cpu_count() or 1), progress=step)
     text = result.to_frame().to_csv(index=False, float_format="%.6g")
     if plot is not None:
         _sweep_plot(result, slo, plot)
@@ -720,10 +737,9 @@ def calibrate(
     """Fit an engine profile to measurements and report its error, in-sample and cross-validated."""
     if plot is not None:
         _require_matplotlib()
-    with _progress("fitting") as step:
-        steps = iter(["cross-validating", "done"])
+    with _progress("calibrate: fit and cross-validation folds", total=1 + (folds if folds >= 2 else 0)) as step:
         result = api.calibrate(str(perf_db), engine, folds, max_prefill_batch_tokens, keep_anomalies,
-                               progress=lambda: step(next(steps)), jobs=jobs if jobs > 0 else (os.cpu_count() or 1))
+                               progress=step, jobs=jobs if jobs > 0 else (os.cpu_count() or 1))
     profile = result.profile
     if description:
         profile = profile.model_copy(update={"description": description})

@@ -20,13 +20,25 @@ def _run(item):
     return fn(shared, item)
 
 
-def fork_map(fn: Callable[[Any, Any], Any], items: Sequence, jobs: int, shared: Any = None) -> list:
+def fork_map(fn: Callable[[Any, Any], Any], items: Sequence, jobs: int, shared: Any = None,
+             progress: Callable[[], None] | None = None) -> list:
+    """`[fn(shared, item) for item in items]`, in `jobs` processes; `progress()` is
+    called as each unit's result is collected."""
     global _SHARED
+    tick = progress or (lambda: None)
     if jobs <= 1 or len(items) < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        return [fn(shared, item) for item in items]
+        out = []
+        for item in items:
+            out.append(fn(shared, item))
+            tick()
+        return out
     _SHARED = (fn, shared)
     try:
         with ProcessPoolExecutor(min(jobs, len(items)), mp_context=multiprocessing.get_context("fork")) as pool:
-            return list(pool.map(_run, items))
+            out = []
+            for result in pool.map(_run, items):
+                out.append(result)
+                tick()
+            return out
     finally:
         _SHARED = None

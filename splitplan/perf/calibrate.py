@@ -162,10 +162,8 @@ def calibrate(points: pd.DataFrame, base: EngineProfile, k: int = 5, progress=No
     if k >= 2:
         fold = folds(points, k)
         masks = [fold == f for f in range(k) if (fold == f).any() and (fold != f).any()]
-        for held, predicted in zip(masks, fork_map(_fold_fit, masks, jobs, (points, base))):
+        for held, predicted in zip(masks, fork_map(_fold_fit, masks, jobs, (points, base), progress)):
             cv[held] = predicted
-        if progress:
-            progress()
     table = points.assign(before_ms=predict_ms(points, base), fit_ms=predict_ms(points, fitted), cv_ms=cv)
     return Calibration(fitted, table, k)
 
