@@ -242,3 +242,19 @@ def test_perf_with_perf_db():
     points = json.loads(result.stdout)
     assert points[0]["bound"] == "measured" and abs(points[0]["latency_ms"] - 274.2) < 3
     assert points[1]["bound"] == "extrapolated"
+
+
+def test_optimize_pareto_frontier_and_plot(tmp_path):
+    png = tmp_path / "pareto.png"
+    result = run("optimize", "--pareto", "--rate", "6", "--duration", "30", "--hardware", "a100-80gb,h100-80gb,h200-141gb",
+                 "--format", "json", "--plot", str(png), "--output-dir", str(tmp_path / "o"))
+    assert result.exit_code == 0, result.output
+    front = json.loads(result.stdout)["pareto"]
+    assert front and all(all(line["met"] for line in p["slo"]) for p in front)
+    for a in front:  # nobody on the frontier is beaten on both cost and power
+        assert not any(b["cost_usd_per_hour"] <= a["cost_usd_per_hour"] and b["power_kw"] < a["power_kw"] - 1e-9
+                       or b["cost_usd_per_hour"] < a["cost_usd_per_hour"] - 1e-9 and b["power_kw"] <= a["power_kw"]
+                       for b in front)
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5000
+    assert len((tmp_path / "o" / "pareto.csv").read_text().splitlines()) == len(front) + 1
+    assert run("optimize", "--plot", str(png)).exit_code == 2  # --plot needs --pareto
