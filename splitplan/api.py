@@ -97,6 +97,7 @@ class OptimizeResult:
     colocated: "Plan | None" = None  # the best co-located plan (None if none meets the SLO)
     max_rate_rps: float | None = None  # objective throughput: the highest rate served
     pareto: tuple = ()  # with pareto=True: plans no other plan beats on both cost and power
+    unservable: dict | None = None  # requests no token instance can hold, left out of the sizing
 
     @property
     def split_saving_pct(self) -> float | None:
@@ -148,6 +149,8 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     for hw in (max_machines or {}):
         if hw not in machines:
             raise SpecError(f"--max-machines {hw}: not among the hardware considered ({', '.join(machines)})")
+    trace, unservable = _servable(trace, m, eng, [machines[n] for n in (token_hardware or names)] if split
+                                  else [machines[n] for n in names], tp)
     reference = None
     if profile.reference is not None:
         ref_inst = instance(m, profile.reference.hardware, profile.reference.tp, eng)
@@ -182,7 +185,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
             except InfeasibleError:
                 continue
         others.sort(key=lambda p: _plan_key(objective, p))
-        return OptimizeResult(plan, tuple(others[:alternatives]), tuple(mixed), plan)
+        return OptimizeResult(plan, tuple(others[:alternatives]), tuple(mixed), plan, unservable=unservable)
     prompt_types = {machines[n].name for n in prompt_names}  # names may be paths: compare the loaded names
     options = [o for o in first if o.role == "token" or o.inst.hardware.name in prompt_types]
     _raise_if_unreachable(problem, options)
@@ -194,7 +197,37 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     shown = alts[: alternatives - 1] + ([colocated] if colocated else [])
     front = _pareto(problem, options, [plan, *alts, *([colocated] if colocated else [])]) if pareto else ()
     return OptimizeResult(plan, tuple(sorted(shown, key=lambda p: _plan_key(objective, p))), tuple(options + mixed),
-                          colocated, pareto=front)
+                          colocated, pareto=front, unservable=unservable)
+
+
+def _servable(trace, model, engine, token_machines, tp):
+    """The trace without requests whose KV (prompt + output tokens) no token instance
+    can hold, and a report of that request class (None when every request fits)."""
+    best = None
+    for hw in token_machines:
+        for t in ([tp] if tp else hw.tp_degrees()):
+            if t in hw.tp_degrees():
+                fit = Instance(model, hw, engine, t).fit
+                if fit.fits and (best is None or fit.kv_capacity_tokens > best[0]):
+                    best = (fit.kv_capacity_tokens, hw.name, t)
+    if best is None:
+        return trace, None  # nothing fits at all: the sizing says why
+    too_long = trace.prompt_tokens + trace.output_tokens > best[0]
+    if not too_long.any():
+        return trace, None
+    report = {
+        "requests": int(too_long.sum()),
+        "share_pct": float(too_long.mean() * 100),
+        "min_prompt_tokens": int(trace.prompt_tokens[too_long].min()),
+        "max_prompt_tokens": int(trace.prompt_tokens[too_long].max()),
+        "reason": f"prompt + output tokens exceed the KV capacity of every token instance considered "
+                  f"(largest: {best[0]:,} tokens, {best[1]} at TP {best[2]}); they are left out of the sizing",
+    }
+    if too_long.all():
+        raise InfeasibleError(f"no request fits: {report['reason']}")
+    keep = ~too_long
+    return dataclasses.replace(trace, arrival_s=trace.arrival_s[keep] - trace.arrival_s[keep][0],
+                               prompt_tokens=trace.prompt_tokens[keep], output_tokens=trace.output_tokens[keep]), report
 
 
 def _pareto(problem, options, seeds: list) -> tuple:

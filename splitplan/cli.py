@@ -19,7 +19,7 @@ from splitplan import api, report
 from splitplan.errors import SplitplanError, SpecError
 from splitplan.specs.hardware import hardware_catalog
 from splitplan.specs.model import model_catalog
-from splitplan.workload.trace import Columns, default_trace_path, load_trace, resample_poisson, summarize
+from splitplan.workload.trace import Columns, default_trace_path, load_trace, peak_window, resample_poisson, summarize
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Provision phase-split (disaggregated) LLM serving clusters.")
@@ -270,6 +270,7 @@ def optimize(
     jobs: int = typer.Option(0, "--jobs", help="Processes for sizing pool options (0: one per core)."),
     validate: bool = typer.Option(False, "--validate", help="Simulate the plan; grow the binding pool until the simulation meets the SLO."),
     pareto: bool = typer.Option(False, "--pareto", help="Also find the cost-vs-power Pareto frontier across hardware mixes."),
+    max_requests: int = typer.Option(100_000, "--max-requests", help="Longer traces are sized on their busiest stretch of this many requests."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="With --pareto: the frontier (PNG; needs the plot extra)."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Plan from measured latencies (options without measurements are skipped)."),
     format: PlanFormat = typer.Option(PlanFormat.table, "--format", help="table, json or csv"),
@@ -280,7 +281,9 @@ def optimize(
         raise SpecError(f"--tp {tp}: must be >= 1")
     if max_batch_tokens < 1:
         raise SpecError(f"--max-batch-tokens {max_batch_tokens}: must be >= 1")
-    workload = load_workload(trace, rate, duration, seed)
+    if max_requests < 1:
+        raise SpecError(f"--max-requests {max_requests}: must be >= 1")
+    workload, window = peak_window(load_workload(trace, rate, duration, seed), max_requests)
     common = dict(hardware=_names(hardware), prompt_hardware=_names(prompt_hardware), token_hardware=_names(token_hardware),
                   tp=tp, engine=engine, search=search.value, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
                   max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens,
@@ -294,7 +297,7 @@ def optimize(
     if objective is Objective.throughput:
         if no_split:
             raise SpecError("--objective throughput plans split pools; drop --no-split")
-        base = load_workload(trace, None, duration, seed)
+        base = peak_window(load_workload(trace, None, duration, seed), max_requests)[0]
 
         def workload_at(r):  # Poisson resample when --rate was given, else the trace's timestamps compressed
             if rate is not None:
@@ -314,6 +317,7 @@ def optimize(
         "token_hardware": _names(token_hardware), "tp": tp, "objective": objective.value, "engine": engine,
         "search": search.value, "max_cost_per_hour": max_cost_per_hour, "max_power_kw": max_power_kw,
         "max_machines": _limits(max_machines), "max_batch_tokens": max_batch_tokens, "split": not no_split,
+        "window": window,
     }
     simulated = None
     if validate:
@@ -420,6 +424,10 @@ def _render_plan(result, workload, simulated=None) -> None:
     alt_rows = [(report.plan_text(a), a.cost_usd_per_hour, a.power_kw, f"{a.cost_usd_per_hour / plan.cost_usd_per_hour - 1:+.0%}",
                  a.binding) for a in result.alternatives]
     con.print(report.table("Runner-up plans", ["plan", "$/h", "kW", "vs plan", "binding"], alt_rows))
+    if result.unservable:
+        u = result.unservable
+        con.print(f"[bold]warning:[/bold] {u['requests']:,} request(s) ({u['share_pct']:.2f} %, prompts of "
+                  f"{u['min_prompt_tokens']:,}-{u['max_prompt_tokens']:,} tokens) cannot be served: {u['reason']}.")
     skipped = sorted({f"{o.role} {o.inst.hardware.name} TP{o.inst.tp}: {o.skipped}" for o in result.options if o.skipped})
     if skipped:
         con.print(f"{len(skipped)} option(s) skipped; see candidates.csv (--output-dir) for the reasons.")
@@ -474,6 +482,7 @@ def simulate(
     max_batch_tokens: int = typer.Option(2048, "--max-batch-tokens", help="Prompt tokens per prefill batch."),
     routing: str = typer.Option("jsq", "--routing", help="jsq (join-shortest-queue on pending tokens) or round-robin."),
     borrow_threshold: Optional[int] = typer.Option(None, "--mixed-pool-threshold", help="Splitwise's mixed pool: prefill on a token machine when every prompt queue holds more than this many tokens."),
+    max_requests: int = typer.Option(1_000_000, "--max-requests", help="Longer traces are simulated on their busiest stretch of this many requests."),
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write requests.csv and summary.json here."),
 ) -> None:
@@ -492,13 +501,16 @@ def simulate(
     engine = engine or echo.get("engine") or api.DEFAULT_ENGINE
     if max_batch_tokens < 1:
         raise SpecError(f"--max-batch-tokens {max_batch_tokens}: must be >= 1")
-    workload = load_workload(trace, rate, duration, seed)
+    if max_requests < 1:
+        raise SpecError(f"--max-requests {max_requests}: must be >= 1")
+    workload, window = peak_window(load_workload(trace, rate, duration, seed), max_requests)
     sim = api.simulate(workload, pools, model, slo, engine, str(perf_db) if perf_db else None, max_batch_tokens,
                        routing, borrow_threshold)
     inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
               "seed": seed, "model": model, "slo": slo, "engine": engine, "perf_db": str(perf_db) if perf_db else None,
               "pools": [{"role": r, "hardware": h, "tp": t, "machines": m} for r, h, t, m in pools],
-              "routing": routing, "max_batch_tokens": max_batch_tokens, "mixed_pool_threshold": borrow_threshold}
+              "routing": routing, "max_batch_tokens": max_batch_tokens, "mixed_pool_threshold": borrow_threshold,
+              "window": window}
     document = {"schema_version": report.SCHEMA_VERSION, "inputs": inputs, "summary": sim.summary}
     if output_dir is not None:
         from splitplan.sim.metrics import requests_csv
@@ -806,4 +818,19 @@ def _calibration_plot(points, path: Path) -> None:
 
 
 def main() -> None:
-    app()
+    """The console script: like `app()`, but a usage error (a bad option value, an
+    unknown option) is one `error: ...` line too, with exit code 2."""
+    # typer ships click (or vendors it); its UsageError is a base of the public BadParameter.
+    usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+    try:
+        code = app(standalone_mode=False)
+    except usage_error as exc:
+        message = " ".join(exc.format_message().split())
+        if message:  # (no arguments at all: the help was shown, nothing to add)
+            where = f"splitplan {exc.ctx.info_name} --help" if exc.ctx and exc.ctx.parent else "splitplan --help"
+            typer.echo(f"error: {message} (see {where})", err=True)
+        sys.exit(2)
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("error: interrupted", err=True)
+        sys.exit(130)
+    sys.exit(code or 0)

@@ -113,6 +113,7 @@ def optimize_json(result, inputs: dict) -> dict:
     body = plan_json(result.plan)
     body["alternatives"] = [plan_json(a) for a in result.alternatives]
     body["split_saving_pct"] = result.split_saving_pct
+    body["unservable"] = result.unservable
     if result.max_rate_rps is not None:
         body["max_rate_rps"] = result.max_rate_rps
     return {"schema_version": SCHEMA_VERSION, "inputs": inputs, "plan": body}

@@ -258,3 +258,20 @@ def test_optimize_pareto_frontier_and_plot(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5000
     assert len((tmp_path / "o" / "pareto.csv").read_text().splitlines()) == len(front) + 1
     assert run("optimize", "--plot", str(png)).exit_code == 2  # --plot needs --pareto
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["perf", "--tp", "abc"], "error: Invalid value for '--tp'"),
+    (["perf", "--bogus"], "error: No such option: --bogus"),
+    (["nosuch"], "error: No such command 'nosuch'"),
+    (["compare"], "error: Missing option '--scenario'"),
+    (["optimize", "--rate", "0"], "error: --rate 0: must be > 0"),
+])
+def test_console_script_usage_errors_are_one_line(argv, needle, monkeypatch, capsys):
+    from splitplan.cli import main
+    monkeypatch.setattr("sys.argv", ["splitplan", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(needle), err

@@ -192,15 +192,32 @@ def colocated_pool(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_toke
     return {"ttft": ttft, "tbt": decode_s / o, "e2e": ttft + decode_s, "kv_peak_fraction": res.kv_peak_fraction}
 
 
-def smallest_count(check, lower: int = 1) -> int | None:
-    """Smallest n >= lower with check(n) true, assuming monotonicity; None past MAX_INSTANCES."""
-    lo, n = lower - 1, max(lower, 1)
-    while not check(n):
+def smallest_count(check, lower: int = 1, guess: int | None = None) -> int | None:
+    """Smallest n >= lower with check(n) true, assuming check is monotone in n;
+    None past MAX_INSTANCES. `lower` must be a true lower bound; `guess` only
+    says where to start: the search steps down (halving) or up (doubling) from it
+    until it brackets the answer, then bisects."""
+    n = min(max(lower, guess or lower, 1), MAX_INSTANCES)
+    if check(n):
+        hi, lo = n, lower - 1
+        while hi > lower:  # walk down until a count fails (or the lower bound is reached)
+            down = max((hi + lo) // 2 if lo >= lower else hi // 2, lower)
+            if down >= hi:
+                break
+            if check(down):
+                hi = down
+            else:
+                lo = down
+                break
+    else:
         lo = n
-        if n >= MAX_INSTANCES:
-            return None
-        n = min(n * 2, MAX_INSTANCES)
-    hi = n
+        while True:
+            if lo >= MAX_INSTANCES:
+                return None
+            hi = min(lo * 2, MAX_INSTANCES)
+            if check(hi):
+                break
+            lo = hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if check(mid):

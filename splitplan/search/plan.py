@@ -133,6 +133,13 @@ def _fails_alone(problem: Problem, role: str, inst: Instance) -> SloLine | None:
     return None
 
 
+def _busy_guess(inst: Instance, t: Trace) -> int:
+    """Where the count search starts: the instances the prefill work keeps busy on
+    average (a guess, not a bound: a short or bursty trace may need fewer or more)."""
+    work = float(np.sum(inst.prefill_time_s(t.prompt_tokens)))
+    return max(1, min(len(t), math.ceil(work / max(t.span_s, work, 1e-9))))
+
+
 def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> Option:
     """n*(o) for one option alone, and the line that decided it. `lower` is a known
     lower bound on n* (a co-located pool needs at least the prompt pool's count)."""
@@ -148,8 +155,6 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
         alone = _first_failing(problem, "ttft", inst.prefill_time_s(t.prompt_tokens))
         if alone is not None:
             return Option(role, inst, None, alone.label, f"{alone.label} not met even without queueing")
-        work = float(np.sum(inst.prefill_time_s(t.prompt_tokens)))
-        lower = max(lower, math.ceil(work / max(t.span_s, 1e-9) * 0.5))
     elif int(np.max(t.prompt_tokens + t.output_tokens)) > inst.fit.kv_capacity_tokens:
         return Option(role, inst, None, "KV memory", "the longest request's KV exceeds one instance's KV capacity")
     elif (alone := _fails_alone(problem, role, inst)) is not None:
@@ -171,9 +176,7 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
                 if line is not None:
                     return line
             return "KV memory" if values["kv_peak_fraction"] > 1 else None
-        work = float(np.sum(inst.prefill_time_s(t.prompt_tokens)))
-        lower = max(lower, math.ceil(work / max(t.span_s, 1e-9) * 0.5))
-    n = smallest_count(lambda k: failing(k) is None, lower)
+    n = smallest_count(lambda k: failing(k) is None, lower, _busy_guess(inst, t) if role != "token" else None)
     if n is None:
         return Option(role, inst, None, "", "SLO not met at any size")
     binding = failing(n - 1) if n > 1 else None

@@ -140,7 +140,24 @@ def load_model(name_or_path: str) -> ModelSpec:
     data = _canonical(read_mapping(path))
     stem = path.stem if path.stem != "config" else path.parent.name or "config"
     data.setdefault("name", stem)
+    _misspelt(path, data)
     return load_spec(ModelSpec, path, data)
+
+
+def _misspelt(path, data: dict) -> None:
+    """Unknown keys are ignored (a real config.json has dozens), but one that looks
+    like a key splitplan needs and lacks is a typo: say so."""
+    import difflib
+
+    from splitplan.errors import SpecError
+    fields = set(ModelSpec.model_fields) | set(_ALIASES)
+    missing = [f for f, info in ModelSpec.model_fields.items() if info.is_required() and f not in data]
+    for key in data:
+        if key in fields:
+            continue
+        close = difflib.get_close_matches(key, missing, n=1, cutoff=0.8)
+        if close:
+            raise SpecError(f"{path}: unknown key '{key}'; did you mean '{close[0]}'?")
 
 
 def model_catalog() -> list[ModelSpec]:

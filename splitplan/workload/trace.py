@@ -14,8 +14,7 @@ file and the line (1-based, header = line 1).
 from __future__ import annotations
 
 import gzip
-import io
-import json
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,91 +67,152 @@ def default_trace_path() -> Path:
     return data_dir("traces") / DEFAULT_TRACE
 
 
-def _read_bytes(path: Path) -> bytes:
+CHUNK_ROWS = 1_000_000  # rows parsed at a time: memory stays bounded on traces of millions of requests
+
+
+def _opener(path: Path):
+    """A function opening the (possibly gzip-compressed) file as a binary stream,
+    after checking it is a non-empty text file."""
     if not path.exists():
         raise TraceError(f"{path}: no such file; pass a trace CSV, JSONL or .gz")
     if path.is_dir():
         raise TraceError(f"{path}: is a directory; pass a trace file")
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise TraceError(f"{path}: corrupt gzip ({exc}); re-compress or pass the plain file") from None
-    if not data.strip():
-        raise TraceError(f"{path}: empty file; a trace needs a header and at least one request")
-    if b"\x00" in data[:4096]:
-        raise TraceError(f"{path}: binary data, not a CSV or JSONL trace")
-    return data
-
-
-def _frame(path: Path, data: bytes, columns: Columns | None) -> tuple[pd.DataFrame, Columns, bool]:
-    """Raw frame, its column mapping, and whether the time column is wall-clock text."""
-    text_start = data.lstrip()[:1]
-    if text_start in (b"{", b"["):
-        try:
-            frame = pd.read_json(io.BytesIO(data), lines=text_start == b"{", dtype=False)
-        except ValueError as exc:
-            raise TraceError(f"{path}: not valid JSON lines ({str(exc).splitlines()[0]})") from None
-        return frame, columns or MOONCAKE, False
+    with open(path, "rb") as raw:
+        gz = raw.read(2) == b"\x1f\x8b"
+    def open_stream():
+        return gzip.open(path, "rb") if gz else open(path, "rb")
     try:
-        frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, skipinitialspace=True)
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
-    if columns is None:
-        header = set(frame.columns)
-        for known in (AZURE, SPLITWISE):
-            if {known.time, known.prompt, known.output} <= header:
-                return frame, known, known is AZURE
-        columns = Columns()
-    return frame, columns, False
+        with open_stream() as stream:
+            head = stream.read(4096)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise TraceError(f"{path}: corrupt gzip ({exc}); re-compress or pass the plain file") from None
+    if not head.strip():
+        raise TraceError(f"{path}: empty file; a trace needs a header and at least one request")
+    if b"\x00" in head:
+        raise TraceError(f"{path}: binary data, not a CSV or JSONL trace")
+    return open_stream, head.lstrip()[:1] in (b"{", b"[")
 
 
-def _numeric(path: Path, frame: pd.DataFrame, name: str) -> np.ndarray:
-    values = pd.to_numeric(frame[name], errors="coerce").to_numpy(float)
+def _numbers(path: Path, series: pd.Series, name: str, first_line: int) -> np.ndarray:
+    """A column as floats; a cell that is not a finite number is an error naming its line."""
+    values = series.to_numpy(float) if pd.api.types.is_numeric_dtype(series) else \
+        pd.to_numeric(series, errors="coerce").to_numpy(float)
     bad = ~np.isfinite(values)
     if bad.any():
         row = int(np.argmax(bad))
-        raise TraceError(f"{path}: line {row + 2}: column {name} has '{frame[name].iloc[row]}', not a number; fix or remove the row")
+        raw = series.iloc[row]
+        text = "is empty or not a number" if raw is None or (isinstance(raw, float) and not np.isfinite(raw)) or \
+            str(raw).strip() == "" else f"has '{raw}', not a number"
+        raise TraceError(f"{path}: line {first_line + row}: column {name} {text}; fix or remove the row")
     return values
 
 
-def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
-    """Read a trace file; `columns` forces the generic CSV reader with those names."""
-    path = Path(path)
-    data = _read_bytes(path)
-    frame, cols, wall_clock = _frame(path, data, columns)
-    missing = [c for c in (cols.time, cols.prompt, cols.output) if c not in frame.columns]
+def _chunks(path: Path, columns: Columns | None):
+    """(column mapping, wall-clock?, first line number of the chunk's first row, frame) per chunk."""
+    open_stream, is_json = _opener(path)
+    try:
+        with open_stream() as stream:
+            if is_json:
+                cols, first = columns or MOONCAKE, 1
+                reader = pd.read_json(stream, lines=True, dtype=False, chunksize=CHUNK_ROWS)
+                for chunk in reader:
+                    _require(path, cols, chunk.columns)
+                    yield cols, False, first, chunk
+                    first += len(chunk)
+                return
+            header = pd.read_csv(stream, nrows=0, skipinitialspace=True).columns
+            cols, wall_clock = columns, False
+            if cols is None:
+                cols = next((k for k in (AZURE, SPLITWISE) if {k.time, k.prompt, k.output} <= set(header)), Columns())
+                wall_clock = cols is AZURE
+            _require(path, cols, header)
+        with open_stream() as stream:
+            first = 2
+            reader = pd.read_csv(stream, usecols=[cols.time, cols.prompt, cols.output], skipinitialspace=True,
+                                 chunksize=CHUNK_ROWS, dtype={cols.time: str} if wall_clock else None)
+            for chunk in reader:
+                yield cols, wall_clock, first, chunk
+                first += len(chunk)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
+        if isinstance(exc, TraceError):
+            raise
+        kind = "JSON lines" if is_json else "a readable CSV"
+        raise TraceError(f"{path}: not {kind} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    except (OSError, EOFError, zlib.error) as exc:
+        raise TraceError(f"{path}: cannot read ({exc})") from None
+
+
+def _require(path: Path, cols: Columns, found) -> None:
+    missing = [c for c in (cols.time, cols.prompt, cols.output) if c not in found]
     if missing:
-        found = ", ".join(map(str, frame.columns[:8]))
+        shown = ", ".join(map(str, list(found)[:8]))
         raise TraceError(
-            f"{path}: missing column(s) {', '.join(missing)} (found: {found}); expected an Azure, splitwise-sim "
+            f"{path}: missing column(s) {', '.join(missing)} (found: {shown}); expected an Azure, splitwise-sim "
             "or Mooncake trace, or name the columns with --time-column/--prompt-column/--output-column"
         )
-    if len(frame) == 0:
+
+
+def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
+    """Read a trace file; `columns` forces the generic CSV reader with those names.
+    Parsed CHUNK_ROWS rows at a time, so a trace of ten million requests needs
+    little more memory than its three numeric columns."""
+    path = Path(path)
+    arrivals, prompts, outputs = [], [], []
+    origin_ns = None
+    previous = None
+    for cols, wall_clock, first, chunk in _chunks(path, columns):
+        if chunk.empty:
+            continue
+        if wall_clock:
+            stamps = pd.to_datetime(chunk[cols.time], format="ISO8601", errors="coerce")
+            bad = stamps.isna().to_numpy()
+            if bad.any():
+                row = int(np.argmax(bad))
+                raise TraceError(f"{path}: line {first + row}: TIMESTAMP '{chunk[cols.time].iloc[row]}' is not a date-time")
+            ns = stamps.to_numpy("datetime64[ns]").astype(np.int64)
+            origin_ns = ns[0] if origin_ns is None else origin_ns
+            arrival = (ns - origin_ns) / 1e9
+        else:
+            arrival = _numbers(path, chunk[cols.time], cols.time, first) * cols.time_unit_s
+        prompt = _numbers(path, chunk[cols.prompt], cols.prompt, first)
+        output = _numbers(path, chunk[cols.output], cols.output, first)
+        for name, values in ((cols.prompt, prompt), (cols.output, output)):
+            bad = (values < 1) | (values != np.floor(values))
+            if bad.any():
+                row = int(np.argmax(bad))
+                raise TraceError(f"{path}: line {first + row}: column {name} is {values[row]:g}; "
+                                 "token counts must be whole numbers >= 1")
+        steps = np.diff(arrival, prepend=arrival[0] if previous is None else previous)
+        if (steps < 0).any():
+            row = int(np.argmax(steps < 0))
+            before = arrival[row - 1] if row else previous
+            raise TraceError(f"{path}: line {first + row}: arrival goes back in time ({arrival[row]:g} s after "
+                             f"{before:g} s); sort the trace by time")
+        previous = arrival[-1]
+        arrivals.append(arrival)
+        prompts.append(prompt.astype(np.int64))
+        outputs.append(output.astype(np.int64))
+    if not arrivals or sum(len(a) for a in arrivals) == 0:
         raise TraceError(f"{path}: header only, no requests")
-    if wall_clock:
-        stamps = pd.to_datetime(frame[cols.time], format="ISO8601", errors="coerce")
-        bad = stamps.isna().to_numpy()
-        if bad.any():
-            row = int(np.argmax(bad))
-            raise TraceError(f"{path}: line {row + 2}: TIMESTAMP '{frame[cols.time].iloc[row]}' is not a date-time")
-        arrival = (stamps - stamps.iloc[0]).dt.total_seconds().to_numpy(float)
-    else:
-        arrival = _numeric(path, frame, cols.time) * cols.time_unit_s
-    prompt = _numeric(path, frame, cols.prompt)
-    output = _numeric(path, frame, cols.output)
-    for name, values in ((cols.prompt, prompt), (cols.output, output)):
-        bad = (values < 1) | (values != np.floor(values))
-        if bad.any():
-            row = int(np.argmax(bad))
-            raise TraceError(f"{path}: line {row + 2}: column {name} is {values[row]:g}; token counts must be whole numbers >= 1")
-    back = np.diff(arrival) < 0
-    if back.any():
-        row = int(np.argmax(back)) + 1
-        raise TraceError(f"{path}: line {row + 2}: arrival goes back in time ({arrival[row]:g} s after {arrival[row - 1]:g} s); sort the trace by time")
-    arrival = arrival - arrival[0]
-    return Trace(arrival, prompt.astype(np.int64), output.astype(np.int64), str(path))
+    arrival = np.concatenate(arrivals)
+    return Trace(arrival - arrival[0], np.concatenate(prompts), np.concatenate(outputs), str(path))
+
+
+def peak_window(trace: Trace, max_requests: int) -> tuple[Trace, dict | None]:
+    """The busiest stretch of `max_requests` consecutive requests (the shortest
+    span), for traces too long to size or simulate whole; (trace, None) if it fits.
+    Percentiles over the peak are no better than over the whole trace, so a plan
+    sized on it is conservative."""
+    if len(trace) <= max_requests:
+        return trace, None
+    spans = trace.arrival_s[max_requests - 1:] - trace.arrival_s[: len(trace) - max_requests + 1]
+    start = int(np.argmin(spans))
+    stop = start + max_requests
+    window = Trace(trace.arrival_s[start:stop] - trace.arrival_s[start], trace.prompt_tokens[start:stop],
+                   trace.output_tokens[start:stop], f"{trace.source} (peak window of {max_requests:,} requests)")
+    info = {"requests": max_requests, "of": len(trace), "start_s": float(trace.arrival_s[start]),
+            "end_s": float(trace.arrival_s[stop - 1]), "rate_rps": window.mean_rate_rps}
+    return window, info
 
 
 def resample_poisson(trace: Trace, rate_rps: float, duration_s: float, rng: np.random.Generator) -> Trace:

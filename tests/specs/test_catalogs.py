@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -126,3 +127,23 @@ def test_engine_overrides_layer_by_hardware_tp_and_model():
 
 def test_catalog_names_are_file_stems():
     assert "llama2-70b" in catalog_names("model_specs")
+
+
+def test_misspelt_model_key_suggests(tmp_path):
+    path = _write(tmp_path, "m.yaml", "num_hiden_layers: 2\nhidden_size: 128\nnum_attention_heads: 4\n"
+                  "intermediate_size: 256\nvocab_size: 1000\nsome_other_hf_key: 3\n")
+    with pytest.raises(SpecError, match="unknown key 'num_hiden_layers'; did you mean 'num_hidden_layers'"):
+        load_model(path)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("description: x\nttft:\n  p100: {max_ms: 5}\n", "strictly between 0 and 100"),
+    ("description: x\nttft:\n  p99: {slowdown: 2}\n", "needs 'reference"),
+    ("description: x\nttft:\n  p99: {max_ms: 5, slowdown: 2}\n", "exactly one of max_ms or slowdown"),
+    ("description: x\nttft:\n  p99: {max_ms: -5}\n", "ttft.p99.max_ms"),
+    ("description: x\ntfft:\n  p99: {max_ms: 5}\n", "did you mean 'ttft'"),
+])
+def test_bad_slo_profiles(tmp_path, text, needle):
+    from splitplan.specs.slo import load_slo
+    with pytest.raises(SpecError, match=re.escape(needle)):
+        load_slo(_write(tmp_path, "s.yaml", text))

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from splitplan.errors import TraceError
-from splitplan.workload.trace import Columns, default_trace_path, load_trace, resample_poisson, summarize
+from splitplan.workload.trace import Columns, Trace, default_trace_path, load_trace, resample_poisson, summarize
 
 
 def _write(tmp_path, name, text, mode="w"):
@@ -50,11 +50,14 @@ def test_splitwise_generic_and_gzip(tmp_path):
     ("arrival_timestamp,prompt_size,token_size\n0,10,5\n1,0,5\n", "line 3: column prompt_size is 0"),
     ("arrival_timestamp,prompt_size,token_size\n0,10,-5\n", "line 2: column token_size is -5"),
     ("arrival_timestamp,prompt_size,token_size\n5,10,5\n1,10,5\n", "line 3: arrival goes back in time"),
-    ("arrival_timestamp,prompt_size,token_size\n0,,5\n", "line 2: column prompt_size has ''"),
+    ("arrival_timestamp,prompt_size,token_size\n0,,5\n", "line 2: column prompt_size is empty"),
     ("arrival_timestamp,prompt_size,token_size\n0,nan,5\n", "line 2"),
     ("arrival_timestamp,prompt_size,token_size\n", "header only"),
     ("", "empty file"),
     ("when,prompt,out\n0,1,1\n", "missing column"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,10,2\nyesterday,10,2\n", "line 3: TIMESTAMP 'yesterday'"),
+    ('{"timestamp": 0, "input_length": 5, "output_length": 2}\n{"timestamp": 1, "input_length": 0, "output_length": 2}\n',
+     "line 2: column input_length is 0"),
 ])
 def test_bad_traces_name_the_line(tmp_path, text, message):
     with pytest.raises(TraceError, match=message):
@@ -92,3 +95,23 @@ def test_parser_raises_only_trace_error_on_arbitrary_bytes(tmp_path_factory, dat
         load_trace(path)
     except TraceError:
         pass
+
+
+def test_chunked_reading_gives_the_same_trace_and_line_numbers(tmp_path, monkeypatch):
+    import importlib
+    trace_module = importlib.import_module("splitplan.workload.trace")
+    whole = load_trace(default_trace_path())
+    monkeypatch.setattr(trace_module, "CHUNK_ROWS", 1000)
+    chunked = load_trace(default_trace_path())
+    assert np.array_equal(whole.arrival_s, chunked.arrival_s) and np.array_equal(whole.prompt_tokens, chunked.prompt_tokens)
+    rows = "".join(f"{t},10,5\n" for t in [*range(1500), 1498.5, 1600])  # goes back at line 1502, in the 2nd chunk
+    with pytest.raises(TraceError, match="line 1502: arrival goes back in time"):
+        load_trace(_write(tmp_path, "x.csv", "arrival_timestamp,prompt_size,token_size\n" + rows))
+
+
+def test_peak_window_is_the_busiest_stretch():
+    from splitplan.workload.trace import peak_window
+    t = Trace(np.array([0.0, 10, 20, 20.5, 21, 40]), np.array([1] * 6), np.array([1] * 6), "t")
+    window, info = peak_window(t, 3)
+    assert window.arrival_s.tolist() == [0.0, 0.5, 1.0] and info["start_s"] == 20.0 and info["of"] == 6
+    assert peak_window(t, 10) == (t, None)
