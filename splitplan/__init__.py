@@ -27,7 +27,7 @@ from splitplan.api import (  # noqa: E402  (re-exported)
 )
 from splitplan.workload.trace import Trace, load_trace, resample_poisson  # noqa: E402
 
-__all__ = ["plan", "simulate", "compare", "sweep", "calibrate", "workload", "Trace", "load_trace", "resample_poisson",
+__all__ = ["plan", "simulate", "compare", "sweep", "calibrate", "plan_windows", "workload", "Trace", "load_trace", "resample_poisson",
            "OptimizeResult", "SimulateResult", "CompareResult", "SweepResult", "CalibrateResult"]
 
 
@@ -68,6 +68,13 @@ def sweep(rates: list[float], trace=None, **options) -> SweepResult:
     """A load sweep over `rates`; options as `splitplan.api.sweep` (designs or pools)."""
     from splitplan import api
     return api.sweep(workload(trace), list(rates), **options)
+
+
+def plan_windows(window_s: float, trace=None, model: str = "llama2-70b", slo: str = "splitwise", **options):
+    """A plan per `window_s`-second window of a timestamped trace (`WindowsResult`);
+    options as `splitplan.api.plan_windows` (jobs, executor, ray_address, and optimize's)."""
+    from splitplan import api
+    return api.plan_windows(workload(trace), window_s, model, slo, **options)
 
 
 def calibrate(perf_db: str, **options) -> CalibrateResult:

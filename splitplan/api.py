@@ -657,7 +657,8 @@ def compare(trace, designs: str, scenario: str, model: str = "llama2-70b", slo: 
             engine: str = DEFAULT_ENGINE, budget_machines: dict[str, int] | None = None,
             max_power_kw: float | None = None, max_cost_per_hour: float | None = None, rate: float | None = None,
             duration_s: float = 120.0, seed: int = 0, baseline: str | None = None, validate: bool = False,
-            perf_db: str | None = None, max_batch_tokens: int = 2048, jobs: int = 1, progress=None) -> CompareResult:
+            perf_db: str | None = None, max_batch_tokens: int = 2048, jobs: int = 1, progress=None,
+            executor: str = "local", ray_address: str | None = None) -> CompareResult:
     """Splitwise's provisioning study as one call: every design of `designs` in `scenario`.
 
     iso-power / iso-cost: the highest rate each design serves within the budget
@@ -666,7 +667,7 @@ def compare(trace, designs: str, scenario: str, model: str = "llama2-70b", slo: 
     the trace's sizes for `duration_s`. iso-throughput-cost / -power: the cheapest or
     lowest-power plan of each design at the trace's own rate (or its resample at `rate`).
     """
-    from splitplan.parallel import fork_map
+    from splitplan.parallel import run_units
     from splitplan.specs.design import load_designs
     from splitplan.workload.trace import resample_poisson
 
@@ -697,7 +698,8 @@ def compare(trace, designs: str, scenario: str, model: str = "llama2-70b", slo: 
     workload = resample_poisson(trace, rate, duration_s, np.random.default_rng(seed)) if rate else trace
     workload_at = functools.partial(_resampled, trace, duration_s, seed)
     shared = (scenario, workload, workload_at, base_rate, model, slo, kwargs, validate)
-    results = fork_map(_design_unit, list(spec.designs), jobs, shared, progress)
+    results = run_units(_design_unit, list(spec.designs), shared, jobs, executor, ray_address, progress,
+                        describe=lambda d: f"design {d.name}")
     return CompareResult(scenario, tuple(results), base_name, budget)
 
 
@@ -774,12 +776,13 @@ def report_predicted(plan) -> dict:
 def sweep(trace, rates: list[float], model: str = "llama2-70b", slo: str = "splitwise", designs: str | None = None,
           only: list[str] | None = None, pools: list[tuple[str, str, int, int]] | None = None,
           engine: str = DEFAULT_ENGINE, objective: str = "cost", duration_s: float = 120.0, seed: int = 0,
-          perf_db: str | None = None, max_batch_tokens: int = 2048, jobs: int = 1, progress=None) -> SweepResult:
+          perf_db: str | None = None, max_batch_tokens: int = 2048, jobs: int = 1, progress=None,
+          executor: str = "local", ray_address: str | None = None) -> SweepResult:
     """A load sweep. With `designs`: the cheapest (or lowest-power) plan of each design
     at each rate, with its predicted percentiles and cost per million tokens. With
     `pools`: one fixed plan simulated at each rate (latency against load). Every rate
     is a Poisson resample of the trace's sizes for `duration_s`."""
-    from splitplan.parallel import fork_map
+    from splitplan.parallel import run_units
     from splitplan.specs.design import load_designs
     if not rates or any(r <= 0 for r in rates):
         raise SpecError("--rates: give one or more rates > 0 (e.g. 5,10,20 or 5:80:16)")
@@ -796,5 +799,84 @@ def sweep(trace, rates: list[float], model: str = "llama2-70b", slo: str = "spli
         pool_specs(pools, model, engine, perf_db)  # validate before forking
         units = [("plan", None, r) for r in rates]
         mode = "plan"
-    rows = fork_map(_sweep_unit, units, jobs, (mode, trace, duration_s, seed, model, slo, kwargs, pools), progress)
+    rows = run_units(_sweep_unit, units, (mode, trace, duration_s, seed, model, slo, kwargs, pools), jobs, executor,
+                     ray_address, progress, describe=lambda u: f"{u[0]} at {u[2]:g} req/s")
     return SweepResult(tuple(rows), mode)
+
+
+# --- per-window planning and parallel validation ----------------------------------------
+
+@dataclass(frozen=True)
+class WindowsResult:
+    """One plan per window of a timestamped trace, and the plan for the peak window."""
+
+    window_s: float
+    rows: tuple  # dicts: window, start_s, end_s, requests, rate_rps, plan fields or error
+    plans: tuple  # Plan or None per window
+
+    @property
+    def peak(self) -> int | None:
+        costs = [p.cost_usd_per_hour if p else -1 for p in self.plans]
+        return int(np.argmax(costs)) if any(c >= 0 for c in costs) else None
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame(list(self.rows))
+
+    def to_json(self) -> dict:
+        from splitplan.report import SCHEMA_VERSION, plan_json
+        planned = [p.cost_usd_per_hour for p in self.plans if p]
+        peak = self.peak
+        return {"schema_version": SCHEMA_VERSION, "window_s": self.window_s, "windows": list(self.rows),
+                "peak_window": peak, "peak_plan": plan_json(self.plans[peak]) if peak is not None else None,
+                "mean_cost_usd_per_hour": float(np.mean(planned)) if planned else None}
+
+
+def _window_unit(shared, unit):
+    model, slo, options = shared
+    index, start_s, trace = unit
+    row = {"window": index, "start_s": start_s, "end_s": start_s + float(trace.arrival_s[-1]),
+           "requests": len(trace), "rate_rps": trace.mean_rate_rps if trace.span_s > 0 else None}
+    try:
+        plan = optimize(trace, model, slo, alternatives=0, with_colocated=False, **options).plan
+    except InfeasibleError as exc:
+        return {**row, "error": str(exc)}, None
+    return {**row, "prompt_pools": " + ".join(f"{p.machines}x {p.hardware}/tp{p.tp}" for p in plan.prompt_pools),
+            "token_pools": " + ".join(f"{p.machines}x {p.hardware}/tp{p.tp}" for p in plan.token_pools),
+            "machines": plan.machines, "cost_usd_per_hour": plan.cost_usd_per_hour, "power_kw": plan.power_kw,
+            "binding": plan.binding, "error": None}, plan
+
+
+def plan_windows(trace, window_s: float, model: str, slo: str, jobs: int = 1, executor: str = "local",
+                 ray_address: str | None = None, progress=None, **options) -> WindowsResult:
+    """Size each `window_s`-second window of a timestamped trace on its own (a work unit
+    each): how a cluster that follows the load compares with a static plan for the peak."""
+    from splitplan.parallel import run_units
+    from splitplan.workload.trace import Trace
+    if window_s <= 0:
+        raise SpecError(f"--window {window_s:g} s: must be > 0")
+    index = np.floor(trace.arrival_s / window_s).astype(np.int64)
+    units = []
+    for k in np.unique(index):
+        mask = index == k
+        arrival = trace.arrival_s[mask]
+        units.append((len(units), float(k * window_s), Trace(arrival - arrival[0], trace.prompt_tokens[mask],
+                                                               trace.output_tokens[mask], f"{trace.source} [window {k}]")))
+    outcomes = run_units(_window_unit, units, (model, slo, options), jobs, executor, ray_address, progress,
+                         describe=lambda u: f"window {u[0]} from {u[1]:g} s")
+    return WindowsResult(window_s, tuple(r for r, _ in outcomes), tuple(p for _, p in outcomes))
+
+
+def _simulate_unit(shared, pools):
+    trace, model, slo, engine, perf_db, max_batch_tokens = shared
+    summary = simulate(trace, pools, model, slo, engine, perf_db, max_batch_tokens).summary
+    return {"slo_met": all(x["met"] for x in summary["slo"]), **{k: summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms")}}
+
+
+def simulate_plans(plans, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
+                   max_batch_tokens: int = 2048, jobs: int = 1, executor: str = "local", ray_address: str | None = None,
+                   progress=None) -> list[dict]:
+    """Simulate several plans on the same trace (a work unit each)."""
+    from splitplan.parallel import run_units
+    return run_units(_simulate_unit, [plan_pools(p) for p in plans], (trace, model, slo, engine, perf_db, max_batch_tokens),
+                     jobs, executor, ray_address, progress, describe=lambda pools: f"plan {pools}")

@@ -53,6 +53,15 @@ class Search(str, Enum):
     grid = "grid"
 
 
+class Executor(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
+EXECUTOR_HELP = "Where work units run: local (forked processes, --jobs) or ray (--ray-address, or a local Ray instance)."
+RAY_HELP = "Ray cluster: auto (the running one) or ray://HOST:10001; without it a local instance is started and stopped."
+
+
 _DEBUG = {"on": False}
 
 
@@ -271,6 +280,9 @@ def optimize(
     validate: bool = typer.Option(False, "--validate", help="Simulate the plan; grow the binding pool until the simulation meets the SLO."),
     pareto: bool = typer.Option(False, "--pareto", help="Also find the cost-vs-power Pareto frontier across hardware mixes."),
     max_requests: int = typer.Option(100_000, "--max-requests", help="Longer traces are sized on their busiest stretch of this many requests."),
+    window: Optional[str] = typer.Option(None, "--window", help="Plan each window of the trace (e.g. 10m, 1h) and the peak one."),
+    executor: Executor = typer.Option(Executor.local, "--executor", help=EXECUTOR_HELP + " Used by --window and --validate."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help=RAY_HELP),
     plot: Optional[Path] = typer.Option(None, "--plot", help="With --pareto: the frontier (PNG; needs the plot extra)."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Plan from measured latencies (options without measurements are skipped)."),
     format: PlanFormat = typer.Option(PlanFormat.table, "--format", help="table, json or csv"),
@@ -283,11 +295,22 @@ def optimize(
         raise SpecError(f"--max-batch-tokens {max_batch_tokens}: must be >= 1")
     if max_requests < 1:
         raise SpecError(f"--max-requests {max_requests}: must be >= 1")
+    jobs_n = jobs if jobs > 0 else (os.cpu_count() or 1)
+    if window is not None:
+        if validate or pareto or no_split or objective is Objective.throughput:
+            raise SpecError("--window plans each window by cost or power; drop --validate/--pareto/--no-split/throughput")
+        _plan_windows(load_workload(trace, rate, duration, seed), parse_duration(window), model, slo, format, output_dir,
+                      dict(hardware=_names(hardware), prompt_hardware=_names(prompt_hardware),
+                           token_hardware=_names(token_hardware), tp=tp, engine=engine, search=search.value,
+                           objective=objective.value, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
+                           max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens,
+                           perf_db=str(perf_db) if perf_db else None), jobs_n, executor.value, ray_address)
+        return
     workload, window = peak_window(load_workload(trace, rate, duration, seed), max_requests)
     common = dict(hardware=_names(hardware), prompt_hardware=_names(prompt_hardware), token_hardware=_names(token_hardware),
                   tp=tp, engine=engine, search=search.value, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
                   max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens,
-                  jobs=jobs if jobs > 0 else (os.cpu_count() or 1), perf_db=str(perf_db) if perf_db else None)
+                  jobs=jobs_n, perf_db=str(perf_db) if perf_db else None)
     if plot is not None:
         if not pareto:
             raise SpecError("--plot draws the Pareto frontier: add --pareto")
@@ -319,9 +342,12 @@ def optimize(
         "max_machines": _limits(max_machines), "max_batch_tokens": max_batch_tokens, "split": not no_split,
         "window": window,
     }
-    simulated = None
+    simulated, runner_ups = None, None
     if validate:
-        with _progress("validating by simulation"):
+        with _progress("validating the runner-ups by simulation", total=len(result.alternatives)) as step:
+            runner_ups = api.simulate_plans(result.alternatives, workload, model, slo, engine, common["perf_db"],
+                                            max_batch_tokens, jobs_n, executor.value, ray_address, step)
+        with _progress("validating the plan by simulation"):
             plan, sim, added = api.validate(result.plan, workload, model, slo, engine, common["perf_db"], max_batch_tokens)
         result = dataclasses.replace(result, plan=plan)
         simulated = {**{k: sim.summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms", "slo")}, "machines_added": added}
@@ -329,6 +355,8 @@ def optimize(
     document = report.optimize_json(result, inputs)
     if simulated is not None:
         document["plan"]["simulated"] = simulated
+        for alternative, outcome in zip(document["plan"]["alternatives"], runner_ups):
+            alternative["simulated"] = outcome
     if pareto:
         document["pareto"] = [report.plan_json(p) for p in result.pareto]
     plans = [result.plan, *result.alternatives]
@@ -371,6 +399,45 @@ def _pareto_plot(result, path: Path) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     _save_figure(fig, path)
+
+
+def parse_duration(text: str) -> float:
+    """`90`, `90s`, `10m`, `1.5h` -> seconds."""
+    match = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$", text)
+    if not match or float(match.group(1)) <= 0:
+        raise SpecError(f"--window '{text}': give a duration like 600, 600s, 10m or 1h")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def _plan_windows(workload, window_s, model, slo, format, output_dir, options, jobs, executor, ray_address) -> None:
+    count = int(np.unique(np.floor(workload.arrival_s / window_s)).size)
+    with _progress("planning windows", total=count) as step:
+        result = api.plan_windows(workload, window_s, model, slo, jobs, executor, ray_address, step, **options)
+    document = result.to_json()
+    if output_dir is not None:
+        files = {"windows.csv": result.to_frame().to_csv(index=False, float_format="%.6g"), "windows.json": report.to_json(document)}
+        if result.peak is not None:
+            files["plan.json"] = report.to_json({"schema_version": report.SCHEMA_VERSION, "inputs": {"model": model, "slo": slo,
+                                                 "engine": options["engine"], "window": result.rows[result.peak]},
+                                                 "plan": report.plan_json(result.plans[result.peak])})
+        for name, text in files.items():
+            report.write_atomic(output_dir / name, text)
+    if format is PlanFormat.json:
+        _emit_json(document)
+        return
+    if format is PlanFormat.csv:
+        sys.stdout.write(result.to_frame().to_csv(index=False, float_format="%.6g"))
+        return
+    rows = [(r["window"], r["start_s"], r["requests"], r["rate_rps"], r.get("prompt_pools"), r.get("token_pools"),
+             r.get("cost_usd_per_hour"), r.get("error") or r.get("binding")) for r in result.rows]
+    con = report.console()
+    con.print(report.table(f"A plan per {window_s:g}-second window of {workload.source}",
+                           ["window", "start s", "requests", "req/s", "prompt", "token", "$/h", "binding / why not"], rows))
+    if result.peak is not None:
+        peak = result.plans[result.peak]
+        mean = document["mean_cost_usd_per_hour"]
+        con.print(f"Static plan for the peak window ({result.peak}): {report.plan_text(peak)} at ${peak.cost_usd_per_hour:,.2f}/h; "
+                  f"following the load averages ${mean:,.2f}/h ({(1 - mean / peak.cost_usd_per_hour) * 100:.0f} % less).")
 
 
 @contextlib.contextmanager
@@ -571,7 +638,9 @@ def compare(
     engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
     validate: bool = typer.Option(False, "--validate", help="Simulate each design's plan and report whether it holds."),
-    jobs: int = typer.Option(0, "--jobs", help="Processes, one design each (0: one per core)."),
+    jobs: int = typer.Option(0, "--jobs", help="Processes (or local Ray CPUs), one design each (0: one per core)."),
+    executor: Executor = typer.Option(Executor.local, "--executor", help=EXECUTOR_HELP),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help=RAY_HELP),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Bar chart of the designs (PNG; needs the plot extra)."),
     format: PlanFormat = typer.Option(PlanFormat.table, "--format", help="table, json or csv"),
 ) -> None:
@@ -586,7 +655,7 @@ def compare(
         result = api.compare(base, designs, scenario.value, model, slo, engine, _limits(budget_machines) or None,
                              max_power_kw, max_cost_per_hour, rate, duration, seed, baseline, validate,
                              str(perf_db) if perf_db else None, jobs=jobs if jobs > 0 else (os.cpu_count() or 1),
-                             progress=step)
+                             progress=step, executor=executor.value, ray_address=ray_address)
     document = result.to_json()
     if plot is not None:
         _compare_plot(result, plot)
@@ -668,7 +737,9 @@ def sweep(
     engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
     objective: Objective = typer.Option(Objective.cost, "--objective", help="Designs mode: minimize cost or power."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
-    jobs: int = typer.Option(0, "--jobs", help="Processes, one (design, rate) each (0: one per core)."),
+    jobs: int = typer.Option(0, "--jobs", help="Processes (or local Ray CPUs), one (design, rate) each (0: one per core)."),
+    executor: Executor = typer.Option(Executor.local, "--executor", help=EXECUTOR_HELP),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help=RAY_HELP),
     output: Optional[Path] = typer.Option(None, "--output", help="Write the CSV here instead of standard output."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Latency against load with the SLO lines (PNG)."),
 ) -> None:
@@ -695,7 +766,8 @@ def sweep(
     with _progress("sweep: (design, rate) units", total=units) as step:
         result = api.sweep(base, rate_list, model, slo, designs, design or None, pools or None, engine,
                            objective.value, duration, seed, str(perf_db) if perf_db else None,
-                           jobs=jobs if jobs > 0 else (os.cpu_count() or 1), progress=step)
+                           jobs=jobs if jobs > 0 else (os.cpu_count() or 1), progress=step,
+                           executor=executor.value, ray_address=ray_address)
     text = result.to_frame().to_csv(index=False, float_format="%.6g")
     if plot is not None:
         _sweep_plot(result, slo, plot)

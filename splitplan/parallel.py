@@ -1,44 +1,139 @@
-"""Run independent work units on this machine's cores, results in input order.
+"""Run independent work units, on this machine's cores or on a Ray cluster.
 
-Units are `fn(shared, item)`; `shared` (a large read-only input such as a trace)
-is handed to forked workers through process memory instead of being pickled per
-unit. Where fork is unavailable, or `jobs <= 1`, units run in this process. The
-output never depends on `jobs`.
+A work unit is `fn(shared, item)`: a module-level (importable, picklable) function,
+one large read-only input shared by all units (a trace, options), and the unit's
+own small input (a design, a rate, a window; seeds travel inside). Results come
+back in input order whichever executor ran them, so a study's output does not
+depend on where it ran.
+
+- local: forked worker processes (`jobs`), `shared` inherited through process
+  memory; `jobs <= 1` runs in this process.
+- ray: `ray_address` "auto" (a running cluster), an address ("ray://host:10001"),
+  or None to start a local Ray instance for the call (`jobs` CPUs) and stop it
+  after; `shared` is put in the object store once.
+
+A unit that fails raises `WorkUnitError` naming the unit (no hang); a user error
+(`SplitplanError`) inside a unit keeps its kind and exit code, prefixed with the unit.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import traceback
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Sequence
 
+from splitplan.errors import SpecError, SplitplanError
+
+EXECUTORS = ("local", "ray")
 _SHARED: tuple | None = None  # (fn, shared), set just before the workers fork
+
+
+class WorkUnitError(SplitplanError):
+    """A work unit failed for a reason other than bad input."""
+
+    exit_code = 1
+
+
+def _guarded(fn, shared, item):
+    """Run one unit; failures come back as values so that no executor hangs or loses them."""
+    try:
+        return True, fn(shared, item)
+    except SplitplanError as exc:
+        return False, (type(exc), str(exc), "")
+    except Exception as exc:  # noqa: BLE001 - reported with its unit and traceback, then raised
+        return False, (None, f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=4))
 
 
 def _run(item):
     fn, shared = _SHARED
-    return fn(shared, item)
+    return _guarded(fn, shared, item)
+
+
+def _unwrap(outcome, index: int, total: int, items: Sequence, describe: Callable[[Any], str]):
+    ok, value = outcome
+    if ok:
+        return value
+    kind, message, trace = value
+    where = f"work unit {index + 1} of {total} ({describe(items[index])})"
+    if kind is not None:
+        raise kind(f"{where}: {message}")
+    raise WorkUnitError(f"{where} failed: {message}" + (f"\n{trace}" if trace else ""))
+
+
+def run_units(fn: Callable[[Any, Any], Any], items: Sequence, shared: Any = None, jobs: int = 1,
+              executor: str = "local", ray_address: str | None = None, progress: Callable[[], None] | None = None,
+              describe: Callable[[Any], str] = repr) -> list:
+    """`[fn(shared, item) for item in items]` on the chosen executor, results in input order;
+    `progress()` is called as each unit finishes."""
+    if executor not in EXECUTORS:
+        raise SpecError(f"--executor {executor}: choose local or ray")
+    tick = progress or (lambda: None)
+    if executor == "ray":
+        outcomes = _ray_map(fn, items, shared, jobs, ray_address, tick)
+    else:
+        outcomes = _local_map(fn, items, shared, jobs, tick)
+    return [_unwrap(o, k, len(items), items, describe) for k, o in enumerate(outcomes)]
 
 
 def fork_map(fn: Callable[[Any, Any], Any], items: Sequence, jobs: int, shared: Any = None,
              progress: Callable[[], None] | None = None) -> list:
-    """`[fn(shared, item) for item in items]`, in `jobs` processes; `progress()` is
-    called as each unit's result is collected."""
+    """`run_units` on this machine (kept for the internal callers)."""
+    return run_units(fn, items, shared, jobs, "local", progress=progress)
+
+
+def _local_map(fn, items, shared, jobs, tick) -> list:
     global _SHARED
-    tick = progress or (lambda: None)
     if jobs <= 1 or len(items) < 2 or "fork" not in multiprocessing.get_all_start_methods():
         out = []
         for item in items:
-            out.append(fn(shared, item))
+            out.append(_guarded(fn, shared, item))
             tick()
         return out
     _SHARED = (fn, shared)
     try:
         with ProcessPoolExecutor(min(jobs, len(items)), mp_context=multiprocessing.get_context("fork")) as pool:
             out = []
-            for result in pool.map(_run, items):
-                out.append(result)
+            for outcome in pool.map(_run, items):
+                out.append(outcome)
                 tick()
             return out
     finally:
         _SHARED = None
+
+
+def _ray_map(fn, items, shared, jobs, address, tick) -> list:
+    try:
+        import ray
+    except ImportError:
+        raise SpecError("--executor ray needs Ray: pip install '.[ray]' (or pip install 'ray>=2.9')") from None
+    started = not ray.is_initialized()
+    if started:
+        options = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            if address:
+                ray.init(address=address, **options)
+            else:
+                ray.init(num_cpus=max(jobs, 1), **options)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = f"--ray-address {address}" if address else "a local Ray instance"
+            raise SpecError(f"cannot start or reach {where}: {str(exc).splitlines()[0]}; start a cluster with "
+                            "'ray start --head', or drop --ray-address to run a local instance") from None
+    try:
+        remote = ray.remote(_guarded)
+        shared_ref = ray.put(shared)
+        futures = [remote.remote(fn, shared_ref, item) for item in items]
+        pending = list(futures)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            tick()
+        out = []
+        for k, future in enumerate(futures):
+            try:
+                out.append(ray.get(future))
+            except Exception as exc:  # noqa: BLE001 - a worker that died: report the unit
+                out.append((False, (None, f"the Ray worker failed: {type(exc).__name__}: {exc}", "")))
+        return out
+    finally:
+        if started:
+            ray.shutdown()

@@ -1,0 +1,72 @@
+"""Executors: the same study gives the same JSON on local processes and on Ray;
+a failing unit is named, never a hang; Ray missing is a clean exit 2."""
+
+import json
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from splitplan import api
+from splitplan.cli import app
+from splitplan.errors import SpecError
+from splitplan.parallel import WorkUnitError, run_units
+from splitplan.workload.trace import default_trace_path, load_trace
+
+ray = pytest.importorskip("ray")
+TRACE = load_trace(default_trace_path())
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def test_compare_and_sweep_same_json_on_ray_and_local(local_ray):
+    runner = CliRunner()
+    compare = ["compare", "--scenario", "iso-throughput-cost", "--rate", "6", "--duration", "30", "--format", "json"]
+    local = runner.invoke(app, compare + ["--executor", "local", "--jobs", "2"])
+    remote = runner.invoke(app, compare + ["--executor", "ray"])
+    assert local.exit_code == 0 and remote.exit_code == 0, remote.output
+    assert json.loads(local.stdout) == json.loads(remote.stdout)
+    sweep = ["sweep", "--rates", "2,6", "--designs", "splitwise-designs", "--design", "Splitwise-HA", "--duration", "30"]
+    assert runner.invoke(app, sweep + ["--executor", "local"]).stdout == runner.invoke(app, sweep + ["--executor", "ray"]).stdout
+
+
+def test_windows_same_on_ray_and_local(local_ray):
+    options = dict(hardware=["h100-80gb"], tp=8)
+    a = api.plan_windows(TRACE, 1200, "llama2-70b", "splitwise", jobs=2, **options).to_json()
+    b = api.plan_windows(TRACE, 1200, "llama2-70b", "splitwise", executor="ray", **options).to_json()
+    assert a == b and len(a["windows"]) == 3
+
+
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_failing_unit_is_named(executor, local_ray):
+    good = [("prompt", "h100-80gb", 8, 1), ("token", "h100-80gb", 8, 1)]
+    shared = (TRACE, "llama2-70b", "splitwise", "lean", None, 2048)
+    with pytest.raises(WorkUnitError, match=r"work unit 2 of 2 \(plan None\) failed: TypeError"):
+        run_units(api._simulate_unit, [good, None], shared, jobs=2, executor=executor,
+                  describe=lambda pools: f"plan {pools!r}")
+
+
+def test_user_errors_in_units_keep_their_kind():
+    shared = (TRACE, "llama2-70b", "splitwise", "lean", None, 2048)
+    with pytest.raises(SpecError, match=r"work unit 1 of 1 .*unknown hardware 'h100'"):
+        run_units(api._simulate_unit, [[("prompt", "h100", 8, 1), ("token", "h100-80gb", 8, 1)]], shared)
+
+
+def test_missing_ray_exits_2_with_install_hint(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    result = CliRunner().invoke(app, ["compare", "--scenario", "iso-throughput-cost", "--rate", "3", "--duration", "20",
+                                      "--executor", "ray"])
+    assert result.exit_code == 2 and "pip install '.[ray]'" in result.stderr
+
+
+def test_unreachable_ray_cluster_is_a_clean_error():
+    if ray.is_initialized():
+        ray.shutdown()
+    result = CliRunner().invoke(app, ["compare", "--scenario", "iso-throughput-cost", "--rate", "3", "--duration", "20",
+                                      "--executor", "ray", "--ray-address", "auto"])
+    assert result.exit_code == 2 and "cannot start or reach --ray-address auto" in result.stderr, result.output
