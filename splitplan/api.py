@@ -12,11 +12,17 @@ import functools
 import numpy as np
 from dataclasses import asdict, dataclass
 
+from typing import TYPE_CHECKING
+
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.perf.roofline import Instance
 from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.hardware import HardwareSpec, load_hardware
 from splitplan.specs.model import ModelSpec, load_model
+
+if TYPE_CHECKING:
+    from splitplan.search.plan import Plan
+    from splitplan.sim.cluster import SimResult
 
 DEFAULT_ENGINE = "lean"
 
@@ -765,12 +771,7 @@ def _sweep_unit(shared, unit):
                           alternatives=0, with_colocated=False, **kwargs)
     except InfeasibleError as exc:
         return _sweep_row(name, rate, None, {}, trace, False, str(exc))
-    metrics = {m[:-3]: v for m, v in report_predicted(result.plan).items()}
-    return _sweep_row(name, rate, result.plan, metrics, trace, all(ok for _, _, ok in result.plan.slo))
-
-
-def report_predicted(plan) -> dict:
-    return {f"{m}_ms": v for m, v in plan.predicted.items()}
+    return _sweep_row(name, rate, result.plan, result.plan.predicted, trace, all(ok for _, _, ok in result.plan.slo))
 
 
 def sweep(trace, rates: list[float], model: str = "llama2-70b", slo: str = "splitwise", designs: str | None = None,

@@ -128,7 +128,7 @@ def _ray_map(fn, items, shared, jobs, address, tick) -> list:
             done, pending = ray.wait(pending, num_returns=1)
             tick()
         out = []
-        for k, future in enumerate(futures):
+        for future in futures:
             try:
                 out.append(ray.get(future))
             except Exception as exc:  # noqa: BLE001 - a worker that died: report the unit

@@ -84,8 +84,23 @@ class Fit:
     kv_capacity_tokens: int
 
 
+class PassShortcuts:
+    """Single-prompt prefill and uniform decode steps, in terms of `pass_time_s`
+    (shared by the analytic and the measured instance)."""
+
+    def prefill_time_s(self, prompt_tokens):
+        """One prompt per element of `prompt_tokens`, each prefilled alone."""
+        tokens = np.asarray(prompt_tokens, float)
+        return self.pass_time_s(1, tokens, tokens**2)
+
+    def decode_step_time_s(self, batch, context_tokens_per_request):
+        """One decode iteration of `batch` requests each holding that many context tokens."""
+        b = np.asarray(batch, float)
+        return self.pass_time_s(decode_seqs=b, decode_context_tokens=b * np.asarray(context_tokens_per_request, float))
+
+
 @dataclass(frozen=True)
-class Instance:
+class Instance(PassShortcuts):
     """One model instance: (model, machine type, TP degree) under an engine profile."""
 
     model: ModelSpec
@@ -221,16 +236,6 @@ class Instance:
         wait_s = max(c.host_s - gpu_s, 0.0)
         per_token = c.L * max(4 * c.q_dim_gpu / (c.peak * c.eff), 2 * c.kv_dim_gpu * c.bpe / c.bw)
         return compute_s + memory_s + network_s + overhead_s - wait_s, per_token, c.host_s - gpu_s
-
-    def prefill_time_s(self, prompt_tokens):
-        """One prompt per element of `prompt_tokens`, each prefilled alone."""
-        tokens = np.asarray(prompt_tokens, float)
-        return self.pass_time_s(1, tokens, tokens**2)
-
-    def decode_step_time_s(self, batch, context_tokens_per_request):
-        """One decode iteration of `batch` requests each holding that many context tokens."""
-        b = np.asarray(batch, float)
-        return self.pass_time_s(decode_seqs=b, decode_context_tokens=b * np.asarray(context_tokens_per_request, float))
 
     def explain(self, prompt_tokens: list[int] | None = None, decode_batch: int = 0, decode_context_tokens: int = 0) -> Latency:
         """A scalar pass with its breakdown: a batch of prompts, or a decode batch, or both."""

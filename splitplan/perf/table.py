@@ -26,7 +26,7 @@ import pandas as pd
 
 from splitplan.errors import SpecError
 from splitplan.perf.measurements import read_measurements
-from splitplan.perf.roofline import Fit, Instance, Latency
+from splitplan.perf.roofline import Fit, Instance, Latency, PassShortcuts
 
 
 def _interp(x, xs: np.ndarray, ys: np.ndarray):
@@ -41,7 +41,7 @@ def _interp(x, xs: np.ndarray, ys: np.ndarray):
     return np.maximum(y, 0.0), lo | hi
 
 
-class MeasuredInstance:
+class MeasuredInstance(PassShortcuts):
     """Quacks like `Instance` for the simulator, sizing and `perf`."""
 
     decode_line = None  # a table is not linear in context: the simulator calls pass_time_s
@@ -120,14 +120,6 @@ class MeasuredInstance:
         if (~has_prefill).any():
             out[~has_prefill] = self._decode(dec[~has_prefill], ctx[~has_prefill])
         return float(out) if out.ndim == 0 else out
-
-    def prefill_time_s(self, prompt_tokens):
-        tokens = np.asarray(prompt_tokens, float)
-        return self.pass_time_s(1, tokens, tokens**2)
-
-    def decode_step_time_s(self, batch, context_tokens_per_request):
-        b = np.asarray(batch, float)
-        return self.pass_time_s(decode_seqs=b, decode_context_tokens=b * np.asarray(context_tokens_per_request, float))
 
     def explain(self, prompt_tokens=None, decode_batch: int = 0, decode_context_tokens: int = 0) -> Latency:
         before = sum(self.extrapolated.values())

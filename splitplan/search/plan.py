@@ -330,7 +330,7 @@ def repair(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Opti
     what = failed[0][0].label if failed else "KV memory"
     raise InfeasibleError(f"no plan found that meets {what}: adding machines of any option stopped improving it "
                           f"(best {failed[0][1]:.3g}, target {failed[0][0].target})" if failed else
-                          f"no plan found that fits the decode KV cache")
+                          "no plan found that fits the decode KV cache")
 
 
 def _repair_moves(counts: dict, options: dict, roles: tuple, weight, extra: int = 3) -> list[Option]:

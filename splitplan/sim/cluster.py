@@ -136,7 +136,6 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
     token_side = [i for i in insts if i.role in (TOKEN, MIXED)]
     if not prompt_side or not token_side:
         raise ValueError("a cluster needs prompt and token instances, or mixed ones")
-    split = any(i.role == PROMPT for i in insts)
     single = {k: pool.perf.prefill_time_s(trace.prompt_tokens).tolist() for k, pool in enumerate(pools)}
     lines: dict[int, dict[int, tuple]] = {k: {} for k in range(len(pools))}  # decode steps per batch size
     linear = {k: callable(getattr(pool.perf, "decode_line", None)) for k, pool in enumerate(pools)}

@@ -75,3 +75,14 @@ def load_spec(model: type[M], path: Path, data: dict[str, Any] | None = None) ->
         return model.model_validate(raw)
     except ValidationError as exc:
         raise SpecError(f"{path}: {validation_message(model, exc)}") from None
+
+
+def load_named(model: type[M], kind: str, name_or_path: str, what: str) -> tuple[M, Path]:
+    """A catalog entry (by name, from the `kind` folder) or a user file (by path),
+    named after its file unless it names itself; returns the spec and its path."""
+    from splitplan.specs.catalog import resolve
+
+    path = resolve(kind, name_or_path, what)
+    data = read_mapping(path)
+    data.setdefault("name", path.stem)
+    return load_spec(model, path, data), path

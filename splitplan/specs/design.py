@@ -13,8 +13,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from splitplan.errors import SpecError
-from splitplan.specs._load import load_spec, read_mapping
-from splitplan.specs.catalog import resolve
+from splitplan.specs._load import load_named
 from splitplan.specs.hardware import load_hardware
 
 
@@ -65,10 +64,7 @@ class Designs(BaseModel):
 
 @functools.lru_cache(maxsize=64)
 def load_designs(name_or_path: str) -> Designs:
-    path = resolve("designs", name_or_path, "designs")
-    data = read_mapping(path)
-    data.setdefault("name", path.stem)
-    designs = load_spec(Designs, path, data)
+    designs, path = load_named(Designs, "designs", name_or_path, "designs")
     for d in designs.designs:
         for hw in d.hardware:
             try:

@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from splitplan.specs._load import load_spec, read_mapping
-from splitplan.specs.catalog import catalog_names, resolve
+from splitplan.specs._load import load_named
+from splitplan.specs.catalog import catalog_names
 
 Frac = Annotated[float, Field(gt=0, le=1)]
 Secs = Annotated[float, Field(ge=0, le=10)]
@@ -85,10 +85,7 @@ class EngineProfile(BaseModel):
 
 @functools.lru_cache(maxsize=256)
 def load_engine(name_or_path: str) -> EngineProfile:
-    path = resolve("engine_profiles", name_or_path, "engine profile")
-    data = read_mapping(path)
-    data.setdefault("name", path.stem)
-    return load_spec(EngineProfile, path, data)
+    return load_named(EngineProfile, "engine_profiles", name_or_path, "engine profile")[0]
 
 
 def engine_catalog() -> list[EngineProfile]:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import functools
 
-from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from splitplan.specs._load import load_spec, read_mapping
-from splitplan.specs.catalog import catalog_names, resolve
+from splitplan.specs._load import load_named
+from splitplan.specs.catalog import catalog_names
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
 
@@ -99,10 +98,7 @@ class HardwareSpec(BaseModel):
 
 @functools.lru_cache(maxsize=256)
 def load_hardware(name_or_path: str) -> HardwareSpec:
-    path = resolve("hardware_specs", name_or_path, "hardware")
-    data = read_mapping(path)
-    data.setdefault("name", path.stem)
-    return load_spec(HardwareSpec, path, data)
+    return load_named(HardwareSpec, "hardware_specs", name_or_path, "hardware")[0]
 
 
 def hardware_catalog() -> list[HardwareSpec]:

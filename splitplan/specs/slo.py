@@ -13,8 +13,8 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from splitplan.errors import SpecError
-from splitplan.specs._load import load_spec, read_mapping
-from splitplan.specs.catalog import catalog_names, resolve
+from splitplan.specs._load import load_named
+from splitplan.specs.catalog import catalog_names
 
 _PCT = re.compile(r"^p(\d+(?:\.\d+)?)$")
 METRICS = ("ttft", "tbt", "e2e")
@@ -86,10 +86,7 @@ class SloLine:
 
 @functools.lru_cache(maxsize=256)
 def load_slo(name_or_path: str) -> SloProfile:
-    path = resolve("slo_profiles", name_or_path, "SLO profile")
-    data = read_mapping(path)
-    data.setdefault("name", path.stem)
-    profile = load_spec(SloProfile, path, data)
+    profile, path = load_named(SloProfile, "slo_profiles", name_or_path, "SLO profile")
     if profile.reference is not None:
         from splitplan.specs.hardware import load_hardware
 

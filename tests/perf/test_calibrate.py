@@ -20,7 +20,7 @@ def _synthetic_csv(tmp_path, engine="lean", noise=0.0, seed=0):
     inst = api.instance("llama2-70b", "h100-80gb", 4, engine)
     rng = np.random.default_rng(seed)
     rows = []
-    for repeat in range(3):
+    for _repeat in range(3):
         for t in (128, 256, 512, 1024, 2048, 4096):
             rows.append(("h100-80gb", "llama2-70b", 4, "prefill", 1, t, 0, float(inst.prefill_time_s(t)) * 1e3))
         for b in (1, 4, 16, 64):

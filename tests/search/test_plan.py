@@ -11,8 +11,7 @@ from splitplan.search.plan import Option, Problem, solve_counts
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
-from splitplan.specs.slo import load_slo
-from splitplan.workload.trace import Trace, default_trace_path, load_trace, resample_poisson
+from splitplan.workload.trace import default_trace_path, load_trace, resample_poisson
 
 MODEL, ENGINE = load_model("llama2-70b"), load_engine("lean")
 CHOICES = [("a100-80gb", 8), ("h100-80gb", 4), ("h100-80gb", 8), ("mi300x-192gb", 2), ("h200-141gb", 4)]

@@ -55,7 +55,7 @@ def test_deterministic_byte_identical(tmp_path):
     args = ["simulate", "--prompt-pool", "h100-80gb:8:2", "--token-pool", "h100-80gb:8:1", "--rate", "8", "--duration", "30"]
     a = CliRunner().invoke(app, args + ["--output-dir", str(tmp_path / "a")])
     b = CliRunner().invoke(app, args + ["--output-dir", str(tmp_path / "b")])
-    assert a.exit_code == 0, a.output
+    assert a.exit_code == 0 and b.exit_code == 0, a.output
     for name in ("requests.csv", "summary.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
