@@ -471,6 +471,15 @@ def simulate(trace, pools: list[tuple[str, str, int, int]], model: str, slo: str
     return SimulateResult(result, summarize_result(result, specs, profile, reference), tuple(specs))
 
 
+def plan_from_pools(pools: list[tuple[str, str, int, int]], **fields) -> "Plan":
+    """A Plan holding these (role, hardware, tp, machines) pools, priced from the catalog."""
+    from splitplan.search.plan import Plan, Pool
+    by_role = {role: tuple(Pool(h, t, m) for r, h, t, m in pools if r == role) for role in ("prompt", "token", "mixed")}
+    cost = sum(load_hardware(h).price_usd_per_hour * m for _, h, _, m in pools)
+    power = sum(load_hardware(h).provisioned_power_w / 1e3 * m for _, h, _, m in pools)
+    return Plan(by_role["prompt"], by_role["token"], by_role["mixed"], cost, power, **fields)
+
+
 def plan_pools(plan) -> list[tuple[str, str, int, int]]:
     return ([("prompt", p.hardware, p.tp, p.machines) for p in plan.prompt_pools]
             + [("token", p.hardware, p.tp, p.machines) for p in plan.token_pools]
@@ -483,7 +492,6 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
     TBT: token; E2E: the side with the larger median share; co-located: the mixed
     pool) by one machine of its cheapest-per-capacity type and simulate again.
     Returns (plan, SimulateResult, machines added)."""
-    from splitplan.search.plan import Pool
     pools = [list(p) for p in plan_pools(plan)]
     for added in range(limit + 1):
         sim = simulate(trace, [tuple(p) for p in pools], model, slo, engine, perf_db, max_batch_tokens)
@@ -505,13 +513,8 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
         grow = min((p for p in pools if p[0] == role), key=lambda p: (load_hardware(p[1]).price_usd_per_hour / p[2], p[1]))
         grow[3] += 1
     if added:
-        from dataclasses import replace
-        by_role = {role: tuple(Pool(h, t, m) for r_, h, t, m in pools if r_ == role) for role in ("prompt", "token", "mixed")}
-        cost = sum(load_hardware(h).price_usd_per_hour * m for _, h, _, m in pools)
-        power = sum(load_hardware(h).provisioned_power_w / 1e3 * m for _, h, _, m in pools)
-        plan = replace(plan, prompt_pools=by_role["prompt"], token_pools=by_role["token"], mixed_pools=by_role["mixed"],
-                       cost_usd_per_hour=cost, power_kw=power,
-                       binding=f"{plan.binding}; simulation: {added} machine(s) added")
+        plan = plan_from_pools([tuple(p) for p in pools], predicted=plan.predicted, slo=plan.slo, repairs=plan.repairs,
+                               binding=f"{plan.binding}; simulation: {added} machine(s) added")
     return plan, sim, added
 
 
@@ -757,12 +760,7 @@ def _sweep_unit(shared, unit):
     if mode == "plan":
         sim = simulate(trace, pools, model, slo, kwargs.get("engine", DEFAULT_ENGINE), kwargs.get("perf_db"),
                        kwargs.get("max_batch_tokens", 2048))
-        from splitplan.search.plan import Plan, Pool
-        plan = Plan(tuple(Pool(h, t, m) for r, h, t, m in pools if r == "prompt"),
-                    tuple(Pool(h, t, m) for r, h, t, m in pools if r == "token"),
-                    tuple(Pool(h, t, m) for r, h, t, m in pools if r == "mixed"),
-                    sum(load_hardware(h).price_usd_per_hour * m for _, h, _, m in pools),
-                    sum(load_hardware(h).provisioned_power_w / 1e3 * m for _, h, _, m in pools))
+        plan = plan_from_pools(pools)
         metrics = {m: sim.summary[f"{m}_ms"] for m in ("ttft", "tbt", "e2e")}
         return _sweep_row(name, rate, plan, metrics, trace, all(x["met"] for x in sim.summary["slo"]))
     try:

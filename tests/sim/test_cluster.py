@@ -109,3 +109,12 @@ def test_measured_table_matches_its_points_and_reports_extrapolation(shared_data
                      [("prompt", "a100-80gb", 8, 2), ("token", "a100-80gb", 8, 1)], "llama2-70b", "splitwise",
                      perf_db=str(shared_data / "perf" / "splitwise_perf_model.csv"))
     assert "extrapolated_pct" in r.summary and 0 <= r.summary["extrapolated_pct"]["prefill"] <= 100
+
+
+def test_validate_grows_an_undersized_plan_until_the_simulation_meets_the_slo():
+    trace = resample_poisson(load_trace(default_trace_path()), 15.0, 60.0, np.random.default_rng(0))
+    small = api.plan_from_pools([("prompt", "h100-80gb", 8, 1), ("token", "h100-80gb", 8, 1)], binding="given")
+    grown, sim, added = api.validate(small, trace, "llama2-70b", "chat")
+    assert added > 0 and grown.machines == 2 + added and "simulation: " in grown.binding
+    assert grown.cost_usd_per_hour == pytest.approx(38.0 * grown.machines)
+    assert all(line["met"] for line in sim.summary["slo"])
