@@ -265,7 +265,43 @@ def _pareto(problem, options, seeds: list) -> tuple:
             break
         cap = next_cap
     unique = {(p.prompt_pools, p.token_pools, p.mixed_pools): p for p in plans}
-    return tuple(frontier(list(unique.values())))
+    return tuple(_replace(p, max_rate_rps=_plan_max_rate(problem, p, by_key)) for p in frontier(list(unique.values())))
+
+
+def _plan_max_rate(problem, plan, by_key) -> float | None:
+    """The highest request rate these machines serve under the SLO: the trace's
+    timestamps compressed (or stretched), bisected to 2 %, each rate checked with the
+    whole-trace evaluation the plans were verified with."""
+    from dataclasses import replace as _replace
+
+    from splitplan.search.plan import check, evaluate
+
+    trace = problem.trace
+    if trace.span_s <= 0 or plan.mixed_pools:
+        return None
+    counts = {(role, p.hardware, p.tp): p.machines for role, pools in (("prompt", plan.prompt_pools), ("token", plan.token_pools))
+              for p in pools}
+    if any(key not in by_key for key in counts):
+        return None
+    base = trace.mean_rate_rps
+
+    def serves(rate):
+        scaled = _replace(problem, trace=_replace(trace, arrival_s=trace.arrival_s * (base / rate)))
+        values = evaluate(scaled, counts, by_key)
+        return values["kv_peak_fraction"] <= 1 and all(ok for _, _, ok in check(scaled, values))
+
+    lo, hi = base, None
+    for _ in range(12):  # bracket: double until a rate fails
+        if not serves(lo * 2):
+            hi = lo * 2
+            break
+        lo *= 2
+    if hi is None:
+        return lo
+    while hi / lo > 1.02:
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if serves(mid) else (lo, mid)
+    return lo
 
 
 def _size_one(problem, task):

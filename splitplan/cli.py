@@ -378,8 +378,10 @@ def optimize(
         _render_plan(result, workload, simulated)
         if pareto:
             report.console().print(report.table(
-                "Pareto frontier: cost against provisioned power", ["plan", "$/h", "kW", "machines", "binding"],
-                [(report.plan_text(p), p.cost_usd_per_hour, p.power_kw, p.machines, p.binding) for p in result.pareto]))
+                "Pareto frontier: cost against provisioned power (max rate: the most these machines serve)",
+                ["plan", "$/h", "kW", "machines", "max req/s", "binding"],
+                [(report.plan_text(p), p.cost_usd_per_hour, p.power_kw, p.machines, p.max_rate_rps, p.binding)
+                 for p in result.pareto]))
 
 
 def _pareto_plot(result, path: Path) -> None:
@@ -392,7 +394,8 @@ def _pareto_plot(result, path: Path) -> None:
     front = sorted(result.pareto, key=lambda p: p.power_kw)
     ax.plot([p.power_kw for p in front], [p.cost_usd_per_hour for p in front], marker="o", color="#3b75af", label="Pareto frontier")
     for p in front:
-        ax.annotate(report.plan_text(p).replace("; ", "\n"), (p.power_kw, p.cost_usd_per_hour), fontsize=6,
+        rate = f"\nmax {p.max_rate_rps:.3g} req/s" if p.max_rate_rps else ""
+        ax.annotate(report.plan_text(p).replace("; ", "\n") + rate, (p.power_kw, p.cost_usd_per_hour), fontsize=6,
                     xytext=(4, 4), textcoords="offset points")
     ax.set(xlabel="provisioned power (kW)", ylabel="cost (USD/h)", title="Plans meeting the SLO: cost against power")
     ax.legend(fontsize=8)

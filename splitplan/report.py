@@ -106,6 +106,7 @@ def plan_json(plan) -> dict:
         "predicted": {f"{m}_ms": v for m, v in plan.predicted.items()},
         "slo": [{"line": l.label, "target": l.target, "achieved": v, "met": ok} for l, v, ok in plan.slo],
         "binding": plan.binding,
+        **({"max_rate_rps": plan.max_rate_rps} if plan.max_rate_rps is not None else {}),
     }
 
 
@@ -136,11 +137,12 @@ def plans_csv(plans) -> str:
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(["rank", "prompt_pools", "token_pools", "mixed_pools", "machines", "cost_usd_per_hour", "power_kw",
-                "ttft_p99_ms", "tbt_p99_ms", "e2e_p99_ms", "all_slo_met", "binding"])
+                "ttft_p99_ms", "tbt_p99_ms", "e2e_p99_ms", "all_slo_met", "binding", "max_rate_rps"])
     for i, p in enumerate(plans):
         w.writerow([i, pools_text(p.prompt_pools), pools_text(p.token_pools), pools_text(p.mixed_pools), p.machines, f"{p.cost_usd_per_hour:.4f}",
                     f"{p.power_kw:.4f}", f"{p.predicted['ttft']['p99']:.3f}", f"{p.predicted['tbt']['p99']:.3f}",
-                    f"{p.predicted['e2e']['p99']:.3f}", all(ok for _, _, ok in p.slo), p.binding])
+                    f"{p.predicted['e2e']['p99']:.3f}", all(ok for _, _, ok in p.slo), p.binding,
+                    "" if p.max_rate_rps is None else f"{p.max_rate_rps:.4f}"])
     return out.getvalue()
 
 

@@ -79,6 +79,7 @@ class Plan:
     slo: tuple = ()  # (line, achieved, met)
     binding: str = ""
     repairs: int = 0
+    max_rate_rps: float | None = None  # on the Pareto frontier: the highest rate these machines serve
 
     @property
     def machines(self) -> int:
