@@ -193,7 +193,7 @@ def trace_summarize(
 _POINT = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?(\d+)\s*$")
 
 
-def parse_points(text: str, option: str, bare_batch: bool) -> list[tuple[int, int]]:
+def parse_points(text: str, option: str) -> list[tuple[int, int]]:
     """`512,4x512` -> [(1, 512), (4, 512)]: batch x tokens; a bare number is batch 1."""
     points = []
     for item in filter(None, (s.strip() for s in text.split(","))):
@@ -217,7 +217,7 @@ def perf(
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
 ) -> None:
     """Predicted prefill and decode-step latency of one model instance, and what bounds it."""
-    pre, dec = parse_points(prefill, "--prefill", True), parse_points(decode, "--decode", False)
+    pre, dec = parse_points(prefill, "--prefill"), parse_points(decode, "--decode")
     inst = api.instance(model, hardware, tp, engine)
     if perf_db is not None:
         from splitplan.perf.table import PerfDb

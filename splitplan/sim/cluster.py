@@ -66,14 +66,13 @@ class SimOptions:
 
 
 class _Inst:
-    __slots__ = ("idx", "pool", "role", "perf", "can_prefill", "can_decode", "queue",
+    __slots__ = ("idx", "pool", "role", "perf", "can_prefill", "queue",
                  "waiting", "kv_cap", "kv_used", "batch", "ctx", "iters", "ends", "finishing", "running", "link_free",
                  "bw", "prefill_s", "decode_s", "batch_integral", "run_prefill")
 
     def __init__(self, idx, pool, role, perf, bw):
         self.idx, self.pool, self.role, self.perf = idx, pool, role, perf
         self.can_prefill = role in (PROMPT, MIXED)
-        self.can_decode = role in (TOKEN, MIXED)
         self.queue = deque()
         self.waiting = deque()
         self.kv_cap = perf.fit.kv_capacity_tokens

@@ -18,8 +18,6 @@ from splitplan.specs.catalog import catalog_names
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
 
-Pos = Annotated[float, Field(gt=0)]
-
 
 class GpuSpec(BaseModel):
     """One accelerator, dense (no sparsity) datasheet figures."""
