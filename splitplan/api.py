@@ -311,8 +311,8 @@ def _size_one(problem, task):
 
 def _size_all(problem, tasks: list, jobs: int) -> list:
     """Size every (role, instance, lower bound) task, in `jobs` processes."""
-    from splitplan.parallel import fork_map
-    return fork_map(_size_one, tasks, jobs, problem)
+    from splitplan.parallel import run_units
+    return run_units(_size_one, tasks, problem, jobs)
 
 
 def max_rate(workload_at, base_rate_rps: float, model: str, slo: str, progress=None, **kwargs) -> OptimizeResult:

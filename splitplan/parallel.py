@@ -76,12 +76,6 @@ def run_units(fn: Callable[[Any, Any], Any], items: Sequence, shared: Any = None
     return [_unwrap(o, k, len(items), items, describe) for k, o in enumerate(outcomes)]
 
 
-def fork_map(fn: Callable[[Any, Any], Any], items: Sequence, jobs: int, shared: Any = None,
-             progress: Callable[[], None] | None = None) -> list:
-    """`run_units` on this machine (kept for the internal callers)."""
-    return run_units(fn, items, shared, jobs, "local", progress=progress)
-
-
 def _local_map(fn, items, shared, jobs, tick) -> list:
     global _SHARED
     if jobs <= 1 or len(items) < 2 or "fork" not in multiprocessing.get_all_start_methods():

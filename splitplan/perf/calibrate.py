@@ -152,7 +152,7 @@ def _fold_fit(shared, held):
 def calibrate(points: pd.DataFrame, base: EngineProfile, k: int = 5, progress=None, jobs: int = 1) -> Calibration:
     """Fit, and measure the error before (base profile), in-sample, and k-fold
     (the k fold fits run in `jobs` processes)."""
-    from splitplan.parallel import fork_map
+    from splitplan.parallel import run_units
 
     points = points.reset_index(drop=True)
     fitted = fit_profile(points, base)
@@ -162,7 +162,7 @@ def calibrate(points: pd.DataFrame, base: EngineProfile, k: int = 5, progress=No
     if k >= 2:
         fold = folds(points, k)
         masks = [fold == f for f in range(k) if (fold == f).any() and (fold != f).any()]
-        for held, predicted in zip(masks, fork_map(_fold_fit, masks, jobs, (points, base), progress)):
+        for held, predicted in zip(masks, run_units(_fold_fit, masks, (points, base), jobs, progress=progress)):
             cv[held] = predicted
     table = points.assign(before_ms=predict_ms(points, base), fit_ms=predict_ms(points, fitted), cv_ms=cv)
     return Calibration(fitted, table, k)
