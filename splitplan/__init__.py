@@ -34,11 +34,8 @@ __all__ = ["plan", "simulate", "compare", "sweep", "calibrate", "plan_windows", 
 def workload(trace=None, rate: float | None = None, duration_s: float = 120.0, seed: int = 0) -> Trace:
     """A Trace: `trace` (a path, a Trace, or None for the embedded Azure code trace),
     or its Poisson resample at `rate` req/s for `duration_s` seconds."""
-    import numpy as np
-
-    from splitplan.workload.trace import default_trace_path
-    loaded = trace if isinstance(trace, Trace) else load_trace(trace or default_trace_path())
-    return resample_poisson(loaded, rate, duration_s, np.random.default_rng(seed)) if rate else loaded
+    from splitplan.workload.trace import load_workload
+    return load_workload(trace, rate, duration_s, seed)
 
 
 def plan(trace=None, model: str = "llama2-70b", slo: str = "splitwise", rate: float | None = None,

@@ -19,7 +19,7 @@ from splitplan import api, report
 from splitplan.errors import SplitplanError, SpecError
 from splitplan.specs.hardware import hardware_catalog
 from splitplan.specs.model import model_catalog
-from splitplan.workload.trace import Columns, default_trace_path, load_trace, peak_window, resample_poisson, summarize
+from splitplan.workload.trace import Columns, load_workload, peak_window, resample_poisson, summarize
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Provision phase-split (disaggregated) LLM serving clusters.")
@@ -143,20 +143,6 @@ def _columns(time_column: Optional[str], prompt_column: Optional[str], output_co
         raise SpecError(f"--time-unit {time_unit}: choose s, ms or us")
     default = Columns()
     return Columns(time_column or default.time, prompt_column or default.prompt, output_column or default.output, unit)
-
-
-def load_workload(trace: Optional[Path], rate: Optional[float], duration: float, seed: int, columns: Columns | None = None):
-    """The trace as given, or its Poisson resample at `rate` for `duration` seconds."""
-    if rate is not None and rate <= 0:
-        raise SpecError(f"--rate {rate:g}: must be > 0 requests per second")
-    if duration <= 0:
-        raise SpecError(f"--duration {duration:g}: must be > 0 seconds")
-    loaded = load_trace(trace or default_trace_path(), columns)
-    if trace is None:
-        loaded = dataclasses.replace(loaded, source="azure_code_2023.csv (embedded)")
-    if rate is None:
-        return loaded
-    return resample_poisson(loaded, rate, duration, np.random.default_rng(seed))
 
 
 @trace_app.command("summarize")

@@ -13,6 +13,7 @@ file and the line (1-based, header = line 1).
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import zlib
 from dataclasses import dataclass
@@ -196,6 +197,26 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
         raise TraceError(f"{path}: header only, no requests")
     arrival = np.concatenate(arrivals)
     return Trace(arrival - arrival[0], np.concatenate(prompts), np.concatenate(outputs), str(path))
+
+
+def load_workload(trace: "str | Path | Trace | None" = None, rate: float | None = None, duration_s: float = 120.0,
+                  seed: int = 0, columns: Columns | None = None) -> Trace:
+    """A trace (a path, a Trace, or None for the embedded Azure code trace), or its
+    Poisson resample at `rate` req/s for `duration_s` seconds."""
+    from splitplan.errors import SpecError
+    if rate is not None and rate <= 0:
+        raise SpecError(f"--rate {rate:g}: must be > 0 requests per second")
+    if duration_s <= 0:
+        raise SpecError(f"--duration {duration_s:g}: must be > 0 seconds")
+    if isinstance(trace, Trace):
+        loaded = trace
+    elif trace is None:
+        loaded = dataclasses.replace(load_trace(default_trace_path(), columns), source=f"{DEFAULT_TRACE} (embedded)")
+    else:
+        loaded = load_trace(trace, columns)
+    if rate is None:
+        return loaded
+    return resample_poisson(loaded, rate, duration_s, np.random.default_rng(seed))
 
 
 def peak_window(trace: Trace, max_requests: int) -> tuple[Trace, dict | None]:
