@@ -144,10 +144,10 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     from splitplan.specs.hardware import hardware_catalog
     from splitplan.specs.slo import load_slo
 
-    from splitplan.perf.table import PerfDb
+    from splitplan.perf.table import load_perf_db
 
     m, eng, profile = load_model(model), load_engine(engine), load_slo(slo)
-    db = PerfDb(perf_db) if perf_db else None
+    db = load_perf_db(perf_db) if perf_db else None
     if objective not in ("cost", "power"):
         raise SpecError(f"--objective {objective}: choose cost or power")
     names = hardware or [h.name for h in hardware_catalog()]
@@ -467,9 +467,9 @@ class SimulateResult:
 
 def pool_specs(pools: list[tuple[str, str, int, int]], model: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None):
     """(role, hardware, tp, machines) -> PoolSpecs with analytic or measured instances."""
-    from splitplan.perf.table import PerfDb
+    from splitplan.perf.table import load_perf_db
     from splitplan.sim.cluster import PoolSpec
-    db = PerfDb(perf_db) if perf_db else None
+    db = load_perf_db(perf_db) if perf_db else None
     out = []
     for role, hw, tp, machines in pools:
         if machines < 1:
@@ -499,8 +499,8 @@ def simulate(trace, pools: list[tuple[str, str, int, int]], model: str, slo: str
     if profile.reference is not None:
         ref = instance(model, profile.reference.hardware, profile.reference.tp, engine)
         if perf_db:
-            from splitplan.perf.table import PerfDb
-            measured = PerfDb(perf_db).instance(ref)
+            from splitplan.perf.table import load_perf_db
+            measured = load_perf_db(perf_db).instance(ref)
             ref = measured if measured.rows is not None else ref
         reference = reference_latencies(ref, trace.prompt_tokens, trace.output_tokens)
     result = run(trace, specs, SimOptions(max_batch_tokens, routing, borrow_threshold_tokens))

@@ -206,8 +206,8 @@ def perf(
     pre, dec = parse_points(prefill, "--prefill"), parse_points(decode, "--decode")
     inst = api.instance(model, hardware, tp, engine)
     if perf_db is not None:
-        from splitplan.perf.table import PerfDb
-        inst = PerfDb(perf_db).require(inst)
+        from splitplan.perf.table import load_perf_db
+        inst = load_perf_db(str(perf_db)).require(inst)
     points = api.perf_points(inst, pre, dec)
     if format is Format.json:
         _emit_json(points)
