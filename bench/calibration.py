@@ -19,7 +19,7 @@ from pathlib import Path
 
 from splitplan import api
 from splitplan.perf import calibrate as cal
-from splitplan.perf.measurements import flag_anomalies, read_measurements
+from splitplan.perf.measurements import read_measurements
 from splitplan.specs.engine import load_engine
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "perf" / "splitwise_perf_model.csv"
@@ -39,21 +39,15 @@ def main() -> None:
     for phase, o in result.report["overall"].items():
         print(f"| all | | | {phase} | {o['points']} | {o['mape_before_pct']:.1f} | {o['mape_fit_pct']:.1f} | {o['mape_cv_pct']:.1f} |")
 
-    points = read_measurements(args.data)
-    points = points[~flag_anomalies(points) & (points.tp == 8)]
-    points = points[~((points.phase == "prefill") & (points.batch > 1))].reset_index(drop=True)
+    points = cal.transfer_points(read_measurements(args.data))
     lean = load_engine("lean")
     print("\n| fitted on | predicted | phase | MAPE calibrated | MAPE lean |")
     print("|---|---|---|---|---|")
     for column, train, test in (("hardware", "a100-80gb", "h100-80gb"), ("hardware", "h100-80gb", "a100-80gb"),
                                 ("model", "llama2-70b", "bloom-176b"), ("model", "bloom-176b", "llama2-70b")):
-        fitted = cal.fit_profile(points[points[column] == train].reset_index(drop=True), lean)
-        held = points[points[column] == test].reset_index(drop=True)
+        mape = cal.transfer_mape(points, column, train, test, lean)
         for phase in ("prefill", "decode"):
-            rows = held[held.phase == phase].reset_index(drop=True)
-            mine = cal.ape_pct(cal.predict_ms(rows, fitted), rows.latency_ms).mean()
-            base = cal.ape_pct(cal.predict_ms(rows, lean), rows.latency_ms).mean()
-            print(f"| {train} | {test} | {phase} | {mine:.1f} | {base:.1f} |")
+            print(f"| {train} | {test} | {phase} | {mape[phase][0]:.1f} | {mape[phase][1]:.1f} |")
 
 
 if __name__ == "__main__":

@@ -128,6 +128,27 @@ def _kept(base: EngineProfile, hw: str, tp: int) -> dict:
     return {n: getattr(factors, n) for n in EngineFactors.model_fields if n not in FIT_BOUNDS}
 
 
+def transfer_points(points: pd.DataFrame) -> pd.DataFrame:
+    """The sweeps a transfer check compares across machines and models: TP 8,
+    single-prompt prefills, no failed runs."""
+    from splitplan.perf.measurements import flag_anomalies
+    points = points[~flag_anomalies(points) & (points.tp == 8)]
+    return points[~((points.phase == "prefill") & (points.batch > 1))].reset_index(drop=True)
+
+
+def transfer_mape(points: pd.DataFrame, column: str, train: str, test: str, base: EngineProfile) -> dict:
+    """Fit on the points whose `column` is `train`, predict those whose `column` is
+    `test`: {phase: (MAPE % of the fit, MAPE % of `base` unfitted)}."""
+    fitted = fit_profile(points[points[column] == train].reset_index(drop=True), base)
+    held = points[points[column] == test].reset_index(drop=True)
+    out = {}
+    for phase, rows in held.groupby("phase", sort=True):
+        rows = rows.reset_index(drop=True)
+        out[phase] = (float(ape_pct(predict_ms(rows, fitted), rows.latency_ms).mean()),
+                      float(ape_pct(predict_ms(rows, base), rows.latency_ms).mean()))
+    return out
+
+
 def folds(points: pd.DataFrame, k: int) -> np.ndarray:
     """Fold of each point: every (model, machine, TP, phase) sweep dealt in order."""
     order = points.sort_values(GROUP + ["phase", "batch", "prompt_tokens", "context_tokens"]).index

@@ -64,17 +64,12 @@ def test_anomalies_are_the_failed_runs(shared_data):
 def test_calibrated_profile_predicts_unseen_hardware_and_models_better_than_defaults(shared_data):
     """Fit on one machine (or model) of the Splitwise data; the other is predicted at
     least as well as by the uncalibrated `lean` defaults."""
-    points = read_measurements(shared_data / "perf" / "splitwise_perf_model.csv")
-    points = points[~flag_anomalies(points) & (points.tp == 8)]
-    points = points[~((points.phase == "prefill") & (points.batch > 1))].reset_index(drop=True)
+    points = cal.transfer_points(read_measurements(shared_data / "perf" / "splitwise_perf_model.csv"))
     lean = load_engine("lean")
     for column, train, test in (("hardware", "a100-80gb", "h100-80gb"), ("model", "llama2-70b", "bloom-176b")):
-        fitted = cal.fit_profile(points[points[column] == train].reset_index(drop=True), lean)
-        held = points[points[column] == test].reset_index(drop=True)
-        for phase in ("prefill", "decode"):
-            rows = held[held.phase == phase].reset_index(drop=True)
-            calibrated = cal.ape_pct(cal.predict_ms(rows, fitted), rows.latency_ms).mean()
-            default = cal.ape_pct(cal.predict_ms(rows, lean), rows.latency_ms).mean()
+        mape = cal.transfer_mape(points, column, train, test, lean)
+        assert set(mape) == {"prefill", "decode"}
+        for phase, (calibrated, default) in mape.items():
             assert calibrated <= default, (column, test, phase, calibrated, default)
 
 
