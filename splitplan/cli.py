@@ -282,21 +282,19 @@ def optimize(
     if max_requests < 1:
         raise SpecError(f"--max-requests {max_requests}: must be >= 1")
     jobs_n = jobs if jobs > 0 else (os.cpu_count() or 1)
-    if window is not None:
-        if validate or pareto or no_split or objective is Objective.throughput:
-            raise SpecError("--window plans each window by cost or power; drop --validate/--pareto/--no-split/throughput")
-        _plan_windows(load_workload(trace, rate, duration, seed), parse_duration(window), model, slo, format, output_dir,
-                      dict(hardware=_names(hardware), prompt_hardware=_names(prompt_hardware),
-                           token_hardware=_names(token_hardware), tp=tp, engine=engine, search=search.value,
-                           objective=objective.value, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
-                           max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens,
-                           perf_db=str(perf_db) if perf_db else None), jobs_n, executor.value, ray_address)
-        return
-    workload, window = peak_window(load_workload(trace, rate, duration, seed), max_requests)
+    loaded = load_workload(trace, None, duration, seed)  # read once; resampled or windowed below
     common = dict(hardware=_names(hardware), prompt_hardware=_names(prompt_hardware), token_hardware=_names(token_hardware),
                   tp=tp, engine=engine, search=search.value, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
                   max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens,
                   jobs=jobs_n, perf_db=str(perf_db) if perf_db else None)
+    if window is not None:
+        if validate or pareto or no_split or objective is Objective.throughput:
+            raise SpecError("--window plans each window by cost or power; drop --validate/--pareto/--no-split/throughput")
+        options = {k: v for k, v in common.items() if k != "jobs"}
+        _plan_windows(load_workload(loaded, rate, duration, seed), parse_duration(window), model, slo, format, output_dir,
+                      {**options, "objective": objective.value}, jobs_n, executor.value, ray_address)
+        return
+    workload, stretch = peak_window(load_workload(loaded, rate, duration, seed), max_requests)
     if plot is not None:
         if not pareto:
             raise SpecError("--plot draws the Pareto frontier: add --pareto")
@@ -306,7 +304,7 @@ def optimize(
     if objective is Objective.throughput:
         if no_split:
             raise SpecError("--objective throughput plans split pools; drop --no-split")
-        base = peak_window(load_workload(trace, None, duration, seed), max_requests)[0]
+        base = peak_window(loaded, max_requests)[0]
 
         def workload_at(r):  # Poisson resample when --rate was given, else the trace's timestamps compressed
             if rate is not None:
@@ -326,7 +324,7 @@ def optimize(
         "token_hardware": _names(token_hardware), "tp": tp, "objective": objective.value, "engine": engine,
         "search": search.value, "max_cost_per_hour": max_cost_per_hour, "max_power_kw": max_power_kw,
         "max_machines": _limits(max_machines), "max_batch_tokens": max_batch_tokens, "split": not no_split,
-        "window": window,
+        "window": stretch,
     }
     simulated, runner_ups = None, None
     if validate:
