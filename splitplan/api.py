@@ -417,10 +417,8 @@ def _objective(objective: str, option) -> float:
 
 def _raise_if_unreachable(problem, options) -> None:
     """Exit 3 naming the line no hardware can meet, the best value reachable and where."""
-    import numpy as np
-
     from splitplan.capacity.pools import achieved, meets
-    t = problem.trace
+    from splitplan.search.plan import alone_latencies
     for role, metric in (("prompt", "ttft"), ("token", "tbt")):
         fitting = [o for o in options if o.role == role and o.inst.fit.fits]
         if not fitting:
@@ -431,8 +429,7 @@ def _raise_if_unreachable(problem, options) -> None:
         for line in (l for l in problem.slo.lines() if l.metric == metric):
             best = None
             for o in fitting:
-                alone = o.inst.prefill_time_s(t.prompt_tokens) if metric == "ttft" else o.inst.decode_step_time_s(1, t.prompt_tokens + t.output_tokens // 2)
-                value = achieved(line, np.asarray(alone), problem.reference)
+                value = achieved(line, alone_latencies(o.inst, problem.trace)[metric], problem.reference)
                 if best is None or value < best[0]:
                     best = (value, o)
             if best and not meets(line, best[0]):

@@ -118,17 +118,20 @@ def _decode_values(problem: Problem, inst: Instance, n: int, src: Instance, star
     return decode_s / o, decode_s, result
 
 
-def _fails_alone(problem: Problem, role: str, inst: Instance) -> SloLine | None:
-    """The first line an option misses even with no queueing and batch-1 decode
-    (more instances only approach this from above)."""
-    t = problem.trace
+def alone_latencies(inst: Instance, t: Trace) -> dict:
+    """Each request's TTFT, TBT ((E2E - TTFT) / output) and E2E (seconds) on an idle
+    instance: no queueing, batch-1 decode. More instances only approach these."""
     step = inst.decode_step_time_s(1, t.prompt_tokens + t.output_tokens // 2)
     decode_s = np.maximum(t.output_tokens - 1, 0) * step
-    if role == "token":
-        return _first_failing(problem, "tbt", decode_s / t.output_tokens)
     ttft = inst.prefill_time_s(t.prompt_tokens)
-    for metric, values in (("ttft", ttft), ("tbt", decode_s / t.output_tokens), ("e2e", ttft + decode_s)):
-        line = _first_failing(problem, metric, values)
+    return {"ttft": ttft, "tbt": decode_s / t.output_tokens, "e2e": ttft + decode_s}
+
+
+def _fails_alone(problem: Problem, role: str, inst: Instance) -> SloLine | None:
+    """The first line an option misses even running requests alone."""
+    values = alone_latencies(inst, problem.trace)
+    for metric in ("tbt",) if role == "token" else ("ttft", "tbt", "e2e"):
+        line = _first_failing(problem, metric, values[metric])
         if line is not None:
             return line
     return None
