@@ -518,6 +518,18 @@ def read_plan(path: Path) -> tuple[list[tuple[str, str, int, int]], dict]:
     return pools, doc.get("inputs", {})
 
 
+def plan_input(plan: Optional[Path], prompt_pool: list[str], token_pool: list[str],
+               mixed_pool: list[str]) -> tuple[list[tuple[str, str, int, int]], dict]:
+    """The pools of `--plan plan.json` (with its input echo) or of the inline pool options."""
+    pools = [parse_pool(x, "prompt") for x in prompt_pool] + [parse_pool(x, "token") for x in token_pool] \
+        + [parse_pool(x, "mixed") for x in mixed_pool]
+    if plan is None:
+        return pools, {}
+    if pools:
+        raise SpecError("give --plan or inline pools (--prompt-pool/--token-pool/--mixed-pool), not both")
+    return read_plan(plan)
+
+
 @app.command()
 @user_errors
 def simulate(
@@ -541,13 +553,7 @@ def simulate(
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write requests.csv and summary.json here."),
 ) -> None:
     """Replay a trace through a plan's machines request by request and check the SLO."""
-    pools = [parse_pool(x, "prompt") for x in prompt_pool] + [parse_pool(x, "token") for x in token_pool] \
-        + [parse_pool(x, "mixed") for x in mixed_pool]
-    echo: dict = {}
-    if plan is not None:
-        if pools:
-            raise SpecError("give --plan or inline pools (--prompt-pool/--token-pool/--mixed-pool), not both")
-        pools, echo = read_plan(plan)
+    pools, echo = plan_input(plan, prompt_pool, token_pool, mixed_pool)
     if not pools:
         raise SpecError("nothing to simulate: give --plan plan.json or --prompt-pool and --token-pool (or --mixed-pool)")
     model = model or echo.get("model") or "llama2-70b"
@@ -735,12 +741,7 @@ def sweep(
         _require_matplotlib()
     if objective is Objective.throughput:
         raise SpecError("--objective throughput does not apply to a sweep; use cost or power")
-    pools = [parse_pool(x, "prompt") for x in prompt_pool] + [parse_pool(x, "token") for x in token_pool] \
-        + [parse_pool(x, "mixed") for x in mixed_pool]
-    if plan is not None:
-        if pools:
-            raise SpecError("give --plan or inline pools, not both")
-        pools, _ = read_plan(plan)
+    pools, _ = plan_input(plan, prompt_pool, token_pool, mixed_pool)
     if duration <= 0:
         raise SpecError(f"--duration {duration:g}: must be > 0 seconds")
     base = load_workload(trace, None, duration, seed)
