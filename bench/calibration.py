@@ -8,6 +8,8 @@ and how a fit carries to machines and models it has not seen.
    machine, TP, phase) before (lean), fitted, and k-fold cross-validated.
 2. Transfer: fit on one machine (or model) only, predict the other, compared with
    the uncalibrated `lean` defaults (TP 8 sweeps, single-prompt prefills).
+3. Measurement noise of the prefill medians: how far a median moves when its
+   repeats are resampled (bootstrap), next to the model's cross-validated error.
 Prints markdown tables.
 """
 
@@ -16,6 +18,9 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+
+import numpy as np
+import pandas as pd
 
 from splitplan import api
 from splitplan.perf import calibrate as cal
@@ -48,6 +53,24 @@ def main() -> None:
         mape = cal.transfer_mape(points, column, train, test, lean)
         for phase in ("prefill", "decode"):
             print(f"| {train} | {test} | {phase} | {mape[phase][0]:.1f} | {mape[phase][1]:.1f} |")
+
+    print_noise(args.data)
+
+
+def print_noise(data: Path) -> None:
+    """How far the prefill medians (the fitted points) move when their repeats are resampled."""
+    raw = pd.read_csv(data)
+    raw = raw[(raw.batch_size == 1) | (raw.batch_size * raw.prompt_size <= 2048)]
+    rng = np.random.default_rng(0)
+    moves = {}
+    for (model, hw, tp), rows in raw.groupby(["model", "hardware", "tensor_parallel"]):
+        per_point = []
+        for _, point in rows.groupby(["batch_size", "prompt_size"]):
+            x = point.prompt_time.to_numpy()
+            per_point.append(np.mean(np.abs(np.median(rng.choice(x, (1000, len(x))), axis=1) / np.median(x) - 1)) * 100)
+        moves[(model, hw, tp)] = np.mean(per_point)
+    print(f"\nPrefill measurement noise: resampling the repeats moves a group's medians by "
+          f"{min(moves.values()):.1f} to {max(moves.values()):.1f} % on average (bootstrap, {len(moves)} groups).")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ FIT_BOUNDS = {
     "collective_latency_s": (0.0, 5e-5, 1e-5),  # NCCL small-message all-reduce: tens of us
     "link_efficiency": (0.05, 1.0, 1.0),
     "knee_tokens": (256.0, 16384.0, 1000.0),
-    "knee_slowdown": (0.0, 4.0, 1.0),
+    "knee_slowdown": (0.0, 10.0, 1.0),  # the fit lands near 4.3; 10 is the profile schema's limit
 }
 # Refitted per (model, machine, TP). Few on purpose: a sweep of nine prefill points
 # cannot pin more, and cross-validation got worse with more (attention efficiency,
