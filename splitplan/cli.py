@@ -839,11 +839,16 @@ def calibrate(
     con.print(report.table("Overall MAPE %", ["phase", "points", "before", "fitted", f"{folds}-fold CV"],
                            [(k, v["points"], v["mape_before_pct"], v["mape_fit_pct"], v["mape_cv_pct"])
                             for k, v in result.report["overall"].items()]))
-    worst = result.points.assign(error=(result.points.fit_ms / result.points.latency_ms - 1) * 100)
-    worst = worst.reindex(worst.error.abs().sort_values(ascending=False).index).head(10)
-    con.print(report.table("Largest residuals (fitted)", ["model", "hardware", "TP", "phase", "batch", "tokens", "measured ms", "fitted ms", "error %"],
+    held_out = bool(folds) and result.points.cv_ms.notna().all()
+    t = result.points.assign(fit_err=(result.points.fit_ms / result.points.latency_ms - 1) * 100,
+                             cv_err=(result.points.cv_ms / result.points.latency_ms - 1) * 100)
+    worst = t.reindex((t.cv_err if held_out else t.fit_err).abs().sort_values(ascending=False).index).head(10)
+    con.print(report.table("Largest residuals" + (f" when held out ({folds}-fold)" if held_out else ""),
+                           ["model", "hardware", "TP", "phase", "batch", "tokens", "measured ms", "fitted ms", "error %"]
+                           + (["held out ms", "error %"] if held_out else []),
                            [(r.model, r.hardware, r.tp, r.phase, r.batch, r.prompt_tokens or r.context_tokens, r.latency_ms,
-                             r.fit_ms, f"{r.error:+.1f}") for r in worst.itertuples()]))
+                             r.fit_ms, f"{r.fit_err:+.1f}") + ((r.cv_ms, f"{r.cv_err:+.1f}") if held_out else ())
+                            for r in worst.itertuples()]))
     d = profile.defaults
     con.print(report.table("Fitted defaults (machines and models outside the data)", ["factor", "value"],
                            [(name, getattr(d, name)) for name in type(d).model_fields]))

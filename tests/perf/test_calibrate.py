@@ -93,7 +93,9 @@ def test_cli_json_contract_and_profile_round_trip(tmp_path):
 def test_cli_table_and_failures(tmp_path):
     path = _synthetic_csv(tmp_path)
     table = CliRunner().invoke(app, ["calibrate", "--perf-db", str(path), "--folds", "2"])
-    assert table.exit_code == 0 and "Largest residuals" in table.stdout and "Fitted defaults" in table.stdout
+    assert table.exit_code == 0 and "Largest residuals when held out (2-fold)" in table.stdout and "Fitted defaults" in table.stdout
+    no_cv = CliRunner().invoke(app, ["calibrate", "--perf-db", str(path), "--folds", "0"])
+    assert no_cv.exit_code == 0 and "Largest residuals" in no_cv.stdout and "held out" not in no_cv.stdout
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
     for args, needle in ((["--perf-db", str(bad)], "unknown columns"),
