@@ -101,8 +101,9 @@ def fit_profile(points: pd.DataFrame, base: EngineProfile) -> EngineProfile:
     defaults = _fit(points, base, base.defaults, FIT_BOUNDS)
     with_defaults = base.model_copy(update={"defaults": defaults, "hardware_overrides": {}})
     local: dict[tuple, EngineFactors] = {}
-    for key, rows in points.groupby(GROUP, sort=True):
-        model, hw, tp = key
+    for (model, hw, tp), rows in points.groupby(GROUP, sort=True):
+        # Keyed by the specs' names, as `Instance` looks them up (the data may name a file).
+        hw, model = load_hardware(hw).name, load_model(model).name
         start = EngineFactors(**{**defaults.model_dump(), **_kept(base, hw, int(tp))})
         local[(model, hw, int(tp))] = _fit(rows.reset_index(drop=True), with_defaults, start, LOCAL)
 

@@ -1,6 +1,7 @@
 """Calibration: recovers a known engine, reports honest errors, stays physical."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -116,3 +117,26 @@ def test_plot_written(tmp_path):
     result = CliRunner().invoke(app, ["calibrate", "--perf-db", str(_synthetic_csv(tmp_path)), "--folds", "2", "--plot", str(png)])
     assert result.exit_code == 0, result.output
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_machines_and_models_given_as_files(tmp_path):
+    """A CSV naming a hardware and a model file: the fitted overrides are found under the
+    specs' names, so the profile predicts those files as well as the fit did."""
+    root = Path(__file__).resolve().parents[2]
+    gpu, llm = tmp_path / "my-gpu.yaml", tmp_path / "my-llama.yaml"
+    gpu.write_text((root / "hardware_specs" / "h100-80gb.yaml").read_text())
+    llm.write_text((root / "model_specs" / "llama2-70b.yaml").read_text())
+    truth = {4: api.instance("llama2-70b", "h100-80gb", 4, "lean"), 8: api.instance("llama2-70b", "h100-80gb", 8, "lean")}
+    slower = {4: 1.4, 8: 0.9}  # the two TP degrees need different factors: only per-group overrides fit both
+    rows = [(str(gpu), str(llm), tp, "prefill", 1, t, 0, float(inst.prefill_time_s(t)) * 1e3 * slower[tp])
+            for tp, inst in truth.items() for t in (256, 1024, 4096)]
+    rows += [(str(gpu), str(llm), tp, "decode", b, 0, 1024, float(inst.decode_step_time_s(b, 1024)) * 1e3 * slower[tp])
+             for tp, inst in truth.items() for b in (1, 8, 64)]
+    path = tmp_path / "measured.csv"
+    pd.DataFrame(rows, columns=["hardware", "model", "tp", "phase", "batch", "prompt_tokens", "context_tokens", "latency_ms"]).to_csv(path, index=False)
+    result = api.calibrate(str(path), folds=0)
+    assert "my-gpu/tp8/my-llama" in result.profile.hardware_overrides
+    assert result.report["overall"]["prefill"]["mape_fit_pct"] < 3
+    for tp, inst in truth.items():
+        fitted = api.instance(str(llm), str(gpu), tp, result.profile)
+        assert float(fitted.prefill_time_s(1024)) == pytest.approx(float(inst.prefill_time_s(1024)) * slower[tp], rel=0.05)
