@@ -244,6 +244,20 @@ def test_perf_with_perf_db():
     assert points[1]["bound"] == "extrapolated"
 
 
+def test_perf_db_naming_a_hardware_file(tmp_path):
+    """Measurements may name the machine by its spec file, as `--hardware` does."""
+    gpu = tmp_path / "my-gpu.yaml"
+    gpu.write_text((Path(__file__).resolve().parents[1] / "hardware_specs" / "h100-80gb.yaml").read_text())
+    db = tmp_path / "measured.csv"
+    db.write_text("hardware,model,tp,phase,batch,prompt_tokens,context_tokens,latency_ms\n"
+                  f"{gpu},llama2-70b,8,prefill,1,512,0,50\n{gpu},llama2-70b,8,prefill,1,2048,0,140\n"
+                  f"{gpu},llama2-70b,8,decode,1,0,1024,20\n{gpu},llama2-70b,8,decode,8,0,1024,24\n")
+    result = run("perf", "--hardware", str(gpu), "--tp", "8", "--prefill", "1024", "--perf-db", str(db), "--format", "json")
+    assert result.exit_code == 0, result.output
+    point = json.loads(result.stdout)[0]
+    assert point["bound"] == "measured" and point["latency_ms"] == pytest.approx(80)
+
+
 def test_optimize_pareto_frontier_and_plot(tmp_path):
     png = tmp_path / "pareto.png"
     result = run("optimize", "--pareto", "--rate", "6", "--duration", "30", "--hardware", "a100-80gb,h100-80gb,h200-141gb",

@@ -131,6 +131,17 @@ class MeasuredInstance(PassShortcuts):
         return Latency(t, bound, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
+def _spec_names(column: pd.Series, load) -> pd.Series:
+    """Catalog names and spec file paths as spec names (names of neither kept as they are)."""
+    names = {}
+    for value in column.unique():
+        try:
+            names[value] = load(value).name
+        except SpecError:
+            names[value] = value
+    return column.map(names)
+
+
 @functools.lru_cache(maxsize=8)
 def load_perf_db(path: str) -> "PerfDb":
     """The measurement file at `path`, read and reduced to medians once per process
@@ -142,8 +153,13 @@ class PerfDb:
     """A measurement file, read once, giving a MeasuredInstance per (model, machine, TP)."""
 
     def __init__(self, path: str | Path):
+        from splitplan.specs.hardware import load_hardware
+        from splitplan.specs.model import load_model
+
         self.path = str(path)
-        self.points = read_measurements(path)
+        points = read_measurements(path)
+        # Rows may name catalog entries or spec files; instances are matched by spec name.
+        self.points = points.assign(hardware=_spec_names(points.hardware, load_hardware), model=_spec_names(points.model, load_model))
 
     def groups(self) -> list[tuple[str, str, int]]:
         keys = self.points[["model", "hardware", "tp"]].drop_duplicates().itertuples(index=False)
