@@ -584,10 +584,12 @@ def calibrate(perf_db: str, engine: str = DEFAULT_ENGINE, folds: int = 5, max_pr
         raise _SpecError(f"--folds {folds}: use 0 (no cross-validation) or k >= 2")
     base = load_engine(engine)
     points = read_measurements(perf_db)
-    for name in sorted(set(points.model)):
-        load_model(name)  # unknown names fail here, with a suggestion
-    for name in sorted(set(points.hardware)):
-        load_hardware(name)
+    for model, hardware, tp in sorted(set(zip(points.model, points.hardware, points.tp))):
+        fit = Instance(load_model(model), load_hardware(hardware), base, int(tp)).fit  # unknown names fail here, with a suggestion
+        if not fit.fits:
+            raise _SpecError(f"{perf_db}: rows of {model} on {hardware} at TP {tp}: {fit.reason}; fix or remove those rows"
+                             + (", or start from an fp8 engine if the runs used fp8 (--engine lean-fp8)"
+                                if "weights need" in fit.reason and base.dtype == "bf16" else ""))
     reasons = pd.Series("", index=points.index)
     if not keep_anomalies:
         reasons[flag_anomalies(points)] = "faster than a smaller batch of the same sweep (failed run)"

@@ -60,9 +60,12 @@ def read_measurements(path: str | Path) -> pd.DataFrame:
             f"{path}: unknown columns; expected the splitwise perf_model.csv header "
             f"({','.join(SPLITWISE_COLUMNS)}) or {','.join(GENERIC_COLUMNS)}"
         )
-    bad = points[~points["phase"].isin(["prefill", "decode"]) | (points["latency_ms"] <= 0) | (points["batch"] < 1)]
+    tokens = points["prompt_tokens"].where(points["phase"] == "prefill", points["context_tokens"])
+    bad = points[~points["phase"].isin(["prefill", "decode"]) | (points["latency_ms"] <= 0) | (points["batch"] < 1)
+                 | (points["tp"] < 1) | (tokens < 1)]
     if len(bad):
-        raise TraceError(f"{path}: line {int(bad.index[0]) % len(raw) + 2}: phase must be prefill or decode, batch >= 1, latency > 0")
+        raise TraceError(f"{path}: line {int(bad.index[0]) % len(raw) + 2}: phase must be prefill or decode, tp >= 1, batch >= 1, "
+                         "prompt tokens (prefill) or context tokens (decode) >= 1, latency > 0")
     grouped = points.groupby(POINT_KEYS, sort=True)["latency_ms"]
     return grouped.median().to_frame().assign(repeats=grouped.size()).reset_index()
 
