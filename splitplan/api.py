@@ -584,6 +584,8 @@ def calibrate(perf_db: str, engine: str = DEFAULT_ENGINE, folds: int = 5, max_pr
         raise _SpecError(f"--folds {folds}: use 0 (no cross-validation) or k >= 2")
     base = load_engine(engine)
     points = read_measurements(perf_db)
+    if points.empty:
+        raise _SpecError(f"{perf_db}: no measurement rows; add rows under the header")
     for model, hardware, tp in sorted(set(zip(points.model, points.hardware, points.tp))):
         fit = Instance(load_model(model), load_hardware(hardware), base, int(tp)).fit  # unknown names fail here, with a suggestion
         if not fit.fits:

@@ -832,11 +832,12 @@ def calibrate(
         _emit_json(result.report)
         return
     con = report.console()
+    cv_column = f"{folds}-fold CV" if folds else "CV (off)"
     con.print(report.table(f"MAPE % by group ({len(result.points)} points; {len(result.excluded)} left out)",
-                           ["model", "hardware", "TP", "phase", "points", "before", "fitted", f"{folds}-fold CV"],
+                           ["model", "hardware", "TP", "phase", "points", "before", "fitted", cv_column],
                            [(g["model"], g["hardware"], g["tp"], g["phase"], g["points"], g["mape_before_pct"],
                              g["mape_fit_pct"], g["mape_cv_pct"]) for g in result.report["groups"]]))
-    con.print(report.table("Overall MAPE %", ["phase", "points", "before", "fitted", f"{folds}-fold CV"],
+    con.print(report.table("Overall MAPE %", ["phase", "points", "before", "fitted", cv_column],
                            [(k, v["points"], v["mape_before_pct"], v["mape_fit_pct"], v["mape_cv_pct"])
                             for k, v in result.report["overall"].items()]))
     held_out = bool(folds) and result.points.cv_ms.notna().all()

@@ -104,10 +104,12 @@ def test_cli_table_and_failures(tmp_path):
     tp0.write_text(header + "h100-80gb,llama2-70b,0,prefill,1,512,0,50\n")
     tp3.write_text(header + "h100-80gb,llama2-70b,3,prefill,1,512,0,50\n")
     tp1.write_text(header + "h100-80gb,llama2-70b,1,prefill,1,512,0,50\n")
+    (tmp_path / "empty.csv").write_text(header)
     for args, needle in ((["--perf-db", str(bad)], "unknown columns"),
                          (["--perf-db", str(tp0)], "line 2: phase must be prefill or decode, tp >= 1"),
                          (["--perf-db", str(tp3)], "TP 3 does not divide the 8 GPUs of h100-80gb; fix or remove those rows"),
                          (["--perf-db", str(tp1)], "--engine lean-fp8"),
+                         (["--perf-db", str(tmp_path / "empty.csv")], "no measurement rows"),
                          (["--perf-db", str(tmp_path / "none.csv")], "no such file"),
                          (["--perf-db", str(path), "--folds", "1"], "--folds 1")):
         result = CliRunner().invoke(app, ["calibrate", *args, "--output", str(tmp_path / "x.yaml")])
