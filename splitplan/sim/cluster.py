@@ -24,9 +24,12 @@ The engine's `kv_transfer_latency_s` is added either way.
 Routing at arrival: join-shortest-queue on pending tokens (prompt instances:
 queued prompt tokens; token instances: output tokens of the requests assigned
 and not yet finished), ties to the lowest index; or round-robin.
-Splitwise's mixed pool: with `borrow_threshold_tokens`, a prompt that finds every
-prompt instance with more pending tokens than that is prefilled on the least
-loaded token instance instead, which decodes it there.
+Splitwise's mixed pool, both ways, with `borrow_threshold_tokens`: a request whose
+KV would overfill its token instance (counting the KV of every request assigned
+there and not finished) is decoded on the prompt instance with the most such room,
+if it fits there; and a prompt that finds every prompt instance with more pending
+tokens than the threshold is prefilled on its token instance instead, which
+decodes it there. A borrowed instance runs mixed iterations (prefill priority).
 
 Determinism: one event heap keyed on (time, sequence number); the counter
 belongs to the run, so equal times resolve the same way every run.
@@ -67,7 +70,7 @@ class SimOptions:
 
 class _Inst:
     __slots__ = ("idx", "pool", "role", "perf", "can_prefill", "queue",
-                 "waiting", "kv_cap", "kv_used", "batch", "ctx", "iters", "ends", "finishing", "running", "link_free",
+                 "waiting", "kv_cap", "kv_used", "kv_promised", "batch", "ctx", "iters", "ends", "finishing", "running", "link_free",
                  "bw", "prefill_s", "decode_s", "batch_integral", "run_prefill")
 
     def __init__(self, idx, pool, role, perf, bw):
@@ -77,6 +80,7 @@ class _Inst:
         self.waiting = deque()
         self.kv_cap = perf.fit.kv_capacity_tokens
         self.kv_used = 0
+        self.kv_promised = 0  # KV of the requests assigned to decode here and not finished
         self.batch = 0
         self.ctx = 0
         self.iters = 0
@@ -169,6 +173,12 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
     p_pos = {inst.idx: k for k, inst in enumerate(prompt_side)}
     t_pos = {inst.idx: k for k, inst in enumerate(token_side)}
 
+    def unassign(inst: _Inst, i: int):
+        """Request i no longer holds a decode place on inst (finished or rejected)."""
+        inst.kv_promised -= p[i] + o[i]
+        if inst.idx in t_pos:
+            token_load[t_pos[inst.idx]] -= o[i]
+
     def pick(loads, which):
         if options.routing == "round-robin":
             rr[which] += 1
@@ -226,7 +236,7 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
             if need > inst.kv_cap:  # can never fit: report, do not block the queue
                 inst.waiting.popleft()
                 rejected[i] = True
-                token_load[t_pos[inst.idx]] -= o[i]
+                unassign(inst, i)
                 continue
             if inst.kv_used + need > inst.kv_cap:
                 break
@@ -242,7 +252,7 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
         ttft[i] = now - arrival[i]
         if o[i] == 1:  # the first token was the whole answer
             finish(i, now)
-            token_load[t_pos[t_inst[i]]] -= 1
+            unassign(insts[t_inst[i]], i)
             return
         tok = insts[t_inst[i]]
         if tok is inst:  # co-located: decode here
@@ -274,15 +284,22 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
                 dst = src
             else:
                 dst = token_side[pick(token_load, 1)]
-                if (options.borrow_threshold_tokens is not None
-                        and prompt_load[p_pos[src.idx]] > options.borrow_threshold_tokens):
-                    src = dst  # borrowed into the mixed pool: prefill and decode on the token machine
-                    src.can_prefill = True
+                if options.borrow_threshold_tokens is not None:
+                    need = p[i] + o[i]
+                    if dst.kv_promised + need > dst.kv_cap:  # borrow a prompt machine to decode it
+                        roomiest = max(prompt_side, key=lambda x: x.kv_cap - x.kv_promised)
+                        if roomiest.kv_promised + need <= roomiest.kv_cap:
+                            dst = roomiest
+                    if dst.role == TOKEN and prompt_load[p_pos[src.idx]] > options.borrow_threshold_tokens:
+                        src = dst  # borrow the token machine to prefill it
+                        src.can_prefill = True
             p_inst[i], t_inst[i] = src.idx, dst.idx
             src.queue.append(i)
             if src.idx in p_pos:
                 prompt_load[p_pos[src.idx]] += p[i]
-            token_load[t_pos[dst.idx]] += o[i]
+            dst.kv_promised += p[i] + o[i]
+            if dst.idx in t_pos:
+                token_load[t_pos[dst.idx]] += o[i]
             if not src.running:
                 start(src, now)
             continue
@@ -305,7 +322,7 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
                 inst.kv_used -= p[i] + o[i]
                 inst.batch -= 1
                 inst.ctx -= p[i] + o[i]
-                token_load[t_pos[inst.idx]] -= o[i]
+                unassign(inst, i)
                 finish(i, now)
         for i in inst.run_prefill:
             prefill_done(inst, i, now)

@@ -37,11 +37,12 @@ def test_one_output_token_finishes_at_prefill():
 
 
 @settings(max_examples=15, deadline=None)
-@given(st.integers(0, 10_000), st.floats(0.5, 30), st.sampled_from(["jsq", "round-robin"]), st.booleans())
-def test_conservation_every_request_once_and_tokens(seed, rate, routing, colocated):
+@given(st.integers(0, 10_000), st.floats(0.5, 30), st.sampled_from(["jsq", "round-robin"]), st.booleans(),
+       st.sampled_from([None, 0, 4096]))
+def test_conservation_every_request_once_and_tokens(seed, rate, routing, colocated, borrow):
     trace = resample_poisson(load_trace(default_trace_path()), rate, 20.0, np.random.default_rng(seed))
     pools = [PoolSpec("mixed", H100, 2)] if colocated else [PoolSpec("prompt", H100, 2), PoolSpec("token", H100, 1)]
-    r = simulate(trace, pools, SimOptions(routing=routing))
+    r = simulate(trace, pools, SimOptions(routing=routing, borrow_threshold_tokens=borrow))
     finished = np.isfinite(r.e2e_s)
     assert finished.sum() + r.rejected.sum() == len(trace)
     assert r.tokens_out == int(trace.output_tokens[finished].sum())
@@ -94,6 +95,21 @@ def test_mixed_pool_borrowing_uses_token_machines_for_prompts():
     borrowed = simulate(trace, pools, SimOptions(borrow_threshold_tokens=4096))
     assert np.any(borrowed.prompt_instance >= 1)  # some prompts ran on token instances
     assert np.nanpercentile(borrowed.ttft_s, 99) < np.nanpercentile(plain.ttft_s, 99)
+
+
+def test_mixed_pool_borrowing_uses_prompt_machines_for_decode_when_token_kv_is_full():
+    bloom = api.instance("bloom-176b", "h100-80gb", 8)  # about 52k KV tokens per instance
+    n = 60
+    trace = Trace(np.arange(n) * 0.25, np.full(n, 4000), np.full(n, 300), "test")  # 4.3k KV tokens each
+    pools = [PoolSpec("prompt", bloom, 2), PoolSpec("token", bloom, 1)]
+    plain = simulate(trace, pools)
+    borrowed = simulate(trace, pools, SimOptions(borrow_threshold_tokens=10**9))  # prompt queues never spill
+    assert np.all(plain.token_instance == 2) and np.all(borrowed.prompt_instance < 2)
+    decoded_on_prompt = borrowed.token_instance < 2
+    assert 0 < decoded_on_prompt.sum() < n
+    assert borrowed.tokens_out == plain.tokens_out == 300 * n
+    assert np.median(borrowed.e2e_s) < np.median(plain.e2e_s)
+    assert np.percentile(borrowed.decode_queue_s, 99) < np.percentile(plain.decode_queue_s, 99)
 
 
 def test_measured_table_matches_its_points_and_reports_extrapolation(shared_data):
