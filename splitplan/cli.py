@@ -599,6 +599,10 @@ def _render_simulation(summary: dict, workload) -> None:
                            caption=f"tokens out {summary['tokens_out']:,} of {summary['tokens_asked']:,}; "
                                    f"{summary['rejected_kv']} request(s) never fit a token instance's KV; "
                                    f"GPU energy {summary['energy_kwh']:.2f} kWh"))
+    moved = summary["borrowed"]
+    if any(moved.values()):
+        con.print(f"mixed pool: {moved['prefills_on_token_machines']:,} prefill(s) ran on token machines, "
+                  f"{moved['decodes_on_prompt_machines']:,} decode(s) on prompt machines")
     if "extrapolated_pct" in summary:
         e = summary["extrapolated_pct"]
         con.print(f"perf-db: {e['prefill']:.1f} % of prefill and {e['decode']:.1f} % of decode lookups extrapolated beyond the measurements")

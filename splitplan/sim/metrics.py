@@ -66,6 +66,13 @@ def pool_report(result: SimResult, pools: list[PoolSpec]) -> list[dict]:
     return out
 
 
+def borrowed(result: SimResult) -> dict:
+    """Requests the mixed pool moved: prefilled on a token machine, decoded on a prompt machine."""
+    roles = np.array([x[1] for x in result.instances])
+    return {"prefills_on_token_machines": int(np.sum(roles[result.prompt_instance] == "token")),
+            "decodes_on_prompt_machines": int(np.sum(roles[result.token_instance] == "prompt"))}
+
+
 def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, reference: Reference | None) -> dict:
     t = result.trace
     finished = np.isfinite(result.e2e_s)
@@ -87,6 +94,7 @@ def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, 
         "decode_queue_ms": percentiles_ms(result.decode_queue_s),
         "slo": slo_report(result, slo, reference),
         "pools": pool_rows,
+        "borrowed": borrowed(result),
         "energy_kwh": sum(r["energy_kwh"] for r in pool_rows),
         "events": result.events,
     }

@@ -7,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 from splitplan import api
 from splitplan.perf.roofline import kv_transfer_time_s
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
+from splitplan.sim.metrics import borrowed as borrowed_counts
 from splitplan.workload.trace import Trace, default_trace_path, load_trace, resample_poisson
 
 H100 = api.instance("llama2-70b", "h100-80gb", 8)
@@ -94,6 +95,7 @@ def test_mixed_pool_borrowing_uses_token_machines_for_prompts():
     plain = simulate(trace, pools)
     borrowed = simulate(trace, pools, SimOptions(borrow_threshold_tokens=4096))
     assert np.any(borrowed.prompt_instance >= 1)  # some prompts ran on token instances
+    assert borrowed_counts(borrowed)["prefills_on_token_machines"] == int(np.sum(borrowed.prompt_instance >= 1))
     assert np.nanpercentile(borrowed.ttft_s, 99) < np.nanpercentile(plain.ttft_s, 99)
 
 
@@ -107,6 +109,8 @@ def test_mixed_pool_borrowing_uses_prompt_machines_for_decode_when_token_kv_is_f
     assert np.all(plain.token_instance == 2) and np.all(borrowed.prompt_instance < 2)
     decoded_on_prompt = borrowed.token_instance < 2
     assert 0 < decoded_on_prompt.sum() < n
+    assert borrowed_counts(borrowed) == {"prefills_on_token_machines": 0, "decodes_on_prompt_machines": int(decoded_on_prompt.sum())}
+    assert borrowed_counts(plain) == {"prefills_on_token_machines": 0, "decodes_on_prompt_machines": 0}
     assert borrowed.tokens_out == plain.tokens_out == 300 * n
     assert np.median(borrowed.e2e_s) < np.median(plain.e2e_s)
     assert np.percentile(borrowed.decode_queue_s, 99) < np.percentile(plain.decode_queue_s, 99)
