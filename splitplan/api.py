@@ -201,7 +201,11 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     except InfeasibleError:
         colocated = None
     shown = alts[: alternatives - 1] + ([colocated] if colocated else [])
-    front = _pareto(problem, options, [plan, *alts, *([colocated] if colocated else [])]) if pareto else ()
+    front = ()
+    if pareto:
+        by_key = {o.key: o for o in options + mixed}
+        front = tuple(dataclasses.replace(p, max_rate_rps=_plan_max_rate(problem, p, by_key))
+                      for p in _pareto(problem, options, [plan, *alts, *([colocated] if colocated else [])]))
     return OptimizeResult(plan, tuple(sorted(shown, key=lambda p: _plan_key(objective, p))), tuple(options + mixed),
                           colocated, pareto=front, unservable=unservable)
 
@@ -240,7 +244,8 @@ def _pareto(problem, options, seeds: list) -> tuple:
     """Cost against power: the epsilon-constraint method on the ILP (cheapest plan
     under a power cap, the cap lowered below each plan found until none is
     feasible), every plan verified and repaired on the whole trace; then the
-    plans no other beats on both. `seeds` (plans already found) join the set."""
+    plans no other beats on both. `seeds` (plans already found, the co-located
+    one among them) join the set."""
     from dataclasses import replace as _replace
 
     from splitplan.report import pareto as frontier
@@ -265,7 +270,7 @@ def _pareto(problem, options, seeds: list) -> tuple:
             break
         cap = next_cap
     unique = {(p.prompt_pools, p.token_pools, p.mixed_pools): p for p in plans}
-    return tuple(_replace(p, max_rate_rps=_plan_max_rate(problem, p, by_key)) for p in frontier(list(unique.values())))
+    return tuple(frontier(list(unique.values())))
 
 
 def _plan_max_rate(problem, plan, by_key) -> float | None:
@@ -274,20 +279,28 @@ def _plan_max_rate(problem, plan, by_key) -> float | None:
     whole-trace evaluation the plans were verified with."""
     from dataclasses import replace as _replace
 
+    from splitplan.capacity.pools import colocated_pool
     from splitplan.search.plan import check, evaluate
 
     trace = problem.trace
-    if trace.span_s <= 0 or plan.mixed_pools:
-        return None
-    counts = {(role, p.hardware, p.tp): p.machines for role, pools in (("prompt", plan.prompt_pools), ("token", plan.token_pools))
-              for p in pools}
-    if any(key not in by_key for key in counts):
+    counts = {(role, p.hardware, p.tp): p.machines for role, pools in
+              (("prompt", plan.prompt_pools), ("token", plan.token_pools), ("mixed", plan.mixed_pools)) for p in pools}
+    if trace.span_s <= 0 or any(key not in by_key for key in counts) or (plan.mixed_pools and len(counts) != 1):
         return None
     base = trace.mean_rate_rps
 
+    def values_at(scaled):
+        if not plan.mixed_pools:
+            return evaluate(scaled, counts, by_key)
+        (key, machines), = counts.items()  # a co-located plan: one homogeneous pool
+        inst = by_key[key].inst
+        t = scaled.trace
+        return colocated_pool(t.arrival_s, t.prompt_tokens, t.output_tokens, inst, machines * inst.instances_per_machine,
+                              scaled.max_batch_tokens)
+
     def serves(rate):
         scaled = _replace(problem, trace=_replace(trace, arrival_s=trace.arrival_s * (base / rate)))
-        values = evaluate(scaled, counts, by_key)
+        values = values_at(scaled)
         return values["kv_peak_fraction"] <= 1 and all(ok for _, _, ok in check(scaled, values))
 
     lo, hi = base, None

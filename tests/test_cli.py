@@ -244,6 +244,14 @@ def test_perf_with_perf_db():
     assert points[1]["bound"] == "extrapolated"
 
 
+def test_pareto_colocated_plans_report_their_max_rate():
+    result = run("optimize", "--pareto", "--rate", "1", "--duration", "60", "--hardware", "h100-80gb", "--format", "json")
+    assert result.exit_code == 0, result.output
+    front = json.loads(result.stdout)["pareto"]
+    colocated = [p for p in front if p.get("mixed_pools")]
+    assert colocated and all(p["max_rate_rps"] >= 1 * 0.95 for p in colocated)
+
+
 def test_perf_db_naming_a_hardware_file(tmp_path):
     """Measurements may name the machine by its spec file, as `--hardware` does."""
     gpu = tmp_path / "my-gpu.yaml"
