@@ -439,7 +439,7 @@ def _raise_if_unreachable(problem, options) -> None:
             raise InfeasibleError(f"the model fits no {role} hardware considered: {reasons}")
         if any(o.instances for o in fitting):
             continue
-        for line in (l for l in problem.slo.lines() if l.metric == metric):
+        for line in (x for x in problem.slo.lines() if x.metric == metric):
             best = None
             for o in fitting:
                 value = achieved(line, alone_latencies(o.inst, problem.trace)[metric], problem.reference)
@@ -645,7 +645,10 @@ class DesignResult:
 
     def row(self) -> dict:
         p = self.plan
-        machines = (lambda pools: sum(x.machines for x in pools) if p else None)
+
+        def machines(pools):
+            return sum(x.machines for x in pools) if p else None
+
         return {
             "design": self.design,
             "prompt_machines": machines(p.prompt_pools) if p else None,

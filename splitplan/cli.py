@@ -466,7 +466,7 @@ def _render_plan(result, workload, simulated=None) -> None:
         rows.append(("vs best co-located", "no co-located plan meets the SLO"))
     con.print(report.table(f"Plan for {workload.source} ({len(workload):,} requests)", ["", "value"], rows))
     con.print(report.table("Predicted against the SLO", ["line", "target", "achieved", "met"],
-                           [(l.label, l.target, v, "yes" if ok else "NO") for l, v, ok in plan.slo]))
+                           [(line.label, line.target, v, "yes" if ok else "NO") for line, v, ok in plan.slo]))
     if simulated is not None:
         rows = [(f"{m.upper()} {q}", plan.predicted[m][q], simulated[f"{m}_ms"][q])
                 for m in ("ttft", "tbt", "e2e") for q in ("p50", "p90", "p99")]

@@ -104,7 +104,7 @@ def plan_json(plan) -> dict:
         "power_kw": plan.power_kw,
         "machines": plan.machines,
         "predicted": {f"{m}_ms": v for m, v in plan.predicted.items()},
-        "slo": [{"line": l.label, "target": l.target, "achieved": v, "met": ok} for l, v, ok in plan.slo],
+        "slo": [{"line": line.label, "target": line.target, "achieved": v, "met": ok} for line, v, ok in plan.slo],
         "binding": plan.binding,
         **({"max_rate_rps": plan.max_rate_rps} if plan.max_rate_rps is not None else {}),
     }

@@ -99,7 +99,7 @@ class Problem:
 
 
 def _lines(problem: Problem, metric: str) -> list[SloLine]:
-    return [l for l in problem.slo.lines() if l.metric == metric]
+    return [x for x in problem.slo.lines() if x.metric == metric]
 
 
 def _first_failing(problem: Problem, metric: str, values: np.ndarray) -> SloLine | None:
@@ -364,7 +364,7 @@ def make_plan(problem: Problem, counts: dict[tuple, int], options: dict[tuple, O
         bindings.append(f"{repairs} machine(s) added on whole-trace evaluation")
     bindings += _tight_budgets(problem, counts, cost, power)
     return Plan(pools("prompt"), pools("token"), pools("mixed"), cost, power, predicted,
-                tuple((l, v, ok) for l, v, ok in lines), "; ".join(bindings), repairs)
+                tuple(lines), "; ".join(bindings), repairs)
 
 
 def _tight_budgets(problem: Problem, counts: dict[tuple, int], cost: float, power: float) -> list[str]:

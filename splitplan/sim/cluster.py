@@ -390,7 +390,7 @@ def _range_max(table: list[np.ndarray], lo: np.ndarray, hi: np.ndarray) -> np.nd
         return out
     level = np.floor(np.log2(np.maximum(length[ok], 1))).astype(int)
     width = 1 << level
-    a = np.array([table[l][s] for l, s in zip(level, lo[ok])])
-    b = np.array([table[l][e - w] for l, e, w in zip(level, hi[ok], width)])
+    a = np.array([table[k][s] for k, s in zip(level, lo[ok])])
+    b = np.array([table[k][e - w] for k, e, w in zip(level, hi[ok], width)])
     out[ok] = np.maximum(a, b)
     return out

@@ -65,7 +65,7 @@ class SloProfile(BaseModel):
         for metric in METRICS:
             for key, limit in getattr(self, metric).items():
                 out.append(SloLine(metric, float(key[1:]), limit.max_ms, limit.slowdown))
-        return sorted(out, key=lambda l: (METRICS.index(l.metric), l.percentile))
+        return sorted(out, key=lambda x: (METRICS.index(x.metric), x.percentile))
 
 
 @dataclass(frozen=True)

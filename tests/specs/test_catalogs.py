@@ -92,7 +92,7 @@ def catalog_path(name):
 def test_missing_and_negative_hardware_values(tmp_path):
     text = open(catalog_path("a100-80gb")).read()
     with pytest.raises(SpecError, match="missing key 'price_source'"):
-        load_hardware(_write(tmp_path, "a.yaml", "\n".join(l for l in text.splitlines() if not l.startswith("price_source"))))
+        load_hardware(_write(tmp_path, "a.yaml", "\n".join(x for x in text.splitlines() if not x.startswith("price_source"))))
     with pytest.raises(SpecError, match=r"gpu.memory_gb"):
         load_hardware(_write(tmp_path, "b.yaml", text.replace("memory_gb: 80", "memory_gb: -80")))
 
