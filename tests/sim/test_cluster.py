@@ -12,6 +12,7 @@ from splitplan.workload.trace import Trace, default_trace_path, load_trace, resa
 
 H100 = api.instance("llama2-70b", "h100-80gb", 8)
 A100 = api.instance("llama2-70b", "a100-80gb", 8)
+BLOOM = api.instance("bloom-176b", "h100-80gb", 8)  # about 52k KV tokens per instance
 
 
 def one(prompt, output, at=0.0):
@@ -39,10 +40,11 @@ def test_one_output_token_finishes_at_prefill():
 
 @settings(max_examples=15, deadline=None)
 @given(st.integers(0, 10_000), st.floats(0.5, 30), st.sampled_from(["jsq", "round-robin"]), st.booleans(),
-       st.sampled_from([None, 0, 4096]))
-def test_conservation_every_request_once_and_tokens(seed, rate, routing, colocated, borrow):
+       st.sampled_from([None, 0, 4096]), st.booleans())
+def test_conservation_every_request_once_and_tokens(seed, rate, routing, colocated, borrow, small_kv):
     trace = resample_poisson(load_trace(default_trace_path()), rate, 20.0, np.random.default_rng(seed))
-    pools = [PoolSpec("mixed", H100, 2)] if colocated else [PoolSpec("prompt", H100, 2), PoolSpec("token", H100, 1)]
+    inst = BLOOM if small_kv else H100  # BLOOM's KV fills, so borrowing for decode happens
+    pools = [PoolSpec("mixed", inst, 2)] if colocated else [PoolSpec("prompt", inst, 2), PoolSpec("token", inst, 1)]
     r = simulate(trace, pools, SimOptions(routing=routing, borrow_threshold_tokens=borrow))
     finished = np.isfinite(r.e2e_s)
     assert finished.sum() + r.rejected.sum() == len(trace)
@@ -100,7 +102,7 @@ def test_mixed_pool_borrowing_uses_token_machines_for_prompts():
 
 
 def test_mixed_pool_borrowing_uses_prompt_machines_for_decode_when_token_kv_is_full():
-    bloom = api.instance("bloom-176b", "h100-80gb", 8)  # about 52k KV tokens per instance
+    bloom = BLOOM
     n = 60
     trace = Trace(np.arange(n) * 0.25, np.full(n, 4000), np.full(n, 300), "test")  # 4.3k KV tokens each
     pools = [PoolSpec("prompt", bloom, 2), PoolSpec("token", bloom, 1)]
