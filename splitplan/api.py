@@ -279,7 +279,6 @@ def _plan_max_rate(problem, plan, by_key) -> float | None:
     whole-trace evaluation the plans were verified with."""
     from dataclasses import replace as _replace
 
-    from splitplan.capacity.pools import colocated_pool
     from splitplan.search.plan import check, evaluate
 
     trace = problem.trace
@@ -289,18 +288,9 @@ def _plan_max_rate(problem, plan, by_key) -> float | None:
         return None
     base = trace.mean_rate_rps
 
-    def values_at(scaled):
-        if not plan.mixed_pools:
-            return evaluate(scaled, counts, by_key)
-        (key, machines), = counts.items()  # a co-located plan: one homogeneous pool
-        inst = by_key[key].inst
-        t = scaled.trace
-        return colocated_pool(t.arrival_s, t.prompt_tokens, t.output_tokens, inst, machines * inst.instances_per_machine,
-                              scaled.max_batch_tokens)
-
     def serves(rate):
         scaled = _replace(problem, trace=_replace(trace, arrival_s=trace.arrival_s * (base / rate)))
-        values = values_at(scaled)
+        values = evaluate(scaled, counts, by_key)
         return values["kv_peak_fraction"] <= 1 and all(ok for _, _, ok in check(scaled, values))
 
     lo, hi = base, None

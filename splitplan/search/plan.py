@@ -254,11 +254,18 @@ def _grid(problem: Problem, usable: list[Option], primary, secondary) -> dict[tu
 
 
 def evaluate(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Option], memo: dict | None = None) -> dict:
-    """Per-request TTFT, TBT and E2E (seconds) of a split plan on the trace.
+    """Per-request TTFT, TBT and E2E (seconds) of a plan on the trace: split pools,
+    or one co-located (mixed) pool.
 
     `memo` (any dict, reused across calls on the same problem) keeps the prompt
     replay of each prompt-pool configuration and each option's batch times."""
     t = problem.trace
+    mixed = [(k, c) for k, c in counts.items() if k[0] == "mixed"]
+    if mixed:
+        (key, machines), = mixed  # a co-located plan is one homogeneous pool
+        inst = options[key].inst
+        return colocated_pool(t.arrival_s, t.prompt_tokens, t.output_tokens, inst, machines * inst.instances_per_machine,
+                              problem.max_batch_tokens)
     memo = {} if memo is None else memo
     prompt_keys = tuple(sorted((k, c) for k, c in counts.items() if k[0] == "prompt"))
     prompt = [(options[k].inst, c * options[k].inst.instances_per_machine) for k, c in prompt_keys]
@@ -393,7 +400,5 @@ def colocated_plan(problem: Problem, options: list[Option]) -> Plan:
         raise InfeasibleError(f"no co-located plan meets the SLO within the budget ({reasons})")
     weight = (lambda o: (o.price_usd_per_hour, o.power_kw)) if problem.objective == "cost" else (lambda o: (o.power_kw, o.price_usd_per_hour))
     best = min(usable, key=lambda o: (weight(o)[0] * o.machines_alone, weight(o)[1] * o.machines_alone, o.key))
-    n = best.machines_alone * best.inst.instances_per_machine
-    t = problem.trace
-    values = colocated_pool(t.arrival_s, t.prompt_tokens, t.output_tokens, best.inst, n, problem.max_batch_tokens)
+    values = evaluate(problem, {best.key: best.machines_alone}, {best.key: best})
     return make_plan(problem, {best.key: best.machines_alone}, {best.key: best}, 0, values, check(problem, values))
