@@ -28,6 +28,8 @@ import pandas as pd
 from splitplan.errors import SpecError
 from splitplan.perf.measurements import read_measurements
 from splitplan.perf.roofline import Fit, Instance, Latency, PassShortcuts
+from splitplan.specs.hardware import load_hardware
+from splitplan.specs.model import load_model
 
 
 def _interp(x, xs: np.ndarray, ys: np.ndarray):
@@ -153,9 +155,6 @@ class PerfDb:
     """A measurement file, read once, giving a MeasuredInstance per (model, machine, TP)."""
 
     def __init__(self, path: str | Path):
-        from splitplan.specs.hardware import load_hardware
-        from splitplan.specs.model import load_model
-
         self.path = str(path)
         points = read_measurements(path)
         # Rows may name catalog entries or spec files; instances are matched by spec name.
