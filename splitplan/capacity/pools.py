@@ -1,12 +1,13 @@
 """How many instances of a pool option keep the SLO, from the trace itself.
 
-Prompt pool (TTFT): the trace is replayed against n instances sharing one FCFS
-queue; a free instance takes the queued prompts in arrival order up to
-`max_batch_tokens` (always at least one), runs the batch for the perf model's
-time, and every request in it gets its first token when the batch ends
-(Splitwise stamps TTFT at the end of the prefill). Queueing, and so the bursts
-of a real trace, are in the TTFT percentiles; no mean-rate formula is used.
-Cost: O(batches x log n) per evaluation.
+Prompt pool (TTFT): the trace is replayed against n instances as the simulator
+and Splitwise route it: at arrival, to the instance with the fewest pending prompt
+tokens (queued or in a running prefill), then FCFS per instance; a free instance
+takes its queued prompts up to `max_batch_tokens` (always at least one), runs the
+batch for the perf model's time, and every request in it gets its first token
+when the batch ends (Splitwise stamps TTFT at the end of the prefill). Queueing,
+and so the bursts of a real trace, are in the TTFT percentiles; no mean-rate
+formula is used. Cost: O(requests x (log n + n)) per evaluation.
 
 Token pool (TBT, KV memory): continuous batching. Request i decodes from its
 start for `output_i` iterations; the batch on an instance is the number of
@@ -26,6 +27,7 @@ E2E = TTFT + TBT x (output - 1)).
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,31 +93,62 @@ class BatchTimes:
 def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[tuple[Instance, int]],
                         max_batch_tokens: int, times: list[BatchTimes] | None = None,
                         busy: list | None = None) -> np.ndarray:
-    """TTFT of every request on the given prompt instances (type, count), FCFS + batching.
-    With `busy` (a list), every batch's (start, duration) is appended to it."""
+    """TTFT of every request on the given prompt instances (type, count), routed as
+    the simulator and Splitwise route them: at arrival, to the instance with the
+    fewest pending prompt tokens (queued or in a running prefill; ties to the lowest
+    index), then FCFS per instance with batches of at most `max_batch_tokens`
+    (always at least one prompt). With `busy` (a list), every batch's
+    (start, duration) is appended to it.
+
+    A batch that ends at an arrival's time ends before the arrival is routed, as in
+    the simulator, so both give the same TTFT."""
     n_req = len(arrival_s)
     finish_at = [0.0] * n_req
     times = times or [BatchTimes(inst, prompt_tokens) for inst, _ in pools]
-    heap = [(0.0, k, j) for k, (_, count) in enumerate(pools) for j in range(count)]
-    heapq.heapify(heap)
+    kind = [k for k, (_, count) in enumerate(pools) for _ in range(count)]
+    load = [0] * len(kind)  # pending prompt tokens per instance
+    queues = [deque() for _ in kind]
+    running: list = [None] * len(kind)  # (requests, tokens) of the batch in flight
+    heap: list = []  # (end time, instance)
     arrival = arrival_s.tolist()
     tokens = prompt_tokens.tolist()
-    i = 0
-    while i < n_req:
-        free, k, j = heapq.heappop(heap)
-        start = free if free > arrival[i] else arrival[i]
-        end_idx, total, sq = i + 1, tokens[i], tokens[i] * tokens[i]
-        while end_idx < n_req and arrival[end_idx] <= start and total + tokens[end_idx] <= max_batch_tokens:
-            total += tokens[end_idx]
-            sq += tokens[end_idx] * tokens[end_idx]
-            end_idx += 1
-        duration = times[k].batch_s(i, end_idx - i, total, sq)
-        finish = start + duration
-        finish_at[i:end_idx] = [finish] * (end_idx - i)
+
+    def start(j: int, now: float) -> None:
+        queue = queues[j]
+        members = [queue.popleft()]
+        total = tokens[members[0]]
+        sq = total * total
+        while queue and total + tokens[queue[0]] <= max_batch_tokens:
+            i = queue.popleft()
+            members.append(i)
+            total += tokens[i]
+            sq += tokens[i] * tokens[i]
+        duration = times[kind[j]].batch_s(members[0], len(members), total, sq)
+        running[j] = (members, total)
         if busy is not None:
-            busy.append((start, duration))
-        heapq.heappush(heap, (finish, k, j))
-        i = end_idx
+            busy.append((now, duration))
+        heapq.heappush(heap, (now + duration, j))
+
+    def finish_until(now: float) -> None:
+        while heap and heap[0][0] <= now:
+            end, j = heapq.heappop(heap)
+            members, total = running[j]
+            for i in members:
+                finish_at[i] = end
+            load[j] -= total
+            running[j] = None
+            if queues[j]:
+                start(j, end)
+
+    for i in range(n_req):
+        now = arrival[i]
+        finish_until(now)
+        j = load.index(min(load))
+        queues[j].append(i)
+        load[j] += tokens[i]
+        if running[j] is None:
+            start(j, now)
+    finish_until(float("inf"))
     return np.asarray(finish_at) - arrival_s
 
 

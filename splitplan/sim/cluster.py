@@ -22,14 +22,24 @@ only the last layer's share (or what the link could not keep up with) is exposed
 The engine's `kv_transfer_latency_s` is added either way.
 
 Routing at arrival: join-shortest-queue on pending tokens (prompt instances:
-queued prompt tokens; token instances: output tokens of the requests assigned
-and not yet finished), ties to the lowest index; or round-robin.
-Splitwise's mixed pool, both ways, with `borrow_threshold_tokens`: a request whose
-KV would overfill its token instance (counting the KV of every request assigned
-there and not finished) is decoded on the prompt instance with the most such room,
-if it fits there; and a prompt that finds every prompt instance with more pending
-tokens than the threshold is prefilled on its token instance instead, which
-decodes it there. A borrowed instance runs mixed iterations (prefill priority).
+prompt tokens queued or in a running prefill, so a busy machine never ties with
+an idle one; token instances: output tokens of the requests assigned and not yet
+finished), ties to the lowest index; or round-robin. The planner's prompt replay
+(capacity.pools.prompt_queue_ttft_s) routes the same way.
+Splitwise's mixed pool, both ways, with `borrow_threshold_tokens`, only when a
+resource is short (join-shortest-queue routing then):
+- KV memory: a request whose KV would overfill its token instance (counting the
+  KV committed there: requests routed there and not finished, as splitwise-sim
+  counts it; counting only prefilled ones over-commits and queues decodes) goes
+  to the token instance with the most room; only when none has room is it
+  decoded on a prompt instance: one already lent with room, else the one with the
+  fewest pending prompt tokens. A lent prompt instance (one holding such
+  decodes) takes new prompts only when every other prompt queue is long, so the
+  decodes it runs are not stalled by prefills; it returns when they finish.
+- Prompt queues: a prompt that finds every prompt instance with a queue and more
+  pending tokens than the threshold is prefilled on its token instance, which
+  decodes it there.
+A borrowed instance runs mixed iterations (prefill priority).
 
 Determinism: one event heap keyed on (time, sequence number); the counter
 belongs to the run, so equal times resolve the same way every run.
@@ -70,8 +80,8 @@ class SimOptions:
 
 class _Inst:
     __slots__ = ("idx", "pool", "role", "perf", "can_prefill", "queue",
-                 "waiting", "kv_cap", "kv_used", "kv_promised", "batch", "ctx", "iters", "ends", "finishing", "running", "link_free",
-                 "bw", "prefill_s", "decode_s", "batch_integral", "run_prefill")
+                 "waiting", "kv_cap", "kv_used", "kv_committed", "batch", "ctx", "iters", "ends", "finishing", "running", "link_free",
+                 "bw", "prefill_s", "decode_s", "batch_integral", "run_prefill", "steps")
 
     def __init__(self, idx, pool, role, perf, bw):
         self.idx, self.pool, self.role, self.perf = idx, pool, role, perf
@@ -80,7 +90,7 @@ class _Inst:
         self.waiting = deque()
         self.kv_cap = perf.fit.kv_capacity_tokens
         self.kv_used = 0
-        self.kv_promised = 0  # KV of the requests assigned to decode here and not finished
+        self.kv_committed = 0  # KV of the requests routed here to decode and not finished (held, on its way or to come)
         self.batch = 0
         self.ctx = 0
         self.iters = 0
@@ -93,6 +103,7 @@ class _Inst:
         self.decode_s = 0.0  # time in decode-only iterations
         self.batch_integral = 0.0  # decode batch x time
         self.run_prefill: list[int] = []
+        self.steps: list[tuple[int, int]] | None = [] if hasattr(perf, "decode_outside") else None  # measured: (batch, context)
 
 
 @dataclass
@@ -141,7 +152,6 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
         raise ValueError("a cluster needs prompt and token instances, or mixed ones")
     single = {k: pool.perf.prefill_time_s(trace.prompt_tokens).tolist() for k, pool in enumerate(pools)}
     lines: dict[int, dict[int, tuple]] = {k: {} for k in range(len(pools))}  # decode steps per batch size
-    linear = {k: callable(getattr(pool.perf, "decode_line", None)) for k, pool in enumerate(pools)}
     model = pools[0].perf.model
     kv_bytes = model.kv_bytes_per_token(pools[0].perf.engine.bytes_per_element)
     layers = model.num_hidden_layers
@@ -175,7 +185,7 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
 
     def unassign(inst: _Inst, i: int):
         """Request i no longer holds a decode place on inst (finished or rejected)."""
-        inst.kv_promised -= p[i] + o[i]
+        inst.kv_committed -= p[i] + o[i]
         if inst.idx in t_pos:
             token_load[t_pos[inst.idx]] -= o[i]
 
@@ -184,6 +194,31 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
             rr[which] += 1
             return (rr[which] - 1) % len(loads)
         return loads.index(min(loads))
+
+    def long_queue(inst: _Inst, i: int) -> bool:
+        return bool(inst.queue) and prompt_load[p_pos[inst.idx]] + p[i] > options.borrow_threshold_tokens
+
+    def mixed_pool_prompt(i: int) -> _Inst:
+        """Join-shortest-queue among the prompt machines not lent to decoding; a lent one
+        (holding KV of borrowed decodes) only when every other queue is long."""
+        own = [x for x in prompt_side if not x.kv_committed]
+        best = min(own, key=lambda x: prompt_load[p_pos[x.idx]]) if own else None
+        if best is None or long_queue(best, i):
+            lent = [x for x in prompt_side if x.kv_committed]
+            other = min(lent, key=lambda x: prompt_load[p_pos[x.idx]]) if lent else None
+            if other is not None and (best is None or not long_queue(other, i)):
+                best = other
+        return best
+
+    def lend_prompt(need: int) -> _Inst | None:
+        """The prompt machine to decode a request the token machines have no room for:
+        one already lent with room (the fullest that fits, keeping the others whole),
+        else the one with the fewest pending prompt tokens; None when none fits."""
+        lent = [x for x in prompt_side if x.kv_committed and x.kv_committed + need <= x.kv_cap]
+        if lent:
+            return max(lent, key=lambda x: x.kv_committed)
+        fresh = [x for x in prompt_side if not x.kv_committed and need <= x.kv_cap]
+        return min(fresh, key=lambda x: prompt_load[p_pos[x.idx]]) if fresh else None
 
     def finish(i, now):
         nonlocal tokens_out
@@ -201,9 +236,6 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
                 total += p[i]
                 sq += p[i] * p[i]
                 prefill_start[i] = now
-            k = p_pos.get(inst.idx)
-            if k is not None:  # a borrowed token instance is no prompt routing target
-                prompt_load[k] -= total
         if prefill:
             if len(prefill) == 1 and inst.batch == 0:
                 duration = single[inst.pool][prefill[0]]
@@ -212,15 +244,14 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
                                                        float(inst.batch), float(inst.ctx)))
             inst.prefill_s += duration
         elif inst.batch:
-            if linear[inst.pool]:
-                line = lines[inst.pool].get(inst.batch)
-                if line is None:
-                    line = lines[inst.pool][inst.batch] = inst.perf.decode_line(inst.batch)
-                attention = inst.ctx * line[1]
-                duration = line[0] + attention + (line[2] - attention if line[2] > attention else 0.0)
-            else:
-                duration = float(inst.perf.pass_time_s(0.0, 0.0, 0.0, float(inst.batch), float(inst.ctx)))
+            line = lines[inst.pool].get(inst.batch)
+            if line is None:
+                line = lines[inst.pool][inst.batch] = inst.perf.decode_line(inst.batch)
+            attention = inst.ctx * line[1]
+            duration = line[0] + attention + (line[2] - attention if line[2] > attention else 0.0)
             inst.decode_s += duration
+            if inst.steps is not None:
+                inst.steps.append((inst.batch, inst.ctx))
         else:
             inst.running = False
             return
@@ -279,25 +310,28 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
             now = arrival[i]
             next_arrival += 1
             events += 1
-            src = prompt_side[pick(prompt_load, 0)]
+            if options.borrow_threshold_tokens is None or prompt_side[0].role == MIXED:
+                src = prompt_side[pick(prompt_load, 0)]
+            else:
+                src = mixed_pool_prompt(i)
             if src.role == MIXED:
                 dst = src
             else:
                 dst = token_side[pick(token_load, 1)]
                 if options.borrow_threshold_tokens is not None:
                     need = p[i] + o[i]
-                    if dst.kv_promised + need > dst.kv_cap:  # borrow a prompt machine to decode it
-                        roomiest = max(prompt_side, key=lambda x: x.kv_cap - x.kv_promised)
-                        if roomiest.kv_promised + need <= roomiest.kv_cap:
-                            dst = roomiest
-                    if dst.role == TOKEN and prompt_load[p_pos[src.idx]] > options.borrow_threshold_tokens:
-                        src = dst  # borrow the token machine to prefill it
+                    if dst.kv_committed + need > dst.kv_cap:  # short of KV memory: the token machine with most room,
+                        dst = max(token_side, key=lambda x: x.kv_cap - x.kv_committed)
+                        if dst.kv_committed + need > dst.kv_cap:  # else decode it on a prompt machine
+                            dst = lend_prompt(need) or dst
+                    if dst.role == TOKEN and long_queue(src, i):
+                        src = dst  # every prompt machine's queue is long: borrow the token machine to prefill it
                         src.can_prefill = True
             p_inst[i], t_inst[i] = src.idx, dst.idx
             src.queue.append(i)
             if src.idx in p_pos:
                 prompt_load[p_pos[src.idx]] += p[i]
-            dst.kv_promised += p[i] + o[i]
+            dst.kv_committed += p[i] + o[i]
             if dst.idx in t_pos:
                 token_load[t_pos[dst.idx]] += o[i]
             if not src.running:
@@ -324,13 +358,20 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
                 inst.ctx -= p[i] + o[i]
                 unassign(inst, i)
                 finish(i, now)
+        k = p_pos.get(inst.idx)
         for i in inst.run_prefill:
+            if k is not None:  # a prompt stays pending on its machine until its prefill completes
+                prompt_load[k] -= p[i]
             prefill_done(inst, i, now)
         if inst.role == TOKEN and not inst.queue:
             inst.can_prefill = False  # a borrowed machine returns to its pool
         admit(inst, now)
         start(inst, now)
 
+    for inst in insts:  # a measured table counts the decode steps it extrapolated
+        if inst.steps:
+            batch, context = np.array(inst.steps, float).T
+            inst.perf._count("decode", inst.perf.decode_outside(batch, context))
     tbt_max = _tbt_max(insts, o, t_inst, join_iter, ttft, arrival)
     done = trace.arrival_s + np.array(e2e)
     span = float(np.nanmax(done) - arrival[0]) if tokens_out else 0.0

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from splitplan import api
+from tests.conftest import PERF_DB
 from splitplan.perf.roofline import kv_transfer_time_s
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.sim.metrics import borrowed as borrowed_counts
@@ -118,9 +119,9 @@ def test_mixed_pool_borrowing_uses_prompt_machines_for_decode_when_token_kv_is_f
     assert np.percentile(borrowed.decode_queue_s, 99) < np.percentile(plain.decode_queue_s, 99)
 
 
-def test_measured_table_matches_its_points_and_reports_extrapolation(shared_data):
+def test_measured_table_matches_its_points_and_reports_extrapolation():
     from splitplan.perf.table import PerfDb
-    db = PerfDb(shared_data / "perf" / "splitwise_perf_model.csv")
+    db = PerfDb(PERF_DB)
     m = db.require(A100)
     assert float(m.prefill_time_s(2048)) * 1e3 == pytest.approx(274.2, rel=0.01)
     assert float(m.decode_step_time_s(64, 576)) * 1e3 == pytest.approx(71.6, rel=0.01)
@@ -129,7 +130,7 @@ def test_measured_table_matches_its_points_and_reports_extrapolation(shared_data
     assert m.extrapolated["prefill"] == before + 1
     r = api.simulate(resample_poisson(load_trace(default_trace_path()), 3.0, 30.0, np.random.default_rng(0)),
                      [("prompt", "a100-80gb", 8, 2), ("token", "a100-80gb", 8, 1)], "llama2-70b", "splitwise",
-                     perf_db=str(shared_data / "perf" / "splitwise_perf_model.csv"))
+                     perf_db=str(PERF_DB))
     assert "extrapolated_pct" in r.summary and 0 <= r.summary["extrapolated_pct"]["prefill"] <= 100
 
 
@@ -140,3 +141,73 @@ def test_validate_grows_an_undersized_plan_until_the_simulation_meets_the_slo():
     assert added > 0 and grown.machines == 2 + added and "simulation: " in grown.binding
     assert grown.cost_usd_per_hour == pytest.approx(38.0 * grown.machines)
     assert all(line["met"] for line in sim.summary["slo"])
+
+
+# --- routing and the planner agree (issue 12) ---------------------------------------------
+
+def test_an_idle_prompt_machine_wins_over_a_busy_one():
+    """Request 1 arrives while request 0's prefill runs on machine 0: its tokens are still
+    pending there, so the idle machine 1 takes request 1 (it used to tie at 0 and lose)."""
+    trace = Trace(np.array([0.0, 0.01, 0.02]), np.array([4000, 500, 500]), np.array([5, 5, 5]), "t")
+    r = simulate(trace, [PoolSpec("prompt", H100, 3), PoolSpec("token", H100, 1)])
+    assert r.prompt_instance.tolist() == [0, 1, 2]
+    assert r.prompt_queue_s.tolist() == [0.0, 0.0, 0.0]
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 10_000), st.floats(2, 40), st.sampled_from([(H100, A100), (A100, H100), (H100, H100)]))
+def test_planner_prompt_replay_is_the_simulators_ttft(seed, rate, kinds):
+    """capacity.pools.prompt_queue_ttft_s routes and batches as the simulator does: same TTFT."""
+    from splitplan.capacity.pools import prompt_queue_ttft_s
+    trace = resample_poisson(load_trace(default_trace_path()), rate, 30.0, np.random.default_rng(seed))
+    first, second = kinds
+    r = simulate(trace, [PoolSpec("prompt", first, 1), PoolSpec("prompt", second, 2), PoolSpec("token", H100, 2)])
+    planned = prompt_queue_ttft_s(trace.arrival_s, trace.prompt_tokens, [(first, 1), (second, 2)], 2048)
+    assert np.allclose(planned, r.ttft_s, rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 10_000), st.floats(5, 60), st.integers(1, 6))
+def test_more_prompt_machines_never_raise_ttft_percentiles(seed, rate, machines):
+    trace = resample_poisson(load_trace(default_trace_path()), rate, 30.0, np.random.default_rng(seed))
+    token = PoolSpec("token", H100, 2)
+    fewer = simulate(trace, [PoolSpec("prompt", H100, machines), token])
+    more = simulate(trace, [PoolSpec("prompt", H100, machines + 1), token])
+    for q in (50, 90, 99):
+        assert np.percentile(more.ttft_s, q) <= np.percentile(fewer.ttft_s, q) * (1 + 1e-9), q
+
+
+def test_borrowing_happens_only_when_memory_is_short():
+    """Plenty of KV room: the mixed pool lends nothing. A token machine that is full by
+    join-shortest-queue sends the request to the token machine with room, not to a prompt
+    machine."""
+    trace = resample_poisson(load_trace(default_trace_path()), 4.0, 30.0, np.random.default_rng(5))
+    roomy = simulate(trace, [PoolSpec("prompt", H100, 2), PoolSpec("token", H100, 2)],
+                     SimOptions(borrow_threshold_tokens=10**9))
+    assert borrowed_counts(roomy) == {"prefills_on_token_machines": 0, "decodes_on_prompt_machines": 0}
+    cap = BLOOM.fit.kv_capacity_tokens
+    # request 0: KV-heavy, 2 output tokens (the fewest pending outputs); request 1: light, many
+    # outputs. Request 2 then goes by join-shortest-queue to token machine 0, whose KV is spoken
+    # for, and must land on token machine 1 (which has room), not on a prompt machine.
+    trace = Trace(np.array([0.0, 0.001, 0.002]), np.array([cap - 3000, 1000, 3000]), np.array([2, 400, 50]), "t")
+    r = simulate(trace, [PoolSpec("prompt", BLOOM, 3), PoolSpec("token", BLOOM, 2)], SimOptions(borrow_threshold_tokens=10**9))
+    assert r.token_instance.tolist() == [3, 4, 4]
+    assert borrowed_counts(r)["decodes_on_prompt_machines"] == 0
+
+
+def test_splitwise_sim_reading_of_the_table():
+    """--perf-interp splitwise-sim: one batch-tokens axis, medians over every row with that
+    token count; a decode step of B requests is read at B tokens (extrapolated below 128)."""
+    from splitplan.perf.table import PerfDb
+    import pandas as pd
+    raw = pd.read_csv(PERF_DB)
+    raw = raw[(raw.model == "bloom-176b") & (raw.hardware == "h100-80gb") & (raw.tensor_parallel == 8)]
+    tokens = raw.prompt_size * raw.batch_size
+    m = PerfDb(PERF_DB).require(BLOOM, "splitwise-sim")
+    assert float(m.prefill_time_s(2048)) * 1e3 == pytest.approx(raw.prompt_time[tokens == 2048].median())  # 2048x1 and 512x4
+    t128, t256 = raw.token_time[tokens == 128].median(), raw.token_time[tokens == 256].median()
+    for batch in (1, 64):  # below the axis: the line through its two smallest points, whatever the context
+        expected = t128 + (batch - 128) * (t256 - t128) / 128
+        assert float(m.decode_step_time_s(batch, 600)) * 1e3 == pytest.approx(expected)
+        assert float(m.decode_step_time_s(batch, 6000)) * 1e3 == pytest.approx(expected)
+    assert m.pass_time_s(1, 1000, 1e6, 4, 2000) == pytest.approx(1.1 * float(m.prefill_time_s(1004)))
