@@ -70,6 +70,28 @@ def read_measurements(path: str | Path) -> pd.DataFrame:
     return grouped.median().to_frame().assign(repeats=grouped.size()).reset_index()
 
 
+def batch_token_medians(path: str | Path) -> pd.DataFrame:
+    """splitwise-sim's view of its own file (`DatabasePerformanceModel`): per (model,
+    hardware, TP) and per batch token count (`prompt_size x batch_size`), the median
+    prompt and token time over every row with that count, whatever its batch or
+    output length. Only the splitwise format has this view."""
+    path = Path(path)
+    try:
+        raw = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
+    if not set(SPLITWISE_COLUMNS) <= set(raw.columns):
+        raise TraceError(f"{path}: the splitwise-sim interpolation needs splitwise-sim's perf_model.csv columns "
+                         f"({','.join(SPLITWISE_COLUMNS)})")
+    raw = raw.dropna(subset=SPLITWISE_COLUMNS)
+    table = pd.DataFrame({
+        "model": raw["model"], "hardware": raw["hardware"].replace(HARDWARE_ALIASES), "tp": raw["tensor_parallel"].astype(int),
+        "batch_tokens": (raw["prompt_size"] * raw["batch_size"]).astype(int),
+        "prompt_ms": raw["prompt_time"].astype(float), "token_ms": raw["token_time"].astype(float),
+    })
+    return table.groupby(["model", "hardware", "tp", "batch_tokens"], sort=True)[["prompt_ms", "token_ms"]].median().reset_index()
+
+
 def flag_anomalies(points: pd.DataFrame, drop_pct: float = 5.0) -> pd.Series:
     """Points that are not physical: in a batch sweep (same model, machine, TP, phase,
     prompt and context), a latency more than `drop_pct` % below the next smaller

@@ -7,8 +7,16 @@ analytic instance, because they are physical, not measured there.
 - Prefill: latency vs prompt tokens (single-prompt points; a batch counts as one
   prompt of its summed tokens, as splitwise-sim does).
 - Decode: latency vs batch size at the table's reference context (the context of
-  its batch sweep), plus, per request, the change with context measured at batch 1:
-  f(B, C) = f_batch(B) + B x (f_ctx(C / B) - f_ctx(c_ref)), C the summed context.
+  its batch sweep), plus the cost of more or less context, linear in the summed
+  context C: f(B, C) = g(B) + s x C with g(B) = f_batch(B) - s x B x c_ref. The slope
+  s is the analytic instance's cost of reading one token's KV (bandwidth-bound
+  attention), not the batch-1 context sweep's slope: that sweep rises 0.2-0.45 us
+  per token in the Splitwise file, 13-18x the KV read, because a batch-1 attention
+  kernel is latency-bound; scaled by a batch of 64 it would give steps far above
+  anything measured (and its millisecond noise, multiplied by the batch, steps
+  below). g is made non-decreasing, so f is monotone in batch and in context, and
+  f never falls below the smallest decode step measured.
+- Prefill: the single-prompt curve is made non-decreasing in tokens the same way.
 - Mixed iterations (co-located): prefill of (prompt tokens + decode batch), as
   Splitwise approximated them.
 - Power caps: a measured table already includes them (the splitwise file's
@@ -26,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from splitplan.errors import SpecError
-from splitplan.perf.measurements import read_measurements
+from splitplan.perf.measurements import batch_token_medians, read_measurements
 from splitplan.perf.roofline import Fit, Instance, Latency, PassShortcuts
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
@@ -47,8 +55,6 @@ def _interp(x, xs: np.ndarray, ys: np.ndarray):
 class MeasuredInstance(PassShortcuts):
     """Quacks like `Instance` for the simulator, sizing and `perf`."""
 
-    decode_line = None  # a table is not linear in context: the simulator calls pass_time_s
-
     def __init__(self, analytic: Instance, rows: pd.DataFrame | None, source: str):
         self.analytic = analytic
         self.source = source
@@ -63,18 +69,16 @@ class MeasuredInstance(PassShortcuts):
             raise SpecError(f"{source}: {analytic.model.name} on {analytic.hardware.name} TP {analytic.tp} needs "
                             "single-prompt prefill points and decode points")
         self.pre_x = pre.prompt_tokens.to_numpy(float)
-        self.pre_y = pre.latency_ms.to_numpy(float) / 1e3
+        self.pre_y = np.maximum.accumulate(pre.latency_ms.to_numpy(float) / 1e3)
         ref = dec.groupby("context_tokens").batch.nunique().idxmax()  # the batch sweep's context
         by_batch = dec[dec.context_tokens == ref].sort_values("batch")
         self.ctx_ref = float(ref)
+        by_ctx = dec[dec.batch == 1]
+        self.ctx_x = np.sort(by_ctx.context_tokens.unique().astype(float))  # the context range measured
+        self.ctx_slope = analytic.decode_line(1)[1]
         self.bat_x = by_batch.batch.to_numpy(float)
-        self.bat_y = by_batch.latency_ms.to_numpy(float) / 1e3
-        by_ctx = dec[dec.batch == 1].sort_values("context_tokens")
-        if len(by_ctx) >= 2:
-            self.ctx_x = by_ctx.context_tokens.to_numpy(float)
-            self.ctx_y = by_ctx.latency_ms.to_numpy(float) / 1e3
-        else:  # no context sweep: context does not change the step time
-            self.ctx_x, self.ctx_y = np.array([self.ctx_ref]), np.array([0.0])
+        self.bat_g = np.maximum.accumulate(by_batch.latency_ms.to_numpy(float) / 1e3 - self.ctx_slope * self.bat_x * ref)
+        self.dec_floor = float(dec.latency_ms.min()) / 1e3
 
     def __getattr__(self, name):  # memory, KV, transfer, hardware, model, engine: the analytic instance's
         return getattr(self.analytic, name)
@@ -105,12 +109,26 @@ class MeasuredInstance(PassShortcuts):
 
     def _decode(self, batch, context_total):
         b = np.maximum(np.asarray(batch, float), 1.0)
-        base, out_b = _interp(b, self.bat_x, self.bat_y)
+        context_total = np.asarray(context_total, float)
+        base, _ = _interp(b, self.bat_x, self.bat_g)
+        self._count("decode", self.decode_outside(b, context_total))
+        return np.maximum(base + self.ctx_slope * context_total, self.dec_floor)
+
+    def decode_outside(self, batch, context_total):
+        """Which decode steps lie outside the measured batch or per-request context range."""
+        b = np.maximum(np.asarray(batch, float), 1.0)
         per_request = np.asarray(context_total, float) / b
-        at, out_c = _interp(per_request, self.ctx_x, self.ctx_y)
-        ref, _ = _interp(self.ctx_ref, self.ctx_x, self.ctx_y)
-        self._count("decode", out_b | (out_c & (len(self.ctx_x) > 1)))
-        return np.maximum(base + b * (at - ref), 0.0)
+        out = (b < self.bat_x[0]) | (b > self.bat_x[-1])
+        if len(self.ctx_x) > 1:
+            out = out | (per_request < self.ctx_x[0]) | (per_request > self.ctx_x[-1])
+        return out
+
+    def decode_line(self, batch: int) -> tuple[float, float, float]:
+        """As `Instance.decode_line`: the step is `max(g(B) + s x C, floor)`, exactly
+        `pass_time_s(decode_seqs=batch, decode_context_tokens=C)` without the counting
+        (the simulator counts its steps outside the measured range afterwards)."""
+        base = float(_interp(max(float(batch), 1.0), self.bat_x, self.bat_g)[0])
+        return base, self.ctx_slope, self.dec_floor - base
 
     def pass_time_s(self, prefill_seqs=0, prefill_tokens=0, prefill_sq_tokens=0, decode_seqs=0, decode_context_tokens=0):
         """Measured tables already hold any power cap: no slowdown is applied here."""
@@ -131,6 +149,53 @@ class MeasuredInstance(PassShortcuts):
                                    decode_batch, decode_batch * decode_context_tokens))
         bound = "extrapolated" if sum(self.extrapolated.values()) > before else "measured"
         return Latency(t, bound, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+class SplitwiseSimInstance(MeasuredInstance):
+    """splitwise-sim's reading of its own table (`performance_model=db`), for checking
+    the simulator against it (`--perf-interp splitwise-sim`): one axis, the batch's
+    token count, for both phases. A prefill of prompts totalling T tokens takes the
+    median prompt time of the rows whose prompt_size x batch_size is T, interpolated;
+    a decode step of B requests counts B tokens and takes the token time there, so
+    neither the batch's context nor (below 128 requests, where that axis is
+    extrapolated from its two smallest points) its size moves it; a mixed iteration
+    takes 1.1x the prefill of its prompt tokens plus one per decoding request. Both
+    curves are extended linearly past their ends, as splitwise-sim's interp1d."""
+
+    def __init__(self, analytic: Instance, rows: pd.DataFrame | None, source: str):
+        self.analytic, self.source, self.rows = analytic, source, rows
+        self.extrapolated = {"prefill": 0, "decode": 0}
+        self.queries = {"prefill": 0, "decode": 0}
+        if rows is None or rows.empty:
+            return
+        self.bt_x = rows.batch_tokens.to_numpy(float)
+        self.prompt_y = rows.prompt_ms.to_numpy(float) / 1e3
+        self.token_y = rows.token_ms.to_numpy(float) / 1e3
+
+    def _prefill(self, tokens):
+        y, out = _interp(tokens, self.bt_x, self.prompt_y)
+        self._count("prefill", out)
+        return y
+
+    def _decode(self, batch, context_total):
+        b = np.maximum(np.asarray(batch, float), 1.0)
+        self._count("decode", self.decode_outside(b, context_total))
+        return _interp(b, self.bt_x, self.token_y)[0]
+
+    def decode_outside(self, batch, context_total):
+        b = np.asarray(batch, float)
+        return (b < self.bt_x[0]) | (b > self.bt_x[-1])
+
+    def decode_line(self, batch: int) -> tuple[float, float, float]:
+        return float(_interp(max(float(batch), 1.0), self.bt_x, self.token_y)[0]), 0.0, 0.0
+
+    def pass_time_s(self, prefill_seqs=0, prefill_tokens=0, prefill_sq_tokens=0, decode_seqs=0, decode_context_tokens=0):
+        out = MeasuredInstance.pass_time_s(self, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens)
+        mixed = (np.asarray(prefill_tokens, float) > 0) & (np.asarray(decode_seqs, float) > 0)
+        return out * np.where(mixed, 1.1, 1.0) if np.ndim(out) else out * (1.1 if bool(mixed) else 1.0)
+
+
+INTERPOLATIONS = {"splitplan": MeasuredInstance, "splitwise-sim": SplitwiseSimInstance}
 
 
 def _spec_names(column: pd.Series, load) -> pd.Series:
@@ -164,14 +229,23 @@ class PerfDb:
         keys = self.points[["model", "hardware", "tp"]].drop_duplicates().itertuples(index=False)
         return sorted((m, h, int(t)) for m, h, t in keys)
 
-    def instance(self, analytic: Instance) -> MeasuredInstance:
-        pts = self.points
-        rows = pts[(pts.model == analytic.model.name) & (pts.hardware == analytic.hardware.name) & (pts.tp == analytic.tp)]
-        return MeasuredInstance(analytic, rows.reset_index(drop=True) if len(rows) else None, self.path)
+    @functools.cached_property
+    def batch_tokens(self) -> pd.DataFrame:
+        table = batch_token_medians(self.path)
+        return table.assign(hardware=_spec_names(table.hardware, load_hardware), model=_spec_names(table.model, load_model))
 
-    def require(self, analytic: Instance) -> MeasuredInstance:
+    def instance(self, analytic: Instance, interpolation: str = "splitplan") -> MeasuredInstance:
+        """The (model, machine, TP) group of `analytic`, read as `interpolation` says:
+        `splitplan` (MeasuredInstance) or `splitwise-sim` (SplitwiseSimInstance)."""
+        if interpolation not in INTERPOLATIONS:
+            raise SpecError(f"--perf-interp {interpolation}: choose {' or '.join(INTERPOLATIONS)}")
+        pts = self.points if interpolation == "splitplan" else self.batch_tokens
+        rows = pts[(pts.model == analytic.model.name) & (pts.hardware == analytic.hardware.name) & (pts.tp == analytic.tp)]
+        return INTERPOLATIONS[interpolation](analytic, rows.reset_index(drop=True) if len(rows) else None, self.path)
+
+    def require(self, analytic: Instance, interpolation: str = "splitplan") -> MeasuredInstance:
         """The measured instance, or a SpecError naming what the file holds."""
-        measured = self.instance(analytic)
+        measured = self.instance(analytic, interpolation)
         if measured.rows is None:
             have = ", ".join(f"{m} on {h} TP {t}" for m, h, t in self.groups())
             raise SpecError(f"{self.path}: no measurements for {analytic.model.name} on {analytic.hardware.name} "

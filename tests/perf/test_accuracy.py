@@ -12,10 +12,8 @@ TARGET_PCT = 15.0
 
 @pytest.fixture(scope="module")
 def points(request):
-    from tests.conftest import SHARED
-    if not SHARED.is_dir():
-        pytest.skip("../shared/data is not present")
-    pts = read_measurements(SHARED / "perf" / "splitwise_perf_model.csv")
+    from tests.conftest import PERF_DB
+    pts = read_measurements(PERF_DB)
     return pts[~((pts.model == "llama2-70b") & (pts.tp == 2) & (pts.batch == 64))].reset_index(drop=True)
 
 

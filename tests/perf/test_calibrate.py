@@ -14,6 +14,7 @@ from splitplan.cli import app
 from splitplan.perf import calibrate as cal
 from splitplan.perf.measurements import flag_anomalies, read_measurements
 from splitplan.specs.engine import load_engine
+from tests.conftest import PERF_DB
 
 
 def _synthetic_csv(tmp_path, engine="lean", noise=0.0, seed=0):
@@ -56,16 +57,16 @@ def test_fitted_factors_stay_within_physical_bounds(tmp_path):
         assert factors.prefill_overhead_s >= 0 and factors.decode_overhead_s >= 0
 
 
-def test_anomalies_are_the_failed_runs(shared_data):
-    points = read_measurements(shared_data / "perf" / "splitwise_perf_model.csv")
+def test_anomalies_are_the_failed_runs():
+    points = read_measurements(PERF_DB)
     flagged = points[flag_anomalies(points)]
     assert set(zip(flagged.model, flagged.tp, flagged.batch)) == {("llama2-70b", 2, 64)}
 
 
-def test_calibrated_profile_predicts_unseen_hardware_and_models_better_than_defaults(shared_data):
+def test_calibrated_profile_predicts_unseen_hardware_and_models_better_than_defaults():
     """Fit on one machine (or model) of the Splitwise data; the other is predicted at
     least as well as by the uncalibrated `lean` defaults."""
-    points = cal.transfer_points(read_measurements(shared_data / "perf" / "splitwise_perf_model.csv"))
+    points = cal.transfer_points(read_measurements(PERF_DB))
     lean = load_engine("lean")
     for column, train, test in (("hardware", "a100-80gb", "h100-80gb"), ("model", "llama2-70b", "bloom-176b")):
         mape = cal.transfer_mape(points, column, train, test, lean)

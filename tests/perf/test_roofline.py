@@ -129,3 +129,36 @@ def test_vectorized_matches_scalar():
     tokens = np.array([100, 1000, 5000])
     vec = inst.prefill_time_s(tokens)
     assert np.allclose(vec, [inst.explain(prompt_tokens=[int(t)]).time_s for t in tokens])
+
+
+# --- the measured table (perf.table) ------------------------------------------------------
+
+def _measured(hardware):
+    from splitplan import api
+    from splitplan.perf.table import PerfDb
+    from tests.conftest import PERF_DB
+    return PerfDb(PERF_DB).require(api.instance("llama2-70b", hardware, 8))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["a100-80gb", "h100-80gb"]), st.integers(1, 63), st.integers(1, 8), st.integers(192, 8000),
+       st.integers(1, 2000))
+def test_measured_decode_is_monotone_and_never_below_its_smallest_measurement(hw, batch, more, context, extra):
+    """Batch-1 context noise once made a batch-64 step at 1,500 tokens of context fall to 28.6 ms,
+    below every measured step: a measured table is monotone in batch and in context, and stays at
+    or above its smallest decode measurement."""
+    m = _measured(hw)
+    step = float(m.decode_step_time_s(batch, context))
+    assert float(m.decode_step_time_s(batch + more, context)) >= step
+    assert float(m.decode_step_time_s(batch, context + extra)) >= step
+    assert step >= m.dec_floor
+    decode = m.rows[m.rows.phase == "decode"]
+    assert step * 1e3 >= decode.latency_ms.min() - 1e-9
+    assert step * 1e3 <= decode.latency_ms.max() * 1.25  # within the batch and context measured: no blow-up
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["a100-80gb", "h100-80gb"]), st.integers(128, 8000), st.integers(1, 4000))
+def test_measured_prefill_is_monotone(hw, tokens, extra):
+    m = _measured(hw)
+    assert float(m.prefill_time_s(tokens + extra)) >= float(m.prefill_time_s(tokens))
