@@ -10,7 +10,7 @@ import dataclasses
 import functools
 
 import numpy as np
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from typing import TYPE_CHECKING
 
@@ -21,7 +21,7 @@ from splitplan.specs.hardware import HardwareSpec, load_hardware
 from splitplan.specs.model import ModelSpec, load_model
 
 if TYPE_CHECKING:
-    from splitplan.search.plan import Plan
+    from splitplan.search.plan import Plan, Problem
     from splitplan.sim.cluster import SimResult
 
 DEFAULT_ENGINE = "lean"
@@ -104,6 +104,7 @@ class OptimizeResult:
     max_rate_rps: float | None = None  # objective throughput: the highest rate served
     pareto: tuple = ()  # with pareto=True: plans no other plan beats on both cost and power
     unservable: dict | None = None  # requests no token instance can hold, left out of the sizing
+    problem: "Problem | None" = field(default=None, repr=False, compare=False)  # what was solved (trace, SLO, budgets)
 
     @property
     def split_saving_pct(self) -> float | None:
@@ -191,7 +192,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
             except InfeasibleError:
                 continue
         others.sort(key=lambda p: _plan_key(objective, p))
-        return OptimizeResult(plan, tuple(others[:alternatives]), tuple(mixed), plan, unservable=unservable)
+        return OptimizeResult(plan, tuple(others[:alternatives]), tuple(mixed), plan, unservable=unservable, problem=problem)
     prompt_types = {machines[n].name for n in prompt_names}  # names may be paths: compare the loaded names
     options = [o for o in first if o.role == "token" or o.inst.hardware.name in prompt_types]
     _raise_if_unreachable(problem, options)
@@ -207,7 +208,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
         front = tuple(dataclasses.replace(p, max_rate_rps=_plan_max_rate(problem, p, by_key))
                       for p in _pareto(problem, options, [plan, *alts, *([colocated] if colocated else [])]))
     return OptimizeResult(plan, tuple(sorted(shown, key=lambda p: _plan_key(objective, p))), tuple(options + mixed),
-                          colocated, pareto=front, unservable=unservable)
+                          colocated, pareto=front, unservable=unservable, problem=problem)
 
 
 def _servable(trace, model, engine, token_machines, tp):
@@ -260,10 +261,14 @@ def _pareto(problem, options, seeds: list) -> tuple:
             counts = solve_counts(_replace(cost_problem, max_power_kw=cap) if cap is not None else cost_problem, options)
         except InfeasibleError:
             break
-        counts, values, lines, repairs = repair(cost_problem, counts, by_key, memo=memo)
-        found = make_plan(cost_problem, counts, by_key, repairs, values, lines)
-        plans.append(found)
-        next_cap = found.power_kw - 1e-6
+        try:
+            counts, values, lines, repairs = repair(cost_problem, counts, by_key, memo=memo)
+        except InfeasibleError:  # no repair verifies this mix: look below its power all the same
+            next_cap = sum(by_key[k].power_kw * c for k, c in counts.items()) - 1e-6
+        else:
+            found = make_plan(cost_problem, counts, by_key, repairs, values, lines)
+            plans.append(found)
+            next_cap = found.power_kw - 1e-6
         if problem.max_power_kw is not None:
             next_cap = min(next_cap, problem.max_power_kw)
         if cap is not None and next_cap >= cap:
@@ -279,11 +284,10 @@ def _plan_max_rate(problem, plan, by_key) -> float | None:
     whole-trace evaluation the plans were verified with."""
     from dataclasses import replace as _replace
 
-    from splitplan.search.plan import check, evaluate
+    from splitplan.search.plan import check, evaluate, plan_counts
 
     trace = problem.trace
-    counts = {(role, p.hardware, p.tp): p.machines for role, pools in
-              (("prompt", plan.prompt_pools), ("token", plan.token_pools), ("mixed", plan.mixed_pools)) for p in pools}
+    counts = plan_counts(plan)
     if trace.span_s <= 0 or any(key not in by_key for key in counts) or (plan.mixed_pools and len(counts) != 1):
         return None
     base = trace.mean_rate_rps
@@ -398,14 +402,15 @@ def _best_split(problem, options, search: str, alternatives: int):
         if pair not in seen_pairs and len(seen_pairs) < alternatives + 1:
             seen_pairs.add(pair)
             candidates.append({p.key: p.machines_alone, t.key: t.machines_alone})
-    plans, memo = [], {}
+    plans, memo, failures = [], {}, []
     for counts in candidates:
         try:
             counts, values, lines, repairs = repair(problem, counts, by_key, memo=memo)
             plans.append(make_plan(problem, counts, by_key, repairs, values, lines))
-        except InfeasibleError:
-            if not plans:  # the optimizer's own plan must verify; a runner-up may be dropped
-                raise
+        except InfeasibleError as exc:  # a candidate that no repair verifies is dropped
+            failures.append(exc)
+    if not plans:
+        raise failures[0]
     plans.sort(key=lambda p: _plan_key(problem.objective, p))
     plan, alts = plans[0], []
     for other in plans[1:]:
@@ -465,8 +470,10 @@ class SimulateResult:
         return pd.read_csv(io.StringIO(requests_csv(self.result, self.result.names)))
 
 
-def pool_specs(pools: list[tuple[str, str, int, int]], model: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None):
-    """(role, hardware, tp, machines) -> PoolSpecs with analytic or measured instances."""
+def pool_specs(pools: list[tuple[str, str, int, int]], model: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
+               perf_interp: str = "splitplan"):
+    """(role, hardware, tp, machines) -> PoolSpecs with analytic or measured instances
+    (`perf_interp`: how the measured table is read, see perf.table.INTERPOLATIONS)."""
     from splitplan.perf.table import load_perf_db
     from splitplan.sim.cluster import PoolSpec
     db = load_perf_db(perf_db) if perf_db else None
@@ -475,13 +482,13 @@ def pool_specs(pools: list[tuple[str, str, int, int]], model: str, engine: str =
         if machines < 1:
             raise SpecError(f"--{role}-pool {hw}:{tp}:{machines}: machines must be >= 1")
         inst = instance(model, hw, tp, engine)
-        out.append(PoolSpec(role, db.require(inst) if db else inst, machines))
+        out.append(PoolSpec(role, db.require(inst, perf_interp) if db else inst, machines))
     return out
 
 
 def simulate(trace, pools: list[tuple[str, str, int, int]], model: str, slo: str, engine: str = DEFAULT_ENGINE,
              perf_db: str | None = None, max_batch_tokens: int = 2048, routing: str = "jsq",
-             borrow_threshold_tokens: int | None = None) -> SimulateResult:
+             borrow_threshold_tokens: int | None = None, perf_interp: str = "splitplan") -> SimulateResult:
     """Replay `trace` through the cluster request by request (sim.cluster) and summarize."""
     from splitplan.capacity.pools import reference_latencies
     from splitplan.sim.cluster import SimOptions, simulate as run
@@ -494,13 +501,13 @@ def simulate(trace, pools: list[tuple[str, str, int, int]], model: str, slo: str
     if routing not in ("jsq", "round-robin"):
         raise SpecError(f"--routing {routing}: choose jsq or round-robin")
     profile = load_slo(slo)
-    specs = pool_specs(pools, model, engine, perf_db)
+    specs = pool_specs(pools, model, engine, perf_db, perf_interp)
     reference = None
     if profile.reference is not None:
         ref = instance(model, profile.reference.hardware, profile.reference.tp, engine)
         if perf_db:
             from splitplan.perf.table import load_perf_db
-            measured = load_perf_db(perf_db).instance(ref)
+            measured = load_perf_db(perf_db).instance(ref, perf_interp)
             ref = measured if measured.rows is not None else ref
         reference = reference_latencies(ref, trace.prompt_tokens, trace.output_tokens)
     result = run(trace, specs, SimOptions(max_batch_tokens, routing, borrow_threshold_tokens))
@@ -523,10 +530,12 @@ def plan_pools(plan) -> list[tuple[str, str, int, int]]:
 
 
 def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
-             max_batch_tokens: int = 2048, limit: int = 30):
+             max_batch_tokens: int = 2048, limit: int = 30, planned: OptimizeResult | None = None):
     """Simulate the plan; while a line fails, grow the pool that binds (TTFT: prompt;
     TBT: token; E2E: the side with the larger median share; co-located: the mixed
     pool) by one machine of its cheapest-per-capacity type and simulate again.
+    With `planned` (the OptimizeResult the plan came from), a grown plan carries the
+    planner's prediction for its new machines, so the two stay comparable.
     Returns (plan, SimulateResult, machines added)."""
     pools = [list(p) for p in plan_pools(plan)]
     for added in range(limit + 1):
@@ -551,6 +560,9 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
     if added:
         plan = plan_from_pools([tuple(p) for p in pools], predicted=plan.predicted, slo=plan.slo, repairs=plan.repairs,
                                binding=f"{plan.binding}; simulation: {added} machine(s) added")
+        if planned is not None and planned.problem is not None:
+            from splitplan.search.plan import predict
+            plan = predict(planned.problem, plan, {o.key: o for o in planned.options})
     return plan, sim, added
 
 

@@ -332,7 +332,8 @@ def optimize(
             runner_ups = api.simulate_plans(result.alternatives, workload, model, slo, engine, common["perf_db"],
                                             max_batch_tokens, jobs_n, executor.value, ray_address, step)
         with _progress("validating the plan by simulation"):
-            plan, sim, added = api.validate(result.plan, workload, model, slo, engine, common["perf_db"], max_batch_tokens)
+            plan, sim, added = api.validate(result.plan, workload, model, slo, engine, common["perf_db"], max_batch_tokens,
+                                            planned=result)
         result = dataclasses.replace(result, plan=plan)
         simulated = {**{k: sim.summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms", "slo")}, "machines_added": added}
     inputs["validate"] = validate
@@ -545,6 +546,7 @@ def simulate(
     slo: Optional[str] = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else splitwise)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else lean)."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
+    perf_interp: str = typer.Option("splitplan", "--perf-interp", help="How --perf-db is read: splitplan (monotone batch and context curves) or splitwise-sim (its one batch-tokens axis, to compare with that simulator)."),
     max_batch_tokens: int = typer.Option(2048, "--max-batch-tokens", help="Prompt tokens per prefill batch."),
     routing: str = typer.Option("jsq", "--routing", help="jsq (join-shortest-queue on pending tokens) or round-robin."),
     borrow_threshold: Optional[int] = typer.Option(None, "--mixed-pool-threshold", help="Splitwise's mixed pool, both ways: prefill on a token machine when every prompt queue holds more than this many tokens; decode on a prompt machine when the token machine's KV is spoken for."),
@@ -565,10 +567,10 @@ def simulate(
         raise SpecError(f"--max-requests {max_requests}: must be >= 1")
     workload, window = peak_window(load_workload(trace, rate, duration, seed), max_requests)
     sim = api.simulate(workload, pools, model, slo, engine, str(perf_db) if perf_db else None, max_batch_tokens,
-                       routing, borrow_threshold)
+                       routing, borrow_threshold, perf_interp)
     inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
               "seed": seed, "model": model, "slo": slo, "engine": engine, "perf_db": str(perf_db) if perf_db else None,
-              "pools": [{"role": r, "hardware": h, "tp": t, "machines": m} for r, h, t, m in pools],
+              "perf_interp": perf_interp if perf_db else None, "pools": [{"role": r, "hardware": h, "tp": t, "machines": m} for r, h, t, m in pools],
               "routing": routing, "max_batch_tokens": max_batch_tokens, "mixed_pool_threshold": borrow_threshold,
               "window": window}
     document = {"schema_version": report.SCHEMA_VERSION, "inputs": inputs, "summary": sim.summary}

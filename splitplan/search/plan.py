@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pulp
@@ -361,7 +361,7 @@ def make_plan(problem: Problem, counts: dict[tuple, int], options: dict[tuple, O
         return tuple(Pool(k[1], k[2], c) for k, c in sorted(counts.items()) if k[0] == role)
     cost = sum(options[k].price_usd_per_hour * c for k, c in counts.items())
     power = sum(options[k].power_kw * c for k, c in counts.items())
-    predicted = {m: {f"p{q}": float(np.percentile(values[m], q) * 1e3) for q in (50, 90, 99)} for m in ("ttft", "tbt", "e2e")}
+    predicted = _percentiles_ms(values)
     bindings = []
     for role in ("prompt", "token", "mixed"):
         used = [options[k] for k in counts if k[0] == role]
@@ -372,6 +372,23 @@ def make_plan(problem: Problem, counts: dict[tuple, int], options: dict[tuple, O
     bindings += _tight_budgets(problem, counts, cost, power)
     return Plan(pools("prompt"), pools("token"), pools("mixed"), cost, power, predicted,
                 tuple(lines), "; ".join(bindings), repairs)
+
+
+def _percentiles_ms(values: dict) -> dict:
+    return {m: {f"p{q}": float(np.percentile(values[m], q) * 1e3) for q in (50, 90, 99)} for m in ("ttft", "tbt", "e2e")}
+
+
+def plan_counts(plan: Plan) -> dict[tuple, int]:
+    """The plan's machine counts keyed as options are: (role, hardware, tp)."""
+    return {(role, p.hardware, p.tp): p.machines for role, pools in
+            (("prompt", plan.prompt_pools), ("token", plan.token_pools), ("mixed", plan.mixed_pools)) for p in pools}
+
+
+def predict(problem: Problem, plan: Plan, options: dict[tuple, Option]) -> Plan:
+    """The plan with the planner's whole-trace prediction of its own machines (after
+    machines were added to it, e.g. by a simulation)."""
+    values = evaluate(problem, plan_counts(plan), options)
+    return replace(plan, predicted=_percentiles_ms(values), slo=tuple(check(problem, values)))
 
 
 def _tight_budgets(problem: Problem, counts: dict[tuple, int], cost: float, power: float) -> list[str]:
