@@ -209,6 +209,8 @@ def test_simulate_mixed_pool_and_round_robin():
     (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "h100-80gb:8:1", "--routing", "random"], "choose jsq or round-robin"),
     (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "b200-180gb:8:1", "--perf-db",
       "tests/data/splitwise_perf_model.csv"], "no measurements for llama2-70b on b200-180gb TP 8"),
+    (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "h100-80gb:8:1", "--perf-db",
+      "tests/data/splitwise_perf_model.csv", "--perf-interp", "cubic"], "choose splitplan or splitwise-sim"),
 ])
 def test_simulate_failures(args, needle, tmp_path, monkeypatch):
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
@@ -300,3 +302,13 @@ def test_console_script_usage_errors_are_one_line(argv, needle, monkeypatch, cap
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(needle), err
+
+
+def test_simulate_reads_a_table_as_splitwise_sim_does():
+    args = ["simulate", "--model", "bloom-176b", "--prompt-pool", "h100-80gb:8:6", "--token-pool", "h100-80gb:8:2",
+            "--rate", "15", "--duration", "20", "--perf-db", str(PERF_DB), "--format", "json"]
+    ours = json.loads(run(*args).stdout)
+    theirs = json.loads(run(*args, "--perf-interp", "splitwise-sim", "--engine", "splitwise-sim").stdout)
+    assert theirs["inputs"]["perf_interp"] == "splitwise-sim" and ours["inputs"]["perf_interp"] == "splitplan"
+    # splitwise-sim reads every decode step at the batch-1 time: TBT no longer grows with the batch
+    assert theirs["summary"]["tbt_ms"]["p50"] < 36 < ours["summary"]["tbt_ms"]["p50"]
