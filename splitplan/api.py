@@ -488,8 +488,11 @@ def pool_specs(pools: list[tuple[str, str, int, int]], model: str, engine: str =
 
 def simulate(trace, pools: list[tuple[str, str, int, int]], model: str, slo: str, engine: str = DEFAULT_ENGINE,
              perf_db: str | None = None, max_batch_tokens: int = 2048, routing: str = "jsq",
-             borrow_threshold_tokens: int | None = None, perf_interp: str = "splitplan") -> SimulateResult:
-    """Replay `trace` through the cluster request by request (sim.cluster) and summarize."""
+             borrow_threshold_tokens: int | None = None, perf_interp: str = "splitplan",
+             concurrency: int | None = None) -> SimulateResult:
+    """Replay `trace` through the cluster request by request (sim.cluster) and summarize.
+    With `concurrency`, a closed loop of that many clients (workload.closed_loop_workload
+    makes its requests); the trace's timestamps are ignored."""
     from splitplan.capacity.pools import reference_latencies
     from splitplan.sim.cluster import SimOptions, simulate as run
     from splitplan.sim.metrics import summarize_result
@@ -510,7 +513,7 @@ def simulate(trace, pools: list[tuple[str, str, int, int]], model: str, slo: str
             measured = load_perf_db(perf_db).instance(ref, perf_interp)
             ref = measured if measured.rows is not None else ref
         reference = reference_latencies(ref, trace.prompt_tokens, trace.output_tokens)
-    result = run(trace, specs, SimOptions(max_batch_tokens, routing, borrow_threshold_tokens))
+    result = run(trace, specs, SimOptions(max_batch_tokens, routing, borrow_threshold_tokens, concurrency))
     return SimulateResult(result, summarize_result(result, specs, profile, reference), tuple(specs))
 
 

@@ -19,7 +19,7 @@ from splitplan import api, report
 from splitplan.errors import SplitplanError, SpecError
 from splitplan.specs.hardware import hardware_catalog
 from splitplan.specs.model import model_catalog
-from splitplan.workload.trace import Columns, load_workload, peak_window, resample_poisson, summarize
+from splitplan.workload.trace import Columns, closed_loop_workload, load_workload, peak_window, resample_poisson, summarize
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Provision phase-split (disaggregated) LLM serving clusters.")
@@ -551,6 +551,10 @@ def simulate(
     routing: str = typer.Option("jsq", "--routing", help="jsq (join-shortest-queue on pending tokens) or round-robin."),
     borrow_threshold: Optional[int] = typer.Option(None, "--mixed-pool-threshold", help="Splitwise's mixed pool, both ways: prefill on a token machine when every prompt queue holds more than this many tokens; decode on a prompt machine when the token machine's KV is spoken for."),
     max_requests: int = typer.Option(1_000_000, "--max-requests", help="Longer traces are simulated on their busiest stretch of this many requests."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Closed loop, as serving benchmarks run: this many clients, each sending its next request when the last one finishes."),
+    isl: Optional[int] = typer.Option(None, "--isl", help="With --concurrency: every request's input tokens (default: drawn from the trace)."),
+    osl: Optional[int] = typer.Option(None, "--osl", help="With --concurrency: every request's output tokens (default: drawn from the trace)."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests", help="With --concurrency: requests in the run (default 10 per client, at least 100)."),
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write requests.csv and summary.json here."),
 ) -> None:
@@ -565,14 +569,22 @@ def simulate(
         raise SpecError(f"--max-batch-tokens {max_batch_tokens}: must be >= 1")
     if max_requests < 1:
         raise SpecError(f"--max-requests {max_requests}: must be >= 1")
-    workload, window = peak_window(load_workload(trace, rate, duration, seed), max_requests)
+    if concurrency is None:
+        if isl is not None or osl is not None or num_requests is not None:
+            raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
+        workload, window = peak_window(load_workload(trace, rate, duration, seed), max_requests)
+    else:
+        if rate is not None:
+            raise SpecError("--concurrency runs a closed loop (clients send as requests finish); drop --rate")
+        workload, window = closed_loop_workload(trace, concurrency, num_requests, isl, osl, seed), None
     sim = api.simulate(workload, pools, model, slo, engine, str(perf_db) if perf_db else None, max_batch_tokens,
-                       routing, borrow_threshold, perf_interp)
+                       routing, borrow_threshold, perf_interp, concurrency)
+    workload = sim.result.trace
     inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
               "seed": seed, "model": model, "slo": slo, "engine": engine, "perf_db": str(perf_db) if perf_db else None,
               "perf_interp": perf_interp if perf_db else None, "pools": [{"role": r, "hardware": h, "tp": t, "machines": m} for r, h, t, m in pools],
               "routing": routing, "max_batch_tokens": max_batch_tokens, "mixed_pool_threshold": borrow_threshold,
-              "window": window}
+              "window": window, "concurrency": concurrency, "isl": isl, "osl": osl}
     document = {"schema_version": report.SCHEMA_VERSION, "inputs": inputs, "summary": sim.summary}
     if output_dir is not None:
         from splitplan.sim.metrics import requests_csv
@@ -592,6 +604,13 @@ def _render_simulation(summary: dict, workload) -> None:
     con.print(report.table(f"Simulated {summary['finished']:,} of {summary['requests']:,} requests from {workload.source} "
                            f"over {summary['span_s']:,.1f} s", ["ms", "p50", "p90", "p99"],
                            [(name, summary[key]["p50"], summary[key]["p90"], summary[key]["p99"]) for name, key in metrics]))
+    bench = summary["benchmark"]
+    con.print(report.table("As a serving benchmark reports it (TPOT = (E2E - TTFT) / (output - 1))",
+                           ["ms", "mean", "median", "p99"],
+                           [(name, bench[key]["mean"], bench[key]["median"], bench[key]["p99"])
+                            for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))],
+                           caption=f"{bench['requests_per_s']:.3g} req/s, {bench['output_tokens_per_s']:,.0f} output tokens/s, "
+                                   f"{bench['output_tokens_per_s_per_gpu']:,.0f} per GPU ({bench['gpus']} GPUs)"))
     con.print(report.table("SLO", ["line", "target", "achieved", "attainment %", "met"],
                            [(x["line"], x["target"], x["achieved"], x["attainment_pct"], "yes" if x["met"] else "NO")
                             for x in summary["slo"]]))

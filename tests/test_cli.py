@@ -312,3 +312,25 @@ def test_simulate_reads_a_table_as_splitwise_sim_does():
     assert theirs["inputs"]["perf_interp"] == "splitwise-sim" and ours["inputs"]["perf_interp"] == "splitplan"
     # splitwise-sim reads every decode step at the batch-1 time: TBT no longer grows with the batch
     assert theirs["summary"]["tbt_ms"]["p50"] < 36 < ours["summary"]["tbt_ms"]["p50"]
+
+
+def test_simulate_closed_loop_reports_benchmark_figures():
+    result = run("simulate", "--mixed-pool", "h100-80gb:8:1", "--concurrency", "8", "--isl", "1024", "--osl", "64",
+                 "--format", "json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["inputs"]["concurrency"] == 8 and doc["summary"]["requests"] == 100
+    bench = doc["summary"]["benchmark"]
+    assert set(bench["tpot_ms"]) == {"mean", "median", "p99"} and bench["gpus"] == 8
+    assert bench["output_tokens_per_s_per_gpu"] == pytest.approx(bench["output_tokens_per_s"] / 8)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--concurrency", "4", "--rate", "5"], "drop --rate"),
+    (["--isl", "100"], "add --concurrency"),
+    (["--concurrency", "0"], "must be >= 1 client"),
+    (["--concurrency", "2", "--osl", "0"], "--osl 0: must be >= 1"),
+])
+def test_simulate_closed_loop_failures(args, needle):
+    result = run("simulate", "--mixed-pool", "h100-80gb:8:1", *args)
+    assert result.exit_code == 2 and needle in result.stderr, result.output

@@ -47,7 +47,9 @@ belongs to the run, so equal times resolve the same way every run.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -76,6 +78,10 @@ class SimOptions:
     max_batch_tokens: int = 2048
     routing: str = "jsq"  # or "round-robin"
     borrow_threshold_tokens: int | None = None
+    # Closed loop (as vLLM benchmark_serving, genai-perf and aiconfigurator measure): this many
+    # clients, each sending its next request when its previous one finishes; the trace gives the
+    # requests' sizes in order and its timestamps are ignored. None: open loop, the trace's times.
+    concurrency: int | None = None
 
 
 class _Inst:
@@ -128,6 +134,14 @@ class SimResult:
     names: list = field(default_factory=list)  # instance index -> "role:hardware:tpN:k"
 
     @property
+    def tpot_s(self) -> np.ndarray:
+        """TPOT as vLLM's benchmark_serving defines it: (E2E - TTFT) / (output tokens - 1);
+        NaN for one-token answers."""
+        o = self.trace.output_tokens.astype(float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(o > 1, (self.e2e_s - self.ttft_s) / (o - 1), np.nan)
+
+    @property
     def tbt_s(self) -> np.ndarray:
         """Splitwise's per-request TBT: (E2E - TTFT) / output tokens."""
         return (self.e2e_s - self.ttft_s) / self.trace.output_tokens
@@ -135,7 +149,12 @@ class SimResult:
 
 def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptions()) -> SimResult:
     n = len(trace)
-    arrival = trace.arrival_s.tolist()
+    closed = options.concurrency
+    if closed is not None and closed < 1:
+        raise ValueError("concurrency must be >= 1")
+    # closed loop: the first `closed` requests start at once; each later one when a client frees
+    arrival = trace.arrival_s.tolist() if closed is None else [0.0] * min(closed, n) + [math.inf] * max(n - closed, 0)
+    released = min(closed or n, n)  # requests whose arrival time is known
     p = trace.prompt_tokens.tolist()
     o = trace.output_tokens.tolist()
     insts: list[_Inst] = []
@@ -220,10 +239,18 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
         fresh = [x for x in prompt_side if not x.kv_committed and need <= x.kv_cap]
         return min(fresh, key=lambda x: prompt_load[p_pos[x.idx]]) if fresh else None
 
+    def release_client(now):
+        """Closed loop: a client is free again and sends the next request now."""
+        nonlocal released
+        if closed is not None and released < n:
+            arrival[released] = now
+            released += 1
+
     def finish(i, now):
         nonlocal tokens_out
         e2e[i] = now - arrival[i]
         tokens_out += o[i]
+        release_client(now)
 
     def start(inst: _Inst, now: float):
         """Begin the instance's next iteration, if it has work."""
@@ -268,6 +295,7 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
                 inst.waiting.popleft()
                 rejected[i] = True
                 unassign(inst, i)
+                release_client(now)
                 continue
             if inst.kv_used + need > inst.kv_cap:
                 break
@@ -372,6 +400,8 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
         if inst.steps:
             batch, context = np.array(inst.steps, float).T
             inst.perf._count("decode", inst.perf.decode_outside(batch, context))
+    if closed is not None:  # the arrival times the clients produced
+        trace = dataclasses.replace(trace, arrival_s=np.array(arrival), source=f"{trace.source} (closed loop, {closed} clients)")
     tbt_max = _tbt_max(insts, o, t_inst, join_iter, ttft, arrival)
     done = trace.arrival_s + np.array(e2e)
     span = float(np.nanmax(done) - arrival[0]) if tokens_out else 0.0

@@ -25,6 +25,24 @@ def percentiles_ms(values_s: np.ndarray) -> dict:
     return {f"p{q}": float(np.percentile(finite, q) * 1e3) for q in PCTS}
 
 
+def benchmark_report(result: SimResult, pools: list[PoolSpec]) -> dict:
+    """The figures a serving benchmark prints (vLLM benchmark_serving, genai-perf), so a run
+    can be put beside one: mean, median and p99 of TTFT and TPOT ((E2E - TTFT) / (output - 1),
+    vLLM's definition; one-token answers left out) in ms, and throughput, per GPU too."""
+    def stats(values_s):
+        finite = values_s[np.isfinite(values_s)]
+        if not len(finite):
+            return {"mean": None, "median": None, "p99": None}
+        return {"mean": float(finite.mean() * 1e3), "median": float(np.median(finite) * 1e3),
+                "p99": float(np.percentile(finite, 99) * 1e3)}
+    gpus = sum(pool.machines * pool.perf.hardware.gpus_per_machine for pool in pools)
+    span = max(result.span_s, 1e-9)
+    finished = int(np.isfinite(result.e2e_s).sum())
+    return {"ttft_ms": stats(result.ttft_s), "tpot_ms": stats(result.tpot_s), "gpus": gpus,
+            "requests_per_s": finished / span, "output_tokens_per_s": result.tokens_out / span,
+            "output_tokens_per_s_per_gpu": result.tokens_out / span / max(gpus, 1)}
+
+
 def slo_report(result: SimResult, slo: SloProfile, reference: Reference | None) -> list[dict]:
     """Per SLO line: target, achieved percentile, met, and the share of requests within it.
     Rejected requests count as misses."""
@@ -92,6 +110,7 @@ def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, 
         "prompt_queue_ms": percentiles_ms(result.prompt_queue_s),
         "transfer_ms": percentiles_ms(result.transfer_s),
         "decode_queue_ms": percentiles_ms(result.decode_queue_s),
+        "benchmark": benchmark_report(result, pools),
         "slo": slo_report(result, slo, reference),
         "pools": pool_rows,
         "borrowed": borrowed(result),

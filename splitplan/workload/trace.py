@@ -219,6 +219,32 @@ def load_workload(trace: "str | Path | Trace | None" = None, rate: float | None 
     return resample_poisson(loaded, rate, duration_s, np.random.default_rng(seed))
 
 
+def closed_loop_workload(trace: "str | Path | Trace | None", concurrency: int, num_requests: int | None = None,
+                         isl: int | None = None, osl: int | None = None, seed: int = 0,
+                         columns: Columns | None = None) -> Trace:
+    """The requests of a closed-loop run (`concurrency` clients, as serving benchmarks
+    measure): `num_requests` (default 10 per client, at least 100) sizes, each input
+    `isl` tokens and output `osl` tokens when given, else drawn i.i.d. from the trace's
+    (prompt, output) pairs with `seed`. Arrival times are left at 0: the simulator sets
+    them as clients free up."""
+    from splitplan.errors import SpecError
+    if concurrency < 1:
+        raise SpecError(f"--concurrency {concurrency}: must be >= 1 client")
+    for flag, value in (("--isl", isl), ("--osl", osl), ("--num-requests", num_requests)):
+        if value is not None and value < 1:
+            raise SpecError(f"{flag} {value}: must be >= 1")
+    n = num_requests or max(10 * concurrency, 100)
+    if isl is not None and osl is not None:
+        prompt, output, source = np.full(n, isl), np.full(n, osl), f"ISL {isl} / OSL {osl}"
+    else:
+        base = load_workload(trace, columns=columns)
+        pick = np.random.default_rng(seed).integers(0, len(base), n)
+        prompt = np.full(n, isl) if isl is not None else base.prompt_tokens[pick]
+        output = np.full(n, osl) if osl is not None else base.output_tokens[pick]
+        source = f"sizes of {base.source}" + (f", ISL {isl}" if isl else "") + (f", OSL {osl}" if osl else "")
+    return Trace(np.zeros(n), prompt.astype(np.int64), output.astype(np.int64), f"{source}; {n} requests")
+
+
 def peak_window(trace: Trace, max_requests: int) -> tuple[Trace, dict | None]:
     """The busiest stretch of `max_requests` consecutive requests (the shortest
     span), for traces too long to size or simulate whole; (trace, None) if it fits.

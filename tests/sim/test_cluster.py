@@ -211,3 +211,30 @@ def test_splitwise_sim_reading_of_the_table():
         assert float(m.decode_step_time_s(batch, 600)) * 1e3 == pytest.approx(expected)
         assert float(m.decode_step_time_s(batch, 6000)) * 1e3 == pytest.approx(expected)
     assert m.pass_time_s(1, 1000, 1e6, 4, 2000) == pytest.approx(1.1 * float(m.prefill_time_s(1004)))
+
+
+# --- closed loop (issue 13) ---------------------------------------------------------------
+
+def test_closed_loop_one_client_runs_requests_back_to_back():
+    from splitplan.workload.trace import closed_loop_workload
+    work = closed_loop_workload(None, 1, 5, isl=1000, osl=50)
+    r = simulate(work, [PoolSpec("prompt", H100, 1), PoolSpec("token", H100, 1)], SimOptions(concurrency=1))
+    assert np.allclose(r.e2e_s, r.e2e_s[0])
+    assert np.allclose(r.trace.arrival_s, np.arange(5) * r.e2e_s[0])  # each starts when the last ends
+    assert np.allclose(r.tpot_s, (r.e2e_s - r.ttft_s) / 49)  # vLLM's TPOT: per token after the first
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(1, 40), st.integers(0, 1000), st.booleans())
+def test_closed_loop_never_has_more_than_n_requests_in_flight(clients, seed, colocated):
+    from splitplan.workload.trace import closed_loop_workload
+    work = closed_loop_workload(None, clients, 3 * clients + 20, seed=seed)
+    pools = [PoolSpec("mixed", H100, 1)] if colocated else [PoolSpec("prompt", H100, 1), PoolSpec("token", H100, 1)]
+    r = simulate(work, pools, SimOptions(concurrency=clients))
+    start, end = r.trace.arrival_s, r.trace.arrival_s + r.e2e_s
+    assert np.isfinite(end).all() and r.tokens_out == int(work.output_tokens.sum())
+    assert np.all(start[: min(clients, len(start))] == 0)
+    for t in start:  # in flight just after each arrival
+        assert np.sum((start <= t) & (end > t)) <= clients
+    later = start[clients:]
+    assert np.all(np.isin(later, end))  # every later request starts when another finishes
