@@ -635,6 +635,56 @@ def calibrate(perf_db: str, engine: str = DEFAULT_ENGINE, folds: int = 5, max_pr
     return CalibrateResult(profile, summary, result.points, excluded)
 
 
+@dataclass(frozen=True)
+class DeploymentCalibration:
+    profile: EngineProfile
+    table: "object"  # DataFrame: per (machine, concurrency band) and overall, MAPE and median error %
+    runs: "object"  # DataFrame: every run used, with fit and held-out predictions (ms)
+    dropped: dict  # rows of the file left out, by reason
+
+    def to_json(self) -> dict:
+        return {"groups": self.table.to_dict("records"), "dropped": self.dropped, "fit": self.profile.fit}
+
+
+def calibrate_deployments(path: str, backend: str, engine: str = "lean-fp8", folds: bool = True, jobs: int = 1,
+                          progress=None) -> DeploymentCalibration:
+    """Fit `engine`'s engine-wide factors to measured whole deployments of one serving
+    engine (`backend`), each run replayed as a closed loop (perf.deployments); report
+    TTFT and TPOT error per machine and concurrency band, fitted and held out (folds by
+    machine, or by concurrency band when the runs hold one machine)."""
+    from splitplan.perf import deployments as dep
+
+    runs, dropped = dep.read_deployments(path)
+    mine = runs[runs.engine == backend].reset_index(drop=True)
+    if mine.empty:
+        raise SpecError(f"{path}: no run of backend '{backend}' that the catalog can model; "
+                        f"the file has: {', '.join(sorted(runs.engine.unique())) or 'none'}")
+    base = load_engine(engine)
+    if set(mine.precision) != {base.dtype}:
+        raise SpecError(f"{path}: the {backend} runs are {', '.join(sorted(set(mine.precision)))} and --engine {engine} is "
+                        f"{base.dtype}; start from a profile of that precision (e.g. --engine lean-fp8)")
+    fit = dep.fit_deployments(mine, base, jobs=jobs)
+    if progress:
+        progress()
+    predicted = dep.predict(mine, fit.profile, jobs)
+    by = dep.fold_column(mine)
+    held = dep.cross_validate(mine, base, by, jobs, progress) if folds else None
+    table = dep.error_table(mine, predicted, held)
+    overall = table.iloc[-1].to_dict()
+    profile = fit.profile.model_copy(update={
+        "name": backend, "fit": {
+            "data": str(path), "engine": backend, "runs": len(mine), "folds": f"by {by}" if folds else None,
+            "method": "splitplan calibrate --deployments: each run replayed as a closed loop by the simulator; "
+                      "scipy least_squares, soft-L1 on log(simulated/measured) mean TTFT and TPOT; engine-wide factors "
+                      f"({', '.join(dep.DEPLOYMENT_FACTORS)}) within physical bounds",
+            "mape_pct": {k: v for k, v in overall.items() if k.endswith("_pct")},
+        }})
+    runs_out = mine.assign(fit_ttft_ms=predicted[:, 0], fit_tpot_ms=predicted[:, 1])
+    if held is not None:
+        runs_out = runs_out.assign(cv_ttft_ms=held[:, 0], cv_tpot_ms=held[:, 1])
+    return DeploymentCalibration(profile, table, runs_out, dropped)
+
+
 # --- design studies -------------------------------------------------------------------
 
 SCENARIOS = ("iso-power", "iso-cost", "iso-throughput-cost", "iso-throughput-power")

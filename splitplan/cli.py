@@ -819,10 +819,12 @@ def _sweep_plot(result, slo: str, path: Path) -> None:
 @app.command()
 @user_errors
 def calibrate(
-    perf_db: Path = typer.Option(..., "--perf-db", help="Measured latencies: splitwise perf_model.csv or the generic CSV."),
+    perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies: splitwise perf_model.csv or the generic CSV."),
+    deployments: Optional[Path] = typer.Option(None, "--deployments", help="Measured whole deployments (aiconfigurator silicon CSV: TTFT and TPOT of closed-loop runs), replayed by the simulator."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="With --deployments: the serving engine whose runs to fit (vllm, sglang, trtllm)."),
     output: Optional[Path] = typer.Option(None, "--output", help="Write the fitted engine profile (YAML) here."),
-    engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Starting profile (and the 'before' reference)."),
-    folds: int = typer.Option(5, "--folds", help="k of the k-fold cross-validation (0: none)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Starting profile (and the 'before' reference); default lean, lean-fp8 with --deployments."),
+    folds: int = typer.Option(5, "--folds", help="k of the k-fold cross-validation (0: none); with --deployments any k > 0 means held-out folds by machine (or band)."),
     max_prefill_batch_tokens: Optional[int] = typer.Option(None, "--max-prefill-batch-tokens", help="Leave out batched prefills above this many tokens."),
     keep_anomalies: bool = typer.Option(False, "--keep-anomalies", help="Fit points that are faster than a smaller batch too."),
     description: Optional[str] = typer.Option(None, "--description", help="Description written into the profile."),
@@ -832,6 +834,14 @@ def calibrate(
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
 ) -> None:
     """Fit an engine profile to measurements and report its error, in-sample and cross-validated."""
+    if (perf_db is None) == (deployments is None):
+        raise SpecError("give --perf-db (single forward passes) or --deployments (whole serving runs), one of them")
+    if deployments is not None:
+        _calibrate_deployments(deployments, backend, engine or "lean-fp8", folds, output, description, residuals, jobs, format)
+        return
+    if backend is not None:
+        raise SpecError("--backend goes with --deployments")
+    engine = engine or api.DEFAULT_ENGINE
     if plot is not None:
         _require_matplotlib()
     with _progress("calibrate: fit and cross-validation folds", total=1 + (folds if folds >= 2 else 0)) as step:
@@ -880,6 +890,50 @@ def calibrate(
                            [(name, getattr(d, name)) for name in type(d).model_fields]))
     if len(result.excluded):
         con.print("Left out: " + "; ".join(f"{n} x {reason}" for reason, n in result.excluded.reason.value_counts().sort_index().items()))
+
+
+def _calibrate_deployments(path: Path, backend: str | None, engine: str, folds: int, output, description, residuals,
+                           jobs: int, format) -> None:
+    if backend is None:
+        raise SpecError("--deployments needs --backend: the serving engine whose runs to fit (vllm, sglang, trtllm)")
+    folds_on = folds != 0
+    with _progress("calibrate: closed-loop fit and held-out folds") as step:
+        result = api.calibrate_deployments(str(path), backend, engine, folds_on, jobs if jobs > 0 else (os.cpu_count() or 1), step)
+    profile = result.profile
+    if description:
+        profile = profile.model_copy(update={"description": description})
+    files = {}
+    if output is not None:
+        from splitplan.specs.engine import engine_to_yaml
+        header = (f"Engine profile fitted by: splitplan calibrate --deployments {path.name} --backend {backend} --engine {engine}"
+                  + ("" if folds_on else " --folds 0") + "\nFit error (MAPE %, fitted and held out) is under fit.mape_pct.")
+        files[output] = engine_to_yaml(profile.model_copy(update={"source": f"splitplan calibrate on {path.name} ({backend} runs)"}), header)
+    if residuals is not None:
+        files[residuals] = result.runs.to_csv(index=False, float_format="%.4f")
+    for target, text in files.items():
+        report.write_atomic(target, text)
+    if format is Format.json:
+        _emit_json(result.to_json())
+        return
+    t = result.table
+    held = "ttft_mape_cv_pct" in t
+    columns = ["machine", "concurrency", "runs", "TTFT MAPE fit", "TTFT median err fit", "TPOT MAPE fit", "TPOT median err fit"]
+    if held:
+        columns += ["TTFT MAPE held out", "TTFT median err held out", "TPOT MAPE held out", "TPOT median err held out"]
+    rows = []
+    for r in t.to_dict("records"):
+        row = [r["machine"], r["band"], r["runs"], r["ttft_mape_fit_pct"], r["ttft_bias_fit_pct"], r["tpot_mape_fit_pct"], r["tpot_bias_fit_pct"]]
+        if held:
+            row += [r["ttft_mape_cv_pct"], r["ttft_bias_cv_pct"], r["tpot_mape_cv_pct"], r["tpot_bias_cv_pct"]]
+        rows.append(row)
+    con = report.console()
+    con.print(report.table(f"{backend}: error % of simulated mean TTFT and TPOT ({len(result.runs)} runs; held out: "
+                           f"{profile.fit['folds'] or 'off'})", columns, rows))
+    d = profile.defaults
+    con.print(report.table("Fitted engine-wide factors", ["factor", "value"],
+                           [(name, getattr(d, name)) for name in type(d).model_fields]))
+    if result.dropped:
+        con.print("Left out of the file: " + "; ".join(f"{n} x {reason}" for reason, n in result.dropped.items()))
 
 
 def _require_matplotlib() -> None:

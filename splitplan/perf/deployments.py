@@ -1,0 +1,192 @@
+"""Whole-deployment measurements: serving benchmarks replayed as closed loops, and an
+engine profile fitted to them.
+
+A row is one measured run, as NVIDIA aiconfigurator's silicon sample records it: an
+engine (`backend`: vllm, sglang, trtllm), a machine (`system`), a precision, fixed input
+and output lengths (`isl`, `osl`), a concurrency (`batch_size` for aggregated runs), a
+layout (`tp_size`, ...) and the run's mean TTFT and mean TPOT (`silicon_ttft_ms`,
+`silicon_tpot_ms`). Rows the catalog can model are kept: aggregated, TP only (no PP,
+attention DP or EP), a catalog machine and a dense catalog model, bf16 or fp8; the others
+are counted by reason.
+
+A run is predicted by simulating it as the benchmark ran it: a co-located instance with
+`concurrency` clients, each sending its next request when the last finishes
+(sim.cluster, SimOptions.concurrency). One 8-GPU machine holds 8/TP instances, so it runs
+concurrency x 8/TP clients: the same load per instance. Predictions are the simulated
+mean TTFT and mean TPOT ((E2E - TTFT) / (output - 1), vLLM's definition) over
+`REQUESTS_PER_CLIENT` requests per client.
+
+The fit (`fit_deployments`) moves a few engine-wide factors (`DEPLOYMENT_FACTORS`) of a
+base profile within physical bounds, minimizing log-ratio residuals of TTFT and TPOT
+under a soft-L1 loss. Engine-wide only: the profile must predict machines it was not
+fitted on, which the cross-validation (folds by machine and by concurrency band) checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares
+
+from splitplan.errors import TraceError
+from splitplan.perf.roofline import Instance
+from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
+from splitplan.specs.engine import EngineProfile
+from splitplan.specs.hardware import load_hardware
+from splitplan.specs.model import load_model
+from splitplan.workload.trace import Trace
+
+COLUMNS = ["backend", "system", "precision", "mode", "model_path", "isl", "osl", "batch_size", "tp_size",
+           "silicon_ttft_ms", "silicon_tpot_ms"]
+MACHINES = {"h100_sxm": "h100-80gb", "h200_sxm": "h200-141gb", "b200_sxm": "b200-180gb"}
+MODELS = {"meta-llama/Llama-3.1-70B": "llama3.1-70b", "meta-llama/Llama-3.1-8B-Instruct": "llama3.1-8b",
+          "nvidia/Llama-3.1-8B-Instruct-FP8": "llama3.1-8b", "Qwen/Qwen3-32B": "qwen3-32b"}
+BANDS = (0, 4, 16, 32, 64, 1_000_000)
+BAND_LABELS = ("1-4", "5-16", "17-32", "33-64", ">64")
+# name: (lower, upper, scale)
+DEPLOYMENT_FACTORS = {
+    "compute_efficiency": (0.1, 1.0, 1.0),
+    "memory_efficiency": (0.3, 1.0, 1.0),
+    "prefill_overhead_s": (0.0, 0.2, 1e-2),
+    "decode_overhead_s": (0.0, 0.05, 1e-3),
+    "sequence_overhead_s": (0.0, 1e-3, 1e-4),  # per request in an iteration: what batch adds beyond the roofline
+}
+REQUESTS_PER_CLIENT = 5
+
+
+def read_deployments(path: str | Path) -> tuple[pd.DataFrame, dict[str, int]]:
+    """Runs the catalog can model, as `machine, model, engine, precision, tp, concurrency,
+    isl, osl, ttft_ms, tpot_ms`, and how many rows were left out, by reason."""
+    path = Path(path)
+    try:
+        raw = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
+    missing = [c for c in COLUMNS if c not in raw.columns]
+    if missing:
+        raise TraceError(f"{path}: not a deployment file (aiconfigurator silicon format); missing {', '.join(missing)}")
+    reasons = {
+        "disaggregated (not yet replayed)": raw["mode"] != "agg",
+        "precision other than bf16/fp8": ~raw.precision.isin(["bf16", "fp8"]),
+        "model not in the catalog or not dense": ~raw.model_path.isin(list(MODELS)),
+        "machine not in the catalog": ~raw.system.isin(list(MACHINES)),
+        "pipeline, attention-DP or expert parallel": (raw.get("pp_size", 1).fillna(1) != 1)
+        | (raw.get("attention_dp_size", 1).fillna(1) != 1) | (raw.get("moe_ep_size", 1).fillna(1) > 1),
+        "missing or non-positive latency": ~((raw.silicon_ttft_ms > 0) & (raw.silicon_tpot_ms > 0)),
+    }
+    dropped, out = {}, pd.Series(False, index=raw.index)
+    for reason, mask in reasons.items():
+        new = mask & ~out
+        if new.any():
+            dropped[reason] = int(new.sum())
+        out |= mask
+    kept = raw[~out]
+    runs = pd.DataFrame({
+        "machine": kept.system.map(MACHINES), "model": kept.model_path.map(MODELS), "engine": kept.backend,
+        "precision": kept.precision, "tp": kept.tp_size.astype(int), "concurrency": kept.batch_size.astype(int),
+        "isl": kept.isl.astype(int), "osl": kept.osl.astype(int),
+        "ttft_ms": kept.silicon_ttft_ms.astype(float), "tpot_ms": kept.silicon_tpot_ms.astype(float),
+    }).reset_index(drop=True)
+    runs["band"] = pd.cut(runs.concurrency, BANDS, labels=BAND_LABELS).astype(str)
+    return runs, dropped
+
+
+def replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUESTS_PER_CLIENT) -> tuple[float, float]:
+    """Simulated mean TTFT and mean TPOT (ms) of one run under `profile`: `requests_per_client`
+    requests per client (at least 8 in all), every client sending its first at once, and the
+    means over all of them, as a benchmark reports them (the files do not say how long each
+    run was; serving benchmarks commonly send 5-10 requests per client)."""
+    inst = Instance(load_model(run["model"]), load_hardware(run["machine"]), profile, int(run["tp"]))
+    clients = int(run["concurrency"]) * inst.instances_per_machine
+    n = max(requests_per_client * clients, 8)
+    trace = Trace(np.zeros(n), np.full(n, int(run["isl"])), np.full(n, int(run["osl"])), "run")
+    result = simulate(trace, [PoolSpec("mixed", inst, 1)], SimOptions(concurrency=clients))
+    return float(np.nanmean(result.ttft_s) * 1e3), float(np.nanmean(result.tpot_s) * 1e3)
+
+
+def _replay_unit(profile, run):
+    return replay(run, profile)
+
+
+def predict(runs: pd.DataFrame, profile: EngineProfile, jobs: int = 1) -> np.ndarray:
+    """(n, 2) array of simulated mean TTFT and TPOT (ms), in `runs` order, in `jobs` processes."""
+    from splitplan.parallel import run_units
+    items = runs.to_dict("records")
+    return np.array(run_units(_replay_unit, items, profile, jobs), float).reshape(-1, 2)
+
+
+@dataclass(frozen=True)
+class DeploymentFit:
+    profile: EngineProfile
+    evaluations: int
+
+
+def with_factors(base: EngineProfile, values: dict) -> EngineProfile:
+    return base.model_copy(update={"defaults": base.defaults.model_copy(update=values), "hardware_overrides": {}})
+
+
+def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: int = 25, jobs: int = 1) -> DeploymentFit:
+    """`base` with its DEPLOYMENT_FACTORS refitted to the runs (engine-wide defaults; the
+    base's per-machine overrides are dropped, they came from other data)."""
+    names = list(DEPLOYMENT_FACTORS)
+    lower = np.array([DEPLOYMENT_FACTORS[k][0] for k in names])
+    upper = np.array([DEPLOYMENT_FACTORS[k][1] for k in names])
+    scale = np.array([DEPLOYMENT_FACTORS[k][2] for k in names])
+    start = np.clip([getattr(base.defaults, k) for k in names], lower, upper)
+    measured = np.log(runs[["ttft_ms", "tpot_ms"]].to_numpy(float))
+    count = [0]
+
+    def residuals(x):
+        count[0] += 1
+        profile = with_factors(base, dict(zip(names, (float(v) for v in x))))
+        return (np.log(predict(runs, profile, jobs)) - measured).ravel()
+
+    result = least_squares(residuals, start, bounds=(lower, upper), x_scale=scale, loss="soft_l1", f_scale=0.1,
+                           diff_step=1e-2, max_nfev=max_evaluations)
+    return DeploymentFit(with_factors(base, dict(zip(names, (float(v) for v in result.x)))), count[0])
+
+
+def fold_column(runs: pd.DataFrame) -> str:
+    """Held-out folds by machine (fit without H200, predict H200, ...) when the runs span
+    several machines, else by concurrency band."""
+    return "machine" if runs.machine.nunique() > 1 else "band"
+
+
+def cross_validate(runs: pd.DataFrame, base: EngineProfile, by: str, jobs: int = 1, progress=None,
+                   max_evaluations: int = 25) -> np.ndarray:
+    """Held-out predictions (n, 2): each value of `by` is predicted by a profile fitted
+    without its runs."""
+    out = np.full((len(runs), 2), np.nan)
+    for value in sorted(runs[by].unique()):
+        held = (runs[by] == value).to_numpy()
+        if held.all():
+            break
+        fitted = fit_deployments(runs[~held], base, max_evaluations, jobs).profile
+        out[held] = predict(runs[held], fitted, jobs)
+        if progress:
+            progress()
+    return out
+
+
+def error_table(runs: pd.DataFrame, predicted: np.ndarray, held_out: np.ndarray | None) -> pd.DataFrame:
+    """Per (machine, concurrency band), and overall: runs, MAPE % and median signed error %
+    of TTFT and TPOT, fitted and (when given) held out."""
+    measured = runs[["ttft_ms", "tpot_ms"]].to_numpy(float)
+    cols = {"fit": predicted} | ({"cv": held_out} if held_out is not None else {})
+    frame = runs[["machine", "band"]].copy()
+    for tag, values in cols.items():
+        err = (values / measured - 1) * 100
+        frame[f"ttft_{tag}"], frame[f"tpot_{tag}"] = err[:, 0], err[:, 1]
+    rows = []
+    for key, group in list(frame.groupby(["machine", "band"])) + [(("all", "all"), frame)]:
+        row = {"machine": key[0], "band": key[1], "runs": len(group)}
+        for tag in cols:
+            for metric in ("ttft", "tpot"):
+                e = group[f"{metric}_{tag}"].dropna()
+                row[f"{metric}_mape_{tag}_pct"] = float(e.abs().mean()) if len(e) else None
+                row[f"{metric}_bias_{tag}_pct"] = float(e.median()) if len(e) else None
+        rows.append(row)
+    return pd.DataFrame(rows)

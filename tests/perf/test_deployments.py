@@ -1,0 +1,81 @@
+"""Whole-deployment calibration: closed-loop runs replayed, a known engine recovered, bad files refused."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from splitplan import api
+from splitplan.cli import app
+from splitplan.perf import deployments as dep
+from splitplan.specs.engine import load_engine
+
+KNOWN = {"compute_efficiency": 0.55, "memory_efficiency": 0.62, "prefill_overhead_s": 0.004,
+         "decode_overhead_s": 0.003, "sequence_overhead_s": 5e-5}
+
+
+def _row(machine, model, tp, concurrency, isl, osl, ttft, tpot, **extra):
+    row = {"backend": "vllm", "system": machine, "precision": "fp8", "mode": "agg", "model_path": model, "isl": isl,
+           "osl": osl, "batch_size": concurrency, "tp_size": tp, "pp_size": 1, "attention_dp_size": 1, "moe_ep_size": 1,
+           "silicon_ttft_ms": ttft, "silicon_tpot_ms": tpot}
+    return row | extra
+
+
+def _synthetic(tmp_path):
+    """Runs 'measured' by simulating a known engine, plus rows the catalog cannot model."""
+    truth = dep.with_factors(load_engine("lean-fp8"), KNOWN)
+    rows = []
+    for system, tp, conc, isl, osl in [("h100_sxm", 1, 1, 512, 32), ("h100_sxm", 1, 8, 1024, 32),
+                                       ("h100_sxm", 2, 16, 512, 24), ("h200_sxm", 1, 4, 2048, 16),
+                                       ("h200_sxm", 2, 32, 256, 32), ("b200_sxm", 1, 2, 1024, 24)]:
+        run = {"model": "llama3.1-8b", "machine": dep.MACHINES[system], "tp": tp, "concurrency": conc, "isl": isl, "osl": osl}
+        ttft, tpot = dep.replay(run, truth)
+        rows.append(_row(system, "meta-llama/Llama-3.1-8B-Instruct", tp, conc, isl, osl, ttft, tpot))
+    rows.append(_row("h100_sxm", "meta-llama/Llama-3.1-8B-Instruct", 1, 4, 512, 32, 50, 10, mode="disagg"))
+    rows.append(_row("h100_sxm", "meta-llama/Llama-3.1-8B-Instruct", 1, 4, 512, 32, 50, 10, precision="fp4"))
+    rows.append(_row("h100_sxm", "deepseek-ai/DeepSeek-R1", 8, 4, 512, 32, 50, 10))
+    rows.append(_row("mi355x", "meta-llama/Llama-3.1-8B-Instruct", 1, 4, 512, 32, 50, 10))
+    path = tmp_path / "silicon.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def test_rows_the_catalog_cannot_model_are_counted_by_reason(tmp_path):
+    runs, dropped = dep.read_deployments(_synthetic(tmp_path))
+    assert len(runs) == 6
+    assert dropped == {"disaggregated (not yet replayed)": 1, "precision other than bf16/fp8": 1,
+                       "model not in the catalog or not dense": 1, "machine not in the catalog": 1}
+
+
+def test_calibration_recovers_a_known_engine_from_whole_runs(tmp_path):
+    path = _synthetic(tmp_path)
+    result = api.calibrate_deployments(str(path), "vllm", "lean-fp8", folds=False)
+    assert result.table.iloc[-1]["ttft_mape_fit_pct"] < 3 and result.table.iloc[-1]["tpot_mape_fit_pct"] < 3
+    before = dep.error_table(result.runs, dep.predict(result.runs, load_engine("lean-fp8")), None).iloc[-1]
+    assert before["tpot_mape_fit_pct"] > 10  # the data are far from the starting point: the fit did the work
+    assert result.profile.defaults.memory_efficiency == pytest.approx(KNOWN["memory_efficiency"], rel=0.15)
+    assert result.profile.fit["runs"] == 6 and result.profile.name == "vllm"
+
+
+def test_held_out_folds_by_machine_predict_every_run(tmp_path):
+    runs, _ = dep.read_deployments(_synthetic(tmp_path))
+    assert dep.fold_column(runs) == "machine"
+    held = dep.cross_validate(runs, load_engine("lean-fp8"), "machine", max_evaluations=8)
+    assert np.isfinite(held).all()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--deployments", "X"], "needs --backend"),
+    (["--deployments", "X", "--perf-db", "Y", "--backend", "vllm"], "one of them"),
+    (["--perf-db", "tests/data/splitwise_perf_model.csv", "--backend", "vllm"], "--backend goes with --deployments"),
+    (["--deployments", "X", "--backend", "tgi"], "no run of backend 'tgi'"),
+    (["--deployments", "X", "--backend", "vllm", "--engine", "lean"], "start from a profile of that precision"),
+    (["--deployments", "tests/data/splitwise_perf_model.csv", "--backend", "vllm"], "not a deployment file"),
+])
+def test_calibrate_deployments_failures(args, needle, tmp_path, monkeypatch):
+    from pathlib import Path
+    path = _synthetic(tmp_path)
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    args = [str(path) if a == "X" else a for a in args]
+    result = CliRunner().invoke(app, ["calibrate", *args, "--folds", "0"])
+    assert result.exit_code == 2 and needle in result.stderr, result.output
