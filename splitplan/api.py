@@ -672,7 +672,8 @@ def calibrate_deployments(path: str, backend: str, engine: str = "lean-fp8", fol
     table = dep.error_table(mine, predicted, held)
     overall = table.iloc[-1].to_dict()
     profile = fit.profile.model_copy(update={
-        "name": backend, "fit": {
+        "name": backend, "description": f"{backend} ({base.dtype}) as measured in whole serving runs; fitted by splitplan "
+                                        f"calibrate --deployments from {base.name}", "fit": {
             "data": str(path), "engine": backend, "runs": len(mine), "folds": f"by {by}" if folds else None,
             "method": "splitplan calibrate --deployments: each run replayed as a closed loop by the simulator; "
                       "scipy least_squares, soft-L1 on log(simulated/measured) mean TTFT and TPOT; engine-wide factors "
