@@ -847,20 +847,11 @@ def calibrate(
     with _progress("calibrate: fit and cross-validation folds", total=1 + (folds if folds >= 2 else 0)) as step:
         result = api.calibrate(str(perf_db), engine, folds, max_prefill_batch_tokens, keep_anomalies,
                                progress=step, jobs=jobs if jobs > 0 else (os.cpu_count() or 1))
-    profile = result.profile
-    if description:
-        profile = profile.model_copy(update={"description": description})
-    files = {}
-    if output is not None:
-        from splitplan.specs.engine import engine_to_yaml
-        header = (f"Engine profile fitted by: splitplan calibrate --perf-db {perf_db.name}"
-                  + (f" --max-prefill-batch-tokens {max_prefill_batch_tokens}" if max_prefill_batch_tokens else "")
-                  + f" --engine {engine} --folds {folds}\nFit error (MAPE %, cross-validated) is under fit.mape_pct.")
-        files[output] = engine_to_yaml(profile.model_copy(update={"source": f"splitplan calibrate on {perf_db.name}"}), header)
-    if residuals is not None:
-        files[residuals] = result.points.to_csv(index=False, float_format="%.4f")
-    for path, text in files.items():
-        report.write_atomic(path, text)
+    header = (f"Engine profile fitted by: splitplan calibrate --perf-db {perf_db.name}"
+              + (f" --max-prefill-batch-tokens {max_prefill_batch_tokens}" if max_prefill_batch_tokens else "")
+              + f" --engine {engine} --folds {folds}\nFit error (MAPE %, cross-validated) is under fit.mape_pct.")
+    profile = _write_calibration(result.profile, description, output, header, f"splitplan calibrate on {perf_db.name}",
+                                 residuals, result.points)
     if plot is not None:
         _calibration_plot(result.points, plot)
     if format is Format.json:
@@ -892,6 +883,22 @@ def calibrate(
         con.print("Left out: " + "; ".join(f"{n} x {reason}" for reason, n in result.excluded.reason.value_counts().sort_index().items()))
 
 
+def _write_calibration(profile, description, output, header: str, source: str, residuals, frame):
+    """The fitted profile (with --description) written to --output, and the residual table
+    to --residuals, each atomically; returns the profile as shown."""
+    from splitplan.specs.engine import engine_to_yaml
+    if description:
+        profile = profile.model_copy(update={"description": description})
+    files = {}
+    if output is not None:
+        files[output] = engine_to_yaml(profile.model_copy(update={"source": source}), header)
+    if residuals is not None:
+        files[residuals] = frame.to_csv(index=False, float_format="%.4f")
+    for target, text in files.items():
+        report.write_atomic(target, text)
+    return profile
+
+
 def _calibrate_deployments(path: Path, backend: str | None, engine: str, folds: int, output, description, residuals,
                            jobs: int, format) -> None:
     if backend is None:
@@ -899,19 +906,10 @@ def _calibrate_deployments(path: Path, backend: str | None, engine: str, folds: 
     folds_on = folds != 0
     with _progress("calibrate: closed-loop fit and held-out folds") as step:
         result = api.calibrate_deployments(str(path), backend, engine, folds_on, jobs if jobs > 0 else (os.cpu_count() or 1), step)
-    profile = result.profile
-    if description:
-        profile = profile.model_copy(update={"description": description})
-    files = {}
-    if output is not None:
-        from splitplan.specs.engine import engine_to_yaml
-        header = (f"Engine profile fitted by: splitplan calibrate --deployments {path.name} --backend {backend} --engine {engine}"
-                  + ("" if folds_on else " --folds 0") + "\nFit error (MAPE %, fitted and held out) is under fit.mape_pct.")
-        files[output] = engine_to_yaml(profile.model_copy(update={"source": f"splitplan calibrate on {path.name} ({backend} runs)"}), header)
-    if residuals is not None:
-        files[residuals] = result.runs.to_csv(index=False, float_format="%.4f")
-    for target, text in files.items():
-        report.write_atomic(target, text)
+    header = (f"Engine profile fitted by: splitplan calibrate --deployments {path.name} --backend {backend} --engine {engine}"
+              + ("" if folds_on else " --folds 0") + "\nFit error (MAPE %, fitted and held out) is under fit.mape_pct.")
+    profile = _write_calibration(result.profile, description, output, header,
+                                 f"splitplan calibrate on {path.name} ({backend} runs)", residuals, result.runs)
     if format is Format.json:
         _emit_json(result.to_json())
         return

@@ -168,14 +168,9 @@ class SplitwiseSimInstance(MeasuredInstance):
         self.queries = {"prefill": 0, "decode": 0}
         if rows is None or rows.empty:
             return
-        self.bt_x = rows.batch_tokens.to_numpy(float)
-        self.prompt_y = rows.prompt_ms.to_numpy(float) / 1e3
+        self.bt_x = self.pre_x = rows.batch_tokens.to_numpy(float)  # MeasuredInstance's prefill, on this axis
+        self.pre_y = rows.prompt_ms.to_numpy(float) / 1e3
         self.token_y = rows.token_ms.to_numpy(float) / 1e3
-
-    def _prefill(self, tokens):
-        y, out = _interp(tokens, self.bt_x, self.prompt_y)
-        self._count("prefill", out)
-        return y
 
     def _decode(self, batch, context_total):
         b = np.maximum(np.asarray(batch, float), 1.0)
