@@ -13,6 +13,11 @@ one iteration at a time; what an iteration holds depends on the instance's role:
 - mixed (co-located baselines): both; a queued prefill batch goes into the next
   iteration together with the decode batch (prefill priority), so decodes stall
   while a prompt runs; finished prefills join the instance's own decode batch.
+With an engine's `chunked_prefill_tokens` (chunked prefill, today's engines), an
+iteration of any role instead carries every decoding request plus, up to that
+many tokens in all, the head of the prompt queue, a prompt split over iterations
+when it does not fit (its causal attention counted chunk by chunk); its first
+token comes with its last chunk.
 
 KV transfer (split pools) occupies the source's and the destination's NIC shares,
 each shared FIFO by concurrent transfers, at the smaller of the two bandwidths.
@@ -175,6 +180,8 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
     kv_bytes = model.kv_bytes_per_token(pools[0].perf.engine.bytes_per_element)
     layers = model.num_hidden_layers
     max_tokens = options.max_batch_tokens
+    chunked = {k: pool.perf.engine.chunked_prefill_tokens for k, pool in enumerate(pools)}
+    done = [0] * n  # prompt tokens prefilled so far (chunked prefill)
 
     ttft = [np.nan] * n
     e2e = [np.nan] * n
@@ -254,20 +261,41 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
 
     def start(inst: _Inst, now: float):
         """Begin the instance's next iteration, if it has work."""
-        prefill = []
+        prefill = []  # requests whose prefill ends with this iteration
+        chunks = 0  # prompts (whole or in part) in it
+        budget = chunked[inst.pool]
         if inst.can_prefill and inst.queue:
             total = sq = 0
-            while inst.queue and (not prefill or total + p[inst.queue[0]] <= max_tokens):
-                i = inst.queue.popleft()
-                prefill.append(i)
-                total += p[i]
-                sq += p[i] * p[i]
-                prefill_start[i] = now
-        if prefill:
-            if len(prefill) == 1 and inst.batch == 0:
+            if budget is None:  # whole prompts, batched up to max_tokens
+                while inst.queue and (not prefill or total + p[inst.queue[0]] <= max_tokens):
+                    i = inst.queue.popleft()
+                    prefill.append(i)
+                    total += p[i]
+                    sq += p[i] * p[i]
+                    prefill_start[i] = now
+                chunks = len(prefill)
+            else:  # chunked: the decodes first, then prompt tokens up to the budget
+                room = budget - inst.batch
+                while inst.queue and room > 0:
+                    i = inst.queue[0]
+                    d = done[i]
+                    if d == 0:
+                        prefill_start[i] = now
+                    c = min(p[i] - d, room)
+                    total += c
+                    sq += (d + c) * (d + c) - d * d  # causal attention of c new tokens over d + c
+                    done[i] = d + c
+                    room -= c
+                    chunks += 1
+                    if done[i] < p[i]:
+                        break
+                    inst.queue.popleft()
+                    prefill.append(i)
+        if chunks:
+            if budget is None and chunks == 1 and inst.batch == 0:
                 duration = single[inst.pool][prefill[0]]
             else:
-                duration = float(inst.perf.pass_time_s(float(len(prefill)), float(total), float(sq),
+                duration = float(inst.perf.pass_time_s(float(chunks), float(total), float(sq),
                                                        float(inst.batch), float(inst.ctx)))
             inst.prefill_s += duration
         elif inst.batch:

@@ -63,6 +63,11 @@ class EngineProfile(BaseModel):
     # cost (sum T_i)^2 -- what the 2023 vLLM measurements show (8 x 512 tokens take as
     # long as one 4,096-token prompt).
     prefill_attention: Literal["per_prompt", "packed"] = "per_prompt"
+    # Chunked prefill (vLLM v1, SGLang, TensorRT-LLM by default): each iteration carries every
+    # decoding request (one token each) and, up to this many tokens in all, the head of the prompt
+    # queue, splitting a prompt across iterations. None: a queued prompt batch (at most
+    # --max-batch-tokens, always one prompt at least) runs whole, with priority (Splitwise, 2023 vLLM).
+    chunked_prefill_tokens: Annotated[int, Field(ge=16, le=1_000_000)] | None = None
     defaults: EngineFactors = EngineFactors()
     hardware_overrides: dict[str, EngineFactors] = {}
     fit: dict[str, Any] | None = None

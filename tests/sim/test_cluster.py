@@ -239,3 +239,31 @@ def test_closed_loop_never_has_more_than_n_requests_in_flight(clients, seed, col
         assert np.sum((start <= t) & (end > t + eps)) <= clients
     later = start[clients:]
     assert np.all(np.abs(later[:, None] - end[None, :]).min(axis=1) < eps)  # each later one starts as another ends
+
+
+# --- chunked prefill (issue 13) -----------------------------------------------------------
+
+def _chunked(inst, tokens):
+    engine = inst.engine.model_copy(update={"chunked_prefill_tokens": tokens})
+    return api.instance(inst.model, inst.hardware, inst.tp, engine)
+
+
+def test_chunked_prefill_splits_a_prompt_and_times_each_chunk():
+    """A 5,000-token prompt under a 2,048-token budget: three iterations of 2,048, 2,048 and
+    904 tokens, attention counted over what came before; TTFT at the end of the last."""
+    inst = _chunked(H100, 2048)
+    r = simulate(one(5000, 3), [PoolSpec("mixed", inst, 1)])
+    expected = sum(float(inst.pass_time_s(1, c, (d + c) ** 2 - d ** 2)) for d, c in ((0, 2048), (2048, 2048), (4096, 904)))
+    assert r.ttft_s[0] == pytest.approx(expected, rel=1e-12)
+    whole = simulate(one(5000, 3), [PoolSpec("mixed", H100, 1)])
+    assert whole.ttft_s[0] == pytest.approx(float(H100.prefill_time_s(5000)), rel=1e-12)
+
+
+def test_chunked_prefill_keeps_decodes_flowing_beside_a_long_prompt():
+    """A long prompt arriving while another request decodes: with chunking, the decode's
+    longest gap is one chunk's iteration, not the whole prefill."""
+    trace = Trace(np.array([0.0, 0.5]), np.array([200, 16000]), np.array([400, 2]), "t")
+    whole = simulate(trace, [PoolSpec("mixed", H100, 1)])
+    chunked = simulate(trace, [PoolSpec("mixed", _chunked(H100, 1024), 1)])
+    assert chunked.tbt_max_s[0] < whole.tbt_max_s[0] / 3
+    assert chunked.tokens_out == whole.tokens_out == 402
