@@ -663,15 +663,15 @@ def calibrate_deployments(path: str, backend: str, engine: str = "lean-fp8", fol
     if set(mine.precision) != {base.dtype}:
         raise SpecError(f"{path}: the {backend} runs are {', '.join(sorted(set(mine.precision)))} and --engine {engine} is "
                         f"{base.dtype}; start from a profile of that precision (e.g. --engine lean-fp8)")
-    fit = dep.fit_deployments(mine, base, jobs=jobs)
+    fitted = dep.fit_deployments(mine, base, jobs=jobs)
     if progress:
         progress()
-    predicted = dep.predict(mine, fit.profile, jobs)
+    predicted = dep.predict(mine, fitted, jobs)
     by = dep.fold_column(mine)
     held = dep.cross_validate(mine, base, by, jobs, progress) if folds else None
     table = dep.error_table(mine, predicted, held)
     overall = table.iloc[-1].to_dict()
-    profile = fit.profile.model_copy(update={
+    profile = fitted.model_copy(update={
         "name": backend, "description": f"{backend} ({base.dtype}) as measured in whole serving runs; fitted by splitplan "
                                         f"calibrate --deployments from {base.name}", "fit": {
             "data": str(path), "engine": backend, "runs": len(mine), "folds": f"by {by}" if folds else None,

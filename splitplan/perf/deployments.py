@@ -24,7 +24,6 @@ fitted on, which the cross-validation (folds by machine and by concurrency band)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +36,7 @@ from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.specs.engine import EngineProfile
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
-from splitplan.workload.trace import Trace
+from splitplan.workload.trace import closed_loop_workload
 
 COLUMNS = ["backend", "system", "precision", "mode", "model_path", "isl", "osl", "batch_size", "tp_size",
            "silicon_ttft_ms", "silicon_tpot_ms"]
@@ -101,9 +100,8 @@ def replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUEST
     run was; serving benchmarks commonly send 5-10 requests per client)."""
     inst = Instance(load_model(run["model"]), load_hardware(run["machine"]), profile, int(run["tp"]))
     clients = int(run["concurrency"]) * inst.instances_per_machine
-    n = max(requests_per_client * clients, 8)
-    trace = Trace(np.zeros(n), np.full(n, int(run["isl"])), np.full(n, int(run["osl"])), "run")
-    result = simulate(trace, [PoolSpec("mixed", inst, 1)], SimOptions(concurrency=clients))
+    work = closed_loop_workload(None, clients, max(requests_per_client * clients, 8), int(run["isl"]), int(run["osl"]))
+    result = simulate(work, [PoolSpec("mixed", inst, 1)], SimOptions(concurrency=clients))
     return float(np.nanmean(result.ttft_s) * 1e3), float(np.nanmean(result.tpot_s) * 1e3)
 
 
@@ -118,17 +116,11 @@ def predict(runs: pd.DataFrame, profile: EngineProfile, jobs: int = 1) -> np.nda
     return np.array(run_units(_replay_unit, items, profile, jobs), float).reshape(-1, 2)
 
 
-@dataclass(frozen=True)
-class DeploymentFit:
-    profile: EngineProfile
-    evaluations: int
-
-
 def with_factors(base: EngineProfile, values: dict) -> EngineProfile:
     return base.model_copy(update={"defaults": base.defaults.model_copy(update=values), "hardware_overrides": {}})
 
 
-def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: int = 25, jobs: int = 1) -> DeploymentFit:
+def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: int = 25, jobs: int = 1) -> EngineProfile:
     """`base` with its DEPLOYMENT_FACTORS refitted to the runs (engine-wide defaults; the
     base's per-machine overrides are dropped, they came from other data)."""
     names = list(DEPLOYMENT_FACTORS)
@@ -137,16 +129,14 @@ def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: in
     scale = np.array([DEPLOYMENT_FACTORS[k][2] for k in names])
     start = np.clip([getattr(base.defaults, k) for k in names], lower, upper)
     measured = np.log(runs[["ttft_ms", "tpot_ms"]].to_numpy(float))
-    count = [0]
 
     def residuals(x):
-        count[0] += 1
         profile = with_factors(base, dict(zip(names, (float(v) for v in x))))
         return (np.log(predict(runs, profile, jobs)) - measured).ravel()
 
     result = least_squares(residuals, start, bounds=(lower, upper), x_scale=scale, loss="soft_l1", f_scale=0.1,
                            diff_step=1e-2, max_nfev=max_evaluations)
-    return DeploymentFit(with_factors(base, dict(zip(names, (float(v) for v in result.x)))), count[0])
+    return with_factors(base, dict(zip(names, (float(v) for v in result.x))))
 
 
 def fold_column(runs: pd.DataFrame) -> str:
@@ -164,7 +154,7 @@ def cross_validate(runs: pd.DataFrame, base: EngineProfile, by: str, jobs: int =
         held = (runs[by] == value).to_numpy()
         if held.all():
             break
-        fitted = fit_deployments(runs[~held], base, max_evaluations, jobs).profile
+        fitted = fit_deployments(runs[~held], base, max_evaluations, jobs)
         out[held] = predict(runs[held], fitted, jobs)
         if progress:
             progress()
