@@ -111,8 +111,13 @@ class MeasuredInstance(PassShortcuts):
         b = np.maximum(np.asarray(batch, float), 1.0)
         context_total = np.asarray(context_total, float)
         base, _ = _interp(b, self.bat_x, self.bat_g)
-        self._count("decode", self.decode_outside(b, context_total))
+        self.record_decode_steps(b, context_total)
         return np.maximum(base + self.ctx_slope * context_total, self.dec_floor)
+
+    def record_decode_steps(self, batch, context_total) -> None:
+        """Count decode steps taken (by `_decode`, or by the simulator through
+        `decode_line`) and those outside the measured range."""
+        self._count("decode", self.decode_outside(batch, context_total))
 
     def decode_outside(self, batch, context_total):
         """Which decode steps lie outside the measured batch or per-request context range."""
@@ -174,7 +179,7 @@ class SplitwiseSimInstance(MeasuredInstance):
 
     def _decode(self, batch, context_total):
         b = np.maximum(np.asarray(batch, float), 1.0)
-        self._count("decode", self.decode_outside(b, context_total))
+        self.record_decode_steps(b, context_total)
         return _interp(b, self.bt_x, self.token_y)[0]
 
     def decode_outside(self, batch, context_total):

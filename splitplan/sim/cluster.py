@@ -114,7 +114,7 @@ class _Inst:
         self.decode_s = 0.0  # time in decode-only iterations
         self.batch_integral = 0.0  # decode batch x time
         self.run_prefill: list[int] = []
-        self.steps: list[tuple[int, int]] | None = [] if hasattr(perf, "decode_outside") else None  # measured: (batch, context)
+        self.steps: list[tuple[int, int]] | None = [] if hasattr(perf, "record_decode_steps") else None  # measured: (batch, context)
 
 
 @dataclass
@@ -427,7 +427,7 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
     for inst in insts:  # a measured table counts the decode steps it extrapolated
         if inst.steps:
             batch, context = np.array(inst.steps, float).T
-            inst.perf._count("decode", inst.perf.decode_outside(batch, context))
+            inst.perf.record_decode_steps(batch, context)
     if closed is not None:  # the arrival times the clients produced
         trace = dataclasses.replace(trace, arrival_s=np.array(arrival), source=f"{trace.source} (closed loop, {closed} clients)")
     tbt_max = _tbt_max(insts, o, t_inst, join_iter, ttft, arrival)

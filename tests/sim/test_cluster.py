@@ -51,7 +51,8 @@ def test_conservation_every_request_once_and_tokens(seed, rate, routing, colocat
     assert finished.sum() + r.rejected.sum() == len(trace)
     assert r.tokens_out == int(trace.output_tokens[finished].sum())
     assert np.all(r.e2e_s[finished] >= r.ttft_s[finished])
-    assert np.all(r.ttft_s >= 0) and np.all(r.prompt_queue_s >= 0)
+    alone = inst.prefill_time_s(trace.prompt_tokens)  # no request's first token comes sooner than its prefill alone
+    assert np.all(r.ttft_s >= alone * (1 - 1e-9)) and np.all(r.prompt_queue_s >= 0)
 
 
 def test_deterministic_byte_identical(tmp_path):
@@ -128,10 +129,12 @@ def test_measured_table_matches_its_points_and_reports_extrapolation():
     before = m.extrapolated["prefill"]
     m.prefill_time_s(20_000)
     assert m.extrapolated["prefill"] == before + 1
-    r = api.simulate(resample_poisson(load_trace(default_trace_path()), 3.0, 30.0, np.random.default_rng(0)),
-                     [("prompt", "a100-80gb", 8, 2), ("token", "a100-80gb", 8, 1)], "llama2-70b", "splitwise",
+    # one request inside the measured range, one beyond it (20k tokens of prompt and context), far apart:
+    # half the prefills and half the decode steps (ten each) were extrapolated
+    trace = Trace(np.array([0.0, 100.0]), np.array([1000, 20_000]), np.array([11, 11]), "t")
+    r = api.simulate(trace, [("prompt", "a100-80gb", 8, 1), ("token", "a100-80gb", 8, 1)], "llama2-70b", "chat",
                      perf_db=str(PERF_DB))
-    assert "extrapolated_pct" in r.summary and 0 <= r.summary["extrapolated_pct"]["prefill"] <= 100
+    assert r.summary["extrapolated_pct"] == {"prefill": 50.0, "decode": 50.0}
 
 
 def test_validate_grows_an_undersized_plan_until_the_simulation_meets_the_slo():
