@@ -6,6 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from splitplan.errors import TraceError
 from splitplan.workload.trace import Columns, Trace, default_trace_path, load_trace, resample_poisson, summarize
+from tests.conftest import DATA
 
 
 def _write(tmp_path, name, text, mode="w"):
@@ -26,11 +27,11 @@ def test_embedded_azure_code_trace_matches_published_facts():
     assert (s["prompt_tokens"]["p50"], s["output_tokens"]["p50"]) == (1469, 13)
 
 
-def test_mooncake_and_conversation(shared_data):
-    moon = summarize(load_trace(shared_data / "traces" / "mooncake_conversation.jsonl"))
+def test_mooncake_and_conversation():
+    moon = summarize(load_trace(DATA / "mooncake_conversation.jsonl.gz"))
     assert moon["requests"] == 12031 and moon["prompt_tokens"]["max"] == 126195
     assert moon["interarrival_cv"] == pytest.approx(3.0, abs=0.1)
-    conv = summarize(load_trace(shared_data / "traces" / "azure_conv_2023.csv"))
+    conv = summarize(load_trace(DATA / "azure_conv_2023.csv.gz"))
     assert conv["mean_rate_rps"] == pytest.approx(5.53, abs=0.01)
 
 
