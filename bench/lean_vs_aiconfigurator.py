@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 
 from splitplan import api
+from splitplan.perf.deployments import MACHINES  # aiconfigurator system names -> catalog machines
 
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "perf" / "aiconfigurator_silicon_sample.csv"
-MACHINES = {"h100_sxm": "h100-80gb", "h200_sxm": "h200-141gb", "b200_sxm": "b200-180gb"}
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ import numpy as np
 
 from splitplan import api
 from splitplan.errors import InfeasibleError
+from splitplan.report import plan_text
 from splitplan.workload.trace import default_trace_path, load_trace, resample_poisson
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -50,13 +51,8 @@ def run_case(trace, label, rate, hardware, slo) -> dict:
     for row in sim.summary["slo"]:
         p, s = predicted.get(row["line"]), row["achieved"]
         lines.append((row["line"], p, s, row["met"], None if p is None or s is None else relative(p, s)))
-    return {"case": (label, rate, "+".join(hardware), slo), "plan": api_plan_text(plan), "added": added,
+    return {"case": (label, rate, "+".join(hardware), slo), "plan": plan_text(plan), "added": added,
             "lines": lines, "seconds": time.perf_counter() - start}
-
-
-def api_plan_text(plan) -> str:
-    from splitplan.report import plan_text
-    return plan_text(plan)
 
 
 def main() -> int:
