@@ -10,9 +10,12 @@ one iteration at a time; what an iteration holds depends on the instance's role:
   instance's KV capacity, in arrival order; each iteration gives every request in
   the batch one token; its time is the perf model's at the batch size and the
   summed context, which grows by one token per request per iteration.
-- mixed (co-located baselines): both; a queued prefill batch goes into the next
-  iteration together with the decode batch (prefill priority), so decodes stall
-  while a prompt runs; finished prefills join the instance's own decode batch.
+- mixed (co-located baselines): both. A request's KV (prompt + output tokens) is
+  reserved before its prefill, as engines allocate a prompt's KV blocks before
+  computing it, so a request that does not fit waits, in arrival order, and the
+  wait is part of its TTFT. A queued prefill batch goes into the next iteration
+  together with the decode batch (prefill priority), so decodes stall while a
+  prompt runs; finished prefills join the instance's own decode batch.
 With an engine's `chunked_prefill_tokens` (chunked prefill, today's engines), an
 iteration of any role instead carries every decoding request plus, up to that
 many tokens in all, the head of the prompt queue, a prompt split over iterations
@@ -91,7 +94,7 @@ class SimOptions:
 
 class _Inst:
     __slots__ = ("idx", "pool", "role", "perf", "can_prefill", "queue",
-                 "waiting", "kv_cap", "kv_used", "kv_committed", "batch", "ctx", "iters", "ends", "finishing", "running", "link_free",
+                 "waiting", "kv_cap", "kv_used", "kv_committed", "members", "batch", "ctx", "iters", "ends", "finishing", "running", "link_free",
                  "bw", "prefill_s", "decode_s", "batch_integral", "run_prefill", "steps")
 
     def __init__(self, idx, pool, role, perf, bw):
@@ -100,7 +103,8 @@ class _Inst:
         self.queue = deque()
         self.waiting = deque()
         self.kv_cap = perf.fit.kv_capacity_tokens
-        self.kv_used = 0
+        self.kv_used = 0  # token: KV reserved whole; mixed: KV of the admitted requests not yet decoding
+        self.members: list[int] = []  # mixed: the decode batch in join order (the newest is preempted first)
         self.kv_committed = 0  # KV of the requests routed here to decode and not finished (held, on its way or to come)
         self.batch = 0
         self.ctx = 0
@@ -137,6 +141,7 @@ class SimResult:
     instances: list = field(default_factory=list)  # (pool index, role, prefill_s, decode_s, batch_integral)
     events: int = 0
     names: list = field(default_factory=list)  # instance index -> "role:hardware:tpN:k"
+    preemptions: int = 0  # co-located decodes preempted for KV memory and recomputed
 
     @property
     def tpot_s(self) -> np.ndarray:
@@ -182,6 +187,13 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
     max_tokens = options.max_batch_tokens
     chunked = {k: pool.perf.engine.chunked_prefill_tokens for k, pool in enumerate(pools)}
     done = [0] * n  # prompt tokens prefilled so far (chunked prefill)
+    plen = list(p)  # tokens to prefill: the prompt, or prompt and output so far when preempted
+    base = [1] * n  # tokens the request had when it (last) joined a decode batch
+    resumed = [False] * n  # preempted and to be recomputed: its next prefill gives no TTFT
+    stall = [0.0] * n  # longest wait from a preemption to the next token
+    preempted_at = [0.0] * n
+    rejoined = [np.nan] * n  # when a preempted request last rejoined its decode batch
+    preemptions = 0
 
     ttft = [np.nan] * n
     e2e = [np.nan] * n
@@ -261,38 +273,42 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
 
     def start(inst: _Inst, now: float):
         """Begin the instance's next iteration, if it has work."""
+        if inst.role == MIXED:
+            while inst.batch > 1 and inst.kv_used + inst.ctx + inst.batch > inst.kv_cap:
+                preempt(inst, now)
         prefill = []  # requests whose prefill ends with this iteration
         chunks = 0  # prompts (whole or in part) in it
         budget = chunked[inst.pool]
         if inst.can_prefill and inst.queue:
             total = sq = 0
             if budget is None:  # whole prompts, batched up to max_tokens
-                while inst.queue and (not prefill or total + p[inst.queue[0]] <= max_tokens):
+                while inst.queue and (not prefill or total + plen[inst.queue[0]] <= max_tokens):
                     i = inst.queue.popleft()
                     prefill.append(i)
-                    total += p[i]
-                    sq += p[i] * p[i]
-                    prefill_start[i] = now
+                    total += plen[i]
+                    sq += plen[i] * plen[i]
+                    if not resumed[i]:
+                        prefill_start[i] = now
                 chunks = len(prefill)
             else:  # chunked: the decodes first, then prompt tokens up to the budget
                 room = budget - inst.batch
                 while inst.queue and room > 0:
                     i = inst.queue[0]
                     d = done[i]
-                    if d == 0:
+                    if d == 0 and not resumed[i]:
                         prefill_start[i] = now
-                    c = min(p[i] - d, room)
+                    c = min(plen[i] - d, room)
                     total += c
                     sq += (d + c) * (d + c) - d * d  # causal attention of c new tokens over d + c
                     done[i] = d + c
                     room -= c
                     chunks += 1
-                    if done[i] < p[i]:
+                    if done[i] < plen[i]:
                         break
                     inst.queue.popleft()
                     prefill.append(i)
         if chunks:
-            if budget is None and chunks == 1 and inst.batch == 0:
+            if budget is None and chunks == 1 and inst.batch == 0 and not resumed[prefill[0]]:
                 duration = single[inst.pool][prefill[0]]
             else:
                 duration = float(inst.perf.pass_time_s(float(chunks), float(total), float(sq),
@@ -316,35 +332,91 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
         push(now + duration, 3, inst.idx)
 
     def admit(inst: _Inst, now: float):
+        """Take waiting requests, in order, while their KV fits.
+        A token instance reserves a request's whole KV (prompt + output tokens) once it has
+        arrived: it joins the decode batch. A co-located instance allocates KV as engines
+        with paged KV do: a request is admitted, to its prompt queue, when its prompt (plus
+        its first token) fits beside what the admitted and decoding requests hold now; the
+        batch's growth is met by preempting (see `preempt`)."""
+        mixed = inst.role == MIXED
         while inst.waiting:
             i = inst.waiting[0]
             need = p[i] + o[i]
             if need > inst.kv_cap:  # can never fit: report, do not block the queue
                 inst.waiting.popleft()
                 rejected[i] = True
+                if mixed:
+                    prompt_load[p_pos[inst.idx]] -= p[i]
                 unassign(inst, i)
                 release_client(now)
+                continue
+            if mixed:
+                need = plen[i] + 1
+                if inst.kv_used + inst.ctx + need > inst.kv_cap:
+                    break
+                inst.waiting.popleft()
+                inst.kv_used += plen[i]
+                inst.queue.append(i)
                 continue
             if inst.kv_used + need > inst.kv_cap:
                 break
             inst.waiting.popleft()
             inst.kv_used += need
-            inst.batch += 1
-            inst.ctx += p[i] + 1
+            join(inst, i, now)
+
+    def join(inst: _Inst, i: int, now: float):
+        """Request i (its KV held on inst) joins the decode batch at this iteration boundary."""
+        inst.batch += 1
+        inst.ctx += p[i] + base[i]
+        if resumed[i]:
+            rejoined[i] = now
+        else:
             join_time[i] = now
-            join_iter[i] = inst.iters
-            inst.finishing.setdefault(inst.iters + o[i] - 1, []).append(i)
+        join_iter[i] = inst.iters
+        inst.finishing.setdefault(inst.iters + o[i] - base[i], []).append(i)
+        if inst.role == MIXED:
+            inst.members.append(i)
+
+    def preempt(inst: _Inst, now: float):
+        """A co-located instance whose KV cannot hold one more token per decoding request
+        preempts the newest one, as vLLM does by default: its KV is freed and it waits at the
+        head of the queue to be recomputed (prompt and output so far prefilled again), then
+        decodes on."""
+        nonlocal preemptions
+        v = inst.members.pop()
+        have = base[v] + inst.iters - join_iter[v]
+        inst.finishing[join_iter[v] + o[v] - base[v]].remove(v)
+        inst.batch -= 1
+        inst.ctx -= p[v] + have
+        plen[v], base[v], done[v] = p[v] + have, have, 0
+        resumed[v] = True
+        preempted_at[v] = now
+        preemptions += 1
+        prompt_load[p_pos[inst.idx]] += plen[v]
+        inst.waiting.appendleft(v)
 
     def prefill_done(inst: _Inst, i: int, now: float):
+        if resumed[i]:  # recomputed after a preemption: its next token comes now
+            stall[i] = max(stall[i], now - preempted_at[i])
+            inst.kv_used -= plen[i]
+            base[i] += 1
+            if base[i] == o[i]:  # that was its last token
+                finish(i, now)
+                unassign(inst, i)
+            else:
+                join(inst, i, now)
+            resumed[i] = False
+            return
         ttft[i] = now - arrival[i]
         if o[i] == 1:  # the first token was the whole answer
             finish(i, now)
             unassign(insts[t_inst[i]], i)
             return
         tok = insts[t_inst[i]]
-        if tok is inst:  # co-located: decode here
+        if tok is inst:  # co-located: decode here, its KV held since admission
             kv_ready[i] = now
-            tok.waiting.append(i)
+            inst.kv_used -= plen[i]  # now counted in the batch's context
+            join(inst, i, now)
             return
         bw = min(inst.bw, tok.bw)
         duration = p[i] * kv_bytes / bw
@@ -384,12 +456,16 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
                         src = dst  # every prompt machine's queue is long: borrow the token machine to prefill it
                         src.can_prefill = True
             p_inst[i], t_inst[i] = src.idx, dst.idx
-            src.queue.append(i)
             if src.idx in p_pos:
                 prompt_load[p_pos[src.idx]] += p[i]
             dst.kv_committed += p[i] + o[i]
             if dst.idx in t_pos:
                 token_load[t_pos[dst.idx]] += o[i]
+            if src.role == MIXED:  # prefilled once its KV is reserved
+                src.waiting.append(i)
+                admit(src, now)
+            else:
+                src.queue.append(i)
             if not src.running:
                 start(src, now)
             continue
@@ -409,7 +485,10 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
             inst.ends.append(now)
             inst.ctx += inst.batch
             for i in inst.finishing.pop(inst.iters, ()):
-                inst.kv_used -= p[i] + o[i]
+                if inst.role == MIXED:
+                    inst.members.remove(i)
+                else:
+                    inst.kv_used -= p[i] + o[i]
                 inst.batch -= 1
                 inst.ctx -= p[i] + o[i]
                 unassign(inst, i)
@@ -417,7 +496,7 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
         k = p_pos.get(inst.idx)
         for i in inst.run_prefill:
             if k is not None:  # a prompt stays pending on its machine until its prefill completes
-                prompt_load[k] -= p[i]
+                prompt_load[k] -= plen[i]
             prefill_done(inst, i, now)
         if inst.role == TOKEN and not inst.queue:
             inst.can_prefill = False  # a borrowed machine returns to its pool
@@ -430,7 +509,10 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
             inst.perf.record_decode_steps(batch, context)
     if closed is not None:  # the arrival times the clients produced
         trace = dataclasses.replace(trace, arrival_s=np.array(arrival), source=f"{trace.source} (closed loop, {closed} clients)")
-    tbt_max = _tbt_max(insts, o, t_inst, join_iter, ttft, arrival)
+    first_token = np.array(arrival) + np.array(ttft)
+    stint = np.where(np.array(base) > 1, np.array(rejoined), first_token)  # a resumed request: from its rejoining
+    tbt_max = _tbt_max(insts, np.array(o) - np.array(base) + 1, t_inst, join_iter, stint)
+    tbt_max = np.where(np.array(stall) > 0, np.fmax(tbt_max, np.array(stall)), tbt_max)
     done = trace.arrival_s + np.array(e2e)
     span = float(np.nanmax(done) - arrival[0]) if tokens_out else 0.0
     return SimResult(
@@ -438,19 +520,20 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
         np.array(kv_ready) - (trace.arrival_s + np.array(ttft)), np.array(join_time) - np.array(kv_ready),
         np.array(p_inst), np.array(t_inst), np.array(rejected), tokens_out, span,
         [(x.pool, x.role, x.prefill_s, x.decode_s, x.batch_integral) for x in insts], events,
-        [f"{x.role}:{x.perf.hardware.name}:tp{x.perf.tp}:{x.idx}" for x in insts],
+        [f"{x.role}:{x.perf.hardware.name}:tp{x.perf.tp}:{x.idx}" for x in insts], preemptions,
     )
 
 
-def _tbt_max(insts, o, t_inst, join_iter, ttft, arrival) -> np.ndarray:
-    """Longest gap between consecutive tokens of each request: from its first token
-    to the end of its first decode iteration, then each iteration it spent in."""
+def _tbt_max(insts, o, t_inst, join_iter, first_token) -> np.ndarray:
+    """Longest gap between consecutive tokens of each request's last decode stint: from
+    `first_token` (its first token, or its rejoining after a preemption) to the end of
+    its first iteration, then each iteration it spent in; `o` counts the stint's tokens
+    from that first one."""
     n = len(o)
     out = np.full(n, np.nan)
     o_arr = np.asarray(o)
     ji = np.asarray(join_iter)
     ti = np.asarray(t_inst)
-    first_token = np.asarray(arrival) + np.asarray(ttft)
     out[o_arr == 1] = 0.0
     for inst in insts:
         if not inst.ends:

@@ -79,6 +79,31 @@ def test_kv_capacity_limits_the_batch_and_oversize_requests_are_reported():
     assert np.nanmax(r.decode_queue_s[:2]) > 0
 
 
+def test_colocated_admits_a_prompt_that_fits_now_and_waits_otherwise():
+    small = api.instance("bloom-176b", "h100-80gb", 8)
+    cap = small.fit.kv_capacity_tokens
+    trace = Trace(np.array([0.0, 0.0]), np.array([cap // 2 + 10, cap // 2]), np.array([10, 10]), "t")
+    r = simulate(trace, [PoolSpec("mixed", small, 1)])
+    # the second prompt does not fit beside the first: it is prefilled only when the first finishes
+    assert r.prompt_queue_s[1] == pytest.approx(r.e2e_s[0], rel=1e-12)
+    assert r.ttft_s[1] == pytest.approx(r.e2e_s[0] + float(small.prefill_time_s(cap // 2)), rel=1e-9)
+    assert np.all(r.decode_queue_s == 0) and r.preemptions == 0
+
+
+def test_colocated_growth_preempts_the_newest_which_is_recomputed_later():
+    small = api.instance("bloom-176b", "h100-80gb", 8)
+    cap = small.fit.kv_capacity_tokens
+    p, o = int(cap * 0.4), int(cap * 0.2)  # both prompts fit; both whole requests do not
+    trace = Trace(np.array([0.0, 0.0]), np.array([p, p]), np.array([o, o]), "t")
+    r = simulate(trace, [PoolSpec("mixed", small, 1)])
+    assert r.preemptions == 1 and r.tokens_out == 2 * o and not r.rejected.any()
+    assert r.ttft_s[1] < r.e2e_s[0] < r.e2e_s[1]  # its first token came before; it finishes after the first
+    # it stalls from its preemption (the pair outgrew the memory about half-way) until the first
+    # finishes (thousands of steps) and it is recomputed
+    assert r.tbt_max_s[1] > 50 * r.tbt_max_s[0]  # the first stalls only while the second is prefilled
+    assert r.tbt_max_s[1] > float(small.prefill_time_s(p + o // 2))
+
+
 def test_round_robin_spreads_evenly():
     trace = resample_poisson(load_trace(default_trace_path()), 2.0, 60.0, np.random.default_rng(1))
     r = simulate(trace, [PoolSpec("prompt", H100, 3), PoolSpec("token", H100, 3)], SimOptions(routing="round-robin"))
