@@ -119,7 +119,8 @@ def fit_profile(points: pd.DataFrame, base: EngineProfile) -> EngineProfile:
             for (model, h, t), f in sorted(local.items()):
                 if h == hw and t == tp:
                     overrides[f"{hw}/tp{tp}/{model}"] = f
-    return base.model_copy(update={"defaults": defaults, "hardware_overrides": overrides})
+    # the fitted factors replace the base's, and with them the base's sources for its factors
+    return base.model_copy(update={"defaults": defaults, "hardware_overrides": overrides, "efficiency_sources": {}})
 
 
 def _kept(base: EngineProfile, hw: str, tp: int) -> dict:

@@ -53,7 +53,10 @@ DEPLOYMENT_FACTORS = {
     "decode_overhead_s": (0.0, 0.05, 1e-3),
     "sequence_overhead_s": (0.0, 1e-3, 1e-4),  # per request in an iteration: what batch adds beyond the roofline
 }
-REQUESTS_PER_CLIENT = 5
+# The files do not say how many requests each run sent. NVIDIA's AIPerf examples for Dynamo
+# send ten per client (`--concurrency 10 --request-count 100`); the first wave, every client at
+# once, is then a tenth of the run, as it would be.
+REQUESTS_PER_CLIENT = 10
 
 
 def read_deployments(path: str | Path) -> tuple[pd.DataFrame, dict[str, int]]:
@@ -96,8 +99,7 @@ def read_deployments(path: str | Path) -> tuple[pd.DataFrame, dict[str, int]]:
 def replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUESTS_PER_CLIENT) -> tuple[float, float]:
     """Simulated mean TTFT and mean TPOT (ms) of one run under `profile`: `requests_per_client`
     requests per client (at least 8 in all), every client sending its first at once, and the
-    means over all of them, as a benchmark reports them (the files do not say how long each
-    run was; serving benchmarks commonly send 5-10 requests per client)."""
+    means over all of them, as a benchmark reports them."""
     inst = Instance(load_model(run["model"]), load_hardware(run["machine"]), profile, int(run["tp"]))
     clients = int(run["concurrency"]) * inst.instances_per_machine
     work = closed_loop_workload(None, clients, max(requests_per_client * clients, 8), int(run["isl"]), int(run["osl"]))
@@ -117,7 +119,8 @@ def predict(runs: pd.DataFrame, profile: EngineProfile, jobs: int = 1) -> np.nda
 
 
 def with_factors(base: EngineProfile, values: dict) -> EngineProfile:
-    return base.model_copy(update={"defaults": base.defaults.model_copy(update=values), "hardware_overrides": {}})
+    return base.model_copy(update={"defaults": base.defaults.model_copy(update=values), "hardware_overrides": {},
+                                   "efficiency_sources": {}})
 
 
 def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: int = 25, jobs: int = 1) -> EngineProfile:

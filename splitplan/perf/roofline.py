@@ -25,9 +25,12 @@ Modelling assumptions (units: seconds, FLOPs and bytes per GPU):
   larger the TP degree, which is where all-reduces weigh most.
 - MoE: FLOPs for the k experts each token uses; bytes for the experts the batch
   touches, E (1 - (1 - k/E)^tokens).
-- A power cap slows the whole prefill pass by the machine's
-  `power_cap_prefill_slowdown` (Splitwise: 1.3x at 70 % power); decode is memory-
-  bound and unchanged.
+- Power-limited clocks: the compute-bound time of a pass that holds prefill work
+  runs at the machine's `prefill_clock_fraction` of the datasheet-peak clock (the
+  GPU's sustained clock under dense work, lowered by a power cap as the cube root
+  of the dynamic power left; Splitwise's capped H100 comes out 1.31x slower, it
+  measured about 1.3x). Decode draws well under the limit (137-300 W of 700 W on
+  H200, arXiv 2605.11999) and keeps its bandwidth roofline.
 - Mixed batches (prefill and decode in one iteration) are the same formula with
   both kinds of attention: the co-located baseline needs nothing else.
 
@@ -167,6 +170,7 @@ class Instance(PassShortcuts):
             launch_s=m.num_hidden_layers * self.engine.kernels_per_layer * f.kernel_launch_s,
             host_s=f.host_launch_s_per_layer * m.num_hidden_layers,
             packed=self.engine.prefill_attention == "packed",
+            clock_slowdown=1.0 / hw.prefill_clock_fraction,
         )
 
     def _terms(self, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens):
@@ -216,8 +220,8 @@ class Instance(PassShortcuts):
             + c.launch_s
             + _max(c.host_s - gpu_s, 0.0)  # waiting on the host's kernel launches
         )
-        slow = 1.0 + (self.hardware.power_cap_prefill_slowdown - 1.0) * has_prefill
-        return compute_s * slow, memory_s * slow, network_s * slow, overhead_s * slow, flops, nbytes
+        compute_s = compute_s * (1.0 + (c.clock_slowdown - 1.0) * has_prefill)
+        return compute_s, memory_s, network_s, overhead_s, flops, nbytes
 
     def pass_time_s(self, prefill_seqs=0, prefill_tokens=0, prefill_sq_tokens=0, decode_seqs=0, decode_context_tokens=0):
         """Seconds for one forward pass (vectorized over numpy arrays)."""

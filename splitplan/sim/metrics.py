@@ -71,7 +71,7 @@ def pool_report(result: SimResult, pools: list[PoolSpec]) -> list[dict]:
         decode = sum(x[3] for x in mine)
         batch_time = sum(x[4] for x in mine)
         hw = pool.perf.hardware
-        tdp = hw.gpu.tdp_w * (hw.power_cap_fraction or 1.0)
+        tdp = hw.gpu_power_limit_w
         decode_w = hw.gpu.decode_w or 0.55 * hw.gpu.tdp_w
         idle = max(span * len(mine) - prefill - decode, 0.0)
         joules = pool.perf.tp * (prefill * tdp + decode * decode_w + idle * hw.gpu.idle_w)

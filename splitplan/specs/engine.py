@@ -70,6 +70,8 @@ class EngineProfile(BaseModel):
     chunked_prefill_tokens: Annotated[int, Field(ge=16, le=1_000_000)] | None = None
     defaults: EngineFactors = EngineFactors()
     hardware_overrides: dict[str, EngineFactors] = {}
+    # Where each machine type's factors come from (a measurement, or "estimate: ..."), by machine name.
+    efficiency_sources: dict[str, str] = {}
     fit: dict[str, Any] | None = None
 
     def factors(self, hardware_name: str, tp: int, model_name: str | None = None) -> EngineFactors:
@@ -108,6 +110,7 @@ def engine_to_yaml(profile: EngineProfile, header: str = "") -> str:
             return {k: rounded(v) for k, v in value.items()}
         return value
 
-    data = rounded(profile.model_dump(exclude={"name"}, exclude_none=True))
+    data = rounded(profile.model_dump(exclude={"name"} | ({"efficiency_sources"} if not profile.efficiency_sources else set()),
+                                      exclude_none=True))
     comment = "".join(f"# {line}\n" for line in header.splitlines())
     return comment + yaml.safe_dump(data, sort_keys=False, width=120)

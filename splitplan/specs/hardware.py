@@ -17,6 +17,12 @@ from splitplan.specs._load import load_named
 from splitplan.specs.catalog import catalog_names
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
+Frac = Annotated[float, Field(gt=0, le=1)]
+# Dynamic power grows about as the cube of the clock over the DVFS range (P ~ C V^2 f, with the
+# voltage rising about linearly with f). Checked against Splitwise (ISCA 2024): an H100 capped to
+# 350 W of its 700 W (75 W idle) is predicted ((350-75)/(700-75))^(1/3) = 0.76 of its clock, prefill
+# 1.31x slower; Splitwise measured about 1.3x.
+CLOCK_POWER_EXPONENT = 3.0
 
 
 class GpuSpec(BaseModel):
@@ -34,6 +40,12 @@ class GpuSpec(BaseModel):
     intra_node_bidir_gbyte_per_s: Annotated[float, Field(gt=0, le=100_000)]
     source: str
     source_date: str
+    # Power-limited clocks: under sustained dense tensor-core work (prefill) the GPU holds its
+    # power limit by running below the clock its datasheet peak assumes. The sustained clock as
+    # a fraction of that clock, and where the figure comes from ("estimate: ..." when no public
+    # measurement exists).
+    sustained_clock_fraction: Frac = 1.0
+    clock_source: str = "none: datasheet clock assumed sustained"
 
     @model_validator(mode="after")
     def _power_order(self) -> "GpuSpec":
@@ -57,14 +69,28 @@ class HardwareSpec(BaseModel):
     price_source: str
     price_date: str
     provisioned_power_w: Annotated[float, Field(gt=0, le=1_000_000)]
-    power_cap_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
-    power_cap_prefill_slowdown: Annotated[float, Field(ge=1, le=10)] = 1.0
+    power_cap_fraction: Annotated[float, Field(gt=0, le=1)] | None = None  # of provisioned machine power
+    gpu_power_cap_w: Annotated[float, Field(gt=0, le=10_000)] | None = None  # each GPU's power limit, if below its TDP
 
     @model_validator(mode="after")
     def _cap_consistent(self) -> "HardwareSpec":
-        if self.power_cap_prefill_slowdown > 1 and self.power_cap_fraction is None:
-            raise ValueError("power_cap_prefill_slowdown needs power_cap_fraction")
+        if self.gpu_power_cap_w is not None and not self.gpu.idle_w < self.gpu_power_cap_w <= self.gpu.tdp_w:
+            raise ValueError(f"gpu_power_cap_w must lie above idle_w ({self.gpu.idle_w}) and at most tdp_w ({self.gpu.tdp_w})")
         return self
+
+    @property
+    def gpu_power_limit_w(self) -> float:
+        return self.gpu_power_cap_w or self.gpu.tdp_w
+
+    @property
+    def prefill_clock_fraction(self) -> float:
+        """Clock of sustained dense (prefill) work as a fraction of the datasheet-peak clock:
+        the sustained clock at TDP, lowered by a power cap as the cube root of the dynamic
+        power left (CLOCK_POWER_EXPONENT). Memory-bound decode draws well under the cap
+        and keeps its bandwidth."""
+        g = self.gpu
+        dynamic = (self.gpu_power_limit_w - g.idle_w) / (g.tdp_w - g.idle_w)
+        return g.sustained_clock_fraction * dynamic ** (1 / CLOCK_POWER_EXPONENT)
 
     # SI views, converted once here so no other module sees human units.
     def peak_flops_per_s(self, dtype: str) -> float:

@@ -35,7 +35,7 @@ def test_prefill_long_prompt_is_flops_time():
     T = 8192
     flops = 2 * (m.total_params - m.embedding_params) * T + 2 * m.num_hidden_layers * T**2 * m.q_dim + 2 * m.hidden_size * m.vocab_size
     t = float(inst.prefill_time_s(T))
-    assert t == pytest.approx(flops / 989e12, rel=0.01)
+    assert t == pytest.approx(flops / (989e12 * H100.gpu.sustained_clock_fraction), rel=0.01)  # at the sustained clock
     assert inst.explain(prompt_tokens=[T]).bound == "compute"
 
 
@@ -74,8 +74,20 @@ def test_power_cap_slows_prefill_only():
     m = load_model("llama2-70b")
     eng = load_engine("lean")
     full, capped = Instance(m, H100, eng, 8), Instance(m, load_hardware("h100-80gb-cap70"), eng, 8)
-    assert float(capped.prefill_time_s(2048)) == pytest.approx(1.3 * float(full.prefill_time_s(2048)))
+    # (350 - 75) / (700 - 75) of the dynamic power: the cube root of it of the clock
+    slowdown = ((350 - 75) / (700 - 75)) ** (-1 / 3)
+    a, b = full.explain([2048]), capped.explain([2048])
+    assert b.compute_s == pytest.approx(slowdown * a.compute_s, rel=1e-12)
+    assert (b.memory_s, b.network_s, b.overhead_s) == pytest.approx((a.memory_s, a.network_s, a.overhead_s), rel=1e-12)
     assert float(capped.decode_step_time_s(32, 1024)) == pytest.approx(float(full.decode_step_time_s(32, 1024)))
+
+
+def test_prefill_compute_runs_at_the_sustained_clock():
+    m, eng = load_model("llama2-70b"), load_engine("lean")
+    at_boost = H100.model_copy(update={"gpu": H100.gpu.model_copy(update={"sustained_clock_fraction": 1.0})})
+    a, b = Instance(m, at_boost, eng, 8).explain([4096]), Instance(m, H100, eng, 8).explain([4096])
+    assert b.compute_s == pytest.approx(a.compute_s / H100.gpu.sustained_clock_fraction, rel=1e-12)
+    assert Instance(m, at_boost, eng, 8).decode_step_time_s(16, 2048) == Instance(m, H100, eng, 8).decode_step_time_s(16, 2048)
 
 
 def test_moe_decode_reads_only_touched_experts():

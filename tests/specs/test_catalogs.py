@@ -20,6 +20,7 @@ def test_every_bundled_spec_loads():
 def test_required_hardware_present_with_provenance(name):
     hw = load_hardware(name)
     assert hw.price_source and hw.price_date and hw.gpu.source and hw.gpu.source_date
+    assert hw.gpu.clock_source.startswith(("estimate", "http", "measured")) and hw.gpu.sustained_clock_fraction < 1
 
 
 def test_splitwise_machine_constants():
@@ -27,7 +28,8 @@ def test_splitwise_machine_constants():
     assert (a.price_usd_per_hour, a.provisioned_power_w) == (17.6, 6500)
     assert (h.price_usd_per_hour, h.provisioned_power_w) == (38.0, 10200)
     assert cap.provisioned_power_w == pytest.approx(0.7 * h.provisioned_power_w)
-    assert cap.power_cap_prefill_slowdown == 1.3
+    # Splitwise's capped H100 (50 % per GPU): prefill about 1.3x slower, from the clock model
+    assert h.prefill_clock_fraction / cap.prefill_clock_fraction == pytest.approx(1.3, rel=0.02)
     assert h.scale_out_bytes_per_s == pytest.approx(8 * 400e9 / 8)  # 8 x 400 Gbit/s in bytes/s
     assert h.intra_node_bytes_per_s == pytest.approx(450e9)  # one direction of 900 GB/s
 
@@ -147,3 +149,13 @@ def test_bad_slo_profiles(tmp_path, text, needle):
     from splitplan.specs.slo import load_slo
     with pytest.raises(SpecError, match=re.escape(needle)):
         load_slo(_write(tmp_path, "s.yaml", text))
+
+
+@pytest.mark.parametrize("engine", ["lean", "lean-fp8"])
+def test_datasheet_profiles_source_every_machines_efficiency(engine):
+    from splitplan.specs.engine import load_engine
+    from splitplan.specs.hardware import hardware_catalog
+    profile = load_engine(engine)
+    assert set(profile.efficiency_sources) == {h.name for h in hardware_catalog()}
+    assert set(profile.hardware_overrides) <= set(profile.efficiency_sources)
+    assert profile.factors("mi300x-192gb", 8).compute_efficiency < profile.factors("h100-80gb", 8).compute_efficiency
