@@ -105,6 +105,7 @@ class OptimizeResult:
     pareto: tuple = ()  # with pareto=True: plans no other plan beats on both cost and power
     unservable: dict | None = None  # requests no token instance can hold, left out of the sizing
     problem: "Problem | None" = field(default=None, repr=False, compare=False)  # what was solved (trace, SLO, budgets)
+    closed_loop: dict | None = None  # optimize_closed_loop: the rounds, and the plan's simulated closed loop
 
     @property
     def split_saving_pct(self) -> float | None:
@@ -979,6 +980,64 @@ def _simulate_unit(shared, pools):
     trace, model, slo, engine, perf_db, max_batch_tokens = shared
     summary = simulate(trace, pools, model, slo, engine, perf_db, max_batch_tokens).summary
     return {"slo_met": all(x["met"] for x in summary["slo"]), **{k: summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms")}}
+
+
+def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed: int = 0, progress=None,
+                         rounds: int = 4, **kwargs) -> OptimizeResult:
+    """The cheapest (or lowest-power) plan meeting the SLO in a closed loop of `concurrency`
+    clients (each sending its next request of `workload` when its last one finishes), as
+    serving benchmarks load a deployment.
+
+    A closed loop runs at the rate its latency allows: by Little's law `concurrency / mean
+    E2E`. The search starts at the highest such rate, every request as fast as the fastest
+    instance serves it alone, so the first plan is large enough; it then plans an open loop
+    (Poisson, the same requests) at `concurrency / E2E` of the last plan's simulated closed
+    loop, and keeps the best plan whose closed-loop simulation met every SLO line. Each
+    round is recorded (`closed_loop` in the result)."""
+    from splitplan.specs.hardware import hardware_catalog
+
+    m, eng = load_model(model), load_engine(kwargs.get("engine", DEFAULT_ENGINE))
+    names = kwargs.get("hardware") or [h.name for h in hardware_catalog()]
+    p, o = workload.prompt_tokens.astype(float), workload.output_tokens.astype(float)
+    alone = [float(np.mean(inst.prefill_time_s(p) + (o - 1) * inst.decode_step_time_s(1, p + o / 2)))
+             for hw in map(load_hardware, names) for t in hw.tp_degrees()
+             for inst in [Instance(m, hw, eng, t)] if inst.fit.fits]
+    if not alone:
+        raise InfeasibleError(f"{m.name} fits no instance of {', '.join(names)}")
+    rate, rounds_out, best = concurrency / min(alone), [], None
+    key = kwargs.get("objective", "cost")
+    for k in range(rounds):
+        gaps = np.random.default_rng(seed + k).exponential(1 / rate, len(workload))
+        open_loop = dataclasses.replace(workload, arrival_s=np.cumsum(gaps) - gaps[0],
+                                        source=f"{workload.source} (open loop at {rate:.3g} req/s)")
+        result = optimize(open_loop, model, slo, **kwargs)
+        sim = simulate(workload, plan_pools(result.plan), model, slo, kwargs.get("engine", DEFAULT_ENGINE),
+                       kwargs.get("perf_db"), kwargs.get("max_batch_tokens", 2048), concurrency=concurrency)
+        met = all(line["met"] for line in sim.summary["slo"])
+        rounds_out.append({"planned_rate_rps": rate, "plan": _plan_label(result.plan), "cost_usd_per_hour": result.plan.cost_usd_per_hour,
+                           "power_kw": result.plan.power_kw, "simulated_rate_rps": sim.summary["throughput_rps"], "slo_met": met})
+        if progress:
+            progress(rounds_out[-1])
+        if met and (best is None or _plan_key(key, result.plan) < _plan_key(key, best[0].plan)):
+            best = (result, sim)
+        mean_e2e_s = float(np.nanmean(sim.result.e2e_s))
+        following = concurrency / mean_e2e_s if np.isfinite(mean_e2e_s) and mean_e2e_s > 0 else rate
+        if not met or abs(following - rate) <= 0.02 * rate:
+            break
+        rate = following
+    if best is None:
+        missed = ", ".join(line["line"] for line in sim.summary["slo"] if not line["met"])
+        raise InfeasibleError(f"no plan met the SLO in a closed loop of {concurrency} clients: the plan for "
+                              f"{rounds_out[0]['planned_rate_rps']:.3g} req/s ({rounds_out[0]['plan']}) missed {missed}")
+    result, sim = best
+    closed = {"concurrency": concurrency, "rounds": rounds_out, "benchmark": sim.summary["benchmark"],
+              "slo": sim.summary["slo"], "throughput_rps": sim.summary["throughput_rps"]}
+    return dataclasses.replace(result, closed_loop=closed)
+
+
+def _plan_label(plan) -> str:
+    from splitplan.report import plan_text
+    return plan_text(plan)
 
 
 def simulate_plans(plans, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,

@@ -271,6 +271,10 @@ def optimize(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help=RAY_HELP),
     plot: Optional[Path] = typer.Option(None, "--plot", help="With --pareto: the frontier (PNG; needs the plot extra)."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Plan from measured latencies (options without measurements are skipped)."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Plan for a closed loop, as serving benchmarks load a deployment: this many clients, each sending its next request when the last one finishes (checked by simulation)."),
+    isl: Optional[int] = typer.Option(None, "--isl", help="With --concurrency: every request's input tokens (default: drawn from the trace)."),
+    osl: Optional[int] = typer.Option(None, "--osl", help="With --concurrency: every request's output tokens (default: drawn from the trace)."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests", help="With --concurrency: requests in the run (default 10 per client, at least 100)."),
     format: PlanFormat = typer.Option(PlanFormat.table, "--format", help="table, json or csv"),
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write plan.json, candidates.csv, pareto.csv here."),
 ) -> None:
@@ -287,6 +291,23 @@ def optimize(
                   tp=tp, engine=engine, search=search.value, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
                   max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens,
                   jobs=jobs_n, perf_db=str(perf_db) if perf_db else None)
+    if concurrency is None and (isl is not None or osl is not None or num_requests is not None):
+        raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
+    if concurrency is not None:
+        clash = [flag for flag, on in (("--rate", rate is not None), ("--window", window is not None), ("--pareto", pareto),
+                                       ("--validate", validate), ("--objective throughput", objective is Objective.throughput)) if on]
+        if clash:
+            raise SpecError(f"--concurrency plans a closed loop (its rate follows from its latency, checked by simulation); "
+                            f"drop {', '.join(clash)}")
+        workload = closed_loop_workload(loaded, concurrency, num_requests, isl, osl, seed)
+        with _progress("closed loop: plan at the rate Little's law gives, simulate, replan") as step:
+            result = api.optimize_closed_loop(workload, concurrency, model, slo, seed, split=not no_split,
+                                              objective=objective.value, progress=lambda r: step(), **common)
+        _emit_plan(result, workload, None, {"trace": workload.source, "requests": len(workload), "concurrency": concurrency,
+                                            "isl": isl, "osl": osl, "seed": seed, "model": model, "slo": slo,
+                                            "objective": objective.value, **{k: v for k, v in common.items() if k != "jobs"}},
+                   format, output_dir, None, False)
+        return
     if window is not None:
         if validate or pareto or no_split or objective is Objective.throughput:
             raise SpecError("--window plans each window by cost or power; drop --validate/--pareto/--no-split/throughput")
@@ -337,6 +358,11 @@ def optimize(
         result = dataclasses.replace(result, plan=plan)
         simulated = {**{k: sim.summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms", "slo")}, "machines_added": added}
     inputs["validate"] = validate
+    _emit_plan(result, workload, simulated, inputs, format, output_dir, plot, pareto, runner_ups)
+
+
+def _emit_plan(result, workload, simulated, inputs: dict, format, output_dir, plot, pareto: bool, runner_ups=None) -> None:
+    """An optimize result as JSON, CSV or tables, and its files."""
     document = report.optimize_json(result, inputs)
     if simulated is not None:
         document["plan"]["simulated"] = simulated
@@ -476,6 +502,18 @@ def _render_plan(result, workload, simulated=None) -> None:
         con.print(report.table("Simulated against the SLO", ["line", "target", "achieved", "attainment %", "met"],
                                [(x["line"], x["target"], x["achieved"], x["attainment_pct"], "yes" if x["met"] else "NO")
                                 for x in simulated["slo"]]))
+    if result.closed_loop is not None:
+        loop = result.closed_loop
+        con.print(report.table(f"Closed loop of {loop['concurrency']} clients: each round plans the rate the last plan's "
+                               "simulation ran at (Little's law)", ["planned req/s", "plan", "$/h", "simulated req/s", "SLO met"],
+                               [(r["planned_rate_rps"], r["plan"], r["cost_usd_per_hour"], r["simulated_rate_rps"],
+                                 "yes" if r["slo_met"] else "NO") for r in loop["rounds"]]))
+        bench = loop["benchmark"]
+        con.print(report.table("The plan's simulated closed loop, as a serving benchmark reports it", ["ms", "mean", "median", "p99"],
+                               [(name, bench[key]["mean"], bench[key]["median"], bench[key]["p99"])
+                                for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))],
+                               caption=f"{bench['requests_per_s']:.3g} req/s, {bench['output_tokens_per_s_per_gpu']:,.0f} output "
+                                       f"tokens/s per GPU ({bench['gpus']} GPUs)"))
     alt_rows = [(report.plan_text(a), a.cost_usd_per_hour, a.power_kw, f"{a.cost_usd_per_hour / plan.cost_usd_per_hour - 1:+.0%}",
                  a.binding) for a in result.alternatives]
     con.print(report.table("Runner-up plans", ["plan", "$/h", "kW", "vs plan", "binding"], alt_rows))

@@ -42,6 +42,9 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
             handle.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as open() would create it (mkstemp makes it owner-only)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -117,6 +120,8 @@ def optimize_json(result, inputs: dict) -> dict:
     body["unservable"] = result.unservable
     if result.max_rate_rps is not None:
         body["max_rate_rps"] = result.max_rate_rps
+    if result.closed_loop is not None:
+        body["closed_loop"] = result.closed_loop
     return {"schema_version": SCHEMA_VERSION, "inputs": inputs, "plan": body}
 
 

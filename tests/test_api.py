@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 import splitplan
 
@@ -25,3 +26,23 @@ def test_results_have_frames_and_json():
     assert len(sim.to_frame()) == sim.summary["requests"] and "summary" in sim.to_json()
     sweep = splitplan.sweep([2, 4], pools=[("prompt", "h100-80gb", 8, 1), ("token", "h100-80gb", 8, 1)], duration_s=30)
     assert len(sweep.to_frame()) == 2 and sweep.to_json()["mode"] == "plan"
+
+
+def test_optimize_closed_loop_keeps_only_plans_whose_closed_loop_met_the_slo(monkeypatch):
+    from splitplan import api
+    from splitplan.errors import InfeasibleError
+    from splitplan.workload.trace import closed_loop_workload
+    real = api.simulate
+
+    def missing(*args, **kwargs):  # the simulation misses one line: no plan may be returned
+        out = real(*args, **kwargs)
+        out.summary["slo"][0]["met"] = False
+        return out
+
+    work = closed_loop_workload(None, 8, None, 1024, 64)
+    kwargs = dict(hardware=["h100-80gb"], engine="lean-fp8")
+    ok = api.optimize_closed_loop(work, 8, "llama3.1-70b", "chat", **kwargs)
+    assert ok.closed_loop["rounds"][0]["slo_met"] and ok.closed_loop["concurrency"] == 8
+    monkeypatch.setattr(api, "simulate", missing)
+    with pytest.raises(InfeasibleError, match="no plan met the SLO in a closed loop of 8 clients.*missed TTFT p50"):
+        api.optimize_closed_loop(work, 8, "llama3.1-70b", "chat", **kwargs)

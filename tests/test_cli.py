@@ -333,3 +333,33 @@ def test_simulate_closed_loop_reports_benchmark_figures():
 def test_simulate_closed_loop_failures(args, needle):
     result = run("simulate", "--mixed-pool", "h100-80gb:8:1", *args)
     assert result.exit_code == 2 and needle in result.stderr, result.output
+
+
+def test_optimize_closed_loop_plans_the_rate_the_loop_runs_at():
+    result = run("optimize", "--concurrency", "32", "--isl", "1024", "--osl", "256", "--model", "llama3.1-70b", "--slo", "chat",
+                 "--hardware", "h100-80gb,h200-141gb", "--engine", "lean-fp8", "--format", "json")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)["plan"]
+    loop = plan["closed_loop"]
+    rounds = loop["rounds"]
+    # the first round plans the fastest rate the loop could run at; later ones the rate the last plan's loop ran at
+    assert rounds[0]["planned_rate_rps"] > rounds[0]["simulated_rate_rps"]
+    assert all(b["planned_rate_rps"] == pytest.approx(a["simulated_rate_rps"], rel=0.05) for a, b in zip(rounds, rounds[1:]))
+    assert all(line["met"] for line in loop["slo"]) and loop["concurrency"] == 32
+    chosen = [r for r in rounds if r["slo_met"] and r["cost_usd_per_hour"] == plan["cost_usd_per_hour"]]
+    assert chosen and plan["cost_usd_per_hour"] == min(r["cost_usd_per_hour"] for r in rounds if r["slo_met"])
+    assert loop["benchmark"]["gpus"] == sum(p["machines"] for p in plan["prompt_pools"] + plan["token_pools"]) * 8
+
+
+@pytest.mark.parametrize("args,code,needle", [
+    (["--concurrency", "8", "--rate", "5"], 2, "drop --rate"),
+    (["--concurrency", "8", "--pareto"], 2, "drop --pareto"),
+    (["--osl", "64"], 2, "add --concurrency"),
+    (["--concurrency", "0"], 2, "must be >= 1"),
+    (["--concurrency", "8", "--isl", "1024", "--osl", "64", "--slo", "{slo}"], 3, "TTFT p50 <= 1 ms cannot be met"),
+])
+def test_optimize_closed_loop_failures(args, code, needle, tmp_path):
+    slo = tmp_path / "tight.yaml"
+    slo.write_text("description: impossible\nttft:\n  p50: {max_ms: 1}\n")
+    result = run("optimize", "--hardware", "h100-80gb", *[a.replace("{slo}", str(slo)) for a in args])
+    assert result.exit_code == code and needle in result.stderr, result.output

@@ -117,3 +117,10 @@ def test_output_files_are_never_partial(tmp_path):
     assert bad.exit_code == 3
     assert {p.name: p.read_bytes() for p in good.iterdir()} == before  # the good files survive a failed run
     assert not list(good.glob(".*tmp*"))
+
+
+def test_output_files_get_the_usual_permissions(tmp_path):
+    from splitplan.report import write_atomic
+    write_atomic(tmp_path / "a.json", "{}")
+    (tmp_path / "b.json").write_text("{}")
+    assert (tmp_path / "a.json").stat().st_mode == (tmp_path / "b.json").stat().st_mode
