@@ -74,11 +74,12 @@ def main() -> None:
     args = parser.parse_args()
     runs, dropped = dep.read_deployments(args.data)
     print(f"{len(runs)} runs modelled; left out: " + "; ".join(f"{n} {reason}" for reason, n in dropped.items()) + "\n")
-    out_dir = args.write_profiles or Path(tempfile.mkdtemp(prefix="fidelity-"))
+    scratch = Path(tempfile.mkdtemp(prefix="fidelity-"))
+    out_dir = args.write_profiles or scratch
     frames = []
     for backend in sorted(runs.engine.unique()):
         start = time.perf_counter()
-        profile, residuals = out_dir / f"{backend}-fp8.yaml", out_dir / f"{backend}-runs.csv"
+        profile, residuals = out_dir / f"{backend}-fp8.yaml", scratch / f"{backend}-runs.csv"
         subprocess.run([sys.executable, "-c", "from splitplan.cli import main; main()", "calibrate", "--deployments", str(args.data), "--backend", backend,
                         "--output", str(profile), "--residuals", str(residuals), "--jobs", str(args.jobs), "--format", "json"],
                        check=True, stdout=subprocess.DEVNULL)
