@@ -138,7 +138,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
              max_power_kw: float | None = None, max_machines: dict[str, int] | None = None,
              max_batch_tokens: int = 2048, alternatives: int = 5, split: bool = True,
              with_colocated: bool = True, jobs: int = 1, perf_db: str | None = None,
-             pareto: bool = False) -> OptimizeResult:
+             pareto: bool = False, solver: str = "highs") -> OptimizeResult:
     """The cheapest (or lowest-power) plan meeting every SLO line on `trace`: split
     prompt/token pools (default) or, with `split=False`, co-located machines."""
     from splitplan.capacity.pools import reference_latencies
@@ -166,7 +166,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
             ref_inst = db.instance(ref_inst)
         reference = reference_latencies(ref_inst, trace.prompt_tokens, trace.output_tokens)
     problem = Problem(trace, profile, reference, max_batch_tokens, objective, max_cost_per_hour, max_power_kw,
-                      tuple(sorted((max_machines or {}).items())))
+                      tuple(sorted((max_machines or {}).items())), solver)
 
     def make(hw, t):  # measured timing where --perf-db has the group; otherwise skipped with the reason
         inst = Instance(m, hw, eng, t)

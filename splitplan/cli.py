@@ -256,7 +256,8 @@ def optimize(
     tp: Optional[int] = typer.Option(None, "--tp", help="Only this TP degree (default: every degree that fits)."),
     objective: Objective = typer.Option(Objective.cost, "--objective", help="Minimize cost (USD/h) or power (provisioned kW)."),
     engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
-    search: Search = typer.Option(Search.ilp, "--search", help="ilp (PuLP/CBC) or grid (exhaustive)."),
+    search: Search = typer.Option(Search.ilp, "--search", help="ilp (integer program) or grid (exhaustive)."),
+    solver: str = typer.Option("highs", "--solver", help="The integer program's solver: highs (HiGHS, default) or cbc."),
     max_cost_per_hour: Optional[float] = typer.Option(None, "--max-cost-per-hour", help="Budget in USD per hour."),
     max_power_kw: Optional[float] = typer.Option(None, "--max-power-kw", help="Budget in provisioned kW."),
     max_machines: list[str] = typer.Option([], "--max-machines", help="Availability, TYPE=N (repeatable)."),
@@ -288,7 +289,7 @@ def optimize(
     jobs_n = jobs if jobs > 0 else (os.cpu_count() or 1)
     loaded = load_workload(trace, None, duration, seed)  # read once; resampled or windowed below
     common = dict(hardware=_names(hardware), prompt_hardware=_names(prompt_hardware), token_hardware=_names(token_hardware),
-                  tp=tp, engine=engine, search=search.value, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
+                  tp=tp, engine=engine, search=search.value, solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
                   max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens,
                   jobs=jobs_n, perf_db=str(perf_db) if perf_db else None)
     if concurrency is None and (isl is not None or osl is not None or num_requests is not None):
@@ -343,7 +344,7 @@ def optimize(
         "trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
         "seed": seed, "model": model, "slo": slo, "hardware": _names(hardware), "prompt_hardware": _names(prompt_hardware),
         "token_hardware": _names(token_hardware), "tp": tp, "objective": objective.value, "engine": engine,
-        "search": search.value, "max_cost_per_hour": max_cost_per_hour, "max_power_kw": max_power_kw,
+        "search": search.value, "solver": solver, "max_cost_per_hour": max_cost_per_hour, "max_power_kw": max_power_kw,
         "max_machines": _limits(max_machines), "max_batch_tokens": max_batch_tokens, "split": not no_split,
         "window": stretch,
     }

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -26,7 +27,7 @@ import pulp
 from splitplan.capacity.pools import (
     BatchTimes, Reference, achieved, colocated_pool, decode_pool, meets, prompt_queue_ttft_s, smallest_count,
 )
-from splitplan.errors import InfeasibleError, SolverError
+from splitplan.errors import InfeasibleError, SolverError, SpecError
 from splitplan.perf.roofline import Instance, kv_transfer_time_s
 from splitplan.specs.slo import SloLine, SloProfile
 from splitplan.workload.trace import Trace
@@ -96,6 +97,7 @@ class Problem:
     max_cost_per_hour: float | None = None
     max_power_kw: float | None = None
     max_machines: tuple[tuple[str, int], ...] = ()
+    solver: str = "highs"  # the ILP's solver: highs (HiGHS via highspy) or cbc (the CBC PuLP 3 bundles)
 
 
 def _lines(problem: Problem, metric: str) -> list[SloLine]:
@@ -196,32 +198,63 @@ def solve_counts(problem: Problem, options: list[Option], method: str = "ilp") -
     for role in ROLES:
         if not any(o.role == role for o in usable):
             raise InfeasibleError(f"no {role} option can meet the SLO (see the skipped options)")
-    primary = {"cost": lambda o: o.price_usd_per_hour, "power": lambda o: o.power_kw}[problem.objective]
-    secondary = {"cost": lambda o: o.power_kw, "power": lambda o: o.price_usd_per_hour}[problem.objective]
     if method == "grid":
-        return _grid(problem, usable, primary, secondary)
-    lp = pulp.LpProblem("splitplan", pulp.LpMinimize)
-    x = {o.key: pulp.LpVariable(f"x{i}", lowBound=0, upBound=o.machines_alone, cat="Integer") for i, o in enumerate(usable)}
-    # The secondary objective breaks ties (cheapest among equal power, or the reverse).
-    lp += pulp.lpSum((primary(o) + 1e-6 * secondary(o)) * x[o.key] for o in usable)
-    for role in ROLES:
-        lp += pulp.lpSum(x[o.key] * o.inst.instances_per_machine / o.instances for o in usable if o.role == role) >= 1
-    _budget_constraints(problem, usable, lambda o: x[o.key], lambda terms, limit: lp.__iadd__(pulp.lpSum(terms) <= limit))
-    status = lp.solve(pulp.PULP_CBC_CMD(msg=False))
+        return _grid(problem, usable, *_objectives(problem))
+    lp, x = ilp_model(problem, usable)
+    status = lp.solve(_solver(problem.solver))
     if pulp.LpStatus[status] == "Infeasible":
         raise InfeasibleError(_budget_message(problem, usable))
     if pulp.LpStatus[status] != "Optimal":
-        raise SolverError(f"CBC returned status {pulp.LpStatus[status]}")
+        raise SolverError(f"{problem.solver} returned status {pulp.LpStatus[status]}")
     return {k: int(round(v.value() or 0)) for k, v in x.items() if round(v.value() or 0) > 0}
 
 
-def _budget_constraints(problem: Problem, usable: list[Option], var, add) -> None:
+SOLVERS = ("highs", "cbc")
+
+
+def _objectives(problem: Problem):
+    """Per option: the objective's unit per machine, and the other objective's (the tie-break)."""
+    cost, power = (lambda o: o.price_usd_per_hour), (lambda o: o.power_kw)
+    return (cost, power) if problem.objective == "cost" else (power, cost)
+
+
+def _solver(name: str):
+    """HiGHS through highspy (the default), or the CBC binary PuLP 3 bundles (PuLP 4 does not:
+    there `cbc` needs a CBC on the PATH)."""
+    if name not in SOLVERS:
+        raise SpecError(f"--solver {name}: choose {' or '.join(SOLVERS)}")
+    solver = pulp.HiGHS(msg=False) if name == "highs" else pulp.PULP_CBC_CMD(msg=False)
+    if not solver.available():
+        raise SolverError(f"the {name} solver is not available here ({'pip install highspy' if name == 'highs' else 'install CBC'}); "
+                          f"try --solver {'cbc' if name == 'highs' else 'highs'}")
+    return solver
+
+
+def ilp_model(problem: Problem, usable: list[Option]) -> tuple["pulp.LpProblem", dict]:
+    """The integer program: machines x_o per option, at most as many as the option needs alone;
+    minimize the objective (the other one, scaled by 1e-6, breaks ties); each role's
+    instances cover the load (sum of x_o * instances per machine / n*_o >= 1); budgets."""
+    primary, secondary = _objectives(problem)
+    lp = pulp.LpProblem("splitplan", pulp.LpMinimize)
+    x = {o.key: pulp.LpVariable(f"x{i}", lowBound=0, upBound=o.machines_alone, cat="Integer") for i, o in enumerate(usable)}
+    lp += pulp.lpSum((primary(o) + 1e-6 * secondary(o)) * x[o.key] for o in usable)
+    for role in ROLES:
+        lp += pulp.lpSum(x[o.key] * o.inst.instances_per_machine / o.instances for o in usable if o.role == role) >= 1, f"cover_{role}"
+    for name, terms, limit in _budgets(problem, usable, lambda o: x[o.key]):
+        lp += pulp.lpSum(terms) <= limit, name
+    return lp, x
+
+
+def _budgets(problem: Problem, usable: list[Option], var) -> list[tuple[str, list, float]]:
+    """(name, terms summing to the budgeted quantity, limit) of each budget the problem sets."""
+    out = []
     if problem.max_cost_per_hour is not None:
-        add([o.price_usd_per_hour * var(o) for o in usable], problem.max_cost_per_hour)
+        out.append(("max_cost_per_hour", [o.price_usd_per_hour * var(o) for o in usable], problem.max_cost_per_hour))
     if problem.max_power_kw is not None:
-        add([o.power_kw * var(o) for o in usable], problem.max_power_kw)
+        out.append(("max_power_kw", [o.power_kw * var(o) for o in usable], problem.max_power_kw))
     for hw, limit in problem.max_machines:
-        add([var(o) for o in usable if o.inst.hardware.name == hw], limit)
+        out.append((f"max_machines_{re.sub(r'[^0-9A-Za-z]', '_', hw)}", [var(o) for o in usable if o.inst.hardware.name == hw], limit))
+    return out
 
 
 def _budget_message(problem: Problem, usable: list[Option]) -> str:
@@ -241,9 +274,7 @@ def _grid(problem: Problem, usable: list[Option], primary, secondary) -> dict[tu
                  for r in ROLES)
         if not ok:
             continue
-        within = []
-        _budget_constraints(problem, usable, lambda o: counts[usable.index(o)], lambda terms, limit: within.append(sum(terms) <= limit + 1e-9))
-        if not all(within):
+        if not all(sum(terms) <= limit + 1e-9 for _, terms, limit in _budgets(problem, usable, lambda o: counts[usable.index(o)])):
             continue
         key = (round(sum(c * primary(o) for c, o in zip(counts, usable)), 9), round(sum(c * secondary(o) for c, o in zip(counts, usable)), 9))
         if best is None or key < best:

@@ -1,5 +1,7 @@
 """The ILP equals the exhaustive grid; plans hold on the trace; failures are precise."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -28,8 +30,9 @@ def _cost(counts, options, attr):
     st.sampled_from(["cost", "power"]),
     st.one_of(st.none(), st.floats(20, 400)),
     st.one_of(st.none(), st.integers(0, 6)),
+    st.sampled_from(["highs", "cbc"]),
 )
-def test_ilp_optimum_equals_grid_optimum(specs, objective, max_cost, max_h100):
+def test_ilp_optimum_equals_grid_optimum(specs, objective, max_cost, max_h100, solver):
     options, seen = [], set()
     for role, (hw, tp), n in specs:
         if (role, hw, tp) in seen:
@@ -37,7 +40,7 @@ def test_ilp_optimum_equals_grid_optimum(specs, objective, max_cost, max_h100):
         seen.add((role, hw, tp))
         options.append(Option(role, Instance(MODEL, load_hardware(hw), ENGINE, tp), n, "test"))
     problem = Problem(trace=None, slo=None, reference=None, objective=objective, max_cost_per_hour=max_cost,
-                      max_machines=(("h100-80gb", max_h100),) if max_h100 is not None else ())
+                      max_machines=(("h100-80gb", max_h100),) if max_h100 is not None else (), solver=solver)
     try:
         ilp = solve_counts(problem, options, "ilp")
     except InfeasibleError:
@@ -47,6 +50,34 @@ def test_ilp_optimum_equals_grid_optimum(specs, objective, max_cost, max_h100):
     grid = solve_counts(problem, options, "grid")
     attr = "price_usd_per_hour" if objective == "cost" else "power_kw"
     assert _cost(ilp, options, attr) == pytest.approx(_cost(grid, options, attr))
+
+
+GOLDEN_LP = Path(__file__).resolve().parents[1] / "data" / "ilp_small.lp"
+
+
+def _small_ilp_options():
+    return [Option("prompt", Instance(MODEL, load_hardware("h100-80gb"), ENGINE, 8), 3, "test"),
+            Option("prompt", Instance(MODEL, load_hardware("a100-80gb"), ENGINE, 4), 7, "test"),
+            Option("token", Instance(MODEL, load_hardware("h100-80gb"), ENGINE, 4), 5, "test"),
+            Option("token", Instance(MODEL, load_hardware("mi300x-192gb"), ENGINE, 2), 9, "test")]
+
+
+def test_ilp_formulation_matches_the_reviewed_golden_file(tmp_path):
+    """The integer program of a small case, written as an LP file and compared with the
+    reviewed one (tests/data/ilp_small.lp): a change to the formulation shows up here."""
+    from splitplan.search.plan import ilp_model
+    problem = Problem(trace=None, slo=None, reference=None, objective="cost", max_cost_per_hour=300.0,
+                      max_machines=(("h100-80gb", 4),))
+    lp, _ = ilp_model(problem, _small_ilp_options())
+    lp.writeLP(str(tmp_path / "small.lp"))
+    assert (tmp_path / "small.lp").read_text() == GOLDEN_LP.read_text()
+
+
+def test_an_unknown_solver_is_bad_input():
+    from splitplan.errors import SpecError
+    problem = Problem(trace=None, slo=None, reference=None, solver="gurobi")
+    with pytest.raises(SpecError, match="--solver gurobi: choose highs or cbc"):
+        solve_counts(problem, _small_ilp_options())
 
 
 @pytest.fixture(scope="module")
