@@ -339,7 +339,6 @@ def repair(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Opti
     evaluate again."""
     counts = dict(counts)
     memo = {} if memo is None else memo
-    weight = (lambda o: o.price_usd_per_hour) if problem.objective == "cost" else (lambda o: o.power_kw)
 
     def score(values):
         lines = check(problem, values)
@@ -353,26 +352,33 @@ def repair(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Opti
         if not failed and not kv_bad:
             return counts, values, lines, step
         line, value = failed[0] if failed else (None, values["kv_peak_fraction"])
-        roles = {"ttft": ("prompt",), "tbt": ("token",), "e2e": ROLES}[line.metric if line else "tbt"]
-        best = None
-        for option in _repair_moves(counts, options, roles, weight):
-            trial = {**counts, option.key: counts.get(option.key, 0) + 1}
-            trial_values = evaluate(problem, trial, options, memo)
-            if line is None:
-                new = trial_values["kv_peak_fraction"]
-            else:
-                new = achieved(line, trial_values[line.metric], problem.reference)
-            gain = (value - new) / weight(option)
-            if gain > 0 and (best is None or gain > best[0]):
-                best = (gain, trial, trial_values)
+        best = best_move(problem, counts, options, line, value, memo)
         if best is None:
             break
-        counts, values = best[1], best[2]
+        counts, values = best
         lines, failed = score(values)
     what = failed[0][0].label if failed else "KV memory"
     raise InfeasibleError(f"no plan found that meets {what}: adding machines of any option stopped improving it "
                           f"(best {failed[0][1]:.3g}, target {failed[0][0].target})" if failed else
                           "no plan found that fits the decode KV cache")
+
+
+def best_move(problem: Problem, counts: dict, options: dict, line: SloLine | None, value: float, memo: dict | None = None):
+    """Repair's step: of one more machine of each option the failing `line` depends on
+    (TTFT: prompt; TBT and KV memory, `line` None: token; E2E: both), the one that
+    improves it most per dollar (per kW for the power objective): (counts, values), or
+    None when no move improves it."""
+    weight = (lambda o: o.price_usd_per_hour) if problem.objective == "cost" else (lambda o: o.power_kw)
+    roles = {"ttft": ("prompt",), "tbt": ("token",), "e2e": ROLES}[line.metric if line else "tbt"]
+    best = None
+    for option in _repair_moves(counts, options, roles, weight):
+        trial = {**counts, option.key: counts.get(option.key, 0) + 1}
+        trial_values = evaluate(problem, trial, options, memo)
+        new = trial_values["kv_peak_fraction"] if line is None else achieved(line, trial_values[line.metric], problem.reference)
+        gain = (value - new) / weight(option)
+        if gain > 0 and (best is None or gain > best[0]):
+            best = (gain, trial, trial_values)
+    return None if best is None else best[1:]
 
 
 def _repair_moves(counts: dict, options: dict, roles: tuple, weight, extra: int = 3) -> list[Option]:

@@ -295,3 +295,29 @@ def test_chunked_prefill_keeps_decodes_flowing_beside_a_long_prompt():
     chunked = simulate(trace, [PoolSpec("mixed", _chunked(H100, 1024), 1)])
     assert chunked.tbt_max_s[0] < whole.tbt_max_s[0] / 3
     assert chunked.tokens_out == whole.tokens_out == 402
+
+
+def test_concurrent_kv_transfers_share_the_nic_first_come_first_served():
+    # two prompt instances finish identical prefills together; both send to one token
+    # instance over its NIC share: the second transfer waits for the first (serialized, < 512 tokens)
+    trace = Trace(np.array([0.0, 0.0]), np.array([300, 300]), np.array([5, 5]), "t")
+    r = simulate(trace, [PoolSpec("prompt", H100, 2), PoolSpec("token", A100, 1)], SimOptions(routing="round-robin"))
+    one = float(kv_transfer_time_s(H100, A100, 300))
+    latency = H100.factors.kv_transfer_latency_s
+    assert sorted(r.transfer_s) == pytest.approx([one, one + (one - latency)], rel=1e-9)
+
+
+def test_gpu_energy_is_tdp_in_prefill_decode_power_in_decode_and_idle_otherwise():
+    from splitplan.sim.metrics import pool_report
+    prompt, output = 2000, 40
+    r = simulate(one(prompt, output), [PoolSpec("mixed", H100, 1)])
+    hw = H100.hardware
+    prefill_s = float(H100.prefill_time_s(prompt))
+    decode_s = r.e2e_s[0] - prefill_s  # one instance, busy from arrival to the end
+    joules = 8 * (prefill_s * hw.gpu.tdp_w + decode_s * hw.gpu.decode_w)
+    (row,) = pool_report(r, [PoolSpec("mixed", H100, 1)])
+    assert row["energy_kwh"] == pytest.approx(joules / 3.6e6, rel=1e-9)
+    # a second, idle machine adds its idle power over the span
+    r2 = simulate(one(prompt, output), [PoolSpec("mixed", H100, 2)])
+    (row2,) = pool_report(r2, [PoolSpec("mixed", H100, 2)])
+    assert row2["energy_kwh"] == pytest.approx((joules + 8 * r2.span_s * hw.gpu.idle_w) / 3.6e6, rel=1e-9)

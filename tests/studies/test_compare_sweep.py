@@ -45,7 +45,9 @@ def test_iso_power_rates_within_budget_and_ratio(designs, trace):
     assert result.budget == {"max_power_kw": pytest.approx(budget_kw)}
     for r in result.designs:
         assert r.plan is not None and r.plan.power_kw <= budget_kw + 1e-9 and r.max_rate_rps > 0
-    assert result.ratio(result.designs[0]) == 1.0
+    base = next(r for r in result.designs if r.design == result.baseline)
+    other = next(r for r in result.designs if r.design != result.baseline)
+    assert result.ratio(other) == pytest.approx(other.max_rate_rps / base.max_rate_rps)
     frame = result.to_frame()
     assert list(frame.design) == ["Base-H", "Split-HH", "Split-HA"]
     doc = result.to_json()

@@ -1,0 +1,89 @@
+"""The capacity model's internals, computed by hand: the decode fixed point, KV peak,
+the KV transfer in TBT, the split of requests over token types, and repair's choice."""
+
+import numpy as np
+import pytest
+
+from splitplan import api
+from splitplan.capacity.pools import decode_pool
+from splitplan.perf.roofline import kv_transfer_time_s
+from splitplan.search.plan import Option, Problem, _decode_values, evaluate, repair
+from splitplan.specs.slo import load_slo
+from splitplan.workload.trace import Trace
+
+H100 = api.instance("llama2-70b", "h100-80gb", 8)
+A100 = api.instance("llama2-70b", "a100-80gb", 8)
+
+
+def test_identical_requests_decode_at_the_whole_batch_per_instance():
+    n, instances, p, o = 12, 3, 1000, 50
+    res = decode_pool(np.zeros(n), np.full(n, p), np.full(n, o), H100, instances)
+    # all decode together: n / instances requests per instance, each at context p + o/2
+    assert res.step_s == pytest.approx(np.full(n, float(H100.decode_step_time_s(n / instances, p + o / 2))), rel=1e-12)
+    assert res.mean_batch == pytest.approx(n / instances)
+
+
+def test_kv_peak_is_the_most_held_at_once_per_instance():
+    cap = H100.fit.kv_capacity_tokens
+    start = np.array([0.0, 0.0, 1000.0])  # the third starts long after the first two finished
+    p, o = np.array([1000, 2000, 5000]), np.array([10, 10, 10])
+    res = decode_pool(start, p, o, H100, 2)
+    assert res.kv_peak_fraction == pytest.approx(max(1010 + 2010, 5010) / 2 / cap, rel=1e-12)
+
+
+def _problem(trace, slo="splitwise"):
+    profile = load_slo(slo)
+    from splitplan.capacity.pools import reference_latencies
+    ref = api.instance("llama2-70b", profile.reference.hardware, profile.reference.tp) if profile.reference else None
+    reference = reference_latencies(ref, trace.prompt_tokens, trace.output_tokens) if ref else None
+    return Problem(trace, profile, reference)
+
+
+def test_predicted_tbt_carries_the_kv_transfer():
+    trace = Trace(np.array([0.0, 0.5, 1.0]), np.array([300, 3000, 6000]), np.array([20, 40, 80]), "t")
+    problem = _problem(trace)
+    start = trace.arrival_s + 0.2
+    tbt, decode_s, res = _decode_values(problem, A100, 2, H100, start)
+    transfer = kv_transfer_time_s(H100, A100, trace.prompt_tokens)
+    assert decode_s == pytest.approx(transfer + (trace.output_tokens - 1) * res.step_s, rel=1e-12)
+    assert tbt == pytest.approx(decode_s / trace.output_tokens, rel=1e-12)
+
+
+def test_requests_split_over_token_types_in_proportion_to_capacity():
+    n = 2000
+    trace = Trace(np.arange(n) * 0.01, np.full(n, 500), np.full(n, 20), "t")
+    problem = _problem(trace)
+    options = {("prompt", "h100-80gb", 8): Option("prompt", H100, 4, "t"),
+               ("token", "h100-80gb", 8): Option("token", H100, 2, "t"),  # one machine: half of what the load needs
+               ("token", "a100-80gb", 8): Option("token", A100, 4, "t")}  # three machines: 3/4 of it
+    counts = {("prompt", "h100-80gb", 8): 4, ("token", "h100-80gb", 8): 1, ("token", "a100-80gb", 8): 3}
+    values = evaluate(problem, counts, options)
+    # the H100 decodes 0.5 / (0.5 + 0.75) = 40 % of the requests: its shorter transfer-free decode
+    # (H100 to H100 vs H100 to A100 steps differ) tells which requests went where
+    alone_h = decode_pool(np.zeros(1), np.array([500]), np.array([20]), H100, 1).step_s[0]
+    alone_a = decode_pool(np.zeros(1), np.array([500]), np.array([20]), A100, 1).step_s[0]
+    assert alone_h < alone_a
+    on_h100 = values["tbt"] < np.median([values["tbt"].min(), values["tbt"].max()])
+    assert on_h100.mean() == pytest.approx(0.4, abs=0.01)
+
+
+def test_repair_adds_the_machine_that_improves_the_failing_line_most_per_dollar():
+    from splitplan.capacity.pools import achieved
+    from splitplan.search.plan import best_move, check
+    rng = np.random.default_rng(0)
+    n = 300
+    trace = Trace(np.sort(rng.uniform(0, 30, n)), rng.integers(500, 4000, n), rng.integers(10, 200, n), "t")
+    problem = _problem(trace)
+    options = {("prompt", "h100-80gb", 8): Option("prompt", H100, 3, "t"), ("prompt", "a100-80gb", 8): Option("prompt", A100, 5, "t"),
+               ("token", "h100-80gb", 8): Option("token", H100, 2, "t"), ("token", "a100-80gb", 8): Option("token", A100, 3, "t")}
+    start = {("prompt", "a100-80gb", 8): 1, ("token", "h100-80gb", 8): 2}  # too few prompt machines: TTFT fails
+    line, value = next((line, v) for line, v, ok in check(problem, evaluate(problem, start, options)) if not ok)
+    assert line.metric == "ttft"
+    gain = {}  # TTFT moves only: one more prompt machine of either type, per dollar
+    for key in (("prompt", "h100-80gb", 8), ("prompt", "a100-80gb", 8)):
+        trial = {**start, key: start.get(key, 0) + 1}
+        gain[key] = (value - achieved(line, evaluate(problem, trial, options)["ttft"], problem.reference)) / options[key].price_usd_per_hour
+    assert len(set(gain.values())) == 2
+    best = max(gain, key=gain.get)
+    counts, values = best_move(problem, start, options, line, value)
+    assert counts == {**start, best: start.get(best, 0) + 1}
