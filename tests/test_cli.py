@@ -363,3 +363,14 @@ def test_optimize_closed_loop_failures(args, code, needle, tmp_path):
     slo.write_text("description: impossible\nttft:\n  p50: {max_ms: 1}\n")
     result = run("optimize", "--hardware", "h100-80gb", *[a.replace("{slo}", str(slo)) for a in args])
     assert result.exit_code == code and needle in result.stderr, result.output
+
+
+def test_json_on_stdout_is_only_json_in_a_real_process():
+    """A solver printing from native code (highspy's banner) bypasses CliRunner's capture:
+    only a real process shows what `| jq` would get."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "from splitplan.cli import main; main()", "optimize", "--rate", "4",
+                          "--duration", "30", "--hardware", "h100-80gb", "--tp", "8", "--format", "json"],
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(out)["plan"]["prompt_pools"]

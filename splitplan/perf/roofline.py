@@ -44,6 +44,7 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 from types import SimpleNamespace
+from typing import ClassVar
 
 import numpy as np
 
@@ -110,6 +111,10 @@ class Instance(PassShortcuts):
     hardware: HardwareSpec
     engine: EngineProfile
     tp: int
+    measured: ClassVar[bool] = False  # perf.model.PerfModel: analytic timing, nothing to count
+
+    def record_decode_steps(self, batch, context_total) -> None:
+        """Nothing to count: every step is computed (PerfModel)."""
 
     @cached_property
     def factors(self) -> EngineFactors:

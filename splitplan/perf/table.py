@@ -80,14 +80,16 @@ class MeasuredInstance(PassShortcuts):
         self.bat_g = np.maximum.accumulate(by_batch.latency_ms.to_numpy(float) / 1e3 - self.ctx_slope * self.bat_x * ref)
         self.dec_floor = float(dec.latency_ms.min()) / 1e3
 
-    def __getattr__(self, name):  # memory, KV, transfer, hardware, model, engine: the analytic instance's
-        return getattr(self.analytic, name)
+    measured = True  # perf.model.PerfModel: lookups outside the table are counted
 
-    def __getstate__(self):
-        return self.__dict__
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
+    # Memory, KV and what the instance is: the analytic instance's (physical, not measured).
+    model = property(lambda self: self.analytic.model)
+    hardware = property(lambda self: self.analytic.hardware)
+    engine = property(lambda self: self.analytic.engine)
+    tp = property(lambda self: self.analytic.tp)
+    factors = property(lambda self: self.analytic.factors)
+    instances_per_machine = property(lambda self: self.analytic.instances_per_machine)
+    kv_bytes_per_token = property(lambda self: self.analytic.kv_bytes_per_token)
 
     @property
     def fit(self) -> Fit:

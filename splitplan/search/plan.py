@@ -200,16 +200,57 @@ def solve_counts(problem: Problem, options: list[Option], method: str = "ilp") -
             raise InfeasibleError(f"no {role} option can meet the SLO (see the skipped options)")
     if method == "grid":
         return _grid(problem, usable, *_objectives(problem))
+    if problem.solver not in SOLVERS:
+        raise SpecError(f"--solver {problem.solver}: choose {' or '.join(SOLVERS)}")
     lp, x = ilp_model(problem, usable)
-    status = lp.solve(_solver(problem.solver))
-    if pulp.LpStatus[status] == "Infeasible":
+    status = _solve_highs(lp) if problem.solver == "highs" else _solve_cbc(lp)
+    if status == "Infeasible":
         raise InfeasibleError(_budget_message(problem, usable))
-    if pulp.LpStatus[status] != "Optimal":
-        raise SolverError(f"{problem.solver} returned status {pulp.LpStatus[status]}")
+    if status != "Optimal":
+        raise SolverError(f"{problem.solver} returned status {status}")
     return {k: int(round(v.value() or 0)) for k, v in x.items() if round(v.value() or 0) > 0}
 
 
 SOLVERS = ("highs", "cbc")
+
+
+def _solve_highs(lp: "pulp.LpProblem") -> str:
+    """The PuLP model solved by HiGHS, as SciPy ships it (scipy.optimize.milp): no separate
+    binary or package, nothing printed on stdout (highspy prints a banner there, which would
+    break JSON output), no solver threads left behind in a process that forks workers."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    variables = lp.variables()
+    index = {v.name: k for k, v in enumerate(variables)}
+    c = np.zeros(len(variables))
+    for v, coef in lp.objective.items():
+        c[index[v.name]] = coef
+    rows, lower, upper = [], [], []
+    for con in lp.constraints.values():
+        row = np.zeros(len(variables))
+        for v, coef in con.items():
+            row[index[v.name]] = coef
+        rhs = -con.constant
+        rows.append(row)
+        lower.append(rhs if con.sense >= 0 else -np.inf)
+        upper.append(rhs if con.sense <= 0 else np.inf)
+    bounds = Bounds([v.lowBound if v.lowBound is not None else -np.inf for v in variables],
+                    [v.upBound if v.upBound is not None else np.inf for v in variables])
+    result = milp(c, constraints=LinearConstraint(np.array(rows), lower, upper) if rows else (),
+                  integrality=np.array([v.cat == pulp.LpInteger for v in variables], int), bounds=bounds)
+    if result.status == 0:
+        for v, value in zip(variables, result.x):
+            v.varValue = float(value)
+        return "Optimal"
+    return "Infeasible" if result.status == 2 else result.message
+
+
+def _solve_cbc(lp: "pulp.LpProblem") -> str:
+    """The CBC binary PuLP 3 bundles (PuLP 4 does not: there `cbc` needs a CBC on the PATH)."""
+    solver = pulp.PULP_CBC_CMD(msg=False)
+    if not solver.available():
+        raise SolverError("the cbc solver is not available here (install CBC); try --solver highs")
+    return pulp.LpStatus[lp.solve(solver)]
 
 
 def _objectives(problem: Problem):

@@ -59,37 +59,12 @@ import dataclasses
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from splitplan.sim import gaps
+from splitplan.sim.types import MIXED, PROMPT, TOKEN, Event, PoolSpec, SimOptions, SimResult  # noqa: F401  (re-exported)
 from splitplan.workload.trace import Trace
-
-PROMPT, TOKEN, MIXED = "prompt", "token", "mixed"
-
-
-@dataclass(frozen=True)
-class PoolSpec:
-    """`machines` machines of one type, each holding gpus/tp instances of `perf`."""
-
-    role: str
-    perf: object  # Instance or MeasuredInstance
-    machines: int
-
-    @property
-    def instances(self) -> int:
-        return self.machines * self.perf.instances_per_machine
-
-
-@dataclass(frozen=True)
-class SimOptions:
-    max_batch_tokens: int = 2048
-    routing: str = "jsq"  # or "round-robin"
-    borrow_threshold_tokens: int | None = None
-    # Closed loop (as vLLM benchmark_serving, genai-perf and aiconfigurator measure): this many
-    # clients, each sending its next request when its previous one finishes; the trace gives the
-    # requests' sizes in order and its timestamps are ignored. None: open loop, the trace's times.
-    concurrency: int | None = None
 
 
 class _Inst:
@@ -118,206 +93,174 @@ class _Inst:
         self.decode_s = 0.0  # time in decode-only iterations
         self.batch_integral = 0.0  # decode batch x time
         self.run_prefill: list[int] = []
-        self.steps: list[tuple[int, int]] | None = [] if hasattr(perf, "record_decode_steps") else None  # measured: (batch, context)
-
-
-@dataclass
-class SimResult:
-    """Per-request arrays (seconds; NaN for requests that could not be served) and
-    per-instance counters."""
-
-    trace: Trace
-    ttft_s: np.ndarray
-    e2e_s: np.ndarray
-    tbt_max_s: np.ndarray
-    prompt_queue_s: np.ndarray
-    transfer_s: np.ndarray
-    decode_queue_s: np.ndarray
-    prompt_instance: np.ndarray
-    token_instance: np.ndarray
-    rejected: np.ndarray  # bool: KV never fits the assigned token instance
-    tokens_out: int
-    span_s: float
-    instances: list = field(default_factory=list)  # (pool index, role, prefill_s, decode_s, batch_integral)
-    events: int = 0
-    names: list = field(default_factory=list)  # instance index -> "role:hardware:tpN:k"
-    preemptions: int = 0  # co-located decodes preempted for KV memory and recomputed
-
-    @property
-    def tpot_s(self) -> np.ndarray:
-        """TPOT as vLLM's benchmark_serving defines it: (E2E - TTFT) / (output tokens - 1);
-        NaN for one-token answers."""
-        o = self.trace.output_tokens.astype(float)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(o > 1, (self.e2e_s - self.ttft_s) / (o - 1), np.nan)
-
-    @property
-    def tbt_s(self) -> np.ndarray:
-        """Splitwise's per-request TBT: (E2E - TTFT) / output tokens."""
-        return (self.e2e_s - self.ttft_s) / self.trace.output_tokens
+        self.steps: list[tuple[int, int]] | None = [] if perf.measured else None  # measured: (batch, context)
 
 
 def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptions()) -> SimResult:
-    n = len(trace)
-    closed = options.concurrency
-    if closed is not None and closed < 1:
-        raise ValueError("concurrency must be >= 1")
-    # closed loop: the first `closed` requests start at once; each later one when a client frees
-    arrival = trace.arrival_s.tolist() if closed is None else [0.0] * min(closed, n) + [math.inf] * max(n - closed, 0)
-    released = min(closed or n, n)  # requests whose arrival time is known
-    p = trace.prompt_tokens.tolist()
-    o = trace.output_tokens.tolist()
-    insts: list[_Inst] = []
-    nic = {}
-    for k, pool in enumerate(pools):
-        hw = pool.perf.hardware
-        share = hw.scale_out_bytes_per_s * pool.perf.tp / hw.gpus_per_machine
-        for _ in range(pool.instances):
-            insts.append(_Inst(len(insts), k, pool.role, pool.perf, share))
-        nic[k] = share
-    prompt_side = [i for i in insts if i.role in (PROMPT, MIXED)]
-    token_side = [i for i in insts if i.role in (TOKEN, MIXED)]
-    if not prompt_side or not token_side:
-        raise ValueError("a cluster needs prompt and token instances, or mixed ones")
-    single = {k: pool.perf.prefill_time_s(trace.prompt_tokens).tolist() for k, pool in enumerate(pools)}
-    lines: dict[int, dict[int, tuple]] = {k: {} for k in range(len(pools))}  # decode steps per batch size
-    model = pools[0].perf.model
-    kv_bytes = model.kv_bytes_per_token(pools[0].perf.engine.bytes_per_element)
-    layers = model.num_hidden_layers
-    max_tokens = options.max_batch_tokens
-    chunked = {k: pool.perf.engine.chunked_prefill_tokens for k, pool in enumerate(pools)}
-    done = [0] * n  # prompt tokens prefilled so far (chunked prefill)
-    plen = list(p)  # tokens to prefill: the prompt, or prompt and output so far when preempted
-    base = [1] * n  # tokens the request had when it (last) joined a decode batch
-    resumed = [False] * n  # preempted and to be recomputed: its next prefill gives no TTFT
-    stall = [0.0] * n  # longest wait from a preemption to the next token
-    preempted_at = [0.0] * n
-    rejoined = [np.nan] * n  # when a preempted request last rejoined its decode batch
-    preemptions = 0
+    return _Cluster(trace, pools, options).run()
 
-    ttft = [np.nan] * n
-    e2e = [np.nan] * n
-    prefill_start = [0.0] * n
-    kv_ready = [np.nan] * n
-    join_time = [np.nan] * n
-    join_iter = [-1] * n
-    p_inst = [-1] * n
-    t_inst = [-1] * n
-    rejected = [False] * n
-    heap: list = []
-    seq = 0
-    tokens_out = 0
-    rr = [0, 0]
-    events = 0
 
-    def push(time, kind, a, b=None):
-        nonlocal seq
-        seq += 1
-        heapq.heappush(heap, (time, seq, kind, a, b))
+class _Cluster:
+    """One simulation run: the cluster's state, the event heap, and the handlers."""
 
-    # Loads for join-shortest-queue, kept in lists so the choice is two C-level passes.
-    prompt_load = [0] * len(prompt_side)  # queued prompt tokens
-    token_load = [0] * len(token_side)  # output tokens assigned and not finished
-    p_pos = {inst.idx: k for k, inst in enumerate(prompt_side)}
-    t_pos = {inst.idx: k for k, inst in enumerate(token_side)}
+    def __init__(self, trace: Trace, pools: list[PoolSpec], options: SimOptions):
+        self.trace, self.pools, self.options = trace, pools, options
+        self.log: list | None = [] if options.record_events else None
+        self.n = len(self.trace)
+        self.closed = self.options.concurrency
+        if self.closed is not None and self.closed < 1:
+            raise ValueError("concurrency must be >= 1")
+        # closed loop: the first `closed` requests start at once; each later one when a client frees
+        self.arrival = self.trace.arrival_s.tolist() if self.closed is None else [0.0] * min(self.closed, self.n) + [math.inf] * max(self.n - self.closed, 0)
+        self.released = min(self.closed or self.n, self.n)  # requests whose arrival time is known
+        self.p = self.trace.prompt_tokens.tolist()
+        self.o = self.trace.output_tokens.tolist()
+        self.insts: list[_Inst] = []
+        self.nic = {}
+        for k, pool in enumerate(self.pools):
+            hw = pool.perf.hardware
+            share = hw.scale_out_bytes_per_s * pool.perf.tp / hw.gpus_per_machine
+            for _ in range(pool.instances):
+                self.insts.append(_Inst(len(self.insts), k, pool.role, pool.perf, share))
+            self.nic[k] = share
+        self.prompt_side = [i for i in self.insts if i.role in (PROMPT, MIXED)]
+        self.token_side = [i for i in self.insts if i.role in (TOKEN, MIXED)]
+        if not self.prompt_side or not self.token_side:
+            raise ValueError("a cluster needs prompt and token instances, or mixed ones")
+        self.single = {k: pool.perf.prefill_time_s(self.trace.prompt_tokens).tolist() for k, pool in enumerate(self.pools)}
+        self.lines: dict[int, dict[int, tuple]] = {k: {} for k in range(len(self.pools))}  # decode steps per batch size
+        self.model = self.pools[0].perf.model
+        self.kv_bytes = self.model.kv_bytes_per_token(self.pools[0].perf.engine.bytes_per_element)
+        self.layers = self.model.num_hidden_layers
+        self.max_tokens = self.options.max_batch_tokens
+        self.chunked = {k: pool.perf.engine.chunked_prefill_tokens for k, pool in enumerate(self.pools)}
+        self.done = [0] * self.n  # prompt tokens prefilled so far (chunked prefill)
+        self.plen = list(self.p)  # tokens to prefill: the prompt, or prompt and output so far when preempted
+        self.base = [1] * self.n  # tokens the request had when it (last) joined a decode batch
+        self.resumed = [False] * self.n  # preempted and to be recomputed: its next prefill gives no TTFT
+        self.stall = [0.0] * self.n  # longest wait from a preemption to the next token
+        self.preempted_at = [0.0] * self.n
+        self.rejoined = [np.nan] * self.n  # when a preempted request last rejoined its decode batch
+        self.preemptions = 0
 
-    def unassign(inst: _Inst, i: int):
+        self.ttft = [np.nan] * self.n
+        self.e2e = [np.nan] * self.n
+        self.prefill_start = [0.0] * self.n
+        self.kv_ready = [np.nan] * self.n
+        self.join_time = [np.nan] * self.n
+        self.join_iter = [-1] * self.n
+        self.p_inst = [-1] * self.n
+        self.t_inst = [-1] * self.n
+        self.rejected = [False] * self.n
+        self.heap: list = []
+        self.seq = 0
+        self.tokens_out = 0
+        self.rr = [0, 0]
+        self.events = 0
+        self.prompt_load = [0] * len(self.prompt_side)  # queued prompt tokens
+        self.token_load = [0] * len(self.token_side)  # output tokens assigned and not finished
+        self.p_pos = {inst.idx: k for k, inst in enumerate(self.prompt_side)}
+        self.t_pos = {inst.idx: k for k, inst in enumerate(self.token_side)}
+
+    def _push(self, time, kind, a, b=None):
+        self.seq += 1
+        heapq.heappush(self.heap, (time, self.seq, kind, a, b))
+
+    def _unassign(self, inst: _Inst, i: int):
         """Request i no longer holds a decode place on inst (finished or rejected)."""
-        inst.kv_committed -= p[i] + o[i]
-        if inst.idx in t_pos:
-            token_load[t_pos[inst.idx]] -= o[i]
+        inst.kv_committed -= self.p[i] + self.o[i]
+        if inst.idx in self.t_pos:
+            self.token_load[self.t_pos[inst.idx]] -= self.o[i]
 
-    def pick(loads, which):
-        if options.routing == "round-robin":
-            rr[which] += 1
-            return (rr[which] - 1) % len(loads)
+    def _pick(self, loads, which):
+        if self.options.routing == "round-robin":
+            self.rr[which] += 1
+            return (self.rr[which] - 1) % len(loads)
         return loads.index(min(loads))
 
-    def long_queue(inst: _Inst, i: int) -> bool:
-        return bool(inst.queue) and prompt_load[p_pos[inst.idx]] + p[i] > options.borrow_threshold_tokens
+    def _long_queue(self, inst: _Inst, i: int) -> bool:
+        return bool(inst.queue) and self.prompt_load[self.p_pos[inst.idx]] + self.p[i] > self.options.borrow_threshold_tokens
 
-    def mixed_pool_prompt(i: int) -> _Inst:
+    def _mixed_pool_prompt(self, i: int) -> _Inst:
         """Join-shortest-queue among the prompt machines not lent to decoding; a lent one
         (holding KV of borrowed decodes) only when every other queue is long."""
-        own = [x for x in prompt_side if not x.kv_committed]
-        best = min(own, key=lambda x: prompt_load[p_pos[x.idx]]) if own else None
-        if best is None or long_queue(best, i):
-            lent = [x for x in prompt_side if x.kv_committed]
-            other = min(lent, key=lambda x: prompt_load[p_pos[x.idx]]) if lent else None
-            if other is not None and (best is None or not long_queue(other, i)):
+        own = [x for x in self.prompt_side if not x.kv_committed]
+        best = min(own, key=lambda x: self.prompt_load[self.p_pos[x.idx]]) if own else None
+        if best is None or self._long_queue(best, i):
+            lent = [x for x in self.prompt_side if x.kv_committed]
+            other = min(lent, key=lambda x: self.prompt_load[self.p_pos[x.idx]]) if lent else None
+            if other is not None and (best is None or not self._long_queue(other, i)):
                 best = other
         return best
 
-    def lend_prompt(need: int) -> _Inst | None:
+    def _lend_prompt(self, need: int) -> _Inst | None:
         """The prompt machine to decode a request the token machines have no room for:
         one already lent with room (the fullest that fits, keeping the others whole),
         else the one with the fewest pending prompt tokens; None when none fits."""
-        lent = [x for x in prompt_side if x.kv_committed and x.kv_committed + need <= x.kv_cap]
+        lent = [x for x in self.prompt_side if x.kv_committed and x.kv_committed + need <= x.kv_cap]
         if lent:
             return max(lent, key=lambda x: x.kv_committed)
-        fresh = [x for x in prompt_side if not x.kv_committed and need <= x.kv_cap]
-        return min(fresh, key=lambda x: prompt_load[p_pos[x.idx]]) if fresh else None
+        fresh = [x for x in self.prompt_side if not x.kv_committed and need <= x.kv_cap]
+        return min(fresh, key=lambda x: self.prompt_load[self.p_pos[x.idx]]) if fresh else None
 
-    def release_client(now):
+    def _release_client(self, now):
         """Closed loop: a client is free again and sends the next request now."""
-        nonlocal released
-        if closed is not None and released < n:
-            arrival[released] = now
-            released += 1
+        if self.closed is not None and self.released < self.n:
+            self.arrival[self.released] = now
+            self.released += 1
 
-    def finish(i, now):
-        nonlocal tokens_out
-        e2e[i] = now - arrival[i]
-        tokens_out += o[i]
-        release_client(now)
+    def _finish(self, i, now):
+        self.e2e[i] = now - self.arrival[i]
+        self.tokens_out += self.o[i]
+        self._release_client(now)
 
-    def start(inst: _Inst, now: float):
+    def _start(self, inst: _Inst, now: float):
         """Begin the instance's next iteration, if it has work."""
         if inst.role == MIXED:
             while inst.batch > 1 and inst.kv_used + inst.ctx + inst.batch > inst.kv_cap:
-                preempt(inst, now)
+                self._preempt(inst, now)
         prefill = []  # requests whose prefill ends with this iteration
         chunks = 0  # prompts (whole or in part) in it
-        budget = chunked[inst.pool]
+        budget = self.chunked[inst.pool]
         if inst.can_prefill and inst.queue:
             total = sq = 0
             if budget is None:  # whole prompts, batched up to max_tokens
-                while inst.queue and (not prefill or total + plen[inst.queue[0]] <= max_tokens):
+                while inst.queue and (not prefill or total + self.plen[inst.queue[0]] <= self.max_tokens):
                     i = inst.queue.popleft()
                     prefill.append(i)
-                    total += plen[i]
-                    sq += plen[i] * plen[i]
-                    if not resumed[i]:
-                        prefill_start[i] = now
+                    total += self.plen[i]
+                    sq += self.plen[i] * self.plen[i]
+                    if not self.resumed[i]:
+                        self.prefill_start[i] = now
                 chunks = len(prefill)
             else:  # chunked: the decodes first, then prompt tokens up to the budget
                 room = budget - inst.batch
                 while inst.queue and room > 0:
                     i = inst.queue[0]
-                    d = done[i]
-                    if d == 0 and not resumed[i]:
-                        prefill_start[i] = now
-                    c = min(plen[i] - d, room)
+                    d = self.done[i]
+                    if d == 0 and not self.resumed[i]:
+                        self.prefill_start[i] = now
+                    c = min(self.plen[i] - d, room)
                     total += c
                     sq += (d + c) * (d + c) - d * d  # causal attention of c new tokens over d + c
-                    done[i] = d + c
+                    self.done[i] = d + c
                     room -= c
                     chunks += 1
-                    if done[i] < plen[i]:
+                    if self.done[i] < self.plen[i]:
                         break
                     inst.queue.popleft()
                     prefill.append(i)
         if chunks:
-            if budget is None and chunks == 1 and inst.batch == 0 and not resumed[prefill[0]]:
-                duration = single[inst.pool][prefill[0]]
+            if budget is None and chunks == 1 and inst.batch == 0 and not self.resumed[prefill[0]]:
+                duration = self.single[inst.pool][prefill[0]]
             else:
                 duration = float(inst.perf.pass_time_s(float(chunks), float(total), float(sq),
                                                        float(inst.batch), float(inst.ctx)))
             inst.prefill_s += duration
         elif inst.batch:
-            line = lines[inst.pool].get(inst.batch)
+            line = self.lines[inst.pool].get(inst.batch)
             if line is None:
-                line = lines[inst.pool][inst.batch] = inst.perf.decode_line(inst.batch)
+                line = self.lines[inst.pool][inst.batch] = inst.perf.decode_line(inst.batch)
             attention = inst.ctx * line[1]
             duration = line[0] + attention + (line[2] - attention if line[2] > attention else 0.0)
             inst.decode_s += duration
@@ -329,9 +272,9 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
         inst.batch_integral += inst.batch * duration
         inst.run_prefill = prefill
         inst.running = True
-        push(now + duration, 3, inst.idx)
+        self._push(now + duration, Event.ITERATION_END, inst.idx)
 
-    def admit(inst: _Inst, now: float):
+    def _admit(self, inst: _Inst, now: float):
         """Take waiting requests, in order, while their KV fits.
         A token instance reserves a request's whole KV (prompt + output tokens) once it has
         arrived: it joins the decode batch. A co-located instance allocates KV as engines
@@ -341,146 +284,166 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
         mixed = inst.role == MIXED
         while inst.waiting:
             i = inst.waiting[0]
-            need = p[i] + o[i]
+            need = self.p[i] + self.o[i]
             if need > inst.kv_cap:  # can never fit: report, do not block the queue
                 inst.waiting.popleft()
-                rejected[i] = True
+                self.rejected[i] = True
                 if mixed:
-                    prompt_load[p_pos[inst.idx]] -= p[i]
-                unassign(inst, i)
-                release_client(now)
+                    self.prompt_load[self.p_pos[inst.idx]] -= self.p[i]
+                self._unassign(inst, i)
+                self._release_client(now)
                 continue
             if mixed:
-                need = plen[i] + 1
+                need = self.plen[i] + 1
                 if inst.kv_used + inst.ctx + need > inst.kv_cap:
                     break
                 inst.waiting.popleft()
-                inst.kv_used += plen[i]
+                inst.kv_used += self.plen[i]
                 inst.queue.append(i)
                 continue
             if inst.kv_used + need > inst.kv_cap:
                 break
             inst.waiting.popleft()
             inst.kv_used += need
-            join(inst, i, now)
+            self._join(inst, i, now)
 
-    def join(inst: _Inst, i: int, now: float):
+    def _join(self, inst: _Inst, i: int, now: float):
         """Request i (its KV held on inst) joins the decode batch at this iteration boundary."""
         inst.batch += 1
-        inst.ctx += p[i] + base[i]
-        if resumed[i]:
-            rejoined[i] = now
+        inst.ctx += self.p[i] + self.base[i]
+        if self.resumed[i]:
+            self.rejoined[i] = now
         else:
-            join_time[i] = now
-        join_iter[i] = inst.iters
-        inst.finishing.setdefault(inst.iters + o[i] - base[i], []).append(i)
+            self.join_time[i] = now
+        self.join_iter[i] = inst.iters
+        inst.finishing.setdefault(inst.iters + self.o[i] - self.base[i], []).append(i)
         if inst.role == MIXED:
             inst.members.append(i)
 
-    def preempt(inst: _Inst, now: float):
+    def _preempt(self, inst: _Inst, now: float):
         """A co-located instance whose KV cannot hold one more token per decoding request
         preempts the newest one, as vLLM does by default: its KV is freed and it waits at the
         head of the queue to be recomputed (prompt and output so far prefilled again), then
         decodes on."""
-        nonlocal preemptions
         v = inst.members.pop()
-        have = base[v] + inst.iters - join_iter[v]
-        inst.finishing[join_iter[v] + o[v] - base[v]].remove(v)
+        have = self.base[v] + inst.iters - self.join_iter[v]
+        inst.finishing[self.join_iter[v] + self.o[v] - self.base[v]].remove(v)
         inst.batch -= 1
-        inst.ctx -= p[v] + have
-        plen[v], base[v], done[v] = p[v] + have, have, 0
-        resumed[v] = True
-        preempted_at[v] = now
-        preemptions += 1
-        prompt_load[p_pos[inst.idx]] += plen[v]
+        inst.ctx -= self.p[v] + have
+        self.plen[v], self.base[v], self.done[v] = self.p[v] + have, have, 0
+        self.resumed[v] = True
+        self.preempted_at[v] = now
+        self.preemptions += 1
+        self.prompt_load[self.p_pos[inst.idx]] += self.plen[v]
         inst.waiting.appendleft(v)
 
-    def prefill_done(inst: _Inst, i: int, now: float):
-        if resumed[i]:  # recomputed after a preemption: its next token comes now
-            stall[i] = max(stall[i], now - preempted_at[i])
-            inst.kv_used -= plen[i]
-            base[i] += 1
-            if base[i] == o[i]:  # that was its last token
-                finish(i, now)
-                unassign(inst, i)
+    def _prefill_done(self, inst: _Inst, i: int, now: float):
+        if self.resumed[i]:  # recomputed after a preemption: its next token comes now
+            self.stall[i] = max(self.stall[i], now - self.preempted_at[i])
+            inst.kv_used -= self.plen[i]
+            self.base[i] += 1
+            if self.base[i] == self.o[i]:  # that was its last token
+                self._finish(i, now)
+                self._unassign(inst, i)
             else:
-                join(inst, i, now)
-            resumed[i] = False
+                self._join(inst, i, now)
+            self.resumed[i] = False
             return
-        ttft[i] = now - arrival[i]
-        if o[i] == 1:  # the first token was the whole answer
-            finish(i, now)
-            unassign(insts[t_inst[i]], i)
+        self.ttft[i] = now - self.arrival[i]
+        if self.o[i] == 1:  # the first token was the whole answer
+            self._finish(i, now)
+            self._unassign(self.insts[self.t_inst[i]], i)
             return
-        tok = insts[t_inst[i]]
+        tok = self.insts[self.t_inst[i]]
         if tok is inst:  # co-located: decode here, its KV held since admission
-            kv_ready[i] = now
-            inst.kv_used -= plen[i]  # now counted in the batch's context
-            join(inst, i, now)
+            self.kv_ready[i] = now
+            inst.kv_used -= self.plen[i]  # now counted in the batch's context
+            self._join(inst, i, now)
             return
         bw = min(inst.bw, tok.bw)
-        duration = p[i] * kv_bytes / bw
+        duration = self.p[i] * self.kv_bytes / bw
         latency = inst.perf.factors.kv_transfer_latency_s
         busy_until = max(inst.link_free, tok.link_free)  # both NICs carry the transfer
-        if p[i] < inst.perf.engine.layerwise_transfer_min_tokens:
+        if self.p[i] < inst.perf.engine.layerwise_transfer_min_tokens:
             begin = max(now, busy_until)
             done = begin + duration + latency
         else:
-            begin = max(prefill_start[i], busy_until)
-            done = max(begin + duration, now + duration / layers) + latency
+            begin = max(self.prefill_start[i], busy_until)
+            done = max(begin + duration, now + duration / self.layers) + latency
         inst.link_free = tok.link_free = begin + duration
-        push(done, 2, tok.idx, i)
+        self._push(done, Event.KV_ARRIVED, tok.idx, i)
 
-    next_arrival = 0
-    while next_arrival < n or heap:
-        if next_arrival < n and (not heap or arrival[next_arrival] < heap[0][0]):
-            i = next_arrival
-            now = arrival[i]
-            next_arrival += 1
-            events += 1
-            if options.borrow_threshold_tokens is None or prompt_side[0].role == MIXED:
-                src = prompt_side[pick(prompt_load, 0)]
+    def run(self) -> SimResult:
+        """Handle events in time order (arrivals before heap events at equal times) until
+        every request is done; then the result."""
+        next_arrival, log = 0, self.log
+        while next_arrival < self.n or self.heap:
+            if next_arrival < self.n and (not self.heap or self.arrival[next_arrival] < self.heap[0][0]):
+                i, now = next_arrival, self.arrival[next_arrival]
+                next_arrival += 1
+                self.events += 1
+                inst = self._arrive(i, now)
+                if log is not None:
+                    log.append((now, Event.ARRIVAL, inst.idx, i))
+                continue
+            now, _, kind, a, b = heapq.heappop(self.heap)
+            self.events += 1
+            if log is not None:
+                log.append((now, Event(kind), a, b))
+            if kind == Event.KV_ARRIVED:
+                self._kv_arrived(self.insts[a], b, now)
             else:
-                src = mixed_pool_prompt(i)
-            if src.role == MIXED:
-                dst = src
-            else:
-                dst = token_side[pick(token_load, 1)]
-                if options.borrow_threshold_tokens is not None:
-                    need = p[i] + o[i]
-                    if dst.kv_committed + need > dst.kv_cap:  # short of KV memory: the token machine with most room,
-                        dst = max(token_side, key=lambda x: x.kv_cap - x.kv_committed)
-                        if dst.kv_committed + need > dst.kv_cap:  # else decode it on a prompt machine
-                            dst = lend_prompt(need) or dst
-                    if dst.role == TOKEN and long_queue(src, i):
-                        src = dst  # every prompt machine's queue is long: borrow the token machine to prefill it
-                        src.can_prefill = True
-            p_inst[i], t_inst[i] = src.idx, dst.idx
-            if src.idx in p_pos:
-                prompt_load[p_pos[src.idx]] += p[i]
-            dst.kv_committed += p[i] + o[i]
-            if dst.idx in t_pos:
-                token_load[t_pos[dst.idx]] += o[i]
-            if src.role == MIXED:  # prefilled once its KV is reserved
-                src.waiting.append(i)
-                admit(src, now)
-            else:
-                src.queue.append(i)
-            if not src.running:
-                start(src, now)
-            continue
-        now, _, kind, a, b = heapq.heappop(heap)
-        events += 1
-        if kind == 2:  # KV arrived at token instance a for request b
-            inst = insts[a]
-            kv_ready[b] = now
-            inst.waiting.append(b)
-            if not inst.running:
-                admit(inst, now)
-                start(inst, now)
-            continue
-        inst = insts[a]  # kind 3: iteration over
-        if inst.batch:  # every decoding request got one more token
+                self._iteration_end(self.insts[a], now)
+        return self._result()
+
+    def _arrive(self, i: int, now: float) -> _Inst:
+        """Route request i at its arrival (join-shortest-queue or round-robin, with the mixed
+        pool's borrowing) and queue it; the instance that prefills it."""
+        if self.options.borrow_threshold_tokens is None or self.prompt_side[0].role == MIXED:
+            src = self.prompt_side[self._pick(self.prompt_load, 0)]
+        else:
+            src = self._mixed_pool_prompt(i)
+        if src.role == MIXED:
+            dst = src
+        else:
+            dst = self.token_side[self._pick(self.token_load, 1)]
+            if self.options.borrow_threshold_tokens is not None:
+                need = self.p[i] + self.o[i]
+                if dst.kv_committed + need > dst.kv_cap:  # short of KV memory: the token machine with most room,
+                    dst = max(self.token_side, key=lambda x: x.kv_cap - x.kv_committed)
+                    if dst.kv_committed + need > dst.kv_cap:  # else decode it on a prompt machine
+                        dst = self._lend_prompt(need) or dst
+                if dst.role == TOKEN and self._long_queue(src, i):
+                    src = dst  # every prompt machine's queue is long: borrow the token machine to prefill it
+                    src.can_prefill = True
+        self.p_inst[i], self.t_inst[i] = src.idx, dst.idx
+        if src.idx in self.p_pos:
+            self.prompt_load[self.p_pos[src.idx]] += self.p[i]
+        dst.kv_committed += self.p[i] + self.o[i]
+        if dst.idx in self.t_pos:
+            self.token_load[self.t_pos[dst.idx]] += self.o[i]
+        if src.role == MIXED:  # prefilled once its KV is reserved
+            src.waiting.append(i)
+            self._admit(src, now)
+        else:
+            src.queue.append(i)
+        if not src.running:
+            self._start(src, now)
+        return src
+
+    def _kv_arrived(self, inst: _Inst, i: int, now: float):
+        """Request i's KV reached token instance inst: it waits to join the batch."""
+        self.kv_ready[i] = now
+        inst.waiting.append(i)
+        if not inst.running:
+            self._admit(inst, now)
+            self._start(inst, now)
+
+    def _iteration_end(self, inst: _Inst, now: float):
+        """inst's iteration is over: every decoding request has one more token (some finish),
+        the prefills it carried have their first token; admit and start the next one."""
+        p, o = self.p, self.o
+        if inst.batch:
             inst.iters += 1
             inst.ends.append(now)
             inst.ctx += inst.batch
@@ -491,88 +454,35 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
                     inst.kv_used -= p[i] + o[i]
                 inst.batch -= 1
                 inst.ctx -= p[i] + o[i]
-                unassign(inst, i)
-                finish(i, now)
-        k = p_pos.get(inst.idx)
+                self._unassign(inst, i)
+                self._finish(i, now)
+        k = self.p_pos.get(inst.idx)
         for i in inst.run_prefill:
             if k is not None:  # a prompt stays pending on its machine until its prefill completes
-                prompt_load[k] -= plen[i]
-            prefill_done(inst, i, now)
+                self.prompt_load[k] -= self.plen[i]
+            self._prefill_done(inst, i, now)
         if inst.role == TOKEN and not inst.queue:
             inst.can_prefill = False  # a borrowed machine returns to its pool
-        admit(inst, now)
-        start(inst, now)
+        self._admit(inst, now)
+        self._start(inst, now)
 
-    for inst in insts:  # a measured table counts the decode steps it extrapolated
-        if inst.steps:
-            batch, context = np.array(inst.steps, float).T
-            inst.perf.record_decode_steps(batch, context)
-    if closed is not None:  # the arrival times the clients produced
-        trace = dataclasses.replace(trace, arrival_s=np.array(arrival), source=f"{trace.source} (closed loop, {closed} clients)")
-    first_token = np.array(arrival) + np.array(ttft)
-    stint = np.where(np.array(base) > 1, np.array(rejoined), first_token)  # a resumed request: from its rejoining
-    tbt_max = _tbt_max(insts, np.array(o) - np.array(base) + 1, t_inst, join_iter, stint)
-    tbt_max = np.where(np.array(stall) > 0, np.fmax(tbt_max, np.array(stall)), tbt_max)
-    done = trace.arrival_s + np.array(e2e)
-    span = float(np.nanmax(done) - arrival[0]) if tokens_out else 0.0
-    return SimResult(
-        trace, np.array(ttft), np.array(e2e), tbt_max, np.array(prefill_start) - trace.arrival_s,
-        np.array(kv_ready) - (trace.arrival_s + np.array(ttft)), np.array(join_time) - np.array(kv_ready),
-        np.array(p_inst), np.array(t_inst), np.array(rejected), tokens_out, span,
-        [(x.pool, x.role, x.prefill_s, x.decode_s, x.batch_integral) for x in insts], events,
-        [f"{x.role}:{x.perf.hardware.name}:tp{x.perf.tp}:{x.idx}" for x in insts], preemptions,
-    )
-
-
-def _tbt_max(insts, o, t_inst, join_iter, first_token) -> np.ndarray:
-    """Longest gap between consecutive tokens of each request's last decode stint: from
-    `first_token` (its first token, or its rejoining after a preemption) to the end of
-    its first iteration, then each iteration it spent in; `o` counts the stint's tokens
-    from that first one."""
-    n = len(o)
-    out = np.full(n, np.nan)
-    o_arr = np.asarray(o)
-    ji = np.asarray(join_iter)
-    ti = np.asarray(t_inst)
-    out[o_arr == 1] = 0.0
-    for inst in insts:
-        if not inst.ends:
-            continue
-        ends = np.asarray(inst.ends)
-        starts_ = np.concatenate([[np.nan], ends[:-1]])
-        durations = ends - starts_  # iteration k spans (ends[k-1], ends[k]]; k=0 has no start
-        mine = np.flatnonzero((ti == inst.idx) & (ji >= 0) & (o_arr > 1))
-        if not len(mine):
-            continue
-        first_end = ends[ji[mine]]
-        gap0 = first_end - first_token[mine]
-        # later gaps: iterations join+1 .. join+o-2 (the request's own iterations)
-        lo, hi = ji[mine] + 1, ji[mine] + o_arr[mine] - 1
-        table = _sparse_max(np.nan_to_num(durations, nan=0.0))
-        out[mine] = np.maximum(gap0, _range_max(table, lo, hi))
-    return out
-
-
-def _sparse_max(values: np.ndarray) -> list[np.ndarray]:
-    table = [values]
-    k = 1
-    while 2 * k <= len(values):
-        prev = table[-1]
-        table.append(np.maximum(prev[:-k], prev[k:]))
-        k *= 2
-    return table
-
-
-def _range_max(table: list[np.ndarray], lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """max(values[lo:hi]) per pair (0 for empty ranges)."""
-    length = hi - lo
-    out = np.zeros(len(lo))
-    ok = length > 0
-    if not ok.any():
-        return out
-    level = np.floor(np.log2(np.maximum(length[ok], 1))).astype(int)
-    width = 1 << level
-    a = np.array([table[k][s] for k, s in zip(level, lo[ok])])
-    b = np.array([table[k][e - w] for k, e, w in zip(level, hi[ok], width)])
-    out[ok] = np.maximum(a, b)
-    return out
+    def _result(self) -> SimResult:
+        for inst in self.insts:  # a measured table counts the decode steps it extrapolated
+            if inst.steps:
+                batch, context = np.array(inst.steps, float).T
+                inst.perf.record_decode_steps(batch, context)
+        if self.closed is not None:  # the arrival times the clients produced
+            self.trace = dataclasses.replace(self.trace, arrival_s=np.array(self.arrival), source=f"{self.trace.source} (closed loop, {self.closed} clients)")
+        first_token = np.array(self.arrival) + np.array(self.ttft)
+        stint = np.where(np.array(self.base) > 1, np.array(self.rejoined), first_token)  # a resumed request: from its rejoining
+        tbt_max = gaps.tbt_max(self.insts, np.array(self.o) - np.array(self.base) + 1, self.t_inst, self.join_iter, stint)
+        tbt_max = np.where(np.array(self.stall) > 0, np.fmax(tbt_max, np.array(self.stall)), tbt_max)
+        finished_at = self.trace.arrival_s + np.array(self.e2e)
+        span = float(np.nanmax(finished_at) - self.arrival[0]) if self.tokens_out else 0.0
+        return SimResult(
+            self.trace, np.array(self.ttft), np.array(self.e2e), tbt_max, np.array(self.prefill_start) - self.trace.arrival_s,
+            np.array(self.kv_ready) - (self.trace.arrival_s + np.array(self.ttft)), np.array(self.join_time) - np.array(self.kv_ready),
+            np.array(self.p_inst), np.array(self.t_inst), np.array(self.rejected), self.tokens_out, span,
+            [(x.pool, x.role, x.prefill_s, x.decode_s, x.batch_integral) for x in self.insts], self.events,
+            [f"{x.role}:{x.perf.hardware.name}:tp{x.perf.tp}:{x.idx}" for x in self.insts], self.preemptions, self.log,
+        )

@@ -117,7 +117,7 @@ def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, 
         "energy_kwh": sum(r["energy_kwh"] for r in pool_rows),
         "events": result.events,
     }
-    measured = [pool.perf for pool in pools if hasattr(pool.perf, "extrapolated")]
+    measured = [pool.perf for pool in pools if pool.perf.measured]
     if measured:
         summary["extrapolated_pct"] = {
             phase: 100.0 * sum(m.extrapolated[phase] for m in measured) / max(sum(m.queries[phase] for m in measured), 1)

@@ -46,6 +46,11 @@ class Trace:
     def mean_rate_rps(self) -> float:
         return len(self) / self.span_s if self.span_s > 0 else float("inf")
 
+    def at_rate(self, rate_rps: float) -> "Trace":
+        """The same requests with the timestamps compressed (or stretched) to `rate_rps` on average."""
+        return dataclasses.replace(self, arrival_s=self.arrival_s * (self.mean_rate_rps / rate_rps),
+                                   source=f"{self.source} (timestamps scaled to {rate_rps:.3g} req/s)")
+
 
 @dataclass(frozen=True)
 class Columns:

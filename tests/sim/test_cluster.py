@@ -321,3 +321,21 @@ def test_gpu_energy_is_tdp_in_prefill_decode_power_in_decode_and_idle_otherwise(
     r2 = simulate(one(prompt, output), [PoolSpec("mixed", H100, 2)])
     (row2,) = pool_report(r2, [PoolSpec("mixed", H100, 2)])
     assert row2["energy_kwh"] == pytest.approx((joules + 8 * r2.span_s * hw.gpu.idle_w) / 3.6e6, rel=1e-9)
+
+
+def test_exact_event_sequence_of_one_request():
+    """The event core on the smallest scenario, event by event (as SimPy tests its kernel):
+    the arrival, the prefill's end, the KV's arrival (serialized: 300 < 512 tokens), then one
+    decode iteration per token after the first."""
+    from splitplan.sim.cluster import Event
+    r = simulate(one(300, 3), [PoolSpec("prompt", H100, 1), PoolSpec("token", A100, 1)], SimOptions(record_events=True))
+    prefill = float(H100.prefill_time_s(300))
+    kv = prefill + float(kv_transfer_time_s(H100, A100, 300))
+    step1 = kv + float(A100.pass_time_s(0.0, 0.0, 0.0, 1.0, 301.0))
+    step2 = step1 + float(A100.pass_time_s(0.0, 0.0, 0.0, 1.0, 302.0))
+    expected = [(0.0, Event.ARRIVAL, 0, 0), (prefill, Event.ITERATION_END, 0, None), (kv, Event.KV_ARRIVED, 1, 0),
+                (step1, Event.ITERATION_END, 1, None), (step2, Event.ITERATION_END, 1, None)]
+    assert [(e[1], e[2], e[3]) for e in r.event_log] == [(e[1], e[2], e[3]) for e in expected]
+    assert [e[0] for e in r.event_log] == pytest.approx([e[0] for e in expected], rel=1e-12)
+    assert r.events == len(expected) and r.e2e_s[0] == pytest.approx(step2, rel=1e-12)
+    assert simulate(one(300, 3), [PoolSpec("prompt", H100, 1), PoolSpec("token", A100, 1)]).event_log is None

@@ -1,0 +1,133 @@
+"""Fitting engine profiles: to single forward passes (perf.calibrate) or to whole serving
+runs (perf.deployments), with held-out error."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+
+from splitplan.defaults import DEFAULT_ENGINE
+from splitplan.errors import SpecError
+from splitplan.perf.roofline import Instance
+from splitplan.specs.engine import EngineProfile, load_engine
+from splitplan.specs.hardware import load_hardware
+from splitplan.specs.model import load_model
+
+if TYPE_CHECKING:
+    pass
+
+
+@dataclass(frozen=True)
+class CalibrateResult:
+    profile: EngineProfile
+    report: dict  # {"groups": [...], "overall": {...}}
+    points: "object"  # DataFrame: every point used, with before_ms, fit_ms, cv_ms
+    excluded: "object"  # DataFrame: points left out, with the reason
+
+    def to_json(self) -> dict:
+        return self.report
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame(self.report["groups"])
+
+
+def calibrate(perf_db: str, engine: str = DEFAULT_ENGINE, folds: int = 5, max_prefill_batch_tokens: int | None = None,
+              keep_anomalies: bool = False, progress=None, jobs: int = 1) -> CalibrateResult:
+    """Fit `engine`'s factors to the measurements in `perf_db`; report MAPE before,
+    fitted and k-fold cross-validated. Non-physical points (see
+    `measurements.flag_anomalies`) and, with `max_prefill_batch_tokens`, batched
+    prefills beyond that size are left out and listed."""
+    import pandas as pd
+
+    from splitplan.errors import SpecError as _SpecError
+    from splitplan.perf import calibrate as cal
+    from splitplan.perf.measurements import flag_anomalies, read_measurements
+
+    if folds < 0 or folds == 1:
+        raise _SpecError(f"--folds {folds}: use 0 (no cross-validation) or k >= 2")
+    base = load_engine(engine)
+    points = read_measurements(perf_db)
+    if points.empty:
+        raise _SpecError(f"{perf_db}: no measurement rows; add rows under the header")
+    for model, hardware, tp in sorted(set(zip(points.model, points.hardware, points.tp))):
+        fit = Instance(load_model(model), load_hardware(hardware), base, int(tp)).fit  # unknown names fail here, with a suggestion
+        if not fit.fits:
+            raise _SpecError(f"{perf_db}: rows of {model} on {hardware} at TP {tp}: {fit.reason}; fix or remove those rows"
+                             + (", or start from an fp8 engine if the runs used fp8 (--engine lean-fp8)"
+                                if "weights need" in fit.reason and base.dtype == "bf16" else ""))
+    reasons = pd.Series("", index=points.index)
+    if not keep_anomalies:
+        reasons[flag_anomalies(points)] = "faster than a smaller batch of the same sweep (failed run)"
+    if max_prefill_batch_tokens is not None:
+        big = (points.phase == "prefill") & (points.batch > 1) & (points.batch * points.prompt_tokens > max_prefill_batch_tokens)
+        reasons[big & (reasons == "")] = f"batched prefill above {max_prefill_batch_tokens} tokens"
+    used = points[reasons == ""].reset_index(drop=True)
+    excluded = points[reasons != ""].assign(reason=reasons[reasons != ""]).reset_index(drop=True)
+    if used.empty:
+        raise _SpecError(f"{perf_db}: no points left to fit after exclusions")
+    result = cal.calibrate(used, base, folds, progress, jobs)
+    summary = cal.report(result)
+    provenance = {
+        "data": str(perf_db),
+        "points": len(used),
+        "excluded": {reason: int(n) for reason, n in excluded.reason.value_counts().sort_index().items()},
+        "method": "splitplan calibrate: scipy least_squares, soft-L1 on log(predicted/measured); all factors on all "
+                  "points, then efficiencies and overheads per (model, machine, TP); physical bounds",
+        "folds": folds,
+        "mape_pct": {phase: {k: v for k, v in figures.items() if k != "points"} for phase, figures in summary["overall"].items()},
+    }
+    profile = result.profile.model_copy(update={"fit": provenance})
+    return CalibrateResult(profile, summary, result.points, excluded)
+
+
+@dataclass(frozen=True)
+class DeploymentCalibration:
+    profile: EngineProfile
+    table: "object"  # DataFrame: per (machine, concurrency band) and overall, MAPE and median error %
+    runs: "object"  # DataFrame: every run used, with fit and held-out predictions (ms)
+    dropped: dict  # rows of the file left out, by reason
+
+    def to_json(self) -> dict:
+        return {"groups": self.table.to_dict("records"), "dropped": self.dropped, "fit": self.profile.fit}
+
+
+def calibrate_deployments(path: str, backend: str, engine: str = "lean-fp8", folds: bool = True, jobs: int = 1,
+                          progress=None) -> DeploymentCalibration:
+    """Fit `engine`'s engine-wide factors to measured whole deployments of one serving
+    engine (`backend`), each run replayed as a closed loop (perf.deployments); report
+    TTFT and TPOT error per machine and concurrency band, fitted and held out (folds by
+    machine, or by concurrency band when the runs hold one machine)."""
+    from splitplan.perf import deployments as dep
+
+    runs, dropped = dep.read_deployments(path)
+    mine = runs[runs.engine == backend].reset_index(drop=True)
+    if mine.empty:
+        raise SpecError(f"{path}: no run of backend '{backend}' that the catalog can model; "
+                        f"the file has: {', '.join(sorted(runs.engine.unique())) or 'none'}")
+    base = load_engine(engine)
+    if set(mine.precision) != {base.dtype}:
+        raise SpecError(f"{path}: the {backend} runs are {', '.join(sorted(set(mine.precision)))} and --engine {engine} is "
+                        f"{base.dtype}; start from a profile of that precision (e.g. --engine lean-fp8)")
+    fitted = dep.fit_deployments(mine, base, jobs=jobs)
+    if progress:
+        progress()
+    predicted = dep.predict(mine, fitted, jobs)
+    by = dep.fold_column(mine)
+    held = dep.cross_validate(mine, base, by, jobs, progress) if folds else None
+    table = dep.error_table(mine, predicted, held)
+    overall = table.iloc[-1].to_dict()
+    profile = fitted.model_copy(update={
+        "name": backend, "description": f"{backend} ({base.dtype}) as measured in whole serving runs; fitted by splitplan "
+                                        f"calibrate --deployments from {base.name}", "fit": {
+            "data": str(path), "engine": backend, "runs": len(mine), "folds": f"by {by}" if folds else None,
+            "method": "splitplan calibrate --deployments: each run replayed as a closed loop by the simulator; "
+                      "scipy least_squares, soft-L1 on log(simulated/measured) mean TTFT and TPOT; engine-wide factors "
+                      f"({', '.join(dep.DEPLOYMENT_FACTORS)}) within physical bounds",
+            "mape_pct": {k: v for k, v in overall.items() if k.endswith("_pct")},
+        }})
+    runs_out = mine.assign(fit_ttft_ms=predicted[:, 0], fit_tpot_ms=predicted[:, 1])
+    if held is not None:
+        runs_out = runs_out.assign(cv_ttft_ms=held[:, 0], cv_tpot_ms=held[:, 1])
+    return DeploymentCalibration(profile, table, runs_out, dropped)

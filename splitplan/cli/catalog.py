@@ -1,0 +1,153 @@
+"""`hardware list`, `models list`, `trace summarize`, `perf`: the catalogs and single passes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from splitplan import api, report
+from splitplan.errors import SpecError
+from splitplan.specs.hardware import hardware_catalog
+from splitplan.specs.model import model_catalog
+from splitplan.workload.trace import Columns, load_workload, summarize
+from splitplan.cli.common import (
+    Format,
+    _emit_json,
+    app,
+    hardware_app,
+    models_app,
+    trace_app,
+    user_errors,
+)
+
+
+@hardware_app.command("list")
+@user_errors
+def hardware_list(format: Format = typer.Option(Format.table, "--format", help="table or json")) -> None:
+    """Machine types with their GPUs, price and power."""
+    machines = hardware_catalog()
+    if format is Format.json:
+        _emit_json([m.model_dump() for m in machines])
+        return
+    rows = [
+        (m.name, f"{m.gpus_per_machine}x {m.gpu.name}", m.gpu.bf16_tflop_per_s, m.gpu.fp8_tflop_per_s, m.gpu.memory_gb,
+         m.gpu.memory_tb_per_s, m.gpu.intra_node_bidir_gbyte_per_s, m.scale_out_gbit_per_s, m.price_usd_per_hour,
+         m.provisioned_power_w / 1e3, m.price_date)
+        for m in machines
+    ]
+    cols = ["name", "GPUs", "bf16 TFLOP/s", "fp8 TFLOP/s", "GB", "TB/s", "link GB/s", "net Gbit/s", "$/h", "kW", "price date"]
+    report.console().print(report.table("Hardware catalog (per-GPU figures; price and power per machine; sources: --format json)", cols, rows))
+
+
+@models_app.command("list")
+@user_errors
+def models_list(format: Format = typer.Option(Format.table, "--format", help="table or json")) -> None:
+    """Models with their shapes, parameter counts and KV bytes per token."""
+    models = model_catalog()
+    data = [
+        {**m.model_dump(exclude_none=True), "total_params": m.total_params, "active_params": m.active_params,
+         "kv_bytes_per_token_bf16": m.kv_bytes_per_token(2)}
+        for m in models
+    ]
+    if format is Format.json:
+        _emit_json(data)
+        return
+    rows = [
+        (m.name, m.num_hidden_layers, m.hidden_size, m.num_attention_heads, m.kv_heads, m.intermediate_size,
+         "SwiGLU" if m.gated else "2-matrix", f"{m.num_local_experts}/top{m.num_experts_per_tok}" if m.is_moe else "-",
+         m.total_params / 1e9, m.active_params / 1e9, int(m.kv_bytes_per_token(2)))
+        for m in models
+    ]
+    cols = ["name", "layers", "hidden", "heads", "KV heads", "FFN", "FFN kind", "experts", "params B", "active B", "KV B/token"]
+    report.console().print(report.table("Model catalog (Hugging Face config keys; bf16)", cols, rows))
+
+
+def _columns(time_column: Optional[str], prompt_column: Optional[str], output_column: Optional[str], time_unit: str) -> Columns | None:
+    if not (time_column or prompt_column or output_column):
+        return None
+    unit = {"s": 1.0, "ms": 1e-3, "us": 1e-6}.get(time_unit)
+    if unit is None:
+        raise SpecError(f"--time-unit {time_unit}: choose s, ms or us")
+    default = Columns()
+    return Columns(time_column or default.time, prompt_column or default.prompt, output_column or default.output, unit)
+
+
+@trace_app.command("summarize")
+@user_errors
+def trace_summarize(
+    path: Path = typer.Argument(..., help="Azure 2023 CSV, splitwise-sim CSV, Mooncake JSONL, or a generic CSV (.gz ok)."),
+    rate: Optional[float] = typer.Option(None, "--rate", help="Resample: Poisson arrivals at this many requests/s."),
+    duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
+    time_column: Optional[str] = typer.Option(None, "--time-column", help="Generic CSV: arrival time column."),
+    prompt_column: Optional[str] = typer.Option(None, "--prompt-column", help="Generic CSV: prompt tokens column."),
+    output_column: Optional[str] = typer.Option(None, "--output-column", help="Generic CSV: output tokens column."),
+    time_unit: str = typer.Option("s", "--time-unit", help="Generic CSV: unit of the time column (s, ms, us)."),
+    format: Format = typer.Option(Format.table, "--format", help="table or json"),
+) -> None:
+    """Rows, span, rates, burstiness and token percentiles of a trace."""
+    workload = load_workload(path, rate, duration, seed, _columns(time_column, prompt_column, output_column, time_unit))
+    s = summarize(workload)
+    if format is Format.json:
+        _emit_json(s)
+        return
+    rows = [
+        ("requests", s["requests"]), ("span s", s["span_s"]), ("mean rate req/s", s["mean_rate_rps"]),
+        ("peak minute req/s", s["peak_minute_rate_rps"]), ("inter-arrival CV", s["interarrival_cv"]),
+    ]
+    for key in ("prompt_tokens", "output_tokens"):
+        p = s[key]
+        rows.append((f"{key.replace('_', ' ')} p50 / p90 / p99 / max", f"{p['p50']:,.0f} / {p['p90']:,.0f} / {p['p99']:,.0f} / {p['max']:,}"))
+    report.console().print(report.table(f"Trace {s['source']}", ["metric", "value"], rows))
+
+
+_POINT = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?(\d+)\s*$")
+
+
+def parse_points(text: str, option: str) -> list[tuple[int, int]]:
+    """`512,4x512` -> [(1, 512), (4, 512)]: batch x tokens; a bare number is batch 1."""
+    points = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        match = _POINT.match(item)
+        if not match or int(match.group(2)) < 1 or (match.group(1) is not None and int(match.group(1)) < 1):
+            raise SpecError(f"{option} '{item}': expected TOKENS or BATCHxTOKENS with whole numbers >= 1, e.g. 512,4x512")
+        points.append((int(match.group(1) or 1), int(match.group(2))))
+    return points
+
+
+@app.command()
+@user_errors
+def perf(
+    model: str = typer.Option("llama2-70b", "--model", help="Catalog name or path to a Hugging Face config.json / YAML."),
+    hardware: str = typer.Option("h100-80gb", "--hardware", help="Catalog name or path to a hardware YAML."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel degree (default: the smallest that fits)."),
+    prefill: str = typer.Option("512,2048", "--prefill", help="Prefill batches: T (one prompt) or BxT (B prompts of T tokens)."),
+    decode: str = typer.Option("1x512,64x2048", "--decode", help="Decode steps: BxC (B requests, C context tokens each)."),
+    engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Engine profile name or path (lean, splitwise-vllm)."),
+    perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies (splitwise perf_model.csv or generic CSV) instead of the analytic model."),
+    format: Format = typer.Option(Format.table, "--format", help="table or json"),
+) -> None:
+    """Predicted prefill and decode-step latency of one model instance, and what bounds it."""
+    pre, dec = parse_points(prefill, "--prefill"), parse_points(decode, "--decode")
+    inst = api.instance(model, hardware, tp, engine)
+    if perf_db is not None:
+        from splitplan.perf.table import load_perf_db
+        inst = load_perf_db(str(perf_db)).require(inst)
+    points = api.perf_points(inst, pre, dec)
+    if format is Format.json:
+        _emit_json(points)
+        return
+    facts = api.instance_facts(inst)
+    rows = [
+        (p["phase"], p["batch"], p.get("prompt_tokens", p.get("context_tokens")), p["latency_ms"], p["bound"],
+         p["compute_ms"], p["memory_ms"], p["network_ms"], p["overhead_ms"], "yes" if p["kv_fits"] else "NO")
+        for p in points
+    ]
+    caption = (f"{facts['instances_per_machine']} instance(s) per machine; weights {facts['weights_gb_per_gpu']:.1f} GB/GPU; "
+               f"KV {facts['kv_bytes_per_token']:,.0f} B/token; KV capacity {facts['kv_capacity_tokens']:,} tokens per instance")
+    cols = ["phase", "batch", "tokens", "latency ms", "bound", "compute ms", "memory ms", "network ms", "overhead ms", "KV fits"]
+    title = f"{inst.model.name} on {inst.hardware.name}, TP {inst.tp}, engine {inst.engine.name}"
+    report.console().print(report.table(title, cols, rows, caption))

@@ -1,0 +1,233 @@
+"""Shared by the commands: the typer app, option enums, error handling, progress, parsing of\ncommon option values."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import typer
+
+from splitplan import report
+from splitplan.errors import SplitplanError, SpecError
+
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Provision phase-split (disaggregated) LLM serving clusters.")
+
+
+hardware_app = typer.Typer(no_args_is_help=True, help="The hardware catalog.")
+
+
+models_app = typer.Typer(no_args_is_help=True, help="The model catalog.")
+
+
+trace_app = typer.Typer(no_args_is_help=True, help="Request traces.")
+
+
+app.add_typer(hardware_app, name="hardware")
+
+
+app.add_typer(models_app, name="models")
+
+
+app.add_typer(trace_app, name="trace")
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+
+
+class PlanFormat(str, Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+class Objective(str, Enum):
+    cost = "cost"
+    power = "power"
+    throughput = "throughput"
+
+
+class Search(str, Enum):
+    ilp = "ilp"
+    grid = "grid"
+
+
+class Executor(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
+EXECUTOR_HELP = "Where work units run: local (forked processes, --jobs) or ray (--ray-address, or a local Ray instance)."
+
+
+RAY_HELP = "Ray cluster: auto (the running one) or ray://HOST:10001; without it a local instance is started and stopped."
+
+
+_DEBUG = {"on": False}
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
+    _DEBUG["on"] = debug
+
+
+def user_errors(command: Callable) -> Callable:
+    """Map SplitplanError to one `error: ...` line on stderr and its exit code."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except SplitplanError as exc:
+            if _DEBUG["on"]:
+                raise
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper
+
+
+def _emit_json(value) -> None:
+    sys.stdout.write(report.to_json(value))
+
+
+@contextlib.contextmanager
+def _progress(title: str, total: int | None = None):
+    """On a terminal, a rich progress bar on stderr counting `total` finished units
+    (or a status line when the count is unknown); elsewhere nothing. Yields
+    `step(message=None)`, to call as each unit finishes."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    err = Console(stderr=True)
+    if not err.is_terminal:
+        yield lambda message=None: None
+        return
+    if total is None:
+        with err.status(title) as status:
+            yield lambda message=None: status.update(f"{title}: {message}" if message else title)
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task(title, total=total)
+        yield lambda message=None: bar.advance(task)
+
+
+def _names(text: Optional[str]) -> list[str] | None:
+    return [n.strip() for n in text.split(",") if n.strip()] if text else None
+
+
+def _limits(items: list[str]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        name, _, count = item.partition("=")
+        if not name or not count.isdigit():
+            raise SpecError(f"--max-machines '{item}': expected TYPE=N, e.g. h100-80gb=40")
+        out[name.strip()] = int(count)
+    return out
+
+
+def parse_duration(text: str) -> float:
+    """`90`, `90s`, `10m`, `1.5h` -> seconds."""
+    match = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$", text)
+    if not match or float(match.group(1)) <= 0:
+        raise SpecError(f"--window '{text}': give a duration like 600, 600s, 10m or 1h")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SpecError("--plot needs matplotlib: pip install '.[plot]'") from None
+
+
+def _save_figure(fig, path: Path) -> None:
+    """Atomically: a failed run leaves no partial PNG."""
+    import matplotlib.pyplot as plt
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+_POOL = re.compile(r"^([^:]+):(\d+):(\d+)$")
+
+
+def parse_pool(text: str, role: str) -> tuple[str, str, int, int]:
+    match = _POOL.match(text.strip())
+    if not match:
+        raise SpecError(f"--{role}-pool '{text}': expected HARDWARE:TP:MACHINES, e.g. h100-80gb:8:35")
+    return role, match.group(1), int(match.group(2)), int(match.group(3))
+
+
+def read_plan(path: Path) -> tuple[list[tuple[str, str, int, int]], dict]:
+    """Pools and input echo of a plan.json written by `optimize --output-dir`."""
+    import json
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        plan = doc["plan"]
+        pools = [(role, p["hardware"], int(p["tp"]), int(p["machines"]))
+                 for role in ("prompt", "token", "mixed") for p in plan.get(f"{role}_pools", [])]
+    except FileNotFoundError:
+        raise SpecError(f"--plan {path}: no such file; write one with splitplan optimize --output-dir DIR") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SpecError(f"--plan {path}: not valid JSON ({exc})") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SpecError(f"--plan {path}: not a splitplan plan.json (missing or bad key {exc})") from None
+    if not pools:
+        raise SpecError(f"--plan {path}: the plan has no pools")
+    return pools, doc.get("inputs", {})
+
+
+def plan_input(plan: Optional[Path], prompt_pool: list[str], token_pool: list[str],
+               mixed_pool: list[str]) -> tuple[list[tuple[str, str, int, int]], dict]:
+    """The pools of `--plan plan.json` (with its input echo) or of the inline pool options."""
+    pools = [parse_pool(x, "prompt") for x in prompt_pool] + [parse_pool(x, "token") for x in token_pool] \
+        + [parse_pool(x, "mixed") for x in mixed_pool]
+    if plan is None:
+        return pools, {}
+    if pools:
+        raise SpecError("give --plan or inline pools (--prompt-pool/--token-pool/--mixed-pool), not both")
+    return read_plan(plan)
+
+
+def parse_rates(text: str) -> list[float]:
+    """`5,10,20` or `START:STOP:COUNT` (evenly spaced, both ends included)."""
+    try:
+        if ":" in text:
+            start, stop, count = text.split(":")
+            n = int(count)
+            if n < 1:
+                raise ValueError
+            return [float(x) for x in np.linspace(float(start), float(stop), n)]
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpecError(f"--rates '{text}': give rates like 5,10,20 or START:STOP:COUNT like 5:80:16") from None
+
+
+def main() -> None:
+    """The console script: like `app()`, but a usage error (a bad option value, an
+    unknown option) is one `error: ...` line too, with exit code 2."""
+    # typer ships click (or vendors it); its UsageError is a base of the public BadParameter.
+    usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+    try:
+        code = app(standalone_mode=False)
+    except usage_error as exc:
+        message = " ".join(exc.format_message().split())
+        if message:  # (no arguments at all: the help was shown, nothing to add)
+            where = f"splitplan {exc.ctx.info_name} --help" if exc.ctx and exc.ctx.parent else "splitplan --help"
+            typer.echo(f"error: {message} (see {where})", err=True)
+        sys.exit(2)
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("error: interrupted", err=True)
+        sys.exit(130)
+    sys.exit(code or 0)

@@ -1,0 +1,313 @@
+"""`splitplan optimize`: parse, one library call, render."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+
+from splitplan import api, report
+from splitplan.errors import SpecError
+from splitplan.workload.trace import closed_loop_workload, load_workload, peak_window, resample_poisson
+from splitplan.cli.common import (
+    EXECUTOR_HELP,
+    Executor,
+    Objective,
+    PlanFormat,
+    RAY_HELP,
+    Search,
+    _emit_json,
+    _limits,
+    _names,
+    _progress,
+    _require_matplotlib,
+    _save_figure,
+    app,
+    parse_duration,
+    user_errors,
+)
+
+
+@app.command()
+@user_errors
+def optimize(
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace (default: the embedded Azure 2023 code trace)."),
+    rate: Optional[float] = typer.Option(None, "--rate", help="Poisson resample of the trace's sizes at this rate (req/s)."),
+    duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
+    model: str = typer.Option("llama2-70b", "--model", help="Catalog name or path to a config.json / YAML."),
+    slo: str = typer.Option("splitwise", "--slo", help="SLO profile name or path (splitwise, chat, code-completion, batch)."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="Machine types to consider, comma-separated (default: all)."),
+    prompt_hardware: Optional[str] = typer.Option(None, "--prompt-hardware", help="Restrict prompt machines to these types."),
+    token_hardware: Optional[str] = typer.Option(None, "--token-hardware", help="Restrict token machines to these types."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Only this TP degree (default: every degree that fits)."),
+    objective: Objective = typer.Option(Objective.cost, "--objective", help="Minimize cost (USD/h) or power (provisioned kW)."),
+    engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
+    search: Search = typer.Option(Search.ilp, "--search", help="ilp (integer program) or grid (exhaustive)."),
+    solver: str = typer.Option("highs", "--solver", help="The integer program's solver: highs (HiGHS, default) or cbc."),
+    max_cost_per_hour: Optional[float] = typer.Option(None, "--max-cost-per-hour", help="Budget in USD per hour."),
+    max_power_kw: Optional[float] = typer.Option(None, "--max-power-kw", help="Budget in provisioned kW."),
+    max_machines: list[str] = typer.Option([], "--max-machines", help="Availability, TYPE=N (repeatable)."),
+    max_batch_tokens: int = typer.Option(2048, "--max-batch-tokens", help="Prompt tokens per prefill batch."),
+    no_split: bool = typer.Option(False, "--no-split", help="Plan co-located machines (mixed batching), not split pools."),
+    jobs: int = typer.Option(0, "--jobs", help="Processes for sizing pool options (0: one per core)."),
+    validate: bool = typer.Option(False, "--validate", help="Simulate the plan; grow the binding pool until the simulation meets the SLO."),
+    pareto: bool = typer.Option(False, "--pareto", help="Also find the cost-vs-power Pareto frontier across hardware mixes."),
+    max_requests: int = typer.Option(100_000, "--max-requests", help="Longer traces are sized on their busiest stretch of this many requests."),
+    window: Optional[str] = typer.Option(None, "--window", help="Plan each window of the trace (e.g. 10m, 1h) and the peak one."),
+    executor: Executor = typer.Option(Executor.local, "--executor", help=EXECUTOR_HELP + " Used by --window and --validate."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help=RAY_HELP),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="With --pareto: the frontier (PNG; needs the plot extra)."),
+    perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Plan from measured latencies (options without measurements are skipped)."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Plan for a closed loop, as serving benchmarks load a deployment: this many clients, each sending its next request when the last one finishes (checked by simulation)."),
+    isl: Optional[int] = typer.Option(None, "--isl", help="With --concurrency: every request's input tokens (default: drawn from the trace)."),
+    osl: Optional[int] = typer.Option(None, "--osl", help="With --concurrency: every request's output tokens (default: drawn from the trace)."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests", help="With --concurrency: requests in the run (default 10 per client, at least 100)."),
+    format: PlanFormat = typer.Option(PlanFormat.table, "--format", help="table, json or csv"),
+    output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write plan.json, candidates.csv, pareto.csv here."),
+) -> None:
+    """The cheapest (or lowest-power) prompt/token machine plan meeting every SLO line on the trace."""
+    _at_least_one(("--tp", tp), ("--max-batch-tokens", max_batch_tokens), ("--max-requests", max_requests))
+    jobs_n = jobs if jobs > 0 else (os.cpu_count() or 1)
+    loaded = load_workload(trace, None, duration, seed)  # read once; resampled or windowed below
+    common = dict(hardware=_names(hardware), prompt_hardware=_names(prompt_hardware), token_hardware=_names(token_hardware),
+                  tp=tp, engine=engine, search=search.value, solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
+                  max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens,
+                  jobs=jobs_n, perf_db=str(perf_db) if perf_db else None)
+    if concurrency is None and (isl is not None or osl is not None or num_requests is not None):
+        raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
+    if concurrency is not None:
+        _no_clash_with_closed_loop(rate=rate is not None, window=window is not None, pareto=pareto, validate=validate,
+                                   throughput=objective is Objective.throughput)
+        _closed_loop(closed_loop_workload(loaded, concurrency, num_requests, isl, osl, seed), concurrency, model, slo, seed,
+                     not no_split, objective.value, common, format, output_dir, {"isl": isl, "osl": osl})
+        return
+    if window is not None:
+        if validate or pareto or no_split or objective is Objective.throughput:
+            raise SpecError("--window plans each window by cost or power; drop --validate/--pareto/--no-split/throughput")
+        options = {k: v for k, v in common.items() if k != "jobs"}
+        _plan_windows(load_workload(loaded, rate, duration, seed), parse_duration(window), model, slo, format, output_dir,
+                      {**options, "objective": objective.value}, jobs_n, executor.value, ray_address)
+        return
+    workload, stretch = peak_window(load_workload(loaded, rate, duration, seed), max_requests)
+    _check_plan_options(plot, pareto, no_split, objective)
+    if objective is Objective.throughput:
+        result, workload = _highest_rate(peak_window(loaded, max_requests)[0], rate, duration, seed,
+                                         rate or workload.mean_rate_rps, model, slo, common)
+    else:
+        result = api.optimize(workload, model, slo, objective=objective.value, split=not no_split, pareto=pareto, **common)
+    inputs = {
+        "trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
+        "seed": seed, "model": model, "slo": slo, "hardware": _names(hardware), "prompt_hardware": _names(prompt_hardware),
+        "token_hardware": _names(token_hardware), "tp": tp, "objective": objective.value, "engine": engine,
+        "search": search.value, "solver": solver, "max_cost_per_hour": max_cost_per_hour, "max_power_kw": max_power_kw,
+        "max_machines": _limits(max_machines), "max_batch_tokens": max_batch_tokens, "split": not no_split,
+        "window": stretch,
+    }
+    simulated, runner_ups = None, None
+    if validate:
+        result, simulated, runner_ups = _validate(result, workload, model, slo, common, jobs_n, executor.value, ray_address)
+    inputs["validate"] = validate
+    _emit_plan(result, workload, simulated, inputs, format, output_dir, plot, pareto, runner_ups)
+
+
+def _at_least_one(*options) -> None:
+    for flag, value in options:
+        if value is not None and value < 1:
+            raise SpecError(f"{flag} {value}: must be >= 1")
+
+
+def _check_plan_options(plot, pareto: bool, no_split: bool, objective) -> None:
+    if plot is not None:
+        if not pareto:
+            raise SpecError("--plot draws the Pareto frontier: add --pareto")
+        _require_matplotlib()
+    if pareto and (no_split or objective is Objective.throughput):
+        raise SpecError("--pareto compares split plans by cost and power: drop --no-split / --objective throughput")
+    if objective is Objective.throughput and no_split:
+        raise SpecError("--objective throughput plans split pools; drop --no-split")
+
+
+def _no_clash_with_closed_loop(**given) -> None:
+    flags = {"rate": "--rate", "window": "--window", "pareto": "--pareto", "validate": "--validate",
+             "throughput": "--objective throughput"}
+    clash = [flags[k] for k, on in given.items() if on]
+    if clash:
+        raise SpecError(f"--concurrency plans a closed loop (its rate follows from its latency, checked by simulation); "
+                        f"drop {', '.join(clash)}")
+
+
+def _closed_loop(workload, concurrency, model, slo, seed, split, objective, common, format, output_dir, sizes) -> None:
+    with _progress("closed loop: plan at the rate Little's law gives, simulate, replan") as step:
+        result = api.optimize_closed_loop(workload, concurrency, model, slo, seed, split=split, objective=objective,
+                                          progress=lambda r: step(), **common)
+    _emit_plan(result, workload, None, {"trace": workload.source, "requests": len(workload), "concurrency": concurrency,
+                                        **sizes, "seed": seed, "model": model, "slo": slo, "objective": objective,
+                                        **{k: v for k, v in common.items() if k != "jobs"}},
+               format, output_dir, None, False)
+
+
+def _highest_rate(base, rate, duration, seed, start_rps, model, slo, common):
+    """--objective throughput: the result at the highest rate served, and the workload at that rate."""
+    def workload_at(r):  # Poisson resample when --rate was given, else the trace's timestamps compressed
+        if rate is not None:
+            return resample_poisson(base, r, duration, np.random.default_rng(seed))
+        return base.at_rate(r)
+
+    with _progress("searching the highest rate") as step:
+        result = api.max_rate(workload_at, start_rps, model, slo,
+                              progress=lambda r, ok: step(f"{r:.3g} req/s: {'served' if ok else 'not served'}"), **common)
+    return result, workload_at(result.max_rate_rps)
+
+
+def _validate(result, workload, model, slo, common, jobs, executor, ray_address):
+    """--validate: the runner-ups simulated, the plan grown until its simulation meets the SLO."""
+    engine, perf_db, max_batch_tokens = common["engine"], common["perf_db"], common["max_batch_tokens"]
+    with _progress("validating the runner-ups by simulation", total=len(result.alternatives)) as step:
+        runner_ups = api.simulate_plans(result.alternatives, workload, model, slo, engine, perf_db, max_batch_tokens,
+                                        jobs, executor, ray_address, step)
+    with _progress("validating the plan by simulation"):
+        plan, sim, added = api.validate(result.plan, workload, model, slo, engine, perf_db, max_batch_tokens, planned=result)
+    simulated = {**{k: sim.summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms", "slo")}, "machines_added": added}
+    return dataclasses.replace(result, plan=plan), simulated, runner_ups
+
+
+def _emit_plan(result, workload, simulated, inputs: dict, format, output_dir, plot, pareto: bool, runner_ups=None) -> None:
+    """An optimize result as JSON, CSV or tables, and its files."""
+    document = report.optimize_json(result, inputs)
+    if simulated is not None:
+        document["plan"]["simulated"] = simulated
+        for alternative, outcome in zip(document["plan"]["alternatives"], runner_ups):
+            alternative["simulated"] = outcome
+    if pareto:
+        document["pareto"] = [report.plan_json(p) for p in result.pareto]
+    plans = [result.plan, *result.alternatives]
+    if output_dir is not None:
+        files = {
+            "plan.json": report.to_json(document),
+            "candidates.csv": report.candidates_csv(result),
+            "pareto.csv": report.plans_csv(list(result.pareto) if pareto else report.pareto(plans)),
+        }
+        for name, text in files.items():
+            report.write_atomic(output_dir / name, text)
+    if plot is not None:
+        _pareto_plot(result, plot)
+    if format is PlanFormat.json:
+        _emit_json(document)
+    elif format is PlanFormat.csv:
+        sys.stdout.write(report.plans_csv(list(result.pareto) if pareto else plans))
+    else:
+        _render_plan(result, workload, simulated)
+        if pareto:
+            report.console().print(report.table(
+                "Pareto frontier: cost against provisioned power (max rate: the most these machines serve)",
+                ["plan", "$/h", "kW", "machines", "max req/s", "binding"],
+                [(report.plan_text(p), p.cost_usd_per_hour, p.power_kw, p.machines, p.max_rate_rps, p.binding)
+                 for p in result.pareto]))
+
+
+def _pareto_plot(result, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    others = [result.plan, *result.alternatives]
+    ax.scatter([p.power_kw for p in others], [p.cost_usd_per_hour for p in others], color="grey", s=18, label="evaluated plans")
+    front = sorted(result.pareto, key=lambda p: p.power_kw)
+    ax.plot([p.power_kw for p in front], [p.cost_usd_per_hour for p in front], marker="o", color="#3b75af", label="Pareto frontier")
+    for p in front:
+        rate = f"\nmax {p.max_rate_rps:.3g} req/s" if p.max_rate_rps else ""
+        ax.annotate(report.plan_text(p).replace("; ", "\n") + rate, (p.power_kw, p.cost_usd_per_hour), fontsize=6,
+                    xytext=(4, 4), textcoords="offset points")
+    ax.set(xlabel="provisioned power (kW)", ylabel="cost (USD/h)", title="Plans meeting the SLO: cost against power")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    _save_figure(fig, path)
+
+
+def _plan_windows(workload, window_s, model, slo, format, output_dir, options, jobs, executor, ray_address) -> None:
+    count = int(np.unique(np.floor(workload.arrival_s / window_s)).size)
+    with _progress("planning windows", total=count) as step:
+        result = api.plan_windows(workload, window_s, model, slo, jobs, executor, ray_address, step, **options)
+    document = result.to_json()
+    if output_dir is not None:
+        files = {"windows.csv": result.to_frame().to_csv(index=False, float_format="%.6g"), "windows.json": report.to_json(document)}
+        if result.peak is not None:
+            files["plan.json"] = report.to_json({"schema_version": report.SCHEMA_VERSION, "inputs": {"model": model, "slo": slo,
+                                                 "engine": options["engine"], "window": result.rows[result.peak]},
+                                                 "plan": report.plan_json(result.plans[result.peak])})
+        for name, text in files.items():
+            report.write_atomic(output_dir / name, text)
+    if format is PlanFormat.json:
+        _emit_json(document)
+        return
+    if format is PlanFormat.csv:
+        sys.stdout.write(result.to_frame().to_csv(index=False, float_format="%.6g"))
+        return
+    rows = [(r["window"], r["start_s"], r["requests"], r["rate_rps"], r.get("prompt_pools"), r.get("token_pools"),
+             r.get("cost_usd_per_hour"), r.get("error") or r.get("binding")) for r in result.rows]
+    con = report.console()
+    con.print(report.table(f"A plan per {window_s:g}-second window of {workload.source}",
+                           ["window", "start s", "requests", "req/s", "prompt", "token", "$/h", "binding / why not"], rows))
+    if result.peak is not None:
+        peak = result.plans[result.peak]
+        mean = document["mean_cost_usd_per_hour"]
+        con.print(f"Static plan for the peak window ({result.peak}): {report.plan_text(peak)} at ${peak.cost_usd_per_hour:,.2f}/h; "
+                  f"following the load averages ${mean:,.2f}/h ({(1 - mean / peak.cost_usd_per_hour) * 100:.0f} % less).")
+
+
+def _render_plan(result, workload, simulated=None) -> None:
+    plan = result.plan
+    con = report.console()
+    if plan.mixed_pools:
+        rows = [("co-located machines", report.pools_text(plan.mixed_pools))]
+    else:
+        rows = [("prompt machines", report.pools_text(plan.prompt_pools)), ("token machines", report.pools_text(plan.token_pools))]
+    if result.max_rate_rps is not None:
+        rows.append(("max rate", f"{result.max_rate_rps:,.3g} req/s within the budget"))
+    rows += [("cost", f"${plan.cost_usd_per_hour:,.2f}/h"), ("power", f"{plan.power_kw:,.2f} kW provisioned"),
+             ("binding", plan.binding)]
+    if result.split_saving_pct is not None:
+        rows.append(("vs best co-located", f"{report.plan_text(result.colocated)} at ${result.colocated.cost_usd_per_hour:,.2f}/h: "
+                     f"splitting {'saves' if result.split_saving_pct >= 0 else 'costs'} {abs(result.split_saving_pct):.0f} %"))
+    elif not plan.mixed_pools and result.max_rate_rps is None:
+        rows.append(("vs best co-located", "no co-located plan meets the SLO"))
+    con.print(report.table(f"Plan for {workload.source} ({len(workload):,} requests)", ["", "value"], rows))
+    con.print(report.table("Predicted against the SLO", ["line", "target", "achieved", "met"],
+                           [(line.label, line.target, v, "yes" if ok else "NO") for line, v, ok in plan.slo]))
+    if simulated is not None:
+        rows = [(f"{m.upper()} {q}", plan.predicted[m][q], simulated[f"{m}_ms"][q])
+                for m in ("ttft", "tbt", "e2e") for q in ("p50", "p90", "p99")]
+        con.print(report.table(f"Predicted vs simulated, ms ({simulated['machines_added']} machine(s) added by validation)",
+                               ["percentile", "predicted", "simulated"], rows))
+        con.print(report.table("Simulated against the SLO", ["line", "target", "achieved", "attainment %", "met"],
+                               [(x["line"], x["target"], x["achieved"], x["attainment_pct"], "yes" if x["met"] else "NO")
+                                for x in simulated["slo"]]))
+    if result.closed_loop is not None:
+        loop = result.closed_loop
+        con.print(report.table(f"Closed loop of {loop['concurrency']} clients: each round plans the rate the last plan's "
+                               "simulation ran at (Little's law)", ["planned req/s", "plan", "$/h", "simulated req/s", "SLO met"],
+                               [(r["planned_rate_rps"], r["plan"], r["cost_usd_per_hour"], r["simulated_rate_rps"],
+                                 "yes" if r["slo_met"] else "NO") for r in loop["rounds"]]))
+        bench = loop["benchmark"]
+        con.print(report.table("The plan's simulated closed loop, as a serving benchmark reports it", ["ms", "mean", "median", "p99"],
+                               [(name, bench[key]["mean"], bench[key]["median"], bench[key]["p99"])
+                                for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))],
+                               caption=f"{bench['requests_per_s']:.3g} req/s, {bench['output_tokens_per_s_per_gpu']:,.0f} output "
+                                       f"tokens/s per GPU ({bench['gpus']} GPUs)"))
+    alt_rows = [(report.plan_text(a), a.cost_usd_per_hour, a.power_kw, f"{a.cost_usd_per_hour / plan.cost_usd_per_hour - 1:+.0%}",
+                 a.binding) for a in result.alternatives]
+    con.print(report.table("Runner-up plans", ["plan", "$/h", "kW", "vs plan", "binding"], alt_rows))
+    if result.unservable:
+        u = result.unservable
+        con.print(f"[bold]warning:[/bold] {u['requests']:,} request(s) ({u['share_pct']:.2f} %, prompts of "
+                  f"{u['min_prompt_tokens']:,}-{u['max_prompt_tokens']:,} tokens) cannot be served: {u['reason']}.")
+    skipped = sorted({f"{o.role} {o.inst.hardware.name} TP{o.inst.tp}: {o.skipped}" for o in result.options if o.skipped})
+    if skipped:
+        con.print(f"{len(skipped)} option(s) skipped; see candidates.csv (--output-dir) for the reasons.")

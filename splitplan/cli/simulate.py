@@ -1,0 +1,117 @@
+"""`splitplan simulate`: parse, one library call, render."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from splitplan import api, report
+from splitplan.errors import SpecError
+from splitplan.workload.trace import closed_loop_workload, load_workload, peak_window
+from splitplan.cli.common import (
+    Format,
+    _emit_json,
+    app,
+    plan_input,
+    user_errors,
+)
+
+
+@app.command()
+@user_errors
+def simulate(
+    plan: Optional[Path] = typer.Option(None, "--plan", help="A plan.json from optimize --output-dir."),
+    prompt_pool: list[str] = typer.Option([], "--prompt-pool", help="HARDWARE:TP:MACHINES (repeatable)."),
+    token_pool: list[str] = typer.Option([], "--token-pool", help="HARDWARE:TP:MACHINES (repeatable)."),
+    mixed_pool: list[str] = typer.Option([], "--mixed-pool", help="Co-located HARDWARE:TP:MACHINES (repeatable)."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace (default: the embedded Azure 2023 code trace)."),
+    rate: Optional[float] = typer.Option(None, "--rate", help="Poisson resample of the trace's sizes at this rate (req/s)."),
+    duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model (default: the plan's, else llama2-70b)."),
+    slo: Optional[str] = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else splitwise)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else lean)."),
+    perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
+    perf_interp: str = typer.Option("splitplan", "--perf-interp", help="How --perf-db is read: splitplan (monotone batch and context curves) or splitwise-sim (its one batch-tokens axis, to compare with that simulator)."),
+    max_batch_tokens: int = typer.Option(2048, "--max-batch-tokens", help="Prompt tokens per prefill batch."),
+    routing: str = typer.Option("jsq", "--routing", help="jsq (join-shortest-queue on pending tokens) or round-robin."),
+    borrow_threshold: Optional[int] = typer.Option(None, "--mixed-pool-threshold", help="Splitwise's mixed pool, both ways: prefill on a token machine when every prompt queue holds more than this many tokens; decode on a prompt machine when the token machine's KV is spoken for."),
+    max_requests: int = typer.Option(1_000_000, "--max-requests", help="Longer traces are simulated on their busiest stretch of this many requests."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Closed loop, as serving benchmarks run: this many clients, each sending its next request when the last one finishes."),
+    isl: Optional[int] = typer.Option(None, "--isl", help="With --concurrency: every request's input tokens (default: drawn from the trace)."),
+    osl: Optional[int] = typer.Option(None, "--osl", help="With --concurrency: every request's output tokens (default: drawn from the trace)."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests", help="With --concurrency: requests in the run (default 10 per client, at least 100)."),
+    format: Format = typer.Option(Format.table, "--format", help="table or json"),
+    output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write requests.csv and summary.json here."),
+) -> None:
+    """Replay a trace through a plan's machines request by request and check the SLO."""
+    pools, echo = plan_input(plan, prompt_pool, token_pool, mixed_pool)
+    if not pools:
+        raise SpecError("nothing to simulate: give --plan plan.json or --prompt-pool and --token-pool (or --mixed-pool)")
+    model = model or echo.get("model") or "llama2-70b"
+    slo = slo or echo.get("slo") or "splitwise"
+    engine = engine or echo.get("engine") or api.DEFAULT_ENGINE
+    if max_batch_tokens < 1:
+        raise SpecError(f"--max-batch-tokens {max_batch_tokens}: must be >= 1")
+    if max_requests < 1:
+        raise SpecError(f"--max-requests {max_requests}: must be >= 1")
+    if concurrency is None:
+        if isl is not None or osl is not None or num_requests is not None:
+            raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
+        workload, window = peak_window(load_workload(trace, rate, duration, seed), max_requests)
+    else:
+        if rate is not None:
+            raise SpecError("--concurrency runs a closed loop (clients send as requests finish); drop --rate")
+        workload, window = closed_loop_workload(trace, concurrency, num_requests, isl, osl, seed), None
+    sim = api.simulate(workload, pools, model, slo, engine, str(perf_db) if perf_db else None, max_batch_tokens,
+                       routing, borrow_threshold, perf_interp, concurrency)
+    workload = sim.result.trace
+    inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
+              "seed": seed, "model": model, "slo": slo, "engine": engine, "perf_db": str(perf_db) if perf_db else None,
+              "perf_interp": perf_interp if perf_db else None, "pools": [{"role": r, "hardware": h, "tp": t, "machines": m} for r, h, t, m in pools],
+              "routing": routing, "max_batch_tokens": max_batch_tokens, "mixed_pool_threshold": borrow_threshold,
+              "window": window, "concurrency": concurrency, "isl": isl, "osl": osl}
+    document = {"schema_version": report.SCHEMA_VERSION, "inputs": inputs, "summary": sim.summary}
+    if output_dir is not None:
+        from splitplan.sim.metrics import requests_csv
+        files = {"requests.csv": requests_csv(sim.result, sim.result.names), "summary.json": report.to_json(document)}
+        for name, text in files.items():
+            report.write_atomic(output_dir / name, text)
+    if format is Format.json:
+        _emit_json(document)
+        return
+    _render_simulation(sim.summary, workload)
+
+
+def _render_simulation(summary: dict, workload) -> None:
+    con = report.console()
+    metrics = [("TTFT", "ttft_ms"), ("TBT (E2E-TTFT)/output", "tbt_ms"), ("TBT max gap", "tbt_max_ms"), ("E2E", "e2e_ms"),
+               ("prompt queue", "prompt_queue_ms"), ("KV transfer", "transfer_ms"), ("decode queue", "decode_queue_ms")]
+    con.print(report.table(f"Simulated {summary['finished']:,} of {summary['requests']:,} requests from {workload.source} "
+                           f"over {summary['span_s']:,.1f} s", ["ms", "p50", "p90", "p99"],
+                           [(name, summary[key]["p50"], summary[key]["p90"], summary[key]["p99"]) for name, key in metrics]))
+    bench = summary["benchmark"]
+    con.print(report.table("As a serving benchmark reports it (TPOT = (E2E - TTFT) / (output - 1))",
+                           ["ms", "mean", "median", "p99"],
+                           [(name, bench[key]["mean"], bench[key]["median"], bench[key]["p99"])
+                            for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))],
+                           caption=f"{bench['requests_per_s']:.3g} req/s, {bench['output_tokens_per_s']:,.0f} output tokens/s, "
+                                   f"{bench['output_tokens_per_s_per_gpu']:,.0f} per GPU ({bench['gpus']} GPUs)"))
+    con.print(report.table("SLO", ["line", "target", "achieved", "attainment %", "met"],
+                           [(x["line"], x["target"], x["achieved"], x["attainment_pct"], "yes" if x["met"] else "NO")
+                            for x in summary["slo"]]))
+    con.print(report.table("Pools", ["role", "hardware", "TP", "machines", "utilization", "mean batch", "energy kWh"],
+                           [(x["role"], x["hardware"], x["tp"], x["machines"], f"{x['utilization']:.0%}", x["mean_batch"],
+                             x["energy_kwh"]) for x in summary["pools"]],
+                           caption=f"tokens out {summary['tokens_out']:,} of {summary['tokens_asked']:,}; "
+                                   f"{summary['rejected_kv']} request(s) never fit a token instance's KV; "
+                                   f"GPU energy {summary['energy_kwh']:.2f} kWh"))
+    moved = summary["borrowed"]
+    if any(moved.values()):
+        con.print(f"mixed pool: {moved['prefills_on_token_machines']:,} prefill(s) ran on token machines, "
+                  f"{moved['decodes_on_prompt_machines']:,} decode(s) on prompt machines")
+    if "extrapolated_pct" in summary:
+        e = summary["extrapolated_pct"]
+        con.print(f"perf-db: {e['prefill']:.1f} % of prefill and {e['decode']:.1f} % of decode lookups extrapolated beyond the measurements")

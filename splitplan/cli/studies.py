@@ -1,0 +1,189 @@
+"""`splitplan compare` and `splitplan sweep`: design studies."""
+
+from __future__ import annotations
+
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from splitplan import api, report
+from splitplan.errors import SpecError
+from splitplan.workload.trace import load_workload
+from splitplan.cli.common import (
+    EXECUTOR_HELP,
+    Executor,
+    Objective,
+    PlanFormat,
+    RAY_HELP,
+    _emit_json,
+    _limits,
+    _progress,
+    _require_matplotlib,
+    _save_figure,
+    app,
+    parse_rates,
+    plan_input,
+    user_errors,
+)
+
+
+class Scenario(str, Enum):
+    iso_power = "iso-power"
+    iso_cost = "iso-cost"
+    iso_throughput_cost = "iso-throughput-cost"
+    iso_throughput_power = "iso-throughput-power"
+
+
+@app.command()
+@user_errors
+def compare(
+    designs: str = typer.Option("splitwise-designs", "--designs", help="Designs YAML: a name from designs/ or a path."),
+    scenario: Scenario = typer.Option(..., "--scenario", help="iso-power, iso-cost, iso-throughput-cost or iso-throughput-power."),
+    budget_machines: list[str] = typer.Option([], "--budget-machines", help="Budget as the power (iso-power) or cost (iso-cost) of TYPE=N machines."),
+    max_power_kw: Optional[float] = typer.Option(None, "--max-power-kw", help="iso-power budget in provisioned kW."),
+    max_cost_per_hour: Optional[float] = typer.Option(None, "--max-cost-per-hour", help="iso-cost budget in USD per hour."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Design the ratios are taken against (default: the first)."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace (default: the embedded Azure 2023 code trace)."),
+    rate: Optional[float] = typer.Option(None, "--rate", help="iso-throughput: resample at this rate; iso-power/cost: where the rate search starts."),
+    duration: float = typer.Option(120.0, "--duration", help="Length in seconds of every Poisson resample."),
+    seed: int = typer.Option(0, "--seed", help="Random seed of the resamples."),
+    model: str = typer.Option("llama2-70b", "--model", help="Catalog name or path to a config.json / YAML."),
+    slo: str = typer.Option("splitwise", "--slo", help="SLO profile name or path."),
+    engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
+    perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
+    validate: bool = typer.Option(False, "--validate", help="Simulate each design's plan and report whether it holds."),
+    jobs: int = typer.Option(0, "--jobs", help="Processes (or local Ray CPUs), one design each (0: one per core)."),
+    executor: Executor = typer.Option(Executor.local, "--executor", help=EXECUTOR_HELP),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help=RAY_HELP),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Bar chart of the designs (PNG; needs the plot extra)."),
+    format: PlanFormat = typer.Option(PlanFormat.table, "--format", help="table, json or csv"),
+) -> None:
+    """Splitwise's design study: every design of a designs file in one provisioning scenario."""
+    if plot is not None:
+        _require_matplotlib()
+    base = load_workload(trace, None, duration, seed)
+    if rate is not None and rate <= 0:
+        raise SpecError(f"--rate {rate:g}: must be > 0 requests per second")
+    from splitplan.specs.design import load_designs
+    with _progress(f"{scenario.value}: designs", total=len(load_designs(designs).designs)) as step:
+        result = api.compare(base, designs, scenario.value, model, slo, engine, _limits(budget_machines) or None,
+                             max_power_kw, max_cost_per_hour, rate, duration, seed, baseline, validate,
+                             str(perf_db) if perf_db else None, jobs=jobs if jobs > 0 else (os.cpu_count() or 1),
+                             progress=step, executor=executor.value, ray_address=ray_address)
+    document = result.to_json()
+    if plot is not None:
+        _compare_plot(result, plot)
+    if format is PlanFormat.json:
+        _emit_json(document)
+    elif format is PlanFormat.csv:
+        sys.stdout.write(result.to_frame().to_csv(index=False, float_format="%.6g"))
+    else:
+        metric = {"iso-power": "max rate", "iso-cost": "max rate", "iso-throughput-cost": "cost",
+                  "iso-throughput-power": "power"}[result.scenario]
+        rows = [(r["design"], r["prompt_machines"], r["token_machines"], r["mixed_machines"], r["cost_usd_per_hour"],
+                 r["power_kw"], r["max_rate_rps"], r["ratio_to_baseline"], r["error"] or r["binding"])
+                for r in document["designs"]]
+        budget = ", ".join(f"{k} {v:,.1f}" for k, v in result.budget.items()) or "none"
+        report.console().print(report.table(
+            f"{result.scenario} (budget: {budget}; {metric} ratio against {result.baseline})",
+            ["design", "prompt", "token", "mixed", "$/h", "kW", "max req/s", "ratio", "binding / why not"], rows))
+
+
+def _compare_plot(result, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    frame = result.to_frame()
+    column, label = {"iso-power": ("max_rate_rps", "max rate (req/s)"), "iso-cost": ("max_rate_rps", "max rate (req/s)"),
+                     "iso-throughput-cost": ("cost_usd_per_hour", "cost (USD/h)"),
+                     "iso-throughput-power": ("power_kw", "provisioned power (kW)")}[result.scenario]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    bars = ax.bar(frame.design, frame[column].fillna(0), color=["#999999" if m else "#3b75af" for m in frame.mixed_machines.fillna(0)])
+    for bar, ratio in zip(bars, frame.ratio_to_baseline):
+        if ratio == ratio and ratio is not None:
+            ax.annotate(f"{ratio:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    ax.set(ylabel=label, title=f"{result.scenario} (grey: co-located; ratios against {result.baseline})")
+    ax.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    _save_figure(fig, path)
+
+
+@app.command()
+@user_errors
+def sweep(
+    rates: str = typer.Option(..., "--rates", help="Request rates: 5,10,20 or START:STOP:COUNT."),
+    designs: Optional[str] = typer.Option(None, "--designs", help="Designs YAML (name or path): cheapest plan per design and rate."),
+    design: list[str] = typer.Option([], "--design", help="Only these designs of the file (repeatable)."),
+    plan: Optional[Path] = typer.Option(None, "--plan", help="A plan.json: simulate this fixed plan at every rate."),
+    prompt_pool: list[str] = typer.Option([], "--prompt-pool", help="Fixed plan, HARDWARE:TP:MACHINES (repeatable)."),
+    token_pool: list[str] = typer.Option([], "--token-pool", help="Fixed plan, HARDWARE:TP:MACHINES (repeatable)."),
+    mixed_pool: list[str] = typer.Option([], "--mixed-pool", help="Fixed co-located plan, HARDWARE:TP:MACHINES."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace whose sizes are resampled."),
+    duration: float = typer.Option(120.0, "--duration", help="Length in seconds of every resample."),
+    seed: int = typer.Option(0, "--seed", help="Random seed of the resamples."),
+    model: str = typer.Option("llama2-70b", "--model", help="Catalog name or path to a config.json / YAML."),
+    slo: str = typer.Option("splitwise", "--slo", help="SLO profile name or path."),
+    engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
+    objective: Objective = typer.Option(Objective.cost, "--objective", help="Designs mode: minimize cost or power."),
+    perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
+    jobs: int = typer.Option(0, "--jobs", help="Processes (or local Ray CPUs), one (design, rate) each (0: one per core)."),
+    executor: Executor = typer.Option(Executor.local, "--executor", help=EXECUTOR_HELP),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help=RAY_HELP),
+    output: Optional[Path] = typer.Option(None, "--output", help="Write the CSV here instead of standard output."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Latency against load with the SLO lines (PNG)."),
+) -> None:
+    """A load sweep as CSV: throughput against TTFT/TBT/E2E percentiles and cost per million tokens."""
+    if plot is not None:
+        _require_matplotlib()
+    if objective is Objective.throughput:
+        raise SpecError("--objective throughput does not apply to a sweep; use cost or power")
+    pools, _ = plan_input(plan, prompt_pool, token_pool, mixed_pool)
+    if duration <= 0:
+        raise SpecError(f"--duration {duration:g}: must be > 0 seconds")
+    base = load_workload(trace, None, duration, seed)
+    rate_list = parse_rates(rates)
+    if designs is not None:
+        from splitplan.specs.design import load_designs
+        units = len(rate_list) * (len(design) or len(load_designs(designs).designs))
+    else:
+        units = len(rate_list)
+    with _progress("sweep: (design, rate) units", total=units) as step:
+        result = api.sweep(base, rate_list, model, slo, designs, design or None, pools or None, engine,
+                           objective.value, duration, seed, str(perf_db) if perf_db else None,
+                           jobs=jobs if jobs > 0 else (os.cpu_count() or 1), progress=step,
+                           executor=executor.value, ray_address=ray_address)
+    text = result.to_frame().to_csv(index=False, float_format="%.6g")
+    if plot is not None:
+        _sweep_plot(result, slo, plot)
+    if output is not None:
+        report.write_atomic(output, text)
+    else:
+        sys.stdout.write(text)
+
+
+def _sweep_plot(result, slo: str, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from splitplan.specs.slo import load_slo
+    lines = load_slo(slo).lines()
+    frame = result.to_frame()
+    panels = [("ttft", "TTFT p99 (ms)"), ("tbt", "TBT p99 (ms)")] + ([("cost", "cost per million tokens (USD)")] if result.mode == "designs" else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
+    for ax, (metric, label) in zip(axes, panels):
+        column = "cost_per_million_tokens_usd" if metric == "cost" else f"{metric}_p99_ms"
+        for name, part in frame.groupby("design", sort=False):
+            ax.plot(part.rate_rps, part[column], marker="o", ms=3, label=name)
+        for line in lines:
+            if line.metric == metric and line.percentile == 99 and line.max_ms is not None:
+                ax.axhline(line.max_ms, ls="--", color="red", lw=1, label=f"SLO {line.label}")
+        ax.set(xlabel="request rate (req/s)", ylabel=label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{'cheapest plan per design' if result.mode == 'designs' else 'fixed plan, simulated'} against load", fontsize=10)
+    fig.tight_layout()
+    _save_figure(fig, path)

@@ -1,0 +1,6 @@
+"""Defaults named once: what a command or function uses when the user says nothing."""
+
+DEFAULT_ENGINE = "lean"
+DEFAULT_MODEL = "llama2-70b"
+DEFAULT_SLO = "splitwise"
+MAX_BATCH_TOKENS = 2048  # prompt tokens per prefill batch (Splitwise's prompt machines)

@@ -1,0 +1,83 @@
+"""Instances from names, and single-pass latencies with what bound them (`splitplan perf`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+
+from splitplan.defaults import DEFAULT_ENGINE
+from splitplan.errors import InfeasibleError, SpecError
+from splitplan.perf.roofline import Instance
+from splitplan.specs.engine import EngineProfile, load_engine
+from splitplan.specs.hardware import HardwareSpec, load_hardware
+from splitplan.specs.model import ModelSpec, load_model
+
+if TYPE_CHECKING:
+    pass
+
+
+def instance(model: str | ModelSpec, hardware: str | HardwareSpec, tp: int | None = None,
+             engine: str | EngineProfile = DEFAULT_ENGINE) -> Instance:
+    """An instance that fits: at `tp`, or at the smallest TP degree that fits."""
+    m = load_model(model) if isinstance(model, str) else model
+    hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
+    eng = load_engine(engine) if isinstance(engine, str) else engine
+    if tp is not None:
+        if tp < 1 or tp not in hw.tp_degrees():
+            raise SpecError(f"--tp {tp}: must divide the {hw.gpus_per_machine} GPUs of {hw.name}; choose one of {hw.tp_degrees()}")
+        inst = Instance(m, hw, eng, tp)
+        if not inst.fit.fits:
+            raise InfeasibleError(f"{m.name} does not fit {hw.name} at TP {tp}: {inst.fit.reason}")
+        return inst
+    reasons = []
+    for t in hw.tp_degrees():
+        inst = Instance(m, hw, eng, t)
+        if inst.fit.fits:
+            return inst
+        reasons.append(inst.fit.reason)
+    raise InfeasibleError(f"{m.name} does not fit {hw.name} at any TP degree: {reasons[-1]}")
+
+
+def perf_points(inst: Instance, prefill: list[tuple[int, int]], decode: list[tuple[int, int]]) -> list[dict]:
+    """Latency of each prefill batch (B prompts of T tokens) and decode step
+    (B requests with C tokens of context), with what bound it."""
+    out = []
+    cap = inst.fit.kv_capacity_tokens
+    for batch, tokens in prefill:
+        lat = inst.explain(prompt_tokens=[tokens] * batch)
+        out.append({"phase": "prefill", "batch": batch, "prompt_tokens": tokens, **_latency_fields(lat),
+                    "kv_fits": batch * tokens <= cap})
+    for batch, context in decode:
+        lat = inst.explain(decode_batch=batch, decode_context_tokens=context)
+        out.append({"phase": "decode", "batch": batch, "context_tokens": context, **_latency_fields(lat),
+                    "kv_fits": batch * (context + 1) <= cap})
+    return out
+
+
+def _latency_fields(lat) -> dict:
+    d = asdict(lat)
+    return {
+        "latency_ms": d["time_s"] * 1e3,
+        "bound": d["bound"],
+        "compute_ms": d["compute_s"] * 1e3,
+        "memory_ms": d["memory_s"] * 1e3,
+        "network_ms": d["network_s"] * 1e3,
+        "overhead_ms": d["overhead_s"] * 1e3,
+        "flops_per_gpu": d["flops_per_gpu"],
+        "bytes_per_gpu": d["bytes_per_gpu"],
+    }
+
+
+def instance_facts(inst: Instance) -> dict:
+    """What a capacity planner checks first: memory, KV room, machine share."""
+    return {
+        "model": inst.model.name,
+        "hardware": inst.hardware.name,
+        "engine": inst.engine.name,
+        "tp": inst.tp,
+        "instances_per_machine": inst.instances_per_machine,
+        "weights_gb_per_gpu": inst.fit.weights_bytes_per_gpu / 1e9,
+        "kv_bytes_per_token": inst.kv_bytes_per_token,
+        "kv_capacity_tokens": inst.fit.kv_capacity_tokens,
+    }

@@ -1,0 +1,288 @@
+"""The cheapest (or lowest-power) plan: every pool option sized alone on the trace, an ILP or
+exhaustive grid over machine counts, candidates verified and repaired on the whole trace, the
+best co-located plan beside it, and the cost-vs-power frontier."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+
+from splitplan.defaults import DEFAULT_ENGINE
+from splitplan.errors import InfeasibleError, SpecError
+from splitplan.perf.roofline import Instance
+from splitplan.specs.engine import load_engine
+from splitplan.specs.hardware import load_hardware
+from splitplan.specs.model import load_model
+
+if TYPE_CHECKING:
+    from splitplan.search.plan import Plan, Problem
+from splitplan.perf.points import instance
+from splitplan.search.bracket import plan_max_rate
+
+
+@dataclass(frozen=True)
+class OptimizeResult:
+    plan: "Plan"
+    alternatives: tuple  # runner-ups, the best co-located plan among them
+    options: tuple  # every evaluated Option, sized or skipped
+    colocated: "Plan | None" = None  # the best co-located plan (None if none meets the SLO)
+    max_rate_rps: float | None = None  # objective throughput: the highest rate served
+    pareto: tuple = ()  # with pareto=True: plans no other plan beats on both cost and power
+    unservable: dict | None = None  # requests no token instance can hold, left out of the sizing
+    problem: "Problem | None" = field(default=None, repr=False, compare=False)  # what was solved (trace, SLO, budgets)
+    closed_loop: dict | None = None  # optimize_closed_loop: the rounds, and the plan's simulated closed loop
+
+    @property
+    def split_saving_pct(self) -> float | None:
+        """Cost saved against the best co-located plan, in % (negative: splitting loses)."""
+        if self.colocated is None or self.plan.mixed_pools:
+            return None
+        return (1 - self.plan.cost_usd_per_hour / self.colocated.cost_usd_per_hour) * 100
+
+    def to_json(self, inputs: dict | None = None) -> dict:
+        """The document `splitplan optimize --format json` prints."""
+        from splitplan.report import optimize_json, plan_json
+        document = optimize_json(self, inputs or {})
+        if self.pareto:
+            document["pareto"] = [plan_json(p) for p in self.pareto]
+        return document
+
+    def to_frame(self):
+        """One row per plan: the chosen one first, then the runner-ups."""
+        import io
+
+        import pandas as pd
+
+        from splitplan.report import plans_csv
+        return pd.read_csv(io.StringIO(plans_csv([self.plan, *self.alternatives])))
+
+
+def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, prompt_hardware: list[str] | None = None,
+             token_hardware: list[str] | None = None, tp: int | None = None, objective: str = "cost",
+             engine: str = DEFAULT_ENGINE, search: str = "ilp", max_cost_per_hour: float | None = None,
+             max_power_kw: float | None = None, max_machines: dict[str, int] | None = None,
+             max_batch_tokens: int = 2048, alternatives: int = 5, split: bool = True,
+             with_colocated: bool = True, jobs: int = 1, perf_db: str | None = None,
+             pareto: bool = False, solver: str = "highs") -> OptimizeResult:
+    """The cheapest (or lowest-power) plan meeting every SLO line on `trace`: split
+    prompt/token pools (default) or, with `split=False`, co-located machines."""
+    from splitplan.capacity.pools import reference_latencies
+    from splitplan.search.plan import Problem, colocated_plan
+    from splitplan.specs.hardware import hardware_catalog
+    from splitplan.specs.slo import load_slo
+
+    from splitplan.perf.table import load_perf_db
+
+    m, eng, profile = load_model(model), load_engine(engine), load_slo(slo)
+    db = load_perf_db(perf_db) if perf_db else None
+    if objective not in ("cost", "power"):
+        raise SpecError(f"--objective {objective}: choose cost or power")
+    names = hardware or [h.name for h in hardware_catalog()]
+    machines = {n: load_hardware(n) for n in sorted(set(names) | set(prompt_hardware or []) | set(token_hardware or []))}
+    for hw in (max_machines or {}):
+        if hw not in machines:
+            raise SpecError(f"--max-machines {hw}: not among the hardware considered ({', '.join(machines)})")
+    trace, unservable = _servable(trace, m, eng, [machines[n] for n in (token_hardware or names)] if split
+                                  else [machines[n] for n in names], tp)
+    reference = None
+    if profile.reference is not None:
+        ref_inst = instance(m, profile.reference.hardware, profile.reference.tp, eng)
+        if db and db.instance(ref_inst).rows is not None:
+            ref_inst = db.instance(ref_inst)
+        reference = reference_latencies(ref_inst, trace.prompt_tokens, trace.output_tokens)
+    problem = Problem(trace, profile, reference, max_batch_tokens, objective, max_cost_per_hour, max_power_kw,
+                      tuple(sorted((max_machines or {}).items())), solver)
+
+    def make(hw, t):  # measured timing where --perf-db has the group; otherwise skipped with the reason
+        inst = Instance(m, hw, eng, t)
+        return db.instance(inst) if db else inst
+
+    def tasks(role, allowed, lower=None):
+        return [(role, make(machines[name], t), (lower or {}).get((name, t)) or 1)
+                for name in sorted(set(allowed)) for t in ([tp] if tp else machines[name].tp_degrees())
+                if t in machines[name].tp_degrees()]
+
+    prompt_names = prompt_hardware or names
+    first = _size_all(problem, tasks("prompt", set(names) | set(prompt_names))
+                      + (tasks("token", token_hardware or names) if split else []), jobs)
+    # A co-located pool carries the prompt load and more: the prompt pool's count of the
+    # same (machine, TP) bounds its size from below, which shortens its search.
+    lower = {(o.inst.hardware.name, o.inst.tp): o.instances for o in first if o.role == "prompt"}
+    mixed = _size_all(problem, tasks("mixed", names, lower), jobs) if with_colocated or not split else []
+    if not split:
+        plan = colocated_plan(problem, mixed)
+        others = []
+        for name in sorted({o.inst.hardware.name for o in mixed} - {p.hardware for p in plan.mixed_pools}):
+            try:  # the best co-located plan of each other machine type
+                others.append(colocated_plan(problem, [o for o in mixed if o.inst.hardware.name == name]))
+            except InfeasibleError:
+                continue
+        others.sort(key=lambda p: _plan_key(objective, p))
+        return OptimizeResult(plan, tuple(others[:alternatives]), tuple(mixed), plan, unservable=unservable, problem=problem)
+    prompt_types = {machines[n].name for n in prompt_names}  # names may be paths: compare the loaded names
+    options = [o for o in first if o.role == "token" or o.inst.hardware.name in prompt_types]
+    _raise_if_unreachable(problem, options)
+    plan, alts = _best_split(problem, options, search, alternatives)
+    try:
+        colocated = colocated_plan(problem, mixed) if mixed else None
+    except InfeasibleError:
+        colocated = None
+    shown = alts[: alternatives - 1] + ([colocated] if colocated else [])
+    front = ()
+    if pareto:
+        by_key = {o.key: o for o in options + mixed}
+        front = tuple(dataclasses.replace(p, max_rate_rps=plan_max_rate(problem, p, by_key))
+                      for p in _pareto(problem, options, [plan, *alts, *([colocated] if colocated else [])]))
+    return OptimizeResult(plan, tuple(sorted(shown, key=lambda p: _plan_key(objective, p))), tuple(options + mixed),
+                          colocated, pareto=front, unservable=unservable, problem=problem)
+
+
+def _servable(trace, model, engine, token_machines, tp):
+    """The trace without requests whose KV (prompt + output tokens) no token instance
+    can hold, and a report of that request class (None when every request fits)."""
+    best = None
+    for hw in token_machines:
+        for t in ([tp] if tp else hw.tp_degrees()):
+            if t in hw.tp_degrees():
+                fit = Instance(model, hw, engine, t).fit
+                if fit.fits and (best is None or fit.kv_capacity_tokens > best[0]):
+                    best = (fit.kv_capacity_tokens, hw.name, t)
+    if best is None:
+        return trace, None  # nothing fits at all: the sizing says why
+    too_long = trace.prompt_tokens + trace.output_tokens > best[0]
+    if not too_long.any():
+        return trace, None
+    report = {
+        "requests": int(too_long.sum()),
+        "share_pct": float(too_long.mean() * 100),
+        "min_prompt_tokens": int(trace.prompt_tokens[too_long].min()),
+        "max_prompt_tokens": int(trace.prompt_tokens[too_long].max()),
+        "reason": f"prompt + output tokens exceed the KV capacity of every token instance considered "
+                  f"(largest: {best[0]:,} tokens, {best[1]} at TP {best[2]}); they are left out of the sizing",
+    }
+    if too_long.all():
+        raise InfeasibleError(f"no request fits: {report['reason']}")
+    keep = ~too_long
+    return dataclasses.replace(trace, arrival_s=trace.arrival_s[keep] - trace.arrival_s[keep][0],
+                               prompt_tokens=trace.prompt_tokens[keep], output_tokens=trace.output_tokens[keep]), report
+
+
+def _pareto(problem, options, seeds: list) -> tuple:
+    """Cost against power: the epsilon-constraint method on the ILP (cheapest plan
+    under a power cap, the cap lowered below each plan found until none is
+    feasible), every plan verified and repaired on the whole trace; then the
+    plans no other beats on both. `seeds` (plans already found, the co-located
+    one among them) join the set."""
+    from dataclasses import replace as _replace
+
+    from splitplan.report import pareto as frontier
+    from splitplan.search.plan import make_plan, repair, solve_counts
+
+    by_key = {o.key: o for o in options}
+    plans, memo = list(seeds), {}
+    cost_problem = _replace(problem, objective="cost")
+    cap = None
+    for _ in range(50):
+        try:
+            counts = solve_counts(_replace(cost_problem, max_power_kw=cap) if cap is not None else cost_problem, options)
+        except InfeasibleError:
+            break
+        try:
+            counts, values, lines, repairs = repair(cost_problem, counts, by_key, memo=memo)
+        except InfeasibleError:  # no repair verifies this mix: look below its power all the same
+            next_cap = sum(by_key[k].power_kw * c for k, c in counts.items()) - 1e-6
+        else:
+            found = make_plan(cost_problem, counts, by_key, repairs, values, lines)
+            plans.append(found)
+            next_cap = found.power_kw - 1e-6
+        if problem.max_power_kw is not None:
+            next_cap = min(next_cap, problem.max_power_kw)
+        if cap is not None and next_cap >= cap:
+            break
+        cap = next_cap
+    unique = {(p.prompt_pools, p.token_pools, p.mixed_pools): p for p in plans}
+    return tuple(frontier(list(unique.values())))
+
+
+def _size_one(problem, task):
+    from splitplan.search.plan import size_option
+    return size_option(problem, *task)
+
+
+def _size_all(problem, tasks: list, jobs: int) -> list:
+    """Size every (role, instance, lower bound) task, in `jobs` processes."""
+    from splitplan.parallel import run_units
+    return run_units(_size_one, tasks, problem, jobs)
+
+
+def _plan_key(objective: str, plan) -> tuple:
+    first, second = (plan.cost_usd_per_hour, plan.power_kw) if objective == "cost" else (plan.power_kw, plan.cost_usd_per_hour)
+    return (first, second, plan.machines, repr(plan.prompt_pools + plan.token_pools + plan.mixed_pools))
+
+
+def _best_split(problem, options, search: str, alternatives: int):
+    """Candidates: the ILP's (or grid's) plan, and the best homogeneous plan of every
+    (prompt, token) hardware pair; each is verified and repaired on the whole trace,
+    and the best verified one wins. The rest are the runner-ups."""
+    from splitplan.search.plan import make_plan, repair, solve_counts
+
+    by_key = {o.key: o for o in options}
+    candidates = [solve_counts(problem, options, search)]
+    usable = [o for o in options if o.instances and o.role in ("prompt", "token")]
+    pairs = sorted(
+        ((p, t) for p in usable if p.role == "prompt" for t in usable if t.role == "token"),
+        key=lambda pt: (_objective(problem.objective, pt[0]) * pt[0].machines_alone
+                        + _objective(problem.objective, pt[1]) * pt[1].machines_alone, pt[0].key, pt[1].key),
+    )
+    seen_pairs = set()
+    for p, t in pairs:
+        pair = (p.inst.hardware.name, t.inst.hardware.name)
+        if pair not in seen_pairs and len(seen_pairs) < alternatives + 1:
+            seen_pairs.add(pair)
+            candidates.append({p.key: p.machines_alone, t.key: t.machines_alone})
+    plans, memo, failures = [], {}, []
+    for counts in candidates:
+        try:
+            counts, values, lines, repairs = repair(problem, counts, by_key, memo=memo)
+            plans.append(make_plan(problem, counts, by_key, repairs, values, lines))
+        except InfeasibleError as exc:  # a candidate that no repair verifies is dropped
+            failures.append(exc)
+    if not plans:
+        raise failures[0]
+    plans.sort(key=lambda p: _plan_key(problem.objective, p))
+    plan, alts = plans[0], []
+    for other in plans[1:]:
+        if other.prompt_pools + other.token_pools != plan.prompt_pools + plan.token_pools and other not in alts:
+            alts.append(other)
+    return plan, alts
+
+
+def _objective(objective: str, option) -> float:
+    return option.price_usd_per_hour if objective == "cost" else option.power_kw
+
+
+def _raise_if_unreachable(problem, options) -> None:
+    """Exit 3 naming the line no hardware can meet, the best value reachable and where."""
+    from splitplan.capacity.pools import achieved, meets
+    from splitplan.search.plan import alone_latencies
+    for role, metric in (("prompt", "ttft"), ("token", "tbt")):
+        fitting = [o for o in options if o.role == role and o.inst.fit.fits]
+        if not fitting:
+            reasons = "; ".join(sorted({o.skipped for o in options if o.role == role})) or "no option of that role"
+            raise InfeasibleError(f"the model fits no {role} hardware considered: {reasons}")
+        if any(o.instances for o in fitting):
+            continue
+        for line in (x for x in problem.slo.lines() if x.metric == metric):
+            best = None
+            for o in fitting:
+                value = achieved(line, alone_latencies(o.inst, problem.trace)[metric], problem.reference)
+                if best is None or value < best[0]:
+                    best = (value, o)
+            if best and not meets(line, best[0]):
+                unit = " ms" if line.max_ms is not None else "x"
+                raise InfeasibleError(
+                    f"{line.label} {line.target} cannot be met: the best reachable is {best[0]:.3g}{unit} "
+                    f"on {best[1].inst.hardware.name} at TP {best[1].inst.tp}, running requests alone")
+        raise InfeasibleError(f"no {role} option meets the SLO: " + "; ".join(f"{o.inst.hardware.name} TP{o.inst.tp}: {o.skipped}" for o in fitting))

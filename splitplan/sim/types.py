@@ -1,0 +1,84 @@
+"""The simulator's data: pool specs, options, the events of a run and its result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+from splitplan.perf.model import PerfModel
+from splitplan.workload.trace import Trace
+
+PROMPT, TOKEN, MIXED = "prompt", "token", "mixed"
+
+
+class Event(IntEnum):
+    """What happens in a run. Arrivals come from the trace (or freed clients); the other
+    two from the event heap, keyed (time, sequence number)."""
+
+    ARRIVAL = 1  # a request arrives and is routed
+    KV_ARRIVED = 2  # a request's KV reached its token instance
+    ITERATION_END = 3  # an instance finished an iteration
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """`machines` machines of one type, each holding gpus/tp instances of `perf`."""
+
+    role: str
+    perf: PerfModel  # Instance or MeasuredInstance
+    machines: int
+
+    @property
+    def instances(self) -> int:
+        return self.machines * self.perf.instances_per_machine
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    max_batch_tokens: int = 2048
+    routing: str = "jsq"  # or "round-robin"
+    borrow_threshold_tokens: int | None = None
+    # Closed loop (as vLLM benchmark_serving, genai-perf and aiconfigurator measure): this many
+    # clients, each sending its next request when its previous one finishes; the trace gives the
+    # requests' sizes in order and its timestamps are ignored. None: open loop, the trace's times.
+    concurrency: int | None = None
+    record_events: bool = False  # keep every event (time, Event, instance, request) in SimResult.event_log
+
+
+@dataclass
+class SimResult:
+    """Per-request arrays (seconds; NaN for requests that could not be served) and
+    per-instance counters."""
+
+    trace: Trace
+    ttft_s: np.ndarray
+    e2e_s: np.ndarray
+    tbt_max_s: np.ndarray
+    prompt_queue_s: np.ndarray
+    transfer_s: np.ndarray
+    decode_queue_s: np.ndarray
+    prompt_instance: np.ndarray
+    token_instance: np.ndarray
+    rejected: np.ndarray  # bool: KV never fits the assigned token instance
+    tokens_out: int
+    span_s: float
+    instances: list = field(default_factory=list)  # (pool index, role, prefill_s, decode_s, batch_integral)
+    events: int = 0
+    names: list = field(default_factory=list)  # instance index -> "role:hardware:tpN:k"
+    preemptions: int = 0  # co-located decodes preempted for KV memory and recomputed
+    event_log: list | None = None  # with SimOptions.record_events: (time, Event, instance, request) in order
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        """TPOT as vLLM's benchmark_serving defines it: (E2E - TTFT) / (output tokens - 1);
+        NaN for one-token answers."""
+        o = self.trace.output_tokens.astype(float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(o > 1, (self.e2e_s - self.ttft_s) / (o - 1), np.nan)
+
+    @property
+    def tbt_s(self) -> np.ndarray:
+        """Splitwise's per-request TBT: (E2E - TTFT) / output tokens."""
+        return (self.e2e_s - self.ttft_s) / self.trace.output_tokens

@@ -1,0 +1,153 @@
+"""Simulating plans: pools from names, a summarized run, and validating a plan by growing
+it until the simulation meets the SLO."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from splitplan.defaults import DEFAULT_ENGINE
+from splitplan.errors import InfeasibleError, SpecError
+from splitplan.specs.hardware import load_hardware
+
+if TYPE_CHECKING:
+    from splitplan.search.optimize import OptimizeResult
+    from splitplan.search.plan import Plan
+    from splitplan.sim.cluster import SimResult
+from splitplan.perf.points import instance
+
+
+@dataclass(frozen=True)
+class SimulateResult:
+    result: "SimResult"
+    summary: dict
+    pools: tuple
+
+    def to_json(self) -> dict:
+        from splitplan.report import SCHEMA_VERSION
+        return {"schema_version": SCHEMA_VERSION, "summary": self.summary}
+
+    def to_frame(self):
+        """One row per request (the `requests.csv` columns)."""
+        import io
+
+        import pandas as pd
+
+        from splitplan.sim.metrics import requests_csv
+        return pd.read_csv(io.StringIO(requests_csv(self.result, self.result.names)))
+
+
+def pool_specs(pools: list[tuple[str, str, int, int]], model: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
+               perf_interp: str = "splitplan"):
+    """(role, hardware, tp, machines) -> PoolSpecs with analytic or measured instances
+    (`perf_interp`: how the measured table is read, see perf.table.INTERPOLATIONS)."""
+    from splitplan.perf.table import load_perf_db
+    from splitplan.sim.cluster import PoolSpec
+    db = load_perf_db(perf_db) if perf_db else None
+    out = []
+    for role, hw, tp, machines in pools:
+        if machines < 1:
+            raise SpecError(f"--{role}-pool {hw}:{tp}:{machines}: machines must be >= 1")
+        inst = instance(model, hw, tp, engine)
+        out.append(PoolSpec(role, db.require(inst, perf_interp) if db else inst, machines))
+    return out
+
+
+def simulate(trace, pools: list[tuple[str, str, int, int]], model: str, slo: str, engine: str = DEFAULT_ENGINE,
+             perf_db: str | None = None, max_batch_tokens: int = 2048, routing: str = "jsq",
+             borrow_threshold_tokens: int | None = None, perf_interp: str = "splitplan",
+             concurrency: int | None = None) -> SimulateResult:
+    """Replay `trace` through the cluster request by request (sim.cluster) and summarize.
+    With `concurrency`, a closed loop of that many clients (workload.closed_loop_workload
+    makes its requests); the trace's timestamps are ignored."""
+    from splitplan.capacity.pools import reference_latencies
+    from splitplan.sim.cluster import SimOptions, simulate as run
+    from splitplan.sim.metrics import summarize_result
+    from splitplan.specs.slo import load_slo
+
+    roles = {r for r, *_ in pools}
+    if not ({"prompt", "token"} <= roles or "mixed" in roles) or ("mixed" in roles and len(roles) > 1):
+        raise SpecError("give prompt and token pools (split), or mixed pools (co-located), not a mix of both")
+    if routing not in ("jsq", "round-robin"):
+        raise SpecError(f"--routing {routing}: choose jsq or round-robin")
+    profile = load_slo(slo)
+    specs = pool_specs(pools, model, engine, perf_db, perf_interp)
+    reference = None
+    if profile.reference is not None:
+        ref = instance(model, profile.reference.hardware, profile.reference.tp, engine)
+        if perf_db:
+            from splitplan.perf.table import load_perf_db
+            measured = load_perf_db(perf_db).instance(ref, perf_interp)
+            ref = measured if measured.rows is not None else ref
+        reference = reference_latencies(ref, trace.prompt_tokens, trace.output_tokens)
+    result = run(trace, specs, SimOptions(max_batch_tokens, routing, borrow_threshold_tokens, concurrency))
+    return SimulateResult(result, summarize_result(result, specs, profile, reference), tuple(specs))
+
+
+def plan_from_pools(pools: list[tuple[str, str, int, int]], **fields) -> "Plan":
+    """A Plan holding these (role, hardware, tp, machines) pools, priced from the catalog."""
+    from splitplan.search.plan import Plan, Pool
+    by_role = {role: tuple(Pool(h, t, m) for r, h, t, m in pools if r == role) for role in ("prompt", "token", "mixed")}
+    cost = sum(load_hardware(h).price_usd_per_hour * m for _, h, _, m in pools)
+    power = sum(load_hardware(h).provisioned_power_w / 1e3 * m for _, h, _, m in pools)
+    return Plan(by_role["prompt"], by_role["token"], by_role["mixed"], cost, power, **fields)
+
+
+def plan_pools(plan) -> list[tuple[str, str, int, int]]:
+    return ([("prompt", p.hardware, p.tp, p.machines) for p in plan.prompt_pools]
+            + [("token", p.hardware, p.tp, p.machines) for p in plan.token_pools]
+            + [("mixed", p.hardware, p.tp, p.machines) for p in plan.mixed_pools])
+
+
+def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
+             max_batch_tokens: int = 2048, limit: int = 30, planned: "OptimizeResult | None" = None):
+    """Simulate the plan; while a line fails, grow the pool that binds (TTFT: prompt;
+    TBT: token; E2E: the side with the larger median share; co-located: the mixed
+    pool) by one machine of its cheapest-per-capacity type and simulate again.
+    With `planned` (the OptimizeResult the plan came from), a grown plan carries the
+    planner's prediction for its new machines, so the two stay comparable.
+    Returns (plan, SimulateResult, machines added)."""
+    pools = [list(p) for p in plan_pools(plan)]
+    for added in range(limit + 1):
+        sim = simulate(trace, [tuple(p) for p in pools], model, slo, engine, perf_db, max_batch_tokens)
+        failed = [s for s in sim.summary["slo"] if not s["met"]]
+        if not failed:
+            break
+        if added == limit:
+            raise InfeasibleError(f"the simulated plan still misses {failed[0]['line']} after {limit} added machines")
+        metric = failed[0]["line"].split()[0].lower()
+        r = sim.result
+        if any(p[0] == "mixed" for p in pools):
+            role = "mixed"
+        elif metric == "ttft":
+            role = "prompt"
+        elif metric == "tbt":
+            role = "token"
+        else:
+            role = "prompt" if np.nanmedian(r.ttft_s) > np.nanmedian(r.e2e_s - r.ttft_s) else "token"
+        grow = min((p for p in pools if p[0] == role), key=lambda p: (load_hardware(p[1]).price_usd_per_hour / p[2], p[1]))
+        grow[3] += 1
+    if added:
+        plan = plan_from_pools([tuple(p) for p in pools], predicted=plan.predicted, slo=plan.slo, repairs=plan.repairs,
+                               binding=f"{plan.binding}; simulation: {added} machine(s) added")
+        if planned is not None and planned.problem is not None:
+            from splitplan.search.plan import predict
+            plan = predict(planned.problem, plan, {o.key: o for o in planned.options})
+    return plan, sim, added
+
+
+def _simulate_unit(shared, pools):
+    trace, model, slo, engine, perf_db, max_batch_tokens = shared
+    summary = simulate(trace, pools, model, slo, engine, perf_db, max_batch_tokens).summary
+    return {"slo_met": all(x["met"] for x in summary["slo"]), **{k: summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms")}}
+
+
+def simulate_plans(plans, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
+                   max_batch_tokens: int = 2048, jobs: int = 1, executor: str = "local", ray_address: str | None = None,
+                   progress=None) -> list[dict]:
+    """Simulate several plans on the same trace (a work unit each)."""
+    from splitplan.parallel import run_units
+    return run_units(_simulate_unit, [plan_pools(p) for p in plans], (trace, model, slo, engine, perf_db, max_batch_tokens),
+                     jobs, executor, ray_address, progress, describe=lambda pools: f"plan {pools}")

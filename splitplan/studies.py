@@ -1,0 +1,305 @@
+"""Design studies: Splitwise's provisioning scenarios across designs (compare), metrics
+over a range of rates (sweep), and a plan per window of a long trace (plan_windows)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from splitplan.defaults import DEFAULT_ENGINE
+from splitplan.errors import InfeasibleError, SpecError
+from splitplan.specs.hardware import load_hardware
+
+if TYPE_CHECKING:
+    from splitplan.search.plan import Plan
+from splitplan.search.optimize import optimize
+from splitplan.search.rate import max_rate
+from splitplan.simulation import plan_from_pools, plan_pools, pool_specs, simulate
+
+
+SCENARIOS = ("iso-power", "iso-cost", "iso-throughput-cost", "iso-throughput-power")
+
+
+@dataclass(frozen=True)
+class DesignResult:
+    design: str
+    plan: "Plan | None"
+    max_rate_rps: float | None
+    error: str = ""
+    simulated: dict | None = None
+
+    def row(self) -> dict:
+        p = self.plan
+
+        def machines(pools):
+            return sum(x.machines for x in pools) if p else None
+
+        return {
+            "design": self.design,
+            "prompt_machines": machines(p.prompt_pools) if p else None,
+            "token_machines": machines(p.token_pools) if p else None,
+            "mixed_machines": machines(p.mixed_pools) if p else None,
+            "cost_usd_per_hour": p.cost_usd_per_hour if p else None,
+            "power_kw": p.power_kw if p else None,
+            "max_rate_rps": self.max_rate_rps,
+            "binding": p.binding if p else None,
+            "error": self.error or None,
+        }
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    scenario: str
+    designs: tuple  # DesignResult, in the designs file's order
+    baseline: str
+    budget: dict
+
+    def ratio(self, result: DesignResult) -> float | None:
+        """Against the baseline: max rate (throughput scenarios), cost or power (iso-throughput)."""
+        base = next(r for r in self.designs if r.design == self.baseline)
+        if result.plan is None or base.plan is None:
+            return None
+        if self.scenario in ("iso-power", "iso-cost"):
+            return result.max_rate_rps / base.max_rate_rps
+        attr = "cost_usd_per_hour" if self.scenario == "iso-throughput-cost" else "power_kw"
+        return getattr(result.plan, attr) / getattr(base.plan, attr)
+
+    def to_json(self) -> dict:
+        from splitplan.report import SCHEMA_VERSION
+        rows = [{**r.row(), "ratio_to_baseline": self.ratio(r),
+                 **({"simulated": r.simulated} if r.simulated is not None else {})} for r in self.designs]
+        return {"schema_version": SCHEMA_VERSION, "scenario": self.scenario, "baseline": self.baseline,
+                "budget": self.budget, "designs": rows}
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame([{**r.row(), "ratio_to_baseline": self.ratio(r)} for r in self.designs])
+
+
+def _design_unit(shared, design):
+    """One design in one scenario (a picklable work unit)."""
+    scenario, workload, workload_at, base_rate, model, slo, kwargs, validate_plans = shared
+    common = dict(hardware=design.hardware, prompt_hardware=[design.prompt] if design.prompt else None,
+                  token_hardware=[design.token] if design.token else None, tp=design.tp, split=design.split, **kwargs)
+    try:
+        if scenario in ("iso-power", "iso-cost"):
+            result = max_rate(workload_at, base_rate, model, slo, **common)
+            rate, trace = result.max_rate_rps, workload_at(result.max_rate_rps)
+        else:
+            objective = "cost" if scenario == "iso-throughput-cost" else "power"
+            result = optimize(workload, model, slo, objective=objective, alternatives=0, with_colocated=False, **common)
+            rate, trace = base_rate, workload  # the trace's own rate, or the --rate resampled at
+    except InfeasibleError as exc:
+        return DesignResult(design.name, None, None, str(exc))
+    simulated = None
+    if validate_plans:
+        sim = simulate(trace, plan_pools(result.plan), model, slo, kwargs.get("engine", DEFAULT_ENGINE),
+                       kwargs.get("perf_db"), kwargs.get("max_batch_tokens", 2048))
+        simulated = {"slo_met": all(x["met"] for x in sim.summary["slo"]),
+                     **{k: sim.summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms")}}
+    return DesignResult(design.name, result.plan, rate, "", simulated)
+
+
+def compare(trace, designs: str, scenario: str, model: str = "llama2-70b", slo: str = "splitwise",
+            engine: str = DEFAULT_ENGINE, budget_machines: dict[str, int] | None = None,
+            max_power_kw: float | None = None, max_cost_per_hour: float | None = None, rate: float | None = None,
+            duration_s: float = 120.0, seed: int = 0, baseline: str | None = None, validate: bool = False,
+            perf_db: str | None = None, max_batch_tokens: int = 2048, jobs: int = 1, progress=None,
+            executor: str = "local", ray_address: str | None = None) -> CompareResult:
+    """Splitwise's provisioning study as one call: every design of `designs` in `scenario`.
+
+    iso-power / iso-cost: the highest rate each design serves within the budget
+    (`max_power_kw`, `max_cost_per_hour`, or `budget_machines` TYPE=N, read as the
+    power or the cost of N such machines); every rate tried is a Poisson resample of
+    the trace's sizes for `duration_s`. iso-throughput-cost / -power: the cheapest or
+    lowest-power plan of each design at the trace's own rate (or its resample at `rate`).
+    """
+    from splitplan.parallel import run_units
+    from splitplan.specs.design import load_designs
+    from splitplan.workload.trace import resample_poisson
+
+    if scenario not in SCENARIOS:
+        raise SpecError(f"--scenario {scenario}: choose one of {', '.join(SCENARIOS)}")
+    spec = load_designs(designs)
+    base_name = baseline or spec.designs[0].name
+    spec.get(base_name)
+    budget = {}
+    if scenario in ("iso-power", "iso-cost"):
+        given = [x for x in (budget_machines, max_power_kw, max_cost_per_hour) if x]
+        if len(given) != 1:
+            raise SpecError(f"--scenario {scenario} needs exactly one budget: --budget-machines TYPE=N, --max-power-kw or --max-cost-per-hour")
+        if budget_machines:
+            if len(budget_machines) != 1:
+                raise SpecError("--budget-machines takes one TYPE=N (the budget is the power or cost of N such machines)")
+            (hw, n), = budget_machines.items()
+            spec_hw = load_hardware(hw)
+            if scenario == "iso-power":
+                max_power_kw = n * spec_hw.provisioned_power_w / 1e3
+            else:
+                max_cost_per_hour = n * spec_hw.price_usd_per_hour
+        if scenario == "iso-power" and max_power_kw is None or scenario == "iso-cost" and max_cost_per_hour is None:
+            raise SpecError(f"--scenario {scenario}: give the budget as {'--max-power-kw' if scenario == 'iso-power' else '--max-cost-per-hour'} or --budget-machines")
+        budget = {"max_power_kw": max_power_kw} if scenario == "iso-power" else {"max_cost_per_hour": max_cost_per_hour}
+    kwargs = dict(engine=engine, perf_db=perf_db, max_batch_tokens=max_batch_tokens, **budget)
+    base_rate = rate or trace.mean_rate_rps
+    workload = resample_poisson(trace, rate, duration_s, np.random.default_rng(seed)) if rate else trace
+    workload_at = functools.partial(_resampled, trace, duration_s, seed)
+    shared = (scenario, workload, workload_at, base_rate, model, slo, kwargs, validate)
+    results = run_units(_design_unit, list(spec.designs), shared, jobs, executor, ray_address, progress,
+                        describe=lambda d: f"design {d.name}")
+    return CompareResult(scenario, tuple(results), base_name, budget)
+
+
+def _resampled(trace, duration_s, seed, rate):
+    from splitplan.workload.trace import resample_poisson
+    return resample_poisson(trace, rate, duration_s, np.random.default_rng(seed))
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    rows: tuple  # one dict per (design or plan, rate)
+    mode: str  # "designs" (cheapest plan per rate, predicted) or "plan" (fixed plan, simulated)
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame(list(self.rows))
+
+    def to_json(self) -> dict:
+        from splitplan.report import SCHEMA_VERSION
+        return {"schema_version": SCHEMA_VERSION, "mode": self.mode, "rows": list(self.rows)}
+
+
+def _sweep_row(name, rate, plan, metrics: dict, trace, slo_met: bool, error: str = "") -> dict:
+    hours = max(trace.span_s, 1e-9) / 3600
+    out_tokens = float(trace.output_tokens.sum())
+    all_tokens = out_tokens + float(trace.prompt_tokens.sum())
+    row = {"design": name, "rate_rps": rate, "error": error or None}
+    if plan is not None:
+        cost = plan.cost_usd_per_hour
+        row.update({
+            "prompt_machines": sum(p.machines for p in plan.prompt_pools),
+            "token_machines": sum(p.machines for p in plan.token_pools),
+            "mixed_machines": sum(p.machines for p in plan.mixed_pools),
+            "cost_usd_per_hour": cost, "power_kw": plan.power_kw,
+            "cost_per_million_tokens_usd": cost * hours / all_tokens * 1e6,
+            "cost_per_million_output_tokens_usd": cost * hours / out_tokens * 1e6,
+        })
+    for metric in ("ttft", "tbt", "e2e"):
+        for q in ("p50", "p90", "p99"):
+            row[f"{metric}_{q}_ms"] = metrics.get(metric, {}).get(q) if metrics else None
+    row["slo_met"] = slo_met if plan is not None else None
+    return row
+
+
+def _sweep_unit(shared, unit):
+    mode, base, duration_s, seed, model, slo, kwargs, pools = shared
+    name, design, rate = unit
+    trace = _resampled(base, duration_s, seed, rate)
+    if mode == "plan":
+        sim = simulate(trace, pools, model, slo, kwargs.get("engine", DEFAULT_ENGINE), kwargs.get("perf_db"),
+                       kwargs.get("max_batch_tokens", 2048))
+        plan = plan_from_pools(pools)
+        metrics = {m: sim.summary[f"{m}_ms"] for m in ("ttft", "tbt", "e2e")}
+        return _sweep_row(name, rate, plan, metrics, trace, all(x["met"] for x in sim.summary["slo"]))
+    try:
+        result = optimize(trace, model, slo, hardware=design.hardware, prompt_hardware=[design.prompt] if design.prompt else None,
+                          token_hardware=[design.token] if design.token else None, tp=design.tp, split=design.split,
+                          alternatives=0, with_colocated=False, **kwargs)
+    except InfeasibleError as exc:
+        return _sweep_row(name, rate, None, {}, trace, False, str(exc))
+    return _sweep_row(name, rate, result.plan, result.plan.predicted, trace, all(ok for _, _, ok in result.plan.slo))
+
+
+def sweep(trace, rates: list[float], model: str = "llama2-70b", slo: str = "splitwise", designs: str | None = None,
+          only: list[str] | None = None, pools: list[tuple[str, str, int, int]] | None = None,
+          engine: str = DEFAULT_ENGINE, objective: str = "cost", duration_s: float = 120.0, seed: int = 0,
+          perf_db: str | None = None, max_batch_tokens: int = 2048, jobs: int = 1, progress=None,
+          executor: str = "local", ray_address: str | None = None) -> SweepResult:
+    """A load sweep. With `designs`: the cheapest (or lowest-power) plan of each design
+    at each rate, with its predicted percentiles and cost per million tokens. With
+    `pools`: one fixed plan simulated at each rate (latency against load). Every rate
+    is a Poisson resample of the trace's sizes for `duration_s`."""
+    from splitplan.parallel import run_units
+    from splitplan.specs.design import load_designs
+    if not rates or any(r <= 0 for r in rates):
+        raise SpecError("--rates: give one or more rates > 0 (e.g. 5,10,20 or 5:80:16)")
+    if (designs is None) == (pools is None):
+        raise SpecError("sweep designs (--designs) or one plan (--plan / --prompt-pool ...), not both or neither")
+    kwargs = dict(engine=engine, perf_db=perf_db, max_batch_tokens=max_batch_tokens)
+    if designs is not None:
+        spec = load_designs(designs)
+        chosen = [spec.get(n) for n in only] if only else list(spec.designs)
+        units = [(d.name, d, r) for d in chosen for r in rates]
+        kwargs["objective"] = objective
+        mode = "designs"
+    else:
+        pool_specs(pools, model, engine, perf_db)  # validate before forking
+        units = [("plan", None, r) for r in rates]
+        mode = "plan"
+    rows = run_units(_sweep_unit, units, (mode, trace, duration_s, seed, model, slo, kwargs, pools), jobs, executor,
+                     ray_address, progress, describe=lambda u: f"{u[0]} at {u[2]:g} req/s")
+    return SweepResult(tuple(rows), mode)
+
+
+@dataclass(frozen=True)
+class WindowsResult:
+    """One plan per window of a timestamped trace, and the plan for the peak window."""
+
+    window_s: float
+    rows: tuple  # dicts: window, start_s, end_s, requests, rate_rps, plan fields or error
+    plans: tuple  # Plan or None per window
+
+    @property
+    def peak(self) -> int | None:
+        costs = [p.cost_usd_per_hour if p else -1 for p in self.plans]
+        return int(np.argmax(costs)) if any(c >= 0 for c in costs) else None
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame(list(self.rows))
+
+    def to_json(self) -> dict:
+        from splitplan.report import SCHEMA_VERSION, plan_json
+        planned = [p.cost_usd_per_hour for p in self.plans if p]
+        peak = self.peak
+        return {"schema_version": SCHEMA_VERSION, "window_s": self.window_s, "windows": list(self.rows),
+                "peak_window": peak, "peak_plan": plan_json(self.plans[peak]) if peak is not None else None,
+                "mean_cost_usd_per_hour": float(np.mean(planned)) if planned else None}
+
+
+def _window_unit(shared, unit):
+    model, slo, options = shared
+    index, start_s, trace = unit
+    row = {"window": index, "start_s": start_s, "end_s": start_s + float(trace.arrival_s[-1]),
+           "requests": len(trace), "rate_rps": trace.mean_rate_rps if trace.span_s > 0 else None}
+    try:
+        plan = optimize(trace, model, slo, alternatives=0, with_colocated=False, **options).plan
+    except InfeasibleError as exc:
+        return {**row, "error": str(exc)}, None
+    return {**row, "prompt_pools": " + ".join(f"{p.machines}x {p.hardware}/tp{p.tp}" for p in plan.prompt_pools),
+            "token_pools": " + ".join(f"{p.machines}x {p.hardware}/tp{p.tp}" for p in plan.token_pools),
+            "machines": plan.machines, "cost_usd_per_hour": plan.cost_usd_per_hour, "power_kw": plan.power_kw,
+            "binding": plan.binding, "error": None}, plan
+
+
+def plan_windows(trace, window_s: float, model: str, slo: str, jobs: int = 1, executor: str = "local",
+                 ray_address: str | None = None, progress=None, **options) -> WindowsResult:
+    """Size each `window_s`-second window of a timestamped trace on its own (a work unit
+    each): how a cluster that follows the load compares with a static plan for the peak."""
+    from splitplan.parallel import run_units
+    from splitplan.workload.trace import Trace
+    if window_s <= 0:
+        raise SpecError(f"--window {window_s:g} s: must be > 0")
+    index = np.floor(trace.arrival_s / window_s).astype(np.int64)
+    units = []
+    for k in np.unique(index):
+        mask = index == k
+        arrival = trace.arrival_s[mask]
+        units.append((len(units), float(k * window_s), Trace(arrival - arrival[0], trace.prompt_tokens[mask],
+                                                               trace.output_tokens[mask], f"{trace.source} [window {k}]")))
+    outcomes = run_units(_window_unit, units, (model, slo, options), jobs, executor, ray_address, progress,
+                         describe=lambda u: f"window {u[0]} from {u[1]:g} s")
+    return WindowsResult(window_s, tuple(r for r, _ in outcomes), tuple(p for _, p in outcomes))
