@@ -100,6 +100,9 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
     return _Cluster(trace, pools, options).run()
 
 
+_KV_ARRIVED, _ITERATION_END = int(Event.KV_ARRIVED), int(Event.ITERATION_END)  # plain ints on the hot path
+
+
 class _Cluster:
     """One simulation run: the cluster's state, the event heap, and the handlers."""
 
@@ -272,7 +275,8 @@ class _Cluster:
         inst.batch_integral += inst.batch * duration
         inst.run_prefill = prefill
         inst.running = True
-        self._push(now + duration, Event.ITERATION_END, inst.idx)
+        self.seq += 1
+        heapq.heappush(self.heap, (now + duration, self.seq, _ITERATION_END, inst.idx, None))
 
     def _admit(self, inst: _Inst, now: float):
         """Take waiting requests, in order, while their KV fits.
@@ -371,29 +375,32 @@ class _Cluster:
             begin = max(self.prefill_start[i], busy_until)
             done = max(begin + duration, now + duration / self.layers) + latency
         inst.link_free = tok.link_free = begin + duration
-        self._push(done, Event.KV_ARRIVED, tok.idx, i)
+        self._push(done, _KV_ARRIVED, tok.idx, i)
 
     def run(self) -> SimResult:
         """Handle events in time order (arrivals before heap events at equal times) until
         every request is done; then the result."""
-        next_arrival, log = 0, self.log
-        while next_arrival < self.n or self.heap:
-            if next_arrival < self.n and (not self.heap or self.arrival[next_arrival] < self.heap[0][0]):
-                i, now = next_arrival, self.arrival[next_arrival]
+        next_arrival, log, n, heap, arrival, insts = 0, self.log, self.n, self.heap, self.arrival, self.insts
+        pop, kv_arrived, iteration_end = heapq.heappop, self._kv_arrived, self._iteration_end
+        events = 0
+        while next_arrival < n or heap:
+            if next_arrival < n and (not heap or arrival[next_arrival] < heap[0][0]):
+                i, now = next_arrival, arrival[next_arrival]
                 next_arrival += 1
-                self.events += 1
+                events += 1
                 inst = self._arrive(i, now)
                 if log is not None:
                     log.append((now, Event.ARRIVAL, inst.idx, i))
                 continue
-            now, _, kind, a, b = heapq.heappop(self.heap)
-            self.events += 1
+            now, _, kind, a, b = pop(heap)
+            events += 1
             if log is not None:
                 log.append((now, Event(kind), a, b))
-            if kind == Event.KV_ARRIVED:
-                self._kv_arrived(self.insts[a], b, now)
+            if kind == _KV_ARRIVED:
+                kv_arrived(insts[a], b, now)
             else:
-                self._iteration_end(self.insts[a], now)
+                iteration_end(insts[a], now)
+        self.events = events
         return self._result()
 
     def _arrive(self, i: int, now: float) -> _Inst:
