@@ -17,6 +17,7 @@ from splitplan.specs.model import load_model
 
 if TYPE_CHECKING:
     pass
+from splitplan.report import plan_text
 from splitplan.search.bracket import bracket_bisect
 from splitplan.search.optimize import OptimizeResult, _plan_key, optimize
 from splitplan.simulation import plan_pools, simulate
@@ -85,7 +86,7 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
         sim = simulate(workload, plan_pools(result.plan), model, slo, kwargs.get("engine", DEFAULT_ENGINE),
                        kwargs.get("perf_db"), kwargs.get("max_batch_tokens", 2048), concurrency=concurrency)
         met = all(line["met"] for line in sim.summary["slo"])
-        rounds_out.append({"planned_rate_rps": rate, "plan": _plan_label(result.plan), "cost_usd_per_hour": result.plan.cost_usd_per_hour,
+        rounds_out.append({"planned_rate_rps": rate, "plan": plan_text(result.plan), "cost_usd_per_hour": result.plan.cost_usd_per_hour,
                            "power_kw": result.plan.power_kw, "simulated_rate_rps": sim.summary["throughput_rps"], "slo_met": met})
         if progress:
             progress(rounds_out[-1])
@@ -104,8 +105,3 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
     closed = {"concurrency": concurrency, "rounds": rounds_out, "benchmark": sim.summary["benchmark"],
               "slo": sim.summary["slo"], "throughput_rps": sim.summary["throughput_rps"]}
     return dataclasses.replace(result, closed_loop=closed)
-
-
-def _plan_label(plan) -> str:
-    from splitplan.report import plan_text
-    return plan_text(plan)

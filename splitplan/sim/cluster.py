@@ -119,13 +119,11 @@ class _Cluster:
         self.p = self.trace.prompt_tokens.tolist()
         self.o = self.trace.output_tokens.tolist()
         self.insts: list[_Inst] = []
-        self.nic = {}
         for k, pool in enumerate(self.pools):
             hw = pool.perf.hardware
             share = hw.scale_out_bytes_per_s * pool.perf.tp / hw.gpus_per_machine
             for _ in range(pool.instances):
                 self.insts.append(_Inst(len(self.insts), k, pool.role, pool.perf, share))
-            self.nic[k] = share
         self.prompt_side = [i for i in self.insts if i.role in (PROMPT, MIXED)]
         self.token_side = [i for i in self.insts if i.role in (TOKEN, MIXED)]
         if not self.prompt_side or not self.token_side:

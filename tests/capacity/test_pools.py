@@ -7,7 +7,7 @@ import pytest
 from splitplan import api
 from splitplan.capacity.pools import decode_pool
 from splitplan.perf.roofline import kv_transfer_time_s
-from splitplan.search.plan import Option, Problem, _decode_values, evaluate, repair
+from splitplan.search.plan import Option, Problem, _decode_values, evaluate
 from splitplan.specs.slo import load_slo
 from splitplan.workload.trace import Trace
 

@@ -52,9 +52,10 @@ def test_noise_gives_honest_cross_validation(tmp_path):
 
 def test_fitted_factors_stay_within_physical_bounds(tmp_path):
     profile = api.calibrate(str(_synthetic_csv(tmp_path, "lean", noise=0.1)), folds=0).profile
+    from splitplan.perf.calibrate import FIT_BOUNDS
     for factors in [profile.defaults, *profile.hardware_overrides.values()]:
-        assert 0 < factors.compute_efficiency <= 1 and 0 < factors.memory_efficiency <= 1
-        assert factors.prefill_overhead_s >= 0 and factors.decode_overhead_s >= 0
+        for name, (lower, upper, _) in FIT_BOUNDS.items():  # the fit's own bounds, tighter than the schema's
+            assert lower <= getattr(factors, name) <= upper, name
 
 
 def test_anomalies_are_the_failed_runs():
