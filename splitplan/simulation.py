@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from splitplan.search.optimize import OptimizeResult
     from splitplan.search.plan import Plan
     from splitplan.sim.cluster import SimResult
-from splitplan.perf.points import instance
+from splitplan.perf.points import instance, reference_instance
+from splitplan.slo import reference_for
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def simulate(trace, pools: list[tuple[str, str, int, int]], model: str, slo: str
     """Replay `trace` through the cluster request by request (sim.cluster) and summarize.
     With `concurrency`, a closed loop of that many clients (workload.closed_loop_workload
     makes its requests); the trace's timestamps are ignored."""
-    from splitplan.capacity.pools import reference_latencies
+    from splitplan.perf.table import load_perf_db
     from splitplan.sim.cluster import SimOptions, simulate as run
     from splitplan.sim.metrics import summarize_result
     from splitplan.specs.slo import load_slo
@@ -74,14 +75,9 @@ def simulate(trace, pools: list[tuple[str, str, int, int]], model: str, slo: str
         raise SpecError(f"--routing {routing}: choose jsq or round-robin")
     profile = load_slo(slo)
     specs = pool_specs(pools, model, engine, perf_db, perf_interp)
-    reference = None
-    if profile.reference is not None:
-        ref = instance(model, profile.reference.hardware, profile.reference.tp, engine)
-        if perf_db:
-            from splitplan.perf.table import load_perf_db
-            measured = load_perf_db(perf_db).instance(ref, perf_interp)
-            ref = measured if measured.rows is not None else ref
-        reference = reference_latencies(ref, trace.prompt_tokens, trace.output_tokens)
+    db = load_perf_db(perf_db) if perf_db else None
+    reference = reference_for(profile, lambda hw, t: reference_instance(model, hw, t, engine, db, perf_interp),
+                              trace.prompt_tokens, trace.output_tokens)
     result = run(trace, specs, SimOptions(max_batch_tokens, routing, borrow_threshold_tokens, concurrency))
     return SimulateResult(result, summarize_result(result, specs, profile, reference), tuple(specs))
 

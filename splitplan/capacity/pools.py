@@ -19,9 +19,7 @@ request is Splitwise's (E2E - TTFT) / output = (KV transfer + output x step) /
 output. KV memory: the peak over time of the tokens (prompt + output) held by
 the requests decoding on an instance must fit its KV capacity.
 
-Slowdown SLOs divide each request's latency by its latency alone on the
-reference instance (prefill; one decode step at batch 1 and context = prompt;
-E2E = TTFT + TBT x (output - 1)).
+Whether a latency meets an SLO line is splitplan.slo's to say.
 """
 
 from __future__ import annotations
@@ -33,36 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitplan.perf.roofline import Instance
-from splitplan.specs.slo import SloLine
 
 MAX_INSTANCES = 4096
-
-
-@dataclass(frozen=True)
-class Reference:
-    """Each request's latencies alone on the reference instance (seconds)."""
-
-    ttft_s: np.ndarray
-    tbt_s: np.ndarray
-    e2e_s: np.ndarray
-
-
-def reference_latencies(inst: Instance, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> Reference:
-    ttft = inst.prefill_time_s(prompt_tokens)
-    tbt = inst.decode_step_time_s(1, prompt_tokens)
-    return Reference(ttft, tbt, ttft + tbt * np.maximum(output_tokens - 1, 0))
-
-
-def achieved(line: SloLine, values_s: np.ndarray, reference: Reference | None) -> float:
-    """The line's percentile: milliseconds for absolute limits, a factor for slowdowns."""
-    if line.max_ms is not None:
-        return float(np.percentile(values_s, line.percentile) * 1e3)
-    ref = getattr(reference, f"{line.metric}_s")
-    return float(np.percentile(values_s / ref, line.percentile))
-
-
-def meets(line: SloLine, value: float) -> bool:
-    return value <= (line.max_ms if line.max_ms is not None else line.slowdown) * (1 + 1e-9)
 
 
 class BatchTimes:

@@ -39,6 +39,14 @@ def instance(model: str | ModelSpec, hardware: str | HardwareSpec, tp: int | Non
     raise InfeasibleError(f"{m.name} does not fit {hw.name} at any TP degree: {reasons[-1]}")
 
 
+def reference_instance(model, hardware: str, tp: int, engine, db=None, interpolation: str = "splitplan"):
+    """An SLO reference instance: analytic, or measured where the perf-db `db` has its
+    (model, machine, TP) group."""
+    inst = instance(model, hardware, tp, engine)
+    measured = db.instance(inst, interpolation) if db is not None else None
+    return measured if measured is not None and measured.rows is not None else inst
+
+
 def perf_points(inst: Instance, prefill: list[tuple[int, int]], decode: list[tuple[int, int]]) -> list[dict]:
     """Latency of each prefill batch (B prompts of T tokens) and decode step
     (B requests with C tokens of context), with what bound it."""

@@ -18,7 +18,8 @@ from splitplan.specs.model import load_model
 
 if TYPE_CHECKING:
     from splitplan.search.plan import Plan, Problem
-from splitplan.perf.points import instance
+from splitplan.perf.points import reference_instance
+from splitplan.slo import achieved, alone_latencies, meets, reference_for
 from splitplan.search.bracket import plan_max_rate
 
 
@@ -68,7 +69,6 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
              pareto: bool = False, solver: str = "highs") -> OptimizeResult:
     """The cheapest (or lowest-power) plan meeting every SLO line on `trace`: split
     prompt/token pools (default) or, with `split=False`, co-located machines."""
-    from splitplan.capacity.pools import reference_latencies
     from splitplan.search.plan import Problem, colocated_plan
     from splitplan.specs.hardware import hardware_catalog
     from splitplan.specs.slo import load_slo
@@ -86,12 +86,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
             raise SpecError(f"--max-machines {hw}: not among the hardware considered ({', '.join(machines)})")
     trace, unservable = _servable(trace, m, eng, [machines[n] for n in (token_hardware or names)] if split
                                   else [machines[n] for n in names], tp)
-    reference = None
-    if profile.reference is not None:
-        ref_inst = instance(m, profile.reference.hardware, profile.reference.tp, eng)
-        if db and db.instance(ref_inst).rows is not None:
-            ref_inst = db.instance(ref_inst)
-        reference = reference_latencies(ref_inst, trace.prompt_tokens, trace.output_tokens)
+    reference = reference_for(profile, lambda hw, t: reference_instance(m, hw, t, eng, db), trace.prompt_tokens, trace.output_tokens)
     problem = Problem(trace, profile, reference, max_batch_tokens, objective, max_cost_per_hour, max_power_kw,
                       tuple(sorted((max_machines or {}).items())), solver)
 
@@ -265,8 +260,6 @@ def _objective(objective: str, option) -> float:
 
 def _raise_if_unreachable(problem, options) -> None:
     """Exit 3 naming the line no hardware can meet, the best value reachable and where."""
-    from splitplan.capacity.pools import achieved, meets
-    from splitplan.search.plan import alone_latencies
     for role, metric in (("prompt", "ttft"), ("token", "tbt")):
         fitting = [o for o in options if o.role == role and o.inst.fit.fits]
         if not fitting:
@@ -277,7 +270,8 @@ def _raise_if_unreachable(problem, options) -> None:
         for line in (x for x in problem.slo.lines() if x.metric == metric):
             best = None
             for o in fitting:
-                value = achieved(line, alone_latencies(o.inst, problem.trace)[metric], problem.reference)
+                alone = alone_latencies(o.inst, problem.trace.prompt_tokens, problem.trace.output_tokens)
+                value = achieved(line, alone.value(metric), problem.reference)
                 if best is None or value < best[0]:
                     best = (value, o)
             if best and not meets(line, best[0]):

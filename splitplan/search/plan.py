@@ -24,11 +24,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pulp
 
-from splitplan.capacity.pools import (
-    BatchTimes, Reference, achieved, colocated_pool, decode_pool, meets, prompt_queue_ttft_s, smallest_count,
-)
+from splitplan.capacity.pools import BatchTimes, colocated_pool, decode_pool, prompt_queue_ttft_s, smallest_count
 from splitplan.errors import InfeasibleError, SolverError, SpecError
 from splitplan.perf.roofline import Instance, kv_transfer_time_s
+from splitplan.slo import Reference, achieved, alone_latencies, meets
 from splitplan.specs.slo import SloLine, SloProfile
 from splitplan.workload.trace import Trace
 
@@ -120,20 +119,11 @@ def _decode_values(problem: Problem, inst: Instance, n: int, src: Instance, star
     return decode_s / o, decode_s, result
 
 
-def alone_latencies(inst: Instance, t: Trace) -> dict:
-    """Each request's TTFT, TBT ((E2E - TTFT) / output) and E2E (seconds) on an idle
-    instance: no queueing, batch-1 decode. More instances only approach these."""
-    step = inst.decode_step_time_s(1, t.prompt_tokens + t.output_tokens // 2)
-    decode_s = np.maximum(t.output_tokens - 1, 0) * step
-    ttft = inst.prefill_time_s(t.prompt_tokens)
-    return {"ttft": ttft, "tbt": decode_s / t.output_tokens, "e2e": ttft + decode_s}
-
-
 def _fails_alone(problem: Problem, role: str, inst: Instance) -> SloLine | None:
     """The first line an option misses even running requests alone."""
-    values = alone_latencies(inst, problem.trace)
+    alone = alone_latencies(inst, problem.trace.prompt_tokens, problem.trace.output_tokens)  # more instances only approach these
     for metric in ("tbt",) if role == "token" else ("ttft", "tbt", "e2e"):
-        line = _first_failing(problem, metric, values[metric])
+        line = _first_failing(problem, metric, alone.value(metric))
         if line is not None:
             return line
     return None

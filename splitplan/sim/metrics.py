@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from splitplan.capacity.pools import Reference, meets
 from splitplan.sim.cluster import PoolSpec, SimResult
+from splitplan.slo import Reference, achieved, attainment_pct, meets
 from splitplan.specs.slo import SloProfile
 
 PCTS = (50, 90, 99)
@@ -49,16 +49,9 @@ def slo_report(result: SimResult, slo: SloProfile, reference: Reference | None) 
     values = {"ttft": result.ttft_s, "tbt": result.tbt_s, "e2e": result.e2e_s}
     out = []
     for line in slo.lines():
-        v = values[line.metric]
-        if line.max_ms is not None:
-            ratio, limit, unit = v * 1e3, line.max_ms, 1.0
-        else:
-            ratio, limit, unit = v / getattr(reference, f"{line.metric}_s"), line.slowdown, 1.0
-        ratio = np.where(np.isfinite(ratio), ratio, np.inf)
-        achieved = float(np.percentile(ratio, line.percentile)) * unit
-        out.append({"line": line.label, "target": line.target, "achieved": achieved if np.isfinite(achieved) else None,
-                    "met": bool(np.isfinite(achieved) and meets(line, achieved)),
-                    "attainment_pct": float(np.mean(ratio <= limit * (1 + 1e-9)) * 100)})
+        value = achieved(line, values[line.metric], reference)
+        out.append({"line": line.label, "target": line.target, "achieved": value if np.isfinite(value) else None,
+                    "met": meets(line, value), "attainment_pct": attainment_pct(line, values[line.metric], reference)})
     return out
 
 

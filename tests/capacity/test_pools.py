@@ -33,9 +33,9 @@ def test_kv_peak_is_the_most_held_at_once_per_instance():
 
 def _problem(trace, slo="splitwise"):
     profile = load_slo(slo)
-    from splitplan.capacity.pools import reference_latencies
+    from splitplan.slo import alone_latencies
     ref = api.instance("llama2-70b", profile.reference.hardware, profile.reference.tp) if profile.reference else None
-    reference = reference_latencies(ref, trace.prompt_tokens, trace.output_tokens) if ref else None
+    reference = alone_latencies(ref, trace.prompt_tokens, trace.output_tokens) if ref else None
     return Problem(trace, profile, reference)
 
 
@@ -68,7 +68,7 @@ def test_requests_split_over_token_types_in_proportion_to_capacity():
 
 
 def test_repair_adds_the_machine_that_improves_the_failing_line_most_per_dollar():
-    from splitplan.capacity.pools import achieved
+    from splitplan.slo import achieved
     from splitplan.search.plan import best_move, check
     rng = np.random.default_rng(0)
     n = 300

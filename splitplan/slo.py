@@ -1,0 +1,83 @@
+"""SLO evaluation, one home for the planner, the simulator and the reports: each request's
+latencies alone on an idle instance (what a slowdown limit divides by), a line's achieved
+percentile, whether it meets its limit, and the share of requests within it.
+
+A request alone: its prefill, then one decode step per further output token at batch 1,
+each at the request's mean context (prompt + output / 2). TTFT is the prefill; the TBT
+reference is one such step (a slowdown's denominator must be positive, also for one-token
+answers); E2E = TTFT + step x (output - 1). TBT as measured, (E2E - TTFT) / output, is
+`measured_tbt_s`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from splitplan.perf.model import PerfModel
+from splitplan.specs.slo import SloLine, SloProfile
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Each request's latencies alone on one instance (seconds)."""
+
+    ttft_s: np.ndarray
+    tbt_s: np.ndarray  # one decode step at batch 1 and the request's mean context
+    e2e_s: np.ndarray
+    output_tokens: np.ndarray
+
+    @property
+    def measured_tbt_s(self) -> np.ndarray:
+        """TBT as the metric defines it, (E2E - TTFT) / output, for the request alone."""
+        return self.tbt_s * np.maximum(self.output_tokens - 1, 0) / self.output_tokens
+
+    def value(self, metric: str) -> np.ndarray:
+        """The request's alone latency in `metric`, as measured (ttft, tbt or e2e)."""
+        return self.measured_tbt_s if metric == "tbt" else getattr(self, f"{metric}_s")
+
+
+def alone_latencies(inst: PerfModel, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> Reference:
+    p, o = np.asarray(prompt_tokens), np.asarray(output_tokens)
+    ttft = inst.prefill_time_s(p)
+    step = inst.decode_step_time_s(1, p + o // 2)
+    return Reference(ttft, step, ttft + step * np.maximum(o - 1, 0), o)
+
+
+def reference_for(profile: SloProfile, make: Callable[[str, int], PerfModel], prompt_tokens: np.ndarray,
+                  output_tokens: np.ndarray) -> Reference | None:
+    """The slowdown reference of `profile` (None for absolute profiles); `make(hardware, tp)`
+    gives the reference instance's perf model (analytic, or measured with --perf-db)."""
+    if profile.reference is None:
+        return None
+    return alone_latencies(make(profile.reference.hardware, profile.reference.tp), prompt_tokens, output_tokens)
+
+
+def scaled(line: SloLine, values_s: np.ndarray, reference: Reference | None) -> np.ndarray:
+    """Per request, the value in the line's unit: milliseconds for an absolute limit, a factor
+    of the reference for a slowdown. Requests without a value (rejected) are infinite."""
+    v = np.asarray(values_s, float)
+    out = v * 1e3 if line.max_ms is not None else v / getattr(reference, f"{line.metric}_s")
+    return np.where(np.isfinite(out), out, np.inf)
+
+
+def limit(line: SloLine) -> float:
+    return line.max_ms if line.max_ms is not None else line.slowdown
+
+
+def achieved(line: SloLine, values_s: np.ndarray, reference: Reference | None) -> float:
+    """The line's percentile, in its unit (infinite when that percentile has no value)."""
+    with np.errstate(invalid="ignore"):  # between two missing values: inf - inf
+        value = float(np.percentile(scaled(line, values_s, reference), line.percentile))
+    return value if not np.isnan(value) else float("inf")
+
+
+def meets(line: SloLine, value: float) -> bool:
+    return bool(np.isfinite(value)) and value <= limit(line) * (1 + 1e-9)
+
+
+def attainment_pct(line: SloLine, values_s: np.ndarray, reference: Reference | None) -> float:
+    """The share of requests within the line's limit, in %."""
+    return float(np.mean(scaled(line, values_s, reference) <= limit(line) * (1 + 1e-9)) * 100)
