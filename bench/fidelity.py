@@ -6,7 +6,7 @@ NVIDIA aiconfigurator's silicon sample (../shared/data/perf, Apache-2.0) holds m
 serving runs: an engine (vLLM, SGLang, TensorRT-LLM), a machine, fixed input/output
 lengths, a concurrency and a layout, with the run's mean TTFT and mean TPOT. Every run the
 catalog can model (aggregated, fp8, dense Llama-3.1-70B / Llama-3.1-8B / Qwen3-32B, TP
-only, on H100, H200, B200; see perf/deployments.py) is replayed as the benchmark ran it, a
+only, on H100, H200, B200; see sim/deployments.py) is replayed as the benchmark ran it, a
 closed loop of `concurrency` clients on one instance.
 
 Per engine, the bench runs the README's command
@@ -23,16 +23,17 @@ median bias beyond +-10 %), then per engine, machine and band. About 20 minutes 
 from __future__ import annotations
 
 import argparse
+from functools import partial
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from splitplan.perf import deployments as dep
+from splitplan.sim import deployments as dep
+from splitplan.parallel import run_units
 from splitplan.specs.engine import load_engine
 
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "perf" / "aiconfigurator_silicon_sample.csv"
@@ -84,7 +85,7 @@ def main() -> None:
                         "--output", str(profile), "--residuals", str(residuals), "--jobs", str(args.jobs), "--format", "json"],
                        check=True, stdout=subprocess.DEVNULL)
         mine = pd.read_csv(residuals)
-        default = dep.predict(mine, load_engine(args.default), args.jobs)
+        default = dep.predict(mine, load_engine(args.default), partial(run_units, jobs=args.jobs))
         frames.append(mine.assign(default_ttft_ms=default[:, 0], default_tpot_ms=default[:, 1]))
         print(f"<!-- {backend}: {len(mine)} runs, {time.perf_counter() - start:.0f} s -->")
     every = pd.concat(frames, ignore_index=True)

@@ -18,10 +18,12 @@ describe. About a minute on 2 cores.
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import numpy as np
 
-from splitplan.perf import deployments as dep
+from splitplan.sim import deployments as dep
+from splitplan.parallel import run_units
 from splitplan.specs.engine import load_engine
 
 from fidelity import DEFAULT
@@ -38,7 +40,7 @@ def main() -> None:
     print(f"Median measured / simulated, runs with at most {args.max_concurrency} clients, shipped profiles:\n")
     print("| engine | machine | model | runs | TTFT ratio | TPOT ratio |\n|---|---|---|---|---|---|")
     for engine, mine in runs.groupby("engine"):
-        predicted = dep.predict(mine, load_engine(f"{engine}-fp8"), args.jobs)
+        predicted = dep.predict(mine, load_engine(f"{engine}-fp8"), partial(run_units, jobs=args.jobs))
         mine = mine.assign(p_ttft=predicted[:, 0], p_tpot=predicted[:, 1])
         for (machine, model), g in mine.groupby(["machine", "model"]):
             ttft = np.exp(np.median(np.log(g.ttft_ms / g.p_ttft)))

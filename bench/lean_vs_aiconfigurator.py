@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from splitplan import api
-from splitplan.perf.deployments import MACHINES  # aiconfigurator system names -> catalog machines
+from splitplan.sim.deployments import MACHINES  # aiconfigurator system names -> catalog machines
 
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "perf" / "aiconfigurator_silicon_sample.csv"
 

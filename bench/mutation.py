@@ -157,7 +157,7 @@ def main() -> None:
             population += [(rel, k) for k, _ in sites(ast.parse(file.read_text()))]
     rng = random.Random(args.seed)
     sample = rng.sample(population, min(args.sample, len(population)))
-    print(f"\n| sampled mutant | file | killed |\n|---|---|---|")
+    print("\n| sampled mutant | file | killed |\n|---|---|---|")
     score, start, by_package = 0, time.perf_counter(), {}
     for rel, index in sample:
         text, what = mutate_source((ROOT / rel).read_text(), index)

@@ -1,21 +1,19 @@
 """Fitting engine profiles: to single forward passes (perf.calibrate) or to whole serving
-runs (perf.deployments), with held-out error."""
+runs (sim.deployments), with held-out error."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from functools import partial
 
 
 from splitplan.defaults import DEFAULT_ENGINE
 from splitplan.errors import SpecError
+from splitplan.parallel import run_units
 from splitplan.perf.roofline import Instance
 from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,7 @@ def calibrate(perf_db: str, engine: str = DEFAULT_ENGINE, folds: int = 5, max_pr
     excluded = points[reasons != ""].assign(reason=reasons[reasons != ""]).reset_index(drop=True)
     if used.empty:
         raise _SpecError(f"{perf_db}: no points left to fit after exclusions")
-    result = cal.calibrate(used, base, folds, progress, jobs)
+    result = cal.calibrate(used, base, folds, progress, partial(run_units, jobs=jobs, progress=progress))
     summary = cal.report(result)
     provenance = {
         "data": str(perf_db),
@@ -96,10 +94,10 @@ class DeploymentCalibration:
 def calibrate_deployments(path: str, backend: str, engine: str = "lean-fp8", folds: bool = True, jobs: int = 1,
                           progress=None) -> DeploymentCalibration:
     """Fit `engine`'s engine-wide factors to measured whole deployments of one serving
-    engine (`backend`), each run replayed as a closed loop (perf.deployments); report
+    engine (`backend`), each run replayed as a closed loop (sim.deployments); report
     TTFT and TPOT error per machine and concurrency band, fitted and held out (folds by
     machine, or by concurrency band when the runs hold one machine)."""
-    from splitplan.perf import deployments as dep
+    from splitplan.sim import deployments as dep
 
     runs, dropped = dep.read_deployments(path)
     mine = runs[runs.engine == backend].reset_index(drop=True)
@@ -110,12 +108,13 @@ def calibrate_deployments(path: str, backend: str, engine: str = "lean-fp8", fol
     if set(mine.precision) != {base.dtype}:
         raise SpecError(f"{path}: the {backend} runs are {', '.join(sorted(set(mine.precision)))} and --engine {engine} is "
                         f"{base.dtype}; start from a profile of that precision (e.g. --engine lean-fp8)")
-    fitted = dep.fit_deployments(mine, base, jobs=jobs)
+    run = partial(run_units, jobs=jobs)
+    fitted = dep.fit_deployments(mine, base, run=run)
     if progress:
         progress()
-    predicted = dep.predict(mine, fitted, jobs)
+    predicted = dep.predict(mine, fitted, run)
     by = dep.fold_column(mine)
-    held = dep.cross_validate(mine, base, by, jobs, progress) if folds else None
+    held = dep.cross_validate(mine, base, by, run, progress) if folds else None
     table = dep.error_table(mine, predicted, held)
     overall = table.iloc[-1].to_dict()
     profile = fitted.model_copy(update={

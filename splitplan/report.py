@@ -125,17 +125,6 @@ def optimize_json(result, inputs: dict) -> dict:
     return {"schema_version": SCHEMA_VERSION, "inputs": inputs, "plan": body}
 
 
-def pareto(plans) -> list:
-    """Plans not beaten on both cost and power by another plan, cheapest first."""
-    ordered = sorted(plans, key=lambda p: (p.cost_usd_per_hour, p.power_kw))
-    front, best_power = [], float("inf")
-    for p in ordered:
-        if p.power_kw < best_power - 1e-9:
-            front.append(p)
-            best_power = p.power_kw
-    return front
-
-
 def plans_csv(plans) -> str:
     import io
     import csv

@@ -191,7 +191,7 @@ def _emit_plan(result, workload, simulated, inputs: dict, format, output_dir, pl
         files = {
             "plan.json": report.to_json(document),
             "candidates.csv": report.candidates_csv(result),
-            "pareto.csv": report.plans_csv(list(result.pareto) if pareto else report.pareto(plans)),
+            "pareto.csv": report.plans_csv(list(result.frontier)),
         }
         for name, text in files.items():
             report.write_atomic(output_dir / name, text)

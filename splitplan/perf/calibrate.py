@@ -25,6 +25,7 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from splitplan.perf.roofline import Instance
+from splitplan.runner import Runner, serial
 from splitplan.specs.engine import EngineFactors, EngineProfile
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
@@ -172,11 +173,9 @@ def _fold_fit(shared, held):
     return predict_ms(points[held].reset_index(drop=True), profile)
 
 
-def calibrate(points: pd.DataFrame, base: EngineProfile, k: int = 5, progress=None, jobs: int = 1) -> Calibration:
-    """Fit, and measure the error before (base profile), in-sample, and k-fold
-    (the k fold fits run in `jobs` processes)."""
-    from splitplan.parallel import run_units
-
+def calibrate(points: pd.DataFrame, base: EngineProfile, k: int = 5, progress=None, run: Runner = serial) -> Calibration:
+    """Fit, and measure the error before (base profile), in-sample, and k-fold (the k fold
+    fits are work units for `run`, which reports each fold's end)."""
     points = points.reset_index(drop=True)
     fitted = fit_profile(points, base)
     if progress:
@@ -185,7 +184,7 @@ def calibrate(points: pd.DataFrame, base: EngineProfile, k: int = 5, progress=No
     if k >= 2:
         fold = folds(points, k)
         masks = [fold == f for f in range(k) if (fold == f).any() and (fold != f).any()]
-        for held, predicted in zip(masks, run_units(_fold_fit, masks, (points, base), jobs, progress=progress)):
+        for held, predicted in zip(masks, run(_fold_fit, masks, (points, base))):
             cv[held] = predicted
     table = points.assign(before_ms=predict_ms(points, base), fit_ms=predict_ms(points, fitted), cv_ms=cv)
     return Calibration(fitted, table, k)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING
 
 
 from splitplan.defaults import DEFAULT_ENGINE
@@ -12,9 +11,6 @@ from splitplan.perf.roofline import Instance
 from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.hardware import HardwareSpec, load_hardware
 from splitplan.specs.model import ModelSpec, load_model
-
-if TYPE_CHECKING:
-    pass
 
 
 def instance(model: str | ModelSpec, hardware: str | HardwareSpec, tp: int | None = None,

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 from splitplan.perf.points import reference_instance
 from splitplan.slo import achieved, alone_latencies, meets, reference_for
 from splitplan.search.bracket import plan_max_rate
+from splitplan.search.frontier import cost_power_frontier, nondominated
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,11 @@ class OptimizeResult:
     unservable: dict | None = None  # requests no token instance can hold, left out of the sizing
     problem: "Problem | None" = field(default=None, repr=False, compare=False)  # what was solved (trace, SLO, budgets)
     closed_loop: dict | None = None  # optimize_closed_loop: the rounds, and the plan's simulated closed loop
+
+    @property
+    def frontier(self) -> tuple:
+        """The cost-power frontier: with pareto=True the searched one, else the plans found."""
+        return self.pareto or tuple(nondominated([self.plan, *self.alternatives]))
 
     @property
     def split_saving_pct(self) -> float | None:
@@ -129,7 +135,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     if pareto:
         by_key = {o.key: o for o in options + mixed}
         front = tuple(dataclasses.replace(p, max_rate_rps=plan_max_rate(problem, p, by_key))
-                      for p in _pareto(problem, options, [plan, *alts, *([colocated] if colocated else [])]))
+                      for p in cost_power_frontier(problem, options, [plan, *alts, *([colocated] if colocated else [])]))
     return OptimizeResult(plan, tuple(sorted(shown, key=lambda p: _plan_key(objective, p))), tuple(options + mixed),
                           colocated, pareto=front, unservable=unservable, problem=problem)
 
@@ -162,43 +168,6 @@ def _servable(trace, model, engine, token_machines, tp):
     keep = ~too_long
     return dataclasses.replace(trace, arrival_s=trace.arrival_s[keep] - trace.arrival_s[keep][0],
                                prompt_tokens=trace.prompt_tokens[keep], output_tokens=trace.output_tokens[keep]), report
-
-
-def _pareto(problem, options, seeds: list) -> tuple:
-    """Cost against power: the epsilon-constraint method on the ILP (cheapest plan
-    under a power cap, the cap lowered below each plan found until none is
-    feasible), every plan verified and repaired on the whole trace; then the
-    plans no other beats on both. `seeds` (plans already found, the co-located
-    one among them) join the set."""
-    from dataclasses import replace as _replace
-
-    from splitplan.report import pareto as frontier
-    from splitplan.search.plan import make_plan, repair, solve_counts
-
-    by_key = {o.key: o for o in options}
-    plans, memo = list(seeds), {}
-    cost_problem = _replace(problem, objective="cost")
-    cap = None
-    for _ in range(50):
-        try:
-            counts = solve_counts(_replace(cost_problem, max_power_kw=cap) if cap is not None else cost_problem, options)
-        except InfeasibleError:
-            break
-        try:
-            counts, values, lines, repairs = repair(cost_problem, counts, by_key, memo=memo)
-        except InfeasibleError:  # no repair verifies this mix: look below its power all the same
-            next_cap = sum(by_key[k].power_kw * c for k, c in counts.items()) - 1e-6
-        else:
-            found = make_plan(cost_problem, counts, by_key, repairs, values, lines)
-            plans.append(found)
-            next_cap = found.power_kw - 1e-6
-        if problem.max_power_kw is not None:
-            next_cap = min(next_cap, problem.max_power_kw)
-        if cap is not None and next_cap >= cap:
-            break
-        cap = next_cap
-    unique = {(p.prompt_pools, p.token_pools, p.mixed_pools): p for p in plans}
-    return tuple(frontier(list(unique.values())))
 
 
 def _size_one(problem, task):

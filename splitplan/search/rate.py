@@ -4,7 +4,6 @@ plan for a closed loop of clients (Little's law, checked by simulation)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,9 +13,6 @@ from splitplan.perf.roofline import Instance
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
-
-if TYPE_CHECKING:
-    pass
 from splitplan.report import plan_text
 from splitplan.search.bracket import bracket_bisect
 from splitplan.search.optimize import OptimizeResult, _plan_key, optimize

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from splitplan import api
 from splitplan.cli import app
-from splitplan.perf import deployments as dep
+from splitplan.sim import deployments as dep
 from splitplan.specs.engine import load_engine
 
 KNOWN = {"compute_efficiency": 0.55, "memory_efficiency": 0.62, "prefill_overhead_s": 0.004,

@@ -33,6 +33,7 @@ from scipy.optimize import least_squares
 from splitplan.errors import TraceError
 from splitplan.perf.roofline import Instance
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
+from splitplan.runner import Runner, serial
 from splitplan.specs.engine import EngineProfile
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
@@ -111,11 +112,9 @@ def _replay_unit(profile, run):
     return replay(run, profile)
 
 
-def predict(runs: pd.DataFrame, profile: EngineProfile, jobs: int = 1) -> np.ndarray:
-    """(n, 2) array of simulated mean TTFT and TPOT (ms), in `runs` order, in `jobs` processes."""
-    from splitplan.parallel import run_units
-    items = runs.to_dict("records")
-    return np.array(run_units(_replay_unit, items, profile, jobs), float).reshape(-1, 2)
+def predict(runs: pd.DataFrame, profile: EngineProfile, run: Runner = serial) -> np.ndarray:
+    """(n, 2) array of simulated mean TTFT and TPOT (ms), in `runs` order; each run a work unit for `run`."""
+    return np.array(run(_replay_unit, runs.to_dict("records"), profile), float).reshape(-1, 2)
 
 
 def with_factors(base: EngineProfile, values: dict) -> EngineProfile:
@@ -123,7 +122,7 @@ def with_factors(base: EngineProfile, values: dict) -> EngineProfile:
                                    "efficiency_sources": {}})
 
 
-def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: int = 25, jobs: int = 1) -> EngineProfile:
+def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: int = 25, run: Runner = serial) -> EngineProfile:
     """`base` with its DEPLOYMENT_FACTORS refitted to the runs (engine-wide defaults; the
     base's per-machine overrides are dropped, they came from other data)."""
     names = list(DEPLOYMENT_FACTORS)
@@ -135,7 +134,7 @@ def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: in
 
     def residuals(x):
         profile = with_factors(base, dict(zip(names, (float(v) for v in x))))
-        return (np.log(predict(runs, profile, jobs)) - measured).ravel()
+        return (np.log(predict(runs, profile, run)) - measured).ravel()
 
     result = least_squares(residuals, start, bounds=(lower, upper), x_scale=scale, loss="soft_l1", f_scale=0.1,
                            diff_step=1e-2, max_nfev=max_evaluations)
@@ -148,7 +147,7 @@ def fold_column(runs: pd.DataFrame) -> str:
     return "machine" if runs.machine.nunique() > 1 else "band"
 
 
-def cross_validate(runs: pd.DataFrame, base: EngineProfile, by: str, jobs: int = 1, progress=None,
+def cross_validate(runs: pd.DataFrame, base: EngineProfile, by: str, run: Runner = serial, progress=None,
                    max_evaluations: int = 25) -> np.ndarray:
     """Held-out predictions (n, 2): each value of `by` is predicted by a profile fitted
     without its runs."""
@@ -157,8 +156,8 @@ def cross_validate(runs: pd.DataFrame, base: EngineProfile, by: str, jobs: int =
         held = (runs[by] == value).to_numpy()
         if held.all():
             break
-        fitted = fit_deployments(runs[~held], base, max_evaluations, jobs)
-        out[held] = predict(runs[held], fitted, jobs)
+        fitted = fit_deployments(runs[~held], base, max_evaluations, run)
+        out[held] = predict(runs[held], fitted, run)
         if progress:
             progress()
     return out
