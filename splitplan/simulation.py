@@ -4,6 +4,7 @@ it until the simulation meets the SLO."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,7 +18,17 @@ if TYPE_CHECKING:
     from splitplan.search.plan import Plan
     from splitplan.sim.cluster import SimResult
 from splitplan.perf.points import instance, reference_instance
+from splitplan.roles import SPLIT, Role
 from splitplan.slo import reference_for
+
+
+class PoolRequest(NamedTuple):
+    """A pool as a user or a plan gives it: `machines` machines of `hardware` at TP `tp`."""
+
+    role: Role
+    hardware: str
+    tp: int
+    machines: int
 
 
 @dataclass(frozen=True)
@@ -40,7 +51,7 @@ class SimulateResult:
         return pd.read_csv(io.StringIO(requests_csv(self.result, self.result.names)))
 
 
-def pool_specs(pools: list[tuple[str, str, int, int]], model: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
+def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
                perf_interp: str = "splitplan"):
     """(role, hardware, tp, machines) -> PoolSpecs with analytic or measured instances
     (`perf_interp`: how the measured table is read, see perf.table.INTERPOLATIONS)."""
@@ -49,14 +60,16 @@ def pool_specs(pools: list[tuple[str, str, int, int]], model: str, engine: str =
     db = load_perf_db(perf_db) if perf_db else None
     out = []
     for role, hw, tp, machines in pools:
+        if role not in set(Role):
+            raise SpecError(f"pool role '{role}': choose {', '.join(Role)}")
         if machines < 1:
             raise SpecError(f"--{role}-pool {hw}:{tp}:{machines}: machines must be >= 1")
         inst = instance(model, hw, tp, engine)
-        out.append(PoolSpec(role, db.require(inst, perf_interp) if db else inst, machines))
+        out.append(PoolSpec(Role(role), db.require(inst, perf_interp) if db else inst, machines))
     return out
 
 
-def simulate(trace, pools: list[tuple[str, str, int, int]], model: str, slo: str, engine: str = DEFAULT_ENGINE,
+def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str = DEFAULT_ENGINE,
              perf_db: str | None = None, max_batch_tokens: int = 2048, routing: str = "jsq",
              borrow_threshold_tokens: int | None = None, perf_interp: str = "splitplan",
              concurrency: int | None = None) -> SimulateResult:
@@ -69,7 +82,7 @@ def simulate(trace, pools: list[tuple[str, str, int, int]], model: str, slo: str
     from splitplan.specs.slo import load_slo
 
     roles = {r for r, *_ in pools}
-    if not ({"prompt", "token"} <= roles or "mixed" in roles) or ("mixed" in roles and len(roles) > 1):
+    if not (set(SPLIT) <= roles or Role.MIXED in roles) or (Role.MIXED in roles and len(roles) > 1):
         raise SpecError("give prompt and token pools (split), or mixed pools (co-located), not a mix of both")
     if routing not in ("jsq", "round-robin"):
         raise SpecError(f"--routing {routing}: choose jsq or round-robin")
@@ -82,19 +95,18 @@ def simulate(trace, pools: list[tuple[str, str, int, int]], model: str, slo: str
     return SimulateResult(result, summarize_result(result, specs, profile, reference), tuple(specs))
 
 
-def plan_from_pools(pools: list[tuple[str, str, int, int]], **fields) -> "Plan":
+def plan_from_pools(pools: list[PoolRequest], **fields) -> "Plan":
     """A Plan holding these (role, hardware, tp, machines) pools, priced from the catalog."""
     from splitplan.search.plan import Plan, Pool
-    by_role = {role: tuple(Pool(h, t, m) for r, h, t, m in pools if r == role) for role in ("prompt", "token", "mixed")}
+    by_role = {role: tuple(Pool(h, t, m) for r, h, t, m in pools if r == role) for role in Role}
     cost = sum(load_hardware(h).price_usd_per_hour * m for _, h, _, m in pools)
     power = sum(load_hardware(h).provisioned_power_w / 1e3 * m for _, h, _, m in pools)
-    return Plan(by_role["prompt"], by_role["token"], by_role["mixed"], cost, power, **fields)
+    return Plan(by_role[Role.PROMPT], by_role[Role.TOKEN], by_role[Role.MIXED], cost, power, **fields)
 
 
-def plan_pools(plan) -> list[tuple[str, str, int, int]]:
-    return ([("prompt", p.hardware, p.tp, p.machines) for p in plan.prompt_pools]
-            + [("token", p.hardware, p.tp, p.machines) for p in plan.token_pools]
-            + [("mixed", p.hardware, p.tp, p.machines) for p in plan.mixed_pools])
+def plan_pools(plan) -> list[PoolRequest]:
+    return [PoolRequest(role, p.hardware, p.tp, p.machines) for role, pools in
+            ((Role.PROMPT, plan.prompt_pools), (Role.TOKEN, plan.token_pools), (Role.MIXED, plan.mixed_pools)) for p in pools]
 
 
 def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
@@ -105,9 +117,9 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
     With `planned` (the OptimizeResult the plan came from), a grown plan carries the
     planner's prediction for its new machines, so the two stay comparable.
     Returns (plan, SimulateResult, machines added)."""
-    pools = [list(p) for p in plan_pools(plan)]
+    pools = plan_pools(plan)
     for added in range(limit + 1):
-        sim = simulate(trace, [tuple(p) for p in pools], model, slo, engine, perf_db, max_batch_tokens)
+        sim = simulate(trace, pools, model, slo, engine, perf_db, max_batch_tokens)
         failed = [s for s in sim.summary["slo"] if not s["met"]]
         if not failed:
             break
@@ -115,18 +127,18 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
             raise InfeasibleError(f"the simulated plan still misses {failed[0]['line']} after {limit} added machines")
         metric = failed[0]["line"].split()[0].lower()
         r = sim.result
-        if any(p[0] == "mixed" for p in pools):
-            role = "mixed"
+        if any(p.role == Role.MIXED for p in pools):
+            role = Role.MIXED
         elif metric == "ttft":
-            role = "prompt"
+            role = Role.PROMPT
         elif metric == "tbt":
-            role = "token"
+            role = Role.TOKEN
         else:
-            role = "prompt" if np.nanmedian(r.ttft_s) > np.nanmedian(r.e2e_s - r.ttft_s) else "token"
-        grow = min((p for p in pools if p[0] == role), key=lambda p: (load_hardware(p[1]).price_usd_per_hour / p[2], p[1]))
-        grow[3] += 1
+            role = Role.PROMPT if np.nanmedian(r.ttft_s) > np.nanmedian(r.e2e_s - r.ttft_s) else Role.TOKEN
+        grow = min((p for p in pools if p.role == role), key=lambda p: (load_hardware(p.hardware).price_usd_per_hour / p.tp, p.hardware))
+        pools[pools.index(grow)] = grow._replace(machines=grow.machines + 1)
     if added:
-        plan = plan_from_pools([tuple(p) for p in pools], predicted=plan.predicted, slo=plan.slo, repairs=plan.repairs,
+        plan = plan_from_pools(pools, predicted=plan.predicted, slo=plan.slo, repairs=plan.repairs,
                                binding=f"{plan.binding}; simulation: {added} machine(s) added")
         if planned is not None and planned.problem is not None:
             from splitplan.search.plan import predict

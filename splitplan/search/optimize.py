@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from splitplan.defaults import DEFAULT_ENGINE
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.perf.roofline import Instance
+from splitplan.roles import SPLIT, Role
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
@@ -106,12 +107,12 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
                 if t in machines[name].tp_degrees()]
 
     prompt_names = prompt_hardware or names
-    first = _size_all(problem, tasks("prompt", set(names) | set(prompt_names))
-                      + (tasks("token", token_hardware or names) if split else []), jobs)
+    first = _size_all(problem, tasks(Role.PROMPT, set(names) | set(prompt_names))
+                      + (tasks(Role.TOKEN, token_hardware or names) if split else []), jobs)
     # A co-located pool carries the prompt load and more: the prompt pool's count of the
     # same (machine, TP) bounds its size from below, which shortens its search.
-    lower = {(o.inst.hardware.name, o.inst.tp): o.instances for o in first if o.role == "prompt"}
-    mixed = _size_all(problem, tasks("mixed", names, lower), jobs) if with_colocated or not split else []
+    lower = {(o.inst.hardware.name, o.inst.tp): o.instances for o in first if o.role == Role.PROMPT}
+    mixed = _size_all(problem, tasks(Role.MIXED, names, lower), jobs) if with_colocated or not split else []
     if not split:
         plan = colocated_plan(problem, mixed)
         others = []
@@ -123,7 +124,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
         others.sort(key=lambda p: _plan_key(objective, p))
         return OptimizeResult(plan, tuple(others[:alternatives]), tuple(mixed), plan, unservable=unservable, problem=problem)
     prompt_types = {machines[n].name for n in prompt_names}  # names may be paths: compare the loaded names
-    options = [o for o in first if o.role == "token" or o.inst.hardware.name in prompt_types]
+    options = [o for o in first if o.role == Role.TOKEN or o.inst.hardware.name in prompt_types]
     _raise_if_unreachable(problem, options)
     plan, alts = _best_split(problem, options, search, alternatives)
     try:
@@ -194,9 +195,9 @@ def _best_split(problem, options, search: str, alternatives: int):
 
     by_key = {o.key: o for o in options}
     candidates = [solve_counts(problem, options, search)]
-    usable = [o for o in options if o.instances and o.role in ("prompt", "token")]
+    usable = [o for o in options if o.instances and o.role in SPLIT]
     pairs = sorted(
-        ((p, t) for p in usable if p.role == "prompt" for t in usable if t.role == "token"),
+        ((p, t) for p in usable if p.role == Role.PROMPT for t in usable if t.role == Role.TOKEN),
         key=lambda pt: (_objective(problem.objective, pt[0]) * pt[0].machines_alone
                         + _objective(problem.objective, pt[1]) * pt[1].machines_alone, pt[0].key, pt[1].key),
     )
@@ -229,7 +230,7 @@ def _objective(objective: str, option) -> float:
 
 def _raise_if_unreachable(problem, options) -> None:
     """Exit 3 naming the line no hardware can meet, the best value reachable and where."""
-    for role, metric in (("prompt", "ttft"), ("token", "tbt")):
+    for role, metric in ((Role.PROMPT, "ttft"), (Role.TOKEN, "tbt")):
         fitting = [o for o in options if o.role == role and o.inst.fit.fits]
         if not fitting:
             reasons = "; ".join(sorted({o.skipped for o in options if o.role == role})) or "no option of that role"

@@ -20,6 +20,7 @@ import itertools
 import math
 import re
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 import pulp
@@ -27,26 +28,34 @@ import pulp
 from splitplan.capacity.pools import BatchTimes, colocated_pool, decode_pool, prompt_queue_ttft_s, smallest_count
 from splitplan.errors import InfeasibleError, SolverError, SpecError
 from splitplan.perf.roofline import Instance, kv_transfer_time_s
+from splitplan.roles import SPLIT, Role
 from splitplan.slo import Reference, achieved, alone_latencies, meets
 from splitplan.specs.slo import SloLine, SloProfile
 from splitplan.workload.trace import Trace
 
-ROLES = ("prompt", "token")
+
+
+class OptionKey(NamedTuple):
+    """Which option: a role, a machine type and a TP degree."""
+
+    role: Role
+    hardware: str
+    tp: int
 
 
 @dataclass(frozen=True)
 class Option:
     """One pool option, sized alone on the trace."""
 
-    role: str
+    role: Role
     inst: Instance
     instances: int | None  # n*: None when the option cannot meet the SLO at any size
     binding: str
     skipped: str = ""  # why the option is not usable
 
     @property
-    def key(self) -> tuple:
-        return (self.role, self.inst.hardware.name, self.inst.tp)
+    def key(self) -> OptionKey:
+        return OptionKey(self.role, self.inst.hardware.name, self.inst.tp)
 
     @property
     def machines_alone(self) -> int:
@@ -122,7 +131,7 @@ def _decode_values(problem: Problem, inst: Instance, n: int, src: Instance, star
 def _fails_alone(problem: Problem, role: str, inst: Instance) -> SloLine | None:
     """The first line an option misses even running requests alone."""
     alone = alone_latencies(inst, problem.trace.prompt_tokens, problem.trace.output_tokens)  # more instances only approach these
-    for metric in ("tbt",) if role == "token" else ("ttft", "tbt", "e2e"):
+    for metric in ("tbt",) if role == Role.TOKEN else ("ttft", "tbt", "e2e"):
         line = _first_failing(problem, metric, alone.value(metric))
         if line is not None:
             return line
@@ -142,7 +151,7 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
     if not inst.fit.fits:
         return Option(role, inst, None, "", inst.fit.reason)
     t = problem.trace
-    if role == "prompt":
+    if role == Role.PROMPT:
         memo = [BatchTimes(inst, t.prompt_tokens)]
 
         def failing(n):
@@ -155,7 +164,7 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
         return Option(role, inst, None, "KV memory", "the longest request's KV exceeds one instance's KV capacity")
     elif (alone := _fails_alone(problem, role, inst)) is not None:
         return Option(role, inst, None, alone.label, f"{alone.label} not met even running requests alone")
-    elif role == "token":
+    elif role == Role.TOKEN:
         def failing(n):
             tbt, _, res = _decode_values(problem, inst, n, inst, t.arrival_s)
             line = _first_failing(problem, "tbt", tbt)
@@ -172,7 +181,7 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
                 if line is not None:
                     return line
             return "KV memory" if values["kv_peak_fraction"] > 1 else None
-    n = smallest_count(lambda k: failing(k) is None, lower, _busy_guess(inst, t) if role != "token" else None)
+    n = smallest_count(lambda k: failing(k) is None, lower, _busy_guess(inst, t) if role != Role.TOKEN else None)
     if n is None:
         return Option(role, inst, None, "", "SLO not met at any size")
     binding = failing(n - 1) if n > 1 else None
@@ -182,10 +191,10 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
     return Option(role, inst, n, label)
 
 
-def solve_counts(problem: Problem, options: list[Option], method: str = "ilp") -> dict[tuple, int]:
+def solve_counts(problem: Problem, options: list[Option], method: str = "ilp") -> dict[OptionKey, int]:
     """Machine counts per option key minimizing the objective under the linear model."""
-    usable = [o for o in options if o.instances and o.role in ROLES]
-    for role in ROLES:
+    usable = [o for o in options if o.instances and o.role in SPLIT]
+    for role in SPLIT:
         if not any(o.role == role for o in usable):
             raise InfeasibleError(f"no {role} option can meet the SLO (see the skipped options)")
     if method == "grid":
@@ -269,7 +278,7 @@ def ilp_model(problem: Problem, usable: list[Option]) -> tuple["pulp.LpProblem",
     lp = pulp.LpProblem("splitplan", pulp.LpMinimize)
     x = {o.key: pulp.LpVariable(f"x{i}", lowBound=0, upBound=o.machines_alone, cat="Integer") for i, o in enumerate(usable)}
     lp += pulp.lpSum((primary(o) + 1e-6 * secondary(o)) * x[o.key] for o in usable)
-    for role in ROLES:
+    for role in SPLIT:
         lp += pulp.lpSum(x[o.key] * o.inst.instances_per_machine / o.instances for o in usable if o.role == role) >= 1, f"cover_{role}"
     for name, terms, limit in _budgets(problem, usable, lambda o: x[o.key]):
         lp += pulp.lpSum(terms) <= limit, name
@@ -289,20 +298,20 @@ def _budgets(problem: Problem, usable: list[Option], var) -> list[tuple[str, lis
 
 
 def _budget_message(problem: Problem, usable: list[Option]) -> str:
-    cheapest = min(o.price_usd_per_hour * o.machines_alone for o in usable if o.role == "prompt") + \
-        min(o.price_usd_per_hour * o.machines_alone for o in usable if o.role == "token")
+    cheapest = min(o.price_usd_per_hour * o.machines_alone for o in usable if o.role == Role.PROMPT) + \
+        min(o.price_usd_per_hour * o.machines_alone for o in usable if o.role == Role.TOKEN)
     return (f"no plan meets the SLO within the budget (--max-cost-per-hour {problem.max_cost_per_hour}, "
             f"--max-power-kw {problem.max_power_kw}, --max-machines {dict(problem.max_machines) or '-'}); "
             f"the cheapest homogeneous plan needs about ${cheapest:,.1f}/h: raise the budget or loosen the SLO")
 
 
-def _grid(problem: Problem, usable: list[Option], primary, secondary) -> dict[tuple, int]:
+def _grid(problem: Problem, usable: list[Option], primary, secondary) -> dict[OptionKey, int]:
     """Exhaustive enumeration of the same integer space as the ILP."""
     ranges = [range(o.machines_alone + 1) for o in usable]
     best, best_key = None, None
     for counts in itertools.product(*ranges):
         ok = all(sum(c * o.inst.instances_per_machine / o.instances for c, o in zip(counts, usable) if o.role == r) >= 1 - 1e-9
-                 for r in ROLES)
+                 for r in SPLIT)
         if not ok:
             continue
         if not all(sum(terms) <= limit + 1e-9 for _, terms, limit in _budgets(problem, usable, lambda o: counts[usable.index(o)])):
@@ -315,30 +324,30 @@ def _grid(problem: Problem, usable: list[Option], primary, secondary) -> dict[tu
     return {o.key: c for o, c in zip(usable, best_key) if c > 0}
 
 
-def evaluate(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Option], memo: dict | None = None) -> dict:
+def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[OptionKey, Option], memo: dict | None = None) -> dict:
     """Per-request TTFT, TBT and E2E (seconds) of a plan on the trace: split pools,
     or one co-located (mixed) pool.
 
     `memo` (any dict, reused across calls on the same problem) keeps the prompt
     replay of each prompt-pool configuration and each option's batch times."""
     t = problem.trace
-    mixed = [(k, c) for k, c in counts.items() if k[0] == "mixed"]
+    mixed = [(k, c) for k, c in counts.items() if k.role == Role.MIXED]
     if mixed:
         (key, machines), = mixed  # a co-located plan is one homogeneous pool
         inst = options[key].inst
         return colocated_pool(t.arrival_s, t.prompt_tokens, t.output_tokens, inst, machines * inst.instances_per_machine,
                               problem.max_batch_tokens)
     memo = {} if memo is None else memo
-    prompt_keys = tuple(sorted((k, c) for k, c in counts.items() if k[0] == "prompt"))
+    prompt_keys = tuple(sorted((k, c) for k, c in counts.items() if k.role == Role.PROMPT))
     prompt = [(options[k].inst, c * options[k].inst.instances_per_machine) for k, c in prompt_keys]
-    token = [(options[k].inst, c * options[k].inst.instances_per_machine) for k, c in sorted(counts.items()) if k[0] == "token"]
+    token = [(options[k].inst, c * options[k].inst.instances_per_machine) for k, c in sorted(counts.items()) if k.role == Role.TOKEN]
     ttft = memo.get(("ttft", prompt_keys))
     if ttft is None:
         batches = [memo.setdefault(("batch", k), BatchTimes(options[k].inst, t.prompt_tokens)) for k, _ in prompt_keys]
         ttft = memo[("ttft", prompt_keys)] = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens, batches)
     src = max(prompt, key=lambda pair: pair[1])[0]
     # Requests go to token types in proportion to their capacity (a deterministic interleave).
-    share = np.array([n / options[("token", i.hardware.name, i.tp)].instances for i, n in token])
+    share = np.array([n / options[OptionKey(Role.TOKEN, i.hardware.name, i.tp)].instances for i, n in token])
     cut = np.cumsum(share / share.sum())
     kind = np.minimum(np.searchsorted(cut, (np.arange(len(t)) * 0.6180339887498949) % 1.0, side="right"), len(token) - 1)
     tbt, decode_s = np.empty(len(t)), np.empty(len(t))
@@ -360,7 +369,7 @@ def check(problem: Problem, values: dict) -> list[tuple[SloLine, float, bool]]:
     return out
 
 
-def repair(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Option], limit: int = 100, memo: dict | None = None):
+def repair(problem: Problem, counts: dict[OptionKey, int], options: dict[OptionKey, Option], limit: int = 100, memo: dict | None = None):
     """Grow the plan until every line holds on the whole-trace evaluation.
 
     Greedy: for the first failing line, try one more machine of each option of the
@@ -400,7 +409,7 @@ def best_move(problem: Problem, counts: dict, options: dict, line: SloLine | Non
     improves it most per dollar (per kW for the power objective): (counts, values), or
     None when no move improves it."""
     weight = (lambda o: o.price_usd_per_hour) if problem.objective == "cost" else (lambda o: o.power_kw)
-    roles = {"ttft": ("prompt",), "tbt": ("token",), "e2e": ROLES}[line.metric if line else "tbt"]
+    roles = {"ttft": (Role.PROMPT,), "tbt": (Role.TOKEN,), "e2e": SPLIT}[line.metric if line else "tbt"]
     best = None
     for option in _repair_moves(counts, options, roles, weight):
         trial = {**counts, option.key: counts.get(option.key, 0) + 1}
@@ -415,7 +424,7 @@ def best_move(problem: Problem, counts: dict, options: dict, line: SloLine | Non
 def _repair_moves(counts: dict, options: dict, roles: tuple, weight, extra: int = 3) -> list[Option]:
     """Options worth one more machine: those already in the plan, and per role the
     `extra` with the lowest weight (cost or power) per unit of capacity."""
-    moves = {k: options[k] for k in counts if k[0] in roles}
+    moves = {k: options[k] for k in counts if k.role in roles}
     for role in roles:
         ranked = sorted((o for o in options.values() if o.role == role and o.instances),
                         key=lambda o: (weight(o) * o.instances / o.inst.instances_per_machine, o.key))
@@ -423,22 +432,22 @@ def _repair_moves(counts: dict, options: dict, roles: tuple, weight, extra: int 
     return [moves[k] for k in sorted(moves)]
 
 
-def make_plan(problem: Problem, counts: dict[tuple, int], options: dict[tuple, Option], repairs: int,
+def make_plan(problem: Problem, counts: dict[OptionKey, int], options: dict[OptionKey, Option], repairs: int,
               values: dict, lines) -> Plan:
     def pools(role):
-        return tuple(Pool(k[1], k[2], c) for k, c in sorted(counts.items()) if k[0] == role)
+        return tuple(Pool(k.hardware, k.tp, c) for k, c in sorted(counts.items()) if k.role == role)
     cost = sum(options[k].price_usd_per_hour * c for k, c in counts.items())
     power = sum(options[k].power_kw * c for k, c in counts.items())
     predicted = _percentiles_ms(values)
     bindings = []
-    for role in ("prompt", "token", "mixed"):
-        used = [options[k] for k in counts if k[0] == role]
+    for role in (Role.PROMPT, Role.TOKEN, Role.MIXED):
+        used = [options[k] for k in counts if k.role == role]
         if used:
             bindings.append(f"{role}: {', '.join(sorted({o.binding for o in used}))}")
     if repairs:
         bindings.append(f"{repairs} machine(s) added on whole-trace evaluation")
     bindings += _tight_budgets(problem, counts, cost, power)
-    return Plan(pools("prompt"), pools("token"), pools("mixed"), cost, power, predicted,
+    return Plan(pools(Role.PROMPT), pools(Role.TOKEN), pools(Role.MIXED), cost, power, predicted,
                 tuple(lines), "; ".join(bindings), repairs)
 
 
@@ -446,20 +455,20 @@ def _percentiles_ms(values: dict) -> dict:
     return {m: {f"p{q}": float(np.percentile(values[m], q) * 1e3) for q in (50, 90, 99)} for m in ("ttft", "tbt", "e2e")}
 
 
-def plan_counts(plan: Plan) -> dict[tuple, int]:
-    """The plan's machine counts keyed as options are: (role, hardware, tp)."""
-    return {(role, p.hardware, p.tp): p.machines for role, pools in
-            (("prompt", plan.prompt_pools), ("token", plan.token_pools), ("mixed", plan.mixed_pools)) for p in pools}
+def plan_counts(plan: Plan) -> dict[OptionKey, int]:
+    """The plan's machine counts keyed as options are."""
+    return {OptionKey(role, p.hardware, p.tp): p.machines for role, pools in
+            ((Role.PROMPT, plan.prompt_pools), (Role.TOKEN, plan.token_pools), (Role.MIXED, plan.mixed_pools)) for p in pools}
 
 
-def predict(problem: Problem, plan: Plan, options: dict[tuple, Option]) -> Plan:
+def predict(problem: Problem, plan: Plan, options: dict[OptionKey, Option]) -> Plan:
     """The plan with the planner's whole-trace prediction of its own machines (after
     machines were added to it, e.g. by a simulation)."""
     values = evaluate(problem, plan_counts(plan), options)
     return replace(plan, predicted=_percentiles_ms(values), slo=tuple(check(problem, values)))
 
 
-def _tight_budgets(problem: Problem, counts: dict[tuple, int], cost: float, power: float) -> list[str]:
+def _tight_budgets(problem: Problem, counts: dict[OptionKey, int], cost: float, power: float) -> list[str]:
     """Budget and availability limits the plan reaches: they, not the SLO, shape it."""
     tight = []
     if problem.max_cost_per_hour is not None and cost >= problem.max_cost_per_hour * (1 - 1e-6) - 1e-9:
@@ -467,7 +476,7 @@ def _tight_budgets(problem: Problem, counts: dict[tuple, int], cost: float, powe
     if problem.max_power_kw is not None and power >= problem.max_power_kw * (1 - 1e-6) - 1e-9:
         tight.append(f"budget: power at --max-power-kw {problem.max_power_kw:g}")
     for hw, limit in problem.max_machines:
-        if sum(c for k, c in counts.items() if k[1] == hw) >= limit:
+        if sum(c for k, c in counts.items() if k.hardware == hw) >= limit:
             tight.append(f"availability: all {limit} {hw} machines used")
     return tight
 
@@ -479,9 +488,9 @@ def colocated_plan(problem: Problem, options: list[Option]) -> Plan:
         return ((problem.max_cost_per_hour is None or o.price_usd_per_hour * m <= problem.max_cost_per_hour + 1e-9)
                 and (problem.max_power_kw is None or o.power_kw * m <= problem.max_power_kw + 1e-9)
                 and all(m <= limit for hw, limit in problem.max_machines if hw == o.inst.hardware.name))
-    usable = [o for o in options if o.role == "mixed" and o.instances and within(o)]
+    usable = [o for o in options if o.role == Role.MIXED and o.instances and within(o)]
     if not usable:
-        reasons = "; ".join(f"{o.inst.hardware.name} TP{o.inst.tp}: {o.skipped or 'over budget'}" for o in options if o.role == "mixed")
+        reasons = "; ".join(f"{o.inst.hardware.name} TP{o.inst.tp}: {o.skipped or 'over budget'}" for o in options if o.role == Role.MIXED)
         raise InfeasibleError(f"no co-located plan meets the SLO within the budget ({reasons})")
     weight = (lambda o: (o.price_usd_per_hour, o.power_kw)) if problem.objective == "cost" else (lambda o: (o.power_kw, o.price_usd_per_hour))
     best = min(usable, key=lambda o: (weight(o)[0] * o.machines_alone, weight(o)[1] * o.machines_alone, o.key))

@@ -63,7 +63,8 @@ from collections import deque
 import numpy as np
 
 from splitplan.sim import gaps
-from splitplan.sim.types import MIXED, PROMPT, TOKEN, Event, PoolSpec, SimOptions, SimResult  # noqa: F401  (re-exported)
+from splitplan.roles import Role
+from splitplan.sim.types import MIXED, PROMPT, TOKEN, Event, InstanceStats, PoolSpec, SimOptions, SimResult  # noqa: F401  (re-exported)
 from splitplan.workload.trace import Trace
 
 
@@ -488,6 +489,6 @@ class _Cluster:
             self.trace, np.array(self.ttft), np.array(self.e2e), tbt_max, np.array(self.prefill_start) - self.trace.arrival_s,
             np.array(self.kv_ready) - (self.trace.arrival_s + np.array(self.ttft)), np.array(self.join_time) - np.array(self.kv_ready),
             np.array(self.p_inst), np.array(self.t_inst), np.array(self.rejected), self.tokens_out, span,
-            [(x.pool, x.role, x.prefill_s, x.decode_s, x.batch_integral) for x in self.insts], self.events,
+            [InstanceStats(x.pool, Role(x.role), x.prefill_s, x.decode_s, x.batch_integral) for x in self.insts], self.events,
             [f"{x.role}:{x.perf.hardware.name}:tp{x.perf.tp}:{x.idx}" for x in self.insts], self.preemptions, self.log,
         )

@@ -33,6 +33,7 @@ from scipy.optimize import least_squares
 from splitplan.errors import TraceError
 from splitplan.perf.roofline import Instance
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
+from splitplan.roles import Role
 from splitplan.runner import Runner, serial
 from splitplan.specs.engine import EngineProfile
 from splitplan.specs.hardware import load_hardware
@@ -104,7 +105,7 @@ def replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUEST
     inst = Instance(load_model(run["model"]), load_hardware(run["machine"]), profile, int(run["tp"]))
     clients = int(run["concurrency"]) * inst.instances_per_machine
     work = closed_loop_workload(None, clients, max(requests_per_client * clients, 8), int(run["isl"]), int(run["osl"]))
-    result = simulate(work, [PoolSpec("mixed", inst, 1)], SimOptions(concurrency=clients))
+    result = simulate(work, [PoolSpec(Role.MIXED, inst, 1)], SimOptions(concurrency=clients))
     return float(np.nanmean(result.ttft_s) * 1e3), float(np.nanmean(result.tpot_s) * 1e3)
 
 

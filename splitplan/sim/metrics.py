@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from splitplan.sim.cluster import PoolSpec, SimResult
+from splitplan.roles import Role
 from splitplan.slo import Reference, achieved, attainment_pct, meets
 from splitplan.specs.slo import SloProfile
 
@@ -59,10 +60,10 @@ def pool_report(result: SimResult, pools: list[PoolSpec]) -> list[dict]:
     span = max(result.span_s, 1e-9)
     out = []
     for k, pool in enumerate(pools):
-        mine = [x for x in result.instances if x[0] == k]
-        prefill = sum(x[2] for x in mine)
-        decode = sum(x[3] for x in mine)
-        batch_time = sum(x[4] for x in mine)
+        mine = [x for x in result.instances if x.pool == k]
+        prefill = sum(x.prefill_s for x in mine)
+        decode = sum(x.decode_s for x in mine)
+        batch_time = sum(x.batch_integral for x in mine)
         hw = pool.perf.hardware
         tdp = hw.gpu_power_limit_w
         decode_w = hw.gpu.decode_w or 0.55 * hw.gpu.tdp_w
@@ -71,7 +72,7 @@ def pool_report(result: SimResult, pools: list[PoolSpec]) -> list[dict]:
         out.append({
             "role": pool.role, "hardware": hw.name, "tp": pool.perf.tp, "machines": pool.machines,
             "instances": len(mine), "utilization": (prefill + decode) / (span * max(len(mine), 1)),
-            "mean_batch": batch_time / max(prefill + decode, 1e-12) if pool.role != "prompt" else None,
+            "mean_batch": batch_time / max(prefill + decode, 1e-12) if pool.role != Role.PROMPT else None,
             "energy_kwh": joules / 3.6e6,
         })
     return out
@@ -79,9 +80,9 @@ def pool_report(result: SimResult, pools: list[PoolSpec]) -> list[dict]:
 
 def borrowed(result: SimResult) -> dict:
     """Requests the mixed pool moved: prefilled on a token machine, decoded on a prompt machine."""
-    roles = np.array([x[1] for x in result.instances])
-    return {"prefills_on_token_machines": int(np.sum(roles[result.prompt_instance] == "token")),
-            "decodes_on_prompt_machines": int(np.sum(roles[result.token_instance] == "prompt"))}
+    roles = np.array([str(x.role) for x in result.instances])
+    return {"prefills_on_token_machines": int(np.sum(roles[result.prompt_instance] == Role.TOKEN)),
+            "decodes_on_prompt_machines": int(np.sum(roles[result.token_instance] == Role.PROMPT))}
 
 
 def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, reference: Reference | None) -> dict:

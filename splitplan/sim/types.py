@@ -8,9 +8,10 @@ from enum import IntEnum
 import numpy as np
 
 from splitplan.perf.model import PerfModel
+from splitplan.roles import Role
 from splitplan.workload.trace import Trace
 
-PROMPT, TOKEN, MIXED = "prompt", "token", "mixed"
+PROMPT, TOKEN, MIXED = Role.PROMPT, Role.TOKEN, Role.MIXED
 
 
 class Event(IntEnum):
@@ -47,6 +48,17 @@ class SimOptions:
     record_events: bool = False  # keep every event (time, Event, instance, request) in SimResult.event_log
 
 
+@dataclass(frozen=True)
+class InstanceStats:
+    """One instance's time in a run (seconds)."""
+
+    pool: int  # index into the run's pools
+    role: Role
+    prefill_s: float  # busy in iterations that carried prompt tokens
+    decode_s: float  # busy in decode-only iterations
+    batch_integral: float  # decode batch size integrated over busy time (request-seconds)
+
+
 @dataclass
 class SimResult:
     """Per-request arrays (seconds; NaN for requests that could not be served) and
@@ -64,7 +76,7 @@ class SimResult:
     rejected: np.ndarray  # bool: KV never fits the assigned token instance
     tokens_out: int
     span_s: float
-    instances: list = field(default_factory=list)  # (pool index, role, prefill_s, decode_s, batch_integral)
+    instances: list[InstanceStats] = field(default_factory=list)
     events: int = 0
     names: list = field(default_factory=list)  # instance index -> "role:hardware:tpN:k"
     preemptions: int = 0  # co-located decodes preempted for KV memory and recomputed

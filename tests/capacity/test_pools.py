@@ -7,7 +7,7 @@ import pytest
 from splitplan import api
 from splitplan.capacity.pools import decode_pool
 from splitplan.perf.roofline import kv_transfer_time_s
-from splitplan.search.plan import Option, Problem, _decode_values, evaluate
+from splitplan.search.plan import Option, OptionKey as K, Problem, _decode_values, evaluate
 from splitplan.specs.slo import load_slo
 from splitplan.workload.trace import Trace
 
@@ -29,6 +29,10 @@ def test_kv_peak_is_the_most_held_at_once_per_instance():
     p, o = np.array([1000, 2000, 5000]), np.array([10, 10, 10])
     res = decode_pool(start, p, o, H100, 2)
     assert res.kv_peak_fraction == pytest.approx(max(1010 + 2010, 5010) / 2 / cap, rel=1e-12)
+
+
+def _keyed(*options):
+    return {o.key: o for o in options}
 
 
 def _problem(trace, slo="splitwise"):
@@ -53,10 +57,10 @@ def test_requests_split_over_token_types_in_proportion_to_capacity():
     n = 2000
     trace = Trace(np.arange(n) * 0.01, np.full(n, 500), np.full(n, 20), "t")
     problem = _problem(trace)
-    options = {("prompt", "h100-80gb", 8): Option("prompt", H100, 4, "t"),
-               ("token", "h100-80gb", 8): Option("token", H100, 2, "t"),  # one machine: half of what the load needs
-               ("token", "a100-80gb", 8): Option("token", A100, 4, "t")}  # three machines: 3/4 of it
-    counts = {("prompt", "h100-80gb", 8): 4, ("token", "h100-80gb", 8): 1, ("token", "a100-80gb", 8): 3}
+    options = _keyed(Option("prompt", H100, 4, "t"),
+                     Option("token", H100, 2, "t"),  # one machine: half of what the load needs
+                     Option("token", A100, 4, "t"))  # three machines: 3/4 of it
+    counts = {K("prompt", "h100-80gb", 8): 4, K("token", "h100-80gb", 8): 1, K("token", "a100-80gb", 8): 3}
     values = evaluate(problem, counts, options)
     # the H100 decodes 0.5 / (0.5 + 0.75) = 40 % of the requests: its shorter transfer-free decode
     # (H100 to H100 vs H100 to A100 steps differ) tells which requests went where
@@ -74,13 +78,13 @@ def test_repair_adds_the_machine_that_improves_the_failing_line_most_per_dollar(
     n = 300
     trace = Trace(np.sort(rng.uniform(0, 30, n)), rng.integers(500, 4000, n), rng.integers(10, 200, n), "t")
     problem = _problem(trace)
-    options = {("prompt", "h100-80gb", 8): Option("prompt", H100, 3, "t"), ("prompt", "a100-80gb", 8): Option("prompt", A100, 5, "t"),
-               ("token", "h100-80gb", 8): Option("token", H100, 2, "t"), ("token", "a100-80gb", 8): Option("token", A100, 3, "t")}
-    start = {("prompt", "a100-80gb", 8): 1, ("token", "h100-80gb", 8): 2}  # too few prompt machines: TTFT fails
+    options = _keyed(Option("prompt", H100, 3, "t"), Option("prompt", A100, 5, "t"),
+                     Option("token", H100, 2, "t"), Option("token", A100, 3, "t"))
+    start = {K("prompt", "a100-80gb", 8): 1, K("token", "h100-80gb", 8): 2}  # too few prompt machines: TTFT fails
     line, value = next((line, v) for line, v, ok in check(problem, evaluate(problem, start, options)) if not ok)
     assert line.metric == "ttft"
     gain = {}  # TTFT moves only: one more prompt machine of either type, per dollar
-    for key in (("prompt", "h100-80gb", 8), ("prompt", "a100-80gb", 8)):
+    for key in (K("prompt", "h100-80gb", 8), K("prompt", "a100-80gb", 8)):
         trial = {**start, key: start.get(key, 0) + 1}
         gain[key] = (value - achieved(line, evaluate(problem, trial, options)["ttft"], problem.reference)) / options[key].price_usd_per_hour
     assert len(set(gain.values())) == 2
