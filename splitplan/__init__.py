@@ -18,6 +18,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO
 from splitplan.api import (  # noqa: E402  (re-exported)
     CalibrateResult,
     CompareResult,
@@ -38,7 +39,7 @@ def workload(trace=None, rate: float | None = None, duration_s: float = 120.0, s
     return load_workload(trace, rate, duration_s, seed)
 
 
-def plan(trace=None, model: str = "llama2-70b", slo: str = "splitwise", rate: float | None = None,
+def plan(trace=None, model: str = DEFAULT_MODEL, slo: str = DEFAULT_SLO, rate: float | None = None,
          duration_s: float = 120.0, seed: int = 0, **options) -> OptimizeResult:
     """The cheapest (or lowest-power, `objective="power"`) plan meeting the SLO; options
     as `splitplan.api.optimize` (hardware, prompt_hardware, token_hardware, tp, engine,
@@ -47,7 +48,7 @@ def plan(trace=None, model: str = "llama2-70b", slo: str = "splitwise", rate: fl
     return api.optimize(workload(trace, rate, duration_s, seed), model, slo, **options)
 
 
-def simulate(plan_or_pools, trace=None, model: str = "llama2-70b", slo: str = "splitwise", rate: float | None = None,
+def simulate(plan_or_pools, trace=None, model: str = DEFAULT_MODEL, slo: str = DEFAULT_SLO, rate: float | None = None,
              duration_s: float = 120.0, seed: int = 0, **options) -> SimulateResult:
     """Simulate a Plan (from `plan()`) or a list of (role, hardware, tp, machines)."""
     from splitplan import api
@@ -67,7 +68,7 @@ def sweep(rates: list[float], trace=None, **options) -> SweepResult:
     return api.sweep(workload(trace), list(rates), **options)
 
 
-def plan_windows(window_s: float, trace=None, model: str = "llama2-70b", slo: str = "splitwise", **options):
+def plan_windows(window_s: float, trace=None, model: str = DEFAULT_MODEL, slo: str = DEFAULT_SLO, **options):
     """A plan per `window_s`-second window of a timestamped trace (`WindowsResult`);
     options as `splitplan.api.plan_windows` (jobs, executor, ray_address, and optimize's)."""
     from splitplan import api

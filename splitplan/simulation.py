@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from splitplan.defaults import DEFAULT_ENGINE
+from splitplan.defaults import DEFAULT_ENGINE, MAX_BATCH_TOKENS
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.specs.hardware import load_hardware
 
@@ -70,7 +70,7 @@ def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGIN
 
 
 def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str = DEFAULT_ENGINE,
-             perf_db: str | None = None, max_batch_tokens: int = 2048, routing: str = "jsq",
+             perf_db: str | None = None, max_batch_tokens: int = MAX_BATCH_TOKENS, routing: str = "jsq",
              borrow_threshold_tokens: int | None = None, perf_interp: str = "splitplan",
              concurrency: int | None = None) -> SimulateResult:
     """Replay `trace` through the cluster request by request (sim.cluster) and summarize.
@@ -110,7 +110,7 @@ def plan_pools(plan) -> list[PoolRequest]:
 
 
 def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
-             max_batch_tokens: int = 2048, limit: int = 30, planned: "OptimizeResult | None" = None):
+             max_batch_tokens: int = MAX_BATCH_TOKENS, limit: int = 30, planned: "OptimizeResult | None" = None):
     """Simulate the plan; while a line fails, grow the pool that binds (TTFT: prompt;
     TBT: token; E2E: the side with the larger median share; co-located: the mixed
     pool) by one machine of its cheapest-per-capacity type and simulate again.
@@ -153,7 +153,7 @@ def _simulate_unit(shared, pools):
 
 
 def simulate_plans(plans, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
-                   max_batch_tokens: int = 2048, jobs: int = 1, executor: str = "local", ray_address: str | None = None,
+                   max_batch_tokens: int = MAX_BATCH_TOKENS, jobs: int = 1, executor: str = "local", ray_address: str | None = None,
                    progress=None) -> list[dict]:
     """Simulate several plans on the same trace (a work unit each)."""
     from splitplan.parallel import run_units

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from splitplan.defaults import DEFAULT_ENGINE
+from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO, MAX_BATCH_TOKENS
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.specs.hardware import load_hardware
 
@@ -97,17 +97,17 @@ def _design_unit(shared, design):
     simulated = None
     if validate_plans:
         sim = simulate(trace, plan_pools(result.plan), model, slo, kwargs.get("engine", DEFAULT_ENGINE),
-                       kwargs.get("perf_db"), kwargs.get("max_batch_tokens", 2048))
+                       kwargs.get("perf_db"), kwargs.get("max_batch_tokens", MAX_BATCH_TOKENS))
         simulated = {"slo_met": all(x["met"] for x in sim.summary["slo"]),
                      **{k: sim.summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms")}}
     return DesignResult(design.name, result.plan, rate, "", simulated)
 
 
-def compare(trace, designs: str, scenario: str, model: str = "llama2-70b", slo: str = "splitwise",
+def compare(trace, designs: str, scenario: str, model: str = DEFAULT_MODEL, slo: str = DEFAULT_SLO,
             engine: str = DEFAULT_ENGINE, budget_machines: dict[str, int] | None = None,
             max_power_kw: float | None = None, max_cost_per_hour: float | None = None, rate: float | None = None,
             duration_s: float = 120.0, seed: int = 0, baseline: str | None = None, validate: bool = False,
-            perf_db: str | None = None, max_batch_tokens: int = 2048, jobs: int = 1, progress=None,
+            perf_db: str | None = None, max_batch_tokens: int = MAX_BATCH_TOKENS, jobs: int = 1, progress=None,
             executor: str = "local", ray_address: str | None = None) -> CompareResult:
     """Splitwise's provisioning study as one call: every design of `designs` in `scenario`.
 
@@ -200,7 +200,7 @@ def _sweep_unit(shared, unit):
     trace = _resampled(base, duration_s, seed, rate)
     if mode == "plan":
         sim = simulate(trace, pools, model, slo, kwargs.get("engine", DEFAULT_ENGINE), kwargs.get("perf_db"),
-                       kwargs.get("max_batch_tokens", 2048))
+                       kwargs.get("max_batch_tokens", MAX_BATCH_TOKENS))
         plan = plan_from_pools(pools)
         metrics = {m: sim.summary[f"{m}_ms"] for m in ("ttft", "tbt", "e2e")}
         return _sweep_row(name, rate, plan, metrics, trace, all(x["met"] for x in sim.summary["slo"]))
@@ -213,10 +213,10 @@ def _sweep_unit(shared, unit):
     return _sweep_row(name, rate, result.plan, result.plan.predicted, trace, all(ok for _, _, ok in result.plan.slo))
 
 
-def sweep(trace, rates: list[float], model: str = "llama2-70b", slo: str = "splitwise", designs: str | None = None,
+def sweep(trace, rates: list[float], model: str = DEFAULT_MODEL, slo: str = DEFAULT_SLO, designs: str | None = None,
           only: list[str] | None = None, pools: list[tuple[str, str, int, int]] | None = None,
           engine: str = DEFAULT_ENGINE, objective: str = "cost", duration_s: float = 120.0, seed: int = 0,
-          perf_db: str | None = None, max_batch_tokens: int = 2048, jobs: int = 1, progress=None,
+          perf_db: str | None = None, max_batch_tokens: int = MAX_BATCH_TOKENS, jobs: int = 1, progress=None,
           executor: str = "local", ray_address: str | None = None) -> SweepResult:
     """A load sweep. With `designs`: the cheapest (or lowest-power) plan of each design
     at each rate, with its predicted percentiles and cost per million tokens. With

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from splitplan.defaults import DEFAULT_MODEL
 from splitplan import api, report
 from splitplan.errors import SpecError
 from splitplan.specs.hardware import hardware_catalog
@@ -121,7 +122,7 @@ def parse_points(text: str, option: str) -> list[tuple[int, int]]:
 @app.command()
 @user_errors
 def perf(
-    model: str = typer.Option("llama2-70b", "--model", help="Catalog name or path to a Hugging Face config.json / YAML."),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", help="Catalog name or path to a Hugging Face config.json / YAML."),
     hardware: str = typer.Option("h100-80gb", "--hardware", help="Catalog name or path to a hardware YAML."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel degree (default: the smallest that fits)."),
     prefill: str = typer.Option("512,2048", "--prefill", help="Prefill batches: T (one prompt) or BxT (B prompts of T tokens)."),

@@ -11,6 +11,7 @@ from typing import Optional
 import numpy as np
 import typer
 
+from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO, MAX_BATCH_TOKENS
 from splitplan import api, report
 from splitplan.errors import SpecError
 from splitplan.workload.trace import closed_loop_workload, load_workload, peak_window, resample_poisson
@@ -40,8 +41,8 @@ def optimize(
     rate: Optional[float] = typer.Option(None, "--rate", help="Poisson resample of the trace's sizes at this rate (req/s)."),
     duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
     seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
-    model: str = typer.Option("llama2-70b", "--model", help="Catalog name or path to a config.json / YAML."),
-    slo: str = typer.Option("splitwise", "--slo", help="SLO profile name or path (splitwise, chat, code-completion, batch)."),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", help="Catalog name or path to a config.json / YAML."),
+    slo: str = typer.Option(DEFAULT_SLO, "--slo", help="SLO profile name or path (splitwise, chat, code-completion, batch)."),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="Machine types to consider, comma-separated (default: all)."),
     prompt_hardware: Optional[str] = typer.Option(None, "--prompt-hardware", help="Restrict prompt machines to these types."),
     token_hardware: Optional[str] = typer.Option(None, "--token-hardware", help="Restrict token machines to these types."),
@@ -53,7 +54,7 @@ def optimize(
     max_cost_per_hour: Optional[float] = typer.Option(None, "--max-cost-per-hour", help="Budget in USD per hour."),
     max_power_kw: Optional[float] = typer.Option(None, "--max-power-kw", help="Budget in provisioned kW."),
     max_machines: list[str] = typer.Option([], "--max-machines", help="Availability, TYPE=N (repeatable)."),
-    max_batch_tokens: int = typer.Option(2048, "--max-batch-tokens", help="Prompt tokens per prefill batch."),
+    max_batch_tokens: int = typer.Option(MAX_BATCH_TOKENS, "--max-batch-tokens", help="Prompt tokens per prefill batch."),
     no_split: bool = typer.Option(False, "--no-split", help="Plan co-located machines (mixed batching), not split pools."),
     jobs: int = typer.Option(0, "--jobs", help="Processes for sizing pool options (0: one per core)."),
     validate: bool = typer.Option(False, "--validate", help="Simulate the plan; grow the binding pool until the simulation meets the SLO."),

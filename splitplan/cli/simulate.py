@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO, MAX_BATCH_TOKENS
 from splitplan import api, report
 from splitplan.errors import SpecError
 from splitplan.workload.trace import closed_loop_workload, load_workload, peak_window
@@ -35,7 +36,7 @@ def simulate(
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else lean)."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
     perf_interp: str = typer.Option("splitplan", "--perf-interp", help="How --perf-db is read: splitplan (monotone batch and context curves) or splitwise-sim (its one batch-tokens axis, to compare with that simulator)."),
-    max_batch_tokens: int = typer.Option(2048, "--max-batch-tokens", help="Prompt tokens per prefill batch."),
+    max_batch_tokens: int = typer.Option(MAX_BATCH_TOKENS, "--max-batch-tokens", help="Prompt tokens per prefill batch."),
     routing: str = typer.Option("jsq", "--routing", help="jsq (join-shortest-queue on pending tokens) or round-robin."),
     borrow_threshold: Optional[int] = typer.Option(None, "--mixed-pool-threshold", help="Splitwise's mixed pool, both ways: prefill on a token machine when every prompt queue holds more than this many tokens; decode on a prompt machine when the token machine's KV is spoken for."),
     max_requests: int = typer.Option(1_000_000, "--max-requests", help="Longer traces are simulated on their busiest stretch of this many requests."),
@@ -50,8 +51,8 @@ def simulate(
     pools, echo = plan_input(plan, prompt_pool, token_pool, mixed_pool)
     if not pools:
         raise SpecError("nothing to simulate: give --plan plan.json or --prompt-pool and --token-pool (or --mixed-pool)")
-    model = model or echo.get("model") or "llama2-70b"
-    slo = slo or echo.get("slo") or "splitwise"
+    model = model or echo.get("model") or DEFAULT_MODEL
+    slo = slo or echo.get("slo") or DEFAULT_SLO
     engine = engine or echo.get("engine") or api.DEFAULT_ENGINE
     if max_batch_tokens < 1:
         raise SpecError(f"--max-batch-tokens {max_batch_tokens}: must be >= 1")

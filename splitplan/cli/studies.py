@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO
 from splitplan import api, report
 from splitplan.errors import SpecError
 from splitplan.workload.trace import load_workload
@@ -51,8 +52,8 @@ def compare(
     rate: Optional[float] = typer.Option(None, "--rate", help="iso-throughput: resample at this rate; iso-power/cost: where the rate search starts."),
     duration: float = typer.Option(120.0, "--duration", help="Length in seconds of every Poisson resample."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the resamples."),
-    model: str = typer.Option("llama2-70b", "--model", help="Catalog name or path to a config.json / YAML."),
-    slo: str = typer.Option("splitwise", "--slo", help="SLO profile name or path."),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", help="Catalog name or path to a config.json / YAML."),
+    slo: str = typer.Option(DEFAULT_SLO, "--slo", help="SLO profile name or path."),
     engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
     validate: bool = typer.Option(False, "--validate", help="Simulate each design's plan and report whether it holds."),
@@ -125,8 +126,8 @@ def sweep(
     trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace whose sizes are resampled."),
     duration: float = typer.Option(120.0, "--duration", help="Length in seconds of every resample."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the resamples."),
-    model: str = typer.Option("llama2-70b", "--model", help="Catalog name or path to a config.json / YAML."),
-    slo: str = typer.Option("splitwise", "--slo", help="SLO profile name or path."),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", help="Catalog name or path to a config.json / YAML."),
+    slo: str = typer.Option(DEFAULT_SLO, "--slo", help="SLO profile name or path."),
     engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
     objective: Objective = typer.Option(Objective.cost, "--objective", help="Designs mode: minimize cost or power."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),

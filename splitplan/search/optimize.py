@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 
-from splitplan.defaults import DEFAULT_ENGINE
+from splitplan.defaults import DEFAULT_ENGINE, MAX_BATCH_TOKENS
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.perf.roofline import Instance
 from splitplan.roles import SPLIT, Role
@@ -71,7 +71,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
              token_hardware: list[str] | None = None, tp: int | None = None, objective: str = "cost",
              engine: str = DEFAULT_ENGINE, search: str = "ilp", max_cost_per_hour: float | None = None,
              max_power_kw: float | None = None, max_machines: dict[str, int] | None = None,
-             max_batch_tokens: int = 2048, alternatives: int = 5, split: bool = True,
+             max_batch_tokens: int = MAX_BATCH_TOKENS, alternatives: int = 5, split: bool = True,
              with_colocated: bool = True, jobs: int = 1, perf_db: str | None = None,
              pareto: bool = False, solver: str = "highs") -> OptimizeResult:
     """The cheapest (or lowest-power) plan meeting every SLO line on `trace`: split

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 import pulp
 
+from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.capacity.pools import BatchTimes, colocated_pool, decode_pool, prompt_queue_ttft_s, smallest_count
 from splitplan.errors import InfeasibleError, SolverError, SpecError
 from splitplan.perf.roofline import Instance, kv_transfer_time_s
@@ -100,7 +101,7 @@ class Problem:
     trace: Trace
     slo: SloProfile
     reference: Reference | None
-    max_batch_tokens: int = 2048
+    max_batch_tokens: int = MAX_BATCH_TOKENS
     objective: str = "cost"
     max_cost_per_hour: float | None = None
     max_power_kw: float | None = None

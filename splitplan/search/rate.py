@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 
-from splitplan.defaults import DEFAULT_ENGINE
+from splitplan.defaults import DEFAULT_ENGINE, MAX_BATCH_TOKENS
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.perf.roofline import Instance
 from splitplan.specs.engine import load_engine
@@ -80,7 +80,7 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
                                         source=f"{workload.source} (open loop at {rate:.3g} req/s)")
         result = optimize(open_loop, model, slo, **kwargs)
         sim = simulate(workload, plan_pools(result.plan), model, slo, kwargs.get("engine", DEFAULT_ENGINE),
-                       kwargs.get("perf_db"), kwargs.get("max_batch_tokens", 2048), concurrency=concurrency)
+                       kwargs.get("perf_db"), kwargs.get("max_batch_tokens", MAX_BATCH_TOKENS), concurrency=concurrency)
         met = all(line["met"] for line in sim.summary["slo"])
         rounds_out.append({"planned_rate_rps": rate, "plan": plan_text(result.plan), "cost_usd_per_hour": result.plan.cost_usd_per_hour,
                            "power_kw": result.plan.power_kw, "simulated_rate_rps": sim.summary["throughput_rps"], "slo_met": met})

@@ -7,6 +7,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.perf.model import PerfModel
 from splitplan.roles import Role
 from splitplan.workload.trace import Trace
@@ -38,7 +39,7 @@ class PoolSpec:
 
 @dataclass(frozen=True)
 class SimOptions:
-    max_batch_tokens: int = 2048
+    max_batch_tokens: int = MAX_BATCH_TOKENS
     routing: str = "jsq"  # or "round-robin"
     borrow_threshold_tokens: int | None = None
     # Closed loop (as vLLM benchmark_serving, genai-perf and aiconfigurator measure): this many
