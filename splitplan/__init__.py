@@ -18,7 +18,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO
 from splitplan.api import (  # noqa: E402  (re-exported)
     CalibrateResult,
     CompareResult,
@@ -26,6 +25,7 @@ from splitplan.api import (  # noqa: E402  (re-exported)
     SimulateResult,
     SweepResult,
 )
+from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO
 from splitplan.workload.trace import Trace, load_trace, resample_poisson  # noqa: E402
 
 __all__ = ["plan", "simulate", "compare", "sweep", "calibrate", "plan_windows", "workload", "Trace", "load_trace", "resample_poisson",

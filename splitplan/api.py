@@ -7,13 +7,40 @@ pure layers and returns plain data. The work lives where its idea does:
 plans), `calibration` (fitting engine profiles), `studies` (compare, sweep, windows).
 """
 
-from splitplan.calibration import CalibrateResult, DeploymentCalibration, calibrate, calibrate_deployments
-from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO, MAX_BATCH_TOKENS
+from splitplan.calibration import (
+    CalibrateResult,
+    DeploymentCalibration,
+    calibrate,
+    calibrate_deployments,
+)
+from splitplan.defaults import (
+    DEFAULT_ENGINE,
+    DEFAULT_MODEL,
+    DEFAULT_SLO,
+    MAX_BATCH_TOKENS,
+)
 from splitplan.perf.points import instance, instance_facts, perf_points
 from splitplan.search.optimize import OptimizeResult, optimize
 from splitplan.search.rate import max_rate, optimize_closed_loop
-from splitplan.simulation import SimulateResult, plan_from_pools, plan_pools, pool_specs, simulate, simulate_plans, validate
-from splitplan.studies import SCENARIOS, CompareResult, DesignResult, SweepResult, WindowsResult, compare, plan_windows, sweep
+from splitplan.simulation import (
+    SimulateResult,
+    plan_from_pools,
+    plan_pools,
+    pool_specs,
+    simulate,
+    simulate_plans,
+    validate,
+)
+from splitplan.studies import (
+    SCENARIOS,
+    CompareResult,
+    DesignResult,
+    SweepResult,
+    WindowsResult,
+    compare,
+    plan_windows,
+    sweep,
+)
 
 __all__ = [
     "DEFAULT_ENGINE", "DEFAULT_MODEL", "DEFAULT_SLO", "MAX_BATCH_TOKENS", "SCENARIOS",

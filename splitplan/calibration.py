@@ -6,11 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-
 from splitplan.defaults import DEFAULT_ENGINE
 from splitplan.errors import SpecError
 from splitplan.parallel import run_units
+from splitplan.perf import calibrate as cal
+from splitplan.perf.measurements import flag_anomalies, read_measurements
 from splitplan.perf.roofline import Instance
+from splitplan.sim import deployments as dep
 from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
@@ -39,20 +41,17 @@ def calibrate(perf_db: str, engine: str = DEFAULT_ENGINE, folds: int = 5, max_pr
     prefills beyond that size are left out and listed."""
     import pandas as pd
 
-    from splitplan.errors import SpecError as _SpecError
-    from splitplan.perf import calibrate as cal
-    from splitplan.perf.measurements import flag_anomalies, read_measurements
 
     if folds < 0 or folds == 1:
-        raise _SpecError(f"--folds {folds}: use 0 (no cross-validation) or k >= 2")
+        raise SpecError(f"--folds {folds}: use 0 (no cross-validation) or k >= 2")
     base = load_engine(engine)
     points = read_measurements(perf_db)
     if points.empty:
-        raise _SpecError(f"{perf_db}: no measurement rows; add rows under the header")
+        raise SpecError(f"{perf_db}: no measurement rows; add rows under the header")
     for model, hardware, tp in sorted(set(zip(points.model, points.hardware, points.tp))):
         fit = Instance(load_model(model), load_hardware(hardware), base, int(tp)).fit  # unknown names fail here, with a suggestion
         if not fit.fits:
-            raise _SpecError(f"{perf_db}: rows of {model} on {hardware} at TP {tp}: {fit.reason}; fix or remove those rows"
+            raise SpecError(f"{perf_db}: rows of {model} on {hardware} at TP {tp}: {fit.reason}; fix or remove those rows"
                              + (", or start from an fp8 engine if the runs used fp8 (--engine lean-fp8)"
                                 if "weights need" in fit.reason and base.dtype == "bf16" else ""))
     reasons = pd.Series("", index=points.index)
@@ -64,7 +63,7 @@ def calibrate(perf_db: str, engine: str = DEFAULT_ENGINE, folds: int = 5, max_pr
     used = points[reasons == ""].reset_index(drop=True)
     excluded = points[reasons != ""].assign(reason=reasons[reasons != ""]).reset_index(drop=True)
     if used.empty:
-        raise _SpecError(f"{perf_db}: no points left to fit after exclusions")
+        raise SpecError(f"{perf_db}: no points left to fit after exclusions")
     result = cal.calibrate(used, base, folds, progress, partial(run_units, jobs=jobs, progress=progress))
     summary = cal.report(result)
     provenance = {
@@ -97,7 +96,6 @@ def calibrate_deployments(path: str, backend: str, engine: str = "lean-fp8", fol
     engine (`backend`), each run replayed as a closed loop (sim.deployments); report
     TTFT and TPOT error per machine and concurrency band, fitted and held out (folds by
     machine, or by concurrency band when the runs hold one machine)."""
-    from splitplan.sim import deployments as dep
 
     runs, dropped = dep.read_deployments(path)
     mine = runs[runs.engine == backend].reset_index(drop=True)

@@ -126,8 +126,8 @@ def optimize_json(result, inputs: dict) -> dict:
 
 
 def plans_csv(plans) -> str:
-    import io
     import csv
+    import io
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(["rank", "prompt_pools", "token_pools", "mixed_pools", "machines", "cost_usd_per_hour", "power_kw",
@@ -141,8 +141,8 @@ def plans_csv(plans) -> str:
 
 
 def candidates_csv(result) -> str:
-    import io
     import csv
+    import io
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(["kind", "role", "hardware", "tp", "instances", "machines", "cost_usd_per_hour", "power_kw", "binding", "skipped_reason", "plan"])

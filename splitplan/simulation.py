@@ -4,22 +4,28 @@ it until the simulation meets the SLO."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from splitplan.defaults import DEFAULT_ENGINE, MAX_BATCH_TOKENS
 from splitplan.errors import InfeasibleError, SpecError
+from splitplan.parallel import run_units
+from splitplan.perf.points import instance, reference_instance
+from splitplan.perf.table import load_perf_db
+from splitplan.report import SCHEMA_VERSION
+from splitplan.roles import SPLIT, Role
+from splitplan.search.plan import Plan, Pool, predict
+from splitplan.sim.cluster import PoolSpec, SimOptions
+from splitplan.sim.cluster import simulate as run
+from splitplan.sim.metrics import requests_csv, summarize_result
+from splitplan.slo import reference_for
 from splitplan.specs.hardware import load_hardware
+from splitplan.specs.slo import load_slo
 
 if TYPE_CHECKING:
     from splitplan.search.optimize import OptimizeResult
-    from splitplan.search.plan import Plan
     from splitplan.sim.cluster import SimResult
-from splitplan.perf.points import instance, reference_instance
-from splitplan.roles import SPLIT, Role
-from splitplan.slo import reference_for
 
 
 class PoolRequest(NamedTuple):
@@ -38,7 +44,6 @@ class SimulateResult:
     pools: tuple
 
     def to_json(self) -> dict:
-        from splitplan.report import SCHEMA_VERSION
         return {"schema_version": SCHEMA_VERSION, "summary": self.summary}
 
     def to_frame(self):
@@ -47,7 +52,6 @@ class SimulateResult:
 
         import pandas as pd
 
-        from splitplan.sim.metrics import requests_csv
         return pd.read_csv(io.StringIO(requests_csv(self.result, self.result.names)))
 
 
@@ -55,8 +59,6 @@ def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGIN
                perf_interp: str = "splitplan"):
     """(role, hardware, tp, machines) -> PoolSpecs with analytic or measured instances
     (`perf_interp`: how the measured table is read, see perf.table.INTERPOLATIONS)."""
-    from splitplan.perf.table import load_perf_db
-    from splitplan.sim.cluster import PoolSpec
     db = load_perf_db(perf_db) if perf_db else None
     out = []
     for role, hw, tp, machines in pools:
@@ -76,10 +78,6 @@ def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str 
     """Replay `trace` through the cluster request by request (sim.cluster) and summarize.
     With `concurrency`, a closed loop of that many clients (workload.closed_loop_workload
     makes its requests); the trace's timestamps are ignored."""
-    from splitplan.perf.table import load_perf_db
-    from splitplan.sim.cluster import SimOptions, simulate as run
-    from splitplan.sim.metrics import summarize_result
-    from splitplan.specs.slo import load_slo
 
     roles = {r for r, *_ in pools}
     if not (set(SPLIT) <= roles or Role.MIXED in roles) or (Role.MIXED in roles and len(roles) > 1):
@@ -97,7 +95,6 @@ def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str 
 
 def plan_from_pools(pools: list[PoolRequest], **fields) -> "Plan":
     """A Plan holding these (role, hardware, tp, machines) pools, priced from the catalog."""
-    from splitplan.search.plan import Plan, Pool
     by_role = {role: tuple(Pool(h, t, m) for r, h, t, m in pools if r == role) for role in Role}
     cost = sum(load_hardware(h).price_usd_per_hour * m for _, h, _, m in pools)
     power = sum(load_hardware(h).provisioned_power_w / 1e3 * m for _, h, _, m in pools)
@@ -141,7 +138,6 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
         plan = plan_from_pools(pools, predicted=plan.predicted, slo=plan.slo, repairs=plan.repairs,
                                binding=f"{plan.binding}; simulation: {added} machine(s) added")
         if planned is not None and planned.problem is not None:
-            from splitplan.search.plan import predict
             plan = predict(planned.problem, plan, {o.key: o for o in planned.options})
     return plan, sim, added
 
@@ -156,6 +152,5 @@ def simulate_plans(plans, trace, model: str, slo: str, engine: str = DEFAULT_ENG
                    max_batch_tokens: int = MAX_BATCH_TOKENS, jobs: int = 1, executor: str = "local", ray_address: str | None = None,
                    progress=None) -> list[dict]:
     """Simulate several plans on the same trace (a work unit each)."""
-    from splitplan.parallel import run_units
     return run_units(_simulate_unit, [plan_pools(p) for p in plans], (trace, model, slo, engine, perf_db, max_batch_tokens),
                      jobs, executor, ray_address, progress, describe=lambda pools: f"plan {pools}")

@@ -5,20 +5,25 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO, MAX_BATCH_TOKENS
+from splitplan.defaults import (
+    DEFAULT_ENGINE,
+    DEFAULT_MODEL,
+    DEFAULT_SLO,
+    MAX_BATCH_TOKENS,
+)
 from splitplan.errors import InfeasibleError, SpecError
-from splitplan.specs.hardware import load_hardware
-
-if TYPE_CHECKING:
-    from splitplan.search.plan import Plan
+from splitplan.parallel import run_units
+from splitplan.report import SCHEMA_VERSION, plan_json
 from splitplan.search.optimize import optimize
+from splitplan.search.plan import Plan
 from splitplan.search.rate import max_rate
 from splitplan.simulation import plan_from_pools, plan_pools, pool_specs, simulate
-
+from splitplan.specs.design import load_designs
+from splitplan.specs.hardware import load_hardware
+from splitplan.workload.trace import Trace, resample_poisson
 
 SCENARIOS = ("iso-power", "iso-cost", "iso-throughput-cost", "iso-throughput-power")
 
@@ -68,7 +73,6 @@ class CompareResult:
         return getattr(result.plan, attr) / getattr(base.plan, attr)
 
     def to_json(self) -> dict:
-        from splitplan.report import SCHEMA_VERSION
         rows = [{**r.row(), "ratio_to_baseline": self.ratio(r),
                  **({"simulated": r.simulated} if r.simulated is not None else {})} for r in self.designs]
         return {"schema_version": SCHEMA_VERSION, "scenario": self.scenario, "baseline": self.baseline,
@@ -117,9 +121,6 @@ def compare(trace, designs: str, scenario: str, model: str = DEFAULT_MODEL, slo:
     the trace's sizes for `duration_s`. iso-throughput-cost / -power: the cheapest or
     lowest-power plan of each design at the trace's own rate (or its resample at `rate`).
     """
-    from splitplan.parallel import run_units
-    from splitplan.specs.design import load_designs
-    from splitplan.workload.trace import resample_poisson
 
     if scenario not in SCENARIOS:
         raise SpecError(f"--scenario {scenario}: choose one of {', '.join(SCENARIOS)}")
@@ -154,7 +155,6 @@ def compare(trace, designs: str, scenario: str, model: str = DEFAULT_MODEL, slo:
 
 
 def _resampled(trace, duration_s, seed, rate):
-    from splitplan.workload.trace import resample_poisson
     return resample_poisson(trace, rate, duration_s, np.random.default_rng(seed))
 
 
@@ -168,7 +168,6 @@ class SweepResult:
         return pd.DataFrame(list(self.rows))
 
     def to_json(self) -> dict:
-        from splitplan.report import SCHEMA_VERSION
         return {"schema_version": SCHEMA_VERSION, "mode": self.mode, "rows": list(self.rows)}
 
 
@@ -222,8 +221,6 @@ def sweep(trace, rates: list[float], model: str = DEFAULT_MODEL, slo: str = DEFA
     at each rate, with its predicted percentiles and cost per million tokens. With
     `pools`: one fixed plan simulated at each rate (latency against load). Every rate
     is a Poisson resample of the trace's sizes for `duration_s`."""
-    from splitplan.parallel import run_units
-    from splitplan.specs.design import load_designs
     if not rates or any(r <= 0 for r in rates):
         raise SpecError("--rates: give one or more rates > 0 (e.g. 5,10,20 or 5:80:16)")
     if (designs is None) == (pools is None):
@@ -262,7 +259,6 @@ class WindowsResult:
         return pd.DataFrame(list(self.rows))
 
     def to_json(self) -> dict:
-        from splitplan.report import SCHEMA_VERSION, plan_json
         planned = [p.cost_usd_per_hour for p in self.plans if p]
         peak = self.peak
         return {"schema_version": SCHEMA_VERSION, "window_s": self.window_s, "windows": list(self.rows),
@@ -289,8 +285,6 @@ def plan_windows(trace, window_s: float, model: str, slo: str, jobs: int = 1, ex
                  ray_address: str | None = None, progress=None, **options) -> WindowsResult:
     """Size each `window_s`-second window of a timestamped trace on its own (a work unit
     each): how a cluster that follows the load compares with a static plan for the peak."""
-    from splitplan.parallel import run_units
-    from splitplan.workload.trace import Trace
     if window_s <= 0:
         raise SpecError(f"--window {window_s:g} s: must be > 0")
     index = np.floor(trace.arrival_s / window_s).astype(np.int64)

@@ -9,7 +9,6 @@ from typing import Optional
 import typer
 
 from splitplan import api, report
-from splitplan.errors import SpecError
 from splitplan.cli.common import (
     Format,
     _emit_json,
@@ -19,6 +18,7 @@ from splitplan.cli.common import (
     app,
     user_errors,
 )
+from splitplan.errors import SpecError
 
 
 @app.command()

@@ -8,12 +8,7 @@ from typing import Optional
 
 import typer
 
-from splitplan.defaults import DEFAULT_MODEL
 from splitplan import api, report
-from splitplan.errors import SpecError
-from splitplan.specs.hardware import hardware_catalog
-from splitplan.specs.model import model_catalog
-from splitplan.workload.trace import Columns, load_workload, summarize
 from splitplan.cli.common import (
     Format,
     _emit_json,
@@ -23,6 +18,11 @@ from splitplan.cli.common import (
     trace_app,
     user_errors,
 )
+from splitplan.defaults import DEFAULT_MODEL
+from splitplan.errors import SpecError
+from splitplan.specs.hardware import hardware_catalog
+from splitplan.specs.model import model_catalog
+from splitplan.workload.trace import Columns, load_workload, summarize
 
 
 @hardware_app.command("list")

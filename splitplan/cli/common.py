@@ -14,8 +14,7 @@ import numpy as np
 import typer
 
 from splitplan import report
-from splitplan.errors import SplitplanError, SpecError
-
+from splitplan.errors import SpecError, SplitplanError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Provision phase-split (disaggregated) LLM serving clusters.")
@@ -106,7 +105,13 @@ def _progress(title: str, total: int | None = None):
     (or a status line when the count is unknown); elsewhere nothing. Yields
     `step(message=None)`, to call as each unit finishes."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
     err = Console(stderr=True)
     if not err.is_terminal:
         yield lambda message=None: None

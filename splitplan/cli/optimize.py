@@ -11,16 +11,13 @@ from typing import Optional
 import numpy as np
 import typer
 
-from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO, MAX_BATCH_TOKENS
 from splitplan import api, report
-from splitplan.errors import SpecError
-from splitplan.workload.trace import closed_loop_workload, load_workload, peak_window, resample_poisson
 from splitplan.cli.common import (
     EXECUTOR_HELP,
+    RAY_HELP,
     Executor,
     Objective,
     PlanFormat,
-    RAY_HELP,
     Search,
     _emit_json,
     _limits,
@@ -31,6 +28,14 @@ from splitplan.cli.common import (
     app,
     parse_duration,
     user_errors,
+)
+from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO, MAX_BATCH_TOKENS
+from splitplan.errors import SpecError
+from splitplan.workload.trace import (
+    closed_loop_workload,
+    load_workload,
+    peak_window,
+    resample_poisson,
 )
 
 

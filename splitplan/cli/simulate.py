@@ -7,10 +7,7 @@ from typing import Optional
 
 import typer
 
-from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO, MAX_BATCH_TOKENS
 from splitplan import api, report
-from splitplan.errors import SpecError
-from splitplan.workload.trace import closed_loop_workload, load_workload, peak_window
 from splitplan.cli.common import (
     Format,
     _emit_json,
@@ -18,6 +15,9 @@ from splitplan.cli.common import (
     plan_input,
     user_errors,
 )
+from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO, MAX_BATCH_TOKENS
+from splitplan.errors import SpecError
+from splitplan.workload.trace import closed_loop_workload, load_workload, peak_window
 
 
 @app.command()

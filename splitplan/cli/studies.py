@@ -10,16 +10,13 @@ from typing import Optional
 
 import typer
 
-from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO
 from splitplan import api, report
-from splitplan.errors import SpecError
-from splitplan.workload.trace import load_workload
 from splitplan.cli.common import (
     EXECUTOR_HELP,
+    RAY_HELP,
     Executor,
     Objective,
     PlanFormat,
-    RAY_HELP,
     _emit_json,
     _limits,
     _progress,
@@ -30,6 +27,9 @@ from splitplan.cli.common import (
     plan_input,
     user_errors,
 )
+from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO
+from splitplan.errors import SpecError
+from splitplan.workload.trace import load_workload
 
 
 class Scenario(str, Enum):
@@ -170,6 +170,7 @@ def _sweep_plot(result, slo: str, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     from splitplan.specs.slo import load_slo
     lines = load_slo(slo).lines()
     frame = result.to_frame()

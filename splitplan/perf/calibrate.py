@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from splitplan.perf.measurements import flag_anomalies
 from splitplan.perf.roofline import Instance
 from splitplan.runner import Runner, serial
 from splitplan.specs.engine import EngineFactors, EngineProfile
@@ -134,7 +135,6 @@ def _kept(base: EngineProfile, hw: str, tp: int) -> dict:
 def transfer_points(points: pd.DataFrame) -> pd.DataFrame:
     """The sweeps a transfer check compares across machines and models: TP 8,
     single-prompt prefills, no failed runs."""
-    from splitplan.perf.measurements import flag_anomalies
     points = points[~flag_anomalies(points) & (points.tp == 8)]
     return points[~((points.phase == "prefill") & (points.batch > 1))].reset_index(drop=True)
 

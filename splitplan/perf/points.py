@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-
 from splitplan.defaults import DEFAULT_ENGINE
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.perf.roofline import Instance

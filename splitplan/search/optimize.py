@@ -6,23 +6,31 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
 
 from splitplan.defaults import DEFAULT_ENGINE, MAX_BATCH_TOKENS
 from splitplan.errors import InfeasibleError, SpecError
-from splitplan.perf.roofline import Instance
-from splitplan.roles import SPLIT, Role
-from splitplan.specs.engine import load_engine
-from splitplan.specs.hardware import load_hardware
-from splitplan.specs.model import load_model
-
-if TYPE_CHECKING:
-    from splitplan.search.plan import Plan, Problem
+from splitplan.parallel import run_units
 from splitplan.perf.points import reference_instance
-from splitplan.slo import achieved, alone_latencies, meets, reference_for
+from splitplan.perf.roofline import Instance
+from splitplan.perf.table import load_perf_db
+from splitplan.report import optimize_json, plan_json, plans_csv
+from splitplan.roles import SPLIT, Role
 from splitplan.search.bracket import plan_max_rate
 from splitplan.search.frontier import cost_power_frontier, nondominated
+from splitplan.search.plan import (
+    Plan,
+    Problem,
+    colocated_plan,
+    make_plan,
+    repair,
+    size_option,
+    solve_counts,
+)
+from splitplan.slo import achieved, alone_latencies, meets, reference_for
+from splitplan.specs.engine import load_engine
+from splitplan.specs.hardware import hardware_catalog, load_hardware
+from splitplan.specs.model import load_model
+from splitplan.specs.slo import load_slo
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,6 @@ class OptimizeResult:
 
     def to_json(self, inputs: dict | None = None) -> dict:
         """The document `splitplan optimize --format json` prints."""
-        from splitplan.report import optimize_json, plan_json
         document = optimize_json(self, inputs or {})
         if self.pareto:
             document["pareto"] = [plan_json(p) for p in self.pareto]
@@ -63,7 +70,6 @@ class OptimizeResult:
 
         import pandas as pd
 
-        from splitplan.report import plans_csv
         return pd.read_csv(io.StringIO(plans_csv([self.plan, *self.alternatives])))
 
 
@@ -76,11 +82,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
              pareto: bool = False, solver: str = "highs") -> OptimizeResult:
     """The cheapest (or lowest-power) plan meeting every SLO line on `trace`: split
     prompt/token pools (default) or, with `split=False`, co-located machines."""
-    from splitplan.search.plan import Problem, colocated_plan
-    from splitplan.specs.hardware import hardware_catalog
-    from splitplan.specs.slo import load_slo
 
-    from splitplan.perf.table import load_perf_db
 
     m, eng, profile = load_model(model), load_engine(engine), load_slo(slo)
     db = load_perf_db(perf_db) if perf_db else None
@@ -172,13 +174,11 @@ def _servable(trace, model, engine, token_machines, tp):
 
 
 def _size_one(problem, task):
-    from splitplan.search.plan import size_option
     return size_option(problem, *task)
 
 
 def _size_all(problem, tasks: list, jobs: int) -> list:
     """Size every (role, instance, lower bound) task, in `jobs` processes."""
-    from splitplan.parallel import run_units
     return run_units(_size_one, tasks, problem, jobs)
 
 
@@ -191,7 +191,6 @@ def _best_split(problem, options, search: str, alternatives: int):
     """Candidates: the ILP's (or grid's) plan, and the best homogeneous plan of every
     (prompt, token) hardware pair; each is verified and repaired on the whole trace,
     and the best verified one wins. The rest are the runner-ups."""
-    from splitplan.search.plan import make_plan, repair, solve_counts
 
     by_key = {o.key: o for o in options}
     candidates = [solve_counts(problem, options, search)]

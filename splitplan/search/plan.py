@@ -25,15 +25,20 @@ from typing import NamedTuple
 import numpy as np
 import pulp
 
+from splitplan.capacity.pools import (
+    BatchTimes,
+    colocated_pool,
+    decode_pool,
+    prompt_queue_ttft_s,
+    smallest_count,
+)
 from splitplan.defaults import MAX_BATCH_TOKENS
-from splitplan.capacity.pools import BatchTimes, colocated_pool, decode_pool, prompt_queue_ttft_s, smallest_count
 from splitplan.errors import InfeasibleError, SolverError, SpecError
 from splitplan.perf.roofline import Instance, kv_transfer_time_s
 from splitplan.roles import SPLIT, Role
 from splitplan.slo import Reference, achieved, alone_latencies, meets
 from splitplan.specs.slo import SloLine, SloProfile
 from splitplan.workload.trace import Trace
-
 
 
 class OptionKey(NamedTuple):

@@ -10,13 +10,13 @@ import numpy as np
 from splitplan.defaults import DEFAULT_ENGINE, MAX_BATCH_TOKENS
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.perf.roofline import Instance
-from splitplan.specs.engine import load_engine
-from splitplan.specs.hardware import load_hardware
-from splitplan.specs.model import load_model
 from splitplan.report import plan_text
 from splitplan.search.bracket import bracket_bisect
 from splitplan.search.optimize import OptimizeResult, _plan_key, optimize
 from splitplan.simulation import plan_pools, simulate
+from splitplan.specs.engine import load_engine
+from splitplan.specs.hardware import hardware_catalog, load_hardware
+from splitplan.specs.model import load_model
 
 
 def max_rate(workload_at, base_rate_rps: float, model: str, slo: str, progress=None, **kwargs) -> OptimizeResult:
@@ -62,7 +62,6 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
     (Poisson, the same requests) at `concurrency / E2E` of the last plan's simulated closed
     loop, and keeps the best plan whose closed-loop simulation met every SLO line. Each
     round is recorded (`closed_loop` in the result)."""
-    from splitplan.specs.hardware import hardware_catalog
 
     m, eng = load_model(model), load_engine(kwargs.get("engine", DEFAULT_ENGINE))
     names = kwargs.get("hardware") or [h.name for h in hardware_catalog()]

@@ -62,9 +62,18 @@ from collections import deque
 
 import numpy as np
 
-from splitplan.sim import gaps
 from splitplan.roles import Role
-from splitplan.sim.types import MIXED, PROMPT, TOKEN, Event, InstanceStats, PoolSpec, SimOptions, SimResult  # noqa: F401  (re-exported)
+from splitplan.sim import gaps
+from splitplan.sim.types import (  # noqa: F401  (re-exported)
+    MIXED,
+    PROMPT,
+    TOKEN,
+    Event,
+    InstanceStats,
+    PoolSpec,
+    SimOptions,
+    SimResult,
+)
 from splitplan.workload.trace import Trace
 
 

@@ -32,9 +32,9 @@ from scipy.optimize import least_squares
 
 from splitplan.errors import TraceError
 from splitplan.perf.roofline import Instance
-from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.roles import Role
 from splitplan.runner import Runner, serial
+from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.specs.engine import EngineProfile
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model

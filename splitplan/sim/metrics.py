@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from splitplan.sim.cluster import PoolSpec, SimResult
 from splitplan.roles import Role
+from splitplan.sim.cluster import PoolSpec, SimResult
 from splitplan.slo import Reference, achieved, attainment_pct, meets
 from splitplan.specs.slo import SloProfile
 

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from splitplan.errors import SpecError
+from splitplan.specs.catalog import resolve
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -80,7 +81,6 @@ def load_spec(model: type[M], path: Path, data: dict[str, Any] | None = None) ->
 def load_named(model: type[M], kind: str, name_or_path: str, what: str) -> tuple[M, Path]:
     """A catalog entry (by name, from the `kind` folder) or a user file (by path),
     named after its file unless it names itself; returns the spec and its path."""
-    from splitplan.specs.catalog import resolve
 
     path = resolve(kind, name_or_path, what)
     data = read_mapping(path)

@@ -11,7 +11,6 @@ override use the profile's defaults.
 from __future__ import annotations
 
 import functools
-
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field

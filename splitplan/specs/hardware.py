@@ -8,7 +8,6 @@ Every figure carries a source and a date.
 from __future__ import annotations
 
 import functools
-
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator

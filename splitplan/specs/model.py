@@ -10,11 +10,11 @@ mapped to the Llama-style names. The FFN is gated (SwiGLU, 3 matrices) when
 from __future__ import annotations
 
 import functools
-
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from splitplan.errors import SpecError
 from splitplan.specs._load import load_spec, read_mapping
 from splitplan.specs.catalog import catalog_names, resolve
 
@@ -149,7 +149,6 @@ def _misspelt(path, data: dict) -> None:
     like a key splitplan needs and lacks is a typo: say so."""
     import difflib
 
-    from splitplan.errors import SpecError
     fields = set(ModelSpec.model_fields) | set(_ALIASES)
     missing = [f for f, info in ModelSpec.model_fields.items() if info.is_required() and f not in data]
     for key in data:

@@ -5,7 +5,6 @@ alone (`slowdown`)."""
 from __future__ import annotations
 
 import functools
-
 import re
 from dataclasses import dataclass
 from typing import Annotated
@@ -15,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from splitplan.errors import SpecError
 from splitplan.specs._load import load_named
 from splitplan.specs.catalog import catalog_names
+from splitplan.specs.hardware import load_hardware
 
 _PCT = re.compile(r"^p(\d+(?:\.\d+)?)$")
 METRICS = ("ttft", "tbt", "e2e")
@@ -88,7 +88,6 @@ class SloLine:
 def load_slo(name_or_path: str) -> SloProfile:
     profile, path = load_named(SloProfile, "slo_profiles", name_or_path, "SLO profile")
     if profile.reference is not None:
-        from splitplan.specs.hardware import load_hardware
 
         try:
             load_hardware(profile.reference.hardware)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from splitplan.errors import TraceError
+from splitplan.errors import SpecError, TraceError
 from splitplan.specs.catalog import data_dir
 
 
@@ -208,7 +208,6 @@ def load_workload(trace: "str | Path | Trace | None" = None, rate: float | None 
                   seed: int = 0, columns: Columns | None = None) -> Trace:
     """A trace (a path, a Trace, or None for the embedded Azure code trace), or its
     Poisson resample at `rate` req/s for `duration_s` seconds."""
-    from splitplan.errors import SpecError
     if rate is not None and rate <= 0:
         raise SpecError(f"--rate {rate:g}: must be > 0 requests per second")
     if duration_s <= 0:
@@ -232,7 +231,6 @@ def closed_loop_workload(trace: "str | Path | Trace | None", concurrency: int, n
     `isl` tokens and output `osl` tokens when given, else drawn i.i.d. from the trace's
     (prompt, output) pairs with `seed`. Arrival times are left at 0: the simulator sets
     them as clients free up."""
-    from splitplan.errors import SpecError
     if concurrency < 1:
         raise SpecError(f"--concurrency {concurrency}: must be >= 1 client")
     for flag, value in (("--isl", isl), ("--osl", osl), ("--num-requests", num_requests)):
