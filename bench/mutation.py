@@ -87,7 +87,7 @@ class _Mutate(ast.NodeTransformer):
     def visit(self, node):
         if node is not self.target:
             return self.generic_visit(node)
-        self.done = ast.unparse(node)
+        self.done = f"line {node.lineno}: " + ast.unparse(node)
         if isinstance(node, (ast.BinOp, ast.BoolOp)):
             node.op = SWAPS[type(node.op)]()
         elif isinstance(node, ast.Compare):

@@ -129,9 +129,12 @@ def test_unreachable_slo_names_line_best_value_and_hardware(small_trace, tmp_pat
         api.optimize(small_trace, "llama2-70b", str(slo), ["a100-80gb", "h100-80gb"])
 
 
-def test_budget_too_small_is_infeasible(small_trace):
-    with pytest.raises(InfeasibleError, match="within the budget"):
-        api.optimize(small_trace, "llama2-70b", "splitwise", ["h100-80gb"], max_cost_per_hour=10)
+def test_budget_too_small_is_infeasible_and_names_the_cheapest_homogeneous_cost(small_trace):
+    sized = api.optimize(small_trace, "llama2-70b", "splitwise", ["h100-80gb"], tp=8).options
+    need = sum(o.price_usd_per_hour * o.machines_alone for o in sized if o.role in ("prompt", "token"))
+    with pytest.raises(InfeasibleError, match="within the budget") as failure:
+        api.optimize(small_trace, "llama2-70b", "splitwise", ["h100-80gb"], tp=8, max_cost_per_hour=10)
+    assert f"needs about ${need:,.1f}/h" in str(failure.value)
 
 
 def test_colocated_baseline_beside_split(small_trace):
