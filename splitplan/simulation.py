@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from splitplan.defaults import DEFAULT_ENGINE, MAX_BATCH_TOKENS
+from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO, MAX_BATCH_TOKENS
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.parallel import run_units
 from splitplan.perf.points import instance, reference_instance
@@ -43,6 +43,15 @@ class SimulateResult:
     summary: dict
     pools: tuple
 
+    @property
+    def slo_met(self) -> bool:
+        return all(line["met"] for line in self.summary["slo"])
+
+    def outcome(self) -> dict:
+        """What a study keeps of a simulation: whether every SLO line was met, and the
+        TTFT, TBT and E2E percentiles (ms)."""
+        return {"slo_met": self.slo_met, **{k: self.summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms")}}
+
     def to_json(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, "summary": self.summary}
 
@@ -53,6 +62,22 @@ class SimulateResult:
         import pandas as pd
 
         return pd.read_csv(io.StringIO(requests_csv(self.result, self.result.names)))
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every simulation of one study shares: the model, the SLO profile, and how the
+    passes are timed (engine profile or measured perf-db, prefill batch size)."""
+
+    model: str = DEFAULT_MODEL
+    slo: str = DEFAULT_SLO
+    engine: str = DEFAULT_ENGINE
+    perf_db: str | None = None
+    max_batch_tokens: int = MAX_BATCH_TOKENS
+
+    def simulate(self, trace, pools: list[PoolRequest], concurrency: int | None = None) -> SimulateResult:
+        return simulate(trace, pools, self.model, self.slo, self.engine, self.perf_db, self.max_batch_tokens,
+                        concurrency=concurrency)
 
 
 def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
@@ -122,7 +147,7 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
             break
         if added == limit:
             raise InfeasibleError(f"the simulated plan still misses {failed[0]['line']} after {limit} added machines")
-        metric = failed[0]["line"].split()[0].lower()
+        metric = failed[0]["metric"]
         r = sim.result
         if any(p.role == Role.MIXED for p in pools):
             role = Role.MIXED
@@ -143,14 +168,13 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
 
 
 def _simulate_unit(shared, pools):
-    trace, model, slo, engine, perf_db, max_batch_tokens = shared
-    summary = simulate(trace, pools, model, slo, engine, perf_db, max_batch_tokens).summary
-    return {"slo_met": all(x["met"] for x in summary["slo"]), **{k: summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms")}}
+    trace, setup = shared
+    return setup.simulate(trace, pools).outcome()
 
 
 def simulate_plans(plans, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
                    max_batch_tokens: int = MAX_BATCH_TOKENS, jobs: int = 1, executor: str = "local", ray_address: str | None = None,
                    progress=None) -> list[dict]:
     """Simulate several plans on the same trace (a work unit each)."""
-    return run_units(_simulate_unit, [plan_pools(p) for p in plans], (trace, model, slo, engine, perf_db, max_batch_tokens),
+    return run_units(_simulate_unit, [plan_pools(p) for p in plans], (trace, Setup(model, slo, engine, perf_db, max_batch_tokens)),
                      jobs, executor, ray_address, progress, describe=lambda pools: f"plan {pools}")

@@ -4,6 +4,7 @@ over a range of rates (sweep), and a plan per window of a long trace (plan_windo
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,7 @@ from splitplan.report import SCHEMA_VERSION, plan_json
 from splitplan.search.optimize import optimize
 from splitplan.search.plan import Plan
 from splitplan.search.rate import max_rate
-from splitplan.simulation import plan_from_pools, plan_pools, pool_specs, simulate
+from splitplan.simulation import Setup, plan_from_pools, plan_pools, pool_specs
 from splitplan.specs.design import load_designs
 from splitplan.specs.hardware import load_hardware
 from splitplan.workload.trace import Trace, resample_poisson
@@ -83,9 +84,23 @@ class CompareResult:
         return pd.DataFrame([{**r.row(), "ratio_to_baseline": self.ratio(r)} for r in self.designs])
 
 
-def _design_unit(shared, design):
+@dataclass(frozen=True)
+class _CompareJob:
+    """What every design of a comparison shares (a work unit's shared input)."""
+
+    scenario: str
+    workload: Trace  # the trace, or its resample at --rate
+    workload_at: Callable[[float], Trace]  # the trace's sizes resampled at a rate
+    base_rate: float
+    setup: Setup
+    kwargs: dict  # optimize options: engine, perf_db, max_batch_tokens, budget
+    validate: bool
+
+
+def _design_unit(job: _CompareJob, design):
     """One design in one scenario (a picklable work unit)."""
-    scenario, workload, workload_at, base_rate, model, slo, kwargs, validate_plans = shared
+    scenario, workload, workload_at, base_rate = job.scenario, job.workload, job.workload_at, job.base_rate
+    model, slo, kwargs = job.setup.model, job.setup.slo, job.kwargs
     common = dict(hardware=design.hardware, prompt_hardware=[design.prompt] if design.prompt else None,
                   token_hardware=[design.token] if design.token else None, tp=design.tp, split=design.split, **kwargs)
     try:
@@ -98,12 +113,7 @@ def _design_unit(shared, design):
             rate, trace = base_rate, workload  # the trace's own rate, or the --rate resampled at
     except InfeasibleError as exc:
         return DesignResult(design.name, None, None, str(exc))
-    simulated = None
-    if validate_plans:
-        sim = simulate(trace, plan_pools(result.plan), model, slo, kwargs.get("engine", DEFAULT_ENGINE),
-                       kwargs.get("perf_db"), kwargs.get("max_batch_tokens", MAX_BATCH_TOKENS))
-        simulated = {"slo_met": all(x["met"] for x in sim.summary["slo"]),
-                     **{k: sim.summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms")}}
+    simulated = job.setup.simulate(trace, plan_pools(result.plan)).outcome() if job.validate else None
     return DesignResult(design.name, result.plan, rate, "", simulated)
 
 
@@ -148,8 +158,8 @@ def compare(trace, designs: str, scenario: str, model: str = DEFAULT_MODEL, slo:
     base_rate = rate or trace.mean_rate_rps
     workload = resample_poisson(trace, rate, duration_s, np.random.default_rng(seed)) if rate else trace
     workload_at = functools.partial(_resampled, trace, duration_s, seed)
-    shared = (scenario, workload, workload_at, base_rate, model, slo, kwargs, validate)
-    results = run_units(_design_unit, list(spec.designs), shared, jobs, executor, ray_address, progress,
+    job = _CompareJob(scenario, workload, workload_at, base_rate, Setup(model, slo, engine, perf_db, max_batch_tokens), kwargs, validate)
+    results = run_units(_design_unit, list(spec.designs), job, jobs, executor, ray_address, progress,
                         describe=lambda d: f"design {d.name}")
     return CompareResult(scenario, tuple(results), base_name, budget)
 
@@ -193,16 +203,26 @@ def _sweep_row(name, rate, plan, metrics: dict, trace, slo_met: bool, error: str
     return row
 
 
-def _sweep_unit(shared, unit):
-    mode, base, duration_s, seed, model, slo, kwargs, pools = shared
+@dataclass(frozen=True)
+class _SweepJob:
+    """What every rate of a sweep shares (a work unit's shared input)."""
+
+    base: Trace  # resampled at each rate
+    duration_s: float
+    seed: int
+    setup: Setup
+    kwargs: dict  # optimize options (designs mode)
+    pools: list | None  # the fixed plan (plan mode)
+
+
+def _sweep_unit(job: _SweepJob, unit):
     name, design, rate = unit
-    trace = _resampled(base, duration_s, seed, rate)
-    if mode == "plan":
-        sim = simulate(trace, pools, model, slo, kwargs.get("engine", DEFAULT_ENGINE), kwargs.get("perf_db"),
-                       kwargs.get("max_batch_tokens", MAX_BATCH_TOKENS))
-        plan = plan_from_pools(pools)
+    trace = _resampled(job.base, job.duration_s, job.seed, rate)
+    if job.pools is not None:
+        sim = job.setup.simulate(trace, job.pools)
         metrics = {m: sim.summary[f"{m}_ms"] for m in ("ttft", "tbt", "e2e")}
-        return _sweep_row(name, rate, plan, metrics, trace, all(x["met"] for x in sim.summary["slo"]))
+        return _sweep_row(name, rate, plan_from_pools(job.pools), metrics, trace, sim.slo_met)
+    model, slo, kwargs = job.setup.model, job.setup.slo, job.kwargs
     try:
         result = optimize(trace, model, slo, hardware=design.hardware, prompt_hardware=[design.prompt] if design.prompt else None,
                           token_hardware=[design.token] if design.token else None, tp=design.tp, split=design.split,
@@ -236,7 +256,8 @@ def sweep(trace, rates: list[float], model: str = DEFAULT_MODEL, slo: str = DEFA
         pool_specs(pools, model, engine, perf_db)  # validate before forking
         units = [("plan", None, r) for r in rates]
         mode = "plan"
-    rows = run_units(_sweep_unit, units, (mode, trace, duration_s, seed, model, slo, kwargs, pools), jobs, executor,
+    job = _SweepJob(trace, duration_s, seed, Setup(model, slo, engine, perf_db, max_batch_tokens), kwargs, pools if mode == "plan" else None)
+    rows = run_units(_sweep_unit, units, job, jobs, executor,
                      ray_address, progress, describe=lambda u: f"{u[0]} at {u[2]:g} req/s")
     return SweepResult(tuple(rows), mode)
 

@@ -43,7 +43,7 @@ def test_optimize_closed_loop_keeps_only_plans_whose_closed_loop_met_the_slo(mon
     kwargs = dict(hardware=["h100-80gb"], engine="lean-fp8")
     ok = api.optimize_closed_loop(work, 8, "llama3.1-70b", "chat", **kwargs)
     assert ok.closed_loop["rounds"][0]["slo_met"] and ok.closed_loop["concurrency"] == 8
-    import splitplan.search.rate as rate
-    monkeypatch.setattr(rate, "simulate", missing)
+    import splitplan.simulation as simulation
+    monkeypatch.setattr(simulation, "simulate", missing)
     with pytest.raises(InfeasibleError, match="no plan met the SLO in a closed loop of 8 clients.*missed TTFT p50"):
         api.optimize_closed_loop(work, 8, "llama3.1-70b", "chat", **kwargs)

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from splitplan import api
-from splitplan.simulation import _simulate_unit
+from splitplan.simulation import Setup, _simulate_unit
 from splitplan.cli import app
 from splitplan.errors import SpecError
 from splitplan.parallel import WorkUnitError, run_units
@@ -46,14 +46,14 @@ def test_windows_same_on_ray_and_local(local_ray):
 @pytest.mark.parametrize("executor", ["local", "ray"])
 def test_failing_unit_is_named(executor, local_ray):
     good = [("prompt", "h100-80gb", 8, 1), ("token", "h100-80gb", 8, 1)]
-    shared = (TRACE, "llama2-70b", "splitwise", "lean", None, 2048)
+    shared = (TRACE, Setup("llama2-70b", "splitwise", "lean", None, 2048))
     with pytest.raises(WorkUnitError, match=r"work unit 2 of 2 \(plan None\) failed: TypeError"):
         run_units(_simulate_unit, [good, None], shared, jobs=2, executor=executor,
                   describe=lambda pools: f"plan {pools!r}")
 
 
 def test_user_errors_in_units_keep_their_kind():
-    shared = (TRACE, "llama2-70b", "splitwise", "lean", None, 2048)
+    shared = (TRACE, Setup("llama2-70b", "splitwise", "lean", None, 2048))
     with pytest.raises(SpecError, match=r"work unit 1 of 1 .*unknown hardware 'h100'"):
         run_units(_simulate_unit, [[("prompt", "h100", 8, 1), ("token", "h100-80gb", 8, 1)]], shared)
 

@@ -13,7 +13,8 @@ from splitplan.perf.roofline import Instance
 from splitplan.report import plan_text
 from splitplan.search.bracket import bracket_bisect
 from splitplan.search.optimize import OptimizeResult, _plan_key, optimize
-from splitplan.simulation import plan_pools, simulate
+from splitplan.simulation import Setup, plan_pools
+from splitplan.slo import alone_latencies
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import hardware_catalog, load_hardware
 from splitplan.specs.model import load_model
@@ -65,8 +66,7 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
 
     m, eng = load_model(model), load_engine(kwargs.get("engine", DEFAULT_ENGINE))
     names = kwargs.get("hardware") or [h.name for h in hardware_catalog()]
-    p, o = workload.prompt_tokens.astype(float), workload.output_tokens.astype(float)
-    alone = [float(np.mean(inst.prefill_time_s(p) + (o - 1) * inst.decode_step_time_s(1, p + o / 2)))
+    alone = [float(np.mean(alone_latencies(inst, workload.prompt_tokens, workload.output_tokens).e2e_s))
              for hw in map(load_hardware, names) for t in hw.tp_degrees()
              for inst in [Instance(m, hw, eng, t)] if inst.fit.fits]
     if not alone:
@@ -78,9 +78,9 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
         open_loop = dataclasses.replace(workload, arrival_s=np.cumsum(gaps) - gaps[0],
                                         source=f"{workload.source} (open loop at {rate:.3g} req/s)")
         result = optimize(open_loop, model, slo, **kwargs)
-        sim = simulate(workload, plan_pools(result.plan), model, slo, kwargs.get("engine", DEFAULT_ENGINE),
-                       kwargs.get("perf_db"), kwargs.get("max_batch_tokens", MAX_BATCH_TOKENS), concurrency=concurrency)
-        met = all(line["met"] for line in sim.summary["slo"])
+        setup = Setup(model, slo, kwargs.get("engine", DEFAULT_ENGINE), kwargs.get("perf_db"), kwargs.get("max_batch_tokens", MAX_BATCH_TOKENS))
+        sim = setup.simulate(workload, plan_pools(result.plan), concurrency)
+        met = sim.slo_met
         rounds_out.append({"planned_rate_rps": rate, "plan": plan_text(result.plan), "cost_usd_per_hour": result.plan.cost_usd_per_hour,
                            "power_kw": result.plan.power_kw, "simulated_rate_rps": sim.summary["throughput_rps"], "slo_met": met})
         if progress:
