@@ -23,6 +23,7 @@ from splitplan.perf.points import instance, instance_facts, perf_points
 from splitplan.search.optimize import OptimizeResult, optimize
 from splitplan.search.rate import max_rate, optimize_closed_loop
 from splitplan.simulation import (
+    Setup,
     SimulateResult,
     plan_from_pools,
     plan_pools,
@@ -30,6 +31,7 @@ from splitplan.simulation import (
     simulate,
     simulate_plans,
     validate,
+    validate_result,
 )
 from splitplan.studies import (
     SCENARIOS,
@@ -46,7 +48,7 @@ __all__ = [
     "DEFAULT_ENGINE", "DEFAULT_MODEL", "DEFAULT_SLO", "MAX_BATCH_TOKENS", "SCENARIOS",
     "instance", "instance_facts", "perf_points",
     "OptimizeResult", "optimize", "max_rate", "optimize_closed_loop",
-    "SimulateResult", "simulate", "simulate_plans", "validate", "pool_specs", "plan_from_pools", "plan_pools",
+    "Setup", "SimulateResult", "simulate", "simulate_plans", "validate", "validate_result", "pool_specs", "plan_from_pools", "plan_pools",
     "CalibrateResult", "DeploymentCalibration", "calibrate", "calibrate_deployments",
     "CompareResult", "DesignResult", "SweepResult", "WindowsResult", "compare", "sweep", "plan_windows",
 ]

@@ -122,6 +122,10 @@ def optimize_json(result, inputs: dict) -> dict:
         body["max_rate_rps"] = result.max_rate_rps
     if result.closed_loop is not None:
         body["closed_loop"] = result.closed_loop
+    if result.simulated is not None:
+        body["simulated"] = result.simulated
+        for alternative, outcome in zip(body["alternatives"], result.alternatives_simulated):
+            alternative["simulated"] = outcome
     return {"schema_version": SCHEMA_VERSION, "inputs": inputs, "plan": body}
 
 

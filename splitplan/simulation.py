@@ -3,6 +3,7 @@ it until the simulation meets the SLO."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -170,6 +171,21 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
 def _simulate_unit(shared, pools):
     trace, setup = shared
     return setup.simulate(trace, pools).outcome()
+
+
+def validate_result(result: "OptimizeResult", trace, setup: Setup, jobs: int = 1, executor: str = "local",
+                    ray_address: str | None = None, progress=None) -> "OptimizeResult":
+    """`optimize --validate`: every runner-up simulated (a work unit each), then the plan
+    grown until its simulation meets the SLO (`validate`); the result carries both.
+    `progress()` is called per runner-up and once for the plan."""
+    runner_ups = simulate_plans(result.alternatives, trace, setup.model, setup.slo, setup.engine, setup.perf_db,
+                                setup.max_batch_tokens, jobs, executor, ray_address, progress)
+    plan, sim, added = validate(result.plan, trace, setup.model, setup.slo, setup.engine, setup.perf_db,
+                                setup.max_batch_tokens, planned=result)
+    if progress:
+        progress()
+    simulated = {**{k: sim.summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms", "slo")}, "machines_added": added}
+    return dataclasses.replace(result, plan=plan, simulated=simulated, alternatives_simulated=tuple(runner_ups))
 
 
 def simulate_plans(plans, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,

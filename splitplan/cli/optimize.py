@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -115,11 +114,10 @@ def optimize(
         "max_machines": _limits(max_machines), "max_batch_tokens": max_batch_tokens, "split": not no_split,
         "window": stretch,
     }
-    simulated, runner_ups = None, None
     if validate:
-        result, simulated, runner_ups = _validate(result, workload, model, slo, common, jobs_n, executor.value, ray_address)
+        result = _validate(result, workload, model, slo, common, jobs_n, executor.value, ray_address)
     inputs["validate"] = validate
-    _emit_plan(result, workload, simulated, inputs, format, output_dir, plot, pareto, runner_ups)
+    _emit_plan(result, workload, inputs, format, output_dir, plot, pareto)
 
 
 def _at_least_one(*options) -> None:
@@ -152,7 +150,7 @@ def _closed_loop(workload, concurrency, model, slo, seed, split, objective, comm
     with _progress("closed loop: plan at the rate Little's law gives, simulate, replan") as step:
         result = api.optimize_closed_loop(workload, concurrency, model, slo, seed, split=split, objective=objective,
                                           progress=lambda r: step(), **common)
-    _emit_plan(result, workload, None, {"trace": workload.source, "requests": len(workload), "concurrency": concurrency,
+    _emit_plan(result, workload, {"trace": workload.source, "requests": len(workload), "concurrency": concurrency,
                                         **sizes, "seed": seed, "model": model, "slo": slo, "objective": objective,
                                         **{k: v for k, v in common.items() if k != "jobs"}},
                format, output_dir, None, False)
@@ -173,25 +171,14 @@ def _highest_rate(base, rate, duration, seed, start_rps, model, slo, common):
 
 def _validate(result, workload, model, slo, common, jobs, executor, ray_address):
     """--validate: the runner-ups simulated, the plan grown until its simulation meets the SLO."""
-    engine, perf_db, max_batch_tokens = common["engine"], common["perf_db"], common["max_batch_tokens"]
-    with _progress("validating the runner-ups by simulation", total=len(result.alternatives)) as step:
-        runner_ups = api.simulate_plans(result.alternatives, workload, model, slo, engine, perf_db, max_batch_tokens,
-                                        jobs, executor, ray_address, step)
-    with _progress("validating the plan by simulation"):
-        plan, sim, added = api.validate(result.plan, workload, model, slo, engine, perf_db, max_batch_tokens, planned=result)
-    simulated = {**{k: sim.summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms", "slo")}, "machines_added": added}
-    return dataclasses.replace(result, plan=plan), simulated, runner_ups
+    setup = api.Setup(model, slo, common["engine"], common["perf_db"], common["max_batch_tokens"])
+    with _progress("validating the runner-ups and the plan by simulation", total=len(result.alternatives) + 1) as step:
+        return api.validate_result(result, workload, setup, jobs, executor, ray_address, step)
 
 
-def _emit_plan(result, workload, simulated, inputs: dict, format, output_dir, plot, pareto: bool, runner_ups=None) -> None:
+def _emit_plan(result, workload, inputs: dict, format, output_dir, plot, pareto: bool) -> None:
     """An optimize result as JSON, CSV or tables, and its files."""
-    document = report.optimize_json(result, inputs)
-    if simulated is not None:
-        document["plan"]["simulated"] = simulated
-        for alternative, outcome in zip(document["plan"]["alternatives"], runner_ups):
-            alternative["simulated"] = outcome
-    if pareto:
-        document["pareto"] = [report.plan_json(p) for p in result.pareto]
+    document = result.to_json(inputs)
     plans = [result.plan, *result.alternatives]
     if output_dir is not None:
         files = {
@@ -208,7 +195,7 @@ def _emit_plan(result, workload, simulated, inputs: dict, format, output_dir, pl
     elif format is PlanFormat.csv:
         sys.stdout.write(report.plans_csv(list(result.pareto) if pareto else plans))
     else:
-        _render_plan(result, workload, simulated)
+        _render_plan(result, workload)
         if pareto:
             report.console().print(report.table(
                 "Pareto frontier: cost against provisioned power (max rate: the most these machines serve)",
@@ -268,7 +255,7 @@ def _plan_windows(workload, window_s, model, slo, format, output_dir, options, j
                   f"following the load averages ${mean:,.2f}/h ({(1 - mean / peak.cost_usd_per_hour) * 100:.0f} % less).")
 
 
-def _render_plan(result, workload, simulated=None) -> None:
+def _render_plan(result, workload) -> None:
     plan = result.plan
     con = report.console()
     if plan.mixed_pools:
@@ -287,6 +274,7 @@ def _render_plan(result, workload, simulated=None) -> None:
     con.print(report.table(f"Plan for {workload.source} ({len(workload):,} requests)", ["", "value"], rows))
     con.print(report.table("Predicted against the SLO", ["line", "target", "achieved", "met"],
                            [(line.label, line.target, v, "yes" if ok else "NO") for line, v, ok in plan.slo]))
+    simulated = result.simulated
     if simulated is not None:
         rows = [(f"{m.upper()} {q}", plan.predicted[m][q], simulated[f"{m}_ms"][q])
                 for m in ("ttft", "tbt", "e2e") for q in ("p50", "p90", "p99")]

@@ -44,6 +44,8 @@ class OptimizeResult:
     unservable: dict | None = None  # requests no token instance can hold, left out of the sizing
     problem: "Problem | None" = field(default=None, repr=False, compare=False)  # what was solved (trace, SLO, budgets)
     closed_loop: dict | None = None  # optimize_closed_loop: the rounds, and the plan's simulated closed loop
+    simulated: dict | None = None  # simulation.validate_result: the plan's simulation and the machines it added
+    alternatives_simulated: tuple = ()  # simulation.validate_result: each runner-up's simulated outcome
 
     @property
     def frontier(self) -> tuple:
