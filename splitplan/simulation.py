@@ -9,7 +9,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO, MAX_BATCH_TOKENS
+from splitplan.defaults import (
+    DEFAULT_ENGINE,
+    DEFAULT_MODEL,
+    DEFAULT_SLO,
+    MAX_BATCH_TOKENS,
+)
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.parallel import run_units
 from splitplan.perf.points import instance, reference_instance

@@ -8,10 +8,10 @@ import pytest
 from typer.testing import CliRunner
 
 from splitplan import api
-from splitplan.simulation import Setup, _simulate_unit
 from splitplan.cli import app
 from splitplan.errors import SpecError
 from splitplan.parallel import WorkUnitError, run_units
+from splitplan.simulation import Setup, _simulate_unit
 from splitplan.workload.trace import default_trace_path, load_trace
 
 ray = pytest.importorskip("ray")

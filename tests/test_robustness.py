@@ -5,13 +5,20 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from splitplan import api
 from splitplan.cli import app
 from splitplan.errors import InfeasibleError
-from splitplan.workload.trace import Trace, default_trace_path, load_trace, resample_poisson, summarize
+from splitplan.workload.trace import (
+    Trace,
+    default_trace_path,
+    load_trace,
+    resample_poisson,
+    summarize,
+)
 
 BASE = load_trace(default_trace_path())
 H = ["a100-80gb", "h100-80gb"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from splitplan.errors import InfeasibleError
-from splitplan.search.plan import make_plan, repair, solve_counts
+from splitplan.search.plan import make_plan, repair
+from splitplan.search.solve import solve_counts
 
 
 def nondominated(plans) -> list:

@@ -24,8 +24,8 @@ from splitplan.search.plan import (
     make_plan,
     repair,
     size_option,
-    solve_counts,
 )
+from splitplan.search.solve import solve_counts
 from splitplan.slo import achieved, alone_latencies, meets, reference_for
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import hardware_catalog, load_hardware

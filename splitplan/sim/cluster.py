@@ -58,7 +58,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections import deque
 
 import numpy as np
 
@@ -69,41 +68,13 @@ from splitplan.sim.types import (  # noqa: F401  (re-exported)
     PROMPT,
     TOKEN,
     Event,
+    InstanceState,
     InstanceStats,
     PoolSpec,
     SimOptions,
     SimResult,
 )
 from splitplan.workload.trace import Trace
-
-
-class _Inst:
-    __slots__ = ("idx", "pool", "role", "perf", "can_prefill", "queue",
-                 "waiting", "kv_cap", "kv_used", "kv_committed", "members", "batch", "ctx", "iters", "ends", "finishing", "running", "link_free",
-                 "bw", "prefill_s", "decode_s", "batch_integral", "run_prefill", "steps")
-
-    def __init__(self, idx, pool, role, perf, bw):
-        self.idx, self.pool, self.role, self.perf = idx, pool, role, perf
-        self.can_prefill = role in (PROMPT, MIXED)
-        self.queue = deque()
-        self.waiting = deque()
-        self.kv_cap = perf.fit.kv_capacity_tokens
-        self.kv_used = 0  # token: KV reserved whole; mixed: KV of the admitted requests not yet decoding
-        self.members: list[int] = []  # mixed: the decode batch in join order (the newest is preempted first)
-        self.kv_committed = 0  # KV of the requests routed here to decode and not finished (held, on its way or to come)
-        self.batch = 0
-        self.ctx = 0
-        self.iters = 0
-        self.ends: list[float] = []  # end time of each decode iteration
-        self.finishing: dict[int, list[int]] = {}
-        self.running = False
-        self.link_free = 0.0
-        self.bw = bw
-        self.prefill_s = 0.0  # time in iterations that hold a prefill
-        self.decode_s = 0.0  # time in decode-only iterations
-        self.batch_integral = 0.0  # decode batch x time
-        self.run_prefill: list[int] = []
-        self.steps: list[tuple[int, int]] | None = [] if perf.measured else None  # measured: (batch, context)
 
 
 def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptions()) -> SimResult:
@@ -128,12 +99,12 @@ class _Cluster:
         self.released = min(self.closed or self.n, self.n)  # requests whose arrival time is known
         self.p = self.trace.prompt_tokens.tolist()
         self.o = self.trace.output_tokens.tolist()
-        self.insts: list[_Inst] = []
+        self.insts: list[InstanceState] = []
         for k, pool in enumerate(self.pools):
             hw = pool.perf.hardware
             share = hw.scale_out_bytes_per_s * pool.perf.tp / hw.gpus_per_machine
             for _ in range(pool.instances):
-                self.insts.append(_Inst(len(self.insts), k, pool.role, pool.perf, share))
+                self.insts.append(InstanceState(len(self.insts), k, pool.role, pool.perf, share))
         self.prompt_side = [i for i in self.insts if i.role in (PROMPT, MIXED)]
         self.token_side = [i for i in self.insts if i.role in (TOKEN, MIXED)]
         if not self.prompt_side or not self.token_side:
@@ -177,7 +148,7 @@ class _Cluster:
         self.seq += 1
         heapq.heappush(self.heap, (time, self.seq, kind, a, b))
 
-    def _unassign(self, inst: _Inst, i: int):
+    def _unassign(self, inst: InstanceState, i: int):
         """Request i no longer holds a decode place on inst (finished or rejected)."""
         inst.kv_committed -= self.p[i] + self.o[i]
         if inst.idx in self.t_pos:
@@ -189,10 +160,10 @@ class _Cluster:
             return (self.rr[which] - 1) % len(loads)
         return loads.index(min(loads))
 
-    def _long_queue(self, inst: _Inst, i: int) -> bool:
+    def _long_queue(self, inst: InstanceState, i: int) -> bool:
         return bool(inst.queue) and self.prompt_load[self.p_pos[inst.idx]] + self.p[i] > self.options.borrow_threshold_tokens
 
-    def _mixed_pool_prompt(self, i: int) -> _Inst:
+    def _mixed_pool_prompt(self, i: int) -> InstanceState:
         """Join-shortest-queue among the prompt machines not lent to decoding; a lent one
         (holding KV of borrowed decodes) only when every other queue is long."""
         own = [x for x in self.prompt_side if not x.kv_committed]
@@ -204,7 +175,7 @@ class _Cluster:
                 best = other
         return best
 
-    def _lend_prompt(self, need: int) -> _Inst | None:
+    def _lend_prompt(self, need: int) -> InstanceState | None:
         """The prompt machine to decode a request the token machines have no room for:
         one already lent with room (the fullest that fits, keeping the others whole),
         else the one with the fewest pending prompt tokens; None when none fits."""
@@ -225,7 +196,7 @@ class _Cluster:
         self.tokens_out += self.o[i]
         self._release_client(now)
 
-    def _start(self, inst: _Inst, now: float):
+    def _start(self, inst: InstanceState, now: float):
         """Begin the instance's next iteration, if it has work."""
         if inst.role == MIXED:
             while inst.batch > 1 and inst.kv_used + inst.ctx + inst.batch > inst.kv_cap:
@@ -286,7 +257,7 @@ class _Cluster:
         self.seq += 1
         heapq.heappush(self.heap, (now + duration, self.seq, _ITERATION_END, inst.idx, None))
 
-    def _admit(self, inst: _Inst, now: float):
+    def _admit(self, inst: InstanceState, now: float):
         """Take waiting requests, in order, while their KV fits.
         A token instance reserves a request's whole KV (prompt + output tokens) once it has
         arrived: it joins the decode batch. A co-located instance allocates KV as engines
@@ -319,7 +290,7 @@ class _Cluster:
             inst.kv_used += need
             self._join(inst, i, now)
 
-    def _join(self, inst: _Inst, i: int, now: float):
+    def _join(self, inst: InstanceState, i: int, now: float):
         """Request i (its KV held on inst) joins the decode batch at this iteration boundary."""
         inst.batch += 1
         inst.ctx += self.p[i] + self.base[i]
@@ -332,7 +303,7 @@ class _Cluster:
         if inst.role == MIXED:
             inst.members.append(i)
 
-    def _preempt(self, inst: _Inst, now: float):
+    def _preempt(self, inst: InstanceState, now: float):
         """A co-located instance whose KV cannot hold one more token per decoding request
         preempts the newest one, as vLLM does by default: its KV is freed and it waits at the
         head of the queue to be recomputed (prompt and output so far prefilled again), then
@@ -349,7 +320,7 @@ class _Cluster:
         self.prompt_load[self.p_pos[inst.idx]] += self.plen[v]
         inst.waiting.appendleft(v)
 
-    def _prefill_done(self, inst: _Inst, i: int, now: float):
+    def _prefill_done(self, inst: InstanceState, i: int, now: float):
         if self.resumed[i]:  # recomputed after a preemption: its next token comes now
             self.stall[i] = max(self.stall[i], now - self.preempted_at[i])
             inst.kv_used -= self.plen[i]
@@ -411,7 +382,7 @@ class _Cluster:
         self.events = events
         return self._result()
 
-    def _arrive(self, i: int, now: float) -> _Inst:
+    def _arrive(self, i: int, now: float) -> InstanceState:
         """Route request i at its arrival (join-shortest-queue or round-robin, with the mixed
         pool's borrowing) and queue it; the instance that prefills it."""
         if self.options.borrow_threshold_tokens is None or self.prompt_side[0].role == MIXED:
@@ -446,7 +417,7 @@ class _Cluster:
             self._start(src, now)
         return src
 
-    def _kv_arrived(self, inst: _Inst, i: int, now: float):
+    def _kv_arrived(self, inst: InstanceState, i: int, now: float):
         """Request i's KV reached token instance inst: it waits to join the batch."""
         self.kv_ready[i] = now
         inst.waiting.append(i)
@@ -454,7 +425,7 @@ class _Cluster:
             self._admit(inst, now)
             self._start(inst, now)
 
-    def _iteration_end(self, inst: _Inst, now: float):
+    def _iteration_end(self, inst: InstanceState, now: float):
         """inst's iteration is over: every decoding request has one more token (some finish),
         the prefills it carried have their first token; admit and start the next one."""
         p, o = self.p, self.o

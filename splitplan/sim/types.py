@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -47,6 +48,37 @@ class SimOptions:
     # requests' sizes in order and its timestamps are ignored. None: open loop, the trace's times.
     concurrency: int | None = None
     record_events: bool = False  # keep every event (time, Event, instance, request) in SimResult.event_log
+
+
+class InstanceState:
+    """One model instance's state during a run (the simulator's, mutable; slots for speed)."""
+
+    __slots__ = ("idx", "pool", "role", "perf", "can_prefill", "queue",
+                 "waiting", "kv_cap", "kv_used", "kv_committed", "members", "batch", "ctx", "iters", "ends", "finishing", "running", "link_free",
+                 "bw", "prefill_s", "decode_s", "batch_integral", "run_prefill", "steps")
+
+    def __init__(self, idx, pool, role, perf, bw):
+        self.idx, self.pool, self.role, self.perf = idx, pool, role, perf
+        self.can_prefill = role in (PROMPT, MIXED)
+        self.queue = deque()
+        self.waiting = deque()
+        self.kv_cap = perf.fit.kv_capacity_tokens
+        self.kv_used = 0  # token: KV reserved whole; mixed: KV of the admitted requests not yet decoding
+        self.members: list[int] = []  # mixed: the decode batch in join order (the newest is preempted first)
+        self.kv_committed = 0  # KV of the requests routed here to decode and not finished (held, on its way or to come)
+        self.batch = 0
+        self.ctx = 0
+        self.iters = 0
+        self.ends: list[float] = []  # end time of each decode iteration
+        self.finishing: dict[int, list[int]] = {}
+        self.running = False
+        self.link_free = 0.0
+        self.bw = bw
+        self.prefill_s = 0.0  # time in iterations that hold a prefill
+        self.decode_s = 0.0  # time in decode-only iterations
+        self.batch_integral = 0.0  # decode batch x time
+        self.run_prefill: list[int] = []
+        self.steps: list[tuple[int, int]] | None = [] if perf.measured else None  # measured: (batch, context)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ import pytest
 from splitplan import api
 from splitplan.capacity.pools import decode_pool
 from splitplan.perf.roofline import kv_transfer_time_s
-from splitplan.search.plan import Option, OptionKey as K, Problem, _decode_values, evaluate
+from splitplan.search.plan import Option, Problem, _decode_values, evaluate
+from splitplan.search.plan import OptionKey as K
 from splitplan.specs.slo import load_slo
 from splitplan.workload.trace import Trace
 
@@ -72,8 +73,8 @@ def test_requests_split_over_token_types_in_proportion_to_capacity():
 
 
 def test_repair_adds_the_machine_that_improves_the_failing_line_most_per_dollar():
-    from splitplan.slo import achieved
     from splitplan.search.plan import best_move, check
+    from splitplan.slo import achieved
     rng = np.random.default_rng(0)
     n = 300
     trace = Trace(np.sort(rng.uniform(0, 30, n)), rng.integers(500, 4000, n), rng.integers(10, 200, n), "t")

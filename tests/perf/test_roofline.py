@@ -2,7 +2,8 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from splitplan.perf.roofline import Instance, kv_transfer_time_s
 from splitplan.specs.engine import EngineFactors, EngineProfile, load_engine

@@ -4,12 +4,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from splitplan import api
 from splitplan.errors import InfeasibleError
 from splitplan.perf.roofline import Instance
-from splitplan.search.plan import Option, Problem, solve_counts
+from splitplan.search.plan import Option, Problem
+from splitplan.search.solve import solve_counts
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
@@ -65,7 +67,7 @@ def _small_ilp_options():
 def test_ilp_formulation_matches_the_reviewed_golden_file(tmp_path):
     """The integer program of a small case, written as an LP file and compared with the
     reviewed one (tests/data/ilp_small.lp): a change to the formulation shows up here."""
-    from splitplan.search.plan import ilp_model
+    from splitplan.search.solve import ilp_model
     problem = Problem(trace=None, slo=None, reference=None, objective="cost", max_cost_per_hour=300.0,
                       max_machines=(("h100-80gb", 4),))
     lp, _ = ilp_model(problem, _small_ilp_options())

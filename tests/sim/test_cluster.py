@@ -2,14 +2,20 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from splitplan import api
-from tests.conftest import PERF_DB
 from splitplan.perf.roofline import kv_transfer_time_s
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.sim.metrics import borrowed as borrowed_counts
-from splitplan.workload.trace import Trace, default_trace_path, load_trace, resample_poisson
+from splitplan.workload.trace import (
+    Trace,
+    default_trace_path,
+    load_trace,
+    resample_poisson,
+)
+from tests.conftest import PERF_DB
 
 H100 = api.instance("llama2-70b", "h100-80gb", 8)
 A100 = api.instance("llama2-70b", "a100-80gb", 8)
@@ -57,6 +63,7 @@ def test_conservation_every_request_once_and_tokens(seed, rate, routing, colocat
 
 def test_deterministic_byte_identical(tmp_path):
     from typer.testing import CliRunner
+
     from splitplan.cli import app
     args = ["simulate", "--prompt-pool", "h100-80gb:8:2", "--token-pool", "h100-80gb:8:1", "--rate", "8", "--duration", "30"]
     a = CliRunner().invoke(app, args + ["--output-dir", str(tmp_path / "a")])
@@ -226,8 +233,9 @@ def test_borrowing_happens_only_when_memory_is_short():
 def test_splitwise_sim_reading_of_the_table():
     """--perf-interp splitwise-sim: one batch-tokens axis, medians over every row with that
     token count; a decode step of B requests is read at B tokens (extrapolated below 128)."""
-    from splitplan.perf.table import PerfDb
     import pandas as pd
+
+    from splitplan.perf.table import PerfDb
     raw = pd.read_csv(PERF_DB)
     raw = raw[(raw.model == "bloom-176b") & (raw.hardware == "h100-80gb") & (raw.tensor_parallel == 8)]
     tokens = raw.prompt_size * raw.batch_size

@@ -2,10 +2,18 @@ import gzip
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from splitplan.errors import TraceError
-from splitplan.workload.trace import Columns, Trace, default_trace_path, load_trace, resample_poisson, summarize
+from splitplan.workload.trace import (
+    Columns,
+    Trace,
+    default_trace_path,
+    load_trace,
+    resample_poisson,
+    summarize,
+)
 from tests.conftest import DATA
 
 

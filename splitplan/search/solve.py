@@ -1,0 +1,148 @@
+"""Machine counts per option: the ILP (HiGHS or CBC through PuLP) and the exhaustive grid
+over the same integer space, minimizing cost or power under the linear capacity model
+(each option's n*(o) from its sizing alone) and the budgets."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import numpy as np
+import pulp
+
+from splitplan.errors import InfeasibleError, SolverError, SpecError
+from splitplan.roles import SPLIT, Role
+from splitplan.search.plan import Option, OptionKey, Problem
+
+
+def solve_counts(problem: Problem, options: list[Option], method: str = "ilp") -> dict[OptionKey, int]:
+    """Machine counts per option key minimizing the objective under the linear model."""
+    usable = [o for o in options if o.instances and o.role in SPLIT]
+    for role in SPLIT:
+        if not any(o.role == role for o in usable):
+            raise InfeasibleError(f"no {role} option can meet the SLO (see the skipped options)")
+    if method == "grid":
+        return _grid(problem, usable, *_objectives(problem))
+    if problem.solver not in SOLVERS:
+        raise SpecError(f"--solver {problem.solver}: choose {' or '.join(SOLVERS)}")
+    lp, x = ilp_model(problem, usable)
+    status = _solve_highs(lp) if problem.solver == "highs" else _solve_cbc(lp)
+    if status == "Infeasible":
+        raise InfeasibleError(_budget_message(problem, usable))
+    if status != "Optimal":
+        raise SolverError(f"{problem.solver} returned status {status}")
+    return {k: int(round(v.value() or 0)) for k, v in x.items() if round(v.value() or 0) > 0}
+
+
+SOLVERS = ("highs", "cbc")
+
+
+def _solve_highs(lp: "pulp.LpProblem") -> str:
+    """The PuLP model solved by HiGHS, as SciPy ships it (scipy.optimize.milp): no separate
+    binary or package, nothing printed on stdout (highspy prints a banner there, which would
+    break JSON output), no solver threads left behind in a process that forks workers."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    variables = lp.variables()
+    index = {v.name: k for k, v in enumerate(variables)}
+    c = np.zeros(len(variables))
+    for v, coef in lp.objective.items():
+        c[index[v.name]] = coef
+    rows, lower, upper = [], [], []
+    for con in lp.constraints.values():
+        row = np.zeros(len(variables))
+        for v, coef in con.items():
+            row[index[v.name]] = coef
+        rhs = -con.constant
+        rows.append(row)
+        lower.append(rhs if con.sense >= 0 else -np.inf)
+        upper.append(rhs if con.sense <= 0 else np.inf)
+    bounds = Bounds([v.lowBound if v.lowBound is not None else -np.inf for v in variables],
+                    [v.upBound if v.upBound is not None else np.inf for v in variables])
+    result = milp(c, constraints=LinearConstraint(np.array(rows), lower, upper) if rows else (),
+                  integrality=np.array([v.cat == pulp.LpInteger for v in variables], int), bounds=bounds)
+    if result.status == 0:
+        for v, value in zip(variables, result.x):
+            v.varValue = float(value)
+        return "Optimal"
+    return "Infeasible" if result.status == 2 else result.message
+
+
+def _solve_cbc(lp: "pulp.LpProblem") -> str:
+    """The CBC binary PuLP 3 bundles (PuLP 4 does not: there `cbc` needs a CBC on the PATH)."""
+    solver = pulp.PULP_CBC_CMD(msg=False)
+    if not solver.available():
+        raise SolverError("the cbc solver is not available here (install CBC); try --solver highs")
+    return pulp.LpStatus[lp.solve(solver)]
+
+
+def _objectives(problem: Problem):
+    """Per option: the objective's unit per machine, and the other objective's (the tie-break)."""
+    cost, power = (lambda o: o.price_usd_per_hour), (lambda o: o.power_kw)
+    return (cost, power) if problem.objective == "cost" else (power, cost)
+
+
+def _solver(name: str):
+    """HiGHS through highspy (the default), or the CBC binary PuLP 3 bundles (PuLP 4 does not:
+    there `cbc` needs a CBC on the PATH)."""
+    if name not in SOLVERS:
+        raise SpecError(f"--solver {name}: choose {' or '.join(SOLVERS)}")
+    solver = pulp.HiGHS(msg=False) if name == "highs" else pulp.PULP_CBC_CMD(msg=False)
+    if not solver.available():
+        raise SolverError(f"the {name} solver is not available here ({'pip install highspy' if name == 'highs' else 'install CBC'}); "
+                          f"try --solver {'cbc' if name == 'highs' else 'highs'}")
+    return solver
+
+
+def ilp_model(problem: Problem, usable: list[Option]) -> tuple["pulp.LpProblem", dict]:
+    """The integer program: machines x_o per option, at most as many as the option needs alone;
+    minimize the objective (the other one, scaled by 1e-6, breaks ties); each role's
+    instances cover the load (sum of x_o * instances per machine / n*_o >= 1); budgets."""
+    primary, secondary = _objectives(problem)
+    lp = pulp.LpProblem("splitplan", pulp.LpMinimize)
+    x = {o.key: pulp.LpVariable(f"x{i}", lowBound=0, upBound=o.machines_alone, cat="Integer") for i, o in enumerate(usable)}
+    lp += pulp.lpSum((primary(o) + 1e-6 * secondary(o)) * x[o.key] for o in usable)
+    for role in SPLIT:
+        lp += pulp.lpSum(x[o.key] * o.inst.instances_per_machine / o.instances for o in usable if o.role == role) >= 1, f"cover_{role}"
+    for name, terms, limit in _budgets(problem, usable, lambda o: x[o.key]):
+        lp += pulp.lpSum(terms) <= limit, name
+    return lp, x
+
+
+def _budgets(problem: Problem, usable: list[Option], var) -> list[tuple[str, list, float]]:
+    """(name, terms summing to the budgeted quantity, limit) of each budget the problem sets."""
+    out = []
+    if problem.max_cost_per_hour is not None:
+        out.append(("max_cost_per_hour", [o.price_usd_per_hour * var(o) for o in usable], problem.max_cost_per_hour))
+    if problem.max_power_kw is not None:
+        out.append(("max_power_kw", [o.power_kw * var(o) for o in usable], problem.max_power_kw))
+    for hw, limit in problem.max_machines:
+        out.append((f"max_machines_{re.sub(r'[^0-9A-Za-z]', '_', hw)}", [var(o) for o in usable if o.inst.hardware.name == hw], limit))
+    return out
+
+
+def _budget_message(problem: Problem, usable: list[Option]) -> str:
+    cheapest = min(o.price_usd_per_hour * o.machines_alone for o in usable if o.role == Role.PROMPT) + \
+        min(o.price_usd_per_hour * o.machines_alone for o in usable if o.role == Role.TOKEN)
+    return (f"no plan meets the SLO within the budget (--max-cost-per-hour {problem.max_cost_per_hour}, "
+            f"--max-power-kw {problem.max_power_kw}, --max-machines {dict(problem.max_machines) or '-'}); "
+            f"the cheapest homogeneous plan needs about ${cheapest:,.1f}/h: raise the budget or loosen the SLO")
+
+
+def _grid(problem: Problem, usable: list[Option], primary, secondary) -> dict[OptionKey, int]:
+    """Exhaustive enumeration of the same integer space as the ILP."""
+    ranges = [range(o.machines_alone + 1) for o in usable]
+    best, best_key = None, None
+    for counts in itertools.product(*ranges):
+        ok = all(sum(c * o.inst.instances_per_machine / o.instances for c, o in zip(counts, usable) if o.role == r) >= 1 - 1e-9
+                 for r in SPLIT)
+        if not ok:
+            continue
+        if not all(sum(terms) <= limit + 1e-9 for _, terms, limit in _budgets(problem, usable, lambda o: counts[usable.index(o)])):
+            continue
+        key = (round(sum(c * primary(o) for c, o in zip(counts, usable)), 9), round(sum(c * secondary(o) for c, o in zip(counts, usable)), 9))
+        if best is None or key < best:
+            best, best_key = key, counts
+    if best_key is None:
+        raise InfeasibleError(_budget_message(problem, usable))
+    return {o.key: c for o, c in zip(usable, best_key) if c > 0}
