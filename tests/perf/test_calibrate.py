@@ -152,3 +152,14 @@ def test_machines_and_models_given_as_files(tmp_path):
     for tp, inst in truth.items():
         fitted = api.instance(str(llm), str(gpu), tp, result.profile)
         assert float(fitted.prefill_time_s(1024)) == pytest.approx(float(inst.prefill_time_s(1024)) * slower[tp], rel=0.05)
+
+
+def test_each_held_out_prediction_comes_from_a_fit_without_its_fold(tmp_path):
+    points = read_measurements(_synthetic_csv(tmp_path, "lean", noise=0.1)).reset_index(drop=True)
+    base = load_engine("splitwise-vllm")
+    result = cal.calibrate(points, base, k=3)
+    fold = cal.folds(points, 3)
+    for f in range(3):
+        held = fold == f
+        alone = cal.predict_ms(points[held].reset_index(drop=True), cal.fit_profile(points[~held], base))
+        assert result.points.cv_ms[held].to_numpy() == pytest.approx(alone, rel=1e-9)

@@ -79,3 +79,18 @@ def test_calibrate_deployments_failures(args, needle, tmp_path, monkeypatch):
     args = [str(path) if a == "X" else a for a in args]
     result = CliRunner().invoke(app, ["calibrate", *args, "--folds", "0"])
     assert result.exit_code == 2 and needle in result.stderr, result.output
+
+
+def test_one_client_replays_back_to_back_requests_in_milliseconds():
+    """Concurrency 1 on a whole machine: no queueing, so the mean TTFT is one prefill and the
+    mean TPOT one decode step over the request's context (both in ms, as the files give them)."""
+    from splitplan.perf.roofline import Instance
+    from splitplan.specs.hardware import load_hardware
+    from splitplan.specs.model import load_model
+    profile = load_engine("lean-fp8")
+    run = {"model": "llama3.1-8b", "machine": "h100-80gb", "tp": 8, "concurrency": 1, "isl": 1000, "osl": 3}
+    ttft_ms, tpot_ms = dep.replay(run, profile)
+    inst = Instance(load_model("llama3.1-8b"), load_hardware("h100-80gb"), profile, 8)
+    assert ttft_ms == pytest.approx(float(inst.prefill_time_s(1000)) * 1e3, rel=1e-9)
+    steps = [float(inst.decode_step_time_s(1, 1000 + k)) for k in (1, 2)]  # the 2nd and 3rd token
+    assert tpot_ms == pytest.approx(np.mean(steps) * 1e3, rel=1e-6)

@@ -175,3 +175,15 @@ def test_measured_decode_is_monotone_and_never_below_its_smallest_measurement(hw
 def test_measured_prefill_is_monotone(hw, tokens, extra):
     m = _measured(hw)
     assert float(m.prefill_time_s(tokens + extra)) >= float(m.prefill_time_s(tokens))
+
+
+def test_flops_of_a_prompt_batch_are_each_prompt_s_including_its_lm_head_row():
+    m = load_model("llama3.1-8b")
+    inst = Instance(m, H100, IDEAL, 1)
+    one, four = inst.explain(prompt_tokens=[1000]), inst.explain(prompt_tokens=[1000] * 4)
+    assert four.flops_per_gpu == pytest.approx(4 * one.flops_per_gpu, rel=1e-12)  # per-prompt attention, one head row per prompt
+    head = 2 * m.vocab_size * m.hidden_size
+    both = inst.explain(prompt_tokens=[1000], decode_batch=3, decode_context_tokens=500)
+    decode = inst.explain(decode_batch=3, decode_context_tokens=500)
+    assert both.flops_per_gpu == pytest.approx(one.flops_per_gpu + decode.flops_per_gpu, rel=1e-12)
+    assert decode.flops_per_gpu >= 3 * head  # every decoded token goes through the LM head

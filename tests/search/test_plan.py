@@ -188,3 +188,15 @@ def test_throughput_needs_a_budget():
     base = load_trace(default_trace_path())
     with pytest.raises(SpecError, match="needs a budget"):
         api.max_rate(_scaled(base), 1.0, "llama2-70b", "splitwise")
+
+
+@pytest.mark.parametrize("method", ["ilp", "grid"])
+def test_equal_cost_is_broken_by_power(method):
+    """The capped H100 costs as much as the H100 and draws less: at equal capacity, a
+    cost-minimal plan takes it, by the ILP and by the grid."""
+    capped, full = (Instance(MODEL, load_hardware(h), ENGINE, 8) for h in ("h100-80gb-cap70", "h100-80gb"))
+    assert capped.hardware.price_usd_per_hour == full.hardware.price_usd_per_hour
+    assert capped.hardware.provisioned_power_w < full.hardware.provisioned_power_w
+    options = [Option("prompt", full, 3, "test"), Option("prompt", capped, 3, "test"), Option("token", full, 2, "test")]
+    counts = solve_counts(Problem(trace=None, slo=None, reference=None), options, method)
+    assert counts == {("prompt", "h100-80gb-cap70", 8): 3, ("token", "h100-80gb", 8): 2}

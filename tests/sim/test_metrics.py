@@ -1,0 +1,44 @@
+"""The simulator's reports: units, throughput and the per-request CSV."""
+
+import io
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from splitplan import api
+from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
+from splitplan.sim.metrics import benchmark_report, percentiles_ms, requests_csv
+from splitplan.workload.trace import Trace
+
+H100 = api.instance("llama2-70b", "h100-80gb", 8)
+
+
+def test_percentiles_are_milliseconds_over_served_requests():
+    out = percentiles_ms(np.array([0.1, 0.2, 0.3, np.nan]))
+    assert out["p50"] == pytest.approx(200.0) and out["p99"] == pytest.approx(np.percentile([100, 200, 300], 99))
+    assert percentiles_ms(np.array([np.nan]))["p50"] is None
+
+
+def _run():
+    trace = Trace(np.array([0.0, 0.5, 4.0]), np.array([500, 2000, 800]), np.array([20, 5, 40]), "t")
+    pools = [PoolSpec("prompt", H100, 1), PoolSpec("token", H100, 1)]
+    return simulate(trace, pools, SimOptions()), pools
+
+
+def test_benchmark_figures_are_per_second_of_the_run_and_per_gpu():
+    result, pools = _run()
+    report = benchmark_report(result, pools)
+    assert report["gpus"] == 16
+    assert report["output_tokens_per_s"] == pytest.approx(65 / result.span_s)
+    assert report["requests_per_s"] == pytest.approx(3 / result.span_s)
+    assert report["output_tokens_per_s_per_gpu"] == pytest.approx(65 / result.span_s / 16)
+    assert report["ttft_ms"]["mean"] == pytest.approx(np.mean(result.ttft_s) * 1e3)
+
+
+def test_requests_csv_rows_are_the_result_in_milliseconds():
+    result, _ = _run()
+    rows = pd.read_csv(io.StringIO(requests_csv(result, result.names)))
+    assert len(rows) == 3 and rows.request.tolist() == [0, 1, 2]
+    for column, values in (("ttft_ms", result.ttft_s), ("e2e_ms", result.e2e_s), ("tbt_ms", result.tbt_s)):
+        assert rows[column].to_numpy() == pytest.approx(values * 1e3, abs=1e-3)
