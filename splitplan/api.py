@@ -20,7 +20,7 @@ from splitplan.defaults import (
     MAX_BATCH_TOKENS,
 )
 from splitplan.perf.points import instance, instance_facts, perf_points
-from splitplan.search.optimize import OptimizeResult, optimize
+from splitplan.search.optimize import OptimizeResult, objective_value, optimize
 from splitplan.search.rate import max_rate, optimize_closed_loop
 from splitplan.simulation import (
     Setup,
@@ -47,7 +47,7 @@ from splitplan.studies import (
 __all__ = [
     "DEFAULT_ENGINE", "DEFAULT_MODEL", "DEFAULT_SLO", "MAX_BATCH_TOKENS", "SCENARIOS",
     "instance", "instance_facts", "perf_points",
-    "OptimizeResult", "optimize", "max_rate", "optimize_closed_loop",
+    "OptimizeResult", "objective_value", "optimize", "max_rate", "optimize_closed_loop",
     "Setup", "SimulateResult", "simulate", "simulate_plans", "validate", "validate_result", "pool_specs", "plan_from_pools", "plan_pools",
     "CalibrateResult", "DeploymentCalibration", "calibrate", "calibrate_deployments",
     "CompareResult", "DesignResult", "SweepResult", "WindowsResult", "compare", "sweep", "plan_windows",

@@ -21,7 +21,8 @@ def test_docs_examples_run():
 
 def test_results_have_frames_and_json():
     result = splitplan.plan(rate=4, duration_s=30, hardware=["h100-80gb"], tp=8)
-    assert isinstance(result.to_frame(), pd.DataFrame) and result.to_json()["plan"]["prompt_pools"]
+    document = result.to_json()["plan"]
+    assert isinstance(result.to_frame(), pd.DataFrame) and (document.get("prompt_pools") or document.get("mixed_pools"))
     sim = splitplan.simulate(result.plan, rate=4, duration_s=30)
     assert len(sim.to_frame()) == sim.summary["requests"] and "summary" in sim.to_json()
     sweep = splitplan.sweep([2, 4], pools=[("prompt", "h100-80gb", 8, 1), ("token", "h100-80gb", 8, 1)], duration_s=30)

@@ -27,7 +27,7 @@ H = ["a100-80gb", "h100-80gb"]
 def test_one_request_trace(tmp_path):
     one = Trace(np.array([0.0]), np.array([1500]), np.array([40]), "one")
     result = api.optimize(one, "llama2-70b", "splitwise", H, tp=8)
-    assert result.plan.machines == 2 and all(ok for _, _, ok in result.plan.slo)
+    assert result.plan.machines == 1 and result.split.machines == 2 and all(ok for _, _, ok in result.plan.slo)
     assert summarize(one)["mean_rate_rps"] is None
     sim = api.simulate(one, api.plan_pools(result.plan), "llama2-70b", "splitwise")
     assert sim.summary["finished"] == 1
@@ -69,7 +69,8 @@ def test_slo_only_one_machine_type_meets(tmp_path):
     slo = tmp_path / "tight.yaml"
     slo.write_text(f"description: t\nttft:\n  p50: {{max_ms: {limit:.3f}}}\ntbt:\n  p99: {{max_ms: 200}}\n")
     result = api.optimize(trace, "llama2-70b", str(slo), machines, tp=8)
-    assert {p.hardware for p in result.plan.prompt_pools} == {fastest}
+    assert {p.hardware for p in result.split.prompt_pools} == {fastest}
+    assert result.colocated is None or {p.hardware for p in result.colocated.mixed_pools} == {fastest}
 
 
 def test_model_that_fits_nowhere_exits_3():

@@ -60,6 +60,7 @@ def optimize(
     max_machines: list[str] = typer.Option([], "--max-machines", help="Availability, TYPE=N (repeatable)."),
     max_batch_tokens: int = typer.Option(MAX_BATCH_TOKENS, "--max-batch-tokens", help="Prompt tokens per prefill batch."),
     no_split: bool = typer.Option(False, "--no-split", help="Plan co-located machines (mixed batching), not split pools."),
+    split_only: bool = typer.Option(False, "--split-only", help="Recommend the best split plan even where a co-located one is better under the objective (it is still compared)."),
     jobs: int = typer.Option(0, "--jobs", help="Processes for sizing pool options (0: one per core)."),
     validate: bool = typer.Option(False, "--validate", help="Simulate the plan; grow the binding pool until the simulation meets the SLO."),
     pareto: bool = typer.Option(False, "--pareto", help="Also find the cost-vs-power Pareto frontier across hardware mixes."),
@@ -78,12 +79,14 @@ def optimize(
 ) -> None:
     """The cheapest (or lowest-power) prompt/token machine plan meeting every SLO line on the trace."""
     _at_least_one(("--tp", tp), ("--max-batch-tokens", max_batch_tokens), ("--max-requests", max_requests))
+    if split_only and no_split:
+        raise SpecError("--split-only and --no-split ask for opposite plans: keep one")
     jobs_n = jobs if jobs > 0 else (os.cpu_count() or 1)
     loaded = load_workload(trace, None, duration, seed)  # read once; resampled or windowed below
     common = dict(hardware=_names(hardware), prompt_hardware=_names(prompt_hardware), token_hardware=_names(token_hardware),
                   tp=tp, engine=engine, search=search.value, solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
                   max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens,
-                  jobs=jobs_n, perf_db=str(perf_db) if perf_db else None)
+                  jobs=jobs_n, perf_db=str(perf_db) if perf_db else None, split_only=split_only)
     if concurrency is None and (isl is not None or osl is not None or num_requests is not None):
         raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
     if concurrency is not None:
@@ -112,6 +115,7 @@ def optimize(
         "token_hardware": _names(token_hardware), "tp": tp, "objective": objective.value, "engine": engine,
         "search": search.value, "solver": solver, "max_cost_per_hour": max_cost_per_hour, "max_power_kw": max_power_kw,
         "max_machines": _limits(max_machines), "max_batch_tokens": max_batch_tokens, "split": not no_split,
+        "split_only": split_only,
         "window": stretch,
     }
     if validate:
@@ -267,8 +271,10 @@ def _render_plan(result, workload) -> None:
     rows += [("cost", f"${plan.cost_usd_per_hour:,.2f}/h"), ("power", f"{plan.power_kw:,.2f} kW provisioned"),
              ("binding", plan.binding)]
     if result.split_saving_pct is not None:
-        rows.append(("vs best co-located", f"{report.plan_text(result.colocated)} at ${result.colocated.cost_usd_per_hour:,.2f}/h: "
-                     f"splitting {'saves' if result.split_saving_pct >= 0 else 'costs'} {abs(result.split_saving_pct):.0f} %"))
+        other, label = (result.colocated, "vs best co-located") if plan is not result.colocated else (result.split, "vs best split")
+        saving = result.split_saving_pct
+        rows.append((label, f"{report.plan_text(other)} at {_in_objective(result.objective, other)}: splitting "
+                            f"{'saves' if saving >= 0 else 'adds'} {abs(saving):.0f} % {result.objective}"))
     elif not plan.mixed_pools and result.max_rate_rps is None:
         rows.append(("vs best co-located", "no co-located plan meets the SLO"))
     con.print(report.table(f"Plan for {workload.source} ({len(workload):,} requests)", ["", "value"], rows))
@@ -295,9 +301,10 @@ def _render_plan(result, workload) -> None:
                                 for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))],
                                caption=f"{bench['requests_per_s']:.3g} req/s, {bench['output_tokens_per_s_per_gpu']:,.0f} output "
                                        f"tokens/s per GPU ({bench['gpus']} GPUs)"))
-    alt_rows = [(report.plan_text(a), a.cost_usd_per_hour, a.power_kw, f"{a.cost_usd_per_hour / plan.cost_usd_per_hour - 1:+.0%}",
-                 a.binding) for a in result.alternatives]
-    con.print(report.table("Runner-up plans", ["plan", "$/h", "kW", "vs plan", "binding"], alt_rows))
+    value = api.objective_value
+    alt_rows = [(report.plan_text(a), a.cost_usd_per_hour, a.power_kw,
+                 f"{value(result.objective, a) / value(result.objective, plan) - 1:+.0%}", a.binding) for a in result.alternatives]
+    con.print(report.table("Runner-up plans", ["plan", "$/h", "kW", f"{result.objective} vs plan", "binding"], alt_rows))
     if result.unservable:
         u = result.unservable
         con.print(f"[bold]warning:[/bold] {u['requests']:,} request(s) ({u['share_pct']:.2f} %, prompts of "
@@ -305,3 +312,8 @@ def _render_plan(result, workload) -> None:
     skipped = sorted({f"{o.role} {o.inst.hardware.name} TP{o.inst.tp}: {o.skipped}" for o in result.options if o.skipped})
     if skipped:
         con.print(f"{len(skipped)} option(s) skipped; see candidates.csv (--output-dir) for the reasons.")
+
+
+def _in_objective(objective: str, plan) -> str:
+    """A plan's value in the objective's unit."""
+    return f"${plan.cost_usd_per_hour:,.2f}/h" if objective == "cost" else f"{plan.power_kw:,.2f} kW"

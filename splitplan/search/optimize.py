@@ -35,8 +35,8 @@ from splitplan.specs.slo import load_slo
 
 @dataclass(frozen=True)
 class OptimizeResult:
-    plan: "Plan"
-    alternatives: tuple  # runner-ups, the best co-located plan among them
+    plan: "Plan"  # the best plan under the objective, split or co-located
+    alternatives: tuple  # runner-ups, the best co-located (or split) plan among them
     options: tuple  # every evaluated Option, sized or skipped
     colocated: "Plan | None" = None  # the best co-located plan (None if none meets the SLO)
     max_rate_rps: float | None = None  # objective throughput: the highest rate served
@@ -46,6 +46,8 @@ class OptimizeResult:
     closed_loop: dict | None = None  # optimize_closed_loop: the rounds, and the plan's simulated closed loop
     simulated: dict | None = None  # simulation.validate_result: the plan's simulation and the machines it added
     alternatives_simulated: tuple = ()  # simulation.validate_result: each runner-up's simulated outcome
+    split: "Plan | None" = None  # the best split plan (None when none was planned or none meets the SLO)
+    objective: str = "cost"  # what `plan` minimizes: cost or power
 
     @property
     def frontier(self) -> tuple:
@@ -54,10 +56,11 @@ class OptimizeResult:
 
     @property
     def split_saving_pct(self) -> float | None:
-        """Cost saved against the best co-located plan, in % (negative: splitting loses)."""
-        if self.colocated is None or self.plan.mixed_pools:
+        """What the best split plan saves against the best co-located plan, in % of the
+        objective (cost or power; negative: splitting loses, and the plan is co-located)."""
+        if self.colocated is None or self.split is None:
             return None
-        return (1 - self.plan.cost_usd_per_hour / self.colocated.cost_usd_per_hour) * 100
+        return (1 - objective_value(self.objective, self.split) / objective_value(self.objective, self.colocated)) * 100
 
     def to_json(self, inputs: dict | None = None) -> dict:
         """The document `splitplan optimize --format json` prints."""
@@ -81,9 +84,12 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
              max_power_kw: float | None = None, max_machines: dict[str, int] | None = None,
              max_batch_tokens: int = MAX_BATCH_TOKENS, alternatives: int = 5, split: bool = True,
              with_colocated: bool = True, jobs: int = 1, perf_db: str | None = None,
-             pareto: bool = False, solver: str = "highs") -> OptimizeResult:
-    """The cheapest (or lowest-power) plan meeting every SLO line on `trace`: split
-    prompt/token pools (default) or, with `split=False`, co-located machines."""
+             pareto: bool = False, solver: str = "highs", split_only: bool = False) -> OptimizeResult:
+    """The cheapest (or lowest-power) plan meeting every SLO line on `trace`: the better of
+    the best split plan (prompt/token pools) and the best co-located plan under the objective
+    (`split_only`: the split plan, the co-located one still compared); with `split=False`,
+    co-located machines only. Co-located plans use the machines named by `hardware`, else
+    those of `prompt_hardware` and `token_hardware`, else the catalog."""
 
 
     m, eng, profile = load_model(model), load_engine(engine), load_slo(slo)
@@ -116,7 +122,8 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     # A co-located pool carries the prompt load and more: the prompt pool's count of the
     # same (machine, TP) bounds its size from below, which shortens its search.
     lower = {(o.inst.hardware.name, o.inst.tp): o.instances for o in first if o.role == Role.PROMPT}
-    mixed = _size_all(problem, tasks(Role.MIXED, names, lower), jobs) if with_colocated or not split else []
+    mixed_names = hardware or sorted(set(prompt_hardware or []) | set(token_hardware or [])) or names
+    mixed = _size_all(problem, tasks(Role.MIXED, mixed_names, lower), jobs) if with_colocated or not split else []
     if not split:
         plan = colocated_plan(problem, mixed)
         others = []
@@ -126,7 +133,8 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
             except InfeasibleError:
                 continue
         others.sort(key=lambda p: _plan_key(objective, p))
-        return OptimizeResult(plan, tuple(others[:alternatives]), tuple(mixed), plan, unservable=unservable, problem=problem)
+        return OptimizeResult(plan, tuple(others[:alternatives]), tuple(mixed), plan, unservable=unservable, problem=problem,
+                              objective=objective)
     prompt_types = {machines[n].name for n in prompt_names}  # names may be paths: compare the loaded names
     options = [o for o in first if o.role == Role.TOKEN or o.inst.hardware.name in prompt_types]
     _raise_if_unreachable(problem, options)
@@ -135,14 +143,15 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
         colocated = colocated_plan(problem, mixed) if mixed else None
     except InfeasibleError:
         colocated = None
-    shown = alts[: alternatives - 1] + ([colocated] if colocated else [])
+    best = plan if split_only or colocated is None or _plan_key(objective, plan) <= _plan_key(objective, colocated) else colocated
+    shown = alts[: alternatives - 1] + [p for p in (plan, colocated) if p is not None and p is not best]
     front = ()
     if pareto:
         by_key = {o.key: o for o in options + mixed}
         front = tuple(dataclasses.replace(p, max_rate_rps=plan_max_rate(problem, p, by_key))
                       for p in cost_power_frontier(problem, options, [plan, *alts, *([colocated] if colocated else [])]))
-    return OptimizeResult(plan, tuple(sorted(shown, key=lambda p: _plan_key(objective, p))), tuple(options + mixed),
-                          colocated, pareto=front, unservable=unservable, problem=problem)
+    return OptimizeResult(best, tuple(sorted(shown, key=lambda p: _plan_key(objective, p))), tuple(options + mixed),
+                          colocated, pareto=front, unservable=unservable, problem=problem, split=plan, objective=objective)
 
 
 def _servable(trace, model, engine, token_machines, tp):
@@ -184,9 +193,16 @@ def _size_all(problem, tasks: list, jobs: int) -> list:
     return run_units(_size_one, tasks, problem, jobs)
 
 
+def objective_value(objective: str, plan) -> float:
+    """A plan's value under the objective: $/h for cost, provisioned kW for power."""
+    return plan.cost_usd_per_hour if objective == "cost" else plan.power_kw
+
+
 def _plan_key(objective: str, plan) -> tuple:
-    first, second = (plan.cost_usd_per_hour, plan.power_kw) if objective == "cost" else (plan.power_kw, plan.cost_usd_per_hour)
-    return (first, second, plan.machines, repr(plan.prompt_pools + plan.token_pools + plan.mixed_pools))
+    """Best first: the objective, then the other one, then fewer machines, then a fixed order."""
+    other = "power" if objective == "cost" else "cost"
+    return (objective_value(objective, plan), objective_value(other, plan), plan.machines,
+            repr(plan.prompt_pools + plan.token_pools + plan.mixed_pools))
 
 
 def _best_split(problem, options, search: str, alternatives: int):
