@@ -384,3 +384,18 @@ def test_json_on_stdout_is_only_json_in_a_real_process():
                           "--duration", "30", "--hardware", "h100-80gb", "--tp", "8", "--split-only", "--format", "json"],
                          capture_output=True, text=True, check=True).stdout
     assert json.loads(out)["plan"]["prompt_pools"]
+
+
+def test_every_command_reading_a_plan_takes_its_model_slo_and_engine(tmp_path):
+    """One rule for simulate and sweep: an option given wins, else the plan's own, else the default."""
+    out = tmp_path / "p"
+    made = run("optimize", "--model", "llama3.1-8b", "--slo", "chat", "--engine", "lean-fp8", "--hardware", "h100-80gb",
+               "--tp", "1", "--rate", "4", "--duration", "30", "--split-only", "--output-dir", str(out))
+    assert made.exit_code == 0, made.output
+    plan = str(out / "plan.json")
+    explicit = ["--model", "llama3.1-8b", "--slo", "chat", "--engine", "lean-fp8"]
+    sweep = ["sweep", "--rates", "2,4", "--duration", "20"]
+    assert run(*sweep, "--plan", plan).stdout == run(*sweep, "--plan", plan, *explicit).stdout
+    assert run(*sweep, "--plan", plan).stdout != run(*sweep, "--plan", plan, "--engine", "lean").stdout
+    simulate = ["simulate", "--rate", "3", "--duration", "20", "--format", "json"]
+    assert run(*simulate, "--plan", plan).stdout == run(*simulate, "--plan", plan, *explicit).stdout

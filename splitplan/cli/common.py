@@ -14,6 +14,7 @@ import numpy as np
 import typer
 
 from splitplan import report
+from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO
 from splitplan.errors import SpecError, SplitplanError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -203,6 +204,14 @@ def plan_input(plan: Optional[Path], prompt_pool: list[str], token_pool: list[st
     if pools:
         raise SpecError("give --plan or inline pools (--prompt-pool/--token-pool/--mixed-pool), not both")
     return read_plan(plan)
+
+
+def plan_settings(echo: dict, model: str | None, slo: str | None, engine: str | None) -> tuple[str, str, str]:
+    """Model, SLO profile and engine profile, by one rule for every command that reads a
+    plan: the option given on the command line, else the plan's own (its `inputs`), else the
+    default."""
+    return (model or echo.get("model") or DEFAULT_MODEL, slo or echo.get("slo") or DEFAULT_SLO,
+            engine or echo.get("engine") or DEFAULT_ENGINE)
 
 
 def parse_rates(text: str) -> list[float]:

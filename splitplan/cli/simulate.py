@@ -13,9 +13,10 @@ from splitplan.cli.common import (
     _emit_json,
     app,
     plan_input,
+    plan_settings,
     user_errors,
 )
-from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO, MAX_BATCH_TOKENS
+from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.errors import SpecError
 from splitplan.workload.trace import closed_loop_workload, load_workload, peak_window
 
@@ -51,9 +52,7 @@ def simulate(
     pools, echo = plan_input(plan, prompt_pool, token_pool, mixed_pool)
     if not pools:
         raise SpecError("nothing to simulate: give --plan plan.json or --prompt-pool and --token-pool (or --mixed-pool)")
-    model = model or echo.get("model") or DEFAULT_MODEL
-    slo = slo or echo.get("slo") or DEFAULT_SLO
-    engine = engine or echo.get("engine") or api.DEFAULT_ENGINE
+    model, slo, engine = plan_settings(echo, model, slo, engine)
     if max_batch_tokens < 1:
         raise SpecError(f"--max-batch-tokens {max_batch_tokens}: must be >= 1")
     if max_requests < 1:

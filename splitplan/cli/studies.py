@@ -25,6 +25,7 @@ from splitplan.cli.common import (
     app,
     parse_rates,
     plan_input,
+    plan_settings,
     user_errors,
 )
 from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO
@@ -119,16 +120,16 @@ def sweep(
     rates: str = typer.Option(..., "--rates", help="Request rates: 5,10,20 or START:STOP:COUNT."),
     designs: Optional[str] = typer.Option(None, "--designs", help="Designs YAML (name or path): cheapest plan per design and rate."),
     design: list[str] = typer.Option([], "--design", help="Only these designs of the file (repeatable)."),
-    plan: Optional[Path] = typer.Option(None, "--plan", help="A plan.json: simulate this fixed plan at every rate."),
+    plan: Optional[Path] = typer.Option(None, "--plan", help="A plan.json: simulate this fixed plan at every rate (with the plan's model, SLO and engine unless given)."),
     prompt_pool: list[str] = typer.Option([], "--prompt-pool", help="Fixed plan, HARDWARE:TP:MACHINES (repeatable)."),
     token_pool: list[str] = typer.Option([], "--token-pool", help="Fixed plan, HARDWARE:TP:MACHINES (repeatable)."),
     mixed_pool: list[str] = typer.Option([], "--mixed-pool", help="Fixed co-located plan, HARDWARE:TP:MACHINES."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace whose sizes are resampled."),
     duration: float = typer.Option(120.0, "--duration", help="Length in seconds of every resample."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the resamples."),
-    model: str = typer.Option(DEFAULT_MODEL, "--model", help="Catalog name or path to a config.json / YAML."),
-    slo: str = typer.Option(DEFAULT_SLO, "--slo", help="SLO profile name or path."),
-    engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model (default: the plan's, else llama2-70b)."),
+    slo: Optional[str] = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else splitwise)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else lean)."),
     objective: Objective = typer.Option(Objective.cost, "--objective", help="Designs mode: minimize cost or power."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
     jobs: int = typer.Option(0, "--jobs", help="Processes (or local Ray CPUs), one (design, rate) each (0: one per core)."),
@@ -142,7 +143,8 @@ def sweep(
         _require_matplotlib()
     if objective is Objective.throughput:
         raise SpecError("--objective throughput does not apply to a sweep; use cost or power")
-    pools, _ = plan_input(plan, prompt_pool, token_pool, mixed_pool)
+    pools, echo = plan_input(plan, prompt_pool, token_pool, mixed_pool)
+    model, slo, engine = plan_settings(echo, model, slo, engine)
     if duration <= 0:
         raise SpecError(f"--duration {duration:g}: must be > 0 seconds")
     base = load_workload(trace, None, duration, seed)
