@@ -2,5 +2,6 @@
 
 DEFAULT_ENGINE = "lean"
 DEFAULT_MODEL = "llama2-70b"
-DEFAULT_SLO = "splitwise"
+DEFAULT_SLO = "chat"  # absolute limits in ms: needs no reference machine
+STUDY_SLO = "splitwise"  # Splitwise's slowdown profile, the default of its provisioning study (compare)
 MAX_BATCH_TOKENS = 2048  # prompt tokens per prefill batch (Splitwise's prompt machines)

@@ -107,10 +107,22 @@ def plan_json(plan) -> dict:
         "power_kw": plan.power_kw,
         "machines": plan.machines,
         "predicted": {f"{m}_ms": v for m, v in plan.predicted.items()},
-        "slo": [{"line": line.label, "target": line.target, "achieved": v, "met": ok} for line, v, ok in plan.slo],
+        "slo": [{"line": line.label, "metric": line.metric, "percentile": line.percentile, "target": line.limit,
+                 "unit": line.unit, "achieved": v, "met": ok} for line, v, ok in plan.slo],
         "binding": plan.binding,
         **({"max_rate_rps": plan.max_rate_rps} if plan.max_rate_rps is not None else {}),
     }
+
+
+def slo_rows(lines: list[dict]) -> list[tuple]:
+    """Table rows of a simulated SLO report: line, target and achieved with their unit,
+    attainment, met."""
+    def text(x):
+        if x["achieved"] is None:
+            return "-"
+        return f"{x['achieved']:,.4g} ms" if x["unit"] == "ms" else f"{x['achieved']:.3g}x"
+    return [(x["line"], f"<= {x['target']:g}{' ms' if x['unit'] == 'ms' else 'x'}", text(x), x["attainment_pct"],
+             "yes" if x["met"] else "NO") for x in lines]
 
 
 def optimize_json(result, inputs: dict) -> dict:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from splitplan.errors import InfeasibleError, SpecError
 from splitplan.perf.model import PerfModel
 from splitplan.specs.slo import SloLine, SloProfile
 
@@ -52,7 +53,14 @@ def reference_for(profile: SloProfile, make: Callable[[str, int], PerfModel], pr
     gives the reference instance's perf model (analytic, or measured with --perf-db)."""
     if profile.reference is None:
         return None
-    return alone_latencies(make(profile.reference.hardware, profile.reference.tp), prompt_tokens, output_tokens)
+    hardware, tp = profile.reference.hardware, profile.reference.tp
+    try:
+        inst = make(hardware, tp)
+    except InfeasibleError as exc:
+        raise SpecError(f"SLO profile '{profile.name}' measures slowdown against {hardware} at TP {tp}, which cannot "
+                        f"serve the model ({exc}); use an absolute profile (--slo chat, code-completion or batch) or "
+                        f"give the profile a reference that holds the model") from None
+    return alone_latencies(inst, prompt_tokens, output_tokens)
 
 
 def scaled(line: SloLine, values_s: np.ndarray, reference: Reference | None) -> np.ndarray:
@@ -63,10 +71,6 @@ def scaled(line: SloLine, values_s: np.ndarray, reference: Reference | None) -> 
     return np.where(np.isfinite(out), out, np.inf)
 
 
-def limit(line: SloLine) -> float:
-    return line.max_ms if line.max_ms is not None else line.slowdown
-
-
 def achieved(line: SloLine, values_s: np.ndarray, reference: Reference | None) -> float:
     """The line's percentile, in its unit (infinite when that percentile has no value)."""
     with np.errstate(invalid="ignore"):  # between two missing values: inf - inf
@@ -75,9 +79,9 @@ def achieved(line: SloLine, values_s: np.ndarray, reference: Reference | None) -
 
 
 def meets(line: SloLine, value: float) -> bool:
-    return bool(np.isfinite(value)) and value <= limit(line) * (1 + 1e-9)
+    return bool(np.isfinite(value)) and value <= line.limit * (1 + 1e-9)
 
 
 def attainment_pct(line: SloLine, values_s: np.ndarray, reference: Reference | None) -> float:
     """The share of requests within the line's limit, in %."""
-    return float(np.mean(scaled(line, values_s, reference) <= limit(line) * (1 + 1e-9)) * 100)
+    return float(np.mean(scaled(line, values_s, reference) <= line.limit * (1 + 1e-9)) * 100)

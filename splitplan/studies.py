@@ -13,6 +13,7 @@ from splitplan.defaults import (
     DEFAULT_ENGINE,
     DEFAULT_MODEL,
     DEFAULT_SLO,
+    STUDY_SLO,
     MAX_BATCH_TOKENS,
 )
 from splitplan.errors import InfeasibleError, SpecError
@@ -117,7 +118,7 @@ def _design_unit(job: _CompareJob, design):
     return DesignResult(design.name, result.plan, rate, "", simulated)
 
 
-def compare(trace, designs: str, scenario: str, model: str = DEFAULT_MODEL, slo: str = DEFAULT_SLO,
+def compare(trace, designs: str, scenario: str, model: str = DEFAULT_MODEL, slo: str = STUDY_SLO,
             engine: str = DEFAULT_ENGINE, budget_machines: dict[str, int] | None = None,
             max_power_kw: float | None = None, max_cost_per_hour: float | None = None, rate: float | None = None,
             duration_s: float = 120.0, seed: int = 0, baseline: str | None = None, validate: bool = False,

@@ -124,7 +124,7 @@ def test_optimize_table_and_csv():
     (["optimize", "--rate", "0"], 2, "--rate 0: must be > 0"),
     (["optimize", "--rate", "3", "--duration", "30", "--hardware", "h100-80gb", "--max-cost-per-hour", "5"], 3, "within the budget"),
     (["optimize", "--model", "llama3.1-405b", "--hardware", "a100-40gb", "--slo", "chat"], 3, "fits no prompt hardware"),
-    (["optimize", "--model", "llama3.1-405b"], 3, "does not fit a100-80gb at TP 8"),
+    (["optimize", "--model", "llama3.1-405b", "--slo", "splitwise"], 2, "measures slowdown against a100-80gb at TP 8, which cannot serve"),
 ])
 def test_optimize_failures(args, code, needle, tmp_path):
     result = run(*args, "--output-dir", str(tmp_path / "o"))
@@ -281,7 +281,7 @@ def test_perf_db_naming_a_hardware_file(tmp_path):
 def test_optimize_pareto_frontier_and_plot(tmp_path):
     png = tmp_path / "pareto.png"
     result = run("optimize", "--pareto", "--rate", "6", "--duration", "30", "--hardware", "a100-80gb,h100-80gb,h200-141gb",
-                 "--format", "json", "--plot", str(png), "--output-dir", str(tmp_path / "o"))
+                 "--slo", "splitwise", "--format", "json", "--plot", str(png), "--output-dir", str(tmp_path / "o"))
     assert result.exit_code == 0, result.output
     front = json.loads(result.stdout)["pareto"]
     assert front and all(all(line["met"] for line in p["slo"]) for p in front)
@@ -399,3 +399,16 @@ def test_every_command_reading_a_plan_takes_its_model_slo_and_engine(tmp_path):
     assert run(*sweep, "--plan", plan).stdout != run(*sweep, "--plan", plan, "--engine", "lean").stdout
     simulate = ["simulate", "--rate", "3", "--duration", "20", "--format", "json"]
     assert run(*simulate, "--plan", plan).stdout == run(*simulate, "--plan", plan, *explicit).stdout
+
+
+def test_default_slo_is_absolute_and_needs_no_reference_machine():
+    """The 405B model fits no A100 at TP 8; the default (chat, in ms) plans it on H200 and B200."""
+    result = run("optimize", "--model", "llama3.1-405b", "--hardware", "h200-141gb,b200-180gb", "--rate", "1",
+                 "--duration", "30", "--format", "json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["inputs"]["slo"] == "chat"
+    for line in doc["plan"]["slo"]:  # targets are numbers with their unit
+        assert isinstance(line["target"], float) and line["unit"] == "ms" and line["metric"] in ("ttft", "tbt")
+    table = run("optimize", "--model", "llama3.1-405b", "--hardware", "h200-141gb,b200-180gb", "--rate", "1", "--duration", "30")
+    assert "<= 500 ms" in table.stdout and " ms │" in table.stdout  # achieved values carry their unit

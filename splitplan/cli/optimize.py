@@ -46,7 +46,7 @@ def optimize(
     duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
     seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", help="Catalog name or path to a config.json / YAML."),
-    slo: str = typer.Option(DEFAULT_SLO, "--slo", help="SLO profile name or path (splitwise, chat, code-completion, batch)."),
+    slo: str = typer.Option(DEFAULT_SLO, "--slo", help="SLO profile name or path (chat, code-completion, batch: absolute ms; splitwise: slowdown against A100 TP 8)."),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="Machine types to consider, comma-separated (default: all)."),
     prompt_hardware: Optional[str] = typer.Option(None, "--prompt-hardware", help="Restrict prompt machines to these types."),
     token_hardware: Optional[str] = typer.Option(None, "--token-hardware", help="Restrict token machines to these types."),
@@ -279,7 +279,7 @@ def _render_plan(result, workload) -> None:
         rows.append(("vs best co-located", "no co-located plan meets the SLO"))
     con.print(report.table(f"Plan for {workload.source} ({len(workload):,} requests)", ["", "value"], rows))
     con.print(report.table("Predicted against the SLO", ["line", "target", "achieved", "met"],
-                           [(line.label, line.target, v, "yes" if ok else "NO") for line, v, ok in plan.slo]))
+                           [(line.label, line.target, line.text(v), "yes" if ok else "NO") for line, v, ok in plan.slo]))
     simulated = result.simulated
     if simulated is not None:
         rows = [(f"{m.upper()} {q}", plan.predicted[m][q], simulated[f"{m}_ms"][q])
@@ -287,8 +287,7 @@ def _render_plan(result, workload) -> None:
         con.print(report.table(f"Predicted vs simulated, ms ({simulated['machines_added']} machine(s) added by validation)",
                                ["percentile", "predicted", "simulated"], rows))
         con.print(report.table("Simulated against the SLO", ["line", "target", "achieved", "attainment %", "met"],
-                               [(x["line"], x["target"], x["achieved"], x["attainment_pct"], "yes" if x["met"] else "NO")
-                                for x in simulated["slo"]]))
+                               report.slo_rows(simulated["slo"])))
     if result.closed_loop is not None:
         loop = result.closed_loop
         con.print(report.table(f"Closed loop of {loop['concurrency']} clients: each round plans the rate the last plan's "

@@ -33,7 +33,7 @@ def simulate(
     duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
     seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
     model: Optional[str] = typer.Option(None, "--model", help="Model (default: the plan's, else llama2-70b)."),
-    slo: Optional[str] = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else splitwise)."),
+    slo: Optional[str] = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else chat)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else lean)."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
     perf_interp: str = typer.Option("splitplan", "--perf-interp", help="How --perf-db is read: splitplan (monotone batch and context curves) or splitwise-sim (its one batch-tokens axis, to compare with that simulator)."),
@@ -100,8 +100,7 @@ def _render_simulation(summary: dict, workload) -> None:
                            caption=f"{bench['requests_per_s']:.3g} req/s, {bench['output_tokens_per_s']:,.0f} output tokens/s, "
                                    f"{bench['output_tokens_per_s_per_gpu']:,.0f} per GPU ({bench['gpus']} GPUs)"))
     con.print(report.table("SLO", ["line", "target", "achieved", "attainment %", "met"],
-                           [(x["line"], x["target"], x["achieved"], x["attainment_pct"], "yes" if x["met"] else "NO")
-                            for x in summary["slo"]]))
+                           report.slo_rows(summary["slo"])))
     con.print(report.table("Pools", ["role", "hardware", "TP", "machines", "utilization", "mean batch", "energy kWh"],
                            [(x["role"], x["hardware"], x["tp"], x["machines"], f"{x['utilization']:.0%}", x["mean_batch"],
                              x["energy_kwh"]) for x in summary["pools"]],

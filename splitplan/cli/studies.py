@@ -28,7 +28,7 @@ from splitplan.cli.common import (
     plan_settings,
     user_errors,
 )
-from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO
+from splitplan.defaults import DEFAULT_MODEL, STUDY_SLO
 from splitplan.errors import SpecError
 from splitplan.workload.trace import load_workload
 
@@ -54,7 +54,7 @@ def compare(
     duration: float = typer.Option(120.0, "--duration", help="Length in seconds of every Poisson resample."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the resamples."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", help="Catalog name or path to a config.json / YAML."),
-    slo: str = typer.Option(DEFAULT_SLO, "--slo", help="SLO profile name or path."),
+    slo: str = typer.Option(STUDY_SLO, "--slo", help="SLO profile name or path (default: splitwise, the paper's slowdown profile)."),
     engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
     validate: bool = typer.Option(False, "--validate", help="Simulate each design's plan and report whether it holds."),
@@ -128,7 +128,7 @@ def sweep(
     duration: float = typer.Option(120.0, "--duration", help="Length in seconds of every resample."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the resamples."),
     model: Optional[str] = typer.Option(None, "--model", help="Model (default: the plan's, else llama2-70b)."),
-    slo: Optional[str] = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else splitwise)."),
+    slo: Optional[str] = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else chat)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else lean)."),
     objective: Objective = typer.Option(Objective.cost, "--objective", help="Designs mode: minimize cost or power."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),

@@ -51,7 +51,7 @@ def slo_report(result: SimResult, slo: SloProfile, reference: Reference | None) 
     out = []
     for line in slo.lines():
         value = achieved(line, values[line.metric], reference)
-        out.append({"line": line.label, "metric": line.metric, "percentile": line.percentile, "target": line.target, "achieved": value if np.isfinite(value) else None,
+        out.append({"line": line.label, "metric": line.metric, "percentile": line.percentile, "target": line.limit, "unit": line.unit, "achieved": value if np.isfinite(value) else None,
                     "met": meets(line, value), "attainment_pct": attainment_pct(line, values[line.metric], reference)})
     return out
 

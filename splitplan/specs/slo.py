@@ -80,8 +80,26 @@ class SloLine:
         return f"{self.metric.upper()} p{self.percentile:g}"
 
     @property
+    def limit(self) -> float:
+        """The limit in the line's unit: milliseconds, or a factor of the reference."""
+        return self.max_ms if self.max_ms is not None else self.slowdown
+
+    @property
+    def unit(self) -> str:
+        """`ms` for an absolute limit; `x` (times the request's latency alone on the
+        reference instance) for a slowdown."""
+        return "ms" if self.max_ms is not None else "x"
+
+    @property
     def target(self) -> str:
-        return f"<= {self.max_ms:g} ms" if self.max_ms is not None else f"<= {self.slowdown:g}x"
+        """The limit as text: `<= 500 ms`, `<= 2x`."""
+        return f"<= {self.limit:g} ms" if self.unit == "ms" else f"<= {self.limit:g}x"
+
+    def text(self, value: float | None) -> str:
+        """An achieved value with its unit: `432 ms`, `1.43x` (`-` when there is none)."""
+        if value is None:
+            return "-"
+        return f"{value:,.4g} ms" if self.unit == "ms" else f"{value:.3g}x"
 
 
 @functools.lru_cache(maxsize=256)
