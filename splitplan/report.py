@@ -13,7 +13,7 @@ from typing import Any, Iterable
 from rich.console import Console
 from rich.table import Table
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: SLO targets are numbers with a unit (were text like "<= 500 ms")
 
 
 def clean(value: Any, digits: int = 6) -> Any:

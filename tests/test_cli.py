@@ -96,7 +96,7 @@ def test_optimize_json_contract_and_output_dir(tmp_path):
                  "--split-only", "--format", "json", "--output-dir", str(out))
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["schema_version"] == 1 and doc["inputs"]["model"] == "llama2-70b"
+    assert doc["schema_version"] == 2 and doc["inputs"]["model"] == "llama2-70b"
     plan = doc["plan"]
     for key in ("prompt_pools", "token_pools", "cost_usd_per_hour", "power_kw", "predicted", "binding", "alternatives"):
         assert key in plan
