@@ -138,7 +138,7 @@ def optimize_json(result, inputs: dict) -> dict:
         body["simulated"] = result.simulated
         for alternative, outcome in zip(body["alternatives"], result.alternatives_simulated):
             alternative["simulated"] = outcome
-    return {"schema_version": SCHEMA_VERSION, "inputs": inputs, "plan": body}
+    return {"schema_version": SCHEMA_VERSION, "inputs": inputs, "plan": body, "warnings": result.warnings}
 
 
 def plans_csv(plans) -> str:

@@ -24,7 +24,7 @@ from splitplan.search.plan import Plan
 from splitplan.search.rate import max_rate
 from splitplan.simulation import Setup, plan_from_pools, plan_pools, pool_specs
 from splitplan.specs.design import load_designs
-from splitplan.specs.hardware import load_hardware
+from splitplan.specs.hardware import load_hardware, price_date_warning
 from splitplan.workload.trace import Trace, resample_poisson
 
 SCENARIOS = ("iso-power", "iso-cost", "iso-throughput-cost", "iso-throughput-power")
@@ -74,11 +74,21 @@ class CompareResult:
         attr = "cost_usd_per_hour" if self.scenario == "iso-throughput-cost" else "power_kw"
         return getattr(result.plan, attr) / getattr(base.plan, attr)
 
+    @property
+    def warnings(self) -> list[str]:
+        """Prices of the designs compared taken more than a year apart (iso-cost and the
+        cost scenario compare prices)."""
+        if self.scenario not in ("iso-cost", "iso-throughput-cost"):
+            return []
+        names = sorted({p.hardware for r in self.designs if r.plan is not None for p in r.plan.pools})
+        warning = price_date_warning(load_hardware(name) for name in names)
+        return [warning] if warning else []
+
     def to_json(self) -> dict:
         rows = [{**r.row(), "ratio_to_baseline": self.ratio(r),
                  **({"simulated": r.simulated} if r.simulated is not None else {})} for r in self.designs]
         return {"schema_version": SCHEMA_VERSION, "scenario": self.scenario, "baseline": self.baseline,
-                "budget": self.budget, "designs": rows}
+                "budget": self.budget, "designs": rows, "warnings": self.warnings}
 
     def to_frame(self):
         import pandas as pd

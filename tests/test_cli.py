@@ -412,3 +412,13 @@ def test_default_slo_is_absolute_and_needs_no_reference_machine():
         assert isinstance(line["target"], float) and line["unit"] == "ms" and line["metric"] in ("ttft", "tbt")
     table = run("optimize", "--model", "llama3.1-405b", "--hardware", "h200-141gb,b200-180gb", "--rate", "1", "--duration", "30")
     assert "<= 500 ms" in table.stdout and " ms │" in table.stdout  # achieved values carry their unit
+
+
+def test_reports_warn_when_compared_prices_are_years_apart():
+    args = ["optimize", "--rate", "3", "--duration", "30", "--hardware", "a100-80gb,h200-141gb", "--tp", "8"]
+    doc = json.loads(run(*args, "--format", "json").stdout)
+    assert len(doc["warnings"]) == 1 and "2023-11" in doc["warnings"][0] and "2026-09" in doc["warnings"][0]
+    assert "warning: prices from 2023-11" in run(*args).stdout
+    same_year = json.loads(run("optimize", "--rate", "3", "--duration", "30", "--hardware", "h200-141gb,b200-180gb",
+                               "--tp", "8", "--format", "json").stdout)
+    assert same_year["warnings"] == []

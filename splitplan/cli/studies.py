@@ -93,6 +93,8 @@ def compare(
         report.console().print(report.table(
             f"{result.scenario} (budget: {budget}; {metric} ratio against {result.baseline})",
             ["design", "prompt", "token", "mixed", "$/h", "kW", "max req/s", "ratio", "binding / why not"], rows))
+        for warning in result.warnings:
+            report.console().print(f"[bold]warning:[/bold] {warning}.")
 
 
 def _compare_plot(result, path: Path) -> None:

@@ -28,7 +28,7 @@ from splitplan.search.plan import (
 from splitplan.search.solve import solve_counts
 from splitplan.slo import achieved, alone_latencies, meets, reference_for
 from splitplan.specs.engine import load_engine
-from splitplan.specs.hardware import hardware_catalog, load_hardware
+from splitplan.specs.hardware import hardware_catalog, load_hardware, price_date_warning
 from splitplan.specs.model import load_model
 from splitplan.specs.slo import load_slo
 
@@ -53,6 +53,15 @@ class OptimizeResult:
     def frontier(self) -> tuple:
         """The cost-power frontier: with pareto=True the searched one, else the plans found."""
         return self.pareto or tuple(nondominated([self.plan, *self.alternatives]))
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the reader of this result should know: prices of the plans compared taken more
+        than a year apart."""
+        machines = {o.inst.hardware.name: o.inst.hardware for o in self.options}
+        used = {p.hardware for plan in (self.plan, *self.alternatives) for p in plan.pools}
+        warning = price_date_warning(machines[name] for name in sorted(used) if name in machines)
+        return [warning] if warning else []
 
     @property
     def split_saving_pct(self) -> float | None:

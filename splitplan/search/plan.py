@@ -94,8 +94,12 @@ class Plan:
     max_rate_rps: float | None = None  # on the Pareto frontier: the highest rate these machines serve
 
     @property
+    def pools(self) -> tuple[Pool, ...]:
+        return self.prompt_pools + self.token_pools + self.mixed_pools
+
+    @property
     def machines(self) -> int:
-        return sum(p.machines for p in self.prompt_pools + self.token_pools + self.mixed_pools)
+        return sum(p.machines for p in self.pools)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ Every figure carries a source and a date.
 
 from __future__ import annotations
 
+import re
+
 import functools
 from typing import Annotated
 
@@ -126,3 +128,27 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
 
 def hardware_catalog() -> list[HardwareSpec]:
     return [load_hardware(n) for n in catalog_names("hardware_specs")]
+
+
+_MONTH = re.compile(r"^(\d{4})-(\d{2})")
+
+
+def price_date_warning(machines) -> str | None:
+    """A warning when the prices of `machines` (HardwareSpecs) were taken more than a year
+    apart (their `price_date`s): on-demand prices fall fast, so an old price beside a new one
+    biases a cost comparison. None when they are within a year (or undated)."""
+    dated = {}
+    for hw in machines:
+        match = _MONTH.match(hw.price_date)
+        if match:
+            dated[hw.name] = (int(match.group(1)) * 12 + int(match.group(2)) - 1, hw.price_date)
+    if len(dated) < 2:
+        return None
+    old = min(dated.values())
+    new = max(dated.values())
+    if new[0] - old[0] <= 12:
+        return None
+    names = {date: sorted(n for n, (_, d) in dated.items() if d == date) for _, date in (old, new)}
+    return (f"prices from {old[1]} ({', '.join(names[old[1]])}) and {new[1]} ({', '.join(names[new[1]])}) are compared: "
+            f"on-demand prices have fallen since; give current prices (price_usd_per_hour, price_date in a hardware file) "
+            f"or compare by power")
