@@ -283,8 +283,13 @@ class WindowsResult:
 
     @property
     def peak(self) -> int | None:
-        costs = [p.cost_usd_per_hour if p else -1 for p in self.plans]
-        return int(np.argmax(costs)) if any(c >= 0 for c in costs) else None
+        """The window whose plan costs most; among equal costs, the busiest (most requests
+        per second), so a quiet window never stands for the peak."""
+        planned = [k for k, p in enumerate(self.plans) if p is not None]
+        if not planned:
+            return None
+        return max(planned, key=lambda k: (self.plans[k].cost_usd_per_hour, self.rows[k]["rate_rps"] or 0.0,
+                                           self.rows[k]["requests"], -k))
 
     def to_frame(self):
         import pandas as pd

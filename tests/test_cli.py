@@ -422,3 +422,9 @@ def test_reports_warn_when_compared_prices_are_years_apart():
     same_year = json.loads(run("optimize", "--rate", "3", "--duration", "30", "--hardware", "h200-141gb,b200-180gb",
                                "--tp", "8", "--format", "json").stdout)
     assert same_year["warnings"] == []
+
+
+@pytest.mark.parametrize("hardware", [["--hardware", "h100-80gb"], []])
+def test_a_tp_that_divides_no_named_machine_is_bad_input(hardware):
+    result = run("optimize", *hardware, "--tp", "3", "--rate", "2", "--duration", "20")
+    assert result.exit_code == 2 and "--tp 3: must divide the 8 GPUs" in result.stderr

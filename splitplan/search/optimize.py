@@ -110,6 +110,8 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     for hw in (max_machines or {}):
         if hw not in machines:
             raise SpecError(f"--max-machines {hw}: not among the hardware considered ({', '.join(machines)})")
+    if tp is not None:
+        _check_tp(tp, machines, named=bool(hardware or prompt_hardware or token_hardware))
     trace, unservable = _servable(trace, m, eng, [machines[n] for n in (token_hardware or names)] if split
                                   else [machines[n] for n in names], tp)
     reference = reference_for(profile, lambda hw, t: reference_instance(m, hw, t, eng, db), trace.prompt_tokens, trace.output_tokens)
@@ -161,6 +163,16 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
                       for p in cost_power_frontier(problem, options, [plan, *alts, *([colocated] if colocated else [])]))
     return OptimizeResult(best, tuple(sorted(shown, key=lambda p: _plan_key(objective, p))), tuple(options + mixed),
                           colocated, pareto=front, unservable=unservable, problem=problem, split=plan, objective=objective)
+
+
+def _check_tp(tp: int, machines: dict, named: bool) -> None:
+    """--tp must divide the GPUs of every machine the user named (of at least one catalog
+    machine when none was named): bad input, exit 2."""
+    wrong = [hw for hw in machines.values() if tp not in hw.tp_degrees()]
+    if wrong and (named or len(wrong) == len(machines)):
+        hw = wrong[0]
+        raise SpecError(f"--tp {tp}: must divide the {hw.gpus_per_machine} GPUs of {hw.name}; choose one of "
+                        f"{', '.join(map(str, hw.tp_degrees()))}")
 
 
 def _servable(trace, model, engine, token_machines, tp):
