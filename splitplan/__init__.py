@@ -18,15 +18,33 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from splitplan.api import (  # noqa: E402  (re-exported)
-    CalibrateResult,
-    CompareResult,
-    OptimizeResult,
-    SimulateResult,
-    SweepResult,
-)
+from typing import TYPE_CHECKING
+
 from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO
-from splitplan.workload.trace import Trace, load_trace, resample_poisson  # noqa: E402
+
+# Imported here (numpy only) before `workload` below is defined: importing the subpackage
+# later would rebind the name `splitplan.workload` to it.
+from splitplan.workload.trace import Trace, load_trace, resample_poisson  # noqa: F401  (re-exported)
+
+if TYPE_CHECKING:
+    from splitplan.api import (
+        CalibrateResult,
+        CompareResult,
+        OptimizeResult,
+        SimulateResult,
+        SweepResult,
+    )
+
+# Imported on first use, so `import splitplan` (and the CLI's --help) stays fast.
+_LAZY = {"CalibrateResult": "splitplan.api", "CompareResult": "splitplan.api", "OptimizeResult": "splitplan.api",
+         "SimulateResult": "splitplan.api", "SweepResult": "splitplan.api"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'splitplan' has no attribute {name!r}")
 
 __all__ = ["plan", "simulate", "compare", "sweep", "calibrate", "plan_windows", "workload", "Trace", "load_trace", "resample_poisson",
            "OptimizeResult", "SimulateResult", "CompareResult", "SweepResult", "CalibrateResult"]

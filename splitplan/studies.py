@@ -13,8 +13,8 @@ from splitplan.defaults import (
     DEFAULT_ENGINE,
     DEFAULT_MODEL,
     DEFAULT_SLO,
-    STUDY_SLO,
     MAX_BATCH_TOKENS,
+    STUDY_SLO,
 )
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.parallel import run_units

@@ -428,3 +428,18 @@ def test_reports_warn_when_compared_prices_are_years_apart():
 def test_a_tp_that_divides_no_named_machine_is_bad_input(hardware):
     result = run("optimize", *hardware, "--tp", "3", "--rate", "2", "--duration", "20")
     assert result.exit_code == 2 and "--tp 3: must divide the 8 GPUs" in result.stderr
+
+
+def test_version():
+    import splitplan
+    result = run("--version")
+    assert result.exit_code == 0 and result.stdout.strip() == f"splitplan {splitplan.__version__}"
+
+
+def test_the_cli_starts_without_the_heavy_libraries():
+    """--help and small commands must start fast (bench/startup.py times them): the CLI
+    imports pandas, SciPy and PuLP only when a command uses them."""
+    import subprocess
+    import sys
+    code = "import sys, splitplan.cli; print(sorted(m for m in ('pandas', 'scipy', 'pulp', 'matplotlib') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"

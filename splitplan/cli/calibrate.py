@@ -8,16 +8,18 @@ from typing import Optional
 
 import typer
 
-from splitplan import api, report
+from splitplan import report
 from splitplan.cli.common import (
     Format,
     _emit_json,
     _progress,
     _require_matplotlib,
     _save_figure,
+    api,
     app,
     user_errors,
 )
+from splitplan.defaults import DEFAULT_ENGINE
 from splitplan.errors import SpecError
 
 
@@ -46,7 +48,7 @@ def calibrate(
         return
     if backend is not None:
         raise SpecError("--backend goes with --deployments")
-    engine = engine or api.DEFAULT_ENGINE
+    engine = engine or DEFAULT_ENGINE
     if plot is not None:
         _require_matplotlib()
     with _progress("calibrate: fit and cross-validation folds", total=1 + (folds if folds >= 2 else 0)) as step:

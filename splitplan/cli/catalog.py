@@ -8,17 +8,18 @@ from typing import Optional
 
 import typer
 
-from splitplan import api, report
+from splitplan import report
 from splitplan.cli.common import (
     Format,
     _emit_json,
+    api,
     app,
     hardware_app,
     models_app,
     trace_app,
     user_errors,
 )
-from splitplan.defaults import DEFAULT_MODEL
+from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL
 from splitplan.errors import SpecError
 from splitplan.specs.hardware import hardware_catalog
 from splitplan.specs.model import model_catalog
@@ -127,7 +128,7 @@ def perf(
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel degree (default: the smallest that fits)."),
     prefill: str = typer.Option("512,2048", "--prefill", help="Prefill batches: T (one prompt) or BxT (B prompts of T tokens)."),
     decode: str = typer.Option("1x512,64x2048", "--decode", help="Decode steps: BxC (B requests, C context tokens each)."),
-    engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Engine profile name or path (lean, splitwise-vllm)."),
+    engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help="Engine profile name or path (lean, splitwise-vllm)."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies (splitwise perf_model.csv or generic CSV) instead of the analytic model."),
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
 ) -> None:

@@ -17,6 +17,21 @@ from splitplan import report
 from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO
 from splitplan.errors import SpecError, SplitplanError
 
+
+class _OnFirstUse:
+    """A module imported when a command first uses one of its names, so `splitplan --help`
+    and small commands start without pandas, SciPy and PuLP."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        import importlib
+        return getattr(importlib.import_module(self._name), attr)
+
+
+api = _OnFirstUse("splitplan.api")
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Provision phase-split (disaggregated) LLM serving clusters.")
 
@@ -75,8 +90,17 @@ RAY_HELP = "Ray cluster: auto (the running one) or ray://HOST:10001; without it 
 _DEBUG = {"on": False}
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from splitplan import __version__
+        typer.echo(f"splitplan {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+          version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
     _DEBUG["on"] = debug
 
 

@@ -10,7 +10,7 @@ from typing import Optional
 import numpy as np
 import typer
 
-from splitplan import api, report
+from splitplan import report
 from splitplan.cli.common import (
     EXECUTOR_HELP,
     RAY_HELP,
@@ -24,11 +24,17 @@ from splitplan.cli.common import (
     _progress,
     _require_matplotlib,
     _save_figure,
+    api,
     app,
     parse_duration,
     user_errors,
 )
-from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO, MAX_BATCH_TOKENS
+from splitplan.defaults import (
+    DEFAULT_ENGINE,
+    DEFAULT_MODEL,
+    DEFAULT_SLO,
+    MAX_BATCH_TOKENS,
+)
 from splitplan.errors import SpecError
 from splitplan.workload.trace import (
     closed_loop_workload,
@@ -52,7 +58,7 @@ def optimize(
     token_hardware: Optional[str] = typer.Option(None, "--token-hardware", help="Restrict token machines to these types."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Only this TP degree (default: every degree that fits)."),
     objective: Objective = typer.Option(Objective.cost, "--objective", help="Minimize cost (USD/h) or power (provisioned kW)."),
-    engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
+    engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
     search: Search = typer.Option(Search.ilp, "--search", help="ilp (integer program) or grid (exhaustive)."),
     solver: str = typer.Option("highs", "--solver", help="The integer program's solver: highs (HiGHS, default) or cbc."),
     max_cost_per_hour: Optional[float] = typer.Option(None, "--max-cost-per-hour", help="Budget in USD per hour."),

@@ -7,10 +7,11 @@ from typing import Optional
 
 import typer
 
-from splitplan import api, report
+from splitplan import report
 from splitplan.cli.common import (
     Format,
     _emit_json,
+    api,
     app,
     plan_input,
     plan_settings,

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from splitplan import api, report
+from splitplan import report
 from splitplan.cli.common import (
     EXECUTOR_HELP,
     RAY_HELP,
@@ -22,13 +22,14 @@ from splitplan.cli.common import (
     _progress,
     _require_matplotlib,
     _save_figure,
+    api,
     app,
     parse_rates,
     plan_input,
     plan_settings,
     user_errors,
 )
-from splitplan.defaults import DEFAULT_MODEL, STUDY_SLO
+from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, STUDY_SLO
 from splitplan.errors import SpecError
 from splitplan.workload.trace import load_workload
 
@@ -55,7 +56,7 @@ def compare(
     seed: int = typer.Option(0, "--seed", help="Random seed of the resamples."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", help="Catalog name or path to a config.json / YAML."),
     slo: str = typer.Option(STUDY_SLO, "--slo", help="SLO profile name or path (default: splitwise, the paper's slowdown profile)."),
-    engine: str = typer.Option(api.DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
+    engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
     validate: bool = typer.Option(False, "--validate", help="Simulate each design's plan and report whether it holds."),
     jobs: int = typer.Option(0, "--jobs", help="Processes (or local Ray CPUs), one design each (0: one per core)."),

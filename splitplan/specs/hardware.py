@@ -7,9 +7,8 @@ Every figure carries a source and a date.
 
 from __future__ import annotations
 
-import re
-
 import functools
+import re
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator

@@ -18,12 +18,15 @@ import gzip
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from splitplan.errors import SpecError, TraceError
 from splitplan.specs.catalog import data_dir
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -99,8 +102,9 @@ def _opener(path: Path):
     return open_stream, head.lstrip()[:1] in (b"{", b"[")
 
 
-def _numbers(path: Path, series: pd.Series, name: str, first_line: int) -> np.ndarray:
+def _numbers(path: Path, series: "pd.Series", name: str, first_line: int) -> np.ndarray:
     """A column as floats; a cell that is not a finite number is an error naming its line."""
+    import pandas as pd  # on first use: the CLI starts without it
     values = series.to_numpy(float) if pd.api.types.is_numeric_dtype(series) else \
         pd.to_numeric(series, errors="coerce").to_numpy(float)
     bad = ~np.isfinite(values)
@@ -115,6 +119,7 @@ def _numbers(path: Path, series: pd.Series, name: str, first_line: int) -> np.nd
 
 def _chunks(path: Path, columns: Columns | None):
     """(column mapping, wall-clock?, first line number of the chunk's first row, frame) per chunk."""
+    import pandas as pd  # on first use: the CLI starts without it
     open_stream, is_json = _opener(path)
     try:
         with open_stream() as stream:
@@ -162,6 +167,7 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
     """Read a trace file; `columns` forces the generic CSV reader with those names.
     Parsed CHUNK_ROWS rows at a time, so a trace of ten million requests needs
     little more memory than its three numeric columns."""
+    import pandas as pd  # on first use: the CLI starts without it
     path = Path(path)
     arrivals, prompts, outputs = [], [], []
     origin_ns = None
