@@ -443,3 +443,28 @@ def test_the_cli_starts_without_the_heavy_libraries():
     import sys
     code = "import sys, splitplan.cli; print(sorted(m for m in ('pandas', 'scipy', 'pulp', 'matplotlib') if m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+def _trace_csv(path, header, scale=1.0):
+    rows = [f"{k * 0.5 * scale:g},{500 + 10 * k},{20 + k}" for k in range(40)]
+    path.write_text(header + "\n" + "\n".join(rows) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("command", [
+    ["trace", "summarize"],
+    ["optimize", "--hardware", "h100-80gb", "--tp", "8", "--trace"],
+    ["simulate", "--mixed-pool", "h100-80gb:8:1", "--trace"],
+    ["sweep", "--rates", "1", "--duration", "20", "--mixed-pool", "h100-80gb:8:1", "--trace"],
+    ["compare", "--scenario", "iso-throughput-cost", "--trace"],
+])
+def test_every_command_reading_a_trace_takes_common_and_named_columns(tmp_path, command):
+    detected = run(*command, _trace_csv(tmp_path / "a.csv", "arrival_time,input_length,output_length"))
+    assert detected.exit_code == 0, detected.output
+    named = run(*command, _trace_csv(tmp_path / "b.csv", "t,in,out", scale=1000), "--time-column", "t",
+                "--prompt-column", "in", "--output-column", "out", "--time-unit", "ms")
+    assert named.exit_code == 0, named.output
+    if command[0] != "sweep":  # (a sweep resamples the sizes: the two traces' times do not show)
+        assert detected.stdout.replace("a.csv", "x") == named.stdout.replace("b.csv", "x")
+    missing = run(*command, _trace_csv(tmp_path / "c.csv", "when,in,out"))
+    assert missing.exit_code == 2 and "--time-column" in missing.stderr

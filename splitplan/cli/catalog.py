@@ -10,6 +10,10 @@ import typer
 
 from splitplan import report
 from splitplan.cli.common import (
+    OUTPUT_COLUMN_HELP,
+    PROMPT_COLUMN_HELP,
+    TIME_COLUMN_HELP,
+    TIME_UNIT_HELP,
     Format,
     _emit_json,
     api,
@@ -17,13 +21,14 @@ from splitplan.cli.common import (
     hardware_app,
     models_app,
     trace_app,
+    trace_columns,
     user_errors,
 )
 from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL
 from splitplan.errors import SpecError
 from splitplan.specs.hardware import hardware_catalog
 from splitplan.specs.model import model_catalog
-from splitplan.workload.trace import Columns, load_workload, summarize
+from splitplan.workload.trace import load_workload, summarize
 
 
 @hardware_app.command("list")
@@ -67,16 +72,6 @@ def models_list(format: Format = typer.Option(Format.table, "--format", help="ta
     report.console().print(report.table("Model catalog (Hugging Face config keys; bf16)", cols, rows))
 
 
-def _columns(time_column: Optional[str], prompt_column: Optional[str], output_column: Optional[str], time_unit: str) -> Columns | None:
-    if not (time_column or prompt_column or output_column):
-        return None
-    unit = {"s": 1.0, "ms": 1e-3, "us": 1e-6}.get(time_unit)
-    if unit is None:
-        raise SpecError(f"--time-unit {time_unit}: choose s, ms or us")
-    default = Columns()
-    return Columns(time_column or default.time, prompt_column or default.prompt, output_column or default.output, unit)
-
-
 @trace_app.command("summarize")
 @user_errors
 def trace_summarize(
@@ -84,14 +79,14 @@ def trace_summarize(
     rate: Optional[float] = typer.Option(None, "--rate", help="Resample: Poisson arrivals at this many requests/s."),
     duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
     seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
-    time_column: Optional[str] = typer.Option(None, "--time-column", help="Generic CSV: arrival time column."),
-    prompt_column: Optional[str] = typer.Option(None, "--prompt-column", help="Generic CSV: prompt tokens column."),
-    output_column: Optional[str] = typer.Option(None, "--output-column", help="Generic CSV: output tokens column."),
-    time_unit: str = typer.Option("s", "--time-unit", help="Generic CSV: unit of the time column (s, ms, us)."),
+    time_column: Optional[str] = typer.Option(None, "--time-column", help=TIME_COLUMN_HELP),
+    prompt_column: Optional[str] = typer.Option(None, "--prompt-column", help=PROMPT_COLUMN_HELP),
+    output_column: Optional[str] = typer.Option(None, "--output-column", help=OUTPUT_COLUMN_HELP),
+    time_unit: Optional[str] = typer.Option(None, "--time-unit", help=TIME_UNIT_HELP),
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
 ) -> None:
     """Rows, span, rates, burstiness and token percentiles of a trace."""
-    workload = load_workload(path, rate, duration, seed, _columns(time_column, prompt_column, output_column, time_unit))
+    workload = load_workload(path, rate, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
     s = summarize(workload)
     if format is Format.json:
         _emit_json(s)

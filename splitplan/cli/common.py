@@ -230,6 +230,26 @@ def plan_input(plan: Optional[Path], prompt_pool: list[str], token_pool: list[st
     return read_plan(plan)
 
 
+TIME_COLUMN_HELP = "Trace CSV: the arrival time column (default: detected from common names such as arrival_time)."
+PROMPT_COLUMN_HELP = "Trace CSV: the prompt tokens column (default: detected, e.g. input_length)."
+OUTPUT_COLUMN_HELP = "Trace CSV: the output tokens column (default: detected, e.g. output_length)."
+TIME_UNIT_HELP = "Trace CSV: unit of the time column (s, ms, us)."
+
+
+def trace_columns(time_column: str | None, prompt_column: str | None, output_column: str | None,
+                  time_unit: str | None):
+    """The trace columns the user named (--time-column, --prompt-column, --output-column,
+    --time-unit), or None to detect them."""
+    from splitplan.workload.trace import Columns
+    if not (time_column or prompt_column or output_column or time_unit):
+        return None
+    unit = {"s": 1.0, "ms": 1e-3, "us": 1e-6}.get(time_unit or "s")
+    if unit is None:
+        raise SpecError(f"--time-unit {time_unit}: choose s, ms or us")
+    default = Columns()
+    return Columns(time_column or default.time, prompt_column or default.prompt, output_column or default.output, unit)
+
+
 def plan_settings(echo: dict, model: str | None, slo: str | None, engine: str | None) -> tuple[str, str, str]:
     """Model, SLO profile and engine profile, by one rule for every command that reads a
     plan: the option given on the command line, else the plan's own (its `inputs`), else the

@@ -13,7 +13,11 @@ import typer
 from splitplan import report
 from splitplan.cli.common import (
     EXECUTOR_HELP,
+    OUTPUT_COLUMN_HELP,
+    PROMPT_COLUMN_HELP,
     RAY_HELP,
+    TIME_COLUMN_HELP,
+    TIME_UNIT_HELP,
     Executor,
     Objective,
     PlanFormat,
@@ -27,6 +31,7 @@ from splitplan.cli.common import (
     api,
     app,
     parse_duration,
+    trace_columns,
     user_errors,
 )
 from splitplan.defaults import (
@@ -48,6 +53,10 @@ from splitplan.workload.trace import (
 @user_errors
 def optimize(
     trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace (default: the embedded Azure 2023 code trace)."),
+    time_column: Optional[str] = typer.Option(None, "--time-column", help=TIME_COLUMN_HELP),
+    prompt_column: Optional[str] = typer.Option(None, "--prompt-column", help=PROMPT_COLUMN_HELP),
+    output_column: Optional[str] = typer.Option(None, "--output-column", help=OUTPUT_COLUMN_HELP),
+    time_unit: Optional[str] = typer.Option(None, "--time-unit", help=TIME_UNIT_HELP),
     rate: Optional[float] = typer.Option(None, "--rate", help="Poisson resample of the trace's sizes at this rate (req/s)."),
     duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
     seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
@@ -88,7 +97,7 @@ def optimize(
     if split_only and no_split:
         raise SpecError("--split-only and --no-split ask for opposite plans: keep one")
     jobs_n = jobs if jobs > 0 else (os.cpu_count() or 1)
-    loaded = load_workload(trace, None, duration, seed)  # read once; resampled or windowed below
+    loaded = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))  # read once
     common = dict(hardware=_names(hardware), prompt_hardware=_names(prompt_hardware), token_hardware=_names(token_hardware),
                   tp=tp, engine=engine, search=search.value, solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
                   max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens,

@@ -9,12 +9,17 @@ import typer
 
 from splitplan import report
 from splitplan.cli.common import (
+    OUTPUT_COLUMN_HELP,
+    PROMPT_COLUMN_HELP,
+    TIME_COLUMN_HELP,
+    TIME_UNIT_HELP,
     Format,
     _emit_json,
     api,
     app,
     plan_input,
     plan_settings,
+    trace_columns,
     user_errors,
 )
 from splitplan.defaults import MAX_BATCH_TOKENS
@@ -30,6 +35,10 @@ def simulate(
     token_pool: list[str] = typer.Option([], "--token-pool", help="HARDWARE:TP:MACHINES (repeatable)."),
     mixed_pool: list[str] = typer.Option([], "--mixed-pool", help="Co-located HARDWARE:TP:MACHINES (repeatable)."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace (default: the embedded Azure 2023 code trace)."),
+    time_column: Optional[str] = typer.Option(None, "--time-column", help=TIME_COLUMN_HELP),
+    prompt_column: Optional[str] = typer.Option(None, "--prompt-column", help=PROMPT_COLUMN_HELP),
+    output_column: Optional[str] = typer.Option(None, "--output-column", help=OUTPUT_COLUMN_HELP),
+    time_unit: Optional[str] = typer.Option(None, "--time-unit", help=TIME_UNIT_HELP),
     rate: Optional[float] = typer.Option(None, "--rate", help="Poisson resample of the trace's sizes at this rate (req/s)."),
     duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
     seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
@@ -58,6 +67,7 @@ def simulate(
         raise SpecError(f"--max-batch-tokens {max_batch_tokens}: must be >= 1")
     if max_requests < 1:
         raise SpecError(f"--max-requests {max_requests}: must be >= 1")
+    trace = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
     if concurrency is None:
         if isl is not None or osl is not None or num_requests is not None:
             raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")

@@ -13,7 +13,11 @@ import typer
 from splitplan import report
 from splitplan.cli.common import (
     EXECUTOR_HELP,
+    OUTPUT_COLUMN_HELP,
+    PROMPT_COLUMN_HELP,
     RAY_HELP,
+    TIME_COLUMN_HELP,
+    TIME_UNIT_HELP,
     Executor,
     Objective,
     PlanFormat,
@@ -27,6 +31,7 @@ from splitplan.cli.common import (
     parse_rates,
     plan_input,
     plan_settings,
+    trace_columns,
     user_errors,
 )
 from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, STUDY_SLO
@@ -51,6 +56,10 @@ def compare(
     max_cost_per_hour: Optional[float] = typer.Option(None, "--max-cost-per-hour", help="iso-cost budget in USD per hour."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Design the ratios are taken against (default: the first)."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace (default: the embedded Azure 2023 code trace)."),
+    time_column: Optional[str] = typer.Option(None, "--time-column", help=TIME_COLUMN_HELP),
+    prompt_column: Optional[str] = typer.Option(None, "--prompt-column", help=PROMPT_COLUMN_HELP),
+    output_column: Optional[str] = typer.Option(None, "--output-column", help=OUTPUT_COLUMN_HELP),
+    time_unit: Optional[str] = typer.Option(None, "--time-unit", help=TIME_UNIT_HELP),
     rate: Optional[float] = typer.Option(None, "--rate", help="iso-throughput: resample at this rate; iso-power/cost: where the rate search starts."),
     duration: float = typer.Option(120.0, "--duration", help="Length in seconds of every Poisson resample."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the resamples."),
@@ -68,7 +77,7 @@ def compare(
     """Splitwise's design study: every design of a designs file in one provisioning scenario."""
     if plot is not None:
         _require_matplotlib()
-    base = load_workload(trace, None, duration, seed)
+    base = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
     if rate is not None and rate <= 0:
         raise SpecError(f"--rate {rate:g}: must be > 0 requests per second")
     from splitplan.specs.design import load_designs
@@ -128,6 +137,10 @@ def sweep(
     token_pool: list[str] = typer.Option([], "--token-pool", help="Fixed plan, HARDWARE:TP:MACHINES (repeatable)."),
     mixed_pool: list[str] = typer.Option([], "--mixed-pool", help="Fixed co-located plan, HARDWARE:TP:MACHINES."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace whose sizes are resampled."),
+    time_column: Optional[str] = typer.Option(None, "--time-column", help=TIME_COLUMN_HELP),
+    prompt_column: Optional[str] = typer.Option(None, "--prompt-column", help=PROMPT_COLUMN_HELP),
+    output_column: Optional[str] = typer.Option(None, "--output-column", help=OUTPUT_COLUMN_HELP),
+    time_unit: Optional[str] = typer.Option(None, "--time-unit", help=TIME_UNIT_HELP),
     duration: float = typer.Option(120.0, "--duration", help="Length in seconds of every resample."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the resamples."),
     model: Optional[str] = typer.Option(None, "--model", help="Model (default: the plan's, else llama2-70b)."),
@@ -150,7 +163,7 @@ def sweep(
     model, slo, engine = plan_settings(echo, model, slo, engine)
     if duration <= 0:
         raise SpecError(f"--duration {duration:g}: must be > 0 seconds")
-    base = load_workload(trace, None, duration, seed)
+    base = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
     rate_list = parse_rates(rates)
     if designs is not None:
         from splitplan.specs.design import load_designs

@@ -68,6 +68,26 @@ class Columns:
 AZURE = Columns("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 SPLITWISE = Columns("arrival_timestamp", "prompt_size", "token_size")
 MOONCAKE = Columns("timestamp", "input_length", "output_length", 1e-3)
+# Names a generic CSV's columns commonly have, each role's in order of preference; times are
+# seconds unless the name says milliseconds or microseconds.
+TIME_NAMES = ("arrival_s", "arrival_time", "arrival_time_s", "arrival_timestamp", "arrival", "timestamp", "time", "time_s",
+              "arrival_ms", "arrival_time_ms", "timestamp_ms", "time_ms", "arrival_us", "timestamp_us")
+PROMPT_NAMES = ("prompt_tokens", "input_tokens", "input_length", "prompt_length", "prompt_size", "prompt_len", "input_len",
+                "num_prompt_tokens", "num_input_tokens", "isl", "context_tokens")
+OUTPUT_NAMES = ("output_tokens", "output_length", "completion_tokens", "generated_tokens", "output_len", "token_size",
+                "num_output_tokens", "num_completion_tokens", "osl", "response_tokens")
+
+
+def detect_columns(header) -> Columns | None:
+    """A generic CSV's columns from their names (case-insensitive; see TIME_NAMES, ...), or
+    None when a role has no known name."""
+    lower = {str(h).strip().lower(): str(h) for h in header}
+    found = [next((lower[n] for n in names if n in lower), None) for names in (TIME_NAMES, PROMPT_NAMES, OUTPUT_NAMES)]
+    if None in found:
+        return None
+    name = found[0].lower()
+    unit = 1e-3 if name.endswith("_ms") else 1e-6 if name.endswith("_us") else 1.0
+    return Columns(found[0], found[1], found[2], unit)
 DEFAULT_TRACE = "azure_code_2023.csv"
 
 
@@ -134,7 +154,8 @@ def _chunks(path: Path, columns: Columns | None):
             header = pd.read_csv(stream, nrows=0, skipinitialspace=True).columns
             cols, wall_clock = columns, False
             if cols is None:
-                cols = next((k for k in (AZURE, SPLITWISE) if {k.time, k.prompt, k.output} <= set(header)), Columns())
+                cols = next((k for k in (AZURE, SPLITWISE) if {k.time, k.prompt, k.output} <= set(header)), None) \
+                    or detect_columns(header) or Columns()
                 wall_clock = cols is AZURE
             _require(path, cols, header)
         with open_stream() as stream:
