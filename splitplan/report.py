@@ -89,7 +89,9 @@ def pools_json(pools) -> list[dict]:
 
 
 def pools_text(pools) -> str:
-    return " + ".join(f"{p.machines}x {p.hardware} (TP {p.tp})" for p in pools) or "-"
+    """Pools in text, one notation everywhere: `3x h100-80gb TP 8 + 2x a100-80gb TP 4` (in
+    options and files a pool is `h100-80gb:8:3`)."""
+    return " + ".join(f"{p.machines}x {p.hardware} TP {p.tp}" for p in pools) or "-"
 
 
 def plan_text(plan) -> str:

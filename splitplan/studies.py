@@ -18,7 +18,7 @@ from splitplan.defaults import (
 )
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.parallel import run_units
-from splitplan.report import SCHEMA_VERSION, plan_json
+from splitplan.report import SCHEMA_VERSION, plan_json, pools_text
 from splitplan.search.optimize import optimize
 from splitplan.search.plan import Plan
 from splitplan.search.rate import max_rate
@@ -312,8 +312,7 @@ def _window_unit(shared, unit):
         plan = optimize(trace, model, slo, alternatives=0, with_colocated=False, **options).plan
     except InfeasibleError as exc:
         return {**row, "error": str(exc)}, None
-    return {**row, "prompt_pools": " + ".join(f"{p.machines}x {p.hardware}/tp{p.tp}" for p in plan.prompt_pools),
-            "token_pools": " + ".join(f"{p.machines}x {p.hardware}/tp{p.tp}" for p in plan.token_pools),
+    return {**row, "prompt_pools": pools_text(plan.prompt_pools), "token_pools": pools_text(plan.token_pools),
             "machines": plan.machines, "cost_usd_per_hour": plan.cost_usd_per_hour, "power_kw": plan.power_kw,
             "binding": plan.binding, "error": None}, plan
 

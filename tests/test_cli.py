@@ -468,3 +468,9 @@ def test_every_command_reading_a_trace_takes_common_and_named_columns(tmp_path, 
         assert detected.stdout.replace("a.csv", "x") == named.stdout.replace("b.csv", "x")
     missing = run(*command, _trace_csv(tmp_path / "c.csv", "when,in,out"))
     assert missing.exit_code == 2 and "--time-column" in missing.stderr
+
+
+def test_one_notation_for_a_pool_in_text():
+    from splitplan import report
+    from splitplan.search.plan import Pool
+    assert report.pools_text((Pool("h100-80gb", 8, 3), Pool("a100-80gb", 4, 2))) == "3x h100-80gb TP 8 + 2x a100-80gb TP 4"

@@ -287,4 +287,4 @@ def _raise_if_unreachable(problem, options) -> None:
                 raise InfeasibleError(
                     f"{line.label} {line.target} cannot be met: the best reachable is {best[0]:.3g}{unit} "
                     f"on {best[1].inst.hardware.name} at TP {best[1].inst.tp}, running requests alone")
-        raise InfeasibleError(f"no {role} option meets the SLO: " + "; ".join(f"{o.inst.hardware.name} TP{o.inst.tp}: {o.skipped}" for o in fitting))
+        raise InfeasibleError(f"no {role} option meets the SLO: " + "; ".join(f"{o.inst.hardware.name} TP {o.inst.tp}: {o.skipped}" for o in fitting))

@@ -364,7 +364,7 @@ def colocated_plan(problem: Problem, options: list[Option]) -> Plan:
                 and all(m <= limit for hw, limit in problem.max_machines if hw == o.inst.hardware.name))
     usable = [o for o in options if o.role == Role.MIXED and o.instances and within(o)]
     if not usable:
-        reasons = "; ".join(f"{o.inst.hardware.name} TP{o.inst.tp}: {o.skipped or 'over budget'}" for o in options if o.role == Role.MIXED)
+        reasons = "; ".join(f"{o.inst.hardware.name} TP {o.inst.tp}: {o.skipped or 'over budget'}" for o in options if o.role == Role.MIXED)
         raise InfeasibleError(f"no co-located plan meets the SLO within the budget ({reasons})")
     weight = (lambda o: (o.price_usd_per_hour, o.power_kw)) if problem.objective == "cost" else (lambda o: (o.power_kw, o.price_usd_per_hour))
     best = min(usable, key=lambda o: (weight(o)[0] * o.machines_alone, weight(o)[1] * o.machines_alone, o.key))
