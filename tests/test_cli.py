@@ -474,3 +474,15 @@ def test_one_notation_for_a_pool_in_text():
     from splitplan import report
     from splitplan.search.plan import Pool
     assert report.pools_text((Pool("h100-80gb", 8, 3), Pool("a100-80gb", 4, 2))) == "3x h100-80gb TP 8 + 2x a100-80gb TP 4"
+
+
+def test_long_work_reports_progress_in_a_log(monkeypatch, capsys):
+    """Not on a terminal, progress is one line per interval on stderr (none for quick work)."""
+    from splitplan.cli import common
+    ticks = iter([0.0, 1.0, 11.0, 12.0, 30.0])
+    monkeypatch.setattr("time.monotonic", lambda: next(ticks))
+    with common._progress("compare: designs", total=4) as step:
+        for _ in range(4):
+            step()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["compare: designs: 2/4 done, 11 s", "compare: designs: 4/4 done, 30 s"]

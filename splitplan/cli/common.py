@@ -127,7 +127,8 @@ def _emit_json(value) -> None:
 @contextlib.contextmanager
 def _progress(title: str, total: int | None = None):
     """On a terminal, a rich progress bar on stderr counting `total` finished units
-    (or a status line when the count is unknown); elsewhere nothing. Yields
+    (or a status line when the count is unknown); elsewhere (a log, CI), one line on
+    stderr at most every PROGRESS_EVERY_S seconds while work lasts longer than that. Yields
     `step(message=None)`, to call as each unit finishes."""
     from rich.console import Console
     from rich.progress import (
@@ -139,7 +140,7 @@ def _progress(title: str, total: int | None = None):
     )
     err = Console(stderr=True)
     if not err.is_terminal:
-        yield lambda message=None: None
+        yield _periodic(title, total)
         return
     if total is None:
         with err.status(title) as status:
@@ -149,6 +150,27 @@ def _progress(title: str, total: int | None = None):
     with Progress(*columns, console=err, transient=True) as bar:
         task = bar.add_task(title, total=total)
         yield lambda message=None: bar.advance(task)
+
+
+PROGRESS_EVERY_S = 10.0
+
+
+def _periodic(title: str, total: int | None):
+    """step(message=None) for a log: counts finished units and prints `title: 3/8 done, 25 s`
+    when PROGRESS_EVERY_S seconds have passed since the start or the last line."""
+    import time
+    start = last = time.monotonic()
+    done = 0
+
+    def step(message=None):
+        nonlocal last, done
+        done += 1
+        now = time.monotonic()
+        if now - last >= PROGRESS_EVERY_S:
+            last = now
+            count = f"{done}/{total}" if total is not None else f"{done}"
+            print(f"{title}: {count} done, {now - start:.0f} s" + (f" ({message})" if message else ""), file=sys.stderr, flush=True)
+    return step
 
 
 def _names(text: Optional[str]) -> list[str] | None:
