@@ -100,8 +100,17 @@ def _print_version(value: bool) -> None:
 @app.callback()
 def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
           version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
+                                       help="Print the version and exit."),
+          catalog: list[str] = typer.Option([], "--catalog", help="A folder of your own catalog entries "
+                                            "(hardware_specs/, model_specs/, engine_profiles/, slo_profiles/, designs/), "
+                                            "searched before SPLITPLAN_PATH's and the shipped ones (repeatable).")) -> None:
     _DEBUG["on"] = debug
+    from splitplan.specs.catalog import set_user_catalogs
+    try:
+        set_user_catalogs(catalog)
+    except SplitplanError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(exc.exit_code) from None
 
 
 def user_errors(command: Callable) -> Callable:
