@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from rich.console import Console
 from rich.table import Table
@@ -52,12 +53,44 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], caption: str | None = None) -> Table:
+    """A table: numbers right-aligned (never wrapped), text left-aligned and wrapped when the
+    console is narrower than the table (see `console`)."""
+    rows = [list(row) for row in rows]
+    formats = [_column_format([r[i] for r in rows]) for i in range(len(columns))]
+    cells = [[f(v) for f, v in zip(formats, row)] for row in rows]
     t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
     for i, col in enumerate(columns):
-        t.add_column(col, justify="left" if i == 0 else "right")
-    for row in rows:
-        t.add_row(*(fmt(v) for v in row))
+        values = [r[i] for r in cells]
+        numeric = i > 0 and all(_NUMBER.match(v) for v in values)
+        prose = not numeric and any(len(v) > 24 for v in values)  # only long text wraps; names and numbers never
+        t.add_column(col, justify="right" if numeric else "left", no_wrap=not prose,
+                     min_width=min(max(len(v) for v in values), 16) if prose and values else None)
+    for row in cells:
+        t.add_row(*row)
     return t
+
+
+_NUMBER = re.compile(r"^(-|[+-]?[\d,]*\.?\d+(e[+-]?\d+)?%?)$")
+
+
+def _column_format(values: list) -> Callable[[Any], str]:
+    """One number format per column (a quantity): whole numbers when every value is whole,
+    else two decimals when every value is at least 1, else three significant digits; text as is."""
+    floats = [v for v in values if isinstance(v, float) and math.isfinite(v)]
+    if not floats or any(v is not None and not isinstance(v, (int, float)) for v in values):
+        return fmt
+    if all(v == int(v) for v in floats):
+        spec = ",.0f"
+    elif min(abs(v) for v in floats if v) >= 1 if any(floats) else True:
+        spec = ",.2f"
+    else:
+        spec = ".3g"
+
+    def one(value: Any) -> str:
+        if isinstance(value, float) and math.isfinite(value):
+            return "0" if value == 0 else format(value, spec)
+        return fmt(value)
+    return one
 
 
 def fmt(value: Any) -> str:
@@ -76,10 +109,21 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+WIDTH = 120  # columns a table fits in a pipe or a file (text cells wrap); `--wide` lifts it
+_WIDE = {"on": False}
+
+
+def set_wide(wide: bool) -> None:
+    _WIDE["on"] = wide
+
+
 def console() -> Console:
-    """The terminal's width on a terminal; wide enough for every table in a pipe or a file."""
+    """The terminal's width on a terminal (at most WIDTH unless --wide); WIDTH in a pipe or a
+    file, or wide enough for every table unwrapped with --wide."""
     probe = Console()
-    return probe if probe.is_terminal else Console(width=200)
+    if _WIDE["on"]:
+        return Console(width=max(probe.width, 400)) if not probe.is_terminal else probe
+    return Console(width=min(probe.width, WIDTH)) if probe.is_terminal else Console(width=WIDTH)
 
 
 # --- plans ------------------------------------------------------------------------

@@ -507,3 +507,22 @@ def test_a_user_catalog_is_searched_before_the_shipped_one(tmp_path, monkeypatch
         assert bad.exit_code == 2 and "--catalog" in bad.stderr
     finally:
         set_user_catalogs([])
+
+
+@pytest.mark.parametrize("command", [
+    ["optimize", "--rate", "5", "--duration", "30", "--hardware", "a100-80gb,h100-80gb", "--tp", "8"],
+    ["hardware", "list"], ["models", "list"], ["perf"],
+    ["simulate", "--prompt-pool", "h100-80gb:8:2", "--token-pool", "h100-80gb:8:1", "--rate", "3", "--duration", "20"],
+])
+def test_tables_fit_120_columns_unless_wide(command):
+    narrow = run(*command)
+    assert narrow.exit_code == 0 and max(map(len, narrow.stdout.splitlines())) <= 120
+    wide = run("--wide", *command)
+    assert wide.exit_code == 0 and max(map(len, wide.stdout.splitlines())) >= max(map(len, narrow.stdout.splitlines()))
+
+
+def test_one_number_format_per_column():
+    from splitplan import report
+    t = report.table("t", ["name", "GB", "TB/s", "$/h"], [("a", 40.0, 2.039, 17.6), ("b", 180.0, 0.864, 53.52)])
+    cells = [[c._cells[k] for c in t.columns] for k in range(2)]
+    assert cells == [["a", "40", "2.04", "17.60"], ["b", "180", "0.864", "53.52"]]

@@ -45,7 +45,7 @@ def hardware_list(format: Format = typer.Option(Format.table, "--format", help="
          m.provisioned_power_w / 1e3, m.price_date)
         for m in machines
     ]
-    cols = ["name", "GPUs", "bf16 TFLOP/s", "fp8 TFLOP/s", "GB", "TB/s", "link GB/s", "net Gbit/s", "$/h", "kW", "price date"]
+    cols = ["name", "GPUs", "bf16\nTFLOP/s", "fp8\nTFLOP/s", "GB", "TB/s", "link\nGB/s", "net\nGbit/s", "$/h", "kW", "price\ndate"]
     report.console().print(report.table("Hardware catalog (per-GPU figures; price and power per machine; sources: --format json)", cols, rows))
 
 

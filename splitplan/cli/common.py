@@ -103,8 +103,10 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for
                                        help="Print the version and exit."),
           catalog: list[str] = typer.Option([], "--catalog", help="A folder of your own catalog entries "
                                             "(hardware_specs/, model_specs/, engine_profiles/, slo_profiles/, designs/), "
-                                            "searched before SPLITPLAN_PATH's and the shipped ones (repeatable).")) -> None:
+                                            "searched before SPLITPLAN_PATH's and the shipped ones (repeatable)."),
+          wide: bool = typer.Option(False, "--wide", help="Tables at full width (default: at most 120 columns, text cells wrapped).")) -> None:
     _DEBUG["on"] = debug
+    report.set_wide(wide)
     from splitplan.specs.catalog import set_user_catalogs
     try:
         set_user_catalogs(catalog)
