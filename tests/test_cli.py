@@ -56,6 +56,9 @@ def test_perf_json_contract():
 def test_perf_default_tp_is_smallest_that_fits():
     table = run("perf", "--model", "llama3.1-70b", "--hardware", "h100-80gb")
     assert table.exit_code == 0 and "TP 4" in table.stdout  # 141 GB of weights: TP 2 leaves no room
+    text = " ".join(table.stdout.split())
+    for term in ("compute (operator classes", "memory (classes", "network (tensor-parallel", "overhead (engine"):
+        assert term in text  # the table explains its breakdown columns
 
 
 def test_perf_accepts_model_file_and_engine(tmp_path):

@@ -144,7 +144,11 @@ def perf(
         for p in points
     ]
     caption = (f"{facts['instances_per_machine']} instance(s) per machine; weights {facts['weights_gb_per_gpu']:.1f} GB/GPU; "
-               f"KV {facts['kv_bytes_per_token']:,.0f} B/token; KV capacity {facts['kv_capacity_tokens']:,} tokens per instance")
+               f"KV {facts['kv_bytes_per_token']:,.0f} B/token; KV capacity {facts['kv_capacity_tokens']:,} tokens per instance.\n"
+               "tokens: prompt tokens (prefill) or context tokens per request (decode). The latency is the sum of: compute "
+               "(operator classes bound by FLOP/s, at the achieved efficiency and sustained clock), memory (classes bound by "
+               "bytes: weights, KV, activations), network (tensor-parallel all-reduces over the GPU links) and overhead "
+               "(engine and kernel-launch time per pass); bound names the largest. KV fits: the batch's KV within capacity.")
     cols = ["phase", "batch", "tokens", "latency ms", "bound", "compute ms", "memory ms", "network ms", "overhead ms", "KV fits"]
     title = f"{inst.model.name} on {inst.hardware.name}, TP {inst.tp}, engine {inst.engine.name}"
     report.console().print(report.table(title, cols, rows, caption))
