@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable

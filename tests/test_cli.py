@@ -529,3 +529,38 @@ def test_one_number_format_per_column():
     t = report.table("t", ["name", "GB", "TB/s", "$/h"], [("a", 40.0, 2.039, 17.6), ("b", 180.0, 0.864, 53.52)])
     cells = [[c._cells[k] for c in t.columns] for k in range(2)]
     assert cells == [["a", "40", "2.04", "17.60"], ["b", "180", "0.864", "53.52"]]
+
+
+def _sweep_rows(ttft_ms):
+    from splitplan.studies import SweepResult
+    rows = [{"design": "plan", "rate_rps": r, "ttft_p99_ms": t, "tbt_p99_ms": 20.0, "slo_met": t < 2000}
+            for r, t in zip((1.0, 2.0, 4.0), ttft_ms)]
+    return SweepResult(tuple(rows), "plan")
+
+
+def test_sweep_plot_shows_the_slo_for_every_profile_with_log_scale_and_plain_ticks():
+    pytest.importorskip("matplotlib")
+    from splitplan.cli.studies import sweep_figure
+    chat = sweep_figure(_sweep_rows([100.0, 900.0, 40_000.0]), "chat", "t")
+    ttft = chat.axes[0]
+    assert ttft.get_yscale() == "log"  # 100 ms to 40 s spans decades
+    assert any(list(line.get_ydata()) == [2000, 2000] for line in ttft.get_lines())  # the p99 limit in ms
+    assert len(ttft.collections) == 1  # the rate that missed the SLO, marked
+    labels = [t.get_text() for t in ttft.get_yticklabels() if t.get_text()]
+    assert labels and all("$" not in t and "e" not in t for t in labels)  # 100, 1000, not 10^2
+    slowdown = sweep_figure(_sweep_rows([100.0, 120.0, 150.0]), "splitwise", "t").axes[0]
+    assert slowdown.get_yscale() == "linear" and "TTFT p99 <= 6x" in slowdown.get_title()
+
+
+def test_pareto_plot_numbers_its_points_and_lists_them_with_a_title():
+    pytest.importorskip("matplotlib")
+    from splitplan.cli.optimize import pareto_figure
+    from splitplan.search.optimize import OptimizeResult
+    from splitplan.search.plan import Plan, Pool
+    plans = [Plan((Pool("h100-80gb", 8, k),), (Pool("a100-80gb", 8, 1),), (), 30.0 + k, 20.0 - k, max_rate_rps=5.0) for k in (1, 2, 3)]
+    fig = pareto_figure(OptimizeResult(plans[0], tuple(plans[1:]), (), pareto=tuple(plans)), "llama2-70b at 6 req/s")
+    ax = fig.axes[0]
+    assert sorted(t.get_text() for t in ax.texts) == ["1", "2", "3"]  # short labels beside the points
+    listed = fig.texts[0].get_text().splitlines()
+    assert len(listed) == 3 and listed[0].startswith("1: prompt 3x h100-80gb TP 8")  # frontier sorted by power
+    assert ax.get_title() == "llama2-70b at 6 req/s"

@@ -213,6 +213,20 @@ def _require_matplotlib() -> None:
         raise SpecError("--plot needs matplotlib: pip install '.[plot]'") from None
 
 
+def _plain_ticks(ax) -> None:
+    """Tick labels as plain numbers: no offset and no scientific notation on linear axes,
+    `10`, `100`, `1000` (not 10^k) on log axes."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter, ScalarFormatter
+    for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+        if scale == "log":
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
+        else:
+            plain = ScalarFormatter(useOffset=False)
+            plain.set_scientific(False)
+            axis.set_major_formatter(plain)
+
+
 def _save_figure(fig, path: Path) -> None:
     """Atomically: a failed run leaves no partial PNG."""
     import matplotlib.pyplot as plt

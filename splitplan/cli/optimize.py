@@ -25,6 +25,7 @@ from splitplan.cli.common import (
     _emit_json,
     _limits,
     _names,
+    _plain_ticks,
     _progress,
     _require_matplotlib,
     _save_figure,
@@ -208,7 +209,8 @@ def _emit_plan(result, workload, inputs: dict, format, output_dir, plot, pareto:
         for name, text in files.items():
             report.write_atomic(output_dir / name, text)
     if plot is not None:
-        _pareto_plot(result, plot)
+        _pareto_plot(result, plot, f"Plans meeting {inputs['slo']} for {inputs['model']}: cost against power\n"
+                     f"{workload.source}, {len(workload):,} requests")
     if format is PlanFormat.json:
         _emit_json(document)
     elif format is PlanFormat.csv:
@@ -223,24 +225,32 @@ def _emit_plan(result, workload, inputs: dict, format, output_dir, plot, pareto:
                  for p in result.pareto]))
 
 
-def _pareto_plot(result, path: Path) -> None:
+def _pareto_plot(result, path: Path, title: str) -> None:
+    _save_figure(pareto_figure(result, title), path)
+
+
+def pareto_figure(result, title: str):
+    """Cost against power: the evaluated plans, the frontier numbered along it, and the
+    numbered plans listed below the axes (long labels beside points overlap)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    front = sorted(result.pareto, key=lambda p: p.power_kw)
+    fig, ax = plt.subplots(figsize=(7, 4.2 + 0.22 * len(front)))
     others = [result.plan, *result.alternatives]
     ax.scatter([p.power_kw for p in others], [p.cost_usd_per_hour for p in others], color="grey", s=18, label="evaluated plans")
-    front = sorted(result.pareto, key=lambda p: p.power_kw)
     ax.plot([p.power_kw for p in front], [p.cost_usd_per_hour for p in front], marker="o", color="#3b75af", label="Pareto frontier")
-    for p in front:
-        rate = f"\nmax {p.max_rate_rps:.3g} req/s" if p.max_rate_rps else ""
-        ax.annotate(report.plan_text(p).replace("; ", "\n") + rate, (p.power_kw, p.cost_usd_per_hour), fontsize=6,
-                    xytext=(4, 4), textcoords="offset points")
-    ax.set(xlabel="provisioned power (kW)", ylabel="cost (USD/h)", title="Plans meeting the SLO: cost against power")
+    for k, p in enumerate(front, 1):
+        ax.annotate(str(k), (p.power_kw, p.cost_usd_per_hour), fontsize=8, xytext=(4, 4), textcoords="offset points")
+    legend = "\n".join(f"{k}: {report.plan_text(p)}, ${p.cost_usd_per_hour:,.2f}/h, {p.power_kw:,.1f} kW"
+                       + (f", max {p.max_rate_rps:.3g} req/s" if p.max_rate_rps else "") for k, p in enumerate(front, 1))
+    fig.text(0.01, 0.01, legend, fontsize=7, va="bottom", ha="left", family="monospace")
+    ax.set(xlabel="provisioned power (kW)", ylabel="cost (USD/h)", title=title)
+    _plain_ticks(ax)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    _save_figure(fig, path)
+    fig.tight_layout(rect=(0, 0.06 + 0.035 * len(front), 1, 1))
+    return fig
 
 
 def _plan_windows(workload, window_s, model, slo, format, output_dir, options, jobs, executor, ray_address) -> None:

@@ -23,6 +23,7 @@ from splitplan.cli.common import (
     PlanFormat,
     _emit_json,
     _limits,
+    _plain_ticks,
     _progress,
     _require_matplotlib,
     _save_figure,
@@ -177,14 +178,24 @@ def sweep(
                            executor=executor.value, ray_address=ray_address)
     text = result.to_frame().to_csv(index=False, float_format="%.6g")
     if plot is not None:
-        _sweep_plot(result, slo, plot)
+        what = 'cheapest plan per design' if result.mode == 'designs' else 'fixed plan, simulated'
+        _sweep_plot(result, slo, plot, f"{what} against load: {model}, SLO {slo}\n{base.source}, "
+                    f"Poisson resamples of {duration:g} s at {rate_list[0]:g}-{rate_list[-1]:g} req/s")
     if output is not None:
         report.write_atomic(output, text)
     else:
         sys.stdout.write(text)
 
 
-def _sweep_plot(result, slo: str, path: Path) -> None:
+def _sweep_plot(result, slo: str, path: Path, title: str) -> None:
+    _save_figure(sweep_figure(result, slo, title), path)
+
+
+def sweep_figure(result, slo: str, title: str):
+    """p99 TTFT and TBT (and cost per million tokens for designs) against the rate, with the
+    SLO: a line at an absolute limit; for a slowdown limit (per request, against its latency
+    alone: no fixed ms) a note, and the rates whose SLO check failed marked. Log scale where
+    a panel spans more than 30x."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -193,17 +204,30 @@ def _sweep_plot(result, slo: str, path: Path) -> None:
     lines = load_slo(slo).lines()
     frame = result.to_frame()
     panels = [("ttft", "TTFT p99 (ms)"), ("tbt", "TBT p99 (ms)")] + ([("cost", "cost per million tokens (USD)")] if result.mode == "designs" else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.9))
     for ax, (metric, label) in zip(axes, panels):
         column = "cost_per_million_tokens_usd" if metric == "cost" else f"{metric}_p99_ms"
         for name, part in frame.groupby("design", sort=False):
             ax.plot(part.rate_rps, part[column], marker="o", ms=3, label=name)
+            missed = part[part.slo_met == False]  # noqa: E712  (a pandas mask: None means no plan)
+            if metric != "cost" and len(missed):
+                ax.scatter(missed.rate_rps, missed[column], marker="x", color="red", zorder=3,
+                           label="SLO missed" if name == frame.design.iloc[0] else None)
         for line in lines:
-            if line.metric == metric and line.percentile == 99 and line.max_ms is not None:
-                ax.axhline(line.max_ms, ls="--", color="red", lw=1, label=f"SLO {line.label}")
+            if line.metric != metric or line.percentile != 99:
+                continue
+            if line.max_ms is not None:
+                ax.axhline(line.max_ms, ls="--", color="red", lw=1, label=f"SLO {line.label} {line.target}")
+            else:
+                ax.set_title(f"SLO {line.label} {line.target} (per request, against its latency alone)", fontsize=7)
+        values = frame[column].dropna()
+        values = values[values > 0]
+        if len(values) and values.max() / values.min() > 30:
+            ax.set_yscale("log")
         ax.set(xlabel="request rate (req/s)", ylabel=label)
+        _plain_ticks(ax)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"{'cheapest plan per design' if result.mode == 'designs' else 'fixed plan, simulated'} against load", fontsize=10)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    _save_figure(fig, path)
+    return fig
