@@ -213,11 +213,12 @@ def _require_matplotlib() -> None:
         raise SpecError("--plot needs matplotlib: pip install '.[plot]'") from None
 
 
-def _plain_ticks(ax) -> None:
+def _plain_ticks(ax, which: str = "xy") -> None:
     """Tick labels as plain numbers: no offset and no scientific notation on linear axes,
     `10`, `100`, `1000` (not 10^k) on log axes."""
     from matplotlib.ticker import FuncFormatter, NullFormatter, ScalarFormatter
-    for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+    for axis, scale in [(a, sc) for name, a, sc in (("x", ax.xaxis, ax.get_xscale()), ("y", ax.yaxis, ax.get_yscale()))
+                        if name in which]:
         if scale == "log":
             axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             axis.set_minor_formatter(NullFormatter())

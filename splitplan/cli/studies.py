@@ -89,7 +89,7 @@ def compare(
                              progress=step, executor=executor.value, ray_address=ray_address)
     document = result.to_json()
     if plot is not None:
-        _compare_plot(result, plot)
+        _compare_plot(result, plot, f"{model}, SLO {slo}, {base.source}" + (f", {rate:g} req/s" if rate else ""))
     if format is PlanFormat.json:
         _emit_json(document)
     elif format is PlanFormat.csv:
@@ -108,7 +108,7 @@ def compare(
             report.console().print(f"[bold]warning:[/bold] {warning}.")
 
 
-def _compare_plot(result, path: Path) -> None:
+def _compare_plot(result, path: Path, subtitle: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -121,7 +121,9 @@ def _compare_plot(result, path: Path) -> None:
     for bar, ratio in zip(bars, frame.ratio_to_baseline):
         if ratio == ratio and ratio is not None:
             ax.annotate(f"{ratio:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
-    ax.set(ylabel=label, title=f"{result.scenario} (grey: co-located; ratios against {result.baseline})")
+    ax.set(ylabel=label, title=f"{result.scenario} (grey: co-located; ratios against {result.baseline})\n{subtitle}")
+    ax.title.set_fontsize(9)
+    _plain_ticks(ax, "y")  # x: the design names
     ax.tick_params(axis="x", rotation=20)
     fig.tight_layout()
     _save_figure(fig, path)
