@@ -132,3 +132,16 @@ def test_output_files_get_the_usual_permissions(tmp_path):
     write_atomic(tmp_path / "a.json", "{}")
     (tmp_path / "b.json").write_text("{}")
     assert (tmp_path / "a.json").stat().st_mode == (tmp_path / "b.json").stat().st_mode
+
+
+def test_written_files_get_the_users_umask(tmp_path):
+    import os
+    import stat
+
+    from splitplan import report
+    old = os.umask(0o022)
+    try:
+        report.write_atomic(tmp_path / "plan.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "plan.json").stat().st_mode) == 0o644  # not mkstemp's 0600
