@@ -125,18 +125,11 @@ def optimize(
                                          rate or workload.mean_rate_rps, model, slo, common)
     else:
         result = api.optimize(workload, model, slo, objective=objective.value, split=not no_split, pareto=pareto, **common)
-    inputs = {
-        "trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
-        "seed": seed, "model": model, "slo": slo, "hardware": _names(hardware), "prompt_hardware": _names(prompt_hardware),
-        "token_hardware": _names(token_hardware), "tp": tp, "objective": objective.value, "engine": engine,
-        "search": search.value, "solver": solver, "max_cost_per_hour": max_cost_per_hour, "max_power_kw": max_power_kw,
-        "max_machines": _limits(max_machines), "max_batch_tokens": max_batch_tokens, "split": not no_split,
-        "split_only": split_only,
-        "window": stretch,
-    }
     if validate:
         result = _validate(result, workload, model, slo, common, jobs_n, executor.value, ray_address)
-    inputs["validate"] = validate
+    inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
+              "seed": seed, "model": model, "slo": slo, "objective": objective.value, "split": not no_split, "window": stretch,
+              "validate": validate, **{k: v for k, v in common.items() if k not in ("jobs", "perf_db")}}
     _emit_plan(result, workload, inputs, format, output_dir, plot, pareto)
 
 
