@@ -19,6 +19,9 @@ A unit that fails raises `WorkUnitError` naming the unit (no hang); a user error
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
+import sys
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Sequence
@@ -76,6 +79,20 @@ def run_units(fn: Callable[[Any, Any], Any], items: Sequence, shared: Any = None
     return [_unwrap(o, k, len(items), items, describe) for k, o in enumerate(outcomes)]
 
 
+def _die_with_parent(parent_pid: int) -> None:
+    """In each forked worker: end when the parent process ends, even by SIGKILL. On Linux
+    the kernel sends SIGTERM then (prctl PR_SET_PDEATHSIG); a parent already gone before
+    that was set is caught by the pid check."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+        except OSError:
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
 def _local_map(fn, items, shared, jobs, tick) -> list:
     global _SHARED
     if jobs <= 1 or len(items) < 2 or "fork" not in multiprocessing.get_all_start_methods():
@@ -86,7 +103,8 @@ def _local_map(fn, items, shared, jobs, tick) -> list:
         return out
     _SHARED = (fn, shared)
     try:
-        with ProcessPoolExecutor(min(jobs, len(items)), mp_context=multiprocessing.get_context("fork")) as pool:
+        with ProcessPoolExecutor(min(jobs, len(items)), mp_context=multiprocessing.get_context("fork"),
+                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
             out = []
             for outcome in pool.map(_run, items):
                 out.append(outcome)

@@ -71,3 +71,51 @@ def test_unreachable_ray_cluster_is_a_clean_error():
     result = CliRunner().invoke(app, ["compare", "--scenario", "iso-throughput-cost", "--rate", "3", "--duration", "20",
                                       "--executor", "ray", "--ray-address", "auto"])
     assert result.exit_code == 2 and "cannot start or reach --ray-address auto" in result.stderr, result.output
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux's")
+def test_forked_workers_end_when_the_parent_is_killed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+    script = tmp_path / "busy.py"
+    script.write_text("import time\nfrom splitplan.parallel import run_units\n\n"
+                      "def slow(shared, item):\n    time.sleep(120)\n\n"
+                      "if __name__ == '__main__':\n    run_units(slow, list(range(4)), None, jobs=2)\n")
+    parent = subprocess.Popen([sys.executable, str(script)])
+
+    def children():
+        out = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if int(fields[1]) == parent.pid and fields[0] != "Z":
+                    out.append(int(entry))
+        return out
+    deadline = time.monotonic() + 30
+    while len(children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    workers = children()
+    assert len(workers) >= 2
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [w for w in workers if _running(w)]
+    for w in alive:  # leave nothing behind, pass or fail
+        os.kill(w, signal.SIGKILL)
+    assert not alive, f"workers {alive} outlived their parent"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
