@@ -163,12 +163,12 @@ def plan_json(plan) -> dict:
 def slo_rows(lines: list[dict]) -> list[tuple]:
     """Table rows of a simulated SLO report: line, target and achieved with their unit,
     attainment, met."""
-    def text(x):
-        if x["achieved"] is None:
-            return "-"
-        return f"{x['achieved']:,.4g} ms" if x["unit"] == "ms" else f"{x['achieved']:.3g}x"
-    return [(x["line"], f"<= {x['target']:g}{' ms' if x['unit'] == 'ms' else 'x'}", text(x), x["attainment_pct"],
-             "yes" if x["met"] else "NO") for x in lines]
+    from splitplan.specs.slo import SloLine
+    rows = []
+    for x in lines:
+        line = SloLine.from_json(x)
+        rows.append((x["line"], line.target, line.text(x["achieved"]), x["attainment_pct"], "yes" if x["met"] else "NO"))
+    return rows
 
 
 def optimize_json(result, inputs: dict) -> dict:

@@ -12,6 +12,13 @@ from splitplan.specs.hardware import HardwareSpec, load_hardware
 from splitplan.specs.model import ModelSpec, load_model
 
 
+def require_tp(hw: HardwareSpec, tp: int) -> None:
+    """--tp must divide the machine's GPUs: bad input (exit 2) naming the degrees to choose."""
+    if tp < 1 or tp not in hw.tp_degrees():
+        raise SpecError(f"--tp {tp}: must divide the {hw.gpus_per_machine} GPUs of {hw.name}; choose one of "
+                        f"{', '.join(map(str, hw.tp_degrees()))}")
+
+
 def instance(model: str | ModelSpec, hardware: str | HardwareSpec, tp: int | None = None,
              engine: str | EngineProfile = DEFAULT_ENGINE) -> Instance:
     """An instance that fits: at `tp`, or at the smallest TP degree that fits."""
@@ -19,8 +26,7 @@ def instance(model: str | ModelSpec, hardware: str | HardwareSpec, tp: int | Non
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
     eng = load_engine(engine) if isinstance(engine, str) else engine
     if tp is not None:
-        if tp < 1 or tp not in hw.tp_degrees():
-            raise SpecError(f"--tp {tp}: must divide the {hw.gpus_per_machine} GPUs of {hw.name}; choose one of {hw.tp_degrees()}")
+        require_tp(hw, tp)
         inst = Instance(m, hw, eng, tp)
         if not inst.fit.fits:
             raise InfeasibleError(f"{m.name} does not fit {hw.name} at TP {tp}: {inst.fit.reason}")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from splitplan.defaults import DEFAULT_ENGINE, MAX_BATCH_TOKENS
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.parallel import run_units
-from splitplan.perf.points import reference_instance
+from splitplan.perf.points import reference_instance, require_tp
 from splitplan.perf.roofline import Instance
 from splitplan.perf.table import load_perf_db
 from splitplan.report import optimize_json, plan_json, plans_csv
@@ -170,9 +170,7 @@ def _check_tp(tp: int, machines: dict, named: bool) -> None:
     machine when none was named): bad input, exit 2."""
     wrong = [hw for hw in machines.values() if tp not in hw.tp_degrees()]
     if wrong and (named or len(wrong) == len(machines)):
-        hw = wrong[0]
-        raise SpecError(f"--tp {tp}: must divide the {hw.gpus_per_machine} GPUs of {hw.name}; choose one of "
-                        f"{', '.join(map(str, hw.tp_degrees()))}")
+        require_tp(wrong[0], tp)
 
 
 def _servable(trace, model, engine, token_machines, tp):

@@ -95,6 +95,12 @@ class SloLine:
         """The limit as text: `<= 500 ms`, `<= 2x`."""
         return f"<= {self.limit:g} ms" if self.unit == "ms" else f"<= {self.limit:g}x"
 
+    @classmethod
+    def from_json(cls, entry: dict) -> "SloLine":
+        """The line of a JSON SLO entry (`metric`, `percentile`, `target`, `unit`)."""
+        ms = entry["unit"] == "ms"
+        return cls(entry["metric"], entry["percentile"], entry["target"] if ms else None, None if ms else entry["target"])
+
     def text(self, value: float | None) -> str:
         """An achieved value with its unit: `432 ms`, `1.43x` (`-` when there is none)."""
         if value is None:
