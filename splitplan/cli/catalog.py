@@ -10,10 +10,10 @@ import typer
 
 from splitplan import report
 from splitplan.cli.common import (
-    OUTPUT_COLUMN_HELP,
-    PROMPT_COLUMN_HELP,
-    TIME_COLUMN_HELP,
-    TIME_UNIT_HELP,
+    OUTPUT_COLUMN,
+    PROMPT_COLUMN,
+    TIME_COLUMN,
+    TIME_UNIT,
     Format,
     _emit_json,
     api,
@@ -79,10 +79,10 @@ def trace_summarize(
     rate: Optional[float] = typer.Option(None, "--rate", help="Resample: Poisson arrivals at this many requests/s."),
     duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
     seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
-    time_column: Optional[str] = typer.Option(None, "--time-column", help=TIME_COLUMN_HELP),
-    prompt_column: Optional[str] = typer.Option(None, "--prompt-column", help=PROMPT_COLUMN_HELP),
-    output_column: Optional[str] = typer.Option(None, "--output-column", help=OUTPUT_COLUMN_HELP),
-    time_unit: Optional[str] = typer.Option(None, "--time-unit", help=TIME_UNIT_HELP),
+    time_column: Optional[str] = TIME_COLUMN,
+    prompt_column: Optional[str] = PROMPT_COLUMN,
+    output_column: Optional[str] = OUTPUT_COLUMN,
+    time_unit: Optional[str] = TIME_UNIT,
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
 ) -> None:
     """Rows, span, rates, burstiness and token percentiles of a trace."""

@@ -278,10 +278,11 @@ def plan_input(plan: Optional[Path], prompt_pool: list[str], token_pool: list[st
     return read_plan(plan)
 
 
-TIME_COLUMN_HELP = "Trace CSV: the arrival time column (default: detected from common names such as arrival_time)."
-PROMPT_COLUMN_HELP = "Trace CSV: the prompt tokens column (default: detected, e.g. input_length)."
-OUTPUT_COLUMN_HELP = "Trace CSV: the output tokens column (default: detected, e.g. output_length)."
-TIME_UNIT_HELP = "Trace CSV: unit of the time column (s, ms, us)."
+# The trace-column options of every command that reads a trace (one declaration, shared).
+TIME_COLUMN = typer.Option(None, "--time-column", help="Trace CSV: the arrival time column (default: detected from common names such as arrival_time).")
+PROMPT_COLUMN = typer.Option(None, "--prompt-column", help="Trace CSV: the prompt tokens column (default: detected, e.g. input_length).")
+OUTPUT_COLUMN = typer.Option(None, "--output-column", help="Trace CSV: the output tokens column (default: detected, e.g. output_length).")
+TIME_UNIT = typer.Option(None, "--time-unit", help="Trace CSV: unit of the time column (s, ms, us).")
 
 
 def trace_columns(time_column: str | None, prompt_column: str | None, output_column: str | None,

@@ -13,11 +13,11 @@ import typer
 from splitplan import report
 from splitplan.cli.common import (
     EXECUTOR_HELP,
-    OUTPUT_COLUMN_HELP,
-    PROMPT_COLUMN_HELP,
+    OUTPUT_COLUMN,
+    PROMPT_COLUMN,
     RAY_HELP,
-    TIME_COLUMN_HELP,
-    TIME_UNIT_HELP,
+    TIME_COLUMN,
+    TIME_UNIT,
     Executor,
     Objective,
     PlanFormat,
@@ -54,10 +54,10 @@ from splitplan.workload.trace import (
 @user_errors
 def optimize(
     trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace (default: the embedded Azure 2023 code trace)."),
-    time_column: Optional[str] = typer.Option(None, "--time-column", help=TIME_COLUMN_HELP),
-    prompt_column: Optional[str] = typer.Option(None, "--prompt-column", help=PROMPT_COLUMN_HELP),
-    output_column: Optional[str] = typer.Option(None, "--output-column", help=OUTPUT_COLUMN_HELP),
-    time_unit: Optional[str] = typer.Option(None, "--time-unit", help=TIME_UNIT_HELP),
+    time_column: Optional[str] = TIME_COLUMN,
+    prompt_column: Optional[str] = PROMPT_COLUMN,
+    output_column: Optional[str] = OUTPUT_COLUMN,
+    time_unit: Optional[str] = TIME_UNIT,
     rate: Optional[float] = typer.Option(None, "--rate", help="Poisson resample of the trace's sizes at this rate (req/s)."),
     duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
     seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
