@@ -11,6 +11,7 @@ import splitplan
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_docs_examples_run():
     code = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "API.md").read_text(), re.S)
     assert code

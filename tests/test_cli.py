@@ -461,15 +461,16 @@ def _trace_csv(path, header, scale=1.0):
     ["sweep", "--rates", "1", "--duration", "20", "--mixed-pool", "h100-80gb:8:1", "--trace"],
     ["compare", "--scenario", "iso-throughput-cost", "--trace"],
 ])
-def test_every_command_reading_a_trace_takes_common_and_named_columns(tmp_path, command):
-    detected = run(*command, _trace_csv(tmp_path / "a.csv", "arrival_time,input_length,output_length"))
+def test_every_command_reading_a_trace_takes_common_and_named_columns(tmp_path, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)  # short relative names: a long temporary path would wrap in the table
+    detected = run(*command, _trace_csv(Path("a.csv"), "arrival_time,input_length,output_length"))
     assert detected.exit_code == 0, detected.output
-    named = run(*command, _trace_csv(tmp_path / "b.csv", "t,in,out", scale=1000), "--time-column", "t",
+    named = run(*command, _trace_csv(Path("b.csv"), "t,in,out", scale=1000), "--time-column", "t",
                 "--prompt-column", "in", "--output-column", "out", "--time-unit", "ms")
     assert named.exit_code == 0, named.output
     if command[0] != "sweep":  # (a sweep resamples the sizes: the two traces' times do not show)
         assert detected.stdout.replace("a.csv", "x") == named.stdout.replace("b.csv", "x")
-    missing = run(*command, _trace_csv(tmp_path / "c.csv", "when,in,out"))
+    missing = run(*command, _trace_csv(Path("c.csv"), "when,in,out"))
     assert missing.exit_code == 2 and "--time-column" in missing.stderr
 
 

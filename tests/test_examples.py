@@ -19,7 +19,8 @@ def test_every_example_is_listed():
     assert sorted(p.name for p in (ROOT / "examples").glob("*.py")) == sorted(EXPECT)
 
 
-@pytest.mark.parametrize("script", sorted(EXPECT))
+@pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.slow) if s == "splitwise_design_study.py" else s
+                                    for s in sorted(EXPECT)])
 def test_example_runs(script):
     result = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--quick"], capture_output=True, text=True,
                             timeout=300, cwd=ROOT)

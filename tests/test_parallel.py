@@ -25,6 +25,7 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_compare_and_sweep_same_json_on_ray_and_local(local_ray):
     runner = CliRunner()
     compare = ["compare", "--scenario", "iso-throughput-cost", "--rate", "6", "--duration", "30", "--format", "json"]
@@ -36,6 +37,7 @@ def test_compare_and_sweep_same_json_on_ray_and_local(local_ray):
     assert runner.invoke(app, sweep + ["--executor", "local"]).stdout == runner.invoke(app, sweep + ["--executor", "ray"]).stdout
 
 
+@pytest.mark.slow
 def test_windows_same_on_ray_and_local(local_ray):
     options = dict(hardware=["h100-80gb"], tp=8)
     a = api.plan_windows(TRACE, 1200, "llama2-70b", "splitwise", jobs=2, **options).to_json()
@@ -43,8 +45,10 @@ def test_windows_same_on_ray_and_local(local_ray):
     assert a == b and len(a["windows"]) == 3
 
 
-@pytest.mark.parametrize("executor", ["local", "ray"])
-def test_failing_unit_is_named(executor, local_ray):
+@pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=pytest.mark.slow)])
+def test_failing_unit_is_named(executor, request):
+    if executor == "ray":
+        request.getfixturevalue("local_ray")
     good = [("prompt", "h100-80gb", 8, 1), ("token", "h100-80gb", 8, 1)]
     shared = (TRACE, Setup("llama2-70b", "splitwise", "lean", None, 2048))
     with pytest.raises(WorkUnitError, match=r"work unit 2 of 2 \(plan None\) failed: TypeError"):

@@ -15,7 +15,12 @@ BLOCKS = re.findall(r"```(\w+)\n(.*?)```", README, re.S)
 COMMANDS = [line for lang, body in BLOCKS if lang == "bash" for line in body.splitlines() if line.startswith("splitplan ")]
 
 
-@pytest.mark.parametrize("line", COMMANDS)
+# Whole studies, Ray start-ups and the calibration run in the slow suite (pytest -m slow).
+SLOW = ("iso-power", "--executor ray", "splitplan calibrate")
+
+
+@pytest.mark.parametrize("line", [pytest.param(c, marks=pytest.mark.slow) if any(s in c for s in SLOW) else c
+                                  for c in COMMANDS])
 def test_readme_command_runs(line, monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)
     args = shlex.split(line)[1:]

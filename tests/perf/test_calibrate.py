@@ -35,6 +35,7 @@ def _synthetic_csv(tmp_path, engine="lean", noise=0.0, seed=0):
     return path
 
 
+@pytest.mark.slow
 def test_fit_recovers_a_known_engine_from_a_generic_csv(tmp_path):
     path = _synthetic_csv(tmp_path, "lean")
     result = api.calibrate(str(path), engine="splitwise-vllm", folds=3)
@@ -64,6 +65,7 @@ def test_anomalies_are_the_failed_runs():
     assert set(zip(flagged.model, flagged.tp, flagged.batch)) == {("llama2-70b", 2, 64)}
 
 
+@pytest.mark.slow
 def test_calibrated_profile_predicts_unseen_hardware_and_models_better_than_defaults():
     """Fit on one machine (or model) of the Splitwise data; the other is predicted at
     least as well as by the uncalibrated `lean` defaults."""
@@ -154,6 +156,7 @@ def test_machines_and_models_given_as_files(tmp_path):
         assert float(fitted.prefill_time_s(1024)) == pytest.approx(float(inst.prefill_time_s(1024)) * slower[tp], rel=0.05)
 
 
+@pytest.mark.slow
 def test_each_held_out_prediction_comes_from_a_fit_without_its_fold(tmp_path):
     points = read_measurements(_synthetic_csv(tmp_path, "lean", noise=0.1)).reset_index(drop=True)
     base = load_engine("splitwise-vllm")

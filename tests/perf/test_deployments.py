@@ -47,6 +47,7 @@ def test_rows_the_catalog_cannot_model_are_counted_by_reason(tmp_path):
                        "model not in the catalog or not dense": 1, "machine not in the catalog": 1}
 
 
+@pytest.mark.slow
 def test_calibration_recovers_a_known_engine_from_whole_runs(tmp_path):
     path = _synthetic(tmp_path)
     result = api.calibrate_deployments(str(path), "vllm", "lean-fp8", folds=False)
@@ -57,6 +58,7 @@ def test_calibration_recovers_a_known_engine_from_whole_runs(tmp_path):
     assert result.profile.fit["runs"] == 6 and result.profile.name == "vllm"
 
 
+@pytest.mark.slow
 def test_held_out_folds_by_machine_predict_every_run(tmp_path):
     runs, _ = dep.read_deployments(_synthetic(tmp_path))
     assert dep.fold_column(runs) == "machine"
