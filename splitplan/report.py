@@ -3,6 +3,9 @@ that writes to the console or to files."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import math
 import os
@@ -13,6 +16,8 @@ from typing import Any, Callable, Iterable
 
 from rich.console import Console
 from rich.table import Table
+
+from splitplan.errors import SpecError
 
 SCHEMA_VERSION = 2  # 2: SLO targets are numbers with a unit (were text like "<= 500 ms")
 
@@ -36,20 +41,55 @@ def to_json(value: Any) -> str:
     return json.dumps(clean(value), indent=2, sort_keys=True) + "\n"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` via a temporary file and a rename: never a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_set(files: dict[Path, str | bytes]) -> None:
+    """Write one run's output files as a set: each goes to a temporary file beside it, and all
+    are renamed into place only once every one was written, with their folders locked (flock)
+    so that two runs into one folder cannot mix their files. A failure leaves the files that
+    were there as they were, and no temporary file. A path that cannot be written (a folder in
+    the way, a file where a folder should be, no permission, a full disk) is bad input."""
+    folders = sorted({Path(p).parent for p in files})
+    temps: dict[Path, str] = {}
+    with contextlib.ExitStack() as locks:
+        try:
+            for folder in folders:
+                folder.mkdir(parents=True, exist_ok=True)
+                locks.enter_context(_locked(folder))
+            for path, content in files.items():
+                if Path(path).is_dir():
+                    raise IsADirectoryError(errno.EISDIR, "a folder is in the way", str(path))
+                temps[Path(path)] = _write_temp(Path(path), content)
+            for path, tmp in temps.items():
+                os.replace(tmp, path)
+        except OSError as exc:
+            where = exc.filename or next(iter(files))
+            raise SpecError(f"{where}: cannot write ({exc.strerror or exc}); choose another output path") from None
+        finally:
+            for tmp in temps.values():
+                Path(tmp).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _write_temp(path: Path, content: str | bytes) -> str:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content.encode("utf-8") if isinstance(content, str) else content)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # as open() would create it (mkstemp makes it owner-only)
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return tmp
 
 
 def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], caption: str | None = None) -> Table:

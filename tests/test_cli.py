@@ -216,7 +216,7 @@ def test_simulate_mixed_pool_and_round_robin():
     (["simulate"], "nothing to simulate"),
     (["simulate", "--prompt-pool", "h100-80gb:8"], "expected HARDWARE:TP:MACHINES"),
     (["simulate", "--prompt-pool", "h100-80gb:8:1"], "give prompt and token pools"),
-    (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "h100-80gb:8:0"], "machines must be >= 1"),
+    (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "h100-80gb:8:0"], "0 machines; a pool has 1 to"),
     (["simulate", "--plan", "/nonexistent/plan.json"], "no such file"),
     (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "h100-80gb:8:1", "--routing", "random"], "choose jsq or round-robin"),
     (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "b200-180gb:8:1", "--perf-db",
@@ -339,7 +339,7 @@ def test_simulate_closed_loop_reports_benchmark_figures():
 @pytest.mark.parametrize("args,needle", [
     (["--concurrency", "4", "--rate", "5"], "drop --rate"),
     (["--isl", "100"], "add --concurrency"),
-    (["--concurrency", "0"], "must be >= 1 client"),
+    (["--concurrency", "0"], "--concurrency 0: must be >= 1 and <= 100,000 clients"),
     (["--concurrency", "2", "--osl", "0"], "--osl 0: must be >= 1"),
 ])
 def test_simulate_closed_loop_failures(args, needle):

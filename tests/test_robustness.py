@@ -128,8 +128,8 @@ def test_output_files_are_never_partial(tmp_path):
 
 
 def test_output_files_get_the_usual_permissions(tmp_path):
-    from splitplan.report import write_atomic
-    write_atomic(tmp_path / "a.json", "{}")
+    from splitplan.report import write_set
+    write_set({tmp_path / "a.json": "{}"})
     (tmp_path / "b.json").write_text("{}")
     assert (tmp_path / "a.json").stat().st_mode == (tmp_path / "b.json").stat().st_mode
 
@@ -141,7 +141,7 @@ def test_written_files_get_the_users_umask(tmp_path):
     from splitplan import report
     old = os.umask(0o022)
     try:
-        report.write_atomic(tmp_path / "plan.json", "{}")
+        report.write_set({tmp_path / "plan.json": "{}"})
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "plan.json").stat().st_mode) == 0o644  # not mkstemp's 0600

@@ -14,7 +14,7 @@ from splitplan.cli.common import (
     _emit_json,
     _progress,
     _require_matplotlib,
-    _save_figure,
+    figure_png,
     api,
     app,
     user_errors,
@@ -58,9 +58,7 @@ def calibrate(
               + (f" --max-prefill-batch-tokens {max_prefill_batch_tokens}" if max_prefill_batch_tokens else "")
               + f" --engine {engine} --folds {folds}\nFit error (MAPE %, cross-validated) is under fit.mape_pct.")
     profile = _write_calibration(result.profile, description, output, header, f"splitplan calibrate on {perf_db.name}",
-                                 residuals, result.points)
-    if plot is not None:
-        _calibration_plot(result.points, plot)
+                                 residuals, result.points, {plot: _calibration_plot(result.points)} if plot else {})
     if format is Format.json:
         _emit_json(result.report)
         return
@@ -90,19 +88,18 @@ def calibrate(
         con.print("Left out: " + "; ".join(f"{n} x {reason}" for reason, n in result.excluded.reason.value_counts().sort_index().items()))
 
 
-def _write_calibration(profile, description, output, header: str, source: str, residuals, frame):
-    """The fitted profile (with --description) written to --output, and the residual table
-    to --residuals, each atomically; returns the profile as shown."""
+def _write_calibration(profile, description, output, header: str, source: str, residuals, frame, plots=None):
+    """The fitted profile (with --description) written to --output, the residual table to
+    --residuals and the `plots` ({path: PNG bytes}), as one set; returns the profile as shown."""
     from splitplan.specs.engine import engine_to_yaml
     if description:
         profile = profile.model_copy(update={"description": description})
-    files = {}
+    files = dict(plots or {})
     if output is not None:
         files[output] = engine_to_yaml(profile.model_copy(update={"source": source}), header)
     if residuals is not None:
         files[residuals] = frame.to_csv(index=False, float_format="%.4f")
-    for target, text in files.items():
-        report.write_atomic(target, text)
+    report.write_set(files)
     return profile
 
 
@@ -141,7 +138,7 @@ def _calibrate_deployments(path: Path, backend: str | None, engine: str, folds: 
         con.print("Left out of the file: " + "; ".join(f"{n} x {reason}" for reason, n in result.dropped.items()))
 
 
-def _calibration_plot(points, path: Path) -> None:
+def _calibration_plot(points) -> bytes:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -157,4 +154,4 @@ def _calibration_plot(points, path: Path) -> None:
         ax.set(xscale="log", yscale="log", xlabel="measured ms", ylabel="predicted ms", title=phase)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    _save_figure(fig, path)
+    return figure_png(fig)

@@ -25,6 +25,8 @@ from splitplan.cli.common import (
     user_errors,
 )
 from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL
+from splitplan.inputs import excerpt
+from splitplan.limits import MAX_BATCH, MAX_REQUEST_TOKENS
 from splitplan.errors import SpecError
 from splitplan.specs.hardware import hardware_catalog
 from splitplan.specs.model import model_catalog
@@ -109,9 +111,11 @@ def parse_points(text: str, option: str) -> list[tuple[int, int]]:
     points = []
     for item in filter(None, (s.strip() for s in text.split(","))):
         match = _POINT.match(item)
-        if not match or int(match.group(2)) < 1 or (match.group(1) is not None and int(match.group(1)) < 1):
-            raise SpecError(f"{option} '{item}': expected TOKENS or BATCHxTOKENS with whole numbers >= 1, e.g. 512,4x512")
-        points.append((int(match.group(1) or 1), int(match.group(2))))
+        batch, tokens = (int(match.group(1) or 1), int(match.group(2))) if match else (0, 0)
+        if not (1 <= batch <= MAX_BATCH and 1 <= tokens <= MAX_REQUEST_TOKENS):
+            raise SpecError(f"{option} '{excerpt(item)}': expected TOKENS or BATCHxTOKENS, a batch of 1 to {MAX_BATCH:,} "
+                            f"and 1 to {MAX_REQUEST_TOKENS:,} tokens, e.g. 512,4x512")
+        points.append((batch, tokens))
     return points
 
 

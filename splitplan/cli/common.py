@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
+import math
 import re
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import typer
 
-from splitplan import report
+from splitplan import limits, report
 from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO
 from splitplan.errors import SpecError, SplitplanError
+from splitplan.inputs import excerpt
 
 
 class _OnFirstUse:
@@ -115,12 +118,58 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for
         raise typer.Exit(exc.exit_code) from None
 
 
+class Bound(NamedTuple):
+    low: float
+    high: float
+    unit: str = ""
+    low_open: bool = False  # the value must exceed `low`
+
+
+# Every numeric option's range, checked before a command runs; NaN and infinities never pass.
+OPTION_BOUNDS = {
+    "--rate": Bound(0, limits.MAX_RATE_RPS, "requests per second", True),
+    "--duration": Bound(0, limits.MAX_DURATION_S, "seconds", True),
+    "--seed": Bound(0, 2 ** 63 - 1),
+    "--max-cost-per-hour": Bound(0, 1e9, "USD per hour", True),
+    "--max-power-kw": Bound(0, 1e7, "kW", True),
+    "--jobs": Bound(0, limits.MAX_JOBS, "processes"),
+    "--concurrency": Bound(1, limits.MAX_CONCURRENCY, "clients"),
+    "--isl": Bound(1, limits.MAX_REQUEST_TOKENS, "tokens"),
+    "--osl": Bound(1, limits.MAX_REQUEST_TOKENS, "tokens"),
+    "--num-requests": Bound(1, limits.MAX_GENERATED_REQUESTS, "requests"),
+    "--max-batch-tokens": Bound(1, limits.MAX_REQUEST_TOKENS, "tokens"),
+    "--max-prefill-batch-tokens": Bound(1, limits.MAX_REQUEST_TOKENS, "tokens"),
+    "--max-requests": Bound(1, limits.MAX_TRACE_REQUESTS, "requests"),
+    "--mixed-pool-threshold": Bound(0, limits.MAX_REQUEST_TOKENS, "tokens"),
+    "--tp": Bound(1, 1024, "GPUs"),
+    "--folds": Bound(0, 1000, "folds (0: no cross-validation)"),
+}
+
+
+def check_bounds(command: Callable, values: dict) -> None:
+    """Each numeric option of `command` in `values` within its OPTION_BOUNDS, and finite."""
+    for name, parameter in inspect.signature(command).parameters.items():
+        value, flags = values.get(name), getattr(parameter.default, "param_decls", None) or ()
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not flags:
+            continue
+        if not math.isfinite(value):
+            raise SpecError(f"{flags[0]} {value}: must be a finite number")
+        bound = OPTION_BOUNDS.get(flags[0])
+        if bound is None:
+            continue
+        if not ((value > bound.low if bound.low_open else value >= bound.low) and value <= bound.high):
+            low = f"> {bound.low:g}" if bound.low_open else f">= {bound.low:g}"
+            raise SpecError(f"{flags[0]} {value:g}: must be {low} and <= {bound.high:,g}" + (f" {bound.unit}" if bound.unit else ""))
+
+
 def user_errors(command: Callable) -> Callable:
-    """Map SplitplanError to one `error: ...` line on stderr and its exit code."""
+    """Check the numeric options' bounds, then map SplitplanError to one `error: ...` line on
+    stderr and its exit code."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
+            check_bounds(command, kwargs)
             return command(*args, **kwargs)
         except SplitplanError as exc:
             if _DEBUG["on"]:
@@ -184,16 +233,24 @@ def _periodic(title: str, total: int | None):
     return step
 
 
-def _names(text: Optional[str]) -> list[str] | None:
-    return [n.strip() for n in text.split(",") if n.strip()] if text else None
+def _names(text: Optional[str], option: str) -> list[str] | None:
+    """A comma-separated list of names, in order, each once; None when the option is not given.
+    Given but empty (`--hardware ''`) is an error, not "everything"."""
+    if text is None:
+        return None
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise SpecError(f"{option} '{excerpt(text)}': name at least one, e.g. {option} h100-80gb (leave it out for all)")
+    return names
 
 
-def _limits(items: list[str]) -> dict[str, int]:
+def _limits(items: list[str], option: str = "--max-machines") -> dict[str, int]:
     out = {}
     for item in items:
         name, _, count = item.partition("=")
-        if not name or not count.isdigit():
-            raise SpecError(f"--max-machines '{item}': expected TYPE=N, e.g. h100-80gb=40")
+        if not name or not count.isdigit() or int(count) > limits.MAX_MACHINES:
+            raise SpecError(f"{option} '{excerpt(item)}': expected TYPE=N with N from 0 to {limits.MAX_MACHINES:,}, "
+                            "e.g. h100-80gb=40")
         out[name.strip()] = int(count)
     return out
 
@@ -228,42 +285,57 @@ def _plain_ticks(ax, which: str = "xy") -> None:
             axis.set_major_formatter(plain)
 
 
-def _save_figure(fig, path: Path) -> None:
-    """Atomically: a failed run leaves no partial PNG."""
+def figure_png(fig) -> bytes:
+    """The figure as PNG bytes, to write with the run's other files (`report.write_set`)."""
+    import io
+
     import matplotlib.pyplot as plt
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
-    tmp.replace(path)
+    return buffer.getvalue()
 
 
 _POOL = re.compile(r"^([^:]+):(\d+):(\d+)$")
 
 
+def check_pool(where: str, tp: int, machines: int) -> None:
+    """A pool's TP degree and machine count within bounds (`splitplan.limits`)."""
+    from splitplan.limits import MAX_MACHINES
+    if not 1 <= tp <= 1024:
+        raise SpecError(f"{where}: TP {tp} must be from 1 to the machine's GPUs")
+    if not 1 <= machines <= MAX_MACHINES:
+        raise SpecError(f"{where}: {machines} machines; a pool has 1 to {MAX_MACHINES:,}")
+
+
 def parse_pool(text: str, role: str) -> tuple[str, str, int, int]:
     match = _POOL.match(text.strip())
     if not match:
-        raise SpecError(f"--{role}-pool '{text}': expected HARDWARE:TP:MACHINES, e.g. h100-80gb:8:35")
-    return role, match.group(1), int(match.group(2)), int(match.group(3))
+        raise SpecError(f"--{role}-pool '{excerpt(text)}': expected HARDWARE:TP:MACHINES, e.g. h100-80gb:8:35")
+    pool = role, match.group(1), int(match.group(2)), int(match.group(3))
+    check_pool(f"--{role}-pool {excerpt(text)}", pool[2], pool[3])
+    return pool
 
 
 def read_plan(path: Path) -> tuple[list[tuple[str, str, int, int]], dict]:
     """Pools and input echo of a plan.json written by `optimize --output-dir`."""
-    import json
+    from splitplan.inputs import excerpt, parse_document, read_text
+    from splitplan.limits import MAX_SPEC_BYTES
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = parse_document(read_text(path, MAX_SPEC_BYTES, "plan.json (splitplan optimize --output-dir DIR)"), path,
+                             as_json=True)
         plan = doc["plan"]
-        pools = [(role, p["hardware"], int(p["tp"]), int(p["machines"]))
+        pools = [(role, str(p["hardware"]), int(p["tp"]), int(p["machines"]))
                  for role in ("prompt", "token", "mixed") for p in plan.get(f"{role}_pools", [])]
-    except FileNotFoundError:
-        raise SpecError(f"--plan {path}: no such file; write one with splitplan optimize --output-dir DIR") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SpecError(f"--plan {path}: not valid JSON ({exc})") from None
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SpecError(f"--plan {path}: not a splitplan plan.json (missing or bad key {exc})") from None
+    except SpecError as exc:
+        raise SpecError(f"--plan {exc}") from None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise SpecError(f"--plan {path}: not a splitplan plan.json (missing or bad key {excerpt(exc)})") from None
     if not pools:
         raise SpecError(f"--plan {path}: the plan has no pools")
-    return pools, doc.get("inputs", {})
+    for role, hardware, tp, machines in pools:
+        check_pool(f"--plan {path}: {role} pool {excerpt(hardware)}", tp, machines)
+    return pools, doc.get("inputs", {}) if isinstance(doc.get("inputs"), dict) else {}
 
 
 def plan_input(plan: Optional[Path], prompt_pool: list[str], token_pool: list[str],
@@ -282,7 +354,7 @@ def plan_input(plan: Optional[Path], prompt_pool: list[str], token_pool: list[st
 TIME_COLUMN = typer.Option(None, "--time-column", help="Trace CSV: the arrival time column (default: detected from common names such as arrival_time).")
 PROMPT_COLUMN = typer.Option(None, "--prompt-column", help="Trace CSV: the prompt tokens column (default: detected, e.g. input_length).")
 OUTPUT_COLUMN = typer.Option(None, "--output-column", help="Trace CSV: the output tokens column (default: detected, e.g. output_length).")
-TIME_UNIT = typer.Option(None, "--time-unit", help="Trace CSV: unit of the time column (s, ms, us).")
+TIME_UNIT = typer.Option(None, "--time-unit", help="Trace CSV: unit of the time column (s, ms, us, ns).")
 
 
 def trace_columns(time_column: str | None, prompt_column: str | None, output_column: str | None,
@@ -292,9 +364,9 @@ def trace_columns(time_column: str | None, prompt_column: str | None, output_col
     from splitplan.workload.trace import Columns
     if not (time_column or prompt_column or output_column or time_unit):
         return None
-    unit = {"s": 1.0, "ms": 1e-3, "us": 1e-6}.get(time_unit or "s")
+    unit = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}.get(time_unit or "s")
     if unit is None:
-        raise SpecError(f"--time-unit {time_unit}: choose s, ms or us")
+        raise SpecError(f"--time-unit {excerpt(time_unit)}: choose s, ms, us or ns")
     default = Columns()
     return Columns(time_column or default.time, prompt_column or default.prompt, output_column or default.output, unit)
 
@@ -308,17 +380,24 @@ def plan_settings(echo: dict, model: str | None, slo: str | None, engine: str | 
 
 
 def parse_rates(text: str) -> list[float]:
-    """`5,10,20` or `START:STOP:COUNT` (evenly spaced, both ends included)."""
+    """`5,10,20` or `START:STOP:COUNT` (evenly spaced, both ends included); at most MAX_RATES
+    rates, each in the bounds of --rate."""
+    bound = OPTION_BOUNDS["--rate"]
     try:
         if ":" in text:
             start, stop, count = text.split(":")
             n = int(count)
-            if n < 1:
+            if not 1 <= n <= limits.MAX_RATES:
                 raise ValueError
-            return [float(x) for x in np.linspace(float(start), float(stop), n)]
-        return [float(x) for x in text.split(",") if x.strip()]
+            rates = [float(x) for x in np.linspace(float(start), float(stop), n)]
+        else:
+            rates = [float(x) for x in text.split(",") if x.strip()]
+        if not rates or len(rates) > limits.MAX_RATES or not all(bound.low < r <= bound.high for r in rates):
+            raise ValueError
     except ValueError:
-        raise SpecError(f"--rates '{text}': give rates like 5,10,20 or START:STOP:COUNT like 5:80:16") from None
+        raise SpecError(f"--rates '{excerpt(text)}': give 1 to {limits.MAX_RATES:,} rates, each > 0 and <= "
+                        f"{bound.high:g} req/s, like 5,10,20 or START:STOP:COUNT like 5:80:16") from None
+    return rates
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ from splitplan.cli.common import (
     _plain_ticks,
     _progress,
     _require_matplotlib,
-    _save_figure,
+    figure_png,
     api,
     app,
     parse_duration,
@@ -99,7 +99,8 @@ def optimize(
         raise SpecError("--split-only and --no-split ask for opposite plans: keep one")
     jobs_n = jobs if jobs > 0 else (os.cpu_count() or 1)
     loaded = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))  # read once
-    common = dict(hardware=_names(hardware), prompt_hardware=_names(prompt_hardware), token_hardware=_names(token_hardware),
+    common = dict(hardware=_names(hardware, "--hardware"), prompt_hardware=_names(prompt_hardware, "--prompt-hardware"),
+                  token_hardware=_names(token_hardware, "--token-hardware"),
                   tp=tp, engine=engine, search=search.value, solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
                   max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens,
                   jobs=jobs_n, perf_db=str(perf_db) if perf_db else None, split_only=split_only)
@@ -193,17 +194,15 @@ def _emit_plan(result, workload, inputs: dict, format, output_dir, plot, pareto:
     """An optimize result as JSON, CSV or tables, and its files."""
     document = result.to_json(inputs)
     plans = [result.plan, *result.alternatives]
+    files = {}
     if output_dir is not None:
-        files = {
-            "plan.json": report.to_json(document),
-            "candidates.csv": report.candidates_csv(result),
-            "pareto.csv": report.plans_csv(list(result.frontier)),
-        }
-        for name, text in files.items():
-            report.write_atomic(output_dir / name, text)
+        files = {output_dir / "plan.json": report.to_json(document),
+                 output_dir / "candidates.csv": report.candidates_csv(result),
+                 output_dir / "pareto.csv": report.plans_csv(list(result.frontier))}
     if plot is not None:
-        _pareto_plot(result, plot, f"Plans meeting {inputs['slo']} for {inputs['model']}: cost against power\n"
-                     f"{workload.source}, {len(workload):,} requests")
+        files[plot] = figure_png(pareto_figure(result, f"Plans meeting {inputs['slo']} for {inputs['model']}: cost against "
+                                               f"power\n{workload.source}, {len(workload):,} requests"))
+    report.write_set(files)
     if format is PlanFormat.json:
         _emit_json(document)
     elif format is PlanFormat.csv:
@@ -216,10 +215,6 @@ def _emit_plan(result, workload, inputs: dict, format, output_dir, plot, pareto:
                 ["plan", "$/h", "kW", "machines", "max req/s", "binding"],
                 [(report.plan_text(p), p.cost_usd_per_hour, p.power_kw, p.machines, p.max_rate_rps, p.binding)
                  for p in result.pareto]))
-
-
-def _pareto_plot(result, path: Path, title: str) -> None:
-    _save_figure(pareto_figure(result, title), path)
 
 
 def pareto_figure(result, title: str):
@@ -257,8 +252,7 @@ def _plan_windows(workload, window_s, model, slo, format, output_dir, options, j
             files["plan.json"] = report.to_json({"schema_version": report.SCHEMA_VERSION, "inputs": {"model": model, "slo": slo,
                                                  "engine": options["engine"], "window": result.rows[result.peak]},
                                                  "plan": report.plan_json(result.plans[result.peak])})
-        for name, text in files.items():
-            report.write_atomic(output_dir / name, text)
+        report.write_set({output_dir / name: text for name, text in files.items()})
     if format is PlanFormat.json:
         _emit_json(document)
         return

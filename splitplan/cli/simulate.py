@@ -88,8 +88,7 @@ def simulate(
     if output_dir is not None:
         from splitplan.sim.metrics import requests_csv
         files = {"requests.csv": requests_csv(sim.result, sim.result.names), "summary.json": report.to_json(document)}
-        for name, text in files.items():
-            report.write_atomic(output_dir / name, text)
+        report.write_set({output_dir / name: text for name, text in files.items()})
     if format is Format.json:
         _emit_json(document)
         return

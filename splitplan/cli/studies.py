@@ -26,7 +26,7 @@ from splitplan.cli.common import (
     _plain_ticks,
     _progress,
     _require_matplotlib,
-    _save_figure,
+    figure_png,
     api,
     app,
     parse_rates,
@@ -83,13 +83,13 @@ def compare(
         raise SpecError(f"--rate {rate:g}: must be > 0 requests per second")
     from splitplan.specs.design import load_designs
     with _progress(f"{scenario.value}: designs", total=len(load_designs(designs).designs)) as step:
-        result = api.compare(base, designs, scenario.value, model, slo, engine, _limits(budget_machines) or None,
+        result = api.compare(base, designs, scenario.value, model, slo, engine, _limits(budget_machines, "--budget-machines") or None,
                              max_power_kw, max_cost_per_hour, rate, duration, seed, baseline, validate,
                              str(perf_db) if perf_db else None, jobs=jobs if jobs > 0 else (os.cpu_count() or 1),
                              progress=step, executor=executor.value, ray_address=ray_address)
     document = result.to_json()
     if plot is not None:
-        _compare_plot(result, plot, f"{model}, SLO {slo}, {base.source}" + (f", {rate:g} req/s" if rate else ""))
+        report.write_set({plot: _compare_plot(result, f"{model}, SLO {slo}, {base.source}" + (f", {rate:g} req/s" if rate else ""))})
     if format is PlanFormat.json:
         _emit_json(document)
     elif format is PlanFormat.csv:
@@ -108,7 +108,7 @@ def compare(
             report.console().print(f"[bold]warning:[/bold] {warning}.")
 
 
-def _compare_plot(result, path: Path, subtitle: str) -> None:
+def _compare_plot(result, subtitle: str) -> bytes:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -126,7 +126,7 @@ def _compare_plot(result, path: Path, subtitle: str) -> None:
     _plain_ticks(ax, "y")  # x: the design names
     ax.tick_params(axis="x", rotation=20)
     fig.tight_layout()
-    _save_figure(fig, path)
+    return figure_png(fig)
 
 
 @app.command()
@@ -179,18 +179,14 @@ def sweep(
                            jobs=jobs if jobs > 0 else (os.cpu_count() or 1), progress=step,
                            executor=executor.value, ray_address=ray_address)
     text = result.to_frame().to_csv(index=False, float_format="%.6g")
+    files = {output: text} if output is not None else {}
     if plot is not None:
         what = 'cheapest plan per design' if result.mode == 'designs' else 'fixed plan, simulated'
-        _sweep_plot(result, slo, plot, f"{what} against load: {model}, SLO {slo}\n{base.source}, "
-                    f"Poisson resamples of {duration:g} s at {rate_list[0]:g}-{rate_list[-1]:g} req/s")
-    if output is not None:
-        report.write_atomic(output, text)
-    else:
+        files[plot] = figure_png(sweep_figure(result, slo, f"{what} against load: {model}, SLO {slo}\n{base.source}, "
+                                              f"Poisson resamples of {duration:g} s at {rate_list[0]:g}-{rate_list[-1]:g} req/s"))
+    report.write_set(files)
+    if output is None:
         sys.stdout.write(text)
-
-
-def _sweep_plot(result, slo: str, path: Path, title: str) -> None:
-    _save_figure(sweep_figure(result, slo, title), path)
 
 
 def sweep_figure(result, slo: str, title: str):

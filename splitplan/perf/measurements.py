@@ -15,8 +15,10 @@ from pathlib import Path
 import pandas as pd
 
 from splitplan.errors import TraceError
+from splitplan.inputs import finite_columns, read_table
 
 SPLITWISE_COLUMNS = ["model", "hardware", "prompt_size", "batch_size", "token_size", "prompt_time", "token_time", "tensor_parallel"]
+SPLITWISE_NUMBERS = ["prompt_size", "batch_size", "token_size", "prompt_time", "token_time", "tensor_parallel"]
 GENERIC_COLUMNS = ["hardware", "model", "tp", "phase", "batch", "prompt_tokens", "context_tokens", "latency_ms"]
 POINT_KEYS = ["model", "hardware", "tp", "phase", "batch", "prompt_tokens", "context_tokens"]
 
@@ -27,14 +29,9 @@ HARDWARE_ALIASES = {"h100-80gb-pcap": "h100-80gb-cap70"}
 def read_measurements(path: str | Path) -> pd.DataFrame:
     """Medians per point, with `repeats` counting the raw rows behind each."""
     path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"{path}: no such file; pass a perf_model.csv or a generic latency CSV")
-    try:
-        raw = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
+    raw = read_table(path, "perf_model.csv or generic latency CSV", TraceError)
     if set(SPLITWISE_COLUMNS) <= set(raw.columns):
-        raw = raw.dropna(subset=SPLITWISE_COLUMNS)
+        raw = finite_columns(raw.dropna(subset=SPLITWISE_COLUMNS), SPLITWISE_NUMBERS, path, TraceError)
         base = pd.DataFrame({
             "model": raw["model"],
             "hardware": raw["hardware"].replace(HARDWARE_ALIASES),
@@ -48,12 +45,8 @@ def read_measurements(path: str | Path) -> pd.DataFrame:
                              latency_ms=raw["token_time"].astype(float))
         points = pd.concat([prefill, decode], ignore_index=True)
     elif set(GENERIC_COLUMNS) <= set(raw.columns):
-        points = raw[GENERIC_COLUMNS].copy()
-        for col in ("tp", "batch", "prompt_tokens", "context_tokens", "latency_ms"):
-            points[col] = pd.to_numeric(points[col], errors="coerce")
-        bad = points[points.isna().any(axis=1)]
-        if len(bad):
-            raise TraceError(f"{path}: line {int(bad.index[0]) + 2}: empty or non-numeric value; fix or remove the row")
+        points = finite_columns(raw[GENERIC_COLUMNS], ["tp", "batch", "prompt_tokens", "context_tokens", "latency_ms"],
+                                path, TraceError)
         points["hardware"] = points["hardware"].replace(HARDWARE_ALIASES)
     else:
         raise TraceError(
@@ -76,14 +69,11 @@ def batch_token_medians(path: str | Path) -> pd.DataFrame:
     prompt and token time over every row with that count, whatever its batch or
     output length. Only the splitwise format has this view."""
     path = Path(path)
-    try:
-        raw = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
+    raw = read_table(path, "perf_model.csv", TraceError)
     if not set(SPLITWISE_COLUMNS) <= set(raw.columns):
         raise TraceError(f"{path}: the splitwise-sim interpolation needs splitwise-sim's perf_model.csv columns "
                          f"({','.join(SPLITWISE_COLUMNS)})")
-    raw = raw.dropna(subset=SPLITWISE_COLUMNS)
+    raw = finite_columns(raw.dropna(subset=SPLITWISE_COLUMNS), SPLITWISE_NUMBERS, path, TraceError)
     table = pd.DataFrame({
         "model": raw["model"], "hardware": raw["hardware"].replace(HARDWARE_ALIASES), "tp": raw["tensor_parallel"].astype(int),
         "batch_tokens": (raw["prompt_size"] * raw["batch_size"]).astype(int),

@@ -28,7 +28,7 @@ from splitplan.search.plan import (
 from splitplan.search.solve import solve_counts
 from splitplan.slo import achieved, alone_latencies, meets, reference_for
 from splitplan.specs.engine import load_engine
-from splitplan.specs.hardware import hardware_catalog, load_hardware, price_date_warning
+from splitplan.specs.hardware import hardware_catalog, load_machines, price_date_warning
 from splitplan.specs.model import load_model
 from splitplan.specs.slo import load_slo
 
@@ -106,7 +106,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     if objective not in ("cost", "power"):
         raise SpecError(f"--objective {objective}: choose cost or power")
     names = hardware or [h.name for h in hardware_catalog()]
-    machines = {n: load_hardware(n) for n in sorted(set(names) | set(prompt_hardware or []) | set(token_hardware or []))}
+    machines = load_machines(sorted(set(names) | set(prompt_hardware or []) | set(token_hardware or [])))
     for hw in (max_machines or {}):
         if hw not in machines:
             raise SpecError(f"--max-machines {hw}: not among the hardware considered ({', '.join(machines)})")

@@ -31,6 +31,7 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from splitplan.errors import TraceError
+from splitplan.inputs import finite_columns, read_table
 from splitplan.perf.roofline import Instance
 from splitplan.roles import Role
 from splitplan.runner import Runner, serial
@@ -65,10 +66,7 @@ def read_deployments(path: str | Path) -> tuple[pd.DataFrame, dict[str, int]]:
     """Runs the catalog can model, as `machine, model, engine, precision, tp, concurrency,
     isl, osl, ttft_ms, tpot_ms`, and how many rows were left out, by reason."""
     path = Path(path)
-    try:
-        raw = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
+    raw = read_table(path, "deployments CSV", TraceError)
     missing = [c for c in COLUMNS if c not in raw.columns]
     if missing:
         raise TraceError(f"{path}: not a deployment file (aiconfigurator silicon format); missing {', '.join(missing)}")
@@ -87,7 +85,7 @@ def read_deployments(path: str | Path) -> tuple[pd.DataFrame, dict[str, int]]:
         if new.any():
             dropped[reason] = int(new.sum())
         out |= mask
-    kept = raw[~out]
+    kept = finite_columns(raw[~out], ["tp_size", "batch_size", "isl", "osl"], path, TraceError)
     runs = pd.DataFrame({
         "machine": kept.system.map(MACHINES), "model": kept.model_path.map(MODELS), "engine": kept.backend,
         "precision": kept.precision, "tp": kept.tp_size.astype(int), "concurrency": kept.batch_size.astype(int),

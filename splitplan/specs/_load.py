@@ -7,33 +7,22 @@ Errors become one `SpecError` line naming the file and the key, with a
 from __future__ import annotations
 
 import difflib
-import json
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from splitplan.errors import SpecError
+from splitplan.inputs import excerpt, parse_document, read_text
+from splitplan.limits import MAX_SPEC_BYTES
 from splitplan.specs.catalog import resolve
 
 M = TypeVar("M", bound=BaseModel)
 
 
 def read_mapping(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise SpecError(f"{path}: not a text file; pass a YAML or JSON spec") from None
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        line = getattr(getattr(exc, "problem_mark", None), "line", None)
-        line = line + 1 if line is not None else getattr(exc, "lineno", None)
-        where = f" line {line}" if line else ""
-        raise SpecError(f"{path}:{where} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}; fix the syntax") from None
+    """A spec file's top-level mapping, read within the bounds of `splitplan.inputs`."""
+    data = parse_document(read_text(path, MAX_SPEC_BYTES, "YAML or JSON spec"), path, as_json=path.suffix == ".json")
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of keys to values at the top level")
     return data
@@ -59,7 +48,7 @@ def validation_message(model: type[BaseModel], exc: ValidationError) -> str:
     # A misspelt key also shows up as a missing one: report the misspelling, it says more.
     err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = tuple(err["loc"])
-    key = ".".join(str(p) for p in loc) or "(top level)"
+    key = excerpt(".".join(str(p) for p in loc)) or "(top level)"
     if err["type"] == "extra_forbidden":
         close = difflib.get_close_matches(str(loc[-1]), _known_keys(model, loc), n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else "; remove it"

@@ -13,6 +13,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from splitplan.errors import SpecError
 from splitplan.specs._load import load_named
 from splitplan.specs.catalog import catalog_names
 
@@ -123,6 +124,19 @@ class HardwareSpec(BaseModel):
 @functools.lru_cache(maxsize=256)
 def load_hardware(name_or_path: str) -> HardwareSpec:
     return load_named(HardwareSpec, "hardware_specs", name_or_path, "hardware")[0]
+
+
+def load_machines(names) -> dict[str, HardwareSpec]:
+    """The machine types `names` (catalog names or paths), by the name given; two entries that
+    are different machines under one `name` are an error (reports and limits go by name)."""
+    machines = {n: load_hardware(n) for n in names}
+    by_name: dict[str, str] = {}
+    for given, hw in machines.items():
+        other = by_name.setdefault(hw.name, given)
+        if other != given and machines[other] != hw:
+            raise SpecError(f"--hardware: {other} and {given} are different machines both named '{hw.name}'; "
+                            "give one a name of its own (its file name or a `name:` key)")
+    return machines
 
 
 def hardware_catalog() -> list[HardwareSpec]:

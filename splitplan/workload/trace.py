@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import io
+import json
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +26,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from splitplan.errors import SpecError, TraceError
+from splitplan.inputs import excerpt, open_regular
+from splitplan.limits import MAX_GENERATED_REQUESTS, MAX_REQUEST_TOKENS, MAX_TRACE_REQUESTS, MAX_TRACE_SPAN_S, TRACE_BLOCK_BYTES
 from splitplan.specs.catalog import data_dir
 
 if TYPE_CHECKING:
@@ -96,30 +101,23 @@ def default_trace_path() -> Path:
     return data_dir("traces") / DEFAULT_TRACE
 
 
-CHUNK_ROWS = 1_000_000  # rows parsed at a time: memory stays bounded on traces of millions of requests
-
-
-def _opener(path: Path):
-    """A function opening the (possibly gzip-compressed) file as a binary stream,
-    after checking it is a non-empty text file."""
-    if not path.exists():
-        raise TraceError(f"{path}: no such file; pass a trace CSV, JSONL or .gz")
-    if path.is_dir():
-        raise TraceError(f"{path}: is a directory; pass a trace file")
-    with open(path, "rb") as raw:
-        gz = raw.read(2) == b"\x1f\x8b"
-    def open_stream():
-        return gzip.open(path, "rb") if gz else open(path, "rb")
+def _open(path: Path):
+    """The trace as a binary stream (gunzipped when it starts with gzip's magic bytes) and
+    whether it is JSON lines, after checking it is a regular, non-empty text file."""
+    raw = open_regular(path, "trace CSV, JSONL or .gz", TraceError)
+    stream = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == b"\x1f\x8b" else raw
     try:
-        with open_stream() as stream:
-            head = stream.read(4096)
+        head = stream.peek(4096)[:4096] if hasattr(stream, "peek") else b""
     except (OSError, EOFError, zlib.error) as exc:
-        raise TraceError(f"{path}: corrupt gzip ({exc}); re-compress or pass the plain file") from None
+        raw.close()
+        raise TraceError(f"{path}: corrupt gzip ({excerpt(exc)}); re-compress or pass the plain file") from None
     if not head.strip():
+        raw.close()
         raise TraceError(f"{path}: empty file; a trace needs a header and at least one request")
     if b"\x00" in head:
+        raw.close()
         raise TraceError(f"{path}: binary data, not a CSV or JSONL trace")
-    return open_stream, head.lstrip()[:1] in (b"{", b"[")
+    return raw, stream, head.lstrip()[:1] in (b"{", b"[")
 
 
 def _numbers(path: Path, series: "pd.Series", name: str, first_line: int) -> np.ndarray:
@@ -132,77 +130,132 @@ def _numbers(path: Path, series: "pd.Series", name: str, first_line: int) -> np.
         row = int(np.argmax(bad))
         raw = series.iloc[row]
         text = "is empty or not a number" if raw is None or (isinstance(raw, float) and not np.isfinite(raw)) or \
-            str(raw).strip() == "" else f"has '{raw}', not a number"
+            str(raw).strip() == "" else f"has '{excerpt(raw)}', not a number"
         raise TraceError(f"{path}: line {first_line + row}: column {name} {text}; fix or remove the row")
     return values
 
 
+def _blocks(path: Path, stream):
+    """(first line number, bytes) of consecutive blocks of whole lines, each at most about
+    TRACE_BLOCK_BYTES: the parser's memory is bounded by the block, whatever the trace's length."""
+    rest, line = b"", 1
+    while True:
+        try:
+            data = stream.read(TRACE_BLOCK_BYTES)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceError(f"{path}: cannot read past line {line} ({excerpt(exc)}); a corrupt gzip? "
+                             "re-compress or pass the plain file") from None
+        if not data:
+            break
+        buffer = rest + data
+        cut = buffer.rfind(b"\n") + 1
+        if cut == 0:
+            if len(buffer) > TRACE_BLOCK_BYTES:
+                raise TraceError(f"{path}: line {line} is longer than {TRACE_BLOCK_BYTES >> 20} MiB; a trace has one "
+                                 "request per line")
+            rest = buffer
+            continue
+        block, rest = buffer[:cut], buffer[cut:]
+        yield line, block
+        line += block.count(b"\n")
+    if rest.strip():
+        yield line, rest
+
+
+def _parse_error(path: Path, exc: Exception, first: int, block: bytes, is_json: bool) -> TraceError:
+    """A parser's error as one line naming the file line it happened on."""
+    if is_json:
+        for k, text in enumerate(block.splitlines()):
+            if text.strip():
+                try:
+                    json.loads(text)
+                except ValueError as bad:
+                    return TraceError(f"{path}: line {first + k}: not a JSON object ({excerpt(bad)}); fix or remove the line")
+        return TraceError(f"{path}: not JSON lines ({excerpt(exc)})")
+    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    fields = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", message)
+    if fields:
+        expected, at, saw = fields.groups()
+        return TraceError(f"{path}: line {first + int(at) - 1}: {saw} fields, the header has {expected}; "
+                          "fix or remove the row")
+    return TraceError(f"{path}: not a readable CSV near line {first} ({excerpt(message)})")
+
+
 def _chunks(path: Path, columns: Columns | None):
-    """(column mapping, wall-clock?, first line number of the chunk's first row, frame) per chunk."""
+    """(column mapping, wall-clock?, first line number of the chunk's first row, frame) per block."""
     import pandas as pd  # on first use: the CLI starts without it
-    open_stream, is_json = _opener(path)
-    try:
-        with open_stream() as stream:
-            if is_json:
-                cols, first = columns or MOONCAKE, 1
-                reader = pd.read_json(stream, lines=True, dtype=False, chunksize=CHUNK_ROWS)
-                for chunk in reader:
+    raw, stream, is_json = _open(path)
+    with raw:
+        blocks = _blocks(path, stream)
+        cols, wall_clock, header = columns or MOONCAKE, False, None
+        for first, block in blocks:
+            if header is None and not is_json:
+                end = block.find(b"\n") + 1 or len(block)
+                try:
+                    header = list(pd.read_csv(io.BytesIO(block[:end]), nrows=0, skipinitialspace=True).columns)
+                except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
+                    raise _parse_error(path, exc, first, block, False) from None
+                if columns is None:
+                    cols = next((k for k in (AZURE, SPLITWISE) if {k.time, k.prompt, k.output} <= set(header)), None) \
+                        or detect_columns(header) or Columns()
+                    wall_clock = cols is AZURE
+                _require(path, cols, header)
+                block, first = block[end:], first + 1
+                if not block.strip():
+                    continue
+            try:
+                if is_json:
+                    chunk = pd.read_json(io.BytesIO(block), lines=True, dtype=False)
                     _require(path, cols, chunk.columns)
-                    yield cols, False, first, chunk
-                    first += len(chunk)
-                return
-            header = pd.read_csv(stream, nrows=0, skipinitialspace=True).columns
-            cols, wall_clock = columns, False
-            if cols is None:
-                cols = next((k for k in (AZURE, SPLITWISE) if {k.time, k.prompt, k.output} <= set(header)), None) \
-                    or detect_columns(header) or Columns()
-                wall_clock = cols is AZURE
-            _require(path, cols, header)
-        with open_stream() as stream:
-            first = 2
-            reader = pd.read_csv(stream, usecols=[cols.time, cols.prompt, cols.output], skipinitialspace=True,
-                                 chunksize=CHUNK_ROWS, dtype={cols.time: str} if wall_clock else None)
-            for chunk in reader:
-                yield cols, wall_clock, first, chunk
-                first += len(chunk)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
-        if isinstance(exc, TraceError):
-            raise
-        kind = "JSON lines" if is_json else "a readable CSV"
-        raise TraceError(f"{path}: not {kind} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-    except (OSError, EOFError, zlib.error) as exc:
-        raise TraceError(f"{path}: cannot read ({exc})") from None
+                else:
+                    chunk = pd.read_csv(io.BytesIO(block), header=None, names=header, index_col=False,
+                                        skipinitialspace=True, dtype={cols.time: str} if wall_clock else None)
+            except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
+                if isinstance(exc, TraceError):
+                    raise
+                raise _parse_error(path, exc, first, block, is_json) from None
+            yield cols, wall_clock, first, chunk
 
 
 def _require(path: Path, cols: Columns, found) -> None:
     missing = [c for c in (cols.time, cols.prompt, cols.output) if c not in found]
     if missing:
-        shown = ", ".join(map(str, list(found)[:8]))
+        shown = excerpt(", ".join(map(str, list(found)[:8])), 120)
         raise TraceError(
-            f"{path}: missing column(s) {', '.join(missing)} (found: {shown}); expected an Azure, splitwise-sim "
+            f"{path}: missing column(s) {excerpt(', '.join(missing))} (found: {shown}); expected an Azure, splitwise-sim "
             "or Mooncake trace, or name the columns with --time-column/--prompt-column/--output-column"
         )
 
 
+def _first_bad(path: Path, bad: np.ndarray, first: int, message: str) -> None:
+    if bad.any():
+        raise TraceError(f"{path}: line {first + int(np.argmax(bad))}: {message}")
+
+
 def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
     """Read a trace file; `columns` forces the generic CSV reader with those names.
-    Parsed CHUNK_ROWS rows at a time, so a trace of ten million requests needs
-    little more memory than its three numeric columns."""
+    Parsed a block of lines at a time (TRACE_BLOCK_BYTES), so a trace of ten million requests
+    needs little more memory than its three numeric columns; every bound of `splitplan.limits`
+    (requests, tokens, span) is checked as it is read."""
     import pandas as pd  # on first use: the CLI starts without it
     path = Path(path)
     arrivals, prompts, outputs = [], [], []
-    origin_ns = None
-    previous = None
+    origin_ns = origin = previous = None
+    rows = 0
     for cols, wall_clock, first, chunk in _chunks(path, columns):
         if chunk.empty:
             continue
+        rows += len(chunk)
+        if rows > MAX_TRACE_REQUESTS:
+            raise TraceError(f"{path}: more than {MAX_TRACE_REQUESTS:,} requests; cut the trace to the period to plan "
+                             "(optimize sizes its busiest 100,000 consecutive requests anyway)")
         if wall_clock:
-            stamps = pd.to_datetime(chunk[cols.time], format="ISO8601", errors="coerce")
+            stamps = pd.to_datetime(chunk[cols.time], format="ISO8601", errors="coerce", utc=True)
             bad = stamps.isna().to_numpy()
             if bad.any():
                 row = int(np.argmax(bad))
-                raise TraceError(f"{path}: line {first + row}: TIMESTAMP '{chunk[cols.time].iloc[row]}' is not a date-time")
-            ns = stamps.to_numpy("datetime64[ns]").astype(np.int64)
+                raise TraceError(f"{path}: line {first + row}: TIMESTAMP '{excerpt(chunk[cols.time].iloc[row])}' is not a date-time")
+            ns = stamps.dt.tz_localize(None).to_numpy("datetime64[ns]").astype(np.int64)
             origin_ns = ns[0] if origin_ns is None else origin_ns
             arrival = (ns - origin_ns) / 1e9
         else:
@@ -210,17 +263,22 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
         prompt = _numbers(path, chunk[cols.prompt], cols.prompt, first)
         output = _numbers(path, chunk[cols.output], cols.output, first)
         for name, values in ((cols.prompt, prompt), (cols.output, output)):
-            bad = (values < 1) | (values != np.floor(values))
+            bad = (values < 1) | (values != np.floor(values)) | (values > MAX_REQUEST_TOKENS)
             if bad.any():
                 row = int(np.argmax(bad))
-                raise TraceError(f"{path}: line {first + row}: column {name} is {values[row]:g}; "
-                                 "token counts must be whole numbers >= 1")
+                raise TraceError(f"{path}: line {first + row}: column {name} is {values[row]:g}; token counts must be "
+                                 f"whole numbers from 1 to {MAX_REQUEST_TOKENS:,}")
         steps = np.diff(arrival, prepend=arrival[0] if previous is None else previous)
         if (steps < 0).any():
             row = int(np.argmax(steps < 0))
             before = arrival[row - 1] if row else previous
             raise TraceError(f"{path}: line {first + row}: arrival goes back in time ({arrival[row]:g} s after "
                              f"{before:g} s); sort the trace by time")
+        origin = arrival[0] if origin is None else origin
+        _first_bad(path, arrival - origin > MAX_TRACE_SPAN_S, first,
+                   f"arrival {excerpt(chunk[cols.time].iloc[int(np.argmax(arrival - origin > MAX_TRACE_SPAN_S))])} is more "
+                   f"than {MAX_TRACE_SPAN_S / 86400:.0f} days after the first; are the times in ms, us or ns? "
+                   "(--time-unit)")
         previous = arrival[-1]
         arrivals.append(arrival)
         prompts.append(prompt.astype(np.int64))
@@ -298,6 +356,9 @@ def resample_poisson(trace: Trace, rate_rps: float, duration_s: float, rng: np.r
     if rate_rps <= 0 or duration_s <= 0:
         raise TraceError(f"rate ({rate_rps}) and duration ({duration_s}) must be > 0")
     expected = rate_rps * duration_s
+    if expected > MAX_GENERATED_REQUESTS:
+        raise SpecError(f"--rate {rate_rps:g} for --duration {duration_s:g} s is {expected:,.0f} requests; at most "
+                        f"{MAX_GENERATED_REQUESTS:,}: shorten the duration")
     gaps = rng.exponential(1.0 / rate_rps, size=int(expected + 10 * np.sqrt(expected) + 10))
     arrival = np.cumsum(gaps) - gaps[0]
     arrival = arrival[arrival < duration_s]

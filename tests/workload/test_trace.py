@@ -110,10 +110,10 @@ def test_chunked_reading_gives_the_same_trace_and_line_numbers(tmp_path, monkeyp
     import importlib
     trace_module = importlib.import_module("splitplan.workload.trace")
     whole = load_trace(default_trace_path())
-    monkeypatch.setattr(trace_module, "CHUNK_ROWS", 1000)
+    monkeypatch.setattr(trace_module, "TRACE_BLOCK_BYTES", 4096)  # blocks of about 150 lines
     chunked = load_trace(default_trace_path())
     assert np.array_equal(whole.arrival_s, chunked.arrival_s) and np.array_equal(whole.prompt_tokens, chunked.prompt_tokens)
-    rows = "".join(f"{t},10,5\n" for t in [*range(1500), 1498.5, 1600])  # goes back at line 1502, in the 2nd chunk
+    rows = "".join(f"{t},10,5\n" for t in [*range(1500), 1498.5, 1600])  # goes back at line 1502, in a later block
     with pytest.raises(TraceError, match="line 1502: arrival goes back in time"):
         load_trace(_write(tmp_path, "x.csv", "arrival_timestamp,prompt_size,token_size\n" + rows))
 

@@ -1,0 +1,159 @@
+"""Reading the user's files, bounded: regular files only (a FIFO never hangs, /dev/zero is never
+read), at most a known number of bytes, YAML and JSON without duplicate keys, aliases or deep
+nesting, and error messages that show at most a short excerpt of what the file holds.
+
+Every reader of a user file (specs, plans, perf-dbs, deployments, traces) opens it here; the
+bounds are in `splitplan.limits`."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import yaml
+
+from splitplan.errors import SpecError, SplitplanError
+from splitplan.limits import EXCERPT_CHARS, MAX_NESTING, MAX_TABLE_BYTES
+
+
+def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
+    """`value` as text for an error message: one line, at most `limit` characters."""
+    text = " ".join(str(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def open_regular(path: Path, what: str, error: type[SplitplanError] = SpecError) -> BinaryIO:
+    """`path` opened for binary reading, if it is a regular file; else `error` naming it.
+    Opened without blocking, so a FIFO with no writer is refused at once instead of hanging."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise error(f"{path}: no such file; pass a {what} file") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read ({exc.strerror}); pass a readable {what} file") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "is a directory" if stat.S_ISDIR(mode) else "is not a regular file (a pipe, device or socket)"
+        raise error(f"{path}: {kind}; pass a {what} file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_bounded(path: Path, limit: int, what: str, error: type[SplitplanError] = SpecError) -> bytes:
+    """The bytes of the regular file `path`, refused (`error`) beyond `limit` bytes."""
+    with open_regular(path, what, error) as handle:
+        try:
+            data = handle.read(limit + 1)
+        except OSError as exc:
+            raise error(f"{path}: cannot read ({exc.strerror})") from None
+    if len(data) > limit:
+        raise error(f"{path}: larger than {limit >> 20} MiB; a {what} file is far smaller: is this the right file?")
+    return data
+
+
+def read_text(path: Path, limit: int, what: str, error: type[SplitplanError] = SpecError) -> str:
+    try:
+        return read_bounded(path, limit, what, error).decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{path}: not a text file (not UTF-8); pass a {what} file") from None
+
+
+class _Refused(Exception):
+    """A document that parses but that a spec may not be: the message says why."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """Safe YAML, refusing duplicate keys (YAML lets the last win: silently wrong) and aliases
+    (an alias bomb expands exponentially once walked)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise _Refused(f"line {mark.line + 1}: YAML aliases (*name) are not supported; write the value out")
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)):
+                if key in seen:
+                    raise _Refused(f"line {key_node.start_mark.line + 1}: duplicate key '{excerpt(key)}'; keep one")
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Refused(f"duplicate key '{excerpt(key)}'; keep one")
+        out[key] = value
+    return out
+
+
+def _depth(value: Any) -> int:
+    """How deeply `value` nests (iteratively: a deep document cannot overflow the stack here)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            if deepest > MAX_NESTING:
+                return deepest
+            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def parse_document(text: str, path: Path, as_json: bool, error: type[SplitplanError] = SpecError) -> Any:
+    """A YAML or JSON document, strictly (see `_StrictLoader`), nested at most MAX_NESTING deep."""
+    kind = "JSON" if as_json else "YAML"
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicates) if as_json else yaml.load(text, Loader=_StrictLoader)
+    except _Refused as exc:
+        raise error(f"{path}: {exc}") from None
+    except RecursionError:
+        raise error(f"{path}: nested deeper than {MAX_NESTING} levels; a spec is a few levels deep") from None
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        line = line + 1 if line is not None else getattr(exc, "lineno", None)
+        where = f" line {line}" if line else ""
+        raise error(f"{path}:{where} is not valid {kind}; fix the syntax") from None
+    if _depth(data) > MAX_NESTING:
+        raise error(f"{path}: nested deeper than {MAX_NESTING} levels; a spec is a few levels deep")
+    return data
+
+
+def read_table(path: Path, what: str, error: type[SplitplanError] = SpecError):
+    """A CSV file (at most MAX_TABLE_BYTES) as a DataFrame; a row with more fields than the
+    header is an error naming its line (pandas would otherwise drop fields or shift columns)."""
+    import io
+
+    import pandas as pd  # on first use: the CLI starts without it
+    data = read_bounded(path, MAX_TABLE_BYTES, what, error)
+    try:
+        return pd.read_csv(io.BytesIO(data), index_col=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise error(f"{path}: not a readable {what} ({excerpt(message, 120)})") from None
+
+
+def finite_columns(frame, columns: list[str], path: Path, error: type[SplitplanError] = SpecError):
+    """`frame` with `columns` as numbers; a cell that is not a finite number is an error naming
+    its line (header = line 1)."""
+    import numpy as np
+    import pandas as pd  # on first use: the CLI starts without it
+    out = frame.copy()
+    for col in columns:
+        values = pd.to_numeric(out[col], errors="coerce")
+        bad = ~np.isfinite(values.to_numpy(float))
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise error(f"{path}: line {int(out.index[row]) + 2}: column {col} has '{excerpt(out[col].iloc[row])}', "
+                        "not a finite number; fix or remove the row")
+        out[col] = values
+    return out

@@ -1,0 +1,36 @@
+"""Every bound on what a user may hand splitplan, in one place (README: "Failing precisely").
+
+A value outside its bound is bad input (exit 2) with a message naming the option, file or line,
+never a wrap-around, a traceback or a read until memory runs out. The bounds are far beyond any
+real deployment or trace, so they only catch mistakes (a unit off by 10^9, a pasted file)."""
+
+from __future__ import annotations
+
+# Files read whole (hardware, model, engine, SLO, design specs; plan.json; a --perf-db or
+# --deployments CSV): at most this many bytes.
+MAX_SPEC_BYTES = 16 << 20
+MAX_TABLE_BYTES = 256 << 20
+# Nesting of a YAML or JSON document (a spec is at most 4 deep).
+MAX_NESTING = 32
+# How much of a user's text (a cell, a key, a value) an error message shows.
+EXCERPT_CHARS = 60
+
+# Traces: read in blocks of whole lines of at most TRACE_BLOCK_BYTES (memory stays bounded
+# whatever the row count), each line at most MAX_LINE_BYTES, at most MAX_TRACE_REQUESTS rows
+# (arrays of 24 bytes a request: 0.5 GB), a span of at most MAX_TRACE_SPAN_S.
+TRACE_BLOCK_BYTES = 16 << 20
+MAX_LINE_BYTES = 1 << 20
+MAX_TRACE_REQUESTS = 20_000_000
+MAX_TRACE_SPAN_S = 366 * 86400.0
+# Tokens of one request (prompt or output): the longest context of any public model is 10M.
+MAX_REQUEST_TOKENS = 10_000_000
+
+# Option values.
+MAX_RATE_RPS = 1e5
+MAX_DURATION_S = 30 * 86400.0
+MAX_MACHINES = 100_000  # in one pool, a plan or an availability limit (a 100k-GPU site is 12,500 machines)
+MAX_BATCH = 100_000  # requests in one `perf` batch
+MAX_RATES = 1_000  # rates in one sweep
+MAX_JOBS = 1_024
+MAX_CONCURRENCY = 100_000
+MAX_GENERATED_REQUESTS = 20_000_000  # a resample's rate x duration, a closed loop's requests
