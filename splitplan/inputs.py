@@ -109,9 +109,20 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+def _bracket_depth(text: str) -> int:
+    """The deepest nesting of [ and { in `text` (brackets inside strings count too: a spec has
+    none), without parsing it."""
+    import numpy as np
+    codes = np.frombuffer(text.encode("utf-8", "replace"), np.uint8)
+    steps = np.isin(codes, (ord("["), ord("{"))).astype(np.int64) - np.isin(codes, (ord("]"), ord("}")))
+    return int(np.cumsum(steps).max(initial=0))
+
+
 def parse_document(text: str, path: Path, as_json: bool, error: type[SplitplanError] = SpecError) -> Any:
     """A YAML or JSON document, strictly (see `_StrictLoader`), nested at most MAX_NESTING deep."""
     kind = "JSON" if as_json else "YAML"
+    if _bracket_depth(text) > MAX_NESTING:  # before parsing: a deep document is slow to parse, then overflows the stack
+        raise error(f"{path}: nested deeper than {MAX_NESTING} levels; a spec is a few levels deep")
     try:
         data = json.loads(text, object_pairs_hook=_no_duplicates) if as_json else yaml.load(text, Loader=_StrictLoader)
     except _Refused as exc:

@@ -27,6 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Sequence
 
 from splitplan.errors import SpecError, SplitplanError
+from splitplan.inputs import excerpt
 
 EXECUTORS = ("local", "ray")
 _SHARED: tuple | None = None  # (fn, shared), set just before the workers fork
@@ -127,10 +128,11 @@ def _ray_map(fn, items, shared, jobs, address, tick) -> list:
                 ray.init(address=address, **options)
             else:
                 ray.init(num_cpus=max(jobs, 1), **options)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - Ray fails to start in many ways (timeouts, sockets, /dev/shm)
+            ray.shutdown()  # whatever it started
             where = f"--ray-address {address}" if address else "a local Ray instance"
-            raise SpecError(f"cannot start or reach {where}: {str(exc).splitlines()[0]}; start a cluster with "
-                            "'ray start --head', or drop --ray-address to run a local instance") from None
+            raise SpecError(f"cannot start or reach {where}: {excerpt(str(exc) or type(exc).__name__, 160)}; start a "
+                            "cluster with 'ray start --head', or drop --ray-address to run a local instance") from None
     try:
         remote = ray.remote(_guarded)
         shared_ref = ray.put(shared)

@@ -77,8 +77,20 @@ def test_unreachable_ray_cluster_is_a_clean_error():
     assert result.exit_code == 2 and "cannot start or reach --ray-address auto" in result.stderr, result.output
 
 
+def test_ray_that_cannot_start_is_a_clean_error(monkeypatch):
+    """However ray.init fails (here a timeout, as when its processes cannot start), exit 2 at once."""
+    def fails(**kwargs):
+        raise TimeoutError("Timed out after 30 seconds waiting for the raylet")
+    monkeypatch.setattr(ray, "init", fails)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    result = CliRunner().invoke(app, ["compare", "--scenario", "iso-throughput-cost", "--rate", "3", "--duration", "20",
+                                      "--executor", "ray"])
+    assert result.exit_code == 2 and "cannot start or reach a local Ray instance: Timed out" in result.stderr, result.output
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux's")
-def test_forked_workers_end_when_the_parent_is_killed(tmp_path):
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_forked_workers_end_when_the_parent_is_killed(tmp_path, how):
     import os
     import signal
     import subprocess
@@ -105,7 +117,7 @@ def test_forked_workers_end_when_the_parent_is_killed(tmp_path):
         time.sleep(0.1)
     workers = children()
     assert len(workers) >= 2
-    parent.send_signal(signal.SIGKILL)
+    parent.send_signal(getattr(signal, how))
     parent.wait()
     deadline = time.monotonic() + 10
     alive = workers

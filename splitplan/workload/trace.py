@@ -208,13 +208,27 @@ def _chunks(path: Path, columns: Columns | None):
                     chunk = pd.read_json(io.BytesIO(block), lines=True, dtype=False)
                     _require(path, cols, chunk.columns)
                 else:
-                    chunk = pd.read_csv(io.BytesIO(block), header=None, names=header, index_col=False,
-                                        skipinitialspace=True, dtype={cols.time: str} if wall_clock else None)
+                    chunk = _csv_block(path, block, first, header, header.index(cols.time) if wall_clock else None)
             except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
                 if isinstance(exc, TraceError):
                     raise
                 raise _parse_error(path, exc, first, block, is_json) from None
             yield cols, wall_clock, first, chunk
+
+
+def _csv_block(path: Path, block: bytes, first: int, header: list, text_column: int | None) -> "pd.DataFrame":
+    """A block of CSV rows under `header`; a row with more fields than the header is an error
+    naming its line (pandas would shift or drop fields), fewer fields leave cells empty."""
+    import pandas as pd  # on first use: the CLI starts without it
+    chunk = pd.read_csv(io.BytesIO(block), header=None, skipinitialspace=True,
+                        dtype=None if text_column is None else {text_column: str})
+    if chunk.shape[1] > len(header):
+        row = int(np.argmax(chunk.iloc[:, len(header):].notna().any(axis=1).to_numpy()))
+        fields = int(chunk.iloc[row].notna()[::-1].to_numpy().argmax())
+        raise TraceError(f"{path}: line {first + row}: {chunk.shape[1] - fields} fields, the header has {len(header)}; "
+                         "fix or remove the row")
+    chunk.columns = header[: chunk.shape[1]]
+    return chunk.reindex(columns=header)
 
 
 def _require(path: Path, cols: Columns, found) -> None:
