@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
+import warnings
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -139,18 +141,55 @@ def parse_document(text: str, path: Path, as_json: bool, error: type[SplitplanEr
     return data
 
 
+def csv_rows(block: bytes, header: list, first: int, path: Path, error: type[SplitplanError] = SpecError,
+             text_column: str | None = None):
+    """CSV rows (no header line) under `header`, the first being line `first` of `path`. A row
+    with more fields than the header is an error naming its line (pandas would shift the first
+    such row's fields into an index, or drop them); a row with fewer leaves its cells empty."""
+    import io
+
+    import numpy as np
+    import pandas as pd  # on first use: the CLI starts without it
+    width = len(header)
+    text = {header.index(text_column): str} if text_column in header else None
+    try:  # one column more than the header: a longer row lands there (or fails the parser) instead of shifting
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pd.errors.ParserWarning)  # the first row is longer still: pandas would cut it
+            chunk = pd.read_csv(io.BytesIO(block), header=None, names=list(range(width + 1)), index_col=False,
+                                skipinitialspace=True, dtype=text)
+    except pd.errors.ParserWarning:
+        fields = len(block.split(b"\n", 1)[0].split(b","))
+        raise error(f"{path}: line {first}: {fields} fields, the header has {width}; fix or remove the row") from None
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame(columns=header)
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        fields = re.search(r"fields in line (\d+), saw (\d+)", message)
+        if fields:
+            raise error(f"{path}: line {first + int(fields.group(1)) - 1}: {fields.group(2)} fields, the header has "
+                        f"{width}; fix or remove the row") from None
+        raise error(f"{path}: not a readable CSV near line {first} ({excerpt(message, 120)})") from None
+    longer = chunk[width].notna().to_numpy()
+    if longer.any():
+        raise error(f"{path}: line {first + int(np.argmax(longer))}: {width + 1} fields, the header has {width}; "
+                    "fix or remove the row")
+    return chunk.drop(columns=width).set_axis(header, axis=1)
+
+
 def read_table(path: Path, what: str, error: type[SplitplanError] = SpecError):
-    """A CSV file (at most MAX_TABLE_BYTES) as a DataFrame; a row with more fields than the
-    header is an error naming its line (pandas would otherwise drop fields or shift columns)."""
+    """A CSV file with a header line (at most MAX_TABLE_BYTES) as a DataFrame, its rows read by
+    `csv_rows`."""
     import io
 
     import pandas as pd  # on first use: the CLI starts without it
     data = read_bounded(path, MAX_TABLE_BYTES, what, error)
+    end = data.find(b"\n") + 1 or len(data)
     try:
-        return pd.read_csv(io.BytesIO(data), index_col=False)
+        header = list(pd.read_csv(io.BytesIO(data[:end]), nrows=0).columns)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise error(f"{path}: not a readable {what} ({excerpt(message, 120)})") from None
+    return csv_rows(data[end:], header, 2, path, error)
 
 
 def finite_columns(frame, columns: list[str], path: Path, error: type[SplitplanError] = SpecError):

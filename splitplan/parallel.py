@@ -81,7 +81,8 @@ def run_units(fn: Callable[[Any, Any], Any], items: Sequence, shared: Any = None
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """In each forked worker: end when the parent process ends, even by SIGKILL. On Linux
+    """In each forked worker: leave Ctrl-C to the parent, and end when the parent process ends,
+    even by SIGKILL. On Linux
     the kernel sends SIGTERM then (prctl PR_SET_PDEATHSIG); a parent already gone before
     that was set is caught by the pid check."""
     if sys.platform.startswith("linux"):
@@ -92,6 +93,7 @@ def _die_with_parent(parent_pid: int) -> None:
             pass
     if os.getppid() != parent_pid:
         os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent handles it
 
 
 def _local_map(fn, items, shared, jobs, tick) -> list:
@@ -107,9 +109,15 @@ def _local_map(fn, items, shared, jobs, tick) -> list:
         with ProcessPoolExecutor(min(jobs, len(items)), mp_context=multiprocessing.get_context("fork"),
                                  initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
             out = []
-            for outcome in pool.map(_run, items):
-                out.append(outcome)
-                tick()
+            try:
+                for outcome in pool.map(_run, items):
+                    out.append(outcome)
+                    tick()
+            except KeyboardInterrupt:  # Ctrl-C: end the workers now instead of waiting for their units
+                for process in list((getattr(pool, "_processes", None) or {}).values()):
+                    process.terminate()
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
             return out
     finally:
         _SHARED = None

@@ -366,3 +366,34 @@ def test_concurrent_output_sets_never_mix(tmp_path):
     for t in threads:
         t.join()
     assert not errors and len({(tmp_path / n).read_text() for n in names}) == 1
+
+
+def test_a_full_disk_is_bad_output_and_leaves_nothing(tmp_path, monkeypatch):
+    import errno
+    (tmp_path / "a.csv").write_text("old")
+    real = report._write_temp
+    written = []
+
+    def fills_up(path, content):
+        if written:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        written.append(real(path, content))
+        return written[-1]
+    monkeypatch.setattr(report, "_write_temp", fills_up)
+    with pytest.raises(SpecError, match="cannot write .No space left on device"):
+        report.write_set({tmp_path / "a.csv": "new", tmp_path / "b.csv": "new"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv"] and (tmp_path / "a.csv").read_text() == "old"
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capfd):
+    import sys
+
+    from splitplan.cli import catalog, main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(catalog, "api", type("Api", (), {"__getattr__": lambda self, name: interrupted})())
+    monkeypatch.setattr(sys, "argv", ["splitplan", "perf"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 130 and capfd.readouterr().err == "error: interrupted\n"

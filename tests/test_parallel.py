@@ -2,7 +2,11 @@
 a failing unit is named, never a hang; Ray missing is a clean exit 2."""
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -91,31 +95,12 @@ def test_ray_that_cannot_start_is_a_clean_error(monkeypatch):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux's")
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
 def test_forked_workers_end_when_the_parent_is_killed(tmp_path, how):
-    import os
-    import signal
-    import subprocess
-    import time
     script = tmp_path / "busy.py"
     script.write_text("import time\nfrom splitplan.parallel import run_units\n\n"
                       "def slow(shared, item):\n    time.sleep(120)\n\n"
                       "if __name__ == '__main__':\n    run_units(slow, list(range(4)), None, jobs=2)\n")
     parent = subprocess.Popen([sys.executable, str(script)])
-
-    def children():
-        out = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                if int(fields[1]) == parent.pid and fields[0] != "Z":
-                    out.append(int(entry))
-        return out
-    deadline = time.monotonic() + 30
-    while len(children()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    workers = children()
+    workers = _wait_for_children(parent.pid, 2)
     assert len(workers) >= 2
     parent.send_signal(getattr(signal, how))
     parent.wait()
@@ -127,6 +112,47 @@ def test_forked_workers_end_when_the_parent_is_killed(tmp_path, how):
     for w in alive:  # leave nothing behind, pass or fail
         os.kill(w, signal.SIGKILL)
     assert not alive, f"workers {alive} outlived their parent"
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(entry))
+    return out
+
+
+def _wait_for_children(pid: int, count: int, timeout_s: float = 30) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while len(_children(pid)) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _children(pid)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_ends_the_workers_at_once_with_one_line():
+    """Ctrl-C reaches the whole process group: the workers leave it to the parent, which ends
+    them at once (it used to wait about 12 s for their units) and prints one line."""
+    command = [sys.executable, "-c", "from splitplan.cli import main; main()", "compare", "--scenario", "iso-power",
+               "--budget-machines", "h100-80gb=40", "--duration", "60", "--jobs", "2"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    workers = _wait_for_children(process.pid, 2, 60)
+    assert len(workers) >= 2
+    time.sleep(1)
+    os.killpg(process.pid, signal.SIGINT)
+    start = time.monotonic()
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130 and err.decode() == "error: interrupted\n"
+    assert time.monotonic() - start < 5
+    time.sleep(0.5)
+    assert not [w for w in workers if _running(w)]
 
 
 def _running(pid: int) -> bool:

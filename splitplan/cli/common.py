@@ -164,7 +164,7 @@ def check_bounds(command: Callable, values: dict) -> None:
 
 def user_errors(command: Callable) -> Callable:
     """Check the numeric options' bounds, then map SplitplanError to one `error: ...` line on
-    stderr and its exit code."""
+    stderr and its exit code, and Ctrl-C to `error: interrupted` and exit code 130."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -176,6 +176,9 @@ def user_errors(command: Callable) -> Callable:
                 raise
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:  # (typer would turn it into a silent exit 130)
+            typer.echo("error: interrupted", err=True)
+            raise typer.Exit(130) from None
 
     return wrapper
 

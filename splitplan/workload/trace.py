@@ -17,7 +17,6 @@ import dataclasses
 import gzip
 import io
 import json
-import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from splitplan.errors import SpecError, TraceError
-from splitplan.inputs import excerpt, open_regular
+from splitplan.inputs import csv_rows, excerpt, open_regular
 from splitplan.limits import MAX_GENERATED_REQUESTS, MAX_REQUEST_TOKENS, MAX_TRACE_REQUESTS, MAX_TRACE_SPAN_S, TRACE_BLOCK_BYTES
 from splitplan.specs.catalog import data_dir
 
@@ -173,11 +172,6 @@ def _parse_error(path: Path, exc: Exception, first: int, block: bytes, is_json: 
                     return TraceError(f"{path}: line {first + k}: not a JSON object ({excerpt(bad)}); fix or remove the line")
         return TraceError(f"{path}: not JSON lines ({excerpt(exc)})")
     message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    fields = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", message)
-    if fields:
-        expected, at, saw = fields.groups()
-        return TraceError(f"{path}: line {first + int(at) - 1}: {saw} fields, the header has {expected}; "
-                          "fix or remove the row")
     return TraceError(f"{path}: not a readable CSV near line {first} ({excerpt(message)})")
 
 
@@ -208,27 +202,12 @@ def _chunks(path: Path, columns: Columns | None):
                     chunk = pd.read_json(io.BytesIO(block), lines=True, dtype=False)
                     _require(path, cols, chunk.columns)
                 else:
-                    chunk = _csv_block(path, block, first, header, header.index(cols.time) if wall_clock else None)
+                    chunk = csv_rows(block, header, first, path, TraceError, cols.time if wall_clock else None)
             except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
                 if isinstance(exc, TraceError):
                     raise
                 raise _parse_error(path, exc, first, block, is_json) from None
             yield cols, wall_clock, first, chunk
-
-
-def _csv_block(path: Path, block: bytes, first: int, header: list, text_column: int | None) -> "pd.DataFrame":
-    """A block of CSV rows under `header`; a row with more fields than the header is an error
-    naming its line (pandas would shift or drop fields), fewer fields leave cells empty."""
-    import pandas as pd  # on first use: the CLI starts without it
-    chunk = pd.read_csv(io.BytesIO(block), header=None, skipinitialspace=True,
-                        dtype=None if text_column is None else {text_column: str})
-    if chunk.shape[1] > len(header):
-        row = int(np.argmax(chunk.iloc[:, len(header):].notna().any(axis=1).to_numpy()))
-        fields = int(chunk.iloc[row].notna()[::-1].to_numpy().argmax())
-        raise TraceError(f"{path}: line {first + row}: {chunk.shape[1] - fields} fields, the header has {len(header)}; "
-                         "fix or remove the row")
-    chunk.columns = header[: chunk.shape[1]]
-    return chunk.reindex(columns=header)
 
 
 def _require(path: Path, cols: Columns, found) -> None:
