@@ -69,6 +69,12 @@ def _files(d: Path) -> dict[str, str]:
     put("secret.yaml", "password: hunter2-" + "x" * 300 + "\n")
     put("inf_db.csv", (ROOT / "tests" / "data" / "splitwise_perf_model.csv").read_text().replace(",196.2532191537321,", ",inf,", 1))
     put("tp_text.csv", (ROOT / "tests" / "data" / "splitwise_perf_model.csv").read_text().replace(",2\n", ",two\n", 1))
+    put("spec_at_bound.yaml", "ttft: [" + ", ".join(["1"] * 349_000) + "]\n")  # just under 1 MiB
+    laughs = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    put("laughs.yaml", "\n".join(laughs + [f"a{k}: &a{k} [" + ", ".join([f"*a{k - 1}"] * 9) + "]" for k in range(1, 10)]))
+    db = (ROOT / "tests" / "data" / "splitwise_perf_model.csv").read_text()
+    head, rows = db.split("\n", 1)
+    put("db_at_bound.csv", head + "\n" + rows * ((63 << 20) // len(rows)))  # just under 64 MiB
     put("deep_plan.json", '{"plan": ' + "[" * 100_000 + "]" * 100_000 + "}")
     put("huge_plan.json", '{"plan": {"prompt_pools": [{"hardware": "h100-80gb", "tp": 8, "machines": 100000000}], '
         '"token_pools": [{"hardware": "h100-80gb", "tp": 8, "machines": 1}]}}')
@@ -127,6 +133,10 @@ def cases(f: dict[str, str], d: Path) -> list[tuple[str, list[str], int]]:
         ("slo FIFO", ["optimize", "--slo", f["fifo"], *QUICK], 2),
         ("slo deeply nested YAML", ["optimize", "--slo", f["deep.yaml"], *QUICK], 2),
         ("slo deeply nested JSON", ["optimize", "--slo", f["deep.json"], *QUICK], 2),
+        ("slo of 1 MiB (the bound)", ["optimize", "--slo", f["spec_at_bound.yaml"], *QUICK], 2),
+        ("slo: YAML alias bomb", ["optimize", "--slo", f["laughs.yaml"], *QUICK], 2),
+        ("perf-db of 63 MiB (the bound is 64)", ["perf", "--model", "llama2-70b", "--hardware", "a100-80gb",
+                                                 "--perf-db", f["db_at_bound.csv"]], 0),
         ("slo duplicate keys JSON", ["optimize", "--slo", f["dup.json"], *QUICK], 2),
         ("hardware duplicate keys YAML", ["perf", "--hardware", f["dup.yaml"]], 2),
         ("slo: file content not echoed", ["optimize", "--slo", f["secret.yaml"], *QUICK], 2),

@@ -6,10 +6,11 @@ real deployment or trace, so they only catch mistakes (a unit off by 10^9, a pas
 
 from __future__ import annotations
 
-# Files read whole (hardware, model, engine, SLO, design specs; plan.json; a --perf-db or
-# --deployments CSV): at most this many bytes.
-MAX_SPEC_BYTES = 16 << 20
-MAX_TABLE_BYTES = 256 << 20
+# Files read whole: specs (hardware, model, engine, SLO, designs) and plan.json, at most 1 MiB
+# (a Hugging Face config.json is a few KB; the worst 1 MiB YAML parses in about 3 s); a --perf-db
+# or --deployments CSV, at most 64 MiB (aiconfigurator's 5,221 deployments are 2 MB).
+MAX_SPEC_BYTES = 1 << 20
+MAX_TABLE_BYTES = 64 << 20
 # Nesting of a YAML or JSON document (a spec is at most 4 deep).
 MAX_NESTING = 32
 # How much of a user's text (a cell, a key, a value) an error message shows.

@@ -221,8 +221,12 @@ def test_nesting_within_the_bound_is_read():
 
 
 def test_yaml_aliases_are_refused(tmp_path):
-    with pytest.raises(SpecError, match="line 2: YAML aliases"):
+    with pytest.raises(SpecError, match="YAML aliases"):
         parse_document("a: &x [1, 2]\nb: *x\n", tmp_path / "x.yaml", False)
+    laughs = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    laughs += [f"a{k}: &a{k} [" + ", ".join([f"*a{k - 1}"] * 9) + "]" for k in range(1, 10)]  # 9^10 once expanded
+    with pytest.raises(SpecError, match="YAML aliases"):
+        parse_document("\n".join(laughs) + "\n", tmp_path / "bomb.yaml", False)
 
 
 @FILES
@@ -397,3 +401,12 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capfd):
     with pytest.raises(SystemExit) as exit_info:
         main()
     assert exit_info.value.code == 130 and capfd.readouterr().err == "error: interrupted\n"
+
+
+@settings(max_examples=15, deadline=None)
+@given(rate=st.sampled_from([float("nan"), float("inf"), -1.0, 0.0, 1e12]),
+       duration=st.sampled_from([float("nan"), 10.0, 1e15]))
+def test_the_library_refuses_the_same_values(rate, duration):
+    import splitplan
+    with pytest.raises(SpecError):
+        splitplan.plan(rate=rate, duration_s=duration, hardware=["h100-80gb"], tp=8)

@@ -26,7 +26,15 @@ import numpy as np
 
 from splitplan.errors import SpecError, TraceError
 from splitplan.inputs import csv_rows, excerpt, open_regular
-from splitplan.limits import MAX_GENERATED_REQUESTS, MAX_REQUEST_TOKENS, MAX_TRACE_REQUESTS, MAX_TRACE_SPAN_S, TRACE_BLOCK_BYTES
+from splitplan.limits import (
+    MAX_DURATION_S,
+    MAX_GENERATED_REQUESTS,
+    MAX_RATE_RPS,
+    MAX_REQUEST_TOKENS,
+    MAX_TRACE_REQUESTS,
+    MAX_TRACE_SPAN_S,
+    TRACE_BLOCK_BYTES,
+)
 from splitplan.specs.catalog import data_dir
 
 if TYPE_CHECKING:
@@ -286,10 +294,10 @@ def load_workload(trace: "str | Path | Trace | None" = None, rate: float | None 
                   seed: int = 0, columns: Columns | None = None) -> Trace:
     """A trace (a path, a Trace, or None for the embedded Azure code trace), or its
     Poisson resample at `rate` req/s for `duration_s` seconds."""
-    if rate is not None and rate <= 0:
-        raise SpecError(f"--rate {rate:g}: must be > 0 requests per second")
-    if duration_s <= 0:
-        raise SpecError(f"--duration {duration_s:g}: must be > 0 seconds")
+    if rate is not None and not 0 < rate <= MAX_RATE_RPS:  # (NaN fails too)
+        raise SpecError(f"--rate {rate:g}: must be > 0 and <= {MAX_RATE_RPS:,g} requests per second")
+    if not 0 < duration_s <= MAX_DURATION_S:
+        raise SpecError(f"--duration {duration_s:g}: must be > 0 and <= {MAX_DURATION_S:,g} seconds")
     if isinstance(trace, Trace):
         loaded = trace
     elif trace is None:
@@ -346,7 +354,7 @@ def peak_window(trace: Trace, max_requests: int) -> tuple[Trace, dict | None]:
 def resample_poisson(trace: Trace, rate_rps: float, duration_s: float, rng: np.random.Generator) -> Trace:
     """Splitwise's method: Poisson arrivals at `rate_rps` for `duration_s`, with
     (prompt, output) pairs drawn i.i.d. (with replacement) from `trace`."""
-    if rate_rps <= 0 or duration_s <= 0:
+    if not (rate_rps > 0 and duration_s > 0):  # (NaN fails too; infinities fail the bound below)
         raise TraceError(f"rate ({rate_rps}) and duration ({duration_s}) must be > 0")
     expected = rate_rps * duration_s
     if expected > MAX_GENERATED_REQUESTS:

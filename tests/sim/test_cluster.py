@@ -208,8 +208,11 @@ def test_more_prompt_machines_never_raise_ttft_percentiles(seed, rate, machines)
     token = PoolSpec("token", H100, 2)
     fewer = simulate(trace, [PoolSpec("prompt", H100, machines), token])
     more = simulate(trace, [PoolSpec("prompt", H100, machines + 1), token])
+    # Join-shortest-queue routing is greedy: one more machine changes later routing decisions,
+    # and a percentile can rise a little (worst of 150 random cases: +1.0 %, seed 7718 at
+    # 14 req/s on 5 -> 6 machines); a machine left unused or routed to worst-first moves them more.
     for q in (50, 90, 99):
-        assert np.percentile(more.ttft_s, q) <= np.percentile(fewer.ttft_s, q) * (1 + 1e-9), q
+        assert np.percentile(more.ttft_s, q) <= np.percentile(fewer.ttft_s, q) * 1.03, q
 
 
 def test_borrowing_happens_only_when_memory_is_short():
