@@ -82,9 +82,8 @@ def run_units(fn: Callable[[Any, Any], Any], items: Sequence, shared: Any = None
 
 def _die_with_parent(parent_pid: int) -> None:
     """In each forked worker: leave Ctrl-C to the parent, and end when the parent process ends,
-    even by SIGKILL. On Linux
-    the kernel sends SIGTERM then (prctl PR_SET_PDEATHSIG); a parent already gone before
-    that was set is caught by the pid check."""
+    even by SIGKILL. On Linux the kernel sends SIGTERM then (prctl PR_SET_PDEATHSIG); a parent
+    already gone before that was set is caught by the pid check."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes

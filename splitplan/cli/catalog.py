@@ -25,9 +25,9 @@ from splitplan.cli.common import (
     user_errors,
 )
 from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL
+from splitplan.errors import SpecError
 from splitplan.inputs import excerpt
 from splitplan.limits import MAX_BATCH, MAX_REQUEST_TOKENS
-from splitplan.errors import SpecError
 from splitplan.specs.hardware import hardware_catalog
 from splitplan.specs.model import model_catalog
 from splitplan.workload.trace import load_workload, summarize

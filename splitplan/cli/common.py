@@ -18,7 +18,7 @@ import typer
 from splitplan import limits, report
 from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO
 from splitplan.errors import SpecError, SplitplanError
-from splitplan.inputs import excerpt
+from splitplan.inputs import excerpt, parse_document, read_text
 
 
 class _OnFirstUse:
@@ -303,12 +303,11 @@ _POOL = re.compile(r"^([^:]+):(\d+):(\d+)$")
 
 
 def check_pool(where: str, tp: int, machines: int) -> None:
-    """A pool's TP degree and machine count within bounds (`splitplan.limits`)."""
-    from splitplan.limits import MAX_MACHINES
-    if not 1 <= tp <= 1024:
+    """A pool's TP degree (as --tp) and machine count (`limits.MAX_MACHINES`) within bounds."""
+    if not 1 <= tp <= OPTION_BOUNDS["--tp"].high:
         raise SpecError(f"{where}: TP {tp} must be from 1 to the machine's GPUs")
-    if not 1 <= machines <= MAX_MACHINES:
-        raise SpecError(f"{where}: {machines} machines; a pool has 1 to {MAX_MACHINES:,}")
+    if not 1 <= machines <= limits.MAX_MACHINES:
+        raise SpecError(f"{where}: {machines} machines; a pool has 1 to {limits.MAX_MACHINES:,}")
 
 
 def parse_pool(text: str, role: str) -> tuple[str, str, int, int]:
@@ -322,10 +321,8 @@ def parse_pool(text: str, role: str) -> tuple[str, str, int, int]:
 
 def read_plan(path: Path) -> tuple[list[tuple[str, str, int, int]], dict]:
     """Pools and input echo of a plan.json written by `optimize --output-dir`."""
-    from splitplan.inputs import excerpt, parse_document, read_text
-    from splitplan.limits import MAX_SPEC_BYTES
     try:
-        doc = parse_document(read_text(path, MAX_SPEC_BYTES, "plan.json (splitplan optimize --output-dir DIR)"), path,
+        doc = parse_document(read_text(path, limits.MAX_SPEC_BYTES, "plan.json (splitplan optimize --output-dir DIR)"), path,
                              as_json=True)
         plan = doc["plan"]
         pools = [(role, str(p["hardware"]), int(p["tp"]), int(p["machines"]))

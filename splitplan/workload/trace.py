@@ -114,7 +114,7 @@ def _open(path: Path):
     raw = open_regular(path, "trace CSV, JSONL or .gz", TraceError)
     stream = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == b"\x1f\x8b" else raw
     try:
-        head = stream.peek(4096)[:4096] if hasattr(stream, "peek") else b""
+        head = stream.peek(4096)[:4096]
     except (OSError, EOFError, zlib.error) as exc:
         raw.close()
         raise TraceError(f"{path}: corrupt gzip ({excerpt(exc)}); re-compress or pass the plain file") from None
@@ -212,8 +212,6 @@ def _chunks(path: Path, columns: Columns | None):
                 else:
                     chunk = csv_rows(block, header, first, path, TraceError, cols.time if wall_clock else None)
             except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
-                if isinstance(exc, TraceError):
-                    raise
                 raise _parse_error(path, exc, first, block, is_json) from None
             yield cols, wall_clock, first, chunk
 
