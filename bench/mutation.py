@@ -7,7 +7,8 @@ checkout) and judged by the core tests (tests/capacity, tests/search, tests/sim,
 tests/perf; `pytest -x`): a mutant is killed when a test fails or the run times out.
 
 - Named: the one-line breakages a code review found surviving the suite (issue 14), each
-  spelled out below. Every one must be killed.
+  spelled out below, and the input guards of issue 16 (judged by tests/test_hardening.py and
+  tests/workload). Every one must be killed.
 - Sampled: `--sample` mutants drawn with `--seed` from every operator swap (+ -, * /,
   < <=, > >=, == !=, and or), constant change (n -> n + 1, 0 <-> 1, True <-> False) and
   dropped `not` in splitplan/capacity, search, sim and perf, written back with ast.unparse.
@@ -60,6 +61,36 @@ NAMED = [
      "clock_slowdown=1.0 / hw.prefill_clock_fraction,", "clock_slowdown=1.0,"),
 ]
 
+# The input guards of issue 16, judged by the hardening tests: each breakage must be noticed.
+HARDENING_TESTS = ["tests/test_hardening.py", "tests/workload"]
+HARDENING = [
+    ("a FIFO or device opened as a file", "splitplan/inputs.py", "    if not stat.S_ISREG(mode):", "    if False:"),
+    ("files read whole without a size bound", "splitplan/inputs.py", "    if len(data) > limit:", "    if False:"),
+    ("a CSV row longer than its header accepted", "splitplan/inputs.py", "    if longer.any():", "    if False:"),
+    ("duplicate JSON keys accepted", "splitplan/inputs.py", "json.loads(text, object_pairs_hook=_no_duplicates)",
+     "json.loads(text)"),
+    ("duplicate YAML keys accepted", "splitplan/inputs.py", "                if key in seen:", "                if False:"),
+    ("YAML aliases accepted", "splitplan/inputs.py", "            if id(item) in seen:", "            if False:"),
+    ("inf accepted in a perf-db", "splitplan/inputs.py", "        bad = ~np.isfinite(values.to_numpy(float))",
+     "        bad = values.isna().to_numpy()"),
+    ("option bounds not checked", "splitplan/cli/common.py", "            check_bounds(command, kwargs)\n", ""),
+    ("--hardware '' means the whole catalog", "splitplan/cli/common.py", "    if not names:\n",
+     "    if not names and False:\n"),
+    ("pools of any size", "splitplan/cli/common.py", "    if not 1 <= machines <= limits.MAX_MACHINES:",
+     "    if not 1 <= machines:"),
+    ("Ctrl-C silent", "splitplan/cli/common.py", '            typer.echo("error: interrupted", err=True)\n', ""),
+    ("two machines under one name", "splitplan/specs/hardware.py",
+     "        if other != given and machines[other] != hw:", "        if False:"),
+    ("an output set renamed file by file", "splitplan/report.py",
+     "                temps[Path(path)] = _write_temp(Path(path), content)",
+     "                temps[Path(path)] = _write_temp(Path(path), content)\n                os.replace(temps.pop(Path(path)), path)"),
+    ("output folders not locked", "splitplan/report.py", "        fcntl.flock(fd, fcntl.LOCK_EX)\n", ""),
+    ("token counts unbounded", "splitplan/workload/trace.py", " | (values > MAX_REQUEST_TOKENS)", ""),
+    ("trace span unbounded", "splitplan/workload/trace.py",
+     "        _first_bad(path, arrival - origin > MAX_TRACE_SPAN_S,", "        _first_bad(path, arrival - origin > 1e308,"),
+    ("trace rows unbounded", "splitplan/workload/trace.py", "        if rows > MAX_TRACE_REQUESTS:", "        if False:"),
+]
+
 SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Lt: ast.LtE, ast.LtE: ast.Lt,
          ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.And: ast.Or, ast.Or: ast.And}
 
@@ -109,10 +140,10 @@ def mutate_source(text: str, index: int) -> tuple[str, str]:
     return ast.unparse(ast.fix_missing_locations(new)), m.done
 
 
-def killed(scratch: Path, timeout: float) -> bool:
-    env = {**os.environ, "PYTHONPATH": str(scratch), "PYTHONDONTWRITEBYTECODE": "1"}
+def killed(scratch: Path, timeout: float, tests: list[str] = TESTS) -> bool:
+    env = {**os.environ, "PYTHONPATH": str(scratch), "PYTHONDONTWRITEBYTECODE": "1", "CI": "true"}
     try:
-        run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *TESTS], cwd=scratch,
+        run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests], cwd=scratch,
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
     except subprocess.TimeoutExpired:
         return True
@@ -129,25 +160,27 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="mutation-")) / "repo"
     shutil.copytree(ROOT, scratch, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", ".hypothesis"))
     assert not killed(scratch, args.timeout), "the core tests fail on the unmutated code"
+    assert not killed(scratch, args.timeout, HARDENING_TESTS), "the hardening tests fail on the unmutated code"
 
-    def trial(path: str, text: str) -> bool:
+    def trial(path: str, text: str, tests: list[str] = TESTS) -> bool:
         target = scratch / path
         original = target.read_text()
         target.write_text(text)
         try:
-            return killed(scratch, args.timeout)
+            return killed(scratch, args.timeout, tests)
         finally:
             target.write_text(original)
 
     print("| named mutation | file | killed |\n|---|---|---|")
+    named = [(m, TESTS) for m in NAMED] + [(m, HARDENING_TESTS) for m in HARDENING]
     named_killed = 0
-    for name, path, old, new in NAMED:
+    for (name, path, old, new), tests in named:
         text = (ROOT / path).read_text()
         assert text.count(old) == 1, f"{path}: the line of '{name}' moved; update bench/mutation.py"
-        ok = trial(path, text.replace(old, new))
+        ok = trial(path, text.replace(old, new), tests)
         named_killed += ok
         print(f"| {name} | {path} | {'yes' if ok else 'NO'} |", flush=True)
-    print(f"\nnamed: {named_killed}/{len(NAMED)} killed")
+    print(f"\nnamed: {named_killed}/{len(named)} killed")
     if args.named_only:
         return
     population = []

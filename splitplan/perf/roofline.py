@@ -24,7 +24,12 @@ Modelling assumptions (units: seconds, FLOPs and bytes per GPU):
   the 2023 vLLM measurements slow down past about 2k tokens per pass, the more the
   larger the TP degree, which is where all-reduces weigh most.
 - MoE: FLOPs for the k experts each token uses; bytes for the experts the batch
-  touches, E (1 - (1 - k/E)^tokens).
+  touches, E (1 - (1 - k/E)^tokens); shared experts and the first dense layers of
+  DeepSeek-style models count as dense GEMMs.
+- MLA (multi-head latent attention): the KV cache is the compressed latent plus the
+  shared RoPE key per token and layer, whole on every GPU of the instance (not split by
+  heads). Prefill attends per head over the decompressed keys and values; decode attends
+  over the latent itself (the up-projections absorbed), reading it once per step.
 - Power-limited clocks: the compute-bound time of a pass that holds prefill work
   runs at the machine's `prefill_clock_fraction` of the datasheet-peak clock (the
   GPU's sustained clock under dense work, lowered by a power cap as the cube root
@@ -131,9 +136,11 @@ class Instance(PassShortcuts):
 
     @cached_property
     def kv_bytes_per_token(self) -> float:
-        """KV bytes one token occupies on this instance (all GPUs, replication included)."""
+        """KV bytes one token occupies on this instance (all GPUs, replication included). MLA's
+        latent is not split by heads: every GPU of the instance holds all of it."""
         m = self.model
-        return 2 * m.num_hidden_layers * self.kv_heads_per_gpu * self.tp * m.head_dim_eff * self.engine.bytes_per_element
+        per_gpu = m.kv_cache_elements_per_layer if m.is_mla else 2 * self.kv_heads_per_gpu * m.head_dim_eff
+        return m.num_hidden_layers * per_gpu * self.tp * self.engine.bytes_per_element
 
     @cached_property
     def fit(self) -> Fit:
@@ -162,13 +169,25 @@ class Instance(PassShortcuts):
         """Per-instance constants of the pass formula (per GPU), computed once."""
         m, hw, f, t = self.model, self.hardware, self.factors, self.tp
         bpe = self.engine.bytes_per_element
-        dense_params = m.attn_params_per_layer + (0 if m.is_moe else m.expert_params)
+        # per layer on average: attention, dense FFNs (dense layers) and shared experts (MoE layers)
+        dense_params = m.attn_params_per_layer + (m.dense_layers * m.dense_ffn_params
+                                                  + m.moe_layers * m.n_shared_experts * m.expert_params) / m.num_hidden_layers
+        kv_dim_gpu = m.kv_dim / t if m.is_mla else self.kv_heads_per_gpu * m.head_dim_eff
+        heads_gpu = m.num_attention_heads / t
+        if m.is_mla:  # prefill expands the latent per head; decode attends over the latent itself (absorbed)
+            prefill_attn_flops = heads_gpu * (m.qk_head_dim + m.v_head_dim_eff)
+            decode_flops = 2 * heads_gpu * (m.kv_cache_elements_per_layer + m.kv_lora_rank)
+            decode_bytes = m.kv_cache_elements_per_layer * bpe
+        else:
+            prefill_attn_flops, decode_flops, decode_bytes = 2 * m.q_dim / t, 4 * m.q_dim / t, 2 * kv_dim_gpu * bpe
         return SimpleNamespace(
             L=m.num_hidden_layers, bpe=bpe, peak=hw.peak_flops_per_s(self.engine.dtype),
             bw=hw.memory_bytes_per_s * f.memory_efficiency, eff=f.compute_efficiency, half=f.gemm_half_tokens,
             dense_flops=2 * dense_params / t, dense_bytes=dense_params * bpe / t,
             act_bytes=bpe * (4 * m.hidden_size + (2 * m.q_dim + 2 * m.kv_dim + (m.ffn_matrices + 1) * m.intermediate_size) / t),
-            q_dim_gpu=m.q_dim / t, kv_dim_gpu=self.kv_heads_per_gpu * m.head_dim_eff,
+            q_dim_gpu=m.q_dim / t, kv_dim_gpu=kv_dim_gpu, prefill_attn_flops=prefill_attn_flops,
+            decode_flops_per_ctx=decode_flops, decode_bytes_per_ctx=decode_bytes,
+            moe_share=m.moe_layers / m.num_hidden_layers,
             head_params=m.vocab_size * m.hidden_size / t,
             collective_s_per_token=(2 * (t - 1) / t * m.hidden_size * 2 / (hw.intra_node_bytes_per_s * f.link_efficiency)) if t > 1 else 0.0,
             collective_latency_s=f.collective_latency_s if t > 1 else 0.0,
@@ -200,11 +219,12 @@ class Instance(PassShortcuts):
             E, k = m.num_local_experts, m.num_experts_per_tok
             touched = E * (1 - (1 - k / E) ** n_tok)
             rows = _max(n_tok * k / _max(touched, 1e-9), 1.0)
-            classes.append((2 * n_tok * k * m.expert_params / self.tp, touched * m.expert_params * c.bpe / self.tp, peak * gemm_eff(rows)))
+            share = c.moe_share / self.tp  # (routed experts in MoE layers only, on average per layer)
+            classes.append((2 * n_tok * k * m.expert_params * share, touched * m.expert_params * c.bpe * share, peak * gemm_eff(rows)))
         pre_sq = pre_tok**2 if c.packed else _num(prefill_sq_tokens)
         ctx = _num(decode_context_tokens)
-        classes.append((2 * pre_sq * c.q_dim_gpu, pre_tok * (2 * c.q_dim_gpu + 2 * c.kv_dim_gpu) * c.bpe, peak * f.attention_efficiency))
-        classes.append((4 * ctx * c.q_dim_gpu, ctx * 2 * c.kv_dim_gpu * c.bpe, peak * c.eff))
+        classes.append((pre_sq * c.prefill_attn_flops, pre_tok * (2 * c.q_dim_gpu + 2 * c.kv_dim_gpu) * c.bpe, peak * f.attention_efficiency))
+        classes.append((ctx * c.decode_flops_per_ctx, ctx * c.decode_bytes_per_ctx, peak * c.eff))
         # LM head: one row per sequence (the last prompt token, or the decoded token).
         classes.append((2 * n_seq * c.head_params / L, c.head_params * c.bpe / L, peak * gemm_eff(_max(n_seq, 1.0))))
 
@@ -243,7 +263,7 @@ class Instance(PassShortcuts):
         compute_s, memory_s, network_s, overhead_s, _, _ = self._terms(0.0, 0.0, 0.0, float(batch), 0.0)
         gpu_s = compute_s + memory_s + network_s + c.launch_s
         wait_s = max(c.host_s - gpu_s, 0.0)
-        per_token = c.L * max(4 * c.q_dim_gpu / (c.peak * c.eff), 2 * c.kv_dim_gpu * c.bpe / c.bw)
+        per_token = c.L * max(c.decode_flops_per_ctx / (c.peak * c.eff), c.decode_bytes_per_ctx / c.bw)
         return compute_s + memory_s + network_s + overhead_s - wait_s, per_token, c.host_s - gpu_s
 
     def explain(self, prompt_tokens: list[int] | None = None, decode_batch: int = 0, decode_context_tokens: int = 0) -> Latency:

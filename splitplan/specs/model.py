@@ -27,6 +27,7 @@ _ALIASES = {
     "n_inner": "intermediate_size",
     "ffn_hidden_size": "intermediate_size",
     "num_experts": "num_local_experts",
+    "n_routed_experts": "num_local_experts",
 }
 _GATED_ACTS = {"silu", "swish", "swiglu", "geglu", "gelu_pytorch_tanh_gated"}
 
@@ -49,6 +50,17 @@ class ModelSpec(BaseModel):
     num_local_experts: Annotated[int, Field(ge=1, le=100_000)] = 1
     num_experts_per_tok: Annotated[int, Field(ge=1, le=100_000)] = 1
     max_position_embeddings: PosInt | None = None
+    # DeepSeek-style MoE: expert FFN width, always-active shared experts, first dense layers
+    moe_intermediate_size: PosInt | None = None
+    n_shared_experts: Annotated[int, Field(ge=0, le=1_000)] = 0
+    first_k_dense_replace: Annotated[int, Field(ge=0, le=10_000)] = 0
+    # Multi-head latent attention (DeepSeek-V2/V3): the KV cache holds one compressed latent
+    # (kv_lora_rank) and one shared RoPE key (qk_rope_head_dim) per token and layer
+    kv_lora_rank: PosInt | None = None
+    q_lora_rank: PosInt | None = None
+    qk_rope_head_dim: Annotated[int, Field(ge=0, le=100_000)] = 0
+    qk_nope_head_dim: PosInt | None = None
+    v_head_dim: PosInt | None = None
 
     @model_validator(mode="after")
     def _shapes(self) -> "ModelSpec":
@@ -63,9 +75,17 @@ class ModelSpec(BaseModel):
             )
         if self.num_experts_per_tok > self.num_local_experts:
             raise ValueError("num_experts_per_tok exceeds num_local_experts")
+        if self.kv_lora_rank is not None and (self.qk_nope_head_dim is None or self.v_head_dim is None):
+            raise ValueError("an MLA model (kv_lora_rank) needs qk_nope_head_dim and v_head_dim")
+        if self.first_k_dense_replace > self.num_hidden_layers:
+            raise ValueError("first_k_dense_replace exceeds num_hidden_layers")
         return self
 
     # Derived shapes -------------------------------------------------------------
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
     @property
     def kv_heads(self) -> int:
         return self.num_key_value_heads or self.num_attention_heads
@@ -75,12 +95,30 @@ class ModelSpec(BaseModel):
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
     @property
+    def qk_head_dim(self) -> int:
+        """Per-head width of queries and keys (MLA: the no-RoPE part plus the RoPE part)."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim_eff
+
+    @property
+    def v_head_dim_eff(self) -> int:
+        return self.v_head_dim if self.is_mla else self.head_dim_eff
+
+    @property
     def q_dim(self) -> int:
-        return self.num_attention_heads * self.head_dim_eff
+        return self.num_attention_heads * self.qk_head_dim
 
     @property
     def kv_dim(self) -> int:
+        """Keys plus values per token and layer, as attention reads them (MLA: decompressed per head)."""
+        if self.is_mla:
+            return self.num_attention_heads * (self.qk_head_dim + self.v_head_dim_eff) // 2
         return self.kv_heads * self.head_dim_eff
+
+    @property
+    def kv_cache_elements_per_layer(self) -> int:
+        """Elements one token keeps in the KV cache per layer: keys and values of its KV heads, or
+        (MLA) the compressed latent and the shared RoPE key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim if self.is_mla else 2 * self.kv_dim
 
     @property
     def gated(self) -> bool:
@@ -94,15 +132,34 @@ class ModelSpec(BaseModel):
     def is_moe(self) -> bool:
         return self.num_local_experts > 1
 
+    @property
+    def moe_layers(self) -> int:
+        """Layers with routed experts (DeepSeek's first `first_k_dense_replace` are dense)."""
+        return self.num_hidden_layers - self.first_k_dense_replace if self.is_moe else 0
+
+    @property
+    def dense_layers(self) -> int:
+        return self.num_hidden_layers - self.moe_layers
+
     # Parameter counts (weights only; norms and biases are < 0.1 % and ignored) --
     @property
     def attn_params_per_layer(self) -> int:
-        return self.hidden_size * (2 * self.q_dim + 2 * self.kv_dim)
+        h, heads = self.hidden_size, self.num_attention_heads
+        if not self.is_mla:
+            return h * (2 * self.q_dim + 2 * self.kv_dim)
+        q = h * self.q_dim if self.q_lora_rank is None else h * self.q_lora_rank + self.q_lora_rank * self.q_dim
+        kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv + heads * self.v_head_dim * h
+
+    @property
+    def dense_ffn_params(self) -> int:
+        """The FFN of a dense layer."""
+        return self.ffn_matrices * self.hidden_size * self.intermediate_size
 
     @property
     def expert_params(self) -> int:
-        """One FFN (one expert, for MoE)."""
-        return self.ffn_matrices * self.hidden_size * self.intermediate_size
+        """One expert's FFN (moe_intermediate_size wide where given); a dense layer's FFN otherwise."""
+        return self.ffn_matrices * self.hidden_size * (self.moe_intermediate_size or self.intermediate_size)
 
     @property
     def router_params_per_layer(self) -> int:
@@ -112,18 +169,22 @@ class ModelSpec(BaseModel):
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
 
+    def _params(self, experts: int) -> int:
+        moe = (experts + self.n_shared_experts) * self.expert_params + self.router_params_per_layer
+        return (self.num_hidden_layers * self.attn_params_per_layer + self.dense_layers * self.dense_ffn_params
+                + self.moe_layers * moe + self.embedding_params)
+
     @property
     def total_params(self) -> int:
-        per_layer = self.attn_params_per_layer + self.num_local_experts * self.expert_params + self.router_params_per_layer
-        return self.num_hidden_layers * per_layer + self.embedding_params
+        return self._params(self.num_local_experts)
 
     @property
     def active_params(self) -> int:
-        per_layer = self.attn_params_per_layer + self.num_experts_per_tok * self.expert_params + self.router_params_per_layer
-        return self.num_hidden_layers * per_layer + self.embedding_params
+        """Parameters one token uses (the input embedding counted, as a lookup of its row)."""
+        return self._params(self.num_experts_per_tok)
 
     def kv_bytes_per_token(self, bytes_per_element: float) -> float:
-        return 2 * self.num_hidden_layers * self.kv_dim * bytes_per_element
+        return self.num_hidden_layers * self.kv_cache_elements_per_layer * bytes_per_element
 
 
 def _canonical(data: dict[str, Any]) -> dict[str, Any]:
