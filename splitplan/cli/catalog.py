@@ -10,6 +10,11 @@ import typer
 
 from splitplan import report
 from splitplan.cli.common import (
+    KV_CACHE,
+    WEIGHTS,
+    KvCache,
+    Weights,
+    with_precision,
     OUTPUT_COLUMN,
     PROMPT_COLUMN,
     TIME_COLUMN,
@@ -128,12 +133,14 @@ def perf(
     prefill: str = typer.Option("512,2048", "--prefill", help="Prefill batches: T (one prompt) or BxT (B prompts of T tokens)."),
     decode: str = typer.Option("1x512,64x2048", "--decode", help="Decode steps: BxC (B requests, C context tokens each)."),
     engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help="Engine profile name or path (lean, splitwise-vllm)."),
+    weights: Optional[Weights] = WEIGHTS,
+    kv_cache: Optional[KvCache] = KV_CACHE,
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies (splitwise perf_model.csv or generic CSV) instead of the analytic model."),
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
 ) -> None:
     """Predicted prefill and decode-step latency of one model instance, and what bounds it."""
     pre, dec = parse_points(prefill, "--prefill"), parse_points(decode, "--decode")
-    inst = api.instance(model, hardware, tp, engine)
+    inst = api.instance(model, hardware, tp, with_precision(engine, weights, kv_cache))
     if perf_db is not None:
         from splitplan.perf.table import load_perf_db
         inst = load_perf_db(str(perf_db)).require(inst)

@@ -350,6 +350,29 @@ def plan_input(plan: Optional[Path], prompt_pool: list[str], token_pool: list[st
     return read_plan(plan)
 
 
+class Weights(str, Enum):
+    bf16 = "bf16"
+    fp8 = "fp8"
+    fp4 = "fp4"
+
+
+class KvCache(str, Enum):
+    bf16 = "bf16"
+    fp8 = "fp8"
+
+
+# The precision options of every command that takes --engine (one declaration, shared).
+WEIGHTS = typer.Option(None, "--weights", help="Weight precision (default: the engine's): bf16, fp8, or fp4 (NVFP4; machines "
+                       "with fp4 tensor cores). Memory and GEMM speed follow.")
+KV_CACHE = typer.Option(None, "--kv-cache", help="KV-cache precision (default: the engine's): bf16 or fp8.")
+
+
+def with_precision(engine: str, weights: "Weights | None", kv_cache: "KvCache | None") -> str:
+    """The engine profile with --weights and --kv-cache applied (`lean@weights=fp4`)."""
+    from splitplan.specs.engine import engine_spec
+    return engine_spec(engine, weights.value if weights else None, kv_cache.value if kv_cache else None)
+
+
 # The trace-column options of every command that reads a trace (one declaration, shared).
 TIME_COLUMN = typer.Option(None, "--time-column", help="Trace CSV: the arrival time column (default: detected from common names such as arrival_time).")
 PROMPT_COLUMN = typer.Option(None, "--prompt-column", help="Trace CSV: the prompt tokens column (default: detected, e.g. input_length).")

@@ -12,6 +12,11 @@ import typer
 
 from splitplan import report
 from splitplan.cli.common import (
+    KV_CACHE,
+    WEIGHTS,
+    KvCache,
+    Weights,
+    with_precision,
     EXECUTOR_HELP,
     OUTPUT_COLUMN,
     PROMPT_COLUMN,
@@ -69,6 +74,8 @@ def optimize(
     tp: Optional[int] = typer.Option(None, "--tp", help="Only this TP degree (default: every degree that fits)."),
     objective: Objective = typer.Option(Objective.cost, "--objective", help="Minimize cost (USD/h) or power (provisioned kW)."),
     engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
+    weights: Optional[Weights] = WEIGHTS,
+    kv_cache: Optional[KvCache] = KV_CACHE,
     search: Search = typer.Option(Search.ilp, "--search", help="ilp (integer program) or grid (exhaustive)."),
     solver: str = typer.Option("highs", "--solver", help="The integer program's solver: highs (HiGHS, default) or cbc."),
     max_cost_per_hour: Optional[float] = typer.Option(None, "--max-cost-per-hour", help="Budget in USD per hour."),
@@ -101,7 +108,7 @@ def optimize(
     loaded = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))  # read once
     common = dict(hardware=_names(hardware, "--hardware"), prompt_hardware=_names(prompt_hardware, "--prompt-hardware"),
                   token_hardware=_names(token_hardware, "--token-hardware"),
-                  tp=tp, engine=engine, search=search.value, solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
+                  tp=tp, engine=with_precision(engine, weights, kv_cache), search=search.value, solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
                   max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens,
                   jobs=jobs_n, perf_db=str(perf_db) if perf_db else None, split_only=split_only)
     if concurrency is None and (isl is not None or osl is not None or num_requests is not None):

@@ -9,6 +9,11 @@ import typer
 
 from splitplan import report
 from splitplan.cli.common import (
+    KV_CACHE,
+    WEIGHTS,
+    KvCache,
+    Weights,
+    with_precision,
     OUTPUT_COLUMN,
     PROMPT_COLUMN,
     TIME_COLUMN,
@@ -45,6 +50,8 @@ def simulate(
     model: Optional[str] = typer.Option(None, "--model", help="Model (default: the plan's, else llama2-70b)."),
     slo: Optional[str] = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else chat)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else lean)."),
+    weights: Optional[Weights] = WEIGHTS,
+    kv_cache: Optional[KvCache] = KV_CACHE,
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
     perf_interp: str = typer.Option("splitplan", "--perf-interp", help="How --perf-db is read: splitplan (monotone batch and context curves) or splitwise-sim (its one batch-tokens axis, to compare with that simulator)."),
     max_batch_tokens: int = typer.Option(MAX_BATCH_TOKENS, "--max-batch-tokens", help="Prompt tokens per prefill batch."),
@@ -63,6 +70,7 @@ def simulate(
     if not pools:
         raise SpecError("nothing to simulate: give --plan plan.json or --prompt-pool and --token-pool (or --mixed-pool)")
     model, slo, engine = plan_settings(echo, model, slo, engine)
+    engine = with_precision(engine, weights, kv_cache)
     if max_batch_tokens < 1:
         raise SpecError(f"--max-batch-tokens {max_batch_tokens}: must be >= 1")
     if max_requests < 1:

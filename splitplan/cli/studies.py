@@ -12,6 +12,11 @@ import typer
 
 from splitplan import report
 from splitplan.cli.common import (
+    KV_CACHE,
+    WEIGHTS,
+    KvCache,
+    Weights,
+    with_precision,
     EXECUTOR_HELP,
     OUTPUT_COLUMN,
     PROMPT_COLUMN,
@@ -67,6 +72,8 @@ def compare(
     model: str = typer.Option(DEFAULT_MODEL, "--model", help="Catalog name or path to a config.json / YAML."),
     slo: str = typer.Option(STUDY_SLO, "--slo", help="SLO profile name or path (default: splitwise, the paper's slowdown profile)."),
     engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
+    weights: Optional[Weights] = WEIGHTS,
+    kv_cache: Optional[KvCache] = KV_CACHE,
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
     validate: bool = typer.Option(False, "--validate", help="Simulate each design's plan and report whether it holds."),
     jobs: int = typer.Option(0, "--jobs", help="Processes (or local Ray CPUs), one design each (0: one per core)."),
@@ -79,11 +86,9 @@ def compare(
     if plot is not None:
         _require_matplotlib()
     base = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
-    if rate is not None and rate <= 0:
-        raise SpecError(f"--rate {rate:g}: must be > 0 requests per second")
     from splitplan.specs.design import load_designs
     with _progress(f"{scenario.value}: designs", total=len(load_designs(designs).designs)) as step:
-        result = api.compare(base, designs, scenario.value, model, slo, engine, _limits(budget_machines, "--budget-machines") or None,
+        result = api.compare(base, designs, scenario.value, model, slo, with_precision(engine, weights, kv_cache), _limits(budget_machines, "--budget-machines") or None,
                              max_power_kw, max_cost_per_hour, rate, duration, seed, baseline, validate,
                              str(perf_db) if perf_db else None, jobs=jobs if jobs > 0 else (os.cpu_count() or 1),
                              progress=step, executor=executor.value, ray_address=ray_address)
@@ -149,6 +154,8 @@ def sweep(
     model: Optional[str] = typer.Option(None, "--model", help="Model (default: the plan's, else llama2-70b)."),
     slo: Optional[str] = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else chat)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else lean)."),
+    weights: Optional[Weights] = WEIGHTS,
+    kv_cache: Optional[KvCache] = KV_CACHE,
     objective: Objective = typer.Option(Objective.cost, "--objective", help="Designs mode: minimize cost or power."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
     jobs: int = typer.Option(0, "--jobs", help="Processes (or local Ray CPUs), one (design, rate) each (0: one per core)."),
@@ -164,6 +171,7 @@ def sweep(
         raise SpecError("--objective throughput does not apply to a sweep; use cost or power")
     pools, echo = plan_input(plan, prompt_pool, token_pool, mixed_pool)
     model, slo, engine = plan_settings(echo, model, slo, engine)
+    engine = with_precision(engine, weights, kv_cache)
     if duration <= 0:
         raise SpecError(f"--duration {duration:g}: must be > 0 seconds")
     base = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))

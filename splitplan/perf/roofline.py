@@ -140,14 +140,16 @@ class Instance(PassShortcuts):
         latent is not split by heads: every GPU of the instance holds all of it."""
         m = self.model
         per_gpu = m.kv_cache_elements_per_layer if m.is_mla else 2 * self.kv_heads_per_gpu * m.head_dim_eff
-        return m.num_hidden_layers * per_gpu * self.tp * self.engine.bytes_per_element
+        return m.num_hidden_layers * per_gpu * self.tp * self.engine.kv_bytes_per_element
 
     @cached_property
     def fit(self) -> Fit:
         hw, eng = self.hardware, self.engine
-        weights = self.model.total_params * eng.bytes_per_element / self.tp
+        weights = self.model.total_params * eng.weight_bytes_per_element / self.tp
         usable = hw.memory_bytes_per_gpu * eng.memory_usable_fraction - eng.activation_reserve_gb_per_gpu * 1e9
         room = usable - weights
+        if not hw.has_tensor_cores(eng.weights):
+            return Fit(False, f"{hw.name} has no {eng.weights} tensor cores; give --weights fp8 or bf16", weights, 0)
         if self.tp > hw.gpus_per_machine or hw.gpus_per_machine % self.tp:
             return Fit(False, f"TP {self.tp} does not divide the {hw.gpus_per_machine} GPUs of {hw.name}", weights, 0)
         if self.model.num_attention_heads % self.tp:
@@ -168,7 +170,7 @@ class Instance(PassShortcuts):
     def _c(self) -> SimpleNamespace:
         """Per-instance constants of the pass formula (per GPU), computed once."""
         m, hw, f, t = self.model, self.hardware, self.factors, self.tp
-        bpe = self.engine.bytes_per_element
+        bpe, wbpe, kvbpe = self.engine.bytes_per_element, self.engine.weight_bytes_per_element, self.engine.kv_bytes_per_element
         # per layer on average: attention, dense FFNs (dense layers) and shared experts (MoE layers)
         dense_params = m.attn_params_per_layer + (m.dense_layers * m.dense_ffn_params
                                                   + m.moe_layers * m.n_shared_experts * m.expert_params) / m.num_hidden_layers
@@ -177,13 +179,14 @@ class Instance(PassShortcuts):
         if m.is_mla:  # prefill expands the latent per head; decode attends over the latent itself (absorbed)
             prefill_attn_flops = heads_gpu * (m.qk_head_dim + m.v_head_dim_eff)
             decode_flops = 2 * heads_gpu * (m.kv_cache_elements_per_layer + m.kv_lora_rank)
-            decode_bytes = m.kv_cache_elements_per_layer * bpe
+            decode_bytes = m.kv_cache_elements_per_layer * kvbpe
         else:
-            prefill_attn_flops, decode_flops, decode_bytes = 2 * m.q_dim / t, 4 * m.q_dim / t, 2 * kv_dim_gpu * bpe
+            prefill_attn_flops, decode_flops, decode_bytes = 2 * m.q_dim / t, 4 * m.q_dim / t, 2 * kv_dim_gpu * kvbpe
         return SimpleNamespace(
-            L=m.num_hidden_layers, bpe=bpe, peak=hw.peak_flops_per_s(self.engine.dtype),
+            L=m.num_hidden_layers, bpe=bpe, wbpe=wbpe, peak=hw.peak_flops_per_s(self.engine.dtype),
+            gemm_peak=hw.peak_flops_per_s(self.engine.weights),
             bw=hw.memory_bytes_per_s * f.memory_efficiency, eff=f.compute_efficiency, half=f.gemm_half_tokens,
-            dense_flops=2 * dense_params / t, dense_bytes=dense_params * bpe / t,
+            dense_flops=2 * dense_params / t, dense_bytes=dense_params * wbpe / t,
             act_bytes=bpe * (4 * m.hidden_size + (2 * m.q_dim + 2 * m.kv_dim + (m.ffn_matrices + 1) * m.intermediate_size) / t),
             q_dim_gpu=m.q_dim / t, kv_dim_gpu=kv_dim_gpu, prefill_attn_flops=prefill_attn_flops,
             decode_flops_per_ctx=decode_flops, decode_bytes_per_ctx=decode_bytes,
@@ -214,19 +217,21 @@ class Instance(PassShortcuts):
 
         safe_tok = _max(n_tok, 1.0)
         knee = 1.0 + f.knee_slowdown * _max(safe_tok - f.knee_tokens, 0.0) / safe_tok if f.knee_slowdown else 1.0  # all-reduces
-        classes = [(n_tok * c.dense_flops, c.dense_bytes + n_tok * c.act_bytes, peak * gemm_eff(safe_tok))]
+        gemm_peak = c.gemm_peak  # weight GEMMs run at the weights' precision, attention at the activations'
+        classes = [(n_tok * c.dense_flops, c.dense_bytes + n_tok * c.act_bytes, gemm_peak * gemm_eff(safe_tok))]
         if m.is_moe:
             E, k = m.num_local_experts, m.num_experts_per_tok
             touched = E * (1 - (1 - k / E) ** n_tok)
             rows = _max(n_tok * k / _max(touched, 1e-9), 1.0)
             share = c.moe_share / self.tp  # (routed experts in MoE layers only, on average per layer)
-            classes.append((2 * n_tok * k * m.expert_params * share, touched * m.expert_params * c.bpe * share, peak * gemm_eff(rows)))
+            classes.append((2 * n_tok * k * m.expert_params * share, touched * m.expert_params * c.wbpe * share,
+                            gemm_peak * gemm_eff(rows)))
         pre_sq = pre_tok**2 if c.packed else _num(prefill_sq_tokens)
         ctx = _num(decode_context_tokens)
         classes.append((pre_sq * c.prefill_attn_flops, pre_tok * (2 * c.q_dim_gpu + 2 * c.kv_dim_gpu) * c.bpe, peak * f.attention_efficiency))
         classes.append((ctx * c.decode_flops_per_ctx, ctx * c.decode_bytes_per_ctx, peak * c.eff))
         # LM head: one row per sequence (the last prompt token, or the decoded token).
-        classes.append((2 * n_seq * c.head_params / L, c.head_params * c.bpe / L, peak * gemm_eff(_max(n_seq, 1.0))))
+        classes.append((2 * n_seq * c.head_params / L, c.head_params * c.wbpe / L, gemm_peak * gemm_eff(_max(n_seq, 1.0))))
 
         compute_s = memory_s = flops = nbytes = 0.0
         for c_flops, c_bytes, c_peak in classes:
@@ -290,7 +295,7 @@ def kv_transfer_time_s(src: Instance, dst: Instance, prompt_tokens, prefill_s=No
         src.hardware.scale_out_bytes_per_s * src.tp / src.hardware.gpus_per_machine,
         dst.hardware.scale_out_bytes_per_s * dst.tp / dst.hardware.gpus_per_machine,
     )
-    total_s = tokens * src.model.kv_bytes_per_token(src.engine.bytes_per_element) / bw
+    total_s = tokens * src.model.kv_bytes_per_token(src.engine.kv_bytes_per_element) / bw
     layers = src.model.num_hidden_layers
     prefill = src.prefill_time_s(tokens) if prefill_s is None else np.asarray(prefill_s, float)
     layerwise_s = np.maximum(total_s / layers, total_s - prefill * (layers - 1) / layers)

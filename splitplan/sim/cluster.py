@@ -112,7 +112,7 @@ class _Cluster:
         self.single = {k: pool.perf.prefill_time_s(self.trace.prompt_tokens).tolist() for k, pool in enumerate(self.pools)}
         self.lines: dict[int, dict[int, tuple]] = {k: {} for k in range(len(self.pools))}  # decode steps per batch size
         self.model = self.pools[0].perf.model
-        self.kv_bytes = self.model.kv_bytes_per_token(self.pools[0].perf.engine.bytes_per_element)
+        self.kv_bytes = self.model.kv_bytes_per_token(self.pools[0].perf.engine.kv_bytes_per_element)
         self.layers = self.model.num_hidden_layers
         self.max_tokens = self.options.max_batch_tokens
         self.chunked = {k: pool.perf.engine.chunked_prefill_tokens for k, pool in enumerate(self.pools)}

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from splitplan.errors import SpecError
 from splitplan.specs._load import load_named
 from splitplan.specs.catalog import catalog_names
 
@@ -52,7 +53,9 @@ class EngineProfile(BaseModel):
     name: str
     description: str
     source: str
-    dtype: Literal["bf16", "fp8"] = "bf16"
+    dtype: Literal["bf16", "fp8"] = "bf16"  # activations, and weights and KV unless set below
+    weights_dtype: Literal["bf16", "fp8", "fp4"] | None = None
+    kv_dtype: Literal["bf16", "fp8"] | None = None
     memory_usable_fraction: Frac = 0.9
     activation_reserve_gb_per_gpu: Annotated[float, Field(ge=0, le=1000)] = 2.0
     layerwise_transfer_min_tokens: Annotated[int, Field(ge=0)] = 512
@@ -86,12 +89,60 @@ class EngineProfile(BaseModel):
 
     @property
     def bytes_per_element(self) -> float:
-        return 1.0 if self.dtype == "fp8" else 2.0
+        """Activations."""
+        return BYTES[self.dtype]
+
+    @property
+    def weights(self) -> str:
+        return self.weights_dtype or self.dtype
+
+    @property
+    def kv(self) -> str:
+        return self.kv_dtype or self.dtype
+
+    @property
+    def weight_bytes_per_element(self) -> float:
+        return BYTES[self.weights]
+
+    @property
+    def kv_bytes_per_element(self) -> float:
+        return BYTES[self.kv]
+
+
+# Bytes per element. fp4 is NVFP4: 4-bit values with one fp8 scale per 16 (NVIDIA, "Introducing
+# NVFP4", 2025-06), 0.5 + 1/16 bytes.
+BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}
+PRECISION_KEYS = {"weights": ("weights_dtype", ("bf16", "fp8", "fp4")), "kv": ("kv_dtype", ("bf16", "fp8"))}
+
+
+def engine_spec(engine: str, weights: str | None = None, kv: str | None = None) -> str:
+    """`engine` with its weight and KV precisions set (`lean@weights=fp4,kv=fp8`): one string, so
+    the choice travels with the engine's name through studies, workers and plan.json."""
+    options = [f"{k}={v}" for k, v in (("weights", weights), ("kv", kv)) if v]
+    if not options:
+        return engine
+    base, _, given = engine.partition("@")
+    merged = dict(item.split("=", 1) for item in given.split(",") if "=" in item)
+    merged.update(item.split("=", 1) for item in options)
+    return f"{base}@" + ",".join(f"{k}={v}" for k, v in sorted(merged.items()))
 
 
 @functools.lru_cache(maxsize=256)
 def load_engine(name_or_path: str) -> EngineProfile:
-    return load_named(EngineProfile, "engine_profiles", name_or_path, "engine profile")[0]
+    """A profile by name or path, with `@weights=...,kv=...` precisions applied (`engine_spec`)."""
+    base, _, options = name_or_path.partition("@")
+    profile = load_named(EngineProfile, "engine_profiles", base, "engine profile")[0]
+    if not options:
+        return profile
+    update = {}
+    for item in options.split(","):
+        key, _, value = item.partition("=")
+        field, allowed = PRECISION_KEYS.get(key, (None, ()))
+        if field is None or value not in allowed:
+            raise SpecError(f"engine '{name_or_path}': '{item}' is not a precision; give weights=bf16|fp8|fp4 or kv=bf16|fp8 "
+                            "(--weights, --kv-cache)")
+        update[field] = value
+    return profile.model_copy(update={**update, "name": name_or_path})
 
 
 def engine_catalog() -> list[EngineProfile]:

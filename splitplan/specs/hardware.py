@@ -33,6 +33,7 @@ class GpuSpec(BaseModel):
     name: str
     bf16_tflop_per_s: Annotated[float, Field(gt=0, le=100_000)]
     fp8_tflop_per_s: Annotated[float, Field(gt=0, le=100_000)] | None = None
+    fp4_tflop_per_s: Annotated[float, Field(gt=0, le=100_000)] | None = None  # (Blackwell and later)
     memory_gb: Annotated[float, Field(gt=0, le=10_000)]
     memory_tb_per_s: Annotated[float, Field(gt=0, le=1_000)]
     tdp_w: Annotated[float, Field(gt=0, le=10_000)]
@@ -95,9 +96,14 @@ class HardwareSpec(BaseModel):
 
     # SI views, converted once here so no other module sees human units.
     def peak_flops_per_s(self, dtype: str) -> float:
-        """Dense peak per GPU for `dtype` (bf16 or fp8); fp8 falls back to bf16 if absent."""
-        tflops = self.gpu.fp8_tflop_per_s if dtype == "fp8" and self.gpu.fp8_tflop_per_s else self.gpu.bf16_tflop_per_s
+        """Dense peak per GPU for `dtype` (bf16, fp8 or fp4); fp8 falls back to bf16 if absent
+        (fp8 then runs at bf16 speed), fp4 has no fallback (see `has_tensor_cores`)."""
+        tflops = {"fp8": self.gpu.fp8_tflop_per_s, "fp4": self.gpu.fp4_tflop_per_s}.get(dtype) or self.gpu.bf16_tflop_per_s
         return tflops * 1e12
+
+    def has_tensor_cores(self, dtype: str) -> bool:
+        """Whether the GPU computes in `dtype` natively (fp4 needs them: no fallback is modelled)."""
+        return dtype != "fp4" or self.gpu.fp4_tflop_per_s is not None
 
     @property
     def memory_bytes_per_gpu(self) -> float:
