@@ -84,6 +84,17 @@ class Executor(str, Enum):
     ray = "ray"
 
 
+class Weights(str, Enum):  # (the precisions of specs.engine.PRECISION_KEYS)
+    bf16 = "bf16"
+    fp8 = "fp8"
+    fp4 = "fp4"
+
+
+class KvCache(str, Enum):
+    bf16 = "bf16"
+    fp8 = "fp8"
+
+
 EXECUTOR_HELP = "Where work units run: local (forked processes, --jobs) or ray (--ray-address, or a local Ray instance)."
 
 
@@ -348,17 +359,6 @@ def plan_input(plan: Optional[Path], prompt_pool: list[str], token_pool: list[st
     if pools:
         raise SpecError("give --plan or inline pools (--prompt-pool/--token-pool/--mixed-pool), not both")
     return read_plan(plan)
-
-
-class Weights(str, Enum):
-    bf16 = "bf16"
-    fp8 = "fp8"
-    fp4 = "fp4"
-
-
-class KvCache(str, Enum):
-    bf16 = "bf16"
-    fp8 = "fp8"
 
 
 # The precision options of every command that takes --engine (one declaration, shared).
