@@ -54,6 +54,8 @@ class ModelSpec(BaseModel):
     moe_intermediate_size: PosInt | None = None
     n_shared_experts: Annotated[int, Field(ge=0, le=1_000)] = 0
     first_k_dense_replace: Annotated[int, Field(ge=0, le=10_000)] = 0
+    interleave_moe_layer_step: Annotated[int, Field(ge=1, le=10_000)] = 1  # Llama 4: every k-th layer is MoE
+    intermediate_size_mlp: PosInt | None = None  # Llama 4: the FFN width of its dense layers
     # Multi-head latent attention (DeepSeek-V2/V3): the KV cache holds one compressed latent
     # (kv_lora_rank) and one shared RoPE key (qk_rope_head_dim) per token and layer
     kv_lora_rank: PosInt | None = None
@@ -134,8 +136,9 @@ class ModelSpec(BaseModel):
 
     @property
     def moe_layers(self) -> int:
-        """Layers with routed experts (DeepSeek's first `first_k_dense_replace` are dense)."""
-        return self.num_hidden_layers - self.first_k_dense_replace if self.is_moe else 0
+        """Layers with routed experts (DeepSeek's first `first_k_dense_replace` are dense; in
+        Llama 4 every `interleave_moe_layer_step`-th layer is MoE)."""
+        return (self.num_hidden_layers - self.first_k_dense_replace) // self.interleave_moe_layer_step if self.is_moe else 0
 
     @property
     def dense_layers(self) -> int:
@@ -154,7 +157,7 @@ class ModelSpec(BaseModel):
     @property
     def dense_ffn_params(self) -> int:
         """The FFN of a dense layer."""
-        return self.ffn_matrices * self.hidden_size * self.intermediate_size
+        return self.ffn_matrices * self.hidden_size * (self.intermediate_size_mlp or self.intermediate_size)
 
     @property
     def expert_params(self) -> int:
@@ -189,6 +192,10 @@ class ModelSpec(BaseModel):
 
 def _canonical(data: dict[str, Any]) -> dict[str, Any]:
     out = dict(data)
+    if isinstance(out.get("text_config"), dict):  # a multimodal config (Llama 4): plan its language model
+        out = {**out, **out["text_config"]}
+    if out.get("model_type") in ("llama4", "llama4_text"):  # every Llama 4 MoE layer has one shared expert
+        out.setdefault("n_shared_experts", 1)
     for alias, key in _ALIASES.items():
         if alias in out and key not in out:
             out[key] = out[alias]

@@ -13,12 +13,21 @@ from splitplan.specs.model import load_model
     # count 36.6B activated with the output head but not the input embedding (a lookup).
     ("deepseek-v3", 671, 36.6),
     ("qwen3-235b-a22b", 235, 22),  # Qwen3 model card (2025-04): 235B total, 22B activated
+    # Meta (2025-04): 400B total, 17B active, met with both embeddings counted (17.2B; 16.1B without
+    # the input embedding); every second layer MoE with one shared expert, dense layers 16,384 wide
+    ("llama4-maverick", 400, 17),
 ])
 def test_parameter_counts_match_the_published_ones(name, total_b, active_b):
     m = load_model(name)
     input_embedding = m.vocab_size * m.hidden_size
     assert m.total_params / 1e9 == pytest.approx(total_b, rel=0.005)
     assert (m.active_params - (input_embedding if name == "deepseek-v3" else 0)) / 1e9 == pytest.approx(active_b, rel=0.015)
+
+
+def test_llama4_reads_its_text_config_and_interleaves_moe_layers():
+    m = load_model("llama4-maverick")
+    assert (m.num_hidden_layers, m.moe_layers, m.dense_layers, m.n_shared_experts) == (48, 24, 24, 1)
+    assert m.dense_ffn_params == 3 * 5120 * 16384 and m.expert_params == 3 * 5120 * 8192
 
 
 def test_mla_caches_the_latent_and_the_rope_key_per_layer():
