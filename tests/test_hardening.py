@@ -26,7 +26,7 @@ from splitplan.specs.slo import load_slo
 from splitplan.workload import trace as trace_module
 from splitplan.workload.trace import load_trace
 
-from .conftest import PERF_DB
+from tests.conftest import PERF_DB
 
 HEAD = "arrival_timestamp,prompt_size,token_size\n"
 ROWS = [f"{k},{100 + k},{10 + k}" for k in range(20)]
