@@ -8,6 +8,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECT = {
+    "deepseek_v3.py": "Costs are lower bounds",
     "diurnal_planning.py": "static plan for the peak window",
     "price_sheets.py": "AWS 2026-11",
     "slo_whatif.py": "TTFT p99 limit",
