@@ -14,9 +14,9 @@ from splitplan.cli.common import (
     _emit_json,
     _progress,
     _require_matplotlib,
-    figure_png,
     api,
     app,
+    figure_png,
     user_errors,
 )
 from splitplan.defaults import DEFAULT_ENGINE

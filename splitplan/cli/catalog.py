@@ -11,15 +11,14 @@ import typer
 from splitplan import report
 from splitplan.cli.common import (
     KV_CACHE,
-    WEIGHTS,
-    KvCache,
-    Weights,
-    with_precision,
     OUTPUT_COLUMN,
     PROMPT_COLUMN,
     TIME_COLUMN,
     TIME_UNIT,
+    WEIGHTS,
     Format,
+    KvCache,
+    Weights,
     _emit_json,
     api,
     app,
@@ -28,6 +27,7 @@ from splitplan.cli.common import (
     trace_app,
     trace_columns,
     user_errors,
+    with_precision,
 )
 from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL
 from splitplan.errors import SpecError

@@ -19,6 +19,7 @@ from splitplan import limits, report
 from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO
 from splitplan.errors import SpecError, SplitplanError
 from splitplan.inputs import excerpt, parse_document, read_text
+from splitplan.specs.engine import KV_PRECISIONS, WEIGHT_PRECISIONS, engine_spec
 
 
 class _OnFirstUse:
@@ -84,15 +85,8 @@ class Executor(str, Enum):
     ray = "ray"
 
 
-class Weights(str, Enum):  # (the precisions of specs.engine.PRECISION_KEYS)
-    bf16 = "bf16"
-    fp8 = "fp8"
-    fp4 = "fp4"
-
-
-class KvCache(str, Enum):
-    bf16 = "bf16"
-    fp8 = "fp8"
+Weights = Enum("Weights", {p: p for p in WEIGHT_PRECISIONS}, type=str)
+KvCache = Enum("KvCache", {p: p for p in KV_PRECISIONS}, type=str)
 
 
 EXECUTOR_HELP = "Where work units run: local (forked processes, --jobs) or ray (--ray-address, or a local Ray instance)."
@@ -369,7 +363,6 @@ KV_CACHE = typer.Option(None, "--kv-cache", help="KV-cache precision (default: t
 
 def with_precision(engine: str, weights: "Weights | None", kv_cache: "KvCache | None") -> str:
     """The engine profile with --weights and --kv-cache applied (`lean@weights=fp4`)."""
-    from splitplan.specs.engine import engine_spec
     return engine_spec(engine, weights.value if weights else None, kv_cache.value if kv_cache else None)
 
 

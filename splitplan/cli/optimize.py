@@ -12,33 +12,33 @@ import typer
 
 from splitplan import report
 from splitplan.cli.common import (
-    KV_CACHE,
-    WEIGHTS,
-    KvCache,
-    Weights,
-    with_precision,
     EXECUTOR_HELP,
+    KV_CACHE,
     OUTPUT_COLUMN,
     PROMPT_COLUMN,
     RAY_HELP,
     TIME_COLUMN,
     TIME_UNIT,
+    WEIGHTS,
     Executor,
+    KvCache,
     Objective,
     PlanFormat,
     Search,
+    Weights,
     _emit_json,
     _limits,
     _names,
     _plain_ticks,
     _progress,
     _require_matplotlib,
-    figure_png,
     api,
     app,
+    figure_png,
     parse_duration,
     trace_columns,
     user_errors,
+    with_precision,
 )
 from splitplan.defaults import (
     DEFAULT_ENGINE,
@@ -101,7 +101,6 @@ def optimize(
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write plan.json, candidates.csv, pareto.csv here."),
 ) -> None:
     """The cheapest (or lowest-power) prompt/token machine plan meeting every SLO line on the trace."""
-    _at_least_one(("--tp", tp), ("--max-batch-tokens", max_batch_tokens), ("--max-requests", max_requests))
     if split_only and no_split:
         raise SpecError("--split-only and --no-split ask for opposite plans: keep one")
     jobs_n = jobs if jobs > 0 else (os.cpu_count() or 1)
@@ -139,12 +138,6 @@ def optimize(
               "seed": seed, "model": model, "slo": slo, "objective": objective.value, "split": not no_split, "window": stretch,
               "validate": validate, **{k: v for k, v in common.items() if k not in ("jobs", "perf_db")}}
     _emit_plan(result, workload, inputs, format, output_dir, plot, pareto)
-
-
-def _at_least_one(*options) -> None:
-    for flag, value in options:
-        if value is not None and value < 1:
-            raise SpecError(f"{flag} {value}: must be >= 1")
 
 
 def _check_plan_options(plot, pareto: bool, no_split: bool, objective) -> None:

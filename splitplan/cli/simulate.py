@@ -10,15 +10,14 @@ import typer
 from splitplan import report
 from splitplan.cli.common import (
     KV_CACHE,
-    WEIGHTS,
-    KvCache,
-    Weights,
-    with_precision,
     OUTPUT_COLUMN,
     PROMPT_COLUMN,
     TIME_COLUMN,
     TIME_UNIT,
+    WEIGHTS,
     Format,
+    KvCache,
+    Weights,
     _emit_json,
     api,
     app,
@@ -26,6 +25,7 @@ from splitplan.cli.common import (
     plan_settings,
     trace_columns,
     user_errors,
+    with_precision,
 )
 from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.errors import SpecError
@@ -71,10 +71,6 @@ def simulate(
         raise SpecError("nothing to simulate: give --plan plan.json or --prompt-pool and --token-pool (or --mixed-pool)")
     model, slo, engine = plan_settings(echo, model, slo, engine)
     engine = with_precision(engine, weights, kv_cache)
-    if max_batch_tokens < 1:
-        raise SpecError(f"--max-batch-tokens {max_batch_tokens}: must be >= 1")
-    if max_requests < 1:
-        raise SpecError(f"--max-requests {max_requests}: must be >= 1")
     trace = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
     if concurrency is None:
         if isl is not None or osl is not None or num_requests is not None:

@@ -12,33 +12,33 @@ import typer
 
 from splitplan import report
 from splitplan.cli.common import (
-    KV_CACHE,
-    WEIGHTS,
-    KvCache,
-    Weights,
-    with_precision,
     EXECUTOR_HELP,
+    KV_CACHE,
     OUTPUT_COLUMN,
     PROMPT_COLUMN,
     RAY_HELP,
     TIME_COLUMN,
     TIME_UNIT,
+    WEIGHTS,
     Executor,
+    KvCache,
     Objective,
     PlanFormat,
+    Weights,
     _emit_json,
     _limits,
     _plain_ticks,
     _progress,
     _require_matplotlib,
-    figure_png,
     api,
     app,
+    figure_png,
     parse_rates,
     plan_input,
     plan_settings,
     trace_columns,
     user_errors,
+    with_precision,
 )
 from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, STUDY_SLO
 from splitplan.errors import SpecError
@@ -172,8 +172,6 @@ def sweep(
     pools, echo = plan_input(plan, prompt_pool, token_pool, mixed_pool)
     model, slo, engine = plan_settings(echo, model, slo, engine)
     engine = with_precision(engine, weights, kv_cache)
-    if duration <= 0:
-        raise SpecError(f"--duration {duration:g}: must be > 0 seconds")
     base = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
     rate_list = parse_rates(rates)
     if designs is not None:

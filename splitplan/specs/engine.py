@@ -19,6 +19,10 @@ from splitplan.errors import SpecError
 from splitplan.specs._load import load_named
 from splitplan.specs.catalog import catalog_names
 
+# The precisions weights and the KV cache may be stored in (--weights, --kv-cache).
+WEIGHT_PRECISIONS = ("bf16", "fp8", "fp4")
+KV_PRECISIONS = ("bf16", "fp8")
+
 Frac = Annotated[float, Field(gt=0, le=1)]
 Secs = Annotated[float, Field(ge=0, le=10)]
 
@@ -54,8 +58,8 @@ class EngineProfile(BaseModel):
     description: str
     source: str
     dtype: Literal["bf16", "fp8"] = "bf16"  # activations, and weights and KV unless set below
-    weights_dtype: Literal["bf16", "fp8", "fp4"] | None = None
-    kv_dtype: Literal["bf16", "fp8"] | None = None
+    weights_dtype: Literal[*WEIGHT_PRECISIONS] | None = None
+    kv_dtype: Literal[*KV_PRECISIONS] | None = None
     memory_usable_fraction: Frac = 0.9
     activation_reserve_gb_per_gpu: Annotated[float, Field(ge=0, le=1000)] = 2.0
     layerwise_transfer_min_tokens: Annotated[int, Field(ge=0)] = 512
@@ -112,18 +116,17 @@ class EngineProfile(BaseModel):
 # Bytes per element. fp4 is NVFP4: 4-bit values with one fp8 scale per 16 (NVIDIA, "Introducing
 # NVFP4", 2025-06), 0.5 + 1/16 bytes.
 BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}
-PRECISION_KEYS = {"weights": ("weights_dtype", ("bf16", "fp8", "fp4")), "kv": ("kv_dtype", ("bf16", "fp8"))}
+PRECISION_KEYS = {"weights": ("weights_dtype", WEIGHT_PRECISIONS), "kv": ("kv_dtype", KV_PRECISIONS)}
 
 
 def engine_spec(engine: str, weights: str | None = None, kv: str | None = None) -> str:
     """`engine` with its weight and KV precisions set (`lean@weights=fp4,kv=fp8`): one string, so
     the choice travels with the engine's name through studies, workers and plan.json."""
-    options = [f"{k}={v}" for k, v in (("weights", weights), ("kv", kv)) if v]
-    if not options:
+    given = {k: v for k, v in (("weights", weights), ("kv", kv)) if v}
+    if not given:
         return engine
-    base, _, given = engine.partition("@")
-    merged = dict(item.split("=", 1) for item in given.split(",") if "=" in item)
-    merged.update(item.split("=", 1) for item in options)
+    base, _, options = engine.partition("@")
+    merged = dict(item.split("=", 1) for item in options.split(",") if "=" in item) | given
     return f"{base}@" + ",".join(f"{k}={v}" for k, v in sorted(merged.items()))
 
 
