@@ -82,12 +82,12 @@ HARDENING = [
     ("two machines under one name", "splitplan/specs/hardware.py",
      "        if other != given and machines[other] != hw:", "        if False:"),
     ("an output set renamed file by file", "splitplan/report.py",
-     "                temps[Path(path)] = _write_temp(Path(path), content)",
-     "                temps[Path(path)] = _write_temp(Path(path), content)\n                os.replace(temps.pop(Path(path)), path)"),
+     "                temps[path] = _write_temp(path, content)",
+     "                temps[path] = _write_temp(path, content)\n                os.replace(temps.pop(path), path)"),
     ("output folders not locked", "splitplan/report.py", "        fcntl.flock(fd, fcntl.LOCK_EX)\n", ""),
     ("token counts unbounded", "splitplan/workload/trace.py", " | (values > MAX_REQUEST_TOKENS)", ""),
     ("trace span unbounded", "splitplan/workload/trace.py",
-     "        _first_bad(path, arrival - origin > MAX_TRACE_SPAN_S,", "        _first_bad(path, arrival - origin > 1e308,"),
+     "        far = arrival - origin > MAX_TRACE_SPAN_S", "        far = arrival - origin > 1e308"),
     ("trace rows unbounded", "splitplan/workload/trace.py", "        if rows > MAX_TRACE_REQUESTS:", "        if False:"),
 ]
 

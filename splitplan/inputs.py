@@ -27,6 +27,12 @@ def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def reason(exc: BaseException, limit: int = 120) -> str:
+    """An exception's first line (its type where it has no text), as an excerpt."""
+    text = str(exc)
+    return excerpt(text.splitlines()[0] if text else type(exc).__name__, limit)
+
+
 def open_regular(path: Path, what: str, error: type[SplitplanError] = SpecError) -> BinaryIO:
     """`path` opened for binary reading, if it is a regular file; else `error` naming it.
     Opened without blocking, so a FIFO with no writer is refused at once instead of hanging."""
@@ -165,12 +171,11 @@ def csv_rows(block: bytes, header: list, first: int, path: Path, error: type[Spl
     except pd.errors.EmptyDataError:
         return pd.DataFrame(columns=header)
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        fields = re.search(r"fields in line (\d+), saw (\d+)", message)
+        fields = re.search(r"fields in line (\d+), saw (\d+)", str(exc))
         if fields:
             raise error(f"{path}: line {first + int(fields.group(1)) - 1}: {fields.group(2)} fields, the header has "
                         f"{width}; fix or remove the row") from None
-        raise error(f"{path}: not a readable CSV near line {first} ({excerpt(message, 120)})") from None
+        raise error(f"{path}: not a readable CSV near line {first} ({reason(exc)})") from None
     longer = chunk[width].notna().to_numpy()
     if longer.any():
         raise error(f"{path}: line {first + int(np.argmax(longer))}: {width + 1} fields, the header has {width}; "
@@ -189,8 +194,7 @@ def read_table(path: Path, what: str, error: type[SplitplanError] = SpecError):
     try:
         header = list(pd.read_csv(io.BytesIO(data[:end]), nrows=0).columns)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise error(f"{path}: not a readable {what} ({excerpt(message, 120)})") from None
+        raise error(f"{path}: not a readable {what} ({reason(exc)})") from None
     return csv_rows(data[end:], header, 2, path, error)
 
 

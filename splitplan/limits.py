@@ -17,10 +17,9 @@ MAX_NESTING = 32
 EXCERPT_CHARS = 60
 
 # Traces: read in blocks of whole lines of at most TRACE_BLOCK_BYTES (memory stays bounded
-# whatever the row count), each line at most MAX_LINE_BYTES, at most MAX_TRACE_REQUESTS rows
-# (arrays of 24 bytes a request: 0.5 GB), a span of at most MAX_TRACE_SPAN_S.
+# whatever the row count; a longer line is refused), at most MAX_TRACE_REQUESTS rows (arrays
+# of 24 bytes a request: 0.5 GB), a span of at most MAX_TRACE_SPAN_S.
 TRACE_BLOCK_BYTES = 16 << 20
-MAX_LINE_BYTES = 1 << 20
 MAX_TRACE_REQUESTS = 20_000_000
 MAX_TRACE_SPAN_S = 366 * 86400.0
 # Tokens of one request (prompt or output): the longest context of any public model is 10M.

@@ -27,7 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Sequence
 
 from splitplan.errors import SpecError, SplitplanError
-from splitplan.inputs import excerpt
+from splitplan.inputs import reason
 
 EXECUTORS = ("local", "ray")
 _SHARED: tuple | None = None  # (fn, shared), set just before the workers fork
@@ -138,7 +138,7 @@ def _ray_map(fn, items, shared, jobs, address, tick) -> list:
         except Exception as exc:  # noqa: BLE001 - Ray fails to start in many ways (timeouts, sockets, /dev/shm)
             ray.shutdown()  # whatever it started
             where = f"--ray-address {address}" if address else "a local Ray instance"
-            raise SpecError(f"cannot start or reach {where}: {excerpt(str(exc) or type(exc).__name__, 160)}; start a "
+            raise SpecError(f"cannot start or reach {where}: {reason(exc, 160)}; start a "
                             "cluster with 'ray start --head', or drop --ray-address to run a local instance") from None
     try:
         remote = ray.remote(_guarded)

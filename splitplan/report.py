@@ -47,17 +47,17 @@ def write_set(files: dict[Path, str | bytes]) -> None:
     so that two runs into one folder cannot mix their files. A failure leaves the files that
     were there as they were, and no temporary file. A path that cannot be written (a folder in
     the way, a file where a folder should be, no permission, a full disk) is bad input."""
-    folders = sorted({Path(p).parent for p in files})
+    files = {Path(path): content for path, content in files.items()}
     temps: dict[Path, str] = {}
     with contextlib.ExitStack() as locks:
         try:
-            for folder in folders:
+            for folder in sorted({path.parent for path in files}):
                 folder.mkdir(parents=True, exist_ok=True)
                 locks.enter_context(_locked(folder))
             for path, content in files.items():
-                if Path(path).is_dir():
+                if path.is_dir():
                     raise IsADirectoryError(errno.EISDIR, "a folder is in the way", str(path))
-                temps[Path(path)] = _write_temp(Path(path), content)
+                temps[path] = _write_temp(path, content)
             for path, tmp in temps.items():
                 os.replace(tmp, path)
         except OSError as exc:

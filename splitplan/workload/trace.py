@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from splitplan.errors import SpecError, TraceError
-from splitplan.inputs import csv_rows, excerpt, open_regular
+from splitplan.inputs import csv_rows, excerpt, open_regular, reason
 from splitplan.limits import (
     MAX_DURATION_S,
     MAX_GENERATED_REQUESTS,
@@ -179,8 +179,7 @@ def _parse_error(path: Path, exc: Exception, first: int, block: bytes, is_json: 
                 except ValueError as bad:
                     return TraceError(f"{path}: line {first + k}: not a JSON object ({excerpt(bad)}); fix or remove the line")
         return TraceError(f"{path}: not JSON lines ({excerpt(exc)})")
-    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return TraceError(f"{path}: not a readable CSV near line {first} ({excerpt(message)})")
+    return TraceError(f"{path}: not a readable CSV near line {first} ({reason(exc, 60)})")
 
 
 def _chunks(path: Path, columns: Columns | None):
@@ -226,11 +225,6 @@ def _require(path: Path, cols: Columns, found) -> None:
         )
 
 
-def _first_bad(path: Path, bad: np.ndarray, first: int, message: str) -> None:
-    if bad.any():
-        raise TraceError(f"{path}: line {first + int(np.argmax(bad))}: {message}")
-
-
 def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
     """Read a trace file; `columns` forces the generic CSV reader with those names.
     Parsed a block of lines at a time (TRACE_BLOCK_BYTES), so a trace of ten million requests
@@ -274,10 +268,11 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
             raise TraceError(f"{path}: line {first + row}: arrival goes back in time ({arrival[row]:g} s after "
                              f"{before:g} s); sort the trace by time")
         origin = arrival[0] if origin is None else origin
-        _first_bad(path, arrival - origin > MAX_TRACE_SPAN_S, first,
-                   f"arrival {excerpt(chunk[cols.time].iloc[int(np.argmax(arrival - origin > MAX_TRACE_SPAN_S))])} is more "
-                   f"than {MAX_TRACE_SPAN_S / 86400:.0f} days after the first; are the times in ms, us or ns? "
-                   "(--time-unit)")
+        far = arrival - origin > MAX_TRACE_SPAN_S
+        if far.any():
+            row = int(np.argmax(far))
+            raise TraceError(f"{path}: line {first + row}: arrival {excerpt(chunk[cols.time].iloc[row])} is more than "
+                             f"{MAX_TRACE_SPAN_S / 86400:.0f} days after the first; are the times in ms, us or ns? (--time-unit)")
         previous = arrival[-1]
         arrivals.append(arrival)
         prompts.append(prompt.astype(np.int64))
