@@ -169,13 +169,13 @@ def console() -> Console:
 # --- plans ------------------------------------------------------------------------
 
 def pools_json(pools) -> list[dict]:
-    return [{"hardware": p.hardware, "tp": p.tp, "machines": p.machines} for p in pools]
+    return [{"hardware": p.hardware, **p.layout._asdict(), "layout": p.layout.spec, "machines": p.machines} for p in pools]
 
 
 def pools_text(pools) -> str:
-    """Pools in text, one notation everywhere: `3x h100-80gb TP 8 + 2x a100-80gb TP 4` (in
-    options and files a pool is `h100-80gb:8:3`)."""
-    return " + ".join(f"{p.machines}x {p.hardware} TP {p.tp}" for p in pools) or "-"
+    """Pools in text, one notation everywhere: `3x h100-80gb TP 8 + 4x h200-141gb DP 16 EP 16` (in
+    options and files a pool is `h100-80gb:8:3`, `h200-141gb:dp16ep16:4`)."""
+    return " + ".join(f"{p.machines}x {p.hardware} {p.layout}" for p in pools) or "-"
 
 
 def plan_text(plan) -> str:
@@ -247,13 +247,13 @@ def candidates_csv(result) -> str:
     import io
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(["kind", "role", "hardware", "tp", "instances", "machines", "cost_usd_per_hour", "power_kw", "binding", "skipped_reason", "plan"])
+    w.writerow(["kind", "role", "hardware", "tp", "layout", "instances", "machines", "cost_usd_per_hour", "power_kw", "binding", "skipped_reason", "plan"])
     for o in result.options:
         machines = o.machines_alone if o.instances else ""
-        w.writerow(["option", o.role, o.inst.hardware.name, o.inst.tp, o.instances or "", machines,
+        w.writerow(["option", o.role, o.inst.hardware.name, o.inst.tp, o.inst.layout.spec, o.instances or "", machines,
                     f"{o.price_usd_per_hour * machines:.4f}" if machines else "", f"{o.power_kw * machines:.4f}" if machines else "",
                     o.binding, o.skipped, ""])
     for p in (result.plan, *result.alternatives):
-        w.writerow(["plan", "", "", "", "", p.machines, f"{p.cost_usd_per_hour:.4f}", f"{p.power_kw:.4f}", p.binding, "",
+        w.writerow(["plan", "", "", "", "", "", p.machines, f"{p.cost_usd_per_hour:.4f}", f"{p.power_kw:.4f}", p.binding, "",
                     plan_text(p)])
     return out.getvalue()

@@ -27,6 +27,7 @@ from splitplan.sim.cluster import simulate as run
 from splitplan.sim.metrics import requests_csv, summarize_result
 from splitplan.slo import reference_for
 from splitplan.specs.hardware import load_hardware
+from splitplan.specs.layout import Layout
 from splitplan.specs.slo import load_slo
 
 if TYPE_CHECKING:
@@ -35,11 +36,11 @@ if TYPE_CHECKING:
 
 
 class PoolRequest(NamedTuple):
-    """A pool as a user or a plan gives it: `machines` machines of `hardware` at TP `tp`."""
+    """A pool as a user or a plan gives it: `machines` machines of `hardware`, instances in `layout`."""
 
     role: Role
     hardware: str
-    tp: int
+    layout: Layout
     machines: int
 
 
@@ -88,16 +89,20 @@ class Setup:
 
 def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
                perf_interp: str = "splitplan"):
-    """(role, hardware, tp, machines) -> PoolSpecs with analytic or measured instances
+    """(role, hardware, layout, machines) -> PoolSpecs with analytic or measured instances
     (`perf_interp`: how the measured table is read, see perf.table.INTERPOLATIONS)."""
     db = load_perf_db(perf_db) if perf_db else None
     out = []
-    for role, hw, tp, machines in pools:
+    for role, hw, layout, machines in pools:
+        layout = layout if isinstance(layout, Layout) else Layout(int(layout))
         if role not in set(Role):
             raise SpecError(f"pool role '{role}': choose {', '.join(Role)}")
         if machines < 1:
-            raise SpecError(f"--{role}-pool {hw}:{tp}:{machines}: machines must be >= 1")
-        inst = instance(model, hw, tp, engine)
+            raise SpecError(f"--{role}-pool {hw}:{layout.spec}:{machines}: machines must be >= 1")
+        inst = instance(model, hw, layout, engine)
+        if machines % inst.unit_machines:
+            raise SpecError(f"--{role}-pool {hw}:{layout.spec}:{machines}: a {layout} instance spans {inst.unit_machines} "
+                            f"machines; give a multiple of {inst.unit_machines}")
         out.append(PoolSpec(Role(role), db.require(inst, perf_interp) if db else inst, machines))
     return out
 
@@ -125,15 +130,16 @@ def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str 
 
 
 def plan_from_pools(pools: list[PoolRequest], **fields) -> "Plan":
-    """A Plan holding these (role, hardware, tp, machines) pools, priced from the catalog."""
-    by_role = {role: tuple(Pool(h, t, m) for r, h, t, m in pools if r == role) for role in Role}
+    """A Plan holding these (role, hardware, layout, machines) pools, priced from the catalog."""
+    by_role = {role: tuple(Pool(h, t if isinstance(t, Layout) else Layout(int(t)), m) for r, h, t, m in pools if r == role)
+               for role in Role}
     cost = sum(load_hardware(h).price_usd_per_hour * m for _, h, _, m in pools)
     power = sum(load_hardware(h).provisioned_power_w / 1e3 * m for _, h, _, m in pools)
     return Plan(by_role[Role.PROMPT], by_role[Role.TOKEN], by_role[Role.MIXED], cost, power, **fields)
 
 
 def plan_pools(plan) -> list[PoolRequest]:
-    return [PoolRequest(role, p.hardware, p.tp, p.machines) for role, pools in
+    return [PoolRequest(role, p.hardware, p.layout, p.machines) for role, pools in
             ((Role.PROMPT, plan.prompt_pools), (Role.TOKEN, plan.token_pools), (Role.MIXED, plan.mixed_pools)) for p in pools]
 
 
@@ -163,8 +169,9 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
             role = Role.TOKEN
         else:
             role = Role.PROMPT if np.nanmedian(r.ttft_s) > np.nanmedian(r.e2e_s - r.ttft_s) else Role.TOKEN
-        grow = min((p for p in pools if p.role == role), key=lambda p: (load_hardware(p.hardware).price_usd_per_hour / p.tp, p.hardware))
-        pools[pools.index(grow)] = grow._replace(machines=grow.machines + 1)
+        grow = min((p for p in pools if p.role == role), key=lambda p: (load_hardware(p.hardware).price_usd_per_hour / p.layout.gpus, p.hardware))
+        unit = max(1, grow.layout.gpus // load_hardware(grow.hardware).gpus_per_machine)  # whole instances
+        pools[pools.index(grow)] = grow._replace(machines=grow.machines + unit)
     if added:
         plan = plan_from_pools(pools, predicted=plan.predicted, slo=plan.slo, repairs=plan.repairs,
                                binding=f"{plan.binding}; simulation: {added} machine(s) added")

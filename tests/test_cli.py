@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from splitplan.cli import app
+from splitplan.specs.layout import Layout
 from tests.conftest import PERF_DB
 
 runner = CliRunner()
@@ -105,7 +106,7 @@ def test_optimize_json_contract_and_output_dir(tmp_path):
         assert key in plan
     assert set(plan["predicted"]) == {"ttft_ms", "tbt_ms", "e2e_ms"}
     assert set(plan["predicted"]["ttft_ms"]) == {"p50", "p90", "p99"}
-    assert {"hardware", "tp", "machines"} == set(plan["prompt_pools"][0])
+    assert {"hardware", "tp", "dp", "ep", "pp", "layout", "machines"} == set(plan["prompt_pools"][0])
     assert json.loads((out / "plan.json").read_text()) == doc
     assert (out / "candidates.csv").read_text().startswith("kind,role,hardware")
     assert (out / "pareto.csv").read_text().startswith("rank,")
@@ -126,7 +127,7 @@ def test_optimize_table_and_csv():
     (["optimize", "--max-machines", "h100-80gb"], 2, "expected TYPE=N"),
     (["optimize", "--rate", "0"], 2, "--rate 0: must be > 0"),
     (["optimize", "--rate", "3", "--duration", "30", "--hardware", "h100-80gb", "--max-cost-per-hour", "5"], 3, "within the budget"),
-    (["optimize", "--model", "llama3.1-405b", "--hardware", "a100-40gb", "--slo", "chat"], 3, "fits no prompt hardware"),
+    (["optimize", "--model", "llama3.1-405b", "--hardware", "a100-40gb", "--tp", "8", "--slo", "chat"], 3, "fits no prompt hardware"),
     (["optimize", "--model", "llama3.1-405b", "--slo", "splitwise"], 2, "measures slowdown against a100-80gb at TP 8, which cannot serve"),
 ])
 def test_optimize_failures(args, code, needle, tmp_path):
@@ -214,7 +215,7 @@ def test_simulate_mixed_pool_and_round_robin():
 
 @pytest.mark.parametrize("args,needle", [
     (["simulate"], "nothing to simulate"),
-    (["simulate", "--prompt-pool", "h100-80gb:8"], "expected HARDWARE:TP:MACHINES"),
+    (["simulate", "--prompt-pool", "h100-80gb:8"], "expected HARDWARE:LAYOUT:MACHINES"),
     (["simulate", "--prompt-pool", "h100-80gb:8:1"], "give prompt and token pools"),
     (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "h100-80gb:8:0"], "0 machines; a pool has 1 to"),
     (["simulate", "--plan", "/nonexistent/plan.json"], "no such file"),
@@ -477,7 +478,7 @@ def test_every_command_reading_a_trace_takes_common_and_named_columns(tmp_path, 
 def test_one_notation_for_a_pool_in_text():
     from splitplan import report
     from splitplan.search.plan import Pool
-    assert report.pools_text((Pool("h100-80gb", 8, 3), Pool("a100-80gb", 4, 2))) == "3x h100-80gb TP 8 + 2x a100-80gb TP 4"
+    assert report.pools_text((Pool("h100-80gb", Layout(8), 3), Pool("a100-80gb", Layout(4), 2))) == "3x h100-80gb TP 8 + 2x a100-80gb TP 4"
 
 
 def test_long_work_reports_progress_in_a_log(monkeypatch, capsys):
@@ -559,7 +560,7 @@ def test_pareto_plot_numbers_its_points_and_lists_them_with_a_title():
     from splitplan.cli.optimize import pareto_figure
     from splitplan.search.optimize import OptimizeResult
     from splitplan.search.plan import Plan, Pool
-    plans = [Plan((Pool("h100-80gb", 8, k),), (Pool("a100-80gb", 8, 1),), (), 30.0 + k, 20.0 - k, max_rate_rps=5.0) for k in (1, 2, 3)]
+    plans = [Plan((Pool("h100-80gb", Layout(8), k),), (Pool("a100-80gb", Layout(8), 1),), (), 30.0 + k, 20.0 - k, max_rate_rps=5.0) for k in (1, 2, 3)]
     fig = pareto_figure(OptimizeResult(plans[0], tuple(plans[1:]), (), pareto=tuple(plans)), "llama2-70b at 6 req/s")
     ax = fig.axes[0]
     assert sorted(t.get_text() for t in ax.texts) == ["1", "2", "3"]  # short labels beside the points

@@ -20,6 +20,7 @@ from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO
 from splitplan.errors import SpecError, SplitplanError
 from splitplan.inputs import excerpt, parse_document, read_text
 from splitplan.specs.engine import KV_PRECISIONS, WEIGHT_PRECISIONS, engine_spec
+from splitplan.specs.layout import Layout, parse_layout
 
 
 class _OnFirstUse:
@@ -304,33 +305,44 @@ def figure_png(fig) -> bytes:
     return buffer.getvalue()
 
 
-_POOL = re.compile(r"^([^:]+):(\d+):(\d+)$")
+_POOL = re.compile(r"^([^:]+):([0-9a-zA-Z]+):(\d+)$")
 
 
-def check_pool(where: str, tp: int, machines: int) -> None:
-    """A pool's TP degree (as --tp) and machine count (`limits.MAX_MACHINES`) within bounds."""
-    if not 1 <= tp <= OPTION_BOUNDS["--tp"].high:
-        raise SpecError(f"{where}: TP {tp} must be from 1 to the machine's GPUs")
+def check_pool(where: str, layout: Layout, machines: int) -> None:
+    """A pool's layout (each degree and the GPUs within --tp's bound) and machine count
+    (`limits.MAX_MACHINES`) within bounds."""
+    if not all(1 <= d <= OPTION_BOUNDS["--tp"].high for d in (*layout, layout.gpus)):
+        raise SpecError(f"{where}: layout {layout.spec} must have 1 to {OPTION_BOUNDS['--tp'].high:g} GPUs")
     if not 1 <= machines <= limits.MAX_MACHINES:
         raise SpecError(f"{where}: {machines} machines; a pool has 1 to {limits.MAX_MACHINES:,}")
 
 
-def parse_pool(text: str, role: str) -> tuple[str, str, int, int]:
+def parse_pool(text: str, role: str) -> tuple[str, str, Layout, int]:
     match = _POOL.match(text.strip())
+    where = f"--{role}-pool {excerpt(text)}"
     if not match:
-        raise SpecError(f"--{role}-pool '{excerpt(text)}': expected HARDWARE:TP:MACHINES, e.g. h100-80gb:8:35")
-    pool = role, match.group(1), int(match.group(2)), int(match.group(3))
-    check_pool(f"--{role}-pool {excerpt(text)}", pool[2], pool[3])
+        raise SpecError(f"--{role}-pool '{excerpt(text)}': expected HARDWARE:LAYOUT:MACHINES, e.g. h100-80gb:8:35 "
+                        "(TP 8) or h200-141gb:dp16ep16:4")
+    pool = role, match.group(1), parse_layout(match.group(2), where), int(match.group(3))
+    check_pool(where, pool[2], pool[3])
     return pool
 
 
-def read_plan(path: Path) -> tuple[list[tuple[str, str, int, int]], dict]:
+def _pool_layout(pool: dict, where: str) -> Layout:
+    """A plan.json pool's layout: its `tp` and, where written, `dp`, `ep`, `pp` (1 if absent)."""
+    layout = Layout(int(pool["tp"]), *(int(pool.get(k, 1)) for k in Layout._fields[1:]))
+    if layout.problem():
+        raise SpecError(f"{where}: layout {layout.spec}: {layout.problem()}")
+    return layout
+
+
+def read_plan(path: Path) -> tuple[list[tuple[str, str, Layout, int]], dict]:
     """Pools and input echo of a plan.json written by `optimize --output-dir`."""
     try:
         doc = parse_document(read_text(path, limits.MAX_SPEC_BYTES, "plan.json (splitplan optimize --output-dir DIR)"), path,
                              as_json=True)
         plan = doc["plan"]
-        pools = [(role, str(p["hardware"]), int(p["tp"]), int(p["machines"]))
+        pools = [(role, str(p["hardware"]), _pool_layout(p, f"{path}: {role} pool"), int(p["machines"]))
                  for role in ("prompt", "token", "mixed") for p in plan.get(f"{role}_pools", [])]
     except SpecError as exc:
         raise SpecError(f"--plan {exc}") from None

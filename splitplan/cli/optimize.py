@@ -322,7 +322,7 @@ def _render_plan(result, workload) -> None:
                   f"{u['min_prompt_tokens']:,}-{u['max_prompt_tokens']:,} tokens) cannot be served: {u['reason']}.")
     for warning in result.warnings:
         con.print(f"[bold]warning:[/bold] {warning}.")
-    skipped = sorted({f"{o.role} {o.inst.hardware.name} TP {o.inst.tp}: {o.skipped}" for o in result.options if o.skipped})
+    skipped = sorted({f"{o.role} {o.inst.hardware.name} {o.inst.layout}: {o.skipped}" for o in result.options if o.skipped})
     if skipped:
         con.print(f"{len(skipped)} option(s) skipped; see candidates.csv (--output-dir) for the reasons.")
 

@@ -10,13 +10,14 @@ if TYPE_CHECKING:
     from splitplan.perf.roofline import Fit, Latency
     from splitplan.specs.engine import EngineFactors, EngineProfile
     from splitplan.specs.hardware import HardwareSpec
+    from splitplan.specs.layout import Layout
     from splitplan.specs.model import ModelSpec
 
 
 @runtime_checkable
 class PerfModel(Protocol):
-    """One model instance (a model at TP `tp` on `tp` GPUs of one machine): its memory
-    facts and the time of any forward pass. Times take numpy arrays."""
+    """One model instance (a model in a parallel layout on `layout.gpus` GPUs, of one machine
+    or several): its memory facts and the time of any forward pass. Times take numpy arrays."""
 
     model: "ModelSpec"
     hardware: "HardwareSpec"
@@ -30,8 +31,21 @@ class PerfModel(Protocol):
     @property
     def factors(self) -> "EngineFactors": ...
 
+    layout: "Layout"
+
     @property
-    def instances_per_machine(self) -> int: ...
+    def instances_per_machine(self) -> float: ...
+
+    @property
+    def unit_machines(self) -> int: ...
+
+    @property
+    def unit_instances(self) -> int: ...
+
+    @property
+    def max_request_tokens(self) -> int: ...
+
+    def instances_on(self, machines) -> int: ...
 
     def prefill_time_s(self, prompt_tokens): ...
 

@@ -9,6 +9,7 @@ from splitplan.errors import InfeasibleError, SpecError
 from splitplan.perf.roofline import Instance
 from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.hardware import HardwareSpec, load_hardware
+from splitplan.specs.layout import Layout
 from splitplan.specs.model import ModelSpec, load_model
 
 
@@ -19,17 +20,19 @@ def require_tp(hw: HardwareSpec, tp: int) -> None:
                         f"{', '.join(map(str, hw.tp_degrees()))}")
 
 
-def instance(model: str | ModelSpec, hardware: str | HardwareSpec, tp: int | None = None,
+def instance(model: str | ModelSpec, hardware: str | HardwareSpec, tp: int | Layout | None = None,
              engine: str | EngineProfile = DEFAULT_ENGINE) -> Instance:
-    """An instance that fits: at `tp`, or at the smallest TP degree that fits."""
+    """An instance that fits: at `tp` (a TP degree or a whole layout), or at the smallest TP
+    degree that fits."""
     m = load_model(model) if isinstance(model, str) else model
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
     eng = load_engine(engine) if isinstance(engine, str) else engine
     if tp is not None:
-        require_tp(hw, tp)
+        if not isinstance(tp, Layout) or tp == Layout(tp.tp):
+            require_tp(hw, int(tp[0] if isinstance(tp, Layout) else tp))
         inst = Instance(m, hw, eng, tp)
         if not inst.fit.fits:
-            raise InfeasibleError(f"{m.name} does not fit {hw.name} at TP {tp}: {inst.fit.reason}")
+            raise InfeasibleError(f"{m.name} does not fit {hw.name} at {inst.layout}: {inst.fit.reason}")
         return inst
     reasons = []
     for t in hw.tp_degrees():
@@ -85,7 +88,8 @@ def instance_facts(inst: Instance) -> dict:
         "hardware": inst.hardware.name,
         "engine": inst.engine.name,
         "tp": inst.tp,
-        "instances_per_machine": inst.instances_per_machine,
+        **({"layout": inst.layout.spec, "gpus_per_instance": inst.layout.gpus} if inst.layout != Layout(inst.tp) else {}),
+        "instances_per_machine": inst.unit_instances if inst.unit_machines == 1 else inst.instances_per_machine,
         "weights_gb_per_gpu": inst.fit.weights_bytes_per_gpu / 1e9,
         "kv_bytes_per_token": inst.kv_bytes_per_token,
         "kv_capacity_tokens": inst.fit.kv_capacity_tokens,

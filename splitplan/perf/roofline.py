@@ -55,6 +55,7 @@ import numpy as np
 
 from splitplan.specs.engine import EngineFactors, EngineProfile
 from splitplan.specs.hardware import HardwareSpec
+from splitplan.specs.layout import Layout
 from splitplan.specs.model import ModelSpec
 
 BOUNDS = ("compute", "memory", "network", "overhead")
@@ -67,6 +68,10 @@ def _num(x):
 
 def _max(a, b):
     return max(a, b) if isinstance(a, float) and isinstance(b, float) else np.maximum(a, b)
+
+
+def _min(a, b):
+    return min(a, b) if isinstance(a, float) and isinstance(b, float) else np.minimum(a, b)
 
 
 @dataclass(frozen=True)
@@ -110,24 +115,49 @@ class PassShortcuts:
 
 @dataclass(frozen=True)
 class Instance(PassShortcuts):
-    """One model instance: (model, machine type, TP degree) under an engine profile."""
+    """One model instance: (model, machine type, parallel layout) under an engine profile.
+    `layout` may be given as an int: TP alone."""
 
     model: ModelSpec
     hardware: HardwareSpec
     engine: EngineProfile
-    tp: int
+    layout: Layout
     measured: ClassVar[bool] = False  # perf.model.PerfModel: analytic timing, nothing to count
+
+    def __post_init__(self):
+        if not isinstance(self.layout, Layout):
+            object.__setattr__(self, "layout", Layout(int(self.layout)))
 
     def record_decode_steps(self, batch, context_total) -> None:
         """Nothing to count: every step is computed (PerfModel)."""
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
 
     @cached_property
     def factors(self) -> EngineFactors:
         return self.engine.factors(self.hardware.name, self.tp, self.model.name)
 
+    # --- how instances fill machines ----------------------------------------------
     @property
-    def instances_per_machine(self) -> int:
-        return self.hardware.gpus_per_machine // self.tp
+    def unit_machines(self) -> int:
+        """Machines of the smallest whole unit: one machine holding one or more instances,
+        or the machines one instance spans."""
+        return max(1, self.layout.gpus // self.hardware.gpus_per_machine)
+
+    @property
+    def unit_instances(self) -> int:
+        return max(1, self.hardware.gpus_per_machine // self.layout.gpus)
+
+    @property
+    def instances_per_machine(self) -> float:
+        """Instances per machine: below 1 when an instance spans machines."""
+        return self.unit_instances / self.unit_machines
+
+    def instances_on(self, machines) -> int:
+        """Whole instances on `machines` machines."""
+        return machines // self.unit_machines * self.unit_instances
 
     # --- memory ---------------------------------------------------------------
     @cached_property
@@ -136,29 +166,56 @@ class Instance(PassShortcuts):
 
     @cached_property
     def kv_bytes_per_token(self) -> float:
-        """KV bytes one token occupies on this instance (all GPUs, replication included). MLA's
-        latent is not split by heads: every GPU of the instance holds all of it."""
+        """KV bytes one token occupies on this instance (the GPUs of its attention group,
+        replication included). MLA's latent is not split by heads: every GPU of the group
+        holds all of it."""
         m = self.model
         per_gpu = m.kv_cache_elements_per_layer if m.is_mla else 2 * self.kv_heads_per_gpu * m.head_dim_eff
         return m.num_hidden_layers * per_gpu * self.tp * self.engine.kv_bytes_per_element
 
+    @property
+    def max_request_tokens(self) -> int:
+        """The longest request (prompt + output tokens) one instance holds: a request's KV lives
+        in one attention (DP) group."""
+        return self.fit.kv_capacity_tokens // self.layout.dp
+
+    def _layout_problem(self) -> str:
+        m, hw, lay = self.model, self.hardware, self.layout
+        gpm = hw.gpus_per_machine
+        if lay.problem():
+            return f"layout {lay}: {lay.problem()}"
+        if lay == Layout(lay.tp) and (lay.tp > gpm or gpm % lay.tp):
+            return f"TP {lay.tp} does not divide the {gpm} GPUs of {hw.name}"
+        if (lay.gpus > gpm and lay.gpus % gpm) or (lay.gpus < gpm and gpm % lay.gpus):
+            return f"{lay} ({lay.gpus} GPUs) neither tiles the {gpm} GPUs of {hw.name} nor fills whole machines"
+        if m.num_attention_heads % lay.tp:
+            return f"TP {lay.tp} does not divide {m.num_attention_heads} attention heads"
+        if lay.ep > 1 and (not m.is_moe or m.num_local_experts % lay.ep):
+            return f"EP {lay.ep} needs an MoE model whose experts it divides ({m.name} has {m.num_local_experts})"
+        if lay.dp > 1 and not m.is_moe:
+            return f"data-parallel attention serves MoE models; {m.name} is dense: {lay.dp} TP {lay.tp} instances do the same"
+        if lay.pp > m.num_hidden_layers:
+            return f"PP {lay.pp} exceeds the {m.num_hidden_layers} layers"
+        return ""
+
     @cached_property
     def fit(self) -> Fit:
-        hw, eng = self.hardware, self.engine
-        weights = self.model.total_params * eng.weight_bytes_per_element / self.tp
+        hw, eng, m, lay = self.hardware, self.engine, self.model, self.layout
+        # routed experts spread over a stage's GPUs; the rest is split by TP (replicated over DP groups)
+        params_gpu = ((m.total_params - m.routed_params) / lay.tp + m.routed_params / lay.stage_gpus) / lay.pp
+        weights = params_gpu * eng.weight_bytes_per_element
         usable = hw.memory_bytes_per_gpu * eng.memory_usable_fraction - eng.activation_reserve_gb_per_gpu * 1e9
         room = usable - weights
         if not hw.has_tensor_cores(eng.weights):
             return Fit(False, f"{hw.name} has no {eng.weights} tensor cores; give --weights fp8 or bf16", weights, 0)
-        if self.tp > hw.gpus_per_machine or hw.gpus_per_machine % self.tp:
-            return Fit(False, f"TP {self.tp} does not divide the {hw.gpus_per_machine} GPUs of {hw.name}", weights, 0)
-        if self.model.num_attention_heads % self.tp:
-            return Fit(False, f"TP {self.tp} does not divide {self.model.num_attention_heads} attention heads", weights, 0)
-        tokens = int(room * self.tp // self.kv_bytes_per_token) if room > 0 else 0
-        if tokens < 1:
+        problem = self._layout_problem()
+        if problem:
+            return Fit(False, problem, weights, 0)
+        tokens = int(room * lay.gpus // self.kv_bytes_per_token) if room > 0 else 0
+        if tokens < lay.dp:
             return Fit(
                 False,
-                f"{self.model.name} weights need {weights / 1e9:.1f} GB per GPU at TP {self.tp}, "
+                f"{m.name} weights need {weights / 1e9:.1f} GB per GPU at {lay}, "
                 f"{hw.name} has {usable / 1e9:.1f} GB usable per GPU",
                 weights,
                 0,
@@ -166,10 +223,23 @@ class Instance(PassShortcuts):
         return Fit(True, "", weights, tokens)
 
     # --- one forward pass -------------------------------------------------------
+    def _link_s_per_byte(self, gpus: int, f: EngineFactors, off: float | None = None) -> float:
+        """Seconds per byte each GPU sends in a collective among `gpus` GPUs: over NVLink within
+        the NVLink domain, and for the share `off` of the traffic that leaves it (by default the
+        share of peers beyond it) over the GPU's share of the machine's scale-out NICs."""
+        hw = self.hardware
+        nvlink = 1 / (hw.intra_node_bytes_per_s * f.link_efficiency)
+        if gpus <= hw.nvlink_domain:
+            return nvlink
+        nic = hw.gpus_per_machine / (hw.scale_out_bytes_per_s * f.link_efficiency)
+        off = (gpus - hw.nvlink_domain) / gpus if off is None else off
+        return (1 - off) * nvlink + off * nic
+
     @cached_property
     def _c(self) -> SimpleNamespace:
         """Per-instance constants of the pass formula (per GPU), computed once."""
-        m, hw, f, t = self.model, self.hardware, self.factors, self.tp
+        m, hw, f, lay = self.model, self.hardware, self.factors, self.layout
+        t, g = lay.tp, lay.stage_gpus
         bpe, wbpe, kvbpe = self.engine.bytes_per_element, self.engine.weight_bytes_per_element, self.engine.kv_bytes_per_element
         # per layer on average: attention, dense FFNs (dense layers) and shared experts (MoE layers)
         dense_params = m.attn_params_per_layer + (m.dense_layers * m.dense_ffn_params
@@ -182,20 +252,33 @@ class Instance(PassShortcuts):
             decode_bytes = m.kv_cache_elements_per_layer * kvbpe
         else:
             prefill_attn_flops, decode_flops, decode_bytes = 2 * m.q_dim / t, 4 * m.q_dim / t, 2 * kv_dim_gpu * kvbpe
+        # MoE layers exchange tokens between a stage's GPUs when experts are not split by the
+        # attention group's TP alone (EP, or DP attention): dispatch and combine, each token to
+        # min(k, ep) expert groups of moe_tp GPUs (an all-gather and reduce-scatter when ep = 1).
+        exchange = m.is_moe and (lay.ep > 1 or lay.dp > 1)
+        a2a_bytes = 2 * min(m.num_experts_per_tok, lay.ep) * lay.moe_tp / g * (g - 1) / g * m.hidden_size * bpe if exchange else 0.0
+        L_stage = m.num_hidden_layers / lay.pp
         return SimpleNamespace(
-            L=m.num_hidden_layers, bpe=bpe, wbpe=wbpe, peak=hw.peak_flops_per_s(self.engine.dtype),
+            L=L_stage, bpe=bpe, wbpe=wbpe, peak=hw.peak_flops_per_s(self.engine.dtype),
             gemm_peak=hw.peak_flops_per_s(self.engine.weights),
             bw=hw.memory_bytes_per_s * f.memory_efficiency, eff=f.compute_efficiency, half=f.gemm_half_tokens,
             dense_flops=2 * dense_params / t, dense_bytes=dense_params * wbpe / t,
             act_bytes=bpe * (4 * m.hidden_size + (2 * m.q_dim + 2 * m.kv_dim + (m.ffn_matrices + 1) * m.intermediate_size) / t),
             q_dim_gpu=m.q_dim / t, kv_dim_gpu=kv_dim_gpu, prefill_attn_flops=prefill_attn_flops,
             decode_flops_per_ctx=decode_flops, decode_bytes_per_ctx=decode_bytes,
-            moe_share=m.moe_layers / m.num_hidden_layers,
-            head_params=m.vocab_size * m.hidden_size / t,
-            collective_s_per_token=(2 * (t - 1) / t * m.hidden_size * 2 / (hw.intra_node_bytes_per_s * f.link_efficiency)) if t > 1 else 0.0,
+            moe_share=m.moe_layers / m.num_hidden_layers / g,  # routed experts, per layer on average, per GPU of the stage
+            head_params=m.vocab_size * m.hidden_size / t / lay.pp,  # (on the last stage: 1/pp of it per stage time)
+            collective_s_per_token=(2 * (t - 1) / t * m.hidden_size * 2 * self._link_s_per_byte(t, f)) if t > 1 else 0.0,
             collective_latency_s=f.collective_latency_s if t > 1 else 0.0,
-            launch_s=m.num_hidden_layers * self.engine.kernels_per_layer * f.kernel_launch_s,
-            host_s=f.host_launch_s_per_layer * m.num_hidden_layers,
+            # all-to-all per token of the micro-batch, per layer on average, and its two latencies per MoE layer
+            a2a_s_per_token=a2a_bytes * self._link_s_per_byte(g, f) * m.moe_layers / m.num_hidden_layers,
+            a2a_latency_s=2 * f.collective_latency_s * m.moe_layers / m.num_hidden_layers if exchange else 0.0,
+            # pipeline: one hop per stage boundary, the activations split over the stage's GPUs
+            hop_s_per_token=(m.hidden_size * bpe / g * self._link_s_per_byte(2 * g, f, off=1.0)) if lay.pp > 1 else 0.0,
+            hop_latency_s=f.collective_latency_s if lay.pp > 1 else 0.0,
+            dp=float(lay.dp), pp=lay.pp,
+            launch_s=L_stage * self.engine.kernels_per_layer * f.kernel_launch_s,
+            host_s=f.host_launch_s_per_layer * L_stage,
             packed=self.engine.prefill_attention == "packed",
             clock_slowdown=1.0 / hw.prefill_clock_fraction,
         )
@@ -204,31 +287,40 @@ class Instance(PassShortcuts):
         """Time terms of one pass (floats or arrays): compute-bound, memory-bound,
         network, overhead, plus FLOPs and bytes per GPU. Plain arithmetic (no
         np.where) keeps Python floats as floats: the prompt-queue replay calls this
-        once per batch."""
+        once per batch.
+
+        Per GPU of one pipeline stage on one micro-batch (1/pp of the pass): attention and
+        dense FFNs see their DP group's share (1/dp), routed experts the whole micro-batch
+        spread over the stage's GPUs. A pipelined pass takes pp stage times when it only
+        decodes (every stage busy with a micro-batch) and 2 pp - 1 when it holds prefill work
+        (the pipeline fills and drains)."""
         m, f, c = self.model, self.factors, self._c
         L, peak = c.L, c.peak
-        pre_tok = _num(prefill_tokens)
-        n_tok = pre_tok + _num(decode_seqs)
-        n_seq = _num(prefill_seqs) + _num(decode_seqs)
-        has_prefill = pre_tok > 0
+        has_prefill = _num(prefill_tokens) > 0
+        micro, groups = self._shares(_num(prefill_seqs), _num(decode_seqs), has_prefill)
+        pre_tok = _num(prefill_tokens) * micro
+        n_tok = pre_tok + _num(decode_seqs) * micro  # the micro-batch
+        a_tok = n_tok / groups  # the busiest attention group's share
+        n_seq = (_num(prefill_seqs) + _num(decode_seqs)) * micro / groups
+        stages = c.pp + (c.pp - 1) * has_prefill
 
         def gemm_eff(rows):
             return c.eff * rows / (rows + c.half)
 
-        safe_tok = _max(n_tok, 1.0)
+        safe_tok = _max(a_tok, 1.0)
         knee = 1.0 + f.knee_slowdown * _max(safe_tok - f.knee_tokens, 0.0) / safe_tok if f.knee_slowdown else 1.0  # all-reduces
         gemm_peak = c.gemm_peak  # weight GEMMs run at the weights' precision, attention at the activations'
-        classes = [(n_tok * c.dense_flops, c.dense_bytes + n_tok * c.act_bytes, gemm_peak * gemm_eff(safe_tok))]
+        classes = [(a_tok * c.dense_flops, c.dense_bytes + a_tok * c.act_bytes, gemm_peak * gemm_eff(safe_tok))]
         if m.is_moe:
             E, k = m.num_local_experts, m.num_experts_per_tok
             touched = E * (1 - (1 - k / E) ** n_tok)
             rows = _max(n_tok * k / _max(touched, 1e-9), 1.0)
-            share = c.moe_share / self.tp  # (routed experts in MoE layers only, on average per layer)
-            classes.append((2 * n_tok * k * m.expert_params * share, touched * m.expert_params * c.wbpe * share,
+            classes.append((2 * n_tok * k * m.expert_params * c.moe_share, touched * m.expert_params * c.wbpe * c.moe_share,
                             gemm_peak * gemm_eff(rows)))
-        pre_sq = pre_tok**2 if c.packed else _num(prefill_sq_tokens)
-        ctx = _num(decode_context_tokens)
-        classes.append((pre_sq * c.prefill_attn_flops, pre_tok * (2 * c.q_dim_gpu + 2 * c.kv_dim_gpu) * c.bpe, peak * f.attention_efficiency))
+        group_pre = pre_tok / groups
+        pre_sq = group_pre**2 if c.packed else _num(prefill_sq_tokens) * micro / groups
+        ctx = _num(decode_context_tokens) * micro / groups
+        classes.append((pre_sq * c.prefill_attn_flops, group_pre * (2 * c.q_dim_gpu + 2 * c.kv_dim_gpu) * c.bpe, peak * f.attention_efficiency))
         classes.append((ctx * c.decode_flops_per_ctx, ctx * c.decode_bytes_per_ctx, peak * c.eff))
         # LM head: one row per sequence (the last prompt token, or the decoded token).
         classes.append((2 * n_seq * c.head_params / L, c.head_params * c.wbpe / L, gemm_peak * gemm_eff(_max(n_seq, 1.0))))
@@ -241,17 +333,28 @@ class Instance(PassShortcuts):
             memory_s = memory_s + tm * (tc <= tm)
             flops = flops + L * c_flops
             nbytes = nbytes + L * c_bytes
-        network_s = 2 * L * (n_tok * c.collective_s_per_token * knee + c.collective_latency_s)
+        network_s = (2 * L * (a_tok * c.collective_s_per_token * knee + c.collective_latency_s)
+                     + L * (n_tok * c.a2a_s_per_token * c.dp / groups + c.a2a_latency_s)  # (the busiest group sends)
+                     + n_tok * c.hop_s_per_token + c.hop_latency_s)
         gpu_s = compute_s + memory_s + network_s + c.launch_s
         overhead_s = (
             f.decode_overhead_s + (f.prefill_overhead_s - f.decode_overhead_s) * has_prefill
-            + f.sequence_overhead_s * n_seq
-            + f.prefill_sequence_overhead_s * _num(prefill_seqs)
-            + c.launch_s
-            + _max(c.host_s - gpu_s, 0.0)  # waiting on the host's kernel launches
+            + (f.sequence_overhead_s * n_seq + f.prefill_sequence_overhead_s * _num(prefill_seqs) * micro / groups) / micro
+            + c.launch_s * stages
+            + _max(c.host_s - gpu_s, 0.0) * stages  # waiting on the host's kernel launches
         )
         compute_s = compute_s * (1.0 + (c.clock_slowdown - 1.0) * has_prefill)
-        return compute_s, memory_s, network_s, overhead_s, flops, nbytes
+        return compute_s * stages, memory_s * stages, network_s * stages, overhead_s, flops / micro, nbytes / micro
+
+    def _shares(self, prefill_seqs, decode_seqs, has_prefill):
+        """How a pass divides: the share one pipeline micro-batch carries (1/pp of its prompts,
+        chunked over the stages, and of its decode requests; a whole request when fewer than pp
+        decode), and over how many attention groups a micro-batch's requests spread (DP, or
+        fewer when it has fewer requests: one prompt is attended by one group)."""
+        pp, dp = float(self._c.pp), self._c.dp
+        micro = 1.0 if pp == 1 else 1.0 / (pp - (pp - _min(_max(decode_seqs, 1.0), pp)) * (1 - has_prefill))
+        groups = 1.0 if dp == 1 else _min(dp, _max((prefill_seqs + decode_seqs) * micro, 1.0))
+        return micro, groups
 
     def pass_time_s(self, prefill_seqs=0, prefill_tokens=0, prefill_sq_tokens=0, decode_seqs=0, decode_context_tokens=0):
         """Seconds for one forward pass (vectorized over numpy arrays)."""
@@ -266,10 +369,11 @@ class Instance(PassShortcuts):
         The simulator evaluates one step per iteration with this."""
         c = self._c
         compute_s, memory_s, network_s, overhead_s, _, _ = self._terms(0.0, 0.0, 0.0, float(batch), 0.0)
-        gpu_s = compute_s + memory_s + network_s + c.launch_s
-        wait_s = max(c.host_s - gpu_s, 0.0)
-        per_token = c.L * max(c.decode_flops_per_ctx / (c.peak * c.eff), c.decode_bytes_per_ctx / c.bw)
-        return compute_s + memory_s + network_s + overhead_s - wait_s, per_token, c.host_s - gpu_s
+        gpu_s = compute_s + memory_s + network_s + c.launch_s * c.pp  # (all pp stage times)
+        wait_s = max(c.host_s * c.pp - gpu_s, 0.0)
+        micro, groups = self._shares(0.0, float(batch), False)
+        per_token = c.L * max(c.decode_flops_per_ctx / (c.peak * c.eff), c.decode_bytes_per_ctx / c.bw) * micro / groups * c.pp
+        return compute_s + memory_s + network_s + overhead_s - wait_s, per_token, c.host_s * c.pp - gpu_s
 
     def explain(self, prompt_tokens: list[int] | None = None, decode_batch: int = 0, decode_context_tokens: int = 0) -> Latency:
         """A scalar pass with its breakdown: a batch of prompts, or a decode batch, or both."""
@@ -292,8 +396,8 @@ def kv_transfer_time_s(src: Instance, dst: Instance, prompt_tokens, prefill_s=No
     """
     tokens = np.asarray(prompt_tokens, float)
     bw = min(
-        src.hardware.scale_out_bytes_per_s * src.tp / src.hardware.gpus_per_machine,
-        dst.hardware.scale_out_bytes_per_s * dst.tp / dst.hardware.gpus_per_machine,
+        src.hardware.scale_out_bytes_per_s * src.layout.gpus / src.hardware.gpus_per_machine,
+        dst.hardware.scale_out_bytes_per_s * dst.layout.gpus / dst.hardware.gpus_per_machine,
     )
     total_s = tokens * src.model.kv_bytes_per_token(src.engine.kv_bytes_per_element) / bw
     layers = src.model.num_hidden_layers

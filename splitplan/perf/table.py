@@ -37,6 +37,7 @@ from splitplan.errors import SpecError
 from splitplan.perf.measurements import batch_token_medians, read_measurements
 from splitplan.perf.roofline import Fit, Instance, Latency, PassShortcuts
 from splitplan.specs.hardware import load_hardware
+from splitplan.specs.layout import Layout
 from splitplan.specs.model import load_model
 
 
@@ -87,8 +88,13 @@ class MeasuredInstance(PassShortcuts):
     hardware = property(lambda self: self.analytic.hardware)
     engine = property(lambda self: self.analytic.engine)
     tp = property(lambda self: self.analytic.tp)
+    layout = property(lambda self: self.analytic.layout)
     factors = property(lambda self: self.analytic.factors)
     instances_per_machine = property(lambda self: self.analytic.instances_per_machine)
+    unit_machines = property(lambda self: self.analytic.unit_machines)
+    unit_instances = property(lambda self: self.analytic.unit_instances)
+    instances_on = property(lambda self: self.analytic.instances_on)
+    max_request_tokens = property(lambda self: self.fit.kv_capacity_tokens // self.layout.dp)
     kv_bytes_per_token = property(lambda self: self.analytic.kv_bytes_per_token)
 
     @property
@@ -243,6 +249,8 @@ class PerfDb:
             raise SpecError(f"--perf-interp {interpolation}: choose {' or '.join(INTERPOLATIONS)}")
         pts = self.points if interpolation == "splitplan" else self.batch_tokens
         rows = pts[(pts.model == analytic.model.name) & (pts.hardware == analytic.hardware.name) & (pts.tp == analytic.tp)]
+        if analytic.layout != Layout(analytic.tp):  # a perf-db measures TP layouts only
+            rows = rows.iloc[:0]
         return INTERPOLATIONS[interpolation](analytic, rows.reset_index(drop=True) if len(rows) else None, self.path)
 
     def require(self, analytic: Instance, interpolation: str = "splitplan") -> MeasuredInstance:

@@ -28,6 +28,7 @@ from splitplan.search.plan import (
 from splitplan.search.solve import solve_counts
 from splitplan.slo import achieved, alone_latencies, meets, reference_for
 from splitplan.specs.engine import load_engine
+from splitplan.specs.layout import Layout
 from splitplan.specs.hardware import hardware_catalog, load_machines, price_date_warning
 from splitplan.specs.model import load_model
 from splitplan.specs.slo import load_slo
@@ -123,16 +124,15 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
         return db.instance(inst) if db else inst
 
     def tasks(role, allowed, lower=None):
-        return [(role, make(machines[name], t), (lower or {}).get((name, t)) or 1)
-                for name in sorted(set(allowed)) for t in ([tp] if tp else machines[name].tp_degrees())
-                if t in machines[name].tp_degrees()]
+        return [(role, make(machines[name], layout), (lower or {}).get((name, layout)) or 1)
+                for name in sorted(set(allowed)) for layout in candidate_layouts(m, machines[name], eng, tp)]
 
     prompt_names = prompt_hardware or names
     first = _size_all(problem, tasks(Role.PROMPT, set(names) | set(prompt_names))
                       + (tasks(Role.TOKEN, token_hardware or names) if split else []), jobs)
     # A co-located pool carries the prompt load and more: the prompt pool's count of the
     # same (machine, TP) bounds its size from below, which shortens its search.
-    lower = {(o.inst.hardware.name, o.inst.tp): o.instances for o in first if o.role == Role.PROMPT}
+    lower = {(o.inst.hardware.name, o.inst.layout): o.instances for o in first if o.role == Role.PROMPT}
     mixed_names = hardware or sorted(set(prompt_hardware or []) | set(token_hardware or [])) or names
     mixed = _size_all(problem, tasks(Role.MIXED, mixed_names, lower), jobs) if with_colocated or not split else []
     if not split:
@@ -173,16 +173,40 @@ def _check_tp(tp: int, machines: dict, named: bool) -> None:
         require_tp(wrong[0], tp)
 
 
+# Wide expert parallelism: instances of 8 to 64 GPUs, attention data-parallel over all of them.
+WIDE_EP_GPUS = (8, 16, 32, 64)
+PIPELINE_STAGES = (2, 4)
+
+
+def candidate_layouts(model, hw, engine, tp: int | None = None) -> list[Layout]:
+    """The layouts the search sizes on one machine type: TP alone within a machine (`tp` only,
+    when given); for MoE models, wide EP over G GPUs (one machine or several: WIDE_EP_GPUS)
+    with data-parallel attention on every GPU (DP G, EP G) or over TP groups of a machine's
+    widest TP (TP 8, DP G/8, EP G); and, when the model fits no single machine, that TP times
+    PIPELINE_STAGES stages. Layouts the model does not fit are kept: the sizing says why."""
+    if tp:
+        return [Layout(tp)] if tp in hw.tp_degrees() else []
+    out = [Layout(t) for t in hw.tp_degrees()]
+    gpm = hw.gpus_per_machine
+    widest = max((t for t in hw.tp_degrees() if t <= 8 and model.num_attention_heads % t == 0), default=1)
+    if model.is_moe:
+        wide = [g for g in WIDE_EP_GPUS if (g % gpm == 0 or gpm % g == 0) and model.num_local_experts % g == 0]
+        out += [Layout(1, g, g) for g in wide]  # decode's layout: attention on every GPU
+        out += [Layout(widest, g // widest, g) for g in wide if g > widest]  # prefill's: a long prompt on TP GPUs
+    if not any(Instance(model, hw, engine, layout).fit.fits for layout in out if layout.gpus <= gpm):
+        out += [Layout(widest, pp=p) for p in PIPELINE_STAGES]
+    return out
+
+
 def _servable(trace, model, engine, token_machines, tp):
     """The trace without requests whose KV (prompt + output tokens) no token instance
     can hold, and a report of that request class (None when every request fits)."""
     best = None
     for hw in token_machines:
-        for t in ([tp] if tp else hw.tp_degrees()):
-            if t in hw.tp_degrees():
-                fit = Instance(model, hw, engine, t).fit
-                if fit.fits and (best is None or fit.kv_capacity_tokens > best[0]):
-                    best = (fit.kv_capacity_tokens, hw.name, t)
+        for layout in candidate_layouts(model, hw, engine, tp):
+            inst = Instance(model, hw, engine, layout)
+            if inst.fit.fits and (best is None or inst.max_request_tokens > best[0]):
+                best = (inst.max_request_tokens, hw.name, layout)
     if best is None:
         return trace, None  # nothing fits at all: the sizing says why
     too_long = trace.prompt_tokens + trace.output_tokens > best[0]
@@ -194,7 +218,7 @@ def _servable(trace, model, engine, token_machines, tp):
         "min_prompt_tokens": int(trace.prompt_tokens[too_long].min()),
         "max_prompt_tokens": int(trace.prompt_tokens[too_long].max()),
         "reason": f"prompt + output tokens exceed the KV capacity of every token instance considered "
-                  f"(largest: {best[0]:,} tokens, {best[1]} at TP {best[2]}); they are left out of the sizing",
+                  f"(largest: {best[0]:,} tokens, {best[1]} at {best[2]}); they are left out of the sizing",
     }
     if too_long.all():
         raise InfeasibleError(f"no request fits: {report['reason']}")
@@ -284,5 +308,5 @@ def _raise_if_unreachable(problem, options) -> None:
                 unit = " ms" if line.max_ms is not None else "x"
                 raise InfeasibleError(
                     f"{line.label} {line.target} cannot be met: the best reachable is {best[0]:.3g}{unit} "
-                    f"on {best[1].inst.hardware.name} at TP {best[1].inst.tp}, running requests alone")
-        raise InfeasibleError(f"no {role} option meets the SLO: " + "; ".join(f"{o.inst.hardware.name} TP {o.inst.tp}: {o.skipped}" for o in fitting))
+                    f"on {best[1].inst.hardware.name} at {best[1].inst.layout}, running requests alone")
+        raise InfeasibleError(f"no {role} option meets the SLO: " + "; ".join(f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped}" for o in fitting))

@@ -1,15 +1,16 @@
 """Pool options -> sized options -> ILP or exhaustive grid -> a verified Plan.
 
-1. Options are (machine type, TP, role); those the model does not fit are kept
+1. Options are (machine type, parallel layout, role); those the model does not fit are kept
    with the reason. Each option is sized alone on the trace (capacity.pools):
    n*(o) instances, and the SLO line that decided n*.
-2. The ILP (PuLP + CBC) picks integer machine counts x_o: minimize cost or power
-   subject to sum_o x_o * instances_per_machine_o / n*(o) >= 1 for the prompt and
+2. The ILP (PuLP + CBC) picks integer unit counts x_o (a unit: one machine, or the machines
+   one instance spans): minimize cost or power
+   subject to sum_o x_o * instances_per_unit_o / n*(o) >= 1 for the prompt and
    the token role (mixes within a pool allowed), budgets and availability.
    `grid` enumerates the same integer space exhaustively (the paper's method).
 3. The chosen plan is evaluated on the trace as a whole (mixed pools, KV
    transfer, E2E); while a line fails, one machine is added to the role that
-   line depends on (the option with the lowest cost per unit of capacity) and
+   line depends on (the option with the lowest cost per unit of capacity; a whole unit) and
    the plan is evaluated again. Pooling is not linear, so this repair is what
    makes the reported plan honest.
 """
@@ -34,16 +35,17 @@ from splitplan.errors import InfeasibleError
 from splitplan.perf.roofline import Instance, kv_transfer_time_s
 from splitplan.roles import SPLIT, Role
 from splitplan.slo import Reference, achieved, alone_latencies, meets
+from splitplan.specs.layout import Layout
 from splitplan.specs.slo import SloLine, SloProfile
 from splitplan.workload.trace import Trace
 
 
 class OptionKey(NamedTuple):
-    """Which option: a role, a machine type and a TP degree."""
+    """Which option: a role, a machine type and a parallel layout."""
 
     role: Role
     hardware: str
-    tp: int
+    layout: Layout
 
 
 @dataclass(frozen=True)
@@ -58,11 +60,11 @@ class Option:
 
     @property
     def key(self) -> OptionKey:
-        return OptionKey(self.role, self.inst.hardware.name, self.inst.tp)
+        return OptionKey(self.role, self.inst.hardware.name, self.inst.layout)
 
     @property
     def machines_alone(self) -> int:
-        return math.ceil(self.instances / self.inst.instances_per_machine)
+        return math.ceil(self.instances / self.inst.unit_instances) * self.inst.unit_machines
 
     @property
     def price_usd_per_hour(self) -> float:
@@ -76,8 +78,12 @@ class Option:
 @dataclass(frozen=True)
 class Pool:
     hardware: str
-    tp: int
+    layout: Layout
     machines: int
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
 
 
 @dataclass(frozen=True)
@@ -167,8 +173,9 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
         alone = _first_failing(problem, "ttft", inst.prefill_time_s(t.prompt_tokens))
         if alone is not None:
             return Option(role, inst, None, alone.label, f"{alone.label} not met even without queueing")
-    elif int(np.max(t.prompt_tokens + t.output_tokens)) > inst.fit.kv_capacity_tokens:
-        return Option(role, inst, None, "KV memory", "the longest request's KV exceeds one instance's KV capacity")
+    elif int(np.max(t.prompt_tokens + t.output_tokens)) > inst.max_request_tokens:
+        return Option(role, inst, None, "KV memory", "the longest request's KV exceeds one instance's KV capacity"
+                      + (" (of one attention DP group)" if inst.layout.dp > 1 else ""))
     elif (alone := _fails_alone(problem, role, inst)) is not None:
         return Option(role, inst, None, alone.label, f"{alone.label} not met even running requests alone")
     elif role == Role.TOKEN:
@@ -209,19 +216,19 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     if mixed:
         (key, machines), = mixed  # a co-located plan is one homogeneous pool
         inst = options[key].inst
-        return colocated_pool(t.arrival_s, t.prompt_tokens, t.output_tokens, inst, machines * inst.instances_per_machine,
+        return colocated_pool(t.arrival_s, t.prompt_tokens, t.output_tokens, inst, inst.instances_on(machines),
                               problem.max_batch_tokens)
     memo = {} if memo is None else memo
     prompt_keys = tuple(sorted((k, c) for k, c in counts.items() if k.role == Role.PROMPT))
-    prompt = [(options[k].inst, c * options[k].inst.instances_per_machine) for k, c in prompt_keys]
-    token = [(options[k].inst, c * options[k].inst.instances_per_machine) for k, c in sorted(counts.items()) if k.role == Role.TOKEN]
+    prompt = [(options[k].inst, options[k].inst.instances_on(c)) for k, c in prompt_keys]
+    token = [(options[k].inst, options[k].inst.instances_on(c)) for k, c in sorted(counts.items()) if k.role == Role.TOKEN]
     ttft = memo.get(("ttft", prompt_keys))
     if ttft is None:
         batches = [memo.setdefault(("batch", k), BatchTimes(options[k].inst, t.prompt_tokens)) for k, _ in prompt_keys]
         ttft = memo[("ttft", prompt_keys)] = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens, batches)
     src = max(prompt, key=lambda pair: pair[1])[0]
     # Requests go to token types in proportion to their capacity (a deterministic interleave).
-    share = np.array([n / options[OptionKey(Role.TOKEN, i.hardware.name, i.tp)].instances for i, n in token])
+    share = np.array([n / options[OptionKey(Role.TOKEN, i.hardware.name, i.layout)].instances for i, n in token])
     cut = np.cumsum(share / share.sum())
     kind = np.minimum(np.searchsorted(cut, (np.arange(len(t)) * 0.6180339887498949) % 1.0, side="right"), len(token) - 1)
     tbt, decode_s = np.empty(len(t)), np.empty(len(t))
@@ -278,18 +285,19 @@ def repair(problem: Problem, counts: dict[OptionKey, int], options: dict[OptionK
 
 
 def best_move(problem: Problem, counts: dict, options: dict, line: SloLine | None, value: float, memo: dict | None = None):
-    """Repair's step: of one more machine of each option the failing `line` depends on
-    (TTFT: prompt; TBT and KV memory, `line` None: token; E2E: both), the one that
-    improves it most per dollar (per kW for the power objective): (counts, values), or
-    None when no move improves it."""
+    """Repair's step: of one more unit (a machine, or the machines one instance spans) of each
+    option the failing `line` depends on (TTFT: prompt; TBT and KV memory, `line` None: token;
+    E2E: both), the one that improves it most per dollar (per kW for the power objective):
+    (counts, values), or None when no move improves it."""
     weight = (lambda o: o.price_usd_per_hour) if problem.objective == "cost" else (lambda o: o.power_kw)
     roles = {"ttft": (Role.PROMPT,), "tbt": (Role.TOKEN,), "e2e": SPLIT}[line.metric if line else "tbt"]
     best = None
     for option in _repair_moves(counts, options, roles, weight):
-        trial = {**counts, option.key: counts.get(option.key, 0) + 1}
+        unit = option.inst.unit_machines
+        trial = {**counts, option.key: counts.get(option.key, 0) + unit}
         trial_values = evaluate(problem, trial, options, memo)
         new = trial_values["kv_peak_fraction"] if line is None else achieved(line, trial_values[line.metric], problem.reference)
-        gain = (value - new) / weight(option)
+        gain = (value - new) / (weight(option) * unit)
         if gain > 0 and (best is None or gain > best[0]):
             best = (gain, trial, trial_values)
     return None if best is None else best[1:]
@@ -309,7 +317,7 @@ def _repair_moves(counts: dict, options: dict, roles: tuple, weight, extra: int 
 def make_plan(problem: Problem, counts: dict[OptionKey, int], options: dict[OptionKey, Option], repairs: int,
               values: dict, lines) -> Plan:
     def pools(role):
-        return tuple(Pool(k.hardware, k.tp, c) for k, c in sorted(counts.items()) if k.role == role)
+        return tuple(Pool(k.hardware, k.layout, c) for k, c in sorted(counts.items()) if k.role == role)
     cost = sum(options[k].price_usd_per_hour * c for k, c in counts.items())
     power = sum(options[k].power_kw * c for k, c in counts.items())
     predicted = _percentiles_ms(values)
@@ -331,7 +339,7 @@ def _percentiles_ms(values: dict) -> dict:
 
 def plan_counts(plan: Plan) -> dict[OptionKey, int]:
     """The plan's machine counts keyed as options are."""
-    return {OptionKey(role, p.hardware, p.tp): p.machines for role, pools in
+    return {OptionKey(role, p.hardware, p.layout): p.machines for role, pools in
             ((Role.PROMPT, plan.prompt_pools), (Role.TOKEN, plan.token_pools), (Role.MIXED, plan.mixed_pools)) for p in pools}
 
 
@@ -364,7 +372,7 @@ def colocated_plan(problem: Problem, options: list[Option]) -> Plan:
                 and all(m <= limit for hw, limit in problem.max_machines if hw == o.inst.hardware.name))
     usable = [o for o in options if o.role == Role.MIXED and o.instances and within(o)]
     if not usable:
-        reasons = "; ".join(f"{o.inst.hardware.name} TP {o.inst.tp}: {o.skipped or 'over budget'}" for o in options if o.role == Role.MIXED)
+        reasons = "; ".join(f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped or 'over budget'}" for o in options if o.role == Role.MIXED)
         raise InfeasibleError(f"no co-located plan meets the SLO within the budget ({reasons})")
     weight = (lambda o: (o.price_usd_per_hour, o.power_kw)) if problem.objective == "cost" else (lambda o: (o.power_kw, o.price_usd_per_hour))
     best = min(usable, key=lambda o: (weight(o)[0] * o.machines_alone, weight(o)[1] * o.machines_alone, o.key))

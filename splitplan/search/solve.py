@@ -31,7 +31,8 @@ def solve_counts(problem: Problem, options: list[Option], method: str = "ilp") -
         raise InfeasibleError(_budget_message(problem, usable))
     if status != "Optimal":
         raise SolverError(f"{problem.solver} returned status {status}")
-    return {k: int(round(v.value() or 0)) for k, v in x.items() if round(v.value() or 0) > 0}
+    unit = {o.key: o.inst.unit_machines for o in usable}
+    return {k: int(round(v.value() or 0)) * unit[k] for k, v in x.items() if round(v.value() or 0) > 0}
 
 
 SOLVERS = ("highs", "cbc")
@@ -95,16 +96,21 @@ def _solver(name: str):
 
 
 def ilp_model(problem: Problem, usable: list[Option]) -> tuple["pulp.LpProblem", dict]:
-    """The integer program: machines x_o per option, at most as many as the option needs alone;
-    minimize the objective (the other one, scaled by 1e-6, breaks ties); each role's
-    instances cover the load (sum of x_o * instances per machine / n*_o >= 1); budgets."""
+    """The integer program: units x_o per option (a unit: one machine, or the machines one
+    instance spans), at most as many as the option needs alone; minimize the objective (the
+    other one, scaled by 1e-6, breaks ties); each role's instances cover the load (sum of
+    x_o * instances per unit / n*_o >= 1); budgets."""
     primary, secondary = _objectives(problem)
     lp = pulp.LpProblem("splitplan", pulp.LpMinimize)
-    x = {o.key: pulp.LpVariable(f"x{i}", lowBound=0, upBound=o.machines_alone, cat="Integer") for i, o in enumerate(usable)}
-    lp += pulp.lpSum((primary(o) + 1e-6 * secondary(o)) * x[o.key] for o in usable)
+    x = {o.key: pulp.LpVariable(f"x{i}", lowBound=0, upBound=o.machines_alone // o.inst.unit_machines, cat="Integer")
+         for i, o in enumerate(usable)}
+
+    def machines(o):
+        return o.inst.unit_machines * x[o.key]
+    lp += pulp.lpSum((primary(o) + 1e-6 * secondary(o)) * machines(o) for o in usable)
     for role in SPLIT:
-        lp += pulp.lpSum(x[o.key] * o.inst.instances_per_machine / o.instances for o in usable if o.role == role) >= 1, f"cover_{role}"
-    for name, terms, limit in _budgets(problem, usable, lambda o: x[o.key]):
+        lp += pulp.lpSum(x[o.key] * o.inst.unit_instances / o.instances for o in usable if o.role == role) >= 1, f"cover_{role}"
+    for name, terms, limit in _budgets(problem, usable, machines):
         lp += pulp.lpSum(terms) <= limit, name
     return lp, x
 
@@ -131,10 +137,10 @@ def _budget_message(problem: Problem, usable: list[Option]) -> str:
 
 def _grid(problem: Problem, usable: list[Option], primary, secondary) -> dict[OptionKey, int]:
     """Exhaustive enumeration of the same integer space as the ILP."""
-    ranges = [range(o.machines_alone + 1) for o in usable]
+    ranges = [range(0, o.machines_alone + 1, o.inst.unit_machines) for o in usable]  # machines, in whole units
     best, best_key = None, None
     for counts in itertools.product(*ranges):
-        ok = all(sum(c * o.inst.instances_per_machine / o.instances for c, o in zip(counts, usable) if o.role == r) >= 1 - 1e-9
+        ok = all(sum(o.inst.instances_on(c) / o.instances for c, o in zip(counts, usable) if o.role == r) >= 1 - 1e-9
                  for r in SPLIT)
         if not ok:
             continue

@@ -102,7 +102,7 @@ class _Cluster:
         self.insts: list[InstanceState] = []
         for k, pool in enumerate(self.pools):
             hw = pool.perf.hardware
-            share = hw.scale_out_bytes_per_s * pool.perf.tp / hw.gpus_per_machine
+            share = hw.scale_out_bytes_per_s * pool.perf.layout.gpus / hw.gpus_per_machine
             for _ in range(pool.instances):
                 self.insts.append(InstanceState(len(self.insts), k, pool.role, pool.perf, share))
         self.prompt_side = [i for i in self.insts if i.role in (PROMPT, MIXED)]
@@ -470,5 +470,5 @@ class _Cluster:
             np.array(self.kv_ready) - (self.trace.arrival_s + np.array(self.ttft)), np.array(self.join_time) - np.array(self.kv_ready),
             np.array(self.p_inst), np.array(self.t_inst), np.array(self.rejected), self.tokens_out, span,
             [InstanceStats(x.pool, Role(x.role), x.prefill_s, x.decode_s, x.batch_integral) for x in self.insts], self.events,
-            [f"{x.role}:{x.perf.hardware.name}:tp{x.perf.tp}:{x.idx}" for x in self.insts], self.preemptions, self.log,
+            [f"{x.role}:{x.perf.hardware.name}:{x.perf.layout.spec}:{x.idx}" for x in self.insts], self.preemptions, self.log,
         )

@@ -101,9 +101,9 @@ def replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUEST
     requests per client (at least 8 in all), every client sending its first at once, and the
     means over all of them, as a benchmark reports them."""
     inst = Instance(load_model(run["model"]), load_hardware(run["machine"]), profile, int(run["tp"]))
-    clients = int(run["concurrency"]) * inst.instances_per_machine
+    clients = int(run["concurrency"]) * inst.unit_instances
     work = closed_loop_workload(None, clients, max(requests_per_client * clients, 8), int(run["isl"]), int(run["osl"]))
-    result = simulate(work, [PoolSpec(Role.MIXED, inst, 1)], SimOptions(concurrency=clients))
+    result = simulate(work, [PoolSpec(Role.MIXED, inst, inst.unit_machines)], SimOptions(concurrency=clients))
     return float(np.nanmean(result.ttft_s) * 1e3), float(np.nanmean(result.tpot_s) * 1e3)
 
 

@@ -68,9 +68,9 @@ def pool_report(result: SimResult, pools: list[PoolSpec]) -> list[dict]:
         tdp = hw.gpu_power_limit_w
         decode_w = hw.gpu.decode_w or 0.55 * hw.gpu.tdp_w
         idle = max(span * len(mine) - prefill - decode, 0.0)
-        joules = pool.perf.tp * (prefill * tdp + decode * decode_w + idle * hw.gpu.idle_w)
+        joules = pool.perf.layout.gpus * (prefill * tdp + decode * decode_w + idle * hw.gpu.idle_w)
         out.append({
-            "role": pool.role, "hardware": hw.name, "tp": pool.perf.tp, "machines": pool.machines,
+            "role": pool.role, "hardware": hw.name, "tp": pool.perf.tp, "layout": pool.perf.layout.spec, "machines": pool.machines,
             "instances": len(mine), "utilization": (prefill + decode) / (span * max(len(mine), 1)),
             "mean_batch": batch_time / max(prefill + decode, 1e-12) if pool.role != Role.PROMPT else None,
             "energy_kwh": joules / 3.6e6,

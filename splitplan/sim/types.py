@@ -27,7 +27,8 @@ class Event(IntEnum):
 
 @dataclass(frozen=True)
 class PoolSpec:
-    """`machines` machines of one type, each holding gpus/tp instances of `perf`."""
+    """`machines` machines of one type holding whole instances of `perf` (several per machine,
+    or one over several machines)."""
 
     role: str
     perf: PerfModel  # Instance or MeasuredInstance
@@ -35,7 +36,7 @@ class PoolSpec:
 
     @property
     def instances(self) -> int:
-        return self.machines * self.perf.instances_per_machine
+        return self.perf.instances_on(self.machines)
 
 
 @dataclass(frozen=True)

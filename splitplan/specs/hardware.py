@@ -66,6 +66,9 @@ class HardwareSpec(BaseModel):
     description: str
     gpu: GpuSpec
     gpus_per_machine: Annotated[int, Field(ge=1, le=72)]
+    # Rack-scale systems (GB200 NVL72): the NVLink domain spans several machines (compute trays);
+    # GPUs within it exchange over NVLink, beyond it over the scale-out network. Default: one machine.
+    nvlink_domain_gpus: Annotated[int, Field(ge=1, le=576)] | None = None
     scale_out_gbit_per_s: Annotated[float, Field(gt=0, le=100_000)]
     price_usd_per_hour: Annotated[float, Field(gt=0, le=10_000)]
     price_source: str
@@ -76,6 +79,8 @@ class HardwareSpec(BaseModel):
 
     @model_validator(mode="after")
     def _cap_consistent(self) -> "HardwareSpec":
+        if self.nvlink_domain_gpus is not None and self.nvlink_domain_gpus % self.gpus_per_machine:
+            raise ValueError(f"nvlink_domain_gpus must be a multiple of gpus_per_machine ({self.gpus_per_machine})")
         if self.gpu_power_cap_w is not None and not self.gpu.idle_w < self.gpu_power_cap_w <= self.gpu.tdp_w:
             raise ValueError(f"gpu_power_cap_w must lie above idle_w ({self.gpu.idle_w}) and at most tdp_w ({self.gpu.tdp_w})")
         return self
@@ -121,6 +126,11 @@ class HardwareSpec(BaseModel):
     @property
     def scale_out_bytes_per_s(self) -> float:
         return self.scale_out_gbit_per_s * 1e9 / 8
+
+    @property
+    def nvlink_domain(self) -> int:
+        """GPUs that reach each other over NVLink: one machine, or a rack-scale domain."""
+        return self.nvlink_domain_gpus or self.gpus_per_machine
 
     def tp_degrees(self) -> list[int]:
         """TP degrees that tile a machine exactly (one or more instances per machine)."""

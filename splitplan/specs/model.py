@@ -165,6 +165,11 @@ class ModelSpec(BaseModel):
         return self.ffn_matrices * self.hidden_size * (self.moe_intermediate_size or self.intermediate_size)
 
     @property
+    def routed_params(self) -> int:
+        """All routed experts of all MoE layers (what expert parallelism spreads)."""
+        return self.moe_layers * self.num_local_experts * self.expert_params
+
+    @property
     def router_params_per_layer(self) -> int:
         return self.hidden_size * self.num_local_experts if self.is_moe else 0
 

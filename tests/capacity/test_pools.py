@@ -11,6 +11,7 @@ from splitplan.search.plan import Option, Problem, _decode_values, evaluate
 from splitplan.search.plan import OptionKey as K
 from splitplan.specs.slo import load_slo
 from splitplan.workload.trace import Trace
+from splitplan.specs.layout import Layout
 
 H100 = api.instance("llama2-70b", "h100-80gb", 8)
 A100 = api.instance("llama2-70b", "a100-80gb", 8)
@@ -61,7 +62,7 @@ def test_requests_split_over_token_types_in_proportion_to_capacity():
     options = _keyed(Option("prompt", H100, 4, "t"),
                      Option("token", H100, 2, "t"),  # one machine: half of what the load needs
                      Option("token", A100, 4, "t"))  # three machines: 3/4 of it
-    counts = {K("prompt", "h100-80gb", 8): 4, K("token", "h100-80gb", 8): 1, K("token", "a100-80gb", 8): 3}
+    counts = {K("prompt", "h100-80gb", Layout(8)): 4, K("token", "h100-80gb", Layout(8)): 1, K("token", "a100-80gb", Layout(8)): 3}
     values = evaluate(problem, counts, options)
     # the H100 decodes 0.5 / (0.5 + 0.75) = 40 % of the requests: its shorter transfer-free decode
     # (H100 to H100 vs H100 to A100 steps differ) tells which requests went where
@@ -81,11 +82,11 @@ def test_repair_adds_the_machine_that_improves_the_failing_line_most_per_dollar(
     problem = _problem(trace)
     options = _keyed(Option("prompt", H100, 3, "t"), Option("prompt", A100, 5, "t"),
                      Option("token", H100, 2, "t"), Option("token", A100, 3, "t"))
-    start = {K("prompt", "a100-80gb", 8): 1, K("token", "h100-80gb", 8): 2}  # too few prompt machines: TTFT fails
+    start = {K("prompt", "a100-80gb", Layout(8)): 1, K("token", "h100-80gb", Layout(8)): 2}  # too few prompt machines: TTFT fails
     line, value = next((line, v) for line, v, ok in check(problem, evaluate(problem, start, options)) if not ok)
     assert line.metric == "ttft"
     gain = {}  # TTFT moves only: one more prompt machine of either type, per dollar
-    for key in (K("prompt", "h100-80gb", 8), K("prompt", "a100-80gb", 8)):
+    for key in (K("prompt", "h100-80gb", Layout(8)), K("prompt", "a100-80gb", Layout(8))):
         trial = {**start, key: start.get(key, 0) + 1}
         gain[key] = (value - achieved(line, evaluate(problem, trial, options)["ttft"], problem.reference)) / options[key].price_usd_per_hour
     assert len(set(gain.values())) == 2

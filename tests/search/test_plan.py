@@ -16,9 +16,11 @@ from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
 from splitplan.workload.trace import default_trace_path, load_trace, resample_poisson
+from splitplan.specs.layout import Layout
 
 MODEL, ENGINE = load_model("llama2-70b"), load_engine("lean")
-CHOICES = [("a100-80gb", 8), ("h100-80gb", 4), ("h100-80gb", 8), ("mi300x-192gb", 2), ("h200-141gb", 4)]
+CHOICES = [("a100-80gb", 8), ("h100-80gb", 4), ("h100-80gb", 8), ("mi300x-192gb", 2), ("h200-141gb", 4),
+           ("a100-80gb", Layout(8, pp=2)), ("h100-80gb", Layout(8, pp=4))]  # (instances over 2 and 4 machines)
 
 
 def _cost(counts, options, attr):
@@ -199,4 +201,4 @@ def test_equal_cost_is_broken_by_power(method):
     assert capped.hardware.provisioned_power_w < full.hardware.provisioned_power_w
     options = [Option("prompt", full, 3, "test"), Option("prompt", capped, 3, "test"), Option("token", full, 2, "test")]
     counts = solve_counts(Problem(trace=None, slo=None, reference=None), options, method)
-    assert counts == {("prompt", "h100-80gb-cap70", 8): 3, ("token", "h100-80gb", 8): 2}
+    assert counts == {("prompt", "h100-80gb-cap70", Layout(8)): 3, ("token", "h100-80gb", Layout(8)): 2}
