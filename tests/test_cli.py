@@ -75,7 +75,7 @@ def test_perf_accepts_model_file_and_engine(tmp_path):
     (["perf", "--hardware", "h100"], 2, "unknown hardware 'h100'"),
     (["perf", "--tp", "3"], 2, "--tp 3: must divide the 8 GPUs"),
     (["perf", "--prefill", "4y512"], 2, "--prefill '4y512'"),
-    (["perf", "--model", "llama3.1-405b", "--hardware", "a100-40gb"], 3, "does not fit a100-40gb at any TP"),
+    (["perf", "--model", "llama3.1-405b", "--hardware", "a100-40gb", "--tp", "8"], 3, "does not fit a100-40gb at TP 8"),
     (["perf", "--model", "llama2-70b", "--hardware", "h100-80gb", "--tp", "1"], 3, "does not fit h100-80gb at TP 1"),
     (["perf", "--engine", "nope"], 2, "unknown engine profile 'nope'"),
     (["trace", "summarize", "/nonexistent.csv"], 2, "no such file"),

@@ -33,6 +33,7 @@ from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL
 from splitplan.errors import SpecError
 from splitplan.inputs import excerpt
 from splitplan.limits import MAX_BATCH, MAX_REQUEST_TOKENS
+from splitplan.specs.layout import parse_layout
 from splitplan.specs.hardware import hardware_catalog
 from splitplan.specs.model import model_catalog
 from splitplan.workload.trace import load_workload, summarize
@@ -130,6 +131,8 @@ def perf(
     model: str = typer.Option(DEFAULT_MODEL, "--model", help="Catalog name or path to a Hugging Face config.json / YAML."),
     hardware: str = typer.Option("h100-80gb", "--hardware", help="Catalog name or path to a hardware YAML."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel degree (default: the smallest that fits)."),
+    layout: Optional[str] = typer.Option(None, "--layout", help="A whole parallel layout instead of --tp: tp8, dp16ep16, "
+                                         "tp8dp2ep16, tp8pp2 (TP, data-parallel attention, EP, PP; may span machines)."),
     prefill: str = typer.Option("512,2048", "--prefill", help="Prefill batches: T (one prompt) or BxT (B prompts of T tokens)."),
     decode: str = typer.Option("1x512,64x2048", "--decode", help="Decode steps: BxC (B requests, C context tokens each)."),
     engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help="Engine profile name or path (lean, splitwise-vllm)."),
@@ -140,7 +143,9 @@ def perf(
 ) -> None:
     """Predicted prefill and decode-step latency of one model instance, and what bounds it."""
     pre, dec = parse_points(prefill, "--prefill"), parse_points(decode, "--decode")
-    inst = api.instance(model, hardware, tp, with_precision(engine, weights, kv_cache))
+    if layout is not None and tp is not None:
+        raise SpecError("give --tp or --layout, not both")
+    inst = api.instance(model, hardware, parse_layout(layout, "--layout") if layout else tp, with_precision(engine, weights, kv_cache))
     if perf_db is not None:
         from splitplan.perf.table import load_perf_db
         inst = load_perf_db(str(perf_db)).require(inst)
@@ -154,12 +159,15 @@ def perf(
          p["compute_ms"], p["memory_ms"], p["network_ms"], p["overhead_ms"], "yes" if p["kv_fits"] else "NO")
         for p in points
     ]
-    caption = (f"{facts['instances_per_machine']} instance(s) per machine; weights {facts['weights_gb_per_gpu']:.1f} GB/GPU; "
+    share = (f"{facts['instances_per_machine']} instance(s) per machine" if inst.unit_machines == 1 else
+             f"one instance over {inst.unit_machines} machines ({inst.layout.gpus} GPUs)")
+    caption = (f"{share}; weights {facts['weights_gb_per_gpu']:.1f} GB/GPU; "
                f"KV {facts['kv_bytes_per_token']:,.0f} B/token; KV capacity {facts['kv_capacity_tokens']:,} tokens per instance.\n"
                "tokens: prompt tokens (prefill) or context tokens per request (decode). The latency is the sum of: compute "
                "(operator classes bound by FLOP/s, at the achieved efficiency and sustained clock), memory (classes bound by "
-               "bytes: weights, KV, activations), network (tensor-parallel all-reduces over the GPU links) and overhead "
+               "bytes: weights, KV, activations), network (tensor-parallel all-reduces, expert-parallel all-to-alls and "
+               "pipeline hops, over NVLink within the NVLink domain and the NICs beyond it) and overhead "
                "(engine and kernel-launch time per pass); bound names the largest. KV fits: the batch's KV within capacity.")
     cols = ["phase", "batch", "tokens", "latency ms", "bound", "compute ms", "memory ms", "network ms", "overhead ms", "KV fits"]
-    title = f"{inst.model.name} on {inst.hardware.name}, TP {inst.tp}, engine {inst.engine.name}"
+    title = f"{inst.model.name} on {inst.hardware.name}, {inst.layout}, engine {inst.engine.name}"
     report.console().print(report.table(title, cols, rows, caption))

@@ -22,8 +22,8 @@ def require_tp(hw: HardwareSpec, tp: int) -> None:
 
 def instance(model: str | ModelSpec, hardware: str | HardwareSpec, tp: int | Layout | None = None,
              engine: str | EngineProfile = DEFAULT_ENGINE) -> Instance:
-    """An instance that fits: at `tp` (a TP degree or a whole layout), or at the smallest TP
-    degree that fits."""
+    """An instance that fits: at `tp` (a TP degree or a whole layout), or in the candidate layout
+    of fewest GPUs that fits (TP alone first)."""
     m = load_model(model) if isinstance(model, str) else model
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
     eng = load_engine(engine) if isinstance(engine, str) else engine
@@ -35,12 +35,37 @@ def instance(model: str | ModelSpec, hardware: str | HardwareSpec, tp: int | Lay
             raise InfeasibleError(f"{m.name} does not fit {hw.name} at {inst.layout}: {inst.fit.reason}")
         return inst
     reasons = []
-    for t in hw.tp_degrees():
-        inst = Instance(m, hw, eng, t)
+    for layout in sorted(candidate_layouts(m, hw, eng), key=lambda lay: (lay.gpus, lay != Layout(lay.tp), lay)):
+        inst = Instance(m, hw, eng, layout)
         if inst.fit.fits:
             return inst
         reasons.append(inst.fit.reason)
-    raise InfeasibleError(f"{m.name} does not fit {hw.name} at any TP degree: {reasons[-1]}")
+    raise InfeasibleError(f"{m.name} does not fit {hw.name} in any layout: {reasons[-1]}")
+
+
+# Wide expert parallelism: instances of 8 to 64 GPUs, attention data-parallel over all of them.
+WIDE_EP_GPUS = (8, 16, 32, 64)
+PIPELINE_STAGES = (2, 4)
+
+
+def candidate_layouts(model, hw, engine, tp: int | None = None) -> list[Layout]:
+    """The layouts the search sizes on one machine type: TP alone within a machine (`tp` only,
+    when given); for MoE models, wide EP over G GPUs (one machine or several: WIDE_EP_GPUS)
+    with data-parallel attention on every GPU (DP G, EP G) or over TP groups of a machine's
+    widest TP (TP 8, DP G/8, EP G); and, when the model fits no single machine, that TP times
+    PIPELINE_STAGES stages. Layouts the model does not fit are kept: the sizing says why."""
+    if tp:
+        return [Layout(tp)] if tp in hw.tp_degrees() else []
+    out = [Layout(t) for t in hw.tp_degrees()]
+    gpm = hw.gpus_per_machine
+    widest = max((t for t in hw.tp_degrees() if t <= 8 and model.num_attention_heads % t == 0), default=1)
+    if model.is_moe:
+        wide = [g for g in WIDE_EP_GPUS if (g % gpm == 0 or gpm % g == 0) and model.num_local_experts % g == 0]
+        out += [Layout(1, g, g) for g in wide]  # decode's layout: attention on every GPU
+        out += [Layout(widest, g // widest, g) for g in wide if g > widest]  # prefill's: a long prompt on TP GPUs
+    if not any(Instance(model, hw, engine, layout).fit.fits for layout in out if layout.gpus <= gpm):
+        out += [Layout(widest, pp=p) for p in PIPELINE_STAGES]
+    return out
 
 
 def reference_instance(model, hardware: str, tp: int, engine, db=None, interpolation: str = "splitplan"):

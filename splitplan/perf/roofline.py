@@ -184,7 +184,7 @@ class Instance(PassShortcuts):
         gpm = hw.gpus_per_machine
         if lay.problem():
             return f"layout {lay}: {lay.problem()}"
-        if lay == Layout(lay.tp) and (lay.tp > gpm or gpm % lay.tp):
+        if lay == Layout(lay.tp) and lay.tp not in hw.tp_degrees():
             return f"TP {lay.tp} does not divide the {gpm} GPUs of {hw.name}"
         if (lay.gpus > gpm and lay.gpus % gpm) or (lay.gpus < gpm and gpm % lay.gpus):
             return f"{lay} ({lay.gpus} GPUs) neither tiles the {gpm} GPUs of {hw.name} nor fills whole machines"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from splitplan.defaults import DEFAULT_ENGINE, MAX_BATCH_TOKENS
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.parallel import run_units
-from splitplan.perf.points import reference_instance, require_tp
+from splitplan.perf.points import candidate_layouts, reference_instance, require_tp
 from splitplan.perf.roofline import Instance
 from splitplan.perf.table import load_perf_db
 from splitplan.report import optimize_json, plan_json, plans_csv
@@ -28,7 +28,6 @@ from splitplan.search.plan import (
 from splitplan.search.solve import solve_counts
 from splitplan.slo import achieved, alone_latencies, meets, reference_for
 from splitplan.specs.engine import load_engine
-from splitplan.specs.layout import Layout
 from splitplan.specs.hardware import hardware_catalog, load_machines, price_date_warning
 from splitplan.specs.model import load_model
 from splitplan.specs.slo import load_slo
@@ -112,7 +111,8 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
         if hw not in machines:
             raise SpecError(f"--max-machines {hw}: not among the hardware considered ({', '.join(machines)})")
     if tp is not None:
-        _check_tp(tp, machines, named=bool(hardware or prompt_hardware or token_hardware))
+        _check_tp(tp, [machines[n] for n in sorted(set(hardware or []) | set(prompt_hardware or []) | set(token_hardware or []))],
+                  list(machines.values()))
     trace, unservable = _servable(trace, m, eng, [machines[n] for n in (token_hardware or names)] if split
                                   else [machines[n] for n in names], tp)
     reference = reference_for(profile, lambda hw, t: reference_instance(m, hw, t, eng, db), trace.prompt_tokens, trace.output_tokens)
@@ -165,37 +165,12 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
                           colocated, pareto=front, unservable=unservable, problem=problem, split=plan, objective=objective)
 
 
-def _check_tp(tp: int, machines: dict, named: bool) -> None:
-    """--tp must divide the GPUs of every machine the user named (of at least one catalog
-    machine when none was named): bad input, exit 2."""
-    wrong = [hw for hw in machines.values() if tp not in hw.tp_degrees()]
-    if wrong and (named or len(wrong) == len(machines)):
+def _check_tp(tp: int, named: list, catalog: list) -> None:
+    """--tp must be a TP degree of every machine the user named, or of at least one catalog
+    machine when none was named: bad input, exit 2."""
+    wrong = [hw for hw in (named or catalog) if tp not in hw.tp_degrees()]
+    if wrong and (named or len(wrong) == len(catalog)):
         require_tp(wrong[0], tp)
-
-
-# Wide expert parallelism: instances of 8 to 64 GPUs, attention data-parallel over all of them.
-WIDE_EP_GPUS = (8, 16, 32, 64)
-PIPELINE_STAGES = (2, 4)
-
-
-def candidate_layouts(model, hw, engine, tp: int | None = None) -> list[Layout]:
-    """The layouts the search sizes on one machine type: TP alone within a machine (`tp` only,
-    when given); for MoE models, wide EP over G GPUs (one machine or several: WIDE_EP_GPUS)
-    with data-parallel attention on every GPU (DP G, EP G) or over TP groups of a machine's
-    widest TP (TP 8, DP G/8, EP G); and, when the model fits no single machine, that TP times
-    PIPELINE_STAGES stages. Layouts the model does not fit are kept: the sizing says why."""
-    if tp:
-        return [Layout(tp)] if tp in hw.tp_degrees() else []
-    out = [Layout(t) for t in hw.tp_degrees()]
-    gpm = hw.gpus_per_machine
-    widest = max((t for t in hw.tp_degrees() if t <= 8 and model.num_attention_heads % t == 0), default=1)
-    if model.is_moe:
-        wide = [g for g in WIDE_EP_GPUS if (g % gpm == 0 or gpm % g == 0) and model.num_local_experts % g == 0]
-        out += [Layout(1, g, g) for g in wide]  # decode's layout: attention on every GPU
-        out += [Layout(widest, g // widest, g) for g in wide if g > widest]  # prefill's: a long prompt on TP GPUs
-    if not any(Instance(model, hw, engine, layout).fit.fits for layout in out if layout.gpus <= gpm):
-        out += [Layout(widest, pp=p) for p in PIPELINE_STAGES]
-    return out
 
 
 def _servable(trace, model, engine, token_machines, tp):

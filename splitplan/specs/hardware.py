@@ -133,8 +133,10 @@ class HardwareSpec(BaseModel):
         return self.nvlink_domain_gpus or self.gpus_per_machine
 
     def tp_degrees(self) -> list[int]:
-        """TP degrees that tile a machine exactly (one or more instances per machine)."""
-        return [t for t in range(1, self.gpus_per_machine + 1) if self.gpus_per_machine % t == 0]
+        """TP degrees that tile a machine exactly (one or more instances per machine), and in a
+        rack-scale NVLink domain those up to 8 that fill whole machines (TP 8 over two 4-GPU trays)."""
+        gpm = self.gpus_per_machine
+        return [t for t in range(1, gpm + 1) if gpm % t == 0] + [t for t in (8,) if gpm < t <= self.nvlink_domain and t % gpm == 0]
 
 
 @functools.lru_cache(maxsize=256)

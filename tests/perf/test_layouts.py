@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from splitplan.cli import app
 from splitplan.errors import SpecError
 from splitplan.perf.roofline import Instance
-from splitplan.search.optimize import candidate_layouts
+from splitplan.perf.points import candidate_layouts
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.layout import Layout, parse_layout
@@ -145,3 +145,16 @@ def test_plan_json_carries_the_layout_and_simulate_reads_it_back(tmp_path):
     sim = runner.invoke(app, ["simulate", "--plan", str(out / "plan.json"), "--format", "json"])
     assert sim.exit_code == 0, sim.stderr
     assert [p["layout"] for p in json.loads(sim.stdout)["summary"]["pools"]] == [p["layout"] for p in pools]
+
+
+def test_rack_scale_machine_keeps_wide_ep_on_nvlink():
+    """A GB200 NVL72 tray is a 4-GPU machine in a 72-GPU NVLink domain: TP 8 spans two trays, and
+    DP 32 EP 32 (eight trays) exchanges over NVLink, where eight-GPU B200 machines use their NICs."""
+    gb200, b200 = load_hardware("gb200-nvl72"), load_hardware("b200-180gb")
+    assert gb200.tp_degrees() == [1, 2, 4, 8] and gb200.nvlink_domain == 72
+    rack, nodes = Instance(DSV3, gb200, FP8, Layout(1, 32, 32)), Instance(DSV3, b200, FP8, Layout(1, 32, 32))
+    assert (rack.unit_machines, nodes.unit_machines) == (8, 4)
+    per_byte = 1 / (gb200.intra_node_bytes_per_s * rack.factors.link_efficiency)
+    assert rack._link_s_per_byte(32, rack.factors) == per_byte
+    assert nodes._link_s_per_byte(32, nodes.factors) > 10 * per_byte
+    assert Instance(DSV3, gb200, FP8, Layout(8)).unit_machines == 2
