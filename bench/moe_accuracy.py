@@ -1,68 +1,145 @@
 """MoE accuracy (issue 17): DeepSeek and Qwen3-MoE deployments measured by NVIDIA aiconfigurator,
 replayed as closed loops, against splitplan's predictions.
 
-    python bench/moe_accuracy.py [--data PATH] [--jobs N] [--max-concurrency N]
+    python bench/moe_accuracy.py [--data PATH] [--jobs N] [--max-concurrency N] [--no-cv]
 
-Takes the aggregated runs of `../shared/data/perf/aiconfigurator_silicon_sample.csv` that the
-catalog can model today: DeepSeek-R1 / DeepSeek-V3 (same architecture: `deepseek-v3`) and
-Qwen3-235B-A22B (`qwen3-235b-a22b`), on H100/H200/B200, TP within one machine with no pipeline,
-attention-DP or expert parallelism (the wide-EP and disaggregated rows wait for issue 17's
-layouts), fp8 or fp4 weights (`--weights fp4`). Each run is replayed as the benchmark ran it
-(sim.deployments.replay: `concurrency` clients, ten requests each) under the engine's shipped
-profile (`vllm-fp8`, `sglang-fp8`, `trtllm-fp8`) and under the uncalibrated `lean-fp8`.
+Takes the runs of `../shared/data/perf/aiconfigurator_silicon_sample.csv` that the catalog can
+model: DeepSeek-R1 / DeepSeek-V3 (same architecture: `deepseek-v3`) and Qwen3-235B-A22B
+(`qwen3-235b-a22b`), on H100, H200, B200 and GB200 NVL72 (`gb200-nvl72`), fp8 or fp4 weights,
+aggregated (one co-located instance) and disaggregated (prefill and decode workers), in every
+layout the file records (`tp_size`, `attention_dp_size`, `moe_ep_size`, `pp_size`, and the
+`prefill_`/`decode_` ones), at most `--max-concurrency` clients. Each run is replayed as the
+benchmark ran it (sim.deployments.replay: `concurrency` clients, ten requests each, one to
+an instance's share) and its mean TTFT and mean TPOT compared with the measured ones.
 
-Every MoE run is held out: the shipped profiles were fitted on dense models only (bench/fidelity.py),
-so this is the error a planner sees on a model family none of its fits has seen. Prints, per
-(model, engine, machine, weights), the runs, MAPE % and median signed error % (predicted over
-measured, minus 1) of mean TTFT and mean TPOT, then `N runs` overall.
+Two predictions:
+- shipped: the engine's shipped profile (`vllm-fp8`, `sglang-fp8`, `trtllm-fp8`), fitted on dense
+  models only (bench/fidelity.py): every MoE run is held out from that fit.
+- cv: held-out folds by machine. For each engine and each machine, the profile's
+  DEPLOYMENT_FACTORS are refitted (sim.deployments.fit_deployments) on that engine's MoE runs on
+  the other machines and predict the held-out machine's runs.
+
+Prints, per (engine, machine, mode, layout kind), the runs, MAPE % and median signed error %
+(predicted over measured, minus 1) of mean TTFT and mean TPOT, then the overall lines and
+`N runs` (with the rows left out, by reason).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from splitplan.errors import SpecError
 from splitplan.parallel import run_units
-from splitplan.perf.roofline import Instance
-from splitplan.sim.deployments import MACHINES, replay
+from splitplan.runner import Runner
+from splitplan.sim import deployments
+from splitplan.sim.deployments import fit_deployments, replay, run_pools
 from splitplan.specs.engine import load_engine
-from splitplan.specs.hardware import load_hardware
-from splitplan.specs.model import load_model
+from splitplan.specs.layout import Layout
 
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "perf" / "aiconfigurator_silicon_sample.csv"
 MODELS = {"deepseek-ai/DeepSeek-R1": "deepseek-v3", "deepseek-ai/DeepSeek-V3": "deepseek-v3",
           "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b"}
+MACHINES = {**deployments.MACHINES, "gb200": "gb200-nvl72"}
 
 
-def runs_of(path: Path, max_concurrency: int) -> pd.DataFrame:
+def _layout(row: pd.Series, prefix: str = "") -> str:
+    """aiconfigurator's layout columns as a splitplan layout (`tp8`, `dp8ep8`): attention TP x DP
+    on every stage, the experts over EP of them (their TP the rest), PP stages."""
+    def get(col):
+        value = row.get(prefix + col)
+        return 1 if pd.isna(value) else int(value)
+    tp, dp, ep, pp = get("tp_size"), get("attention_dp_size"), get("moe_ep_size"), get("pp_size")
+    if tp * dp != get("moe_tp_size") * ep:
+        raise ValueError(f"attention TP x DP {tp * dp} != MoE TP x EP {get('moe_tp_size') * ep}")
+    return Layout(tp, dp, ep, pp).spec
+
+
+def runs_of(path: Path, max_concurrency: int) -> tuple[pd.DataFrame, dict[str, int]]:
     raw = pd.read_csv(path)
-    one = lambda col: raw[col].fillna(1).astype(float) == 1  # noqa: E731 - (empty means 1)
-    keep = (raw["mode"] == "agg") & raw.model_path.isin(list(MODELS)) & raw.system.isin(list(MACHINES)) \
-        & raw.precision.isin(["fp8", "fp4"]) & one("pp_size") & one("attention_dp_size") & one("moe_ep_size") \
-        & (raw.batch_size <= max_concurrency) & (raw.silicon_ttft_ms > 0) & (raw.silicon_tpot_ms > 0)
-    kept = raw[keep]
-    return pd.DataFrame({
-        "model": kept.model_path.map(MODELS), "machine": kept.system.map(MACHINES), "engine": kept.backend,
-        "weights": kept.precision, "tp": kept.tp_size.astype(int), "concurrency": kept.batch_size.astype(int),
-        "isl": kept.isl.astype(int), "osl": kept.osl.astype(int),
-        "ttft_ms": kept.silicon_ttft_ms.astype(float), "tpot_ms": kept.silicon_tpot_ms.astype(float),
-    }).reset_index(drop=True)
+    raw = raw[raw.model_path.isin(list(MODELS))]
+    dropped: dict[str, int] = {}
+    rows = []
+    for _, r in raw.iterrows():
+        # the benchmark's clients (with attention DP, `batch_size` is per DP rank); aggregated runs
+        # that do not record it ran `batch_size`
+        recorded = re.search(r"silicon_concurrency=(\d+)", str(r.silicon_data_source))
+        concurrency = int(recorded.group(1)) if recorded else (int(r.batch_size) if r["mode"] == "agg" else 0)
+        reason = ("machine not in the catalog" if r.system not in MACHINES else
+                  "no concurrency recorded" if concurrency < 1 else
+                  "disaggregated, no worker counts recorded" if r["mode"] != "agg"
+                  and (pd.isna(r.prefill_num_workers) or pd.isna(r.decode_num_workers)) else
+                  "precision other than fp8/fp4" if r.precision not in ("fp8", "fp4") else
+                  f"more than {max_concurrency} clients" if concurrency > max_concurrency else
+                  "missing or non-positive latency" if not (r.silicon_ttft_ms > 0 and r.silicon_tpot_ms > 0) else "")
+        run = {"model": MODELS[r.model_path], "machine": MACHINES.get(r.system), "engine": r.backend, "mode": r["mode"],
+               "weights": r.precision, "concurrency": concurrency, "isl": int(r.isl), "osl": int(r.osl),
+               "ttft_ms": float(r.silicon_ttft_ms), "tpot_ms": float(r.silicon_tpot_ms)}
+        try:
+            if r["mode"] == "agg":
+                run |= {"layout": _layout(r)}
+            else:
+                run |= {"prefill_layout": _layout(r, "prefill_"), "prefill_workers": int(r.prefill_num_workers),
+                        "decode_layout": _layout(r, "decode_"), "decode_workers": int(r.decode_num_workers)}
+        except ValueError:
+            reason = reason or "inconsistent layout columns"
+        if reason:
+            dropped[reason] = dropped.get(reason, 0) + 1
+            continue
+        rows.append(run)
+    return pd.DataFrame(rows), dropped
 
 
-def _profile(tag: str, run: dict) -> str:
-    """The engine's shipped profile, or lean-fp8; with fp4 weights where the run had them."""
-    base = f"{run['engine']}-fp8" if tag == "shipped" else tag
-    return base + ("@weights=fp4" if run["weights"] == "fp4" else "")
+def kind(run: dict) -> str:
+    """TP alone on one machine, EP on one machine, or instances over several machines."""
+    pools, _ = run_pools(run, load_engine(_profile(run)))
+    if any(p.perf.unit_machines > 1 for p in pools):
+        return "over machines"
+    return "EP or DP" if any(p.perf.layout != Layout(p.perf.layout.tp) for p in pools) else "TP"
 
 
-def _unit(tag, run):
-    """Predicted (TTFT, TPOT) ms of one run; NaN where the instance cannot hold the model."""
-    profile = load_engine(_profile(tag, run))
-    inst = Instance(load_model(run["model"]), load_hardware(run["machine"]), profile, int(run["tp"]))
-    return replay(run, profile) if inst.fit.fits else (float("nan"), float("nan"))
+def _profile(run: dict) -> str:
+    """The engine's shipped profile, with fp4 weights where the run had them."""
+    return f"{run['engine']}-fp8" + ("@weights=fp4" if run["weights"] == "fp4" else "")
+
+
+def _unit(profile, run):
+    try:
+        return replay(run, profile if profile is not None else load_engine(_profile(run)))
+    except SpecError:  # a layout the catalog model cannot take (heads, experts)
+        return float("nan"), float("nan")
+
+
+def predict(runs: pd.DataFrame, jobs: int, profile=None) -> np.ndarray:
+    return np.array(run_units(_unit, runs.to_dict("records"), profile, jobs=jobs), float).reshape(-1, 2)
+
+
+def cross_validated(runs: pd.DataFrame, jobs: int, max_evaluations: int, train_runs: int) -> np.ndarray:
+    """Held-out predictions: per engine and weights, each machine predicted by the shipped profile
+    refitted on the other machines' runs (at most `train_runs` of them, drawn with a fixed seed:
+    every fit replays its training runs some 7 x `max_evaluations` times); NaN where the engine
+    ran on one machine only."""
+    out = np.full((len(runs), 2), np.nan)
+    runner: Runner = lambda fn, units, shared: run_units(fn, units, shared, jobs=jobs)  # noqa: E731
+    for (engine, weights), group in runs.groupby(["engine", "weights"]):
+        base = load_engine(_profile({"engine": engine, "weights": weights}))
+        for machine in sorted(group.machine.unique()):
+            train, held = group[group.machine != machine], group[group.machine == machine]
+            if train.empty:
+                continue
+            train = train.sample(min(len(train), train_runs), random_state=0)
+            fitted = fit_deployments(train, base, max_evaluations, runner)
+            out[held.index] = predict(held, jobs, fitted)
+            print(f"  fitted {engine} {weights} without {machine} on {len(train)} runs", flush=True)
+    return out
+
+
+def _errors(runs, predicted):
+    return (predicted / runs[["ttft_ms", "tpot_ms"]].to_numpy(float) - 1) * 100
 
 
 def main() -> None:
@@ -70,28 +147,41 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--max-concurrency", type=int, default=64)
+    parser.add_argument("--max-evaluations", type=int, default=6)
+    parser.add_argument("--train-runs", type=int, default=40, help="runs each held-out fit is fitted on, at most")
+    parser.add_argument("--no-cv", action="store_true", help="the shipped profiles only")
     args = parser.parse_args()
-    runs = runs_of(args.data, args.max_concurrency)
-    measured = runs[["ttft_ms", "tpot_ms"]].to_numpy(float)
-    print(f"{len(runs)} aggregated MoE runs (TP only, at most {args.max_concurrency} clients), all held out from every fit\n")
-    print("| model | engine | machine | weights | runs | profile | TTFT MAPE % | TTFT median % | TPOT MAPE % | TPOT median % |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    overall = {}
-    for tag in ("shipped", "lean-fp8"):
-        predicted = np.array(run_units(_unit, runs.to_dict("records"), tag, jobs=args.jobs), float).reshape(-1, 2)
-        err = (predicted / measured - 1) * 100
-        frame = runs.assign(ttft_err=err[:, 0], tpot_err=err[:, 1])
-        for key, group in frame.groupby(["model", "engine", "machine", "weights"]):
-            t, p = group.ttft_err.dropna(), group.tpot_err.dropna()
-            print(f"| {' | '.join(key)} | {len(group)} | {tag} | {t.abs().mean():.0f} | {t.median():+.0f} | "
-                  f"{p.abs().mean():.0f} | {p.median():+.0f} |")
-        overall[tag] = (np.nanmean(np.abs(err[:, 0])), np.nanmedian(err[:, 0]), np.nanmean(np.abs(err[:, 1])),
-                        np.nanmedian(err[:, 1]), int(np.isnan(err[:, 0]).sum()))
+    runs, dropped = runs_of(args.data, args.max_concurrency)
+    shipped = predict(runs, args.jobs)
+    fits = ~np.isnan(shipped[:, 0])
+    runs, shipped = runs[fits].reset_index(drop=True), shipped[fits]
+    dropped["an instance cannot hold the model (memory, heads or experts)"] = int((~fits).sum())
+    runs["kind"] = [kind(r) for r in runs.to_dict("records")]
+    tags = {"shipped": shipped}
+    if not args.no_cv:
+        print("cross-validating by machine:", flush=True)
+        tags["cv"] = cross_validated(runs, args.jobs, args.max_evaluations, args.train_runs)
+    print(f"\n{len(runs)} MoE runs (at most {args.max_concurrency} clients)\n")
+    print("| engine | machine | mode | layout | runs | " + " | ".join(
+        f"TTFT MAPE % {t} | TTFT median % {t} | TPOT MAPE % {t} | TPOT median % {t}" for t in tags) + " |")
+    print("|---|---|---|---|---|" + "---|" * 4 * len(tags))
+    errs = {t: _errors(runs, p) for t, p in tags.items()}
+    for key, group in runs.groupby(["engine", "machine", "mode", "kind"]):
+        cells = []
+        for t in tags:
+            e = errs[t][group.index]
+            cells += [f"{np.nanmean(np.abs(e[:, 0])):.0f}", f"{np.nanmedian(e[:, 0]):+.0f}",
+                      f"{np.nanmean(np.abs(e[:, 1])):.0f}", f"{np.nanmedian(e[:, 1]):+.0f}"] if np.isfinite(e).any() else ["-"] * 4
+        print(f"| {' | '.join(key)} | {len(group)} | " + " | ".join(cells) + " |")
     print()
-    for tag, (tm, tb, pm, pb, missing) in overall.items():
-        print(f"all runs, {tag}: TTFT MAPE {tm:.0f} % (median {tb:+.0f} %), TPOT MAPE {pm:.0f} % (median {pb:+.0f} %)"
-              + (f"; {missing} runs not predicted" if missing else ""))
-    print(f"{len(runs)} runs")
+    for t, e in errs.items():
+        for mode in ("agg", "disagg", None):
+            sel = (runs["mode"] == mode).to_numpy() if mode else np.ones(len(runs), bool)
+            x = e[sel]
+            x = x[np.isfinite(x[:, 0])]
+            print(f"{mode or 'all'} runs, {t}: {len(x)} runs, TTFT MAPE {np.mean(np.abs(x[:, 0])):.0f} % "
+                  f"(median {np.median(x[:, 0]):+.0f} %), TPOT MAPE {np.mean(np.abs(x[:, 1])):.0f} % (median {np.median(x[:, 1]):+.0f} %)")
+    print(f"{len(runs)} runs; left out: " + "; ".join(f"{n} {reason}" for reason, n in sorted(dropped.items())))
 
 
 if __name__ == "__main__":

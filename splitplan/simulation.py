@@ -27,7 +27,7 @@ from splitplan.sim.cluster import simulate as run
 from splitplan.sim.metrics import requests_csv, summarize_result
 from splitplan.slo import reference_for
 from splitplan.specs.hardware import load_hardware
-from splitplan.specs.layout import Layout
+from splitplan.specs.layout import Layout, as_layout
 from splitplan.specs.slo import load_slo
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGIN
     db = load_perf_db(perf_db) if perf_db else None
     out = []
     for role, hw, layout, machines in pools:
-        layout = layout if isinstance(layout, Layout) else Layout(int(layout))
+        layout = as_layout(layout, f"{role} pool {hw}")
         if role not in set(Role):
             raise SpecError(f"pool role '{role}': choose {', '.join(Role)}")
         if machines < 1:
@@ -131,8 +131,7 @@ def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str 
 
 def plan_from_pools(pools: list[PoolRequest], **fields) -> "Plan":
     """A Plan holding these (role, hardware, layout, machines) pools, priced from the catalog."""
-    by_role = {role: tuple(Pool(h, t if isinstance(t, Layout) else Layout(int(t)), m) for r, h, t, m in pools if r == role)
-               for role in Role}
+    by_role = {role: tuple(Pool(h, as_layout(t, f"{r} pool {h}"), m) for r, h, t, m in pools if r == role) for role in Role}
     cost = sum(load_hardware(h).price_usd_per_hour * m for _, h, _, m in pools)
     power = sum(load_hardware(h).provisioned_power_w / 1e3 * m for _, h, _, m in pools)
     return Plan(by_role[Role.PROMPT], by_role[Role.TOKEN], by_role[Role.MIXED], cost, power, **fields)

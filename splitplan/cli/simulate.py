@@ -36,9 +36,9 @@ from splitplan.workload.trace import closed_loop_workload, load_workload, peak_w
 @user_errors
 def simulate(
     plan: Optional[Path] = typer.Option(None, "--plan", help="A plan.json from optimize --output-dir."),
-    prompt_pool: list[str] = typer.Option([], "--prompt-pool", help="HARDWARE:TP:MACHINES (repeatable)."),
-    token_pool: list[str] = typer.Option([], "--token-pool", help="HARDWARE:TP:MACHINES (repeatable)."),
-    mixed_pool: list[str] = typer.Option([], "--mixed-pool", help="Co-located HARDWARE:TP:MACHINES (repeatable)."),
+    prompt_pool: list[str] = typer.Option([], "--prompt-pool", help="HARDWARE:LAYOUT:MACHINES (repeatable)."),
+    token_pool: list[str] = typer.Option([], "--token-pool", help="HARDWARE:LAYOUT:MACHINES (repeatable)."),
+    mixed_pool: list[str] = typer.Option([], "--mixed-pool", help="Co-located HARDWARE:LAYOUT:MACHINES (repeatable)."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace (default: the embedded Azure 2023 code trace)."),
     time_column: Optional[str] = TIME_COLUMN,
     prompt_column: Optional[str] = PROMPT_COLUMN,

@@ -1,6 +1,7 @@
 """Analytic (roofline) latency of one forward pass on one model instance.
 
-An instance is a model at tensor-parallel degree `tp` on `tp` GPUs of one machine.
+An instance is a model in a parallel layout (TP, data-parallel attention, EP, PP) on its GPUs,
+of one machine or several.
 Per layer and per operator class (dense GEMMs, MoE experts, attention, LM head):
 
     time = max(flops / (peak * efficiency), bytes / (bandwidth * memory_efficiency))
@@ -30,6 +31,15 @@ Modelling assumptions (units: seconds, FLOPs and bytes per GPU):
   shared RoPE key per token and layer, whole on every GPU of the instance (not split by
   heads). Prefill attends per head over the decompressed keys and values; decode attends
   over the latent itself (the up-projections absorbed), reading it once per step.
+- Sliding-window layers (gpt-oss) are planned as full attention: their KV, prefill and decode
+  attention are upper bounds (the window caps what they keep at `sliding_window` tokens;
+  `ModelSpec.kv_bytes_per_request` counts it), so a plan errs large, not small.
+- Layouts (specs.layout): routed experts spread over a stage's TP x DP GPUs, the rest split by
+  TP and replicated over DP groups, all over PP stages. Attention and dense FFNs see their DP
+  group's share of the batch (the busiest group's when it has fewer requests than groups); MoE
+  layers with EP or DP dispatch and combine tokens (an all-to-all) over NVLink within the NVLink
+  domain and over the scale-out NICs beyond it; a pipelined pass takes pp stage times of a
+  micro-batch (1/pp of it) when it only decodes, 2 pp - 1 with prefill (fill and drain).
 - Power-limited clocks: the compute-bound time of a pass that holds prefill work
   runs at the machine's `prefill_clock_fraction` of the datasheet-peak clock (the
   GPU's sustained clock under dense work, lowered by a power cap as the cube root

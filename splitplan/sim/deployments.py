@@ -24,6 +24,7 @@ fitted on, which the cross-validation (folds by machine and by concurrency band)
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,7 @@ from splitplan.runner import Runner, serial
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.specs.engine import EngineProfile
 from splitplan.specs.hardware import load_hardware
+from splitplan.specs.layout import Layout, parse_layout
 from splitplan.specs.model import load_model
 from splitplan.workload.trace import closed_loop_workload
 
@@ -96,14 +98,39 @@ def read_deployments(path: str | Path) -> tuple[pd.DataFrame, dict[str, int]]:
     return runs, dropped
 
 
+def _layout(run: dict, key: str) -> Layout | None:
+    value = run.get(key)
+    return parse_layout(value, key) if isinstance(value, str) and value else None
+
+
+def run_pools(run: dict, profile: EngineProfile) -> tuple[list[PoolSpec], int]:
+    """The pools a run had, and its clients, at the same load per instance: an aggregated run
+    (`layout`, or `tp`) as one co-located unit (one machine or the machines one instance spans,
+    `concurrency` clients per instance); a disaggregated one (`prefill_layout` x
+    `prefill_workers`, `decode_layout` x `decode_workers`) as prompt and token pools scaled by
+    the smallest factor that fills whole machines, with its `concurrency` scaled alike."""
+    model, hw = load_model(run["model"]), load_hardware(run["machine"])
+    decode = _layout(run, "decode_layout")
+    if decode is None:
+        inst = Instance(model, hw, profile, _layout(run, "layout") or Layout(int(run["tp"])))
+        return [PoolSpec(Role.MIXED, inst, inst.unit_machines)], int(run["concurrency"]) * inst.unit_instances
+    sides = [(Role.PROMPT, Instance(model, hw, profile, _layout(run, "prefill_layout")), int(run["prefill_workers"])),
+             (Role.TOKEN, Instance(model, hw, profile, decode), int(run["decode_workers"]))]
+    scale = math.lcm(*(inst.unit_instances // math.gcd(workers, inst.unit_instances) for _, inst, workers in sides))
+    pools = [PoolSpec(role, inst, workers * scale // inst.unit_instances * inst.unit_machines) for role, inst, workers in sides]
+    return pools, int(run["concurrency"]) * scale
+
+
 def replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUESTS_PER_CLIENT) -> tuple[float, float]:
     """Simulated mean TTFT and mean TPOT (ms) of one run under `profile`: `requests_per_client`
     requests per client (at least 8 in all), every client sending its first at once, and the
-    means over all of them, as a benchmark reports them."""
-    inst = Instance(load_model(run["model"]), load_hardware(run["machine"]), profile, int(run["tp"]))
-    clients = int(run["concurrency"]) * inst.unit_instances
+    means over all of them, as a benchmark reports them. NaN where an instance cannot hold
+    the model."""
+    pools, clients = run_pools(run, profile)
+    if not all(p.perf.fit.fits for p in pools):
+        return float("nan"), float("nan")
     work = closed_loop_workload(None, clients, max(requests_per_client * clients, 8), int(run["isl"]), int(run["osl"]))
-    result = simulate(work, [PoolSpec(Role.MIXED, inst, inst.unit_machines)], SimOptions(concurrency=clients))
+    result = simulate(work, pools, SimOptions(concurrency=clients))
     return float(np.nanmean(result.ttft_s) * 1e3), float(np.nanmean(result.tpot_s) * 1e3)
 
 

@@ -78,3 +78,8 @@ def parse_layout(text: str, where: str) -> Layout:
     if layout.problem():
         raise SpecError(f"{where}: layout '{text}': {layout.problem()}")
     return layout
+
+
+def as_layout(value, where: str) -> Layout:
+    """A Layout as given to the Python API: a Layout, a TP degree or a layout string."""
+    return value if isinstance(value, Layout) else parse_layout(str(value), where)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Any
 
+import numpy as np
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from splitplan.errors import SpecError
@@ -63,6 +65,10 @@ class ModelSpec(BaseModel):
     qk_rope_head_dim: Annotated[int, Field(ge=0, le=100_000)] = 0
     qk_nope_head_dim: PosInt | None = None
     v_head_dim: PosInt | None = None
+    # Sliding-window attention (gpt-oss): the layers `layer_types` names "sliding_attention" attend
+    # to, and keep the KV of, the last `sliding_window` tokens only
+    sliding_window: PosInt | None = None
+    layer_types: tuple[str, ...] | None = None
 
     @model_validator(mode="after")
     def _shapes(self) -> "ModelSpec":
@@ -81,6 +87,8 @@ class ModelSpec(BaseModel):
             raise ValueError("an MLA model (kv_lora_rank) needs qk_nope_head_dim and v_head_dim")
         if self.first_k_dense_replace > self.num_hidden_layers:
             raise ValueError("first_k_dense_replace exceeds num_hidden_layers")
+        if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types lists {len(self.layer_types)} layers, num_hidden_layers is {self.num_hidden_layers}")
         return self
 
     # Derived shapes -------------------------------------------------------------
@@ -121,6 +129,19 @@ class ModelSpec(BaseModel):
         """Elements one token keeps in the KV cache per layer: keys and values of its KV heads, or
         (MLA) the compressed latent and the shared RoPE key."""
         return self.kv_lora_rank + self.qk_rope_head_dim if self.is_mla else 2 * self.kv_dim
+
+    @property
+    def sliding_layers(self) -> int:
+        """Layers whose attention (and KV) covers the last `sliding_window` tokens only."""
+        return sum(t == "sliding_attention" for t in self.layer_types or ()) if self.sliding_window else 0
+
+    def kv_bytes_per_request(self, tokens, bytes_per_element: float):
+        """KV bytes of a request holding `tokens` tokens: every token in the full-attention layers,
+        at most `sliding_window` of them in the sliding ones. (The planner and the simulator count
+        every layer as full attention, an upper bound: see perf.roofline.)"""
+        per_layer = self.kv_cache_elements_per_layer * bytes_per_element
+        full = self.num_hidden_layers - self.sliding_layers
+        return per_layer * (full * tokens + self.sliding_layers * np.minimum(tokens, self.sliding_window or 0))
 
     @property
     def gated(self) -> bool:

@@ -96,3 +96,20 @@ def test_one_client_replays_back_to_back_requests_in_milliseconds():
     assert ttft_ms == pytest.approx(float(inst.prefill_time_s(1000)) * 1e3, rel=1e-9)
     steps = [float(inst.decode_step_time_s(1, 1000 + k)) for k in (1, 2)]  # the 2nd and 3rd token
     assert tpot_ms == pytest.approx(np.mean(steps) * 1e3, rel=1e-6)
+
+
+def test_a_disaggregated_run_keeps_its_load_per_instance_on_whole_machines():
+    """One TP-4 prefill worker (half an 8-GPU machine) and one DP-8 EP-8 decode worker: scaled by 2,
+    two prefill instances fill one machine, two decode instances two machines, twice the clients."""
+    run = {"model": "deepseek-v3", "machine": "b200-180gb", "concurrency": 16, "prefill_layout": "tp4",
+           "prefill_workers": 1, "decode_layout": "dp8ep8", "decode_workers": 1}
+    pools, clients = dep.run_pools(run, load_engine("sglang-fp8"))
+    assert [(p.role, p.machines, p.instances) for p in pools] == [("prompt", 1, 2), ("token", 2, 2)] and clients == 32
+    agg = {"model": "deepseek-v3", "machine": "h200-141gb", "concurrency": 8, "layout": "dp16ep16"}
+    (pool,), clients = dep.run_pools(agg, load_engine("sglang-fp8"))
+    assert (pool.role, pool.machines, pool.instances, clients) == ("mixed", 2, 1, 8)
+
+
+def test_a_run_whose_instance_cannot_hold_the_model_is_not_predicted():
+    run = {"model": "deepseek-v3", "machine": "h100-80gb", "concurrency": 4, "layout": "tp8", "isl": 512, "osl": 16}
+    assert all(np.isnan(dep.replay(run, load_engine("sglang-fp8"))))

@@ -5,6 +5,7 @@ the roofline's MLA decode reading the latent once per GPU."""
 import pytest
 
 from splitplan import api
+from splitplan.errors import SpecError
 from splitplan.specs.model import load_model
 
 
@@ -57,3 +58,21 @@ def test_shared_experts_and_dense_layers_are_dense_work():
     head = m.vocab_size * m.hidden_size
     weights = (dense + routed + head) / 8  # fp8: a byte per weight, split over TP 8
     assert weights < one.bytes_per_gpu < weights * 1.01  # (plus activations and one token of KV)
+
+
+def test_gpt_oss_alternates_sliding_window_and_full_attention():
+    m = load_model("gpt-oss-120b")
+    assert m.is_moe and (m.num_local_experts, m.num_experts_per_tok, m.sliding_layers) == (128, 4, 18)
+    assert m.total_params / 1e9 == pytest.approx(116.8, abs=0.05)  # published 117B
+    per_layer = 2 * 8 * 64  # keys and values of 8 KV heads of 64
+    assert m.kv_bytes_per_request(100, 1) == 36 * per_layer * 100  # within the window: every layer
+    assert m.kv_bytes_per_request(4096, 1) == per_layer * (18 * 4096 + 18 * 128)
+    assert m.kv_bytes_per_token(1) == 36 * per_layer  # what the planner counts: the upper bound
+
+
+def test_layer_types_must_list_every_layer(tmp_path):
+    spec = tmp_path / "m.yaml"
+    spec.write_text("num_hidden_layers: 4\nhidden_size: 64\nnum_attention_heads: 4\nintermediate_size: 128\n"
+                    "vocab_size: 100\nsliding_window: 8\nlayer_types: [sliding_attention, full_attention]\n")
+    with pytest.raises(SpecError, match="layer_types lists 2 layers, num_hidden_layers is 4"):
+        load_model(str(spec))
