@@ -30,7 +30,7 @@ def test_readme_command_runs(line, monkeypatch, tmp_path):
         shipped, args[k] = ROOT / args[k], str(tmp_path / Path(args[k]).name)
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    if shipped is not None:
+    if shipped is not None and args[0] == "calibrate":
         _same_profile(Path(args[args.index("--output") + 1]), shipped)
 
 

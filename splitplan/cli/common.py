@@ -336,11 +336,15 @@ def _pool_layout(pool: dict, where: str) -> Layout:
     return layout
 
 
-def read_plan(path: Path) -> tuple[list[tuple[str, str, Layout, int]], dict]:
-    """Pools and input echo of a plan.json written by `optimize --output-dir`."""
+def read_plan(path: Path, schema_version: int | None = None) -> tuple[list[tuple[str, str, Layout, int]], dict]:
+    """Pools and input echo of a plan.json written by `optimize --output-dir` (of that
+    `schema_version`, when one is required)."""
     try:
         doc = parse_document(read_text(path, limits.MAX_SPEC_BYTES, "plan.json (splitplan optimize --output-dir DIR)"), path,
                              as_json=True)
+        if schema_version is not None and doc.get("schema_version") != schema_version:
+            raise SpecError(f"{path}: schema_version {excerpt(doc.get('schema_version'))}; this splitplan reads plans of "
+                            f"schema version {schema_version}: run `splitplan optimize --output-dir` again")
         plan = doc["plan"]
         pools = [(role, str(p["hardware"]), _pool_layout(p, f"{path}: {role} pool"), int(p["machines"]))
                  for role in ("prompt", "token", "mixed") for p in plan.get(f"{role}_pools", [])]

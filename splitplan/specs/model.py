@@ -69,6 +69,7 @@ class ModelSpec(BaseModel):
     # to, and keep the KV of, the last `sliding_window` tokens only
     sliding_window: PosInt | None = None
     layer_types: tuple[str, ...] | None = None
+    hf_repo: str | None = None  # (splitplan's key) the Hugging Face repository `splitplan export` serves
 
     @model_validator(mode="after")
     def _shapes(self) -> "ModelSpec":

@@ -93,3 +93,21 @@ def test_repair_adds_the_machine_that_improves_the_failing_line_most_per_dollar(
     best = max(gain, key=gain.get)
     counts, values = best_move(problem, start, options, line, value)
     assert counts == {**start, best: start.get(best, 0) + 1}
+
+
+def test_repair_grows_an_instance_over_two_machines_by_two_machines():
+    """A TP 8 x PP 2 prompt instance spans two machines: one more machine would add no instance,
+    so the move that helps is two."""
+    from splitplan.search.plan import best_move, check
+    rng = np.random.default_rng(1)
+    n = 400
+    trace = Trace(np.sort(rng.uniform(0, 10, n)), rng.integers(2000, 8000, n), rng.integers(10, 100, n), "t")
+    problem = _problem(trace)
+    pipelined = api.instance("llama2-70b", "h100-80gb", Layout(8, pp=2))
+    assert pipelined.unit_machines == 2
+    options = _keyed(Option("prompt", pipelined, 4, "t"), Option("token", H100, 2, "t"))
+    start = {K("prompt", "h100-80gb", Layout(8, pp=2)): 2, K("token", "h100-80gb", Layout(8)): 2}
+    line, value = next((line, v) for line, v, ok in check(problem, evaluate(problem, start, options)) if not ok)
+    assert line.metric == "ttft"
+    counts, _ = best_move(problem, start, options, line, value)
+    assert counts[K("prompt", "h100-80gb", Layout(8, pp=2))] == 4

@@ -111,6 +111,9 @@ def test_pipeline_decode_takes_pp_stage_times_of_a_micro_batch():
     pp2, tp8 = Instance(LLAMA, H100, FP8, Layout(8, pp=2)), Instance(LLAMA, H100, FP8, Layout(8))
     assert pp2.decode_step_time_s(1, 1000) >= tp8.decode_step_time_s(1, 1000) * 0.95
     assert pp2.decode_step_time_s(256, 1000) < tp8.decode_step_time_s(256, 1000)
+    # one request is one micro-batch: each GPU reads its stage's weights once per step, not twice
+    one = pp2.explain(decode_batch=1, decode_context_tokens=1000)
+    assert 0.95 * pp2.fit.weights_bytes_per_gpu < one.bytes_per_gpu < 1.1 * pp2.fit.weights_bytes_per_gpu  # (the input embedding is not read)
 
 
 def test_search_adds_wide_ep_for_moe_and_pipelines_when_nothing_fits_one_machine():

@@ -202,3 +202,12 @@ def test_equal_cost_is_broken_by_power(method):
     options = [Option("prompt", full, 3, "test"), Option("prompt", capped, 3, "test"), Option("token", full, 2, "test")]
     counts = solve_counts(Problem(trace=None, slo=None, reference=None), options, method)
     assert counts == {("prompt", "h100-80gb-cap70", Layout(8)): 3, ("token", "h100-80gb", Layout(8)): 2}
+
+
+@pytest.mark.parametrize("method", ["ilp", "grid"])
+def test_instances_over_two_machines_are_counted_whole(method):
+    """A TP 8 x PP 2 instance takes two machines: three of them are six machines, not three or twelve."""
+    pipelined = Instance(MODEL, load_hardware("a100-80gb"), ENGINE, Layout(8, pp=2))
+    options = [Option("prompt", pipelined, 3, "test"), Option("token", Instance(MODEL, load_hardware("h100-80gb"), ENGINE, 8), 2, "test")]
+    problem = Problem(trace=None, slo=None, reference=None)
+    assert solve_counts(problem, options, method) == {options[0].key: 6, options[1].key: 2}

@@ -1,0 +1,50 @@
+"""`splitplan export`: a plan.json as a deployment (parse, one library call, write)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from splitplan import report
+from splitplan.cli.common import app, read_plan, user_errors
+from splitplan.errors import SpecError
+
+
+@app.command("export")
+@user_errors
+def export_command(
+    plan: Path = typer.Argument(..., help="A plan.json written by `splitplan optimize --output-dir DIR`."),
+    to: str = typer.Option(..., "--to", help="dynamo (a DynamoGraphDeployment), vllm or sglang (launch.sh and "
+                           "docker-compose.yaml)."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Folder for the files and EXPORT.md (the mapping); "
+                                          "without it the main file goes to stdout and the notes to stderr."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="Dynamo's backend, vllm or sglang (default: the "
+                                          "plan's engine, when it is one of them)."),
+    model_id: Optional[str] = typer.Option(None, "--model-id", help="The Hugging Face repository to serve (default: "
+                                           "the model spec's hf_repo), e.g. an fp8 or fp4 checkpoint."),
+    image: Optional[str] = typer.Option(None, "--image", help="Container image instead of the target's default."),
+) -> None:
+    """Write a plan as a deployment for Dynamo, vLLM or SGLang: every worker group with its replicas,
+    GPUs and parallel flags; what the target cannot express is listed."""
+    from splitplan.export import TARGETS, deployment, export
+    from splitplan.report import SCHEMA_VERSION
+
+    if to not in TARGETS:
+        raise SpecError(f"--to {to}: choose {', '.join(TARGETS)}")
+    pools, inputs = read_plan(plan, schema_version=SCHEMA_VERSION)
+    result = export(deployment(pools, inputs, str(plan), model_id), to, backend, image)
+    if output is None:
+        sys.stdout.write(next(iter(result.files.values())))
+        others = list(result.files)[1:]
+        notes = [f"written for {result.version}"] + [f"not expressed: {u}" for u in result.unexpressed] + (
+            [f"also: {', '.join(others)} (give --output DIR)"] if others else [])
+        for line in notes:
+            typer.echo(f"note: {line}", err=True)
+        return
+    report.write_set({output / name: text for name, text in {**result.files, "EXPORT.md": result.report()}.items()})
+    typer.echo(f"wrote {', '.join(str(output / n) for n in [*result.files, 'EXPORT.md'])} for {result.version}")
+    for line in result.unexpressed:
+        typer.echo(f"not expressed: {line}")

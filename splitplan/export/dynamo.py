@@ -1,0 +1,82 @@
+"""NVIDIA Dynamo: a DynamoGraphDeployment (nvidia.com/v1beta1) for Dynamo 1.6.1.
+
+Built from the DGD templates ai-dynamo 1.6.1 ships (dynamo/profiler/templates/dgd/, vendored under
+reference/dynamo-1.6.1/ with their Apache-2.0 license): its Frontend as it is, and per pool one
+component copied from the template's worker of that role (prefill, decode, or the aggregated
+worker) with the pool's replicas, GPUs per pod, `multinode.nodeCount` for instances over several
+nodes, and the backend's model, parallel, disaggregation and setting flags in place of the
+template's.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from importlib import resources
+
+import yaml
+
+from splitplan.export import VERSIONS, Deployment, Export, common_mapping
+from splitplan.export.engines import model_args, parallel_args, role_args, setting_args
+
+TEMPLATE_TYPES = {"prompt": "prefill", "token": "decode", "mixed": "worker"}
+# The template flags splitplan sets itself (each takes a value), removed before its own are added.
+_OURS = {"--model", "--model-path", "--served-model-name", "--tp", "--tp-size", "--tensor-parallel-size", "--dp",
+         "--data-parallel-size", "--ep", "--pipeline-parallel-size", "--pp-size", "--disaggregation-mode",
+         "--disaggregation-transfer-backend", "--kv-transfer-config"}
+
+
+def template(backend: str, split: bool) -> dict:
+    """The vendored Dynamo 1.6.1 DGD template of `backend`, disaggregated or aggregated."""
+    name = f"{backend}-{'disagg' if split else 'agg'}.yaml"
+    return yaml.safe_load(resources.files("splitplan.export").joinpath("reference", "dynamo-1.6.1", name).read_text())
+
+
+def _strip(args: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in _OURS:
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
+def dynamo(dep: Deployment, backend: str, image: str | None) -> Export:
+    doc = template(backend, dep.split)
+    by_type = {c["type"]: c for c in doc["spec"]["components"]}
+    components = [by_type["frontend"]]
+    for g in dep.groups:
+        c = copy.deepcopy(by_type[TEMPLATE_TYPES[g.role]])
+        where = f"{g.role} pool {g.hardware.name}:{g.layout.spec}"
+        container = c["podTemplate"]["spec"]["containers"][0]
+        container["args"] = (model_args(backend, dep.model_id) + parallel_args(backend, g.layout, where)
+                             + role_args(backend, g.role) + setting_args(backend, dep.engine.kv, dep.max_batch_tokens)
+                             + _strip(container["args"]))
+        container["resources"]["limits"]["nvidia.com/gpu"] = str(g.gpus_per_node)
+        if image:
+            container["image"] = image
+        c["name"], c["replicas"] = g.name, g.instances
+        if g.nodes_per_instance > 1:
+            c["multinode"] = {"nodeCount": g.nodes_per_instance}
+        components.append(c)
+    if image:
+        components[0]["podTemplate"]["spec"]["containers"][0]["image"] = image
+    doc["metadata"]["name"] = re.sub(r"[^a-z0-9-]+", "-", f"splitplan-{dep.model.name}".lower()).strip("-")[:63]
+    doc["spec"]["components"] = components
+    mapping, unexpressed = common_mapping(dep, backend)
+    mapping += [
+        ("inputs.engine", f"the Dynamo {backend} backend (`python3 -m dynamo.{backend}`), KV cache {dep.engine.kv}"),
+        ("pool layout", "the backend's parallel flags per component (" + ", ".join(
+            f"{g.name}: {' '.join(parallel_args(backend, g.layout, g.name))}" for g in dep.groups) + ")"),
+        ("pool instances", "components[].replicas; GPUs per pod in resources.limits nvidia.com/gpu; "
+                           "instances over several nodes in multinode.nodeCount"),
+        ("inputs.max_batch_tokens", "--max-num-batched-tokens" if backend == "vllm" else "--chunked-prefill-size"),
+    ]
+    if dep.split:
+        mapping.append(("prompt/token pools", "prefill and decode components with NIXL KV transfer"))
+    text = yaml.safe_dump(doc, sort_keys=False, width=1000)
+    return Export("dynamo", f"NVIDIA Dynamo {VERSIONS['dynamo']} (DynamoGraphDeployment nvidia.com/v1beta1, "
+                  f"{backend} {VERSIONS[backend]})", {"dynamo.yaml": text}, mapping, unexpressed)

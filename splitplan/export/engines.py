@@ -1,0 +1,50 @@
+"""Engine flags for a layout, a role and the plan's settings (vLLM 0.31, SGLang 0.5.21: the
+versions Dynamo 1.6.1 pins; the flag names as Dynamo 1.6.1's own config writers use them)."""
+
+from __future__ import annotations
+
+import json
+
+from splitplan.errors import SpecError
+from splitplan.specs.layout import Layout
+
+VLLM_KV_CONNECTOR = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+
+
+def parallel_args(engine: str, layout: Layout, where: str) -> list[str]:
+    """The parallel flags of one instance. vLLM spreads experts over all TP x DP GPUs when expert
+    parallel (EP = TP x DP) or over none; SGLang takes its TP as the instance's GPUs per stage,
+    DP attention over `dp` groups and EP over `ep` of them."""
+    tp, dp, ep, pp = layout
+    if engine == "vllm":
+        if ep not in (1, tp * dp):
+            raise SpecError(f"{where}: vLLM cannot run {layout}: its expert parallelism spans all TP x DP = {tp * dp} GPUs "
+                            f"(EP {tp * dp}) or none (EP 1)")
+        args = ["--tensor-parallel-size", str(tp)]
+        args += ["--pipeline-parallel-size", str(pp)] if pp > 1 else []
+        args += ["--data-parallel-size", str(dp)] if dp > 1 else []
+        return args + (["--enable-expert-parallel"] if ep > 1 else [])
+    args = ["--tp", str(tp * dp)]
+    args += ["--pp-size", str(pp)] if pp > 1 else []
+    args += ["--dp", str(dp), "--enable-dp-attention"] if dp > 1 else []
+    return args + (["--ep", str(ep)] if ep > 1 else [])
+
+
+def role_args(engine: str, role: str) -> list[str]:
+    """Disaggregation flags: NIXL KV transfer between prefill and decode workers."""
+    if role == "mixed":
+        return []
+    if engine == "vllm":
+        return ["--kv-transfer-config", json.dumps(VLLM_KV_CONNECTOR, separators=(",", ":"))]
+    return ["--disaggregation-mode", "prefill" if role == "prompt" else "decode", "--disaggregation-transfer-backend", "nixl"]
+
+
+def setting_args(engine: str, kv_precision: str, max_batch_tokens: int) -> list[str]:
+    """The plan's KV-cache precision and prefill batch cap."""
+    args = (["--kv-cache-dtype", "fp8" if engine == "vllm" else "fp8_e4m3"] if kv_precision == "fp8" else [])
+    return args + (["--max-num-batched-tokens", str(max_batch_tokens)] if engine == "vllm"
+                   else ["--chunked-prefill-size", str(max_batch_tokens)])
+
+
+def model_args(engine: str, model_id: str) -> list[str]:
+    return ["--model", model_id] if engine == "vllm" else ["--model-path", model_id, "--served-model-name", model_id]
