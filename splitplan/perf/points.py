@@ -28,9 +28,10 @@ def instance(model: str | ModelSpec, hardware: str | HardwareSpec, tp: int | Lay
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
     eng = load_engine(engine) if isinstance(engine, str) else engine
     if tp is not None:
-        if not isinstance(tp, Layout) or tp == Layout(tp.tp):
-            require_tp(hw, int(tp[0] if isinstance(tp, Layout) else tp))
-        inst = Instance(m, hw, eng, tp)
+        layout = tp if isinstance(tp, Layout) else Layout(tp)
+        if layout == Layout(layout.tp):  # TP alone: a TP degree of the machine
+            require_tp(hw, layout.tp)
+        inst = Instance(m, hw, eng, layout)
         if not inst.fit.fits:
             raise InfeasibleError(f"{m.name} does not fit {hw.name} at {inst.layout}: {inst.fit.reason}")
         return inst

@@ -165,6 +165,14 @@ class Instance(PassShortcuts):
         """Instances per machine: below 1 when an instance spans machines."""
         return self.unit_instances / self.unit_machines
 
+    @property
+    def kv_link_bytes_per_s(self) -> float:
+        """The scale-out bandwidth a request's KV crosses: the NIC share of the GPUs that hold it,
+        its attention group's TP x PP (every GPU with DP 1; conservative with DP attention, where
+        transfers of different groups could use their own NICs at once)."""
+        hw = self.hardware
+        return hw.scale_out_bytes_per_s * self.layout.tp * self.layout.pp / hw.gpus_per_machine
+
     def instances_on(self, machines) -> int:
         """Whole instances on `machines` machines."""
         return machines // self.unit_machines * self.unit_instances
@@ -233,17 +241,17 @@ class Instance(PassShortcuts):
         return Fit(True, "", weights, tokens)
 
     # --- one forward pass -------------------------------------------------------
-    def _link_s_per_byte(self, gpus: int, f: EngineFactors, off: float | None = None) -> float:
-        """Seconds per byte each GPU sends in a collective among `gpus` GPUs: over NVLink within
+    def _link_bytes_per_s(self, gpus: int, f: EngineFactors, off: float | None = None) -> float:
+        """Bytes per second each GPU sends in a collective among `gpus` GPUs: over NVLink within
         the NVLink domain, and for the share `off` of the traffic that leaves it (by default the
         share of peers beyond it) over the GPU's share of the machine's scale-out NICs."""
         hw = self.hardware
-        nvlink = 1 / (hw.intra_node_bytes_per_s * f.link_efficiency)
+        nvlink = hw.intra_node_bytes_per_s * f.link_efficiency
         if gpus <= hw.nvlink_domain:
             return nvlink
-        nic = hw.gpus_per_machine / (hw.scale_out_bytes_per_s * f.link_efficiency)
+        nic = hw.scale_out_bytes_per_s * f.link_efficiency / hw.gpus_per_machine
         off = (gpus - hw.nvlink_domain) / gpus if off is None else off
-        return (1 - off) * nvlink + off * nic
+        return 1 / ((1 - off) / nvlink + off / nic)
 
     @cached_property
     def _c(self) -> SimpleNamespace:
@@ -278,13 +286,13 @@ class Instance(PassShortcuts):
             decode_flops_per_ctx=decode_flops, decode_bytes_per_ctx=decode_bytes,
             moe_share=m.moe_layers / m.num_hidden_layers / g,  # routed experts, per layer on average, per GPU of the stage
             head_params=m.vocab_size * m.hidden_size / t / lay.pp,  # (on the last stage: 1/pp of it per stage time)
-            collective_s_per_token=(2 * (t - 1) / t * m.hidden_size * 2 * self._link_s_per_byte(t, f)) if t > 1 else 0.0,
+            collective_s_per_token=(2 * (t - 1) / t * m.hidden_size * 2 / self._link_bytes_per_s(t, f)) if t > 1 else 0.0,
             collective_latency_s=f.collective_latency_s if t > 1 else 0.0,
             # all-to-all per token of the micro-batch, per layer on average, and its two latencies per MoE layer
-            a2a_s_per_token=a2a_bytes * self._link_s_per_byte(g, f) * m.moe_layers / m.num_hidden_layers,
+            a2a_s_per_token=a2a_bytes / self._link_bytes_per_s(g, f) * m.moe_layers / m.num_hidden_layers,
             a2a_latency_s=2 * f.collective_latency_s * m.moe_layers / m.num_hidden_layers if exchange else 0.0,
             # pipeline: one hop per stage boundary, the activations split over the stage's GPUs
-            hop_s_per_token=(m.hidden_size * bpe / g * self._link_s_per_byte(2 * g, f, off=1.0)) if lay.pp > 1 else 0.0,
+            hop_s_per_token=(m.hidden_size * bpe / g / self._link_bytes_per_s(2 * g, f, off=1.0)) if lay.pp > 1 else 0.0,
             hop_latency_s=f.collective_latency_s if lay.pp > 1 else 0.0,
             dp=float(lay.dp), pp=lay.pp,
             launch_s=L_stage * self.engine.kernels_per_layer * f.kernel_launch_s,
@@ -349,7 +357,8 @@ class Instance(PassShortcuts):
         gpu_s = compute_s + memory_s + network_s + c.launch_s
         overhead_s = (
             f.decode_overhead_s + (f.prefill_overhead_s - f.decode_overhead_s) * has_prefill
-            + (f.sequence_overhead_s * n_seq + f.prefill_sequence_overhead_s * _num(prefill_seqs) * micro / groups) / micro
+            + f.sequence_overhead_s * n_seq / micro  # (every micro-batch's requests, in its DP group)
+            + f.prefill_sequence_overhead_s * _num(prefill_seqs) / groups
             + c.launch_s * stages
             + _max(c.host_s - gpu_s, 0.0) * stages  # waiting on the host's kernel launches
         )
@@ -397,18 +406,15 @@ class Instance(PassShortcuts):
 def kv_transfer_time_s(src: Instance, dst: Instance, prompt_tokens, prefill_s=None):
     """Seconds of KV transfer the request sees between a prompt and a token instance.
 
-    Bandwidth is the smaller of the two instances' shares of their machines'
-    scale-out NICs. Prompts shorter than the engine's `layerwise_transfer_min_tokens`
+    Bandwidth is the smaller of the two instances' KV links (`Instance.kv_link_bytes_per_s`).
+    Prompts shorter than the engine's `layerwise_transfer_min_tokens`
     are sent after the prefill (serialized: all bytes exposed); longer ones layer by
     layer during the prefill, leaving the last layer's share exposed (or more, when
     the network is slower than the prefill produces KV). The engine's
     `kv_transfer_latency_s` is added either way.
     """
     tokens = np.asarray(prompt_tokens, float)
-    bw = min(
-        src.hardware.scale_out_bytes_per_s * src.layout.gpus / src.hardware.gpus_per_machine,
-        dst.hardware.scale_out_bytes_per_s * dst.layout.gpus / dst.hardware.gpus_per_machine,
-    )
+    bw = min(src.kv_link_bytes_per_s, dst.kv_link_bytes_per_s)
     total_s = tokens * src.model.kv_bytes_per_token(src.engine.kv_bytes_per_element) / bw
     layers = src.model.num_hidden_layers
     prefill = src.prefill_time_s(tokens) if prefill_s is None else np.asarray(prefill_s, float)

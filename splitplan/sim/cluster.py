@@ -101,8 +101,7 @@ class _Cluster:
         self.o = self.trace.output_tokens.tolist()
         self.insts: list[InstanceState] = []
         for k, pool in enumerate(self.pools):
-            hw = pool.perf.hardware
-            share = hw.scale_out_bytes_per_s * pool.perf.layout.gpus / hw.gpus_per_machine
+            share = pool.perf.kv_link_bytes_per_s
             for _ in range(pool.instances):
                 self.insts.append(InstanceState(len(self.insts), k, pool.role, pool.perf, share))
         self.prompt_side = [i for i in self.insts if i.role in (PROMPT, MIXED)]

@@ -157,7 +157,14 @@ def test_rack_scale_machine_keeps_wide_ep_on_nvlink():
     assert gb200.tp_degrees() == [1, 2, 4, 8] and gb200.nvlink_domain == 72
     rack, nodes = Instance(DSV3, gb200, FP8, Layout(1, 32, 32)), Instance(DSV3, b200, FP8, Layout(1, 32, 32))
     assert (rack.unit_machines, nodes.unit_machines) == (8, 4)
-    per_byte = 1 / (gb200.intra_node_bytes_per_s * rack.factors.link_efficiency)
-    assert rack._link_s_per_byte(32, rack.factors) == per_byte
-    assert nodes._link_s_per_byte(32, nodes.factors) > 10 * per_byte
+    nvlink = gb200.intra_node_bytes_per_s * rack.factors.link_efficiency
+    assert rack._link_bytes_per_s(32, rack.factors) == nvlink
+    assert nodes._link_bytes_per_s(32, nodes.factors) < nvlink / 10
     assert Instance(DSV3, gb200, FP8, Layout(8)).unit_machines == 2
+
+
+def test_a_requests_kv_crosses_its_attention_groups_nics():
+    """TP 8: the machine's NICs; DP 16 EP 16: one GPU's share (TP 1), however many machines."""
+    assert Instance(DSV3, H200, FP8, Layout(8)).kv_link_bytes_per_s == H200.scale_out_bytes_per_s
+    assert Instance(DSV3, H200, FP8, Layout(1, 16, 16)).kv_link_bytes_per_s == H200.scale_out_bytes_per_s / 8
+    assert Instance(LLAMA, H100, FP8, Layout(8, pp=2)).kv_link_bytes_per_s == 2 * H100.scale_out_bytes_per_s
