@@ -336,9 +336,9 @@ def _pool_layout(pool: dict, where: str) -> Layout:
     return layout
 
 
-def read_plan(path: Path, schema_version: int | None = None) -> tuple[list[tuple[str, str, Layout, int]], dict]:
+def read_plan(path: Path, schema_version: int | None = None, option: str = "--plan") -> tuple[list[tuple[str, str, Layout, int]], dict]:
     """Pools and input echo of a plan.json written by `optimize --output-dir` (of that
-    `schema_version`, when one is required)."""
+    `schema_version`, when one is required); messages name it as `option` gave it."""
     try:
         doc = parse_document(read_text(path, limits.MAX_SPEC_BYTES, "plan.json (splitplan optimize --output-dir DIR)"), path,
                              as_json=True)
@@ -349,13 +349,13 @@ def read_plan(path: Path, schema_version: int | None = None) -> tuple[list[tuple
         pools = [(role, str(p["hardware"]), _pool_layout(p, f"{path}: {role} pool"), int(p["machines"]))
                  for role in ("prompt", "token", "mixed") for p in plan.get(f"{role}_pools", [])]
     except SpecError as exc:
-        raise SpecError(f"--plan {exc}") from None
+        raise SpecError(f"{option} {exc}") from None
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-        raise SpecError(f"--plan {path}: not a splitplan plan.json (missing or bad key {excerpt(exc)})") from None
+        raise SpecError(f"{option} {path}: not a splitplan plan.json (missing or bad key {excerpt(exc)})") from None
     if not pools:
-        raise SpecError(f"--plan {path}: the plan has no pools")
+        raise SpecError(f"{option} {path}: the plan has no pools")
     for role, hardware, tp, machines in pools:
-        check_pool(f"--plan {path}: {role} pool {excerpt(hardware)}", tp, machines)
+        check_pool(f"{option} {path}: {role} pool {excerpt(hardware)}", tp, machines)
     return pools, doc.get("inputs", {}) if isinstance(doc.get("inputs"), dict) else {}
 
 

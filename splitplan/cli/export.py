@@ -10,7 +10,6 @@ import typer
 
 from splitplan import report
 from splitplan.cli.common import app, read_plan, user_errors
-from splitplan.errors import SpecError
 
 
 @app.command("export")
@@ -29,12 +28,10 @@ def export_command(
 ) -> None:
     """Write a plan as a deployment for Dynamo, vLLM or SGLang: every worker group with its replicas,
     GPUs and parallel flags; what the target cannot express is listed."""
-    from splitplan.export import TARGETS, deployment, export
+    from splitplan.export import deployment, export
     from splitplan.report import SCHEMA_VERSION
 
-    if to not in TARGETS:
-        raise SpecError(f"--to {to}: choose {', '.join(TARGETS)}")
-    pools, inputs = read_plan(plan, schema_version=SCHEMA_VERSION)
+    pools, inputs = read_plan(plan, schema_version=SCHEMA_VERSION, option="PLAN")
     result = export(deployment(pools, inputs, str(plan), model_id), to, backend, image)
     if output is None:
         sys.stdout.write(next(iter(result.files.values())))
