@@ -100,9 +100,7 @@ def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGIN
         if machines < 1:
             raise SpecError(f"--{role}-pool {hw}:{layout.spec}:{machines}: machines must be >= 1")
         inst = instance(model, hw, layout, engine)
-        if machines % inst.unit_machines:
-            raise SpecError(f"--{role}-pool {hw}:{layout.spec}:{machines}: a {layout} instance spans {inst.unit_machines} "
-                            f"machines; give a multiple of {inst.unit_machines}")
+        layout.require_whole(machines, inst.hardware.gpus_per_machine, f"--{role}-pool {hw}:{layout.spec}:{machines}")
         out.append(PoolSpec(Role(role), db.require(inst, perf_interp) if db else inst, machines))
     return out
 
@@ -169,7 +167,7 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
         else:
             role = Role.PROMPT if np.nanmedian(r.ttft_s) > np.nanmedian(r.e2e_s - r.ttft_s) else Role.TOKEN
         grow = min((p for p in pools if p.role == role), key=lambda p: (load_hardware(p.hardware).price_usd_per_hour / p.layout.gpus, p.hardware))
-        unit = max(1, grow.layout.gpus // load_hardware(grow.hardware).gpus_per_machine)  # whole instances
+        unit = grow.layout.unit(load_hardware(grow.hardware).gpus_per_machine)[0]  # whole instances
         pools[pools.index(grow)] = grow._replace(machines=grow.machines + unit)
     if added:
         plan = plan_from_pools(pools, predicted=plan.predicted, slo=plan.slo, repairs=plan.repairs,

@@ -39,7 +39,12 @@ class Group:
 
     @property
     def nodes_per_instance(self) -> int:
-        return max(1, self.layout.gpus // self.hardware.gpus_per_machine)
+        return self.layout.unit(self.hardware.gpus_per_machine)[0]
+
+    @property
+    def instances_per_machine(self) -> int:
+        """Instances sharing a machine (1 when an instance spans machines)."""
+        return self.layout.unit(self.hardware.gpus_per_machine)[1]
 
     @property
     def gpus_per_node(self) -> int:
@@ -47,8 +52,7 @@ class Group:
 
     @property
     def instances(self) -> int:
-        per_machine = max(1, self.hardware.gpus_per_machine // self.layout.gpus)
-        return self.machines // self.nodes_per_instance * per_machine
+        return self.machines // self.nodes_per_instance * self.instances_per_machine
 
     @property
     def name(self) -> str:
@@ -100,10 +104,9 @@ def deployment(pools, inputs: dict, source: str, model_id: str | None = None) ->
         raise SpecError(f"{source}: model {model.name} names no Hugging Face repository (hf_repo); give --model-id ORG/NAME")
     engine = load_engine(str(inputs.get("engine") or "lean"))
     groups = tuple(Group(role, load_hardware(hw), layout, machines) for role, hw, layout, machines in pools)
-    for g in groups:
-        if g.instances < 1 or g.machines % g.nodes_per_instance:
-            raise SpecError(f"{source}: {g.role} pool {g.hardware.name}:{g.layout.spec}:{g.machines}: a {g.layout} instance "
-                            f"spans {g.nodes_per_instance} machines; give a multiple of {g.nodes_per_instance}")
+    for g in groups:  # (read_plan has checked each pool holds at least one machine)
+        g.layout.require_whole(g.machines, g.hardware.gpus_per_machine, f"{source}: {g.role} pool "
+                               f"{g.hardware.name}:{g.layout.spec}:{g.machines}")
     return Deployment(source, model, repo, engine, int(inputs.get("max_batch_tokens") or 2048), groups)
 
 

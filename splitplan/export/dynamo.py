@@ -16,10 +16,9 @@ from importlib import resources
 
 import yaml
 
-from splitplan.export import VERSIONS, Deployment, Export, common_mapping
+from splitplan.export import ROLE_NAMES, VERSIONS, Deployment, Export, common_mapping
 from splitplan.export.engines import model_args, parallel_args, role_args, setting_args
 
-TEMPLATE_TYPES = {"prompt": "prefill", "token": "decode", "mixed": "worker"}
 # The template flags splitplan sets itself (each takes a value), removed before its own are added.
 _OURS = {"--model", "--model-path", "--served-model-name", "--tp", "--tp-size", "--tensor-parallel-size", "--dp",
          "--data-parallel-size", "--ep", "--pipeline-parallel-size", "--pp-size", "--disaggregation-mode",
@@ -49,7 +48,7 @@ def dynamo(dep: Deployment, backend: str, image: str | None) -> Export:
     by_type = {c["type"]: c for c in doc["spec"]["components"]}
     components = [by_type["frontend"]]
     for g in dep.groups:
-        c = copy.deepcopy(by_type[TEMPLATE_TYPES[g.role]])
+        c = copy.deepcopy(by_type[ROLE_NAMES[g.role]])  # (the templates' component types)
         where = f"{g.role} pool {g.hardware.name}:{g.layout.spec}"
         container = c["podTemplate"]["spec"]["containers"][0]
         container["args"] = (model_args(backend, dep.model_id) + parallel_args(backend, g.layout, where)

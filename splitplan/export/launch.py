@@ -45,8 +45,7 @@ def _node_commands(engine: str, dep: Deployment, g, worker: str, slot: int) -> l
         if nodes == 1:
             return [cmd]
         return [cmd + ["--nnodes", str(nodes), "--node-rank", str(r), "--dist-init-addr", f"{head}:5000"] for r in range(nodes)]
-    cmd = ["vllm", "serve", *base[2:], "--host", "0.0.0.0", "--port", str(PORT + slot)]  # (vllm serve takes the model first)
-    cmd.insert(2, dep.model_id)
+    cmd = ["vllm", "serve", dep.model_id, *base[2:], "--host", "0.0.0.0", "--port", str(PORT + slot)]  # (the model first, not --model)
     if nodes == 1:
         return [cmd]
     ranks_per_node, per_rank = divmod(g.gpus_per_node, g.layout.tp * g.layout.pp)
@@ -79,7 +78,7 @@ def _quote(cmd: list[str]) -> str:
 
 def launch(dep: Deployment, engine: str, image: str | None) -> Export:
     # worker -> (its pool, its slot on a machine shared with the pool's other workers)
-    workers = {f"{g.name}-{i}": (g, i % max(1, g.hardware.gpus_per_machine // g.layout.gpus))
+    workers = {f"{g.name}-{i}": (g, i % g.instances_per_machine)
                for g in dep.groups for i in range(g.instances)}
     entries: dict[str, tuple] = {}  # entry name -> (commands, GPU ids, worker)
     for worker, (g, slot) in workers.items():

@@ -152,13 +152,12 @@ class Instance(PassShortcuts):
     # --- how instances fill machines ----------------------------------------------
     @property
     def unit_machines(self) -> int:
-        """Machines of the smallest whole unit: one machine holding one or more instances,
-        or the machines one instance spans."""
-        return max(1, self.layout.gpus // self.hardware.gpus_per_machine)
+        """Machines of the smallest whole unit (Layout.unit)."""
+        return self.layout.unit(self.hardware.gpus_per_machine)[0]
 
     @property
     def unit_instances(self) -> int:
-        return max(1, self.hardware.gpus_per_machine // self.layout.gpus)
+        return self.layout.unit(self.hardware.gpus_per_machine)[1]
 
     @property
     def instances_per_machine(self) -> float:
@@ -294,7 +293,7 @@ class Instance(PassShortcuts):
             # pipeline: one hop per stage boundary, the activations split over the stage's GPUs
             hop_s_per_token=(m.hidden_size * bpe / g / self._link_bytes_per_s(2 * g, f, off=1.0)) if lay.pp > 1 else 0.0,
             hop_latency_s=f.collective_latency_s if lay.pp > 1 else 0.0,
-            dp=float(lay.dp), pp=lay.pp,
+            dp=float(lay.dp), pp=lay.pp, divided=lay.dp > 1 or lay.pp > 1 or exchange,
             launch_s=L_stage * self.engine.kernels_per_layer * f.kernel_launch_s,
             host_s=f.host_launch_s_per_layer * L_stage,
             packed=self.engine.prefill_attention == "packed",
@@ -315,12 +314,16 @@ class Instance(PassShortcuts):
         m, f, c = self.model, self.factors, self._c
         L, peak = c.L, c.peak
         has_prefill = _num(prefill_tokens) > 0
-        micro, groups = self._shares(_num(prefill_seqs), _num(decode_seqs), has_prefill)
+        if c.divided:  # (TP alone does not divide a pass: this stays off the sizing's hot path)
+            micro, groups = self._shares(_num(prefill_seqs), _num(decode_seqs), has_prefill)
+            stages = c.pp + (c.pp - 1) * has_prefill
+        else:
+            micro = groups = 1.0
+            stages = 1
         pre_tok = _num(prefill_tokens) * micro
         n_tok = pre_tok + _num(decode_seqs) * micro  # the micro-batch
         a_tok = n_tok / groups  # the busiest attention group's share
         n_seq = (_num(prefill_seqs) + _num(decode_seqs)) * micro / groups
-        stages = c.pp + (c.pp - 1) * has_prefill
 
         def gemm_eff(rows):
             return c.eff * rows / (rows + c.half)
@@ -351,9 +354,10 @@ class Instance(PassShortcuts):
             memory_s = memory_s + tm * (tc <= tm)
             flops = flops + L * c_flops
             nbytes = nbytes + L * c_bytes
-        network_s = (2 * L * (a_tok * c.collective_s_per_token * knee + c.collective_latency_s)
-                     + L * (n_tok * c.a2a_s_per_token * c.dp / groups + c.a2a_latency_s)  # (the busiest group sends)
-                     + n_tok * c.hop_s_per_token + c.hop_latency_s)
+        network_s = 2 * L * (a_tok * c.collective_s_per_token * knee + c.collective_latency_s)
+        if c.divided:  # expert all-to-alls (the busiest group sends) and pipeline hops
+            network_s = (network_s + L * (n_tok * c.a2a_s_per_token * c.dp / groups + c.a2a_latency_s)
+                         + n_tok * c.hop_s_per_token + c.hop_latency_s)
         gpu_s = compute_s + memory_s + network_s + c.launch_s
         overhead_s = (
             f.decode_overhead_s + (f.prefill_overhead_s - f.decode_overhead_s) * has_prefill

@@ -57,6 +57,17 @@ class Layout(NamedTuple):
     def __str__(self) -> str:
         return " ".join(f"{k.upper()} {v}" for k, v in self._shown())
 
+    def unit(self, gpus_per_machine: int) -> tuple[int, int]:
+        """(machines, instances) of the smallest whole unit of machines holding instances in this
+        layout: one machine with one or more instances, or the machines one instance spans."""
+        return max(1, self.gpus // gpus_per_machine), max(1, gpus_per_machine // self.gpus)
+
+    def require_whole(self, machines: int, gpus_per_machine: int, where: str) -> None:
+        """SpecError unless `machines` machines hold whole instances (a multiple of the unit)."""
+        unit = self.unit(gpus_per_machine)[0]
+        if machines % unit:
+            raise SpecError(f"{where}: a {self} instance spans {unit} machines; give a multiple of {unit}")
+
     def problem(self) -> str:
         """Why the layout is not a layout ('' when it is)."""
         if min(self) < 1:
