@@ -16,8 +16,8 @@ from splitplan.cli.common import app, read_plan, user_errors
 @user_errors
 def export_command(
     plan: Path = typer.Argument(..., help="A plan.json written by `splitplan optimize --output-dir DIR`."),
-    to: str = typer.Option(..., "--to", help="dynamo (a DynamoGraphDeployment), vllm or sglang (launch.sh and "
-                           "docker-compose.yaml)."),
+    to: str = typer.Option(..., "--to", help="dynamo (a DynamoGraphDeployment), llm-d (Kubernetes manifests and "
+                           "router values), vllm or sglang (launch.sh and docker-compose.yaml)."),
     output: Optional[Path] = typer.Option(None, "--output", help="Folder for the files and EXPORT.md (the mapping); "
                                           "without it the main file goes to stdout and the notes to stderr."),
     backend: Optional[str] = typer.Option(None, "--backend", help="Dynamo's backend, vllm or sglang (default: the "
@@ -26,7 +26,7 @@ def export_command(
                                            "the model spec's hf_repo), e.g. an fp8 or fp4 checkpoint."),
     image: Optional[str] = typer.Option(None, "--image", help="Container image instead of the target's default."),
 ) -> None:
-    """Write a plan as a deployment for Dynamo, vLLM or SGLang: every worker group with its replicas,
+    """Write a plan as a deployment for Dynamo, llm-d, vLLM or SGLang: every worker group with its replicas,
     GPUs and parallel flags; what the target cannot express is listed."""
     from splitplan.export import deployment, export
     from splitplan.report import SCHEMA_VERSION

@@ -7,11 +7,12 @@ states the engine version it was written for and maps every plan field it uses
 (`Export.mapping`); plan fields it cannot express are listed (`Export.unexpressed`), never dropped
 silently; a layout the engine cannot run is an error (exit 2).
 
-Targets: `dynamo` (export.dynamo), `vllm` and `sglang` (export.launch).
+Targets: `dynamo` (export.dynamo), `llm-d` (export.llmd), `vllm` and `sglang` (export.launch).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from splitplan.errors import SpecError
@@ -20,11 +21,11 @@ from splitplan.specs.hardware import HardwareSpec, load_hardware
 from splitplan.specs.layout import Layout
 from splitplan.specs.model import ModelSpec, load_model
 
-TARGETS = ("dynamo", "vllm", "sglang")
+TARGETS = ("dynamo", "llm-d", "vllm", "sglang")
 BACKENDS = ("vllm", "sglang")
 # The engine versions every target is written for: Dynamo 1.6.1 and the vLLM and SGLang it pins
-# (ai-dynamo 1.6.1's extras: vllm 0.31.0, sglang 0.5.21).
-VERSIONS = {"dynamo": "1.6.1", "vllm": "0.31.0", "sglang": "0.5.21"}
+# (ai-dynamo 1.6.1's extras: vllm 0.31.0, sglang 0.5.21); llm-d 0.8.0 (its guides' sidecar tag).
+VERSIONS = {"dynamo": "1.6.1", "llm-d": "0.8.0", "vllm": "0.31.0", "sglang": "0.5.21"}
 ROLE_NAMES = {"prompt": "prefill", "token": "decode", "mixed": "worker"}
 
 
@@ -72,6 +73,11 @@ class Deployment:
     groups: tuple[Group, ...]
 
     @property
+    def name(self) -> str:
+        """The deployment's Kubernetes name (and llm-d's model label): splitplan-MODEL."""
+        return re.sub(r"[^a-z0-9-]+", "-", f"splitplan-{self.model.name}".lower()).strip("-")[:63]
+
+    @property
     def split(self) -> bool:
         return any(g.role != "mixed" for g in self.groups)
 
@@ -83,6 +89,7 @@ class Export:
     files: dict[str, str]  # name -> text; the first is the main one
     mapping: list[tuple[str, str]] = field(default_factory=list)  # (plan field, where it went)
     unexpressed: list[str] = field(default_factory=list)  # plan facts the target cannot say, and why
+    apply: str = ""  # the commands that apply the files, where they are not in the files themselves
 
     def report(self) -> str:
         """EXPORT.md: what was written for which version, the mapping, and what was not expressed."""
@@ -91,6 +98,8 @@ class Export:
         lines += [f"| {a} | {b} |" for a, b in self.mapping]
         lines += ["", "Not expressed:" if self.unexpressed else "Every plan field used is expressed.", ""]
         lines += [f"- {u}" for u in self.unexpressed]
+        if self.apply:
+            lines += ["", "To apply:", "", "```bash", self.apply, "```"]
         return "\n".join(lines) + "\n"
 
 
@@ -118,8 +127,12 @@ def export(dep: Deployment, target: str, backend: str | None = None, image: str 
     if target == "dynamo":
         from splitplan.export.dynamo import dynamo
         return dynamo(dep, backend or _backend_of(dep), image)
-    if backend not in (None, target):
-        raise SpecError(f"--backend {backend}: --to {target} runs {target} itself; --backend is for --to dynamo")
+    runs = "vllm" if target == "llm-d" else target
+    if backend not in (None, runs):
+        raise SpecError(f"--backend {backend}: --to {target} runs {runs}; --backend is for --to dynamo")
+    if target == "llm-d":
+        from splitplan.export.llmd import llmd
+        return llmd(dep, image)
     from splitplan.export.launch import launch
     return launch(dep, target, image)
 

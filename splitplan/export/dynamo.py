@@ -11,7 +11,6 @@ template's.
 from __future__ import annotations
 
 import copy
-import re
 from importlib import resources
 
 import yaml
@@ -63,7 +62,7 @@ def dynamo(dep: Deployment, backend: str, image: str | None) -> Export:
         components.append(c)
     if image:
         components[0]["podTemplate"]["spec"]["containers"][0]["image"] = image
-    doc["metadata"]["name"] = re.sub(r"[^a-z0-9-]+", "-", f"splitplan-{dep.model.name}".lower()).strip("-")[:63]
+    doc["metadata"]["name"] = dep.name
     doc["spec"]["components"] = components
     mapping, unexpressed = common_mapping(dep, backend)
     mapping += [

@@ -30,6 +30,14 @@ def parallel_args(engine: str, layout: Layout, where: str) -> list[str]:
     return args + (["--ep", str(ep)] if ep > 1 else [])
 
 
+def dp_ranks_per_node(layout: Layout, gpus_per_node: int) -> int:
+    """The data-parallel ranks each node of a multi-node vLLM instance holds when every node holds
+    whole ranks (vLLM runs data parallelism over nodes itself), else 0: a rank spans nodes, and
+    vLLM needs a Ray cluster over them."""
+    ranks, rest = divmod(gpus_per_node, layout.tp * layout.pp)
+    return ranks if rest == 0 else 0
+
+
 def role_args(engine: str, role: str) -> list[str]:
     """Disaggregation flags: NIXL KV transfer between prefill and decode workers."""
     if role == "mixed":

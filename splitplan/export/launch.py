@@ -19,7 +19,7 @@ import shlex
 import yaml
 
 from splitplan.export import VERSIONS, Deployment, Export, common_mapping
-from splitplan.export.engines import model_args, parallel_args, role_args, setting_args
+from splitplan.export.engines import dp_ranks_per_node, model_args, parallel_args, role_args, setting_args
 
 PORT = 8100  # a worker's HTTP port (the router listens on 8000)
 IMAGES = {"vllm": f"vllm/vllm-openai:v{VERSIONS['vllm']}", "sglang": f"lmsysorg/sglang:v{VERSIONS['sglang']}"}
@@ -48,8 +48,8 @@ def _node_commands(engine: str, dep: Deployment, g, worker: str, slot: int) -> l
     cmd = ["vllm", "serve", dep.model_id, *base[2:], "--host", "0.0.0.0", "--port", str(PORT + slot)]  # (the model first, not --model)
     if nodes == 1:
         return [cmd]
-    ranks_per_node, per_rank = divmod(g.gpus_per_node, g.layout.tp * g.layout.pp)
-    if g.layout.dp > 1 and per_rank == 0 and ranks_per_node >= 1:
+    ranks_per_node = dp_ranks_per_node(g.layout, g.gpus_per_node)
+    if ranks_per_node:
         dp = ["--data-parallel-size-local", str(ranks_per_node), "--data-parallel-address", head, "--data-parallel-rpc-port", "13345"]
         return [cmd + dp] + [cmd + dp + ["--headless", "--data-parallel-start-rank", str(r * ranks_per_node)] for r in range(1, nodes)]
     return ([["ray", "start", "--head", "--port", "6379"], cmd + ["--distributed-executor-backend", "ray"]],

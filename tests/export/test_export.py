@@ -1,11 +1,13 @@
 """`splitplan export` (issue 18): each target from a fixed plan against reviewed golden files, the
-Dynamo manifest against the vendored Dynamo 1.6.1 templates, the files parsed, and bad input."""
+Dynamo manifest against the vendored Dynamo 1.6.1 templates, the llm-d manifests against the
+Kubernetes API's schema (kubernetes-validate, strict), the files parsed, and bad input."""
 
 import json
 import os
 import subprocess
 from pathlib import Path
 
+import kubernetes_validate
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -43,6 +45,7 @@ def _files(tmp_path, target, pools, **plan):
 @pytest.mark.parametrize("target, pools, plan", [
     ("dynamo", SPLIT, {}), ("sglang", SPLIT, {}), ("vllm", SPLIT, {"engine": "vllm-fp8"}),
     ("vllm", COLOCATED, {"model": "llama3.1-70b", "engine": "vllm-fp8"}),
+    ("llm-d", SPLIT, {"engine": "vllm-fp8"}), ("llm-d", COLOCATED, {"model": "llama3.1-70b", "engine": "vllm-fp8"}),
 ])
 def test_exports_match_the_reviewed_golden_files(tmp_path, target, pools, plan):
     files = {n: t.replace(str(tmp_path), "TMP") for n, t in _files(tmp_path, target, pools, **plan).items()}
@@ -114,7 +117,10 @@ def test_without_output_the_main_file_goes_to_stdout_and_notes_to_stderr(tmp_pat
 
 
 @pytest.mark.parametrize("args, plan, message", [
-    (["--to", "kserve"], {}, "--to kserve: choose dynamo, vllm, sglang"),
+    (["--to", "kserve"], {}, "--to kserve: choose dynamo, llm-d, vllm, sglang"),
+    (["--to", "llm-d", "--backend", "sglang"], {}, "--to llm-d runs vllm; --backend is for --to dynamo"),
+    (["--to", "llm-d"], {"pools": {"prompt": [("h200-141gb", Layout(8), 1)], "token": [("h200-141gb", Layout(8, 2, 8), 2)]}},
+     "vLLM cannot run TP 8 DP 2 EP 8"),
     (["--to", "dynamo"], {"version": 1}, "schema_version 1"),
     (["--to", "vllm"], {"pools": {"prompt": [("h200-141gb", Layout(4, 2, 4), 1)], "token": [("h200-141gb", Layout(8), 1)]}},
      "vLLM cannot run TP 4 DP 2 EP 4"),
@@ -141,3 +147,95 @@ def test_workers_sharing_a_machine_take_their_own_gpus_and_ports(tmp_path):
 def test_a_plan_sized_for_another_engine_says_so(tmp_path):
     result = runner.invoke(app, ["export", str(_plan(tmp_path, SPLIT, engine="sglang-fp8")), "--to", "vllm"])
     assert result.exit_code == 0 and "re-plan with --engine vllm-fp8" in result.stderr
+
+
+KUBERNETES = "1.34.0"  # the API version the llm-d manifests are checked against
+# Instances on one machine, sharing one, over two by data parallelism, and over two as one
+# TP 8 (GB200 trays of 4) or TP 8 x PP 2 rank (Ray).
+LLMD = {"prompt": [("gb200-nvl72", Layout(8), 2), ("h100-80gb", Layout(8, 1, 1, 2), 2), ("h100-80gb", Layout(2), 1)],
+        "token": [("h200-141gb", Layout(1, 16, 16), 2), ("h200-141gb", Layout(8, 2, 16), 4), ("h200-141gb", Layout(8), 1)]}
+
+
+def _llmd(tmp_path, pools):
+    files = _files(tmp_path, "llm-d", pools, engine="vllm-fp8")
+    return list(yaml.safe_load_all(files["llm-d.yaml"])), files
+
+
+def _pod_templates(doc):
+    if doc["kind"] == "ServiceAccount":
+        return {}
+    if doc["kind"] == "Deployment":
+        return {"template": doc["spec"]["template"]}
+    group = doc["spec"]["leaderWorkerTemplate"]
+    return {k: group[k] for k in ("leaderTemplate", "workerTemplate") if k in group}
+
+
+@pytest.mark.parametrize("pools", [SPLIT, COLOCATED, LLMD])
+def test_llmd_manifests_are_valid_kubernetes_objects(tmp_path, pools):
+    docs, _ = _llmd(tmp_path, pools)
+    assert [d["kind"] for d in docs][0] == "ServiceAccount"
+    for doc in docs:
+        if doc["kind"] == "LeaderWorkerSet":
+            # The LWS CRD is on no registry this project reaches: its pods are checked as Kubernetes pod
+            # templates, its own fields against the ones llm-d's wide-EP guide sets.
+            assert doc["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
+            assert set(doc["spec"]) == {"replicas", "leaderWorkerTemplate"}
+            assert set(doc["spec"]["leaderWorkerTemplate"]) <= {"size", "leaderTemplate", "workerTemplate"}
+        else:
+            kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+        for pod in _pod_templates(doc).values():
+            kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+                                          "template": pod}, KUBERNETES, strict=True)
+            for c in pod["spec"]["containers"]:
+                subprocess.run(["bash", "-n"], input=c["args"][0], text=True, check=True)
+
+
+def test_the_kubernetes_schema_check_catches_a_misspelt_field(tmp_path):
+    deployment_doc = _llmd(tmp_path, SPLIT)[0][1]
+    deployment_doc["spec"]["replica"] = deployment_doc["spec"].pop("replicas")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment_doc, KUBERNETES, strict=True)
+
+
+def test_llmd_runs_each_instance_as_pods_of_its_gpus(tmp_path):
+    docs, files = _llmd(tmp_path, LLMD)
+    by_name = {d["metadata"]["name"]: d for d in docs[1:]}
+    shape = {n: (d["kind"], d["spec"]["replicas"], d["spec"].get("leaderWorkerTemplate", {}).get("size", 1),
+                 sorted(_pod_templates(d)),
+                 [t["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] for t in _pod_templates(d).values()])
+             for n, d in by_name.items()}
+    assert shape == {
+        "prefill-gb200-nvl72-tp8": ("LeaderWorkerSet", 1, 2, ["leaderTemplate", "workerTemplate"], ["4", "4"]),
+        "prefill-h100-80gb-tp8pp2": ("LeaderWorkerSet", 1, 2, ["leaderTemplate", "workerTemplate"], ["8", "8"]),
+        "prefill-h100-80gb-tp2": ("Deployment", 4, 1, ["template"], ["2"]),
+        "decode-h200-141gb-dp16ep16": ("LeaderWorkerSet", 1, 2, ["workerTemplate"], ["8"]),
+        "decode-h200-141gb-tp8dp2ep16": ("LeaderWorkerSet", 2, 2, ["workerTemplate"], ["8"]),
+        "decode-h200-141gb-tp8": ("Deployment", 1, 1, ["template"], ["8"]),
+    }
+    wide = by_name["decode-h200-141gb-dp16ep16"]["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    script = wide["spec"]["containers"][0]["args"][0]
+    assert "--data-parallel-size 16 --enable-expert-parallel" in script
+    assert "--data-parallel-size-local 8 --data-parallel-address $LWS_LEADER_ADDRESS" in script
+    assert script.endswith("--data-parallel-start-rank $((LWS_WORKER_INDEX*8))")
+    pipeline = by_name["prefill-h100-80gb-tp8pp2"]["spec"]["leaderWorkerTemplate"]
+    assert "--tensor-parallel-size 8 --pipeline-parallel-size 2" in pipeline["leaderTemplate"]["spec"]["containers"][0]["args"][0]
+    assert pipeline["leaderTemplate"]["spec"]["containers"][0]["args"][0].endswith("--distributed-executor-backend ray")
+    assert pipeline["workerTemplate"]["spec"]["containers"][0]["args"] == ["exec ray start --address=$LWS_LEADER_ADDRESS:6379 --block"]
+    # the router sees serving pods only: a Ray worker pod carries no llm-d serving labels
+    assert "llm-d.ai/inference-serving" not in pipeline["workerTemplate"]["metadata"]["labels"]
+    assert "To apply:" in files["EXPORT.md"] and "kubectl apply -n NS -f llm-d.yaml" in files["EXPORT.md"]
+
+
+def test_llmd_labels_roles_and_puts_the_routing_sidecar_before_decode(tmp_path):
+    docs, files = _llmd(tmp_path, SPLIT)
+    prefill, decode = (_pod_templates(d) for d in docs[1:])
+    p, d = prefill["template"], decode["workerTemplate"]
+    assert p["metadata"]["labels"]["llm-d.ai/role"] == "prefill" and d["metadata"]["labels"]["llm-d.ai/role"] == "decode"
+    assert "initContainers" not in p["spec"]
+    (sidecar,) = d["spec"]["initContainers"]
+    assert sidecar["restartPolicy"] == "Always" and sidecar["ports"][0]["containerPort"] == 8000
+    assert d["spec"]["containers"][0]["ports"][0]["containerPort"] == 8200 == p["spec"]["containers"][0]["ports"][0]["containerPort"] + 200
+    values = yaml.safe_load(files["router.values.yaml"])
+    assert values == {"router": {"modelServers": {"matchLabels": {"llm-d.ai/guide": None, "llm-d.ai/model": "splitplan-deepseek-v3"}}}}
+    colocated = _pod_templates(_llmd(tmp_path, COLOCATED)[0][1])["template"]
+    assert "llm-d.ai/role" not in colocated["metadata"]["labels"] and "initContainers" not in colocated["spec"]
