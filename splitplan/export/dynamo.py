@@ -20,7 +20,7 @@ from splitplan.export.engines import model_args, parallel_args, role_args, setti
 
 # The template flags splitplan sets itself (each takes a value), removed before its own are added.
 _OURS = {"--model", "--model-path", "--served-model-name", "--tp", "--tp-size", "--tensor-parallel-size", "--dp",
-         "--data-parallel-size", "--ep", "--pipeline-parallel-size", "--pp-size", "--disaggregation-mode",
+         "--dp-size", "--data-parallel-size", "--ep", "--ep-size", "--pipeline-parallel-size", "--pp-size", "--disaggregation-mode",
          "--disaggregation-transfer-backend", "--kv-transfer-config"}
 
 

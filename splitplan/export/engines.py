@@ -1,5 +1,7 @@
 """Engine flags for a layout, a role and the plan's settings (vLLM 0.31, SGLang 0.5.21: the
-versions Dynamo 1.6.1 pins; the flag names as Dynamo 1.6.1's own config writers use them)."""
+versions Dynamo 1.6.1 pins). Each flag is one the engine defines under that name, not an
+abbreviation: bench/export_flags.py checks them against SGLang's parser and vLLM's argument
+definitions of those versions."""
 
 from __future__ import annotations
 
@@ -24,10 +26,10 @@ def parallel_args(engine: str, layout: Layout, where: str) -> list[str]:
         args += ["--pipeline-parallel-size", str(pp)] if pp > 1 else []
         args += ["--data-parallel-size", str(dp)] if dp > 1 else []
         return args + (["--enable-expert-parallel"] if ep > 1 else [])
-    args = ["--tp", str(tp * dp)]
+    args = ["--tp-size", str(tp * dp)]
     args += ["--pp-size", str(pp)] if pp > 1 else []
-    args += ["--dp", str(dp), "--enable-dp-attention"] if dp > 1 else []
-    return args + (["--ep", str(ep)] if ep > 1 else [])
+    args += ["--dp-size", str(dp), "--enable-dp-attention"] if dp > 1 else []
+    return args + (["--ep-size", str(ep)] if ep > 1 else [])
 
 
 def dp_ranks_per_node(layout: Layout, gpus_per_node: int) -> int:

@@ -10,7 +10,7 @@
 
 An instance has `tp * dp * pp` GPUs and may span several machines. The notation is
 aiconfigurator's and the engines' (`--tensor-parallel-size`, `--data-parallel-size` with
-`--enable-expert-parallel`, `--pipeline-parallel-size`; SGLang `--tp --dp --ep`). A layout is
+`--enable-expert-parallel`, `--pipeline-parallel-size`; SGLang `--tp-size --dp-size --ep-size`). A layout is
 written `tp8`, `dp16ep16` or `tp8pp2` in options and files (a bare number is TP alone), and
 `TP 8`, `DP 16 EP 16`, `TP 8 PP 2` in reports.
 """

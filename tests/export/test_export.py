@@ -3,7 +3,9 @@ Dynamo manifest against the vendored Dynamo 1.6.1 templates, the llm-d manifests
 Kubernetes API's schema (kubernetes-validate, strict), the files parsed, and bad input."""
 
 import json
+import importlib
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -93,7 +95,7 @@ def test_an_instance_over_two_machines_is_one_replica_of_two_nodes(tmp_path):
     assert (prefill["replicas"], prefill.get("multinode")) == (2, None)
     assert (decode["replicas"], decode["multinode"]) == (1, {"nodeCount": 2})
     args = decode["podTemplate"]["spec"]["containers"][0]["args"]
-    assert " ".join(args).count("--tp 16 --dp 16 --enable-dp-attention --ep 16") == 1
+    assert " ".join(args).count("--tp-size 16 --dp-size 16 --enable-dp-attention --ep-size 16") == 1
     assert args[args.index("--disaggregation-mode") + 1] == "decode"
 
 
@@ -107,6 +109,31 @@ def test_launch_files_parse_and_name_every_node(tmp_path):
                for n, s in compose.items() if n != "router")
     assert "--node-rank 1" in compose["decode-h200-141gb-dp16ep16-0-node1"]["command"][2]
     assert "EXPORT.md" in files and "hardware: the machine type is not selected" in files["EXPORT.md"]
+
+
+def _router_command(script: str) -> list[str]:
+    lines = script.splitlines()
+    return shlex.split(lines[lines.index("  router)") + 1])
+
+
+@pytest.mark.parametrize("engine, pools", [("vllm", SPLIT), ("sglang", SPLIT), ("vllm", COLOCATED), ("sglang", COLOCATED)])
+def test_the_router_commands_parse_with_the_routers_own_parsers(tmp_path, engine, pools):
+    """launch.sh's router command through the argument parser and checks of the router version it
+    names (vllm-router 0.1.17, sglang-router 0.3.2: test dependencies at those versions)."""
+    router = importlib.import_module(f"{engine}_router.launch_router")
+    from importlib.metadata import version
+    assert version(f"{engine}-router") == {"vllm": "0.1.17", "sglang": "0.3.2"}[engine]
+    cmd = _router_command(_files(tmp_path, engine, pools, model="llama3.1-70b", engine=f"{engine}-fp8")["launch.sh"])
+    args = router.parse_router_args(cmd[1:] if engine == "vllm" else cmd[3:])
+    args._validate_router_args()
+    if pools is SPLIT:
+        assert args.prefill_urls == [(f"http://${{PREFILL_H200_141GB_TP8_{i}_HOST}}:8100", None if engine == "vllm" else 8998)
+                                     for i in range(2)]
+        assert args.decode_urls == ["http://${DECODE_H200_141GB_DP16EP16_0_HOST}:8100"]
+        assert (args.vllm_pd_disaggregation if engine == "vllm" else args.pd_disaggregation) is True
+    else:
+        assert args.worker_urls == ["http://${WORKER_H100_80GB_TP4_0_HOST}:8100", "http://${WORKER_H100_80GB_TP4_1_HOST}:8101"]
+    assert (args.host, args.port) == ("0.0.0.0", 8000)
 
 
 def test_without_output_the_main_file_goes_to_stdout_and_notes_to_stderr(tmp_path):
