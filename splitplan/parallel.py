@@ -22,8 +22,9 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import traceback
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import InvalidStateError, ProcessPoolExecutor
 from typing import Any, Callable, Sequence
 
 from splitplan.errors import SpecError, SplitplanError
@@ -95,6 +96,13 @@ def _die_with_parent(parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent handles it
 
 
+def _quiet_cancelled_futures(args) -> None:
+    """The pool's manager thread may fail the futures we just cancelled as the workers end
+    (CPython 3.11: InvalidStateError, printed as a traceback); the process is exiting on Ctrl-C."""
+    if not issubclass(args.exc_type, InvalidStateError):
+        threading.__excepthook__(args)
+
+
 def _local_map(fn, items, shared, jobs, tick) -> list:
     global _SHARED
     if jobs <= 1 or len(items) < 2 or "fork" not in multiprocessing.get_all_start_methods():
@@ -113,6 +121,7 @@ def _local_map(fn, items, shared, jobs, tick) -> list:
                     out.append(outcome)
                     tick()
             except KeyboardInterrupt:  # Ctrl-C: end the workers now instead of waiting for their units
+                threading.excepthook = _quiet_cancelled_futures
                 for process in list((getattr(pool, "_processes", None) or {}).values()):
                     process.terminate()
                 pool.shutdown(wait=False, cancel_futures=True)
