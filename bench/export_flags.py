@@ -41,6 +41,17 @@ POOLS = [  # one machine, several per machine, DP over nodes, TP over trays, TP 
 ]
 
 
+PROGRAMS = (["exec"], ["python3", "-m", "sglang.launch_server"], ["vllm", "serve"])
+
+
+def _args(words: list[str]) -> list[str]:
+    """A command's arguments: its leading program words (`exec`, the engine's launcher) removed."""
+    for program in PROGRAMS:
+        if words[:len(program)] == program:
+            words = words[len(program):]
+    return words
+
+
 def _engine_commands(engine: str) -> list[list[str]]:
     """The engine's argument lists over every target that runs it (program words removed)."""
     out = []
@@ -58,9 +69,9 @@ def _engine_commands(engine: str) -> list[list[str]]:
                 group = d["spec"].get("leaderWorkerTemplate", {})
                 pods = [d["spec"]["template"]] if d["kind"] == "Deployment" else [
                     group[k] for k in ("leaderTemplate", "workerTemplate") if k in group]
-                out += [shlex.split(line.replace("$", "")) for pod in pods
+                out += [shlex.split(line) for pod in pods
                         for line in pod["spec"]["containers"][0]["args"][0].splitlines() if "vllm serve" in line]
-    return [[w for w in cmd if w not in ("python3", "-m", "sglang.launch_server", "exec", "vllm", "serve")] for cmd in out]
+    return [_args(cmd) for cmd in out]
 
 
 def check_sglang(root: Path) -> list[str]:

@@ -13,6 +13,7 @@ Targets: `dynamo` (export.dynamo), `llm-d` (export.llmd), `vllm` and `sglang` (e
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 
 from splitplan.errors import SpecError
@@ -143,6 +144,12 @@ def _backend_of(dep: Deployment) -> str:
             return b
     raise SpecError(f"the plan was sized with engine {dep.engine.name}, which Dynamo does not run as such; "
                     f"give --backend {' or '.join(BACKENDS)}")
+
+
+def shell_words(cmd: list[str]) -> str:
+    """A command as shell words: a word holding `$` in double quotes, for the shell to expand (a
+    host variable, LWS's LWS_LEADER_ADDRESS, an arithmetic rank) as one word; the rest quoted."""
+    return " ".join(f'"{w}"' if "$" in w else shlex.quote(w) for w in cmd)
 
 
 def common_mapping(dep: Deployment, engine: str) -> tuple[list[tuple[str, str]], list[str]]:

@@ -16,7 +16,7 @@ from importlib import resources
 import yaml
 
 from splitplan.export import ROLE_NAMES, VERSIONS, Deployment, Export, common_mapping
-from splitplan.export.engines import model_args, parallel_args, role_args, setting_args
+from splitplan.export.engines import BATCH_TOKENS_FLAG, model_args, parallel_args, pool_flags, role_args, setting_args
 
 # The template flags splitplan sets itself (each takes a value), removed before its own are added.
 _OURS = {"--model", "--model-path", "--served-model-name", "--tp", "--tp-size", "--tensor-parallel-size", "--dp",
@@ -67,11 +67,10 @@ def dynamo(dep: Deployment, backend: str, image: str | None) -> Export:
     mapping, unexpressed = common_mapping(dep, backend)
     mapping += [
         ("inputs.engine", f"the Dynamo {backend} backend (`python3 -m dynamo.{backend}`), KV cache {dep.engine.kv}"),
-        ("pool layout", "the backend's parallel flags per component (" + ", ".join(
-            f"{g.name}: {' '.join(parallel_args(backend, g.layout, g.name))}" for g in dep.groups) + ")"),
+        ("pool layout", "the backend's parallel flags per component (" + pool_flags(backend, dep.groups) + ")"),
         ("pool instances", "components[].replicas; GPUs per pod in resources.limits nvidia.com/gpu; "
                            "instances over several nodes in multinode.nodeCount"),
-        ("inputs.max_batch_tokens", "--max-num-batched-tokens" if backend == "vllm" else "--chunked-prefill-size"),
+        ("inputs.max_batch_tokens", BATCH_TOKENS_FLAG[backend]),
     ]
     if dep.split:
         mapping.append(("prompt/token pools", "prefill and decode components with NIXL KV transfer"))

@@ -11,6 +11,7 @@ from splitplan.errors import SpecError
 from splitplan.specs.layout import Layout
 
 VLLM_KV_CONNECTOR = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+BATCH_TOKENS_FLAG = {"vllm": "--max-num-batched-tokens", "sglang": "--chunked-prefill-size"}  # the prefill batch cap
 
 
 def parallel_args(engine: str, layout: Layout, where: str) -> list[str]:
@@ -30,6 +31,11 @@ def parallel_args(engine: str, layout: Layout, where: str) -> list[str]:
     args += ["--pp-size", str(pp)] if pp > 1 else []
     args += ["--dp-size", str(dp), "--enable-dp-attention"] if dp > 1 else []
     return args + (["--ep-size", str(ep)] if ep > 1 else [])
+
+
+def pool_flags(engine: str, groups) -> str:
+    """Each pool's parallel flags, for an export's mapping: `NAME: FLAGS, ...`."""
+    return ", ".join(f"{g.name}: {' '.join(parallel_args(engine, g.layout, g.name))}" for g in groups)
 
 
 def dp_ranks_per_node(layout: Layout, gpus_per_node: int) -> int:
@@ -52,8 +58,7 @@ def role_args(engine: str, role: str) -> list[str]:
 def setting_args(engine: str, kv_precision: str, max_batch_tokens: int) -> list[str]:
     """The plan's KV-cache precision and prefill batch cap."""
     args = (["--kv-cache-dtype", "fp8" if engine == "vllm" else "fp8_e4m3"] if kv_precision == "fp8" else [])
-    return args + (["--max-num-batched-tokens", str(max_batch_tokens)] if engine == "vllm"
-                   else ["--chunked-prefill-size", str(max_batch_tokens)])
+    return args + [BATCH_TOKENS_FLAG[engine], str(max_batch_tokens)]
 
 
 def model_args(engine: str, model_id: str) -> list[str]:

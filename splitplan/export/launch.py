@@ -14,12 +14,12 @@ sglang-router 0.3.2 (PyPI), prefill/decode-aware.
 from __future__ import annotations
 
 import re
-import shlex
 
 import yaml
 
-from splitplan.export import VERSIONS, Deployment, Export, common_mapping
-from splitplan.export.engines import dp_ranks_per_node, model_args, parallel_args, role_args, setting_args
+from splitplan.export import VERSIONS, Deployment, Export, common_mapping, shell_words
+from splitplan.export.engines import (BATCH_TOKENS_FLAG, dp_ranks_per_node, model_args, parallel_args, pool_flags,
+                                      role_args, setting_args)
 
 PORT = 8100  # a worker's HTTP port (the router listens on 8000)
 IMAGES = {"vllm": f"vllm/vllm-openai:v{VERSIONS['vllm']}", "sglang": f"lmsysorg/sglang:v{VERSIONS['sglang']}"}
@@ -71,11 +71,6 @@ def _router(engine: str, dep: Deployment, workers: dict) -> list[str]:
     return cmd + [x for u, _ in urls["token"] for x in ("--decode", u)] + ["--host", "0.0.0.0", "--port", "8000"]
 
 
-def _quote(cmd: list[str]) -> str:
-    """Shell words, leaving ${VAR} (and words holding one) to the shell's expansion."""
-    return " ".join(f'"{w}"' if "${" in w else shlex.quote(w) for w in cmd)
-
-
 def launch(dep: Deployment, engine: str, image: str | None) -> Export:
     # worker -> (its pool, its slot on a machine shared with the pool's other workers)
     workers = {f"{g.name}-{i}": (g, i % g.instances_per_machine)
@@ -97,26 +92,25 @@ def launch(dep: Deployment, engine: str, image: str | None) -> Export:
     for name, (cmds, gpus, worker) in entries.items():
         script.append(f"  {name})  # GPUs {','.join(gpus)} of its machine; worker {worker}")
         script.append(f"    export CUDA_VISIBLE_DEVICES={','.join(gpus)}")
-        script += [f"    {_quote(c)}" for c in cmds]
+        script += [f"    {shell_words(c)}" for c in cmds]
         script.append("    ;;")
-    script += ["  router)", f"    {_quote(router)}", "    ;;",
+    script += ["  router)", f"    {shell_words(router)}", "    ;;",
                "  *)", f"    echo \"usage: $0 {{{'|'.join([*entries, 'router'])}}}\" >&2", "    exit 2", "    ;;", "esac", ""]
     services = {}
     for name, (cmds, gpus, _) in entries.items():
         services[name] = {"image": image, "network_mode": "host", "ipc": "host",
-                          "command": ["bash", "-c", " && ".join(_quote(c) for c in cmds)],
+                          "command": ["bash", "-c", " && ".join(shell_words(c) for c in cmds)],
                           "environment": ["HF_TOKEN"],
                           "deploy": {"resources": {"reservations": {"devices": [
                               {"driver": "nvidia", "device_ids": gpus, "capabilities": ["gpu"]}]}}}}
-    services["router"] = {"image": image, "network_mode": "host", "command": ["bash", "-c", _quote(router)]}
+    services["router"] = {"image": image, "network_mode": "host", "command": ["bash", "-c", shell_words(router)]}
     compose = yaml.safe_dump({"services": services}, sort_keys=False, width=1000)
     mapping, unexpressed = common_mapping(dep, engine)
     mapping += [
-        ("pool layout", "each worker's parallel flags (" + ", ".join(
-            f"{g.name}: {' '.join(parallel_args(engine, g.layout, g.name))}" for g in dep.groups) + ")"),
+        ("pool layout", "each worker's parallel flags (" + pool_flags(engine, dep.groups) + ")"),
         ("pool instances", "one launch.sh entry and compose service per worker and node"),
         ("inputs.engine", f"KV cache {dep.engine.kv}"),
-        ("inputs.max_batch_tokens", "--max-num-batched-tokens" if engine == "vllm" else "--chunked-prefill-size"),
+        ("inputs.max_batch_tokens", BATCH_TOKENS_FLAG[engine]),
         ("prompt/token pools" if dep.split else "mixed pool", f"the {ROUTERS[engine]} command"
          + (" in prefill/decode mode, KV over NIXL" if dep.split else "")),
     ]

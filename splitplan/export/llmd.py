@@ -16,12 +16,10 @@ a Ray cluster over the group with vLLM on the leader.
 
 from __future__ import annotations
 
-import shlex
-
 import yaml
 
-from splitplan.export import VERSIONS, Deployment, Export, common_mapping
-from splitplan.export.engines import dp_ranks_per_node, parallel_args, role_args, setting_args
+from splitplan.export import VERSIONS, Deployment, Export, common_mapping, shell_words
+from splitplan.export.engines import BATCH_TOKENS_FLAG, dp_ranks_per_node, parallel_args, pool_flags, role_args, setting_args
 
 SIDECAR_IMAGE = f"ghcr.io/llm-d/llm-d-router-disagg-sidecar:v{VERSIONS['llm-d']}"
 IMAGE = f"vllm/vllm-openai:v{VERSIONS['vllm']}"
@@ -45,12 +43,6 @@ def _serve(dep: Deployment, g, port: int) -> list[str]:
     where = f"{g.role} pool {g.hardware.name}:{g.layout.spec}"
     return (["vllm", "serve", dep.model_id, *parallel_args("vllm", g.layout, where), *role_args("vllm", g.role),
              *setting_args("vllm", dep.engine.kv, dep.max_batch_tokens), "--port", str(port)])
-
-
-def _sh(cmd: list[str]) -> str:
-    """Shell words, leaving those that hold $ to the shell's expansion (LWS sets LWS_LEADER_ADDRESS,
-    LWS_WORKER_INDEX and LWS_GROUP_SIZE in every pod of a group)."""
-    return " ".join(w if "$" in w else shlex.quote(w) for w in cmd)
 
 
 def _container(dep: Deployment, g, image: str, name: str, script: str, serving_port: int | None) -> dict:
@@ -90,29 +82,32 @@ def _pod(dep: Deployment, g, container: dict, serving: bool) -> dict:
 
 
 def _workload(dep: Deployment, g, image: str) -> dict:
+    """The pods of one pool (LWS sets LWS_LEADER_ADDRESS, LWS_WORKER_INDEX and LWS_GROUP_SIZE in
+    every pod of a group)."""
     port = BEHIND_SIDECAR_PORT if g.role == "token" else PORT
     serve = _serve(dep, g, port)
+
+    def serving(script: str) -> dict:
+        return _pod(dep, g, _container(dep, g, image, "modelserver", script, port), True)
+
     meta = {"name": g.name, "labels": _labels(dep, g, False)}
-    nodes = g.nodes_per_instance
-    if nodes == 1:
-        pod = _pod(dep, g, _container(dep, g, image, "modelserver", "exec " + _sh(serve), port), True)
+    if g.nodes_per_instance == 1:
         return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
                 "spec": {"replicas": g.instances, "selector": {"matchLabels": {"app.kubernetes.io/instance": g.name}},
-                         "template": pod}}
+                         "template": serving("exec " + shell_words(serve))}}
+    group: dict = {"size": g.nodes_per_instance}
     ranks = dp_ranks_per_node(g.layout, g.gpus_per_node)
-    group: dict = {"size": nodes}
     if ranks:  # every pod serves its node's ranks
         serve += ["--data-parallel-hybrid-lb", "--data-parallel-size-local", str(ranks),
                   "--data-parallel-address", "$LWS_LEADER_ADDRESS", "--data-parallel-rpc-port", "5555",
                   "--data-parallel-start-rank", f"$((LWS_WORKER_INDEX*{ranks}))"]
-        group["workerTemplate"] = _pod(dep, g, _container(dep, g, image, "modelserver", "exec " + _sh(serve), port), True)
+        group["workerTemplate"] = serving("exec " + shell_words(serve))
     else:  # a Ray cluster over the group; the leader serves once every pod has joined
-        leader = "\n".join([
+        group["leaderTemplate"] = serving("\n".join([
             "set -e", "ray start --head --port=6379",
             "until [ \"$(python3 -c 'import ray; ray.init(address=\"auto\"); print(sum(n[\"Alive\"] for n in ray.nodes()))')\""
             " = \"$LWS_GROUP_SIZE\" ]; do sleep 5; done",
-            "exec " + _sh([*serve, "--distributed-executor-backend", "ray"])])
-        group["leaderTemplate"] = _pod(dep, g, _container(dep, g, image, "modelserver", leader, port), True)
+            "exec " + shell_words([*serve, "--distributed-executor-backend", "ray"])]))
         worker = "exec ray start --address=$LWS_LEADER_ADDRESS:6379 --block"
         group["workerTemplate"] = _pod(dep, g, _container(dep, g, image, "ray-worker", worker, None), False)
     return {"apiVersion": LWS_API, "kind": "LeaderWorkerSet", "metadata": meta,
@@ -124,30 +119,29 @@ def llmd(dep: Deployment, image: str | None) -> Export:
     docs = [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": dep.name}}]
     docs += [_workload(dep, g, image) for g in dep.groups]
     manifests = yaml.safe_dump_all(docs, sort_keys=False, width=1000)
+    guide_values = ["guides/recipes/router/base.values.yaml"] + (
+        ["guides/pd-disaggregation/router/pd-disaggregation.values.yaml"] if dep.split else [])
     values = (f"# llm-d {VERSIONS['llm-d']} router chart values: layer after the guide's own, e.g.\n"
-              f"#   -f guides/recipes/router/base.values.yaml"
-              + (" -f guides/pd-disaggregation/router/pd-disaggregation.values.yaml" if dep.split else "")
-              + " -f router.values.yaml\n# Selects this plan's pods (and drops the guide's own pod selector).\n"
+              f"#   {' '.join(f'-f {v}' for v in guide_values)} -f router.values.yaml\n"
+              "# Selects this plan's pods (and drops the guide's own pod selector).\n"
               + yaml.safe_dump({"router": {"modelServers": {"matchLabels": {"llm-d.ai/guide": None,
                                                                              "llm-d.ai/model": dep.name}}}},
                                sort_keys=False))
     apply = "\n".join([
-        "git clone --branch v0.8.0 https://github.com/llm-d/llm-d.git  # the router values above",
+        f"git clone --branch v{VERSIONS['llm-d']} https://github.com/llm-d/llm-d.git  # the router values above",
         "kubectl create namespace NS",
         "kubectl create secret generic llm-d-hf-token --from-literal=HF_TOKEN=... -n NS  # for gated models",
         "kubectl apply -n NS -f llm-d.yaml  # LeaderWorkerSets need the LWS controller (sigs.k8s.io/lws)",
         f"helm install {dep.name} oci://ghcr.io/llm-d/charts/llm-d-router-standalone -n NS \\",
-        "    -f llm-d/guides/recipes/router/base.values.yaml \\"
-        + ("\n    -f llm-d/guides/pd-disaggregation/router/pd-disaggregation.values.yaml \\" if dep.split else ""),
+        *(f"    -f llm-d/{v} \\" for v in guide_values),
         "    -f router.values.yaml"])
     mapping, unexpressed = common_mapping(dep, "vllm")
     mapping += [
-        ("pool layout", "each pool's vLLM parallel flags (" + ", ".join(
-            f"{g.name}: {' '.join(parallel_args('vllm', g.layout, g.name))}" for g in dep.groups) + ")"),
+        ("pool layout", "each pool's vLLM parallel flags (" + pool_flags("vllm", dep.groups) + ")"),
         ("pool instances", "Deployment replicas, one pod of the instance's GPUs each; an instance over several "
                            "nodes: LeaderWorkerSet replicas with size = its nodes"),
         ("inputs.engine", f"KV cache {dep.engine.kv}"),
-        ("inputs.max_batch_tokens", "--max-num-batched-tokens"),
+        ("inputs.max_batch_tokens", BATCH_TOKENS_FLAG["vllm"]),
         ("prompt/token pools" if dep.split else "mixed pool",
          "pods labelled llm-d.ai/role prefill and decode, KV over NIXL, llm-d's routing sidecar on decode pods"
          if dep.split else "pods without llm-d.ai/role (the router's decode filter takes them for both phases)"),

@@ -84,8 +84,8 @@ def test_dynamo_manifest_has_the_structure_of_the_dynamo_templates(tmp_path, bac
     assert _paths(doc) - _paths(reference) <= {".spec.components[].multinode", ".spec.components[].multinode.nodeCount"}
     types = [c["type"] for c in doc["spec"]["components"]]
     assert types == (["frontend", "prefill", "decode"] if pools is SPLIT else ["frontend", "worker"])
+    assert [c["replicas"] for c in doc["spec"]["components"][1:]] == ([2, 1] if pools is SPLIT else [2])
     for c in doc["spec"]["components"][1:]:
-        assert isinstance(c["replicas"], int) and c["replicas"] >= 1
         assert c["podTemplate"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] in ("4", "8")
 
 
@@ -242,8 +242,8 @@ def test_llmd_runs_each_instance_as_pods_of_its_gpus(tmp_path):
     wide = by_name["decode-h200-141gb-dp16ep16"]["spec"]["leaderWorkerTemplate"]["workerTemplate"]
     script = wide["spec"]["containers"][0]["args"][0]
     assert "--data-parallel-size 16 --enable-expert-parallel" in script
-    assert "--data-parallel-size-local 8 --data-parallel-address $LWS_LEADER_ADDRESS" in script
-    assert script.endswith("--data-parallel-start-rank $((LWS_WORKER_INDEX*8))")
+    assert '--data-parallel-size-local 8 --data-parallel-address "$LWS_LEADER_ADDRESS"' in script
+    assert script.endswith('--data-parallel-start-rank "$((LWS_WORKER_INDEX*8))"')
     pipeline = by_name["prefill-h100-80gb-tp8pp2"]["spec"]["leaderWorkerTemplate"]
     assert "--tensor-parallel-size 8 --pipeline-parallel-size 2" in pipeline["leaderTemplate"]["spec"]["containers"][0]["args"][0]
     assert pipeline["leaderTemplate"]["spec"]["containers"][0]["args"][0].endswith("--distributed-executor-backend ray")
