@@ -96,11 +96,13 @@ def _die_with_parent(parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent handles it
 
 
-def _quiet_cancelled_futures(args) -> None:
-    """The pool's manager thread may fail the futures we just cancelled as the workers end
-    (CPython 3.11: InvalidStateError, printed as a traceback); the process is exiting on Ctrl-C."""
-    if not issubclass(args.exc_type, InvalidStateError):
-        threading.__excepthook__(args)
+def _quiet_cancelled_futures(hook):
+    """`hook` (threading.excepthook), but silent on the InvalidStateError the pool's manager thread
+    may raise on Ctrl-C, failing a future we just cancelled as the workers end (CPython 3.11)."""
+    def quiet(args) -> None:
+        if not issubclass(args.exc_type, InvalidStateError):
+            hook(args)
+    return quiet
 
 
 def _local_map(fn, items, shared, jobs, tick) -> list:
@@ -121,7 +123,7 @@ def _local_map(fn, items, shared, jobs, tick) -> list:
                     out.append(outcome)
                     tick()
             except KeyboardInterrupt:  # Ctrl-C: end the workers now instead of waiting for their units
-                threading.excepthook = _quiet_cancelled_futures
+                threading.excepthook = _quiet_cancelled_futures(threading.excepthook)
                 for process in list((getattr(pool, "_processes", None) or {}).values()):
                     process.terminate()
                 pool.shutdown(wait=False, cancel_futures=True)
