@@ -31,3 +31,18 @@ class SolverError(SplitplanError):
     """The ILP solver failed for a reason other than infeasibility."""
 
     exit_code = 3
+
+
+def listed(items: list[str], hint: str = "--debug lists them all") -> tuple[str, str]:
+    """A list in a one-line message: its first item (the closest candidate, when sorted so) and a
+    count of the rest; and the whole list, for `SplitplanError.details` (--debug prints it)."""
+    unique = list(dict.fromkeys(items))
+    short = unique[0] if unique else "none"
+    if len(unique) > 1:
+        short += f"; and {len(unique) - 1} more ({hint})"
+    return short, "\n".join(unique)
+
+
+def with_details(exc: SplitplanError, details: str) -> SplitplanError:
+    exc.details = details
+    return exc

@@ -21,9 +21,20 @@ from splitplan.errors import SpecError, SplitplanError
 from splitplan.limits import EXCERPT_CHARS, MAX_NESTING, MAX_TABLE_BYTES
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character (terminal escapes, NUL, bidirectional overrides)
+    written as an escape (`\\x1b`, `\\u202e`), so what a user's file or option holds never
+    reaches a terminal raw."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", text)
+
+
 def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
-    """`value` as text for an error message: one line, at most `limit` characters."""
-    text = " ".join(str(value).split())
+    """`value` as text for an error message: one line, control characters escaped, at most
+    `limit` characters."""
+    text = printable(" ".join(str(value).split()))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -84,16 +95,22 @@ class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's
             key = self.construct_object(key_node, deep=True)
             if isinstance(key, (str, int, float, bool)):
                 if key in seen:
-                    raise _Refused(f"line {key_node.start_mark.line + 1}: duplicate key '{excerpt(key)}'; keep one")
+                    raise _Refused(f"line {key_node.start_mark.line + 1}: duplicate key {key_text(key)}; keep one")
                 seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+def key_text(key: Any) -> str:
+    """A key for a message: shown when it is a name (a spec's keys are), else not (a file that is
+    no spec, /etc/shadow parsed as YAML, would show its content)."""
+    return f"'{key}'" if isinstance(key, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,59}", key) else "(a key that is no name)"
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
     out = {}
     for key, value in pairs:
         if key in out:
-            raise _Refused(f"duplicate key '{excerpt(key)}'; keep one")
+            raise _Refused(f"duplicate key {key_text(key)}; keep one")
         out[key] = value
     return out
 

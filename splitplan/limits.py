@@ -29,8 +29,14 @@ MAX_REQUEST_TOKENS = 10_000_000
 MAX_RATE_RPS = 1e5
 MAX_DURATION_S = 30 * 86400.0
 MAX_MACHINES = 100_000  # in one pool, a plan or an availability limit (a 100k-GPU site is 12,500 machines)
+MAX_PLAN_POOLS = 256  # pools of one role in a plan.json (a catalog of 10 machine types in 4 layouts has 40)
+MAX_LAUNCH_WORKERS = 4096  # workers launch.sh and docker-compose.yaml list one by one (Dynamo and llm-d count replicas)
 MAX_BATCH = 100_000  # requests in one `perf` batch
 MAX_RATES = 1_000  # rates in one sweep
 MAX_JOBS = 1_024
-MAX_CONCURRENCY = 100_000
-MAX_GENERATED_REQUESTS = 20_000_000  # a resample's rate x duration, a closed loop's requests
+MAX_CONCURRENCY = 100_000  # clients of a closed loop (simulate: 100,000 clients of 10 requests take 16 s, 1 GB)
+MAX_GENERATED_REQUESTS = 20_000_000  # a resample's rate x duration
+MAX_CLOSED_LOOP_REQUESTS = 1_000_000  # a closed loop's requests (as simulate's --max-requests default)
+# A simulation's decode iterations over all its instances (each one output token of each running
+# request): 20M take about a minute and 0.2 GB of iteration times (bench/adversarial.py).
+MAX_SIM_ITERATIONS = 20_000_000

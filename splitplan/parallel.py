@@ -18,10 +18,12 @@ A unit that fails raises `WorkUnitError` naming the unit (no hang); a user error
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import sys
+import tempfile
 import threading
 import traceback
 from concurrent.futures import InvalidStateError, ProcessPoolExecutor
@@ -133,6 +135,22 @@ def _local_map(fn, items, shared, jobs, tick) -> list:
         _SHARED = None
 
 
+@contextlib.contextmanager
+def _folded_stderr():
+    """Standard error (the file descriptor, so Ray's processes started meanwhile too) into a
+    temporary file that is dropped: what Ray prints while it starts is not the command's output."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def _ray_map(fn, items, shared, jobs, address, tick) -> list:
     try:
         import ray
@@ -142,10 +160,11 @@ def _ray_map(fn, items, shared, jobs, address, tick) -> list:
     if started:
         options = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
         try:
-            if address:
-                ray.init(address=address, **options)
-            else:
-                ray.init(num_cpus=max(jobs, 1), **options)
+            with _folded_stderr():  # Ray's start-up notices (token auth, ...): a command's stderr is its own
+                if address:
+                    ray.init(address=address, **options)
+                else:
+                    ray.init(num_cpus=max(jobs, 1), **options)
         except Exception as exc:  # noqa: BLE001 - Ray fails to start in many ways (timeouts, sockets, /dev/shm)
             ray.shutdown()  # whatever it started
             where = f"--ray-address {address}" if address else "a local Ray instance"

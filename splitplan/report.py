@@ -16,10 +16,12 @@ from typing import Any, Callable, Iterable
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from splitplan.errors import SpecError
+from splitplan.inputs import printable
 
-SCHEMA_VERSION = 2  # 2: SLO targets are numbers with a unit (were text like "<= 500 ms")
+from splitplan.plan_document import SCHEMA_VERSION  # noqa: E402,F401 - (one version for every document)
 
 
 def clean(value: Any, digits: int = 6) -> Any:
@@ -41,12 +43,13 @@ def to_json(value: Any) -> str:
     return json.dumps(clean(value), indent=2, sort_keys=True) + "\n"
 
 
-def write_set(files: dict[Path, str | bytes]) -> None:
+def write_set(files: dict[Path, str | bytes], executable: frozenset[str] = frozenset()) -> None:
     """Write one run's output files as a set: each goes to a temporary file beside it, and all
     are renamed into place only once every one was written, with their folders locked (flock)
     so that two runs into one folder cannot mix their files. A failure leaves the files that
     were there as they were, and no temporary file. A path that cannot be written (a folder in
-    the way, a file where a folder should be, no permission, a full disk) is bad input."""
+    the way, a file where a folder should be, no permission, a full disk) is bad input. Files
+    whose name is in `executable` get the execute bits (as the umask allows)."""
     files = {Path(path): content for path, content in files.items()}
     temps: dict[Path, str] = {}
     with contextlib.ExitStack() as locks:
@@ -57,7 +60,7 @@ def write_set(files: dict[Path, str | bytes]) -> None:
             for path, content in files.items():
                 if path.is_dir():
                     raise IsADirectoryError(errno.EISDIR, "a folder is in the way", str(path))
-                temps[path] = _write_temp(path, content)
+                temps[path] = _write_temp(path, content, path.name in executable)
             for path, tmp in temps.items():
                 os.replace(tmp, path)
         except OSError as exc:
@@ -78,14 +81,14 @@ def _locked(folder: Path):
         os.close(fd)
 
 
-def _write_temp(path: Path, content: str | bytes) -> str:
+def _write_temp(path: Path, content: str | bytes, executable: bool = False) -> str:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(content.encode("utf-8") if isinstance(content, str) else content)
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as open() would create it (mkstemp makes it owner-only)
+        os.chmod(tmp, (0o777 if executable else 0o666) & ~umask)  # as open() would create it (mkstemp: owner-only)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -105,8 +108,8 @@ def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], caption
         prose = not numeric and any(len(v) > 24 for v in values)  # only long text wraps; names and numbers never
         t.add_column(col, justify="right" if numeric else "left", no_wrap=not prose,
                      min_width=min(max(len(v) for v in values), 16) if prose and values else None)
-    for row in cells:
-        t.add_row(*row)
+    for row in cells:  # as plain text: a name holding `[red]` or a terminal escape shows as written
+        t.add_row(*(Text(printable(c)) for c in row))
     return t
 
 

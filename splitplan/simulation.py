@@ -123,7 +123,8 @@ def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str 
     db = load_perf_db(perf_db) if perf_db else None
     reference = reference_for(profile, lambda hw, t: reference_instance(model, hw, t, engine, db, perf_interp),
                               trace.prompt_tokens, trace.output_tokens)
-    result = run(trace, specs, SimOptions(max_batch_tokens, routing, borrow_threshold_tokens, concurrency))
+    result = run(trace, specs, SimOptions(max_batch_tokens, routing, borrow_threshold_tokens, concurrency,
+                                          max_model_len=specs[0].perf.engine.context_tokens(specs[0].perf.model)))
     return SimulateResult(result, summarize_result(result, specs, profile, reference), tuple(specs))
 
 

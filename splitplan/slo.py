@@ -71,10 +71,15 @@ def scaled(line: SloLine, values_s: np.ndarray, reference: Reference | None) -> 
     return np.where(np.isfinite(out), out, np.inf)
 
 
-def achieved(line: SloLine, values_s: np.ndarray, reference: Reference | None) -> float:
-    """The line's percentile, in its unit (infinite when that percentile has no value)."""
+def achieved(line: SloLine, values_s: np.ndarray, reference: Reference | None, keep: np.ndarray | None = None) -> float:
+    """The line's percentile, in its unit (infinite when that percentile has no value), over the
+    requests `keep` marks (all by default)."""
+    values = scaled(line, values_s, reference)
+    values = values if keep is None else values[keep]
+    if not len(values):
+        return float("inf")
     with np.errstate(invalid="ignore"):  # between two missing values: inf - inf
-        value = float(np.percentile(scaled(line, values_s, reference), line.percentile))
+        value = float(np.percentile(values, line.percentile))
     return value if not np.isnan(value) else float("inf")
 
 
@@ -82,6 +87,8 @@ def meets(line: SloLine, value: float) -> bool:
     return bool(np.isfinite(value)) and value <= line.limit * (1 + 1e-9)
 
 
-def attainment_pct(line: SloLine, values_s: np.ndarray, reference: Reference | None) -> float:
-    """The share of requests within the line's limit, in %."""
-    return float(np.mean(scaled(line, values_s, reference) <= line.limit * (1 + 1e-9)) * 100)
+def attainment_pct(line: SloLine, values_s: np.ndarray, reference: Reference | None, keep: np.ndarray | None = None) -> float:
+    """The share of requests (of those `keep` marks) within the line's limit, in %."""
+    values = scaled(line, values_s, reference)
+    values = values if keep is None else values[keep]
+    return float(np.mean(values <= line.limit * (1 + 1e-9)) * 100) if len(values) else 0.0

@@ -378,10 +378,10 @@ def test_a_full_disk_is_bad_output_and_leaves_nothing(tmp_path, monkeypatch):
     real = report._write_temp
     written = []
 
-    def fills_up(path, content):
+    def fills_up(path, content, executable=False):
         if written:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        written.append(real(path, content))
+        written.append(real(path, content, executable))
         return written[-1]
     monkeypatch.setattr(report, "_write_temp", fills_up)
     with pytest.raises(SpecError, match="cannot write .No space left on device"):

@@ -35,16 +35,28 @@ def test_readme_command_runs(line, monkeypatch, tmp_path):
 
 
 def _same_profile(made: Path, shipped: Path) -> None:
-    """The README's calibrate command reproduces the shipped profile (to fit precision)."""
+    """The README's calibrate command reproduces the shipped profile: the same keys, and as
+    accurate on every (model, machine, TP, phase) group of the measurements, to a point of
+    MAPE. (Not the same factors to the last digit: the fit has directions it barely sees, where
+    the floating-point arithmetic of another machine or numerical library moves it;
+    gemm_half_tokens, a flat near-zero factor, came out 1.0e-7 where it was made and 5.6e-7 on
+    this project's machines since, moving one point's latency by 13 %.)"""
+    import numpy as np
     import yaml
+
+    from splitplan.perf.calibrate import predict_ms
+    from splitplan.perf.measurements import read_measurements
+    from splitplan.specs.engine import load_engine
+    from tests.conftest import PERF_DB
     a, b = yaml.safe_load(made.read_text()), yaml.safe_load(shipped.read_text())
     assert a.keys() == b.keys() and a["hardware_overrides"].keys() == b["hardware_overrides"].keys()
-    for key in ["defaults", *(f"hardware_overrides.{k}" for k in b["hardware_overrides"])]:
-        x, y = a, b
-        for part in key.split(".", 1):
-            x, y = x[part], y[part]
-        for name in y:
-            assert x[name] == pytest.approx(y[name], rel=2e-3, abs=1e-9), (key, name)
+    points = read_measurements(PERF_DB)
+    measured = points.latency_ms.to_numpy()
+
+    def mape(profile: Path):
+        ape = np.abs(predict_ms(points, load_engine(str(profile))) - measured) / measured * 100
+        return points.assign(ape=ape).groupby(["model", "hardware", "tp", "phase"]).ape.mean()
+    assert (mape(made) - mape(shipped)).abs().max() < 1.0
 
 
 def test_readme_python_runs(monkeypatch):

@@ -1,5 +1,6 @@
 """The extreme but valid, and properties that must hold for any input (issue 7)."""
 
+from pathlib import Path
 import dataclasses
 import json
 
@@ -20,6 +21,7 @@ from splitplan.workload.trace import (
     summarize,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
 BASE = load_trace(default_trace_path())
 H = ["a100-80gb", "h100-80gb"]
 
@@ -43,20 +45,35 @@ def test_two_hour_gap_changes_nothing_but_the_span():
     b = api.optimize(gap, "llama2-70b", "splitwise", H, tp=8)
     assert b.plan.cost_usd_per_hour <= a.plan.cost_usd_per_hour  # the gap can only relieve the queues
     sim = api.simulate(gap, api.plan_pools(b.plan), "llama2-70b", "splitwise")
-    assert sim.summary["finished"] == len(gap)
+    assert sim.summary["finished"] + sim.summary["refused_context"] == len(gap)  # (beyond Llama 2's context: refused)
 
 
-def test_prompt_longer_than_any_kv_is_reported_as_a_class_not_a_crash():
+def test_prompt_longer_than_any_kv_is_reported_as_a_class_not_a_crash(tmp_path):
     trace = resample_poisson(BASE, 3.0, 60.0, np.random.default_rng(5))
-    long = dataclasses.replace(trace, prompt_tokens=trace.prompt_tokens.copy())
+    long = dataclasses.replace(trace, prompt_tokens=np.minimum(trace.prompt_tokens, 3500))
     long.prompt_tokens[::50] = 200_000  # far beyond an L40S pair's KV room for Llama-2-13B
-    result = api.optimize(long, "llama2-13b", "batch", ["l40s-48gb"], tp=2)
+    engine = tmp_path / "long-context.yaml"  # (an engine taking requests past Llama 2's 4,096-token context)
+    engine.write_text((ROOT / "engine_profiles" / "lean.yaml").read_text() + "\nmax_model_len: 1000000\n")
+    result = api.optimize(long, "llama2-13b", "batch", ["l40s-48gb"], tp=2, engine=str(engine))
     u = result.unservable
     assert u["requests"] == len(long.prompt_tokens[::50]) and u["min_prompt_tokens"] == 200_000
     assert "exceed the KV capacity" in u["reason"]
     everything = dataclasses.replace(long, prompt_tokens=np.full(len(long), 200_000))
-    with pytest.raises(InfeasibleError, match="no request fits"):
-        api.optimize(everything, "llama2-13b", "batch", ["l40s-48gb"], tp=2)
+    with pytest.raises(InfeasibleError, match="no request can be served"):
+        api.optimize(everything, "llama2-13b", "batch", ["l40s-48gb"], tp=2, engine=str(engine))
+
+
+def test_a_request_beyond_the_context_window_is_left_out_by_the_planner_and_refused_by_the_simulator():
+    trace = resample_poisson(BASE, 3.0, 60.0, np.random.default_rng(5))
+    beyond = trace.prompt_tokens + trace.output_tokens > 4096  # Llama 2's context
+    assert beyond.any()
+    result = api.optimize(trace, "llama2-70b", "chat", ["h100-80gb"], tp=8)
+    u = result.unservable
+    assert u["requests"] == int(beyond.sum()) and "context window (4,096 tokens)" in u["reason"]
+    sim = api.simulate(trace, api.plan_pools(result.plan), "llama2-70b", "chat")
+    assert sim.summary["refused_context"] == int(beyond.sum()) and sim.summary["rejected_kv"] == 0
+    assert np.isnan(sim.result.ttft_s[beyond]).all() and np.isfinite(sim.result.e2e_s[~beyond]).all()
+    assert all(line["met"] for line in sim.summary["slo"])  # the refused are reported apart, as the planner leaves them out
 
 
 def test_slo_only_one_machine_type_meets(tmp_path):

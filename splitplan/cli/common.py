@@ -18,7 +18,7 @@ import typer
 from splitplan import limits, report
 from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO
 from splitplan.errors import SpecError, SplitplanError
-from splitplan.inputs import excerpt, parse_document, read_text
+from splitplan.inputs import excerpt, printable
 from splitplan.specs.engine import KV_PRECISIONS, WEIGHT_PRECISIONS, engine_spec
 from splitplan.specs.layout import Layout, parse_layout
 
@@ -116,11 +116,12 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for
           wide: bool = typer.Option(False, "--wide", help="Tables at full width (default: at most 120 columns, text cells wrapped).")) -> None:
     _DEBUG["on"] = debug
     report.set_wide(wide)
-    from splitplan.specs.catalog import set_user_catalogs
+    from splitplan.specs.catalog import set_user_catalogs, unpin_all
+    unpin_all()  # (specs a plan read in an earlier invocation of this process carried)
     try:
         set_user_catalogs(catalog)
     except SplitplanError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        echo_error(str(exc))
         raise typer.Exit(exc.exit_code) from None
 
 
@@ -142,7 +143,7 @@ OPTION_BOUNDS = {
     "--concurrency": Bound(1, limits.MAX_CONCURRENCY, "clients"),
     "--isl": Bound(1, limits.MAX_REQUEST_TOKENS, "tokens"),
     "--osl": Bound(1, limits.MAX_REQUEST_TOKENS, "tokens"),
-    "--num-requests": Bound(1, limits.MAX_GENERATED_REQUESTS, "requests"),
+    "--num-requests": Bound(1, limits.MAX_CLOSED_LOOP_REQUESTS, "requests"),
     "--max-batch-tokens": Bound(1, limits.MAX_REQUEST_TOKENS, "tokens"),
     "--max-prefill-batch-tokens": Bound(1, limits.MAX_REQUEST_TOKENS, "tokens"),
     "--max-requests": Bound(1, limits.MAX_TRACE_REQUESTS, "requests"),
@@ -152,20 +153,38 @@ OPTION_BOUNDS = {
 }
 
 
+# Where one command takes less than OPTION_BOUNDS: optimize plans a closed loop round by round
+# (a plan and a simulation of the loop each), so more clients or requests run past a minute
+# (bench/adversarial.py: 512 clients of the code trace's sizes take about 25 s); simulate runs
+# one loop of up to MAX_CONCURRENCY clients.
+COMMAND_BOUNDS = {
+    "optimize": {"--concurrency": Bound(1, 512, "clients (larger loops: splitplan simulate --concurrency)"),
+                 "--num-requests": Bound(1, 10_000, "requests (larger loops: splitplan simulate --concurrency)")},
+}
+
+
 def check_bounds(command: Callable, values: dict) -> None:
-    """Each numeric option of `command` in `values` within its OPTION_BOUNDS, and finite."""
+    """Each numeric option of `command` in `values` within its bound (COMMAND_BOUNDS, else
+    OPTION_BOUNDS), and finite."""
+    own = COMMAND_BOUNDS.get(command.__name__, {})
     for name, parameter in inspect.signature(command).parameters.items():
         value, flags = values.get(name), getattr(parameter.default, "param_decls", None) or ()
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not flags:
             continue
         if not math.isfinite(value):
             raise SpecError(f"{flags[0]} {value}: must be a finite number")
-        bound = OPTION_BOUNDS.get(flags[0])
+        bound = own.get(flags[0]) or OPTION_BOUNDS.get(flags[0])
         if bound is None:
             continue
         if not ((value > bound.low if bound.low_open else value >= bound.low) and value <= bound.high):
-            low = f"> {bound.low:g}" if bound.low_open else f">= {bound.low:g}"
-            raise SpecError(f"{flags[0]} {value:g}: must be {low} and <= {bound.high:,g}" + (f" {bound.unit}" if bound.unit else ""))
+            low = f"> {_number(bound.low)}" if bound.low_open else f">= {_number(bound.low)}"
+            raise SpecError(f"{flags[0]} {_number(value)}: must be {low} and <= {_number(bound.high)}"
+                            + (f" {bound.unit}" if bound.unit else ""))
+
+
+def _number(value: float) -> str:
+    """A bound or value in a message: whole numbers with thousands separators (20,000,000, not 2e+07)."""
+    return f"{int(value):,}" if float(value).is_integer() and abs(value) < 1e18 else f"{value:g}"
 
 
 def user_errors(command: Callable) -> Callable:
@@ -174,19 +193,74 @@ def user_errors(command: Callable) -> Callable:
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        real = sys.stdout
+        sys.stdout = _GuardedOutput(real)
         try:
             check_bounds(command, kwargs)
-            return command(*args, **kwargs)
+            result = command(*args, **kwargs)
+            sys.stdout.flush()
+            return result
         except SplitplanError as exc:
             if _DEBUG["on"]:
+                for line in (getattr(exc, "details", None) or "").splitlines():
+                    typer.echo(printable(line), err=True)
                 raise
-            typer.echo(f"error: {exc}", err=True)
+            if isinstance(exc, OutputError):
+                _silence(real)
+            echo_error(str(exc))
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:  # (typer would turn it into a silent exit 130)
-            typer.echo("error: interrupted", err=True)
+            echo_error("interrupted")
             raise typer.Exit(130) from None
+        finally:
+            sys.stdout = real
 
     return wrapper
+
+
+def echo_error(message: str) -> None:
+    """The one stderr line of a failed command: `error: ...`, on one line, control characters
+    escaped (a name or a path from the user's input never reaches the terminal raw)."""
+    typer.echo(f"error: {printable(' '.join(message.split()))}", err=True)
+
+
+class OutputError(SpecError):
+    """Standard output cannot be written (a full device, a closed pipe)."""
+
+
+class _GuardedOutput:
+    """Standard output whose failed writes are `OutputError`, not a traceback at exit."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise OutputError(f"cannot write output: {exc.strerror or exc}") from None
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise OutputError(f"cannot write output: {exc.strerror or exc}") from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _silence(stream) -> None:
+    """Point the standard output that failed at /dev/null, so what is still buffered in it is
+    not written (and failed) again when the interpreter exits."""
+    import os
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, fd)
+    os.close(null)
 
 
 def _emit_json(value) -> None:
@@ -328,35 +402,16 @@ def parse_pool(text: str, role: str) -> tuple[str, str, Layout, int]:
     return pool
 
 
-def _pool_layout(pool: dict, where: str) -> Layout:
-    """A plan.json pool's layout: its `tp` and, where written, `dp`, `ep`, `pp` (1 if absent)."""
-    layout = Layout(int(pool["tp"]), *(int(pool.get(k, 1)) for k in Layout._fields[1:]))
-    if layout.problem():
-        raise SpecError(f"{where}: layout {layout.spec}: {layout.problem()}")
-    return layout
-
-
-def read_plan(path: Path, schema_version: int | None = None, option: str = "--plan") -> tuple[list[tuple[str, str, Layout, int]], dict]:
-    """Pools and input echo of a plan.json written by `optimize --output-dir` (of that
-    `schema_version`, when one is required); messages name it as `option` gave it."""
-    try:
-        doc = parse_document(read_text(path, limits.MAX_SPEC_BYTES, "plan.json (splitplan optimize --output-dir DIR)"), path,
-                             as_json=True)
-        if schema_version is not None and doc.get("schema_version") != schema_version:
-            raise SpecError(f"{path}: schema_version {excerpt(doc.get('schema_version'))}; this splitplan reads plans of "
-                            f"schema version {schema_version}: run `splitplan optimize --output-dir` again")
-        plan = doc["plan"]
-        pools = [(role, str(p["hardware"]), _pool_layout(p, f"{path}: {role} pool"), int(p["machines"]))
-                 for role in ("prompt", "token", "mixed") for p in plan.get(f"{role}_pools", [])]
-    except SpecError as exc:
-        raise SpecError(f"{option} {exc}") from None
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-        raise SpecError(f"{option} {path}: not a splitplan plan.json (missing or bad key {excerpt(exc)})") from None
-    if not pools:
-        raise SpecError(f"{option} {path}: the plan has no pools")
-    for role, hardware, tp, machines in pools:
-        check_pool(f"{option} {path}: {role} pool {excerpt(hardware)}", tp, machines)
-    return pools, doc.get("inputs", {}) if isinstance(doc.get("inputs"), dict) else {}
+def read_plan(path: Path, option: str = "--plan") -> tuple[list[tuple[str, str, Layout, int]], dict]:
+    """Pools and inputs of a plan.json (plan_document.read: checked whole, its specs pinned);
+    its notes (a catalog entry that changed since the plan was made) on stderr."""
+    from splitplan import plan_document
+    plan = plan_document.read(path, option)
+    for note in plan.notes:
+        typer.echo(f"note: {printable(note)}", err=True)
+    for role, hardware, layout, machines in plan.pools:
+        check_pool(f"{option} {excerpt(path)}: {role} pool {excerpt(hardware)}", layout, machines)
+    return plan.pools, plan.inputs
 
 
 def plan_input(plan: Optional[Path], prompt_pool: list[str], token_pool: list[str],
@@ -403,6 +458,22 @@ def trace_columns(time_column: str | None, prompt_column: str | None, output_col
     return Columns(time_column or default.time, prompt_column or default.prompt, output_column or default.output, unit)
 
 
+def check_request_sizes(model: str, engine: str, isl: int | None, osl: int | None) -> None:
+    """--isl and --osl of a closed loop within what the engine takes for the model (its
+    max_model_len: the model's context window unless the profile says otherwise)."""
+    if isl is None and osl is None:
+        return
+    from splitplan.specs.engine import load_engine
+    from splitplan.specs.model import load_model
+    m = load_model(model)
+    context = load_engine(engine).context_tokens(m)
+    longest = (isl or 1) + (osl or 1)
+    if context is not None and longest > context:
+        given = " + ".join(f"{flag} {v:,}" for flag, v in (("--isl", isl), ("--osl", osl)) if v is not None)
+        raise SpecError(f"{given}: requests of {longest:,} tokens exceed {excerpt(m.name)}'s context window "
+                        f"({context:,} tokens), which the engine refuses; give shorter ones")
+
+
 def plan_settings(echo: dict, model: str | None, slo: str | None, engine: str | None) -> tuple[str, str, str]:
     """Model, SLO profile and engine profile, by one rule for every command that reads a
     plan: the option given on the command line, else the plan's own (its `inputs`), else the
@@ -443,7 +514,7 @@ def main() -> None:
         message = " ".join(exc.format_message().split())
         if message:  # (no arguments at all: the help was shown, nothing to add)
             where = f"splitplan {exc.ctx.info_name} --help" if exc.ctx and exc.ctx.parent else "splitplan --help"
-            typer.echo(f"error: {message} (see {where})", err=True)
+            echo_error(f"{message} (see {where})")
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("error: interrupted", err=True)

@@ -10,6 +10,7 @@ import typer
 
 from splitplan import report
 from splitplan.cli.common import app, read_plan, user_errors
+from splitplan.inputs import printable
 
 
 @app.command("export")
@@ -29,9 +30,8 @@ def export_command(
     """Write a plan as a deployment for Dynamo, llm-d, vLLM or SGLang: every worker group with its replicas,
     GPUs and parallel flags; what the target cannot express is listed."""
     from splitplan.export import deployment, export
-    from splitplan.report import SCHEMA_VERSION
 
-    pools, inputs = read_plan(plan, schema_version=SCHEMA_VERSION, option="PLAN")
+    pools, inputs = read_plan(plan, option="PLAN")
     result = export(deployment(pools, inputs, str(plan), model_id), to, backend, image)
     if output is None:
         sys.stdout.write(next(iter(result.files.values())))
@@ -39,9 +39,10 @@ def export_command(
         notes = [f"written for {result.version}"] + [f"not expressed: {u}" for u in result.unexpressed] + (
             [f"also: {', '.join(others)} (give --output DIR)"] if others else [])
         for line in notes:
-            typer.echo(f"note: {line}", err=True)
+            typer.echo(f"note: {printable(line)}", err=True)
         return
-    report.write_set({output / name: text for name, text in {**result.files, "EXPORT.md": result.report()}.items()})
-    typer.echo(f"wrote {', '.join(str(output / n) for n in [*result.files, 'EXPORT.md'])} for {result.version}")
+    report.write_set({output / name: text for name, text in {**result.files, "EXPORT.md": result.report()}.items()},
+                     executable=frozenset({"launch.sh"}))
+    typer.echo(printable(f"wrote {', '.join(str(output / n) for n in [*result.files, 'EXPORT.md'])} for {result.version}"))
     for line in result.unexpressed:
-        typer.echo(f"not expressed: {line}")
+        typer.echo(f"not expressed: {printable(line)}")

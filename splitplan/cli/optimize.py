@@ -10,7 +10,7 @@ from typing import Optional
 import numpy as np
 import typer
 
-from splitplan import report
+from splitplan import plan_document, report
 from splitplan.cli.common import (
     EXECUTOR_HELP,
     KV_CACHE,
@@ -34,6 +34,7 @@ from splitplan.cli.common import (
     _require_matplotlib,
     api,
     app,
+    check_request_sizes,
     figure_png,
     parse_duration,
     trace_columns,
@@ -115,6 +116,7 @@ def optimize(
     if concurrency is not None:
         _no_clash_with_closed_loop(rate=rate is not None, window=window is not None, pareto=pareto, validate=validate,
                                    throughput=objective is Objective.throughput)
+        check_request_sizes(model, common["engine"], isl, osl)
         _closed_loop(closed_loop_workload(loaded, concurrency, num_requests, isl, osl, seed), concurrency, model, slo, seed,
                      not no_split, objective.value, common, format, output_dir, {"isl": isl, "osl": osl})
         return
@@ -196,7 +198,7 @@ def _emit_plan(result, workload, inputs: dict, format, output_dir, plot, pareto:
     plans = [result.plan, *result.alternatives]
     files = {}
     if output_dir is not None:
-        files = {output_dir / "plan.json": report.to_json(document),
+        files = {output_dir / "plan.json": report.to_json(plan_document.with_specs(document)),
                  output_dir / "candidates.csv": report.candidates_csv(result),
                  output_dir / "pareto.csv": report.plans_csv(list(result.frontier))}
     if plot is not None:
@@ -249,9 +251,10 @@ def _plan_windows(workload, window_s, model, slo, format, output_dir, options, j
     if output_dir is not None:
         files = {"windows.csv": result.to_frame().to_csv(index=False, float_format="%.6g"), "windows.json": report.to_json(document)}
         if result.peak is not None:
-            files["plan.json"] = report.to_json({"schema_version": report.SCHEMA_VERSION, "inputs": {"model": model, "slo": slo,
-                                                 "engine": options["engine"], "window": result.rows[result.peak]},
-                                                 "plan": report.plan_json(result.plans[result.peak])})
+            files["plan.json"] = report.to_json(plan_document.with_specs({
+                "schema_version": report.SCHEMA_VERSION, "plan": report.plan_json(result.plans[result.peak]),
+                "inputs": {"model": model, "slo": slo, "engine": options["engine"],
+                           "max_batch_tokens": options["max_batch_tokens"], "window": result.rows[result.peak]}}))
         report.write_set({output_dir / name: text for name, text in files.items()})
     if format is PlanFormat.json:
         _emit_json(document)

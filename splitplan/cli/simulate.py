@@ -21,6 +21,7 @@ from splitplan.cli.common import (
     _emit_json,
     api,
     app,
+    check_request_sizes,
     plan_input,
     plan_settings,
     trace_columns,
@@ -79,6 +80,7 @@ def simulate(
     else:
         if rate is not None:
             raise SpecError("--concurrency runs a closed loop (clients send as requests finish); drop --rate")
+        check_request_sizes(model, engine, isl, osl)
         workload, window = closed_loop_workload(trace, concurrency, num_requests, isl, osl, seed), None
     sim = api.simulate(workload, pools, model, slo, engine, str(perf_db) if perf_db else None, max_batch_tokens,
                        routing, borrow_threshold, perf_interp, concurrency)
@@ -119,7 +121,9 @@ def _render_simulation(summary: dict, workload) -> None:
                            [(x["role"], x["hardware"], x["tp"], x["machines"], f"{x['utilization']:.0%}", x["mean_batch"],
                              x["energy_kwh"]) for x in summary["pools"]],
                            caption=f"tokens out {summary['tokens_out']:,} of {summary['tokens_asked']:,}; "
-                                   f"{summary['rejected_kv']} request(s) never fit a token instance's KV; "
+                                   f"{summary['rejected_kv']} request(s) never fit a token instance's KV"
+                                   + (f", {summary['refused_context']:,} longer than the model's context window were "
+                                      "refused (left out of the SLO)" if summary["refused_context"] else "") + "; "
                                    f"GPU energy {summary['energy_kwh']:.2f} kWh"))
     moved = summary["borrowed"]
     if any(moved.values()):

@@ -12,11 +12,14 @@ Targets: `dynamo` (export.dynamo), `llm-d` (export.llmd), `vllm` and `sglang` (e
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from dataclasses import dataclass, field
 
+from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.errors import SpecError
+from splitplan.inputs import excerpt, printable
 from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.hardware import HardwareSpec, load_hardware
 from splitplan.specs.layout import Layout
@@ -28,6 +31,64 @@ BACKENDS = ("vllm", "sglang")
 # (ai-dynamo 1.6.1's extras: vllm 0.31.0, sglang 0.5.21); llm-d 0.8.0 (its guides' sidecar tag).
 VERSIONS = {"dynamo": "1.6.1", "llm-d": "0.8.0", "vllm": "0.31.0", "sglang": "0.5.21"}
 ROLE_NAMES = {"prompt": "prefill", "token": "decode", "mixed": "worker"}
+
+
+# --- what a value must be to reach a deployment file ----------------------------------------
+# Every value from a plan, a spec or an option is checked for its field here, or never written:
+# names are slugs (`slug`), the served repository and the image match their registries' grammars,
+# and the shell sees each word quoted (`shell_words`).
+
+_SEGMENT = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?"
+_HF_REPO = re.compile(rf"^(?:{_SEGMENT}/)?{_SEGMENT}$")
+_LOCAL_MODEL = re.compile(r"^/[A-Za-z0-9_./-]{1,1023}$")
+_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]{1,5})?"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(rf"^(?:(?=[^/]*[.:])(?:{_DOMAIN})/|localhost(?::[0-9]{{1,5}})?/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+                    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
+
+
+def model_id(value: str, field: str) -> str:
+    """`value` if it is a Hugging Face repository id (`ORG/NAME` or `NAME`: letters, digits, `_`,
+    `.` and `-`, starting and ending with a letter or digit, no `--` or `..`, at most 96 each) or
+    an absolute local path of such characters; SpecError naming `field` otherwise."""
+    ok = (_HF_REPO.match(value) and "--" not in value and ".." not in value and not value.endswith(".git")) or (
+        _LOCAL_MODEL.match(value) and "/../" not in value + "/" and "//" not in value)
+    if not ok:
+        raise SpecError(f"{field} '{excerpt(value)}': not a Hugging Face repository id (ORG/NAME of letters, digits, "
+                        "'_', '.', '-') nor an absolute path to a local model; give one")
+    return value
+
+
+def image_ref(value: str, field: str = "--image") -> str:
+    """`value` if it is a container image reference ([REGISTRY/]NAME[:TAG][@DIGEST], the grammar of
+    the distribution project's reference package: a registry is `localhost` or holds a `.` or `:`,
+    a name is lowercase); SpecError naming `field` otherwise."""
+    if len(value) > 255 or not _IMAGE.match(value):
+        raise SpecError(f"{field} '{excerpt(value)}': not a container image reference ([REGISTRY/]NAME[:TAG][@DIGEST], "
+                        "e.g. vllm/vllm-openai:v0.31.0)")
+    return value
+
+
+def slug(text: str, limit: int = 63) -> str:
+    """The one rule for every name an export writes (Kubernetes `metadata.name` and label values,
+    compose services, launch.sh entries): `text` lowercased, each run of other characters than
+    a-z and 0-9 one '-', trimmed of '-' (an RFC 1123 label); where that is not `text` itself, or
+    is longer than `limit`, it is cut to leave room for '-' and 8 hex digits of `text`'s SHA-256,
+    so that two different texts never share a name."""
+    base = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    if base and base == text and len(base) <= limit:
+        return base
+    tag = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{base[:limit - 9].rstrip('-')}-{tag}" if base else tag
+
+
+RFC1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+class Expand(str):
+    """A shell word splitplan writes itself for the shell to expand (a host variable, LWS's
+    LWS_LEADER_ADDRESS, an arithmetic rank): written in double quotes, one word; every other
+    word is quoted by `shlex.quote` and reaches the program as written."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +119,7 @@ class Group:
 
     @property
     def name(self) -> str:
-        return f"{ROLE_NAMES[self.role]}-{self.hardware.name}-{self.layout.spec}"
+        return slug(f"{ROLE_NAMES[self.role]}-{self.hardware.name}-{self.layout.spec}")
 
 
 @dataclass(frozen=True)
@@ -76,7 +137,7 @@ class Deployment:
     @property
     def name(self) -> str:
         """The deployment's Kubernetes name (and llm-d's model label): splitplan-MODEL."""
-        return re.sub(r"[^a-z0-9-]+", "-", f"splitplan-{self.model.name}".lower()).strip("-")[:63]
+        return slug(f"splitplan-{self.model.name}")
 
     @property
     def split(self) -> bool:
@@ -96,41 +157,55 @@ class Export:
         """EXPORT.md: what was written for which version, the mapping, and what was not expressed."""
         lines = [f"# splitplan export --to {self.target}", "", f"Written for {self.version}.", "",
                  "| plan field | becomes |", "|---|---|"]
-        lines += [f"| {a} | {b} |" for a, b in self.mapping]
+        lines += [f"| {printable(a)} | {printable(b)} |" for a, b in self.mapping]
         lines += ["", "Not expressed:" if self.unexpressed else "Every plan field used is expressed.", ""]
-        lines += [f"- {u}" for u in self.unexpressed]
+        lines += [f"- {printable(u)}" for u in self.unexpressed]
         if self.apply:
             lines += ["", "To apply:", "", "```bash", self.apply, "```"]
         return "\n".join(lines) + "\n"
 
 
-def deployment(pools, inputs: dict, source: str, model_id: str | None = None) -> Deployment:
-    """The Deployment of a plan's pools (role, hardware, layout, machines) and input echo (as
-    cli.common.read_plan reads plan.json); SpecError when the model names no repository to serve
-    or a pool does not hold whole instances."""
-    model = load_model(str(inputs.get("model") or "llama2-70b"))
-    repo = model_id or model.hf_repo
-    if not repo:
-        raise SpecError(f"{source}: model {model.name} names no Hugging Face repository (hf_repo); give --model-id ORG/NAME")
-    engine = load_engine(str(inputs.get("engine") or "lean"))
+def deployment(pools, inputs: dict, source: str, model_id_option: str | None = None) -> Deployment:
+    """The Deployment of a plan's pools (role, hardware, layout, machines) and inputs (as
+    plan_document.read gives them); SpecError when the repository to serve is not one (or the
+    model names none), or a pool does not hold whole instances."""
+    model = load_model(str(inputs["model"]))
+    if model_id_option is not None:
+        repo = model_id(model_id_option, "--model-id")
+    elif model.hf_repo:
+        repo = model_id(model.hf_repo, f"model {excerpt(model.name)}: hf_repo")
+    else:
+        raise SpecError(f"{printable(source)}: model {excerpt(model.name)} names no Hugging Face repository (hf_repo); "
+                        "give --model-id ORG/NAME")
+    engine = load_engine(str(inputs["engine"]))
+    roles = {role for role, *_ in pools}
+    if roles not in ({"prompt", "token"}, {"mixed"}):
+        raise SpecError(f"{printable(source)}: pools of roles {', '.join(sorted(roles)) or 'none'}; a plan is split "
+                        "(prompt and token pools) or co-located (mixed pools)")
     groups = tuple(Group(role, load_hardware(hw), layout, machines) for role, hw, layout, machines in pools)
-    for g in groups:  # (read_plan has checked each pool holds at least one machine)
-        g.layout.require_whole(g.machines, g.hardware.gpus_per_machine, f"{source}: {g.role} pool "
-                               f"{g.hardware.name}:{g.layout.spec}:{g.machines}")
-    return Deployment(source, model, repo, engine, int(inputs.get("max_batch_tokens") or 2048), groups)
+    for g in groups:
+        g.layout.require_whole(g.machines, g.hardware.gpus_per_machine, f"{printable(source)}: {g.role} pool "
+                               f"{excerpt(g.hardware.name)}:{g.layout.spec}:{g.machines}")
+    names = [g.name for g in groups]
+    if len(set(names)) != len(names):  # (slugs carry a hash where they differ from the text: a guard)
+        raise SpecError(f"{printable(source)}: two pools share the name {excerpt(max(names, key=names.count))}; "
+                        "give each machine type its own name")
+    return Deployment(source, model, repo, engine, int(inputs.get("max_batch_tokens", MAX_BATCH_TOKENS)), groups)
 
 
 def export(dep: Deployment, target: str, backend: str | None = None, image: str | None = None) -> Export:
     """The files of `target` for the deployment. `backend` (dynamo: vllm or sglang) defaults to the
     plan's engine where it is one of them; `image` replaces the target's container image."""
     if target not in TARGETS:
-        raise SpecError(f"--to {target}: choose {', '.join(TARGETS)}")
+        raise SpecError(f"--to {excerpt(target)}: choose {', '.join(TARGETS)}")
+    if image is not None:
+        image_ref(image)
     if target == "dynamo":
         from splitplan.export.dynamo import dynamo
         return dynamo(dep, backend or _backend_of(dep), image)
     runs = "vllm" if target == "llm-d" else target
     if backend not in (None, runs):
-        raise SpecError(f"--backend {backend}: --to {target} runs {runs}; --backend is for --to dynamo")
+        raise SpecError(f"--backend {excerpt(backend)}: --to {target} runs {runs}; --backend is for --to dynamo")
     if target == "llm-d":
         from splitplan.export.llmd import llmd
         return llmd(dep, image)
@@ -146,10 +221,14 @@ def _backend_of(dep: Deployment) -> str:
                     f"give --backend {' or '.join(BACKENDS)}")
 
 
-def shell_words(cmd: list[str]) -> str:
-    """A command as shell words: a word holding `$` in double quotes, for the shell to expand (a
-    host variable, LWS's LWS_LEADER_ADDRESS, an arithmetic rank) as one word; the rest quoted."""
-    return " ".join(f'"{w}"' if "$" in w else shlex.quote(w) for w in cmd)
+def shell_words(cmd: list[str], compose: bool = False) -> str:
+    """A command as shell words: each word quoted by `shlex.quote`, so it reaches the program as
+    one argument, unchanged; an `Expand` word in double quotes, for the shell to expand as one
+    word. `compose`: for a compose file, which interpolates `$` itself (a literal one is `$$`)."""
+    def literal(word: str) -> str:
+        quoted = shlex.quote(word)
+        return quoted.replace("$", "$$") if compose else quoted
+    return " ".join(f'"{w}"' if isinstance(w, Expand) else literal(w) for w in cmd)
 
 
 def common_mapping(dep: Deployment, engine: str) -> tuple[list[tuple[str, str]], list[str]]:

@@ -14,10 +14,14 @@ sglang-router 0.3.2 (PyPI), prefill/decode-aware.
 from __future__ import annotations
 
 import re
+import shlex
 
 import yaml
 
-from splitplan.export import VERSIONS, Deployment, Export, common_mapping, shell_words
+from splitplan import limits
+from splitplan.errors import SpecError
+from splitplan.export import VERSIONS, Deployment, Expand, Export, common_mapping, shell_words
+from splitplan.inputs import printable
 from splitplan.export.engines import (BATCH_TOKENS_FLAG, dp_ranks_per_node, model_args, parallel_args, pool_flags,
                                       role_args, setting_args)
 
@@ -36,7 +40,7 @@ def _node_commands(engine: str, dep: Deployment, g, worker: str, slot: int) -> l
     GPUs, HTTP port and bootstrap port)."""
     base = (model_args(engine, dep.model_id) + parallel_args(engine, g.layout, f"{g.role} pool {g.hardware.name}")
             + role_args(engine, g.role) + setting_args(engine, dep.engine.kv, dep.max_batch_tokens))
-    head = f"${{{_host_var(worker)}}}"
+    head = f"${{{_host_var(worker)}}}"  # (a name of [A-Z0-9_]: the worker's name is a slug)
     nodes = g.nodes_per_instance
     if engine == "sglang":
         cmd = ["python3", "-m", "sglang.launch_server", *base, "--host", "0.0.0.0", "--port", str(PORT + slot)]
@@ -44,20 +48,22 @@ def _node_commands(engine: str, dep: Deployment, g, worker: str, slot: int) -> l
             cmd += ["--disaggregation-bootstrap-port", str(SGLANG_BOOTSTRAP_PORT + slot)]
         if nodes == 1:
             return [cmd]
-        return [cmd + ["--nnodes", str(nodes), "--node-rank", str(r), "--dist-init-addr", f"{head}:5000"] for r in range(nodes)]
+        return [cmd + ["--nnodes", str(nodes), "--node-rank", str(r), "--dist-init-addr", Expand(f"{head}:5000")]
+                for r in range(nodes)]
     cmd = ["vllm", "serve", dep.model_id, *base[2:], "--host", "0.0.0.0", "--port", str(PORT + slot)]  # (the model first, not --model)
     if nodes == 1:
         return [cmd]
     ranks_per_node = dp_ranks_per_node(g.layout, g.gpus_per_node)
     if ranks_per_node:
-        dp = ["--data-parallel-size-local", str(ranks_per_node), "--data-parallel-address", head, "--data-parallel-rpc-port", "13345"]
+        dp = ["--data-parallel-size-local", str(ranks_per_node), "--data-parallel-address", Expand(head),
+              "--data-parallel-rpc-port", "13345"]
         return [cmd + dp] + [cmd + dp + ["--headless", "--data-parallel-start-rank", str(r * ranks_per_node)] for r in range(1, nodes)]
     return ([["ray", "start", "--head", "--port", "6379"], cmd + ["--distributed-executor-backend", "ray"]],
-            *([["ray", "start", "--address", f"{head}:6379", "--block"]] for _ in range(1, nodes)))
+            *([["ray", "start", "--address", Expand(f"{head}:6379"), "--block"]] for _ in range(1, nodes)))
 
 
 def _router(engine: str, dep: Deployment, workers: dict) -> list[str]:
-    urls = {role: [(f"http://${{{_host_var(w)}}}:{PORT + slot}", slot) for w, (g, slot) in workers.items() if g.role == role]
+    urls = {role: [(Expand(f"http://${{{_host_var(w)}}}:{PORT + slot}"), slot) for w, (g, slot) in workers.items() if g.role == role]
             for role in ("prompt", "token", "mixed")}
     if not dep.split:
         head = ["vllm-router"] if engine == "vllm" else ["python3", "-m", "sglang_router.launch_router"]
@@ -71,8 +77,21 @@ def _router(engine: str, dep: Deployment, workers: dict) -> list[str]:
     return cmd + [x for u, _ in urls["token"] for x in ("--decode", u)] + ["--host", "0.0.0.0", "--port", "8000"]
 
 
+def _compose_command(cmds: list[list[str]]) -> list[str]:
+    """A compose service's entrypoint (in place of the image's: vllm/vllm-openai's is `vllm serve`):
+    one command as its argument list (no shell; compose expands the host variables, a literal `$`
+    is `$$`), several as one `bash -c` line of quoted words."""
+    if len(cmds) == 1:
+        return [str(w) if isinstance(w, Expand) else w.replace("$", "$$") for w in cmds[0]]
+    return ["bash", "-c", " && ".join(shell_words(c, compose=True) for c in cmds)]
+
+
 def launch(dep: Deployment, engine: str, image: str | None) -> Export:
     # worker -> (its pool, its slot on a machine shared with the pool's other workers)
+    count = sum(g.instances for g in dep.groups)
+    if count > limits.MAX_LAUNCH_WORKERS:
+        raise SpecError(f"{printable(dep.source)}: {count:,} workers; launch.sh lists each (at most {limits.MAX_LAUNCH_WORKERS:,}): "
+                        "export to dynamo or llm-d, which count replicas")
     workers = {f"{g.name}-{i}": (g, i % g.instances_per_machine)
                for g in dep.groups for i in range(g.instances)}
     entries: dict[str, tuple] = {}  # entry name -> (commands, GPU ids, worker)
@@ -86,11 +105,11 @@ def launch(dep: Deployment, engine: str, image: str | None) -> Export:
     image = image or IMAGES[engine]
     script = ["#!/usr/bin/env bash",
               f"# splitplan export --to {engine}: {dep.model_id}, written for {engine} {VERSIONS[engine]} and {ROUTERS[engine]}.",
-              f"# Plan: {dep.source}. Run `./launch.sh NAME` on the machine of each entry below, and `./launch.sh router`.",
+              f"# Plan: {printable(dep.source)}. Run `./launch.sh NAME` on the machine of each entry below, and `./launch.sh router`.",
               "# Set each *_HOST variable to that worker's (first) machine address first.",
               "set -euo pipefail", "", 'case "${1:-}" in']
     for name, (cmds, gpus, worker) in entries.items():
-        script.append(f"  {name})  # GPUs {','.join(gpus)} of its machine; worker {worker}")
+        script.append(f"  {shlex.quote(name)})  # GPUs {','.join(gpus)} of its machine; worker {worker}")
         script.append(f"    export CUDA_VISIBLE_DEVICES={','.join(gpus)}")
         script += [f"    {shell_words(c)}" for c in cmds]
         script.append("    ;;")
@@ -99,11 +118,11 @@ def launch(dep: Deployment, engine: str, image: str | None) -> Export:
     services = {}
     for name, (cmds, gpus, _) in entries.items():
         services[name] = {"image": image, "network_mode": "host", "ipc": "host",
-                          "command": ["bash", "-c", " && ".join(shell_words(c) for c in cmds)],
+                          "entrypoint": _compose_command(cmds),
                           "environment": ["HF_TOKEN"],
                           "deploy": {"resources": {"reservations": {"devices": [
                               {"driver": "nvidia", "device_ids": gpus, "capabilities": ["gpu"]}]}}}}
-    services["router"] = {"image": image, "network_mode": "host", "command": ["bash", "-c", shell_words(router)]}
+    services["router"] = {"image": image, "network_mode": "host", "entrypoint": _compose_command([router])}
     compose = yaml.safe_dump({"services": services}, sort_keys=False, width=1000)
     mapping, unexpressed = common_mapping(dep, engine)
     mapping += [

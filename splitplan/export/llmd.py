@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import yaml
 
-from splitplan.export import VERSIONS, Deployment, Export, common_mapping, shell_words
+from splitplan.export import VERSIONS, Deployment, Expand, Export, common_mapping, shell_words
 from splitplan.export.engines import BATCH_TOKENS_FLAG, dp_ranks_per_node, parallel_args, pool_flags, role_args, setting_args
 
 SIDECAR_IMAGE = f"ghcr.io/llm-d/llm-d-router-disagg-sidecar:v{VERSIONS['llm-d']}"
@@ -99,8 +99,8 @@ def _workload(dep: Deployment, g, image: str) -> dict:
     ranks = dp_ranks_per_node(g.layout, g.gpus_per_node)
     if ranks:  # every pod serves its node's ranks
         serve += ["--data-parallel-hybrid-lb", "--data-parallel-size-local", str(ranks),
-                  "--data-parallel-address", "$LWS_LEADER_ADDRESS", "--data-parallel-rpc-port", "5555",
-                  "--data-parallel-start-rank", f"$((LWS_WORKER_INDEX*{ranks}))"]
+                  "--data-parallel-address", Expand("$LWS_LEADER_ADDRESS"), "--data-parallel-rpc-port", "5555",
+                  "--data-parallel-start-rank", Expand(f"$((LWS_WORKER_INDEX*{ranks}))")]
         group["workerTemplate"] = serving("exec " + shell_words(serve))
     else:  # a Ray cluster over the group; the leader serves once every pod has joined
         group["leaderTemplate"] = serving("\n".join([

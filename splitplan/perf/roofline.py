@@ -63,6 +63,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from splitplan.errors import SpecError
 from splitplan.specs.engine import EngineFactors, EngineProfile
 from splitplan.specs.hardware import HardwareSpec
 from splitplan.specs.layout import Layout
@@ -222,6 +223,10 @@ class Instance(PassShortcuts):
         params_gpu = ((m.total_params - m.routed_params) / lay.tp + m.routed_params / lay.stage_gpus) / lay.pp
         weights = params_gpu * eng.weight_bytes_per_element
         usable = hw.memory_bytes_per_gpu * eng.memory_usable_fraction - eng.activation_reserve_gb_per_gpu * 1e9
+        if usable <= 0:  # the profile contradicts the machine: no instance of any model runs
+            raise SpecError(f"engine {eng.name}: activation_reserve_gb_per_gpu ({eng.activation_reserve_gb_per_gpu:,g} GB) "
+                            f"is at least the {hw.memory_bytes_per_gpu * eng.memory_usable_fraction / 1e9:,.1f} GB that "
+                            f"memory_usable_fraction ({eng.memory_usable_fraction:g}) leaves of each {hw.name} GPU; lower it")
         room = usable - weights
         if not hw.has_tensor_cores(eng.weights):
             return Fit(False, f"{hw.name} has no {eng.weights} tensor cores; give --weights fp8 or bf16", weights, 0)

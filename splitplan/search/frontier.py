@@ -20,6 +20,11 @@ def nondominated(plans) -> list:
     return front
 
 
+# How far below a plan's power the next cap lies: 1 W, far above the solver's feasibility tolerance
+# (a cap 1e-6 kW below a reachable power left HiGHS at that tolerance's edge: "Solve error").
+CAP_STEP_KW = 1e-3
+
+
 def cost_power_frontier(problem, options, seeds: list) -> tuple:
     """Cost against power: the epsilon-constraint method on the ILP (cheapest plan
     under a power cap, the cap lowered below each plan found until none is
@@ -38,11 +43,11 @@ def cost_power_frontier(problem, options, seeds: list) -> tuple:
         try:
             counts, values, lines, repairs = repair(cost_problem, counts, by_key, memo=memo)
         except InfeasibleError:  # no repair verifies this mix: look below its power all the same
-            next_cap = sum(by_key[k].power_kw * c for k, c in counts.items()) - 1e-6
+            next_cap = sum(by_key[k].power_kw * c for k, c in counts.items()) - CAP_STEP_KW
         else:
             found = make_plan(cost_problem, counts, by_key, repairs, values, lines)
             plans.append(found)
-            next_cap = found.power_kw - 1e-6
+            next_cap = found.power_kw - CAP_STEP_KW
         if problem.max_power_kw is not None:
             next_cap = min(next_cap, problem.max_power_kw)
         if cap is not None and next_cap >= cap:

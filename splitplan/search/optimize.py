@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from splitplan.defaults import DEFAULT_ENGINE, MAX_BATCH_TOKENS
-from splitplan.errors import InfeasibleError, SpecError
+from splitplan.errors import InfeasibleError, SpecError, listed, with_details
 from splitplan.parallel import run_units
 from splitplan.perf.points import candidate_layouts, reference_instance, require_tp
 from splitplan.perf.roofline import Instance
@@ -21,6 +21,7 @@ from splitplan.search.plan import (
     Plan,
     Problem,
     colocated_plan,
+    closest_fit,
     make_plan,
     repair,
     size_option,
@@ -174,17 +175,26 @@ def _check_tp(tp: int, named: list, catalog: list) -> None:
 
 
 def _servable(trace, model, engine, token_machines, tp):
-    """The trace without requests whose KV (prompt + output tokens) no token instance
-    can hold, and a report of that request class (None when every request fits)."""
+    """The trace without requests that cannot be served: longer (prompt + output tokens) than the
+    model's context window, which the engine refuses, or than the KV any token instance holds;
+    and a report of that request class (None when every request is served)."""
     best = None
     for hw in token_machines:
         for layout in candidate_layouts(model, hw, engine, tp):
             inst = Instance(model, hw, engine, layout)
             if inst.fit.fits and (best is None or inst.max_request_tokens > best[0]):
                 best = (inst.max_request_tokens, hw.name, layout)
-    if best is None:
+    context = engine.context_tokens(model)
+    if context is not None and (best is None or context <= best[0]):
+        where = "the engine's max_model_len" if engine.max_model_len else f"{model.name}'s context window"
+        limit, reason = context, (f"prompt + output tokens exceed {where} ({context:,} tokens), which the engine "
+                                  "refuses; they are left out of the sizing")
+    elif best is not None:
+        limit, reason = best[0], (f"prompt + output tokens exceed the KV capacity of every token instance considered "
+                                  f"(largest: {best[0]:,} tokens, {best[1]} at {best[2]}); they are left out of the sizing")
+    else:
         return trace, None  # nothing fits at all: the sizing says why
-    too_long = trace.prompt_tokens + trace.output_tokens > best[0]
+    too_long = trace.prompt_tokens + trace.output_tokens > limit
     if not too_long.any():
         return trace, None
     report = {
@@ -192,11 +202,10 @@ def _servable(trace, model, engine, token_machines, tp):
         "share_pct": float(too_long.mean() * 100),
         "min_prompt_tokens": int(trace.prompt_tokens[too_long].min()),
         "max_prompt_tokens": int(trace.prompt_tokens[too_long].max()),
-        "reason": f"prompt + output tokens exceed the KV capacity of every token instance considered "
-                  f"(largest: {best[0]:,} tokens, {best[1]} at {best[2]}); they are left out of the sizing",
+        "reason": reason,
     }
     if too_long.all():
-        raise InfeasibleError(f"no request fits: {report['reason']}")
+        raise InfeasibleError(f"no request can be served: {report['reason']}")
     keep = ~too_long
     return dataclasses.replace(trace, arrival_s=trace.arrival_s[keep] - trace.arrival_s[keep][0],
                                prompt_tokens=trace.prompt_tokens[keep], output_tokens=trace.output_tokens[keep]), report
@@ -268,8 +277,9 @@ def _raise_if_unreachable(problem, options) -> None:
     for role, metric in ((Role.PROMPT, "ttft"), (Role.TOKEN, "tbt")):
         fitting = [o for o in options if o.role == role and o.inst.fit.fits]
         if not fitting:
-            reasons = "; ".join(sorted({o.skipped for o in options if o.role == role})) or "no option of that role"
-            raise InfeasibleError(f"the model fits no {role} hardware considered: {reasons}")
+            mine = sorted((o for o in options if o.role == role), key=closest_fit)
+            short, whole = listed([f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped}" for o in mine])
+            raise with_details(InfeasibleError(f"the model fits no {role} hardware considered; closest: {short}"), whole)
         if any(o.instances for o in fitting):
             continue
         for line in (x for x in problem.slo.lines() if x.metric == metric):
@@ -284,4 +294,5 @@ def _raise_if_unreachable(problem, options) -> None:
                 raise InfeasibleError(
                     f"{line.label} {line.target} cannot be met: the best reachable is {best[0]:.3g}{unit} "
                     f"on {best[1].inst.hardware.name} at {best[1].inst.layout}, running requests alone")
-        raise InfeasibleError(f"no {role} option meets the SLO: " + "; ".join(f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped}" for o in fitting))
+        short, whole = listed([f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped}" for o in fitting])
+        raise with_details(InfeasibleError(f"no {role} option meets the SLO: {short}"), whole)

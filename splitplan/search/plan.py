@@ -31,7 +31,7 @@ from splitplan.capacity.pools import (
     smallest_count,
 )
 from splitplan.defaults import MAX_BATCH_TOKENS
-from splitplan.errors import InfeasibleError
+from splitplan.errors import InfeasibleError, listed, with_details
 from splitplan.perf.roofline import Instance, kv_transfer_time_s
 from splitplan.roles import SPLIT, Role
 from splitplan.slo import Reference, achieved, alone_latencies, meets
@@ -363,6 +363,14 @@ def _tight_budgets(problem: Problem, counts: dict[OptionKey, int], cost: float, 
     return tight
 
 
+def closest_fit(option: Option) -> tuple:
+    """Options in the order an error names them, the closest first: those that fit, then memory
+    short of the weights before a layout the model cannot take, the most GPU memory per instance first."""
+    inst = option.inst
+    return (not inst.fit.fits, "weights need" not in (option.skipped or ""),
+            -inst.hardware.memory_bytes_per_gpu * inst.layout.gpus, option.skipped or "")
+
+
 def colocated_plan(problem: Problem, options: list[Option]) -> Plan:
     """The best homogeneous co-located plan (Splitwise's baselines) within the budgets."""
     def within(o: Option) -> bool:
@@ -372,8 +380,9 @@ def colocated_plan(problem: Problem, options: list[Option]) -> Plan:
                 and all(m <= limit for hw, limit in problem.max_machines if hw == o.inst.hardware.name))
     usable = [o for o in options if o.role == Role.MIXED and o.instances and within(o)]
     if not usable:
-        reasons = "; ".join(f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped or 'over budget'}" for o in options if o.role == Role.MIXED)
-        raise InfeasibleError(f"no co-located plan meets the SLO within the budget ({reasons})")
+        short, whole = listed([f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped or 'over budget'}"
+                               for o in sorted((o for o in options if o.role == Role.MIXED), key=closest_fit)])
+        raise with_details(InfeasibleError(f"no co-located plan meets the SLO within the budget: {short}"), whole)
     weight = (lambda o: (o.price_usd_per_hour, o.power_kw)) if problem.objective == "cost" else (lambda o: (o.power_kw, o.price_usd_per_hour))
     best = min(usable, key=lambda o: (weight(o)[0] * o.machines_alone, weight(o)[1] * o.machines_alone, o.key))
     values = evaluate(problem, {best.key: best.machines_alone}, {best.key: best})

@@ -61,6 +61,8 @@ import math
 
 import numpy as np
 
+from splitplan import limits
+from splitplan.errors import SpecError
 from splitplan.roles import Role
 from splitplan.sim import gaps
 from splitplan.sim.types import (  # noqa: F401  (re-exported)
@@ -100,6 +102,7 @@ class _Cluster:
         self.p = self.trace.prompt_tokens.tolist()
         self.o = self.trace.output_tokens.tolist()
         self.insts: list[InstanceState] = []
+        self.iterations = 0  # decode iterations of every instance, bounded (limits.MAX_SIM_ITERATIONS)
         for k, pool in enumerate(self.pools):
             share = pool.perf.kv_link_bytes_per_s
             for _ in range(pool.instances):
@@ -111,6 +114,7 @@ class _Cluster:
         self.single = {k: pool.perf.prefill_time_s(self.trace.prompt_tokens).tolist() for k, pool in enumerate(self.pools)}
         self.lines: dict[int, dict[int, tuple]] = {k: {} for k in range(len(self.pools))}  # decode steps per batch size
         self.model = self.pools[0].perf.model
+        self.context = self.options.max_model_len  # a longer request is refused at arrival (None: no limit)
         self.kv_bytes = self.model.kv_bytes_per_token(self.pools[0].perf.engine.kv_bytes_per_element)
         self.layers = self.model.num_hidden_layers
         self.max_tokens = self.options.max_batch_tokens
@@ -133,6 +137,7 @@ class _Cluster:
         self.p_inst = [-1] * self.n
         self.t_inst = [-1] * self.n
         self.rejected = [False] * self.n
+        self.refused = [False] * self.n
         self.heap: list = []
         self.seq = 0
         self.tokens_out = 0
@@ -267,7 +272,7 @@ class _Cluster:
         while inst.waiting:
             i = inst.waiting[0]
             need = self.p[i] + self.o[i]
-            if need > inst.kv_cap:  # can never fit: report, do not block the queue
+            if need > inst.max_request:  # can never fit: report, do not block the queue
                 inst.waiting.popleft()
                 self.rejected[i] = True
                 if mixed:
@@ -402,6 +407,10 @@ class _Cluster:
                     src = dst  # every prompt machine's queue is long: borrow the token machine to prefill it
                     src.can_prefill = True
         self.p_inst[i], self.t_inst[i] = src.idx, dst.idx
+        if self.context is not None and self.p[i] + self.o[i] > self.context:  # the engine refuses it at once
+            self.rejected[i] = self.refused[i] = True
+            self._release_client(now)
+            return src
         if src.idx in self.p_pos:
             self.prompt_load[self.p_pos[src.idx]] += self.p[i]
         dst.kv_committed += self.p[i] + self.o[i]
@@ -430,6 +439,11 @@ class _Cluster:
         p, o = self.p, self.o
         if inst.batch:
             inst.iters += 1
+            self.iterations += 1
+            if self.iterations > limits.MAX_SIM_ITERATIONS:
+                raise SpecError(f"the simulation passed {limits.MAX_SIM_ITERATIONS:,} decode iterations (one a token of "
+                                "the requests decoding at once): simulate fewer requests (--max-requests, "
+                                "--num-requests) or shorter outputs (--osl)")
             inst.ends.append(now)
             inst.ctx += inst.batch
             for i in inst.finishing.pop(inst.iters, ()):
@@ -470,4 +484,5 @@ class _Cluster:
             np.array(self.p_inst), np.array(self.t_inst), np.array(self.rejected), self.tokens_out, span,
             [InstanceStats(x.pool, Role(x.role), x.prefill_s, x.decode_s, x.batch_integral) for x in self.insts], self.events,
             [f"{x.role}:{x.perf.hardware.name}:{x.perf.layout.spec}:{x.idx}" for x in self.insts], self.preemptions, self.log,
+            np.array(self.refused),
         )

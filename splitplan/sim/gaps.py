@@ -1,5 +1,5 @@
-"""The longest gap between a request's tokens, from the iterations its instance ran:
-a sparse table answers each request's range-maximum over its own iterations at once."""
+"""The longest gap between a request's tokens, from the iterations its instance ran: each
+request's range-maximum over its own iterations, all at once (`range_max`)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ def tbt_max(insts, o, t_inst, join_iter, first_token) -> np.ndarray:
     ti = np.asarray(t_inst)
     out[o_arr == 1] = 0.0
     for inst in insts:
-        if not inst.ends:
+        if not len(inst.ends):
             continue
-        ends = np.asarray(inst.ends)
+        ends = np.frombuffer(inst.ends, dtype=np.float64)
         starts_ = np.concatenate([[np.nan], ends[:-1]])
         durations = ends - starts_  # iteration k spans (ends[k-1], ends[k]]; k=0 has no start
         mine = np.flatnonzero((ti == inst.idx) & (ji >= 0) & (o_arr > 1))
@@ -30,31 +30,22 @@ def tbt_max(insts, o, t_inst, join_iter, first_token) -> np.ndarray:
         gap0 = first_end - first_token[mine]
         # later gaps: iterations join+1 .. join+o-2 (the request's own iterations)
         lo, hi = ji[mine] + 1, ji[mine] + o_arr[mine] - 1
-        table = _sparse_max(np.nan_to_num(durations, nan=0.0))
-        out[mine] = np.maximum(gap0, _range_max(table, lo, hi))
+        out[mine] = np.maximum(gap0, range_max(np.nan_to_num(durations, nan=0.0), lo, hi))
     return out
 
 
-def _sparse_max(values: np.ndarray) -> list[np.ndarray]:
-    table = [values]
-    k = 1
-    while 2 * k <= len(values):
-        prev = table[-1]
-        table.append(np.maximum(prev[:-k], prev[k:]))
-        k *= 2
-    return table
-
-
-def _range_max(table: list[np.ndarray], lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """max(values[lo:hi]) per pair (0 for empty ranges)."""
-    length = hi - lo
+def range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """max(values[lo:hi]) per pair (0 for empty ranges), in O(len(values) + the ranges' lengths)
+    time and O(len(values) + pairs) memory: one `np.maximum.reduceat` over the pairs sorted by
+    start, where the stretches between one range's end and the next one's start are disjoint."""
     out = np.zeros(len(lo))
-    ok = length > 0
-    if not ok.any():
+    hi = np.minimum(hi, len(values))
+    ok = np.flatnonzero(hi > lo)
+    if not len(ok):
         return out
-    level = np.floor(np.log2(np.maximum(length[ok], 1))).astype(int)
-    width = 1 << level
-    a = np.array([table[k][s] for k, s in zip(level, lo[ok])])
-    b = np.array([table[k][e - w] for k, e, w in zip(level, hi[ok], width)])
-    out[ok] = np.maximum(a, b)
+    order = ok[np.argsort(lo[ok], kind="stable")]
+    padded = np.append(values, 0.0)  # (a range may end at the last value)
+    bounds = np.empty(2 * len(order), dtype=np.int64)
+    bounds[0::2], bounds[1::2] = lo[order], hi[order]
+    out[order] = np.maximum.reduceat(padded, bounds)[0::2]
     return out

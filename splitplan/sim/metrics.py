@@ -45,14 +45,16 @@ def benchmark_report(result: SimResult, pools: list[PoolSpec]) -> dict:
 
 
 def slo_report(result: SimResult, slo: SloProfile, reference: Reference | None) -> list[dict]:
-    """Per SLO line: target, achieved percentile, met, and the share of requests within it.
-    Rejected requests count as misses."""
+    """Per SLO line: target, achieved percentile, met, and the share of requests within it, over
+    the requests the engine takes (those over its max_model_len are refused and reported apart,
+    as the planner leaves them out). Rejected requests (KV never fits) count as misses."""
     values = {"ttft": result.ttft_s, "tbt": result.tbt_s, "e2e": result.e2e_s}
+    served = result.served
     out = []
     for line in slo.lines():
-        value = achieved(line, values[line.metric], reference)
+        value = achieved(line, values[line.metric], reference, served)
         out.append({"line": line.label, "metric": line.metric, "percentile": line.percentile, "target": line.limit, "unit": line.unit, "achieved": value if np.isfinite(value) else None,
-                    "met": meets(line, value), "attainment_pct": attainment_pct(line, values[line.metric], reference)})
+                    "met": meets(line, value), "attainment_pct": attainment_pct(line, values[line.metric], reference, served)})
     return out
 
 
@@ -92,7 +94,8 @@ def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, 
     summary = {
         "requests": len(t),
         "finished": int(finished.sum()),
-        "rejected_kv": int(result.rejected.sum()),
+        "rejected_kv": int(result.rejected.sum() - (~result.served).sum()),
+        "refused_context": int((~result.served).sum()),
         "tokens_asked": int(t.output_tokens.sum()),
         "tokens_out": int(result.tokens_out),
         "span_s": result.span_s,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -49,13 +51,17 @@ class SimOptions:
     # requests' sizes in order and its timestamps are ignored. None: open loop, the trace's times.
     concurrency: int | None = None
     record_events: bool = False  # keep every event (time, Event, instance, request) in SimResult.event_log
+    # The engine's max_model_len: a longer request (prompt + output tokens) is refused at arrival,
+    # counted as rejected. vLLM and SGLang default it to the model's context window, as
+    # simulation.simulate does (the planner leaves such requests out by the same rule); None: no limit.
+    max_model_len: int | None = None
 
 
 class InstanceState:
     """One model instance's state during a run (the simulator's, mutable; slots for speed)."""
 
     __slots__ = ("idx", "pool", "role", "perf", "can_prefill", "queue",
-                 "waiting", "kv_cap", "kv_used", "kv_committed", "members", "batch", "ctx", "iters", "ends", "finishing", "running", "link_free",
+                 "waiting", "kv_cap", "max_request", "kv_used", "kv_committed", "members", "batch", "ctx", "iters", "ends", "finishing", "running", "link_free",
                  "bw", "prefill_s", "decode_s", "batch_integral", "run_prefill", "steps")
 
     def __init__(self, idx, pool, role, perf, bw):
@@ -64,13 +70,14 @@ class InstanceState:
         self.queue = deque()
         self.waiting = deque()
         self.kv_cap = perf.fit.kv_capacity_tokens
+        self.max_request = perf.max_request_tokens  # the longest request one instance holds (in one DP group), as the planner's
         self.kv_used = 0  # token: KV reserved whole; mixed: KV of the admitted requests not yet decoding
         self.members: list[int] = []  # mixed: the decode batch in join order (the newest is preempted first)
         self.kv_committed = 0  # KV of the requests routed here to decode and not finished (held, on its way or to come)
         self.batch = 0
         self.ctx = 0
         self.iters = 0
-        self.ends: list[float] = []  # end time of each decode iteration
+        self.ends = array("d")  # end time of each decode iteration (8 bytes each: runs reach millions)
         self.finishing: dict[int, list[int]] = {}
         self.running = False
         self.link_free = 0.0
@@ -115,6 +122,12 @@ class SimResult:
     names: list = field(default_factory=list)  # instance index -> "role:hardware:tpN:k"
     preemptions: int = 0  # co-located decodes preempted for KV memory and recomputed
     event_log: list | None = None  # with SimOptions.record_events: (time, Event, instance, request) in order
+    refused: np.ndarray | None = None  # bool: longer than SimOptions.max_model_len, refused at arrival (also rejected)
+
+    @property
+    def served(self) -> np.ndarray:
+        """The requests the engine takes: all but those over its max_model_len (the SLO's population)."""
+        return ~self.refused if self.refused is not None else np.ones(len(self.trace), bool)
 
     @property
     def tpot_s(self) -> np.ndarray:

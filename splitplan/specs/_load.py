@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from splitplan.errors import SpecError
-from splitplan.inputs import excerpt, parse_document, read_text
+from splitplan.inputs import excerpt, key_text, parse_document, read_text
 from splitplan.limits import MAX_SPEC_BYTES
-from splitplan.specs.catalog import resolve
+from splitplan.specs.catalog import is_path, pinned, resolve
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -52,11 +52,11 @@ def validation_message(model: type[BaseModel], exc: ValidationError) -> str:
     if err["type"] == "extra_forbidden":
         close = difflib.get_close_matches(str(loc[-1]), _known_keys(model, loc), n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else "; remove it"
-        return f"unknown key '{key}'{hint}"
+        return f"unknown key {key_text(key)}{hint}"
     if err["type"] == "missing":
         return f"missing key '{key}'; add it"
     more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
-    return f"key '{key}': {err['msg']}{more}"
+    return f"key '{key}': {err['msg'].removeprefix('Value error, ')}{more}"
 
 
 def load_spec(model: type[M], path: Path, data: dict[str, Any] | None = None) -> M:
@@ -68,10 +68,33 @@ def load_spec(model: type[M], path: Path, data: dict[str, Any] | None = None) ->
 
 
 def load_named(model: type[M], kind: str, name_or_path: str, what: str) -> tuple[M, Path]:
-    """A catalog entry (by name, from the `kind` folder) or a user file (by path),
-    named after its file unless it names itself; returns the spec and its path."""
+    """A spec a plan carries (catalog.pin), a catalog entry (by name, from the `kind` folder;
+    its `name`, where written, is its file's) or a user file (by path, named after its file
+    unless it names itself); returns the spec and its path."""
+    held = pinned(kind, name_or_path)
+    if held is not None:
+        return load_spec(model, Path(held[1]), dict(held[0])), Path(held[1])
+    path, data = read_entry(kind, name_or_path, what)
+    of_kind(model, path, data, what)
+    return load_spec(model, path, data), path
 
+
+def read_entry(kind: str, name_or_path: str, what: str) -> tuple[Path, dict[str, Any]]:
+    """The path and mapping of a catalog entry or user file, named (see load_named)."""
     path = resolve(kind, name_or_path, what)
     data = read_mapping(path)
+    if not is_path(name_or_path) and "name" in data and data["name"] != path.stem:
+        raise SpecError(f"{path}: names itself '{excerpt(data['name'])}', but a catalog entry is named after its file "
+                        f"('{excerpt(path.stem)}'): rename the file or the name")
     data.setdefault("name", path.stem)
-    return load_spec(model, path, data), path
+    return path, data
+
+
+def of_kind(model: type[BaseModel], path: Path, data: dict[str, Any], what: str) -> None:
+    """SpecError, showing nothing of the file, when no key of `data` is one a `what` spec has:
+    the file is something else (a system file, another kind of spec)."""
+    if not (set(data) - {"name"}).intersection(model.model_fields):
+        some = ", ".join(k for k, f in model.model_fields.items() if f.is_required() and k != "name")
+        article = "an" if what[0].lower() in "aeiou" or what.startswith("SLO") else "a"
+        raise SpecError(f"{path}: not {article} {what} file: none of its keys is one of {excerpt(some, 100)}; "
+                        "is this the right file?")

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from splitplan.errors import SpecError
+from splitplan.inputs import excerpt
 from splitplan.specs._load import load_named
 from splitplan.specs.catalog import catalog_names
 
@@ -74,11 +75,19 @@ class EngineProfile(BaseModel):
     # queue, splitting a prompt across iterations. None: a queued prompt batch (at most
     # --max-batch-tokens, always one prompt at least) runs whole, with priority (Splitwise, 2023 vLLM).
     chunked_prefill_tokens: Annotated[int, Field(ge=16, le=1_000_000)] | None = None
+    # The longest request (prompt + output tokens) the engine takes, as vLLM's and SGLang's
+    # --max-model-len / --context-length; longer ones are refused. None: the model's context window
+    # (max_position_embeddings), those engines' default.
+    max_model_len: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
     defaults: EngineFactors = EngineFactors()
     hardware_overrides: dict[str, EngineFactors] = {}
     # Where each machine type's factors come from (a measurement, or "estimate: ..."), by machine name.
     efficiency_sources: dict[str, str] = {}
     fit: dict[str, Any] | None = None
+
+    def context_tokens(self, model) -> int | None:
+        """The longest request this engine takes for `model` (None: no limit known)."""
+        return self.max_model_len or model.max_position_embeddings
 
     def factors(self, hardware_name: str, tp: int, model_name: str | None = None) -> EngineFactors:
         """Defaults, then the machine type's overrides (key `HW`), then those for this
@@ -142,8 +151,10 @@ def load_engine(name_or_path: str) -> EngineProfile:
         key, _, value = item.partition("=")
         field, allowed = PRECISION_KEYS.get(key, (None, ()))
         if field is None or value not in allowed:
-            raise SpecError(f"engine '{name_or_path}': '{item}' is not a precision; give weights=bf16|fp8|fp4 or kv=bf16|fp8 "
-                            "(--weights, --kv-cache)")
+            raise SpecError(f"engine '{excerpt(name_or_path)}': '{excerpt(item)}' is not a precision; give weights=bf16|fp8|fp4 "
+                            "or kv=bf16|fp8 (--weights, --kv-cache)")
+        if field in update:
+            raise SpecError(f"engine '{excerpt(name_or_path)}': {key} is given twice; give each precision once")
         update[field] = value
     return profile.model_copy(update={**update, "name": name_or_path})
 

@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 from splitplan.errors import SpecError
 
+MAX_GPUS = 1024  # GPUs of one instance (and so each degree)
 _TEXT = re.compile(r"^(?:(\d+)|((?:(?:tp|dp|ep|pp)\d+)+))$")
 _PART = re.compile(r"(tp|dp|ep|pp)(\d+)")
 
@@ -85,7 +86,12 @@ def parse_layout(text: str, where: str) -> Layout:
     names = [k for k, _ in parts]
     if not match or len(set(names)) != len(names):
         raise SpecError(f"{where}: layout '{text}' is not one; write TP alone (8) or degrees like tp8, dp16ep16, tp8pp2")
-    layout = Layout(int(match.group(1))) if match.group(1) else Layout(**{k: int(v) for k, v in parts})
+    degrees = [int(match.group(1))] if match.group(1) else [int(v) for _, v in parts]
+    if any(d > MAX_GPUS for d in degrees):  # (before the product: 20-digit degrees are typos, not layouts)
+        raise SpecError(f"{where}: layout '{text}': a degree above {MAX_GPUS:,}; an instance has at most {MAX_GPUS:,} GPUs")
+    layout = Layout(degrees[0]) if match.group(1) else Layout(**{k: int(v) for k, v in parts})
+    if layout.gpus > MAX_GPUS:
+        raise SpecError(f"{where}: layout '{text}' has {layout.gpus:,} GPUs; an instance has at most {MAX_GPUS:,}")
     if layout.problem():
         raise SpecError(f"{where}: layout '{text}': {layout.problem()}")
     return layout

@@ -10,6 +10,7 @@ mapped to the Llama-style names. The FFN is gated (SwiGLU, 3 matrices) when
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
@@ -17,8 +18,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from splitplan.errors import SpecError
-from splitplan.specs._load import load_spec, read_mapping
-from splitplan.specs.catalog import catalog_names, resolve
+from splitplan.inputs import excerpt
+from splitplan.specs._load import load_spec, of_kind, read_entry, read_mapping
+from splitplan.specs.catalog import catalog_names, is_path, pinned, resolve
 
 _ALIASES = {
     "n_layer": "num_hidden_layers",
@@ -231,12 +233,44 @@ def _canonical(data: dict[str, Any]) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=256)
 def load_model(name_or_path: str) -> ModelSpec:
-    path = resolve("model_specs", name_or_path, "model")
-    data = _canonical(read_mapping(path))
-    stem = path.stem if path.stem != "config" else path.parent.name or "config"
-    data.setdefault("name", stem)
+    held = pinned("model_specs", name_or_path)
+    if held is not None:  # a spec a plan carries (as read: canonicalized below)
+        path, raw = Path(held[1]), dict(held[0])
+    else:
+        path, raw = model_entry(name_or_path)
+    _consistent_keys(path, raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw)
+    data = _canonical(raw)
+    of_kind(ModelSpec, path, data, "model")
     _misspelt(path, data)
     return load_spec(ModelSpec, path, data)
+
+
+def model_entry(name_or_path: str) -> tuple[Path, dict[str, Any]]:
+    """The path and mapping of a model entry or config.json (named after its folder), as read."""
+    if is_path(name_or_path):
+        path = resolve("model_specs", name_or_path, "model")
+        data = read_mapping(path)
+        data.setdefault("name", path.stem if path.stem != "config" else path.parent.name or "config")
+        return path, data
+    return read_entry("model_specs", name_or_path, "model")
+
+
+_MLA_KEYS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def _consistent_keys(path, data: dict) -> None:
+    """Keys that only mean something together: multi-head latent attention's (some without the
+    others would plan plain attention), and the expert count's names (two that disagree)."""
+    given = [k for k in _MLA_KEYS if data.get(k) not in (None, 0)]
+    if given and len(given) < len(_MLA_KEYS):
+        missing = [k for k in _MLA_KEYS if k not in given]
+        raise SpecError(f"{path}: multi-head latent attention needs {', '.join(_MLA_KEYS)}; it has {', '.join(given)} "
+                        f"but not {', '.join(missing)}: add them (or remove the others for plain attention)")
+    counts = {k: data[k] for k in _EXPERT_KEYS if data.get(k) is not None}
+    if len(set(map(str, counts.values()))) > 1:
+        raise SpecError(f"{path}: the expert count is given twice, differently ("
+                        + ", ".join(f"{k}: {excerpt(v)}" for k, v in counts.items()) + "); keep one")
 
 
 def _misspelt(path, data: dict) -> None:

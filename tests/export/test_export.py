@@ -24,10 +24,12 @@ runner = CliRunner()
 
 
 def _plan(tmp_path, pools: dict, model="deepseek-v3", engine="sglang-fp8", version=2, name="plan.json"):
-    doc = {"schema_version": version, "inputs": {"model": model, "engine": engine, "max_batch_tokens": 2048},
-           "plan": {f"{role}_pools": [{"hardware": hw, "tp": lay.tp, "dp": lay.dp, "ep": lay.ep, "pp": lay.pp,
-                                       "layout": lay.spec, "machines": m} for hw, lay, m in items]
-                    for role, items in pools.items()}}
+    doc = {"schema_version": version, "inputs": {"model": model, "slo": "chat", "engine": engine, "max_batch_tokens": 2048},
+           "plan": {**{f"{role}_pools": [{"hardware": hw, "tp": lay.tp, "dp": lay.dp, "ep": lay.ep, "pp": lay.pp,
+                                          "layout": lay.spec, "machines": m} for hw, lay, m in items]
+                       for role, items in pools.items()},
+                    "machines": sum(m for items in pools.values() for _, _, m in items), "cost_usd_per_hour": 0.0,
+                    "power_kw": 0.0, "predicted": {}, "slo": [], "binding": ""}}
     path = tmp_path / name
     path.write_text(json.dumps(doc))
     return path
@@ -107,7 +109,7 @@ def test_launch_files_parse_and_name_every_node(tmp_path):
                                "prefill-h200-141gb-tp8-0", "prefill-h200-141gb-tp8-1", "router"]
     assert all(s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == [str(k) for k in range(8)]
                for n, s in compose.items() if n != "router")
-    assert "--node-rank 1" in compose["decode-h200-141gb-dp16ep16-0-node1"]["command"][2]
+    assert "--node-rank 1" in " ".join(compose["decode-h200-141gb-dp16ep16-0-node1"]["entrypoint"])
     assert "EXPORT.md" in files and "hardware: the machine type is not selected" in files["EXPORT.md"]
 
 

@@ -1,5 +1,7 @@
 """Simulator: exact single-request timing, conservation, determinism, KV limits, routing."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,6 +18,8 @@ from splitplan.workload.trace import (
     resample_poisson,
 )
 from tests.conftest import PERF_DB
+
+ROOT = Path(__file__).resolve().parents[2]
 
 H100 = api.instance("llama2-70b", "h100-80gb", 8)
 A100 = api.instance("llama2-70b", "a100-80gb", 8)
@@ -152,7 +156,7 @@ def test_mixed_pool_borrowing_uses_prompt_machines_for_decode_when_token_kv_is_f
     assert np.percentile(borrowed.decode_queue_s, 99) < np.percentile(plain.decode_queue_s, 99)
 
 
-def test_measured_table_matches_its_points_and_reports_extrapolation():
+def test_measured_table_matches_its_points_and_reports_extrapolation(tmp_path):
     from splitplan.perf.table import PerfDb
     db = PerfDb(PERF_DB)
     m = db.require(A100)
@@ -164,13 +168,16 @@ def test_measured_table_matches_its_points_and_reports_extrapolation():
     # one request inside the measured range, one beyond it (20k tokens of prompt and context), far apart:
     # half the prefills and half the decode steps (ten each) were extrapolated
     trace = Trace(np.array([0.0, 100.0]), np.array([1000, 20_000]), np.array([11, 11]), "t")
-    r = api.simulate(trace, [("prompt", "a100-80gb", 8, 1), ("token", "a100-80gb", 8, 1)], "llama2-70b", "chat",
+    long_context = tmp_path / "llama2-70b.yaml"  # (beyond Llama 2's 4,096 tokens, which the engine would refuse)
+    long_context.write_text((ROOT / "model_specs" / "llama2-70b.yaml").read_text().replace(
+        "max_position_embeddings: 4096", "max_position_embeddings: 32768"))
+    r = api.simulate(trace, [("prompt", "a100-80gb", 8, 1), ("token", "a100-80gb", 8, 1)], str(long_context), "chat",
                      perf_db=str(PERF_DB))
     assert r.summary["extrapolated_pct"] == {"prefill": 50.0, "decode": 50.0}
 
 
 def test_validate_grows_an_undersized_plan_until_the_simulation_meets_the_slo():
-    trace = resample_poisson(load_trace(default_trace_path()), 15.0, 60.0, np.random.default_rng(0))
+    trace = resample_poisson(load_trace(default_trace_path()), 20.0, 60.0, np.random.default_rng(0))
     small = api.plan_from_pools([("prompt", "h100-80gb", 8, 1), ("token", "h100-80gb", 8, 1)], binding="given")
     grown, sim, added = api.validate(small, trace, "llama2-70b", "chat")
     assert added > 0 and grown.machines == 2 + added and "simulation: " in grown.binding

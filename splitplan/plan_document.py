@@ -1,0 +1,307 @@
+"""plan.json, the one plan document: written by `optimize --output-dir` (the per-window plans of
+`--window` too) and read by `simulate --plan`, `sweep --plan` and `export`.
+
+Typed and checked whole before anything uses it: counts are integers (JSON `2.7` or `true` is
+refused, never truncated), a pool's `tp/dp/ep/pp` agree with its `layout`, pools are unique per
+(role, hardware, layout), a plan is split (prompt and token pools) or co-located (mixed pools),
+never a mix, and `splitplan.limits` bounds it. A plan carries the specs it was made with (`specs`:
+the resolved hardware, model, engine and SLO entries with their SHA-256), so it simulates and
+exports without the `--catalog` it was made with; a catalog entry that changed since is reported
+(`Plan.notes`) and the plan's copy is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from splitplan import limits
+from splitplan.defaults import MAX_BATCH_TOKENS
+from splitplan.errors import SpecError, SplitplanError
+from splitplan.inputs import excerpt, parse_document, read_text
+from splitplan.specs.layout import Layout, parse_layout
+
+SCHEMA_VERSION = 3  # 3: plans carry their specs; 2: SLO targets are numbers with a unit (plans of 2 still read)
+READS = (2, 3)
+ROLES = ("prompt", "token", "mixed")
+
+_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
+Count = Annotated[int, Field(ge=1, le=limits.MAX_MACHINES)]
+Degree = Annotated[int, Field(ge=1, le=1024)]
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class PlanPool(BaseModel):
+    """`machines` machines of `hardware`, instances in the layout `tp/dp/ep/pp` (= `layout`)."""
+
+    model_config = _STRICT
+    hardware: Name
+    tp: Degree
+    dp: Degree = 1
+    ep: Degree = 1
+    pp: Degree = 1
+    layout: Annotated[str, Field(max_length=64)] | None = None
+    machines: Count
+
+    @property
+    def parallel(self) -> Layout:
+        return Layout(self.tp, self.dp, self.ep, self.pp)
+
+    @model_validator(mode="after")
+    def _agree(self) -> "PlanPool":
+        layout = self.parallel
+        if layout.problem():
+            raise ValueError(f"layout {layout.spec}: {layout.problem()}")
+        if layout.gpus > 1024:
+            raise ValueError(f"layout {layout.spec} has {layout.gpus} GPUs; an instance has at most 1,024")
+        if self.layout is not None:
+            try:
+                written = parse_layout(self.layout, "layout")
+            except SpecError as exc:
+                raise ValueError(str(exc)) from None
+            if written != layout:
+                raise ValueError(f"layout '{self.layout}' disagrees with tp {self.tp}, dp {self.dp}, ep {self.ep}, "
+                                 f"pp {self.pp} ({layout.spec}); make them one layout")
+        return self
+
+
+class SloRow(BaseModel):
+    model_config = _STRICT
+    line: str
+    metric: str
+    percentile: float
+    target: float
+    unit: str
+    achieved: float | None
+    met: bool
+
+
+class PlanBody(BaseModel):
+    """One plan: its pools and what was predicted for it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    prompt_pools: Annotated[list[PlanPool], Field(max_length=limits.MAX_PLAN_POOLS)] = []
+    token_pools: Annotated[list[PlanPool], Field(max_length=limits.MAX_PLAN_POOLS)] = []
+    mixed_pools: Annotated[list[PlanPool], Field(max_length=limits.MAX_PLAN_POOLS)] = []
+    cost_usd_per_hour: Annotated[float, Field(ge=0)]
+    power_kw: Annotated[float, Field(ge=0)]
+    machines: Annotated[int, Field(ge=1, le=limits.MAX_MACHINES)]
+    predicted: dict[str, dict[str, float | None]]
+    slo: list[SloRow]
+    binding: str
+    max_rate_rps: float | None = None
+    simulated: dict[str, Any] | None = None  # (--validate)
+
+    def pools(self) -> list[tuple[str, PlanPool]]:
+        return [(role, p) for role in ROLES for p in getattr(self, f"{role}_pools")]
+
+    @model_validator(mode="after")
+    def _one_plan(self) -> "PlanBody":
+        split, mixed = bool(self.prompt_pools) or bool(self.token_pools), bool(self.mixed_pools)
+        if split and mixed:
+            raise ValueError("a plan is split (prompt_pools and token_pools) or co-located (mixed_pools), not both")
+        if not split and not mixed:
+            raise ValueError("the plan has no pools")
+        if split and not (self.prompt_pools and self.token_pools):
+            missing = "token_pools" if self.prompt_pools else "prompt_pools"
+            raise ValueError(f"a split plan needs prompt_pools and token_pools; {missing} is empty")
+        seen = set()
+        for role, p in self.pools():
+            key = (role, p.hardware, p.parallel)
+            if key in seen:
+                raise ValueError(f"{role} pool {excerpt(p.hardware)}:{p.parallel.spec} is listed twice; "
+                                 "give it once with all its machines")
+            seen.add(key)
+        total = sum(p.machines for _, p in self.pools())
+        if total > limits.MAX_MACHINES:
+            raise ValueError(f"{total:,} machines; a plan has at most {limits.MAX_MACHINES:,}")
+        if total != self.machines:
+            raise ValueError(f"machines is {self.machines:,} but its pools hold {total:,}")
+        return self
+
+
+class MainPlan(PlanBody):
+    alternatives: list[PlanBody] = []
+    split_saving_pct: float | None = None
+    unservable: dict[str, Any] | None = None
+    closed_loop: dict[str, Any] | None = None
+
+
+class Inputs(BaseModel):
+    """What the plan was made for; the settings a reader uses are typed, the rest is the echo of
+    the options it was made with."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    model: Name
+    slo: Name
+    engine: Name
+    max_batch_tokens: Annotated[int, Field(ge=1, le=limits.MAX_REQUEST_TOKENS)] = MAX_BATCH_TOKENS
+
+
+class SpecCopy(BaseModel):
+    model_config = _STRICT
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    spec: dict[str, Any]
+
+
+class Specs(BaseModel):
+    """The specs a plan was made with, keyed as its pools and inputs name them (the engine by its
+    base profile, before any `@weights=...` options)."""
+
+    model_config = _STRICT
+    hardware: dict[str, SpecCopy]
+    model: dict[str, SpecCopy]
+    engine: dict[str, SpecCopy]
+    slo: dict[str, SpecCopy]
+
+
+class PlanDocument(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    schema_version: Literal[2, 3]
+    inputs: Inputs
+    plan: MainPlan
+    warnings: list[str] = []
+    pareto: list[PlanBody] = []
+    specs: Specs | None = None
+
+    @model_validator(mode="after")
+    def _carries_specs(self) -> "PlanDocument":
+        if self.schema_version >= 3 and self.specs is None:
+            raise ValueError("a plan of schema version 3 carries its specs ('specs'); run `splitplan optimize "
+                             "--output-dir` again")
+        if self.specs is None:
+            return self
+        named = {"hardware": {p.hardware for plan in (self.plan, *self.plan.alternatives, *self.pareto) for _, p in plan.pools()},
+                 "model": {self.inputs.model}, "engine": {_base(self.inputs.engine)}, "slo": {self.inputs.slo}}
+        for kind, names in named.items():
+            missing = sorted(names - set(getattr(self.specs, kind)))
+            if missing:
+                raise ValueError(f"specs.{kind} has no copy of {excerpt(missing[0])}, which the plan names; "
+                                 "run `splitplan optimize --output-dir` again")
+        for name, copy in self.specs.hardware.items():
+            if copy.spec.get("name") != name:
+                raise ValueError(f"specs.hardware.{excerpt(name)} names itself {excerpt(copy.spec.get('name'))}; "
+                                 "a copy is named as the plan names it")
+        return self
+
+
+# --- the kinds of spec a plan carries ------------------------------------------------------
+
+KINDS = {"hardware": "hardware_specs", "model": "model_specs", "engine": "engine_profiles", "slo": "slo_profiles"}
+
+
+def _loader(kind: str):
+    from splitplan.specs.engine import load_engine
+    from splitplan.specs.hardware import load_hardware
+    from splitplan.specs.model import load_model
+    from splitplan.specs.slo import load_slo
+    return {"hardware": load_hardware, "model": load_model, "engine": load_engine, "slo": load_slo}[kind]
+
+
+def digest(spec: dict) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _copy(kind: str, name: str) -> dict:
+    spec = _loader(kind)(name).model_dump(mode="json", exclude_defaults=True)
+    return {"sha256": digest(spec), "spec": spec}
+
+
+def specs_of(inputs: dict, hardware: list[str]) -> dict:
+    """The `specs` of a plan made with `inputs` (model, engine, SLO by name or path) on these
+    machine types (and the SLO's reference machine)."""
+    from splitplan.specs.slo import load_slo
+    slo = load_slo(inputs["slo"])
+    machines = sorted(set(hardware) | ({slo.reference.hardware} if slo.reference else set()))
+    return {"hardware": {h: _copy("hardware", h) for h in machines}, "model": {inputs["model"]: _copy("model", inputs["model"])},
+            "engine": {_base(inputs["engine"]): _copy("engine", _base(inputs["engine"]))},
+            "slo": {inputs["slo"]: _copy("slo", inputs["slo"])}}
+
+
+def _base(engine: str) -> str:
+    return engine.partition("@")[0]
+
+
+def with_specs(doc: dict) -> dict:
+    """A plan document (`report.optimize_json`, or a window's plan) as plan.json: carrying its
+    specs, checked as a reader will check it."""
+    plans = (doc["plan"], *doc["plan"].get("alternatives", []), *doc.get("pareto", []))
+    hardware = [p["hardware"] for plan in plans for role in ROLES for p in plan.get(f"{role}_pools", [])]
+    out = {**doc, "specs": specs_of(doc["inputs"], hardware)}
+    try:
+        PlanDocument.model_validate(json.loads(json.dumps(out)))  # (as a reader parses it)
+    except ValidationError as exc:  # a bug: what optimize writes must read back
+        raise AssertionError(f"plan.json would not read back: {exc}") from None
+    return out
+
+
+# --- reading -------------------------------------------------------------------------------
+
+class Plan:
+    """A plan.json as read: its pools `(role, hardware, layout, machines)`, its inputs, and notes
+    on the specs it carries (a catalog entry that differs from the plan's copy)."""
+
+    def __init__(self, doc: PlanDocument, notes: list[str]):
+        self.document = doc
+        self.pools = [(role, p.hardware, p.parallel, p.machines) for role, p in doc.plan.pools()]
+        self.inputs = doc.inputs.model_dump()
+        self.notes = notes
+
+
+def read(path: Path, option: str = "--plan") -> Plan:
+    """The plan at `path`, checked whole; its specs are used in place of the catalog's entries of
+    the same names (catalog.pin) from here on. SpecError naming `option`, the file and the key."""
+    from splitplan.specs._load import validation_message
+    where = f"{option} {excerpt(path, 200)}"
+    try:
+        raw = parse_document(read_text(path, limits.MAX_SPEC_BYTES, "plan.json (splitplan optimize --output-dir DIR)"),
+                             path, as_json=True)
+    except SpecError as exc:
+        raise SpecError(f"{option} {exc}") from None
+    missing = [k for k in ("schema_version", "plan") if k not in raw] if isinstance(raw, dict) else ["plan"]
+    if missing:
+        raise SpecError(f"{where}: not a splitplan plan.json (no '{missing[0]}' key); write one with "
+                        "`splitplan optimize --output-dir DIR`")
+    version = raw.get("schema_version")
+    if type(version) is not int or version not in READS:
+        raise SpecError(f"{where}: schema_version {excerpt(version)}; this splitplan reads plans of schema version "
+                        f"{' or '.join(map(str, READS))}: run `splitplan optimize --output-dir` again")
+    try:
+        doc = PlanDocument.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(f"{where}: {validation_message(PlanDocument, exc)}") from None
+    return Plan(doc, _pin(doc, where) if doc.specs else [])
+
+
+def _pin(doc: PlanDocument, where: str) -> list[str]:
+    """Check each carried spec (its SHA-256, that it loads), note where the catalog's entry of
+    that name differs, and pin the copies."""
+    from splitplan.specs import catalog
+    notes, held = [], []
+    for kind, copies in doc.specs.model_dump().items():
+        for name, copy in copies.items():
+            key = f"specs.{kind}.{excerpt(name)}"
+            if digest(copy["spec"]) != copy["sha256"]:
+                raise SpecError(f"{where}: {key}: the spec is not the one its sha256 names (edited since written); "
+                                "run `splitplan optimize --output-dir` again")
+            try:
+                current = digest(_loader(kind)(name).model_dump(mode="json", exclude_defaults=True))
+            except SplitplanError:
+                current = None  # not in this catalog: the plan's copy is all there is
+            if current is not None and current != copy["sha256"]:
+                notes.append(f"{kind} {excerpt(name)} differs in the catalog from the copy the plan was made with; "
+                             "using the plan's copy (re-plan to use the catalog's)")
+            held.append((KINDS[kind], name, copy["spec"], f"{where}#{key}"))
+    for kind, name, spec, origin in held:
+        catalog.pin(kind, name, spec, origin)
+    try:
+        for kind, name, _, _ in held:
+            _loader(next(k for k, v in KINDS.items() if v == kind))(name)
+    except SplitplanError:
+        catalog.unpin_all()
+        raise
+    return notes
