@@ -5,7 +5,7 @@ stderr line `error: ...` of at most 400 characters, no traceback; the run's peak
 so the bounded readers can be seen to stay bounded (a reader that loads /dev/zero or a gzip
 bomb whole would hit the cap and fail the case).
 
-    python bench/adversarial.py [--only SUBSTRING] [--cap-mb 3000] [--timeout-s 60]
+    python bench/adversarial.py [--only SUBSTRING] [--cap-mb 2048] [--timeout-s 60]
 
 It writes its inputs into a temporary folder and prints one row per case, then `N passed,
 M failed`; it exits 1 if any case failed.
@@ -79,11 +79,135 @@ def _files(d: Path) -> dict[str, str]:
     put("huge_plan.json", '{"plan": {"prompt_pools": [{"hardware": "h100-80gb", "tp": 8, "machines": 100000000}], '
         '"token_pools": [{"hardware": "h100-80gb", "tp": 8, "machines": 1}]}}')
     put("a_file", "x")
+    _issue_26_files(d, f, put)
     (d / "ro").mkdir()
     os.chmod(d / "ro", 0o500)
     (d / "candir").mkdir()
     (d / "candir" / "candidates.csv").mkdir()
     return f
+
+
+def _plan_doc(pools: dict, inputs: dict | None = None) -> dict:
+    """A plan.json of schema 2 (no specs: resolved from the catalog) with these pools."""
+    doc = {"schema_version": 2, "inputs": inputs if inputs is not None else
+           {"model": "deepseek-v3", "slo": "chat", "engine": "vllm-fp8", "max_batch_tokens": 2048},
+           "plan": {**pools, "machines": sum(p["machines"] for ps in pools.values() for p in ps),
+                    "cost_usd_per_hour": 0.0, "power_kw": 0.0, "predicted": {}, "slo": [], "binding": ""}}
+    return doc
+
+
+def _issue_26_files(d: Path, f: dict, put) -> None:
+    """Plans, catalogs and configs that try to smuggle a command, a bad value or a huge size in."""
+    import json
+
+    import yaml
+    prompt = {"hardware": "h200-141gb", "tp": 8, "machines": 2}
+    token = {"hardware": "h200-141gb", "tp": 1, "dp": 16, "ep": 16, "layout": "dp16ep16", "machines": 2}
+    plans = {
+        "plan_ok": _plan_doc({"prompt_pools": [prompt], "token_pools": [token]}),
+        "plan_machines_float": _plan_doc({"prompt_pools": [{**prompt, "machines": 2.7}], "token_pools": [token]}),
+        "plan_machines_bool": _plan_doc({"prompt_pools": [{**prompt, "machines": True}], "token_pools": [token]}),
+        "plan_tp_float": _plan_doc({"prompt_pools": [{**prompt, "tp": 8.5}], "token_pools": [token]}),
+        "plan_layout_mismatch": _plan_doc({"prompt_pools": [{**prompt, "layout": "dp16ep16"}], "token_pools": [token]}),
+        "plan_pool_twice": _plan_doc({"prompt_pools": [prompt, {**prompt, "machines": 3}], "token_pools": [token]}),
+        "plan_split_and_mixed": _plan_doc({"prompt_pools": [prompt], "token_pools": [token], "mixed_pools": [prompt]}),
+        "plan_prompt_only": _plan_doc({"prompt_pools": [prompt]}),
+        "plan_mbt_text": _plan_doc({"prompt_pools": [prompt], "token_pools": [token]},
+                                   {"model": "deepseek-v3", "slo": "chat", "engine": "vllm-fp8", "max_batch_tokens": "abc"}),
+        "plan_mbt_negative": _plan_doc({"prompt_pools": [prompt], "token_pools": [token]},
+                                       {"model": "deepseek-v3", "slo": "chat", "engine": "vllm-fp8", "max_batch_tokens": -5}),
+        "plan_200_pools": _plan_doc({"prompt_pools": [{"hardware": f"h{k}", "tp": 8, "machines": 100_000} for k in range(200)],
+                                     "token_pools": [token]}),
+        "plan_800k_workers": _plan_doc({"prompt_pools": [{"hardware": "h100-80gb", "tp": 1, "machines": 99_999}],
+                                        "token_pools": [{"hardware": "h100-80gb", "tp": 8, "machines": 1}]},
+                                       {"model": "llama3.1-8b", "slo": "chat", "engine": "vllm-fp8"}),
+    }
+    for name, doc in plans.items():
+        put(f"{name}.json", json.dumps(doc))
+    no_inputs = _plan_doc({"prompt_pools": [prompt], "token_pools": [token]})
+    no_inputs.pop("inputs")
+    put("plan_no_inputs.json", json.dumps(no_inputs))
+    put("plan_mbt_huge.json", json.dumps(plans["plan_ok"]).replace('"max_batch_tokens": 2048', '"max_batch_tokens": 1e400'))
+    # catalogs: an hf_repo that is a command, a hardware name that is a case pattern, a link to a device
+    model = yaml.safe_load((ROOT / "model_specs" / "deepseek-v3.yaml").read_text())
+    hardware = yaml.safe_load((ROOT / "hardware_specs" / "h200-141gb.yaml").read_text())
+    for cat, kind, name, data in [("cat_repo", "model_specs", "deepseek-v3", {**model, "hf_repo": "org/m$(touch pwned)"}),
+                                  ("cat_flag", "model_specs", "deepseek-v3", {**model, "hf_repo": "--trust-remote-code"}),
+                                  ("cat_case", "hardware_specs", "x|*) touch pwned;; y", {**hardware, "name": "x|*) touch pwned;; y"}),
+                                  ("cat_misnamed", "hardware_specs", "zz", {**hardware, "name": "a100-80gb"})]:
+        (d / cat / kind).mkdir(parents=True, exist_ok=True)
+        (d / cat / kind / f"{name}.yaml").write_text(yaml.safe_dump(data))
+        f[cat] = str(d / cat)
+    put("plan_case.json", json.dumps(_plan_doc({"prompt_pools": [{**prompt, "hardware": "x|*) touch pwned;; y"}],
+                                                "token_pools": [{**token, "hardware": "x|*) touch pwned;; y"}]})))
+    (d / "cat_zero" / "hardware_specs").mkdir(parents=True)
+    (d / "cat_zero" / "hardware_specs" / "h100-80gb.yaml").symlink_to("/dev/zero")
+    f["cat_zero"] = str(d / "cat_zero")
+    (d / "cat_fifo" / "hardware_specs").mkdir(parents=True)
+    os.mkfifo(d / "cat_fifo" / "hardware_specs" / "myfifo.yaml")
+    f["cat_fifo"] = str(d / "cat_fifo")
+    put("shadow", "root:$6$SECRETHASH:20228:0:99999:7:::\ndaemon: SECRETVALUE\n")
+    ds = {k: v for k, v in model.items() if k not in ("name", "kv_lora_rank")}
+    put("mla_partial.yaml", yaml.safe_dump(ds))
+    put("experts_twice.yaml", yaml.safe_dump({**{k: v for k, v in model.items() if k != "name"}, "num_local_experts": 128}))
+    huge = yaml.safe_load((ROOT / "model_specs" / "llama3.1-405b.yaml").read_text())
+    put("huge_model.yaml", yaml.safe_dump({**huge, "name": "huge_model", "num_hidden_layers": 5000}))
+    lean = yaml.safe_load((ROOT / "engine_profiles" / "lean.yaml").read_text())
+    put("reserve.yaml", yaml.safe_dump({**lean, "activation_reserve_gb_per_gpu": 1000}))
+
+
+def _issue_26_cases(f: dict[str, str]) -> list[tuple]:
+    """(name, arguments, exit code, {"stdout": path, "forbid": [text never in stderr], "max_chars": n})."""
+    plan = f["plan_ok.json"]
+    out = [(f"plan: {name}", ["export", f[f"plan_{name}.json"], "--to", "dynamo", "--backend", "vllm"], 2, {})
+           for name in ("machines_float", "machines_bool", "tp_float", "layout_mismatch", "pool_twice", "split_and_mixed",
+                        "prompt_only", "mbt_text", "mbt_negative", "mbt_huge", "no_inputs", "200_pools")]
+    out += [(f"simulate --plan {name}", ["simulate", "--plan", f[f"plan_{name}.json"]], 2, {})
+            for name in ("machines_float", "split_and_mixed", "no_inputs")]
+    pwned = {"forbid": ["pwned'"]}
+    out += [
+        ("export 800k workers to vllm", ["export", f["plan_800k_workers.json"], "--to", "vllm"], 2, {}),
+        ("export 800k workers to dynamo", ["export", f["plan_800k_workers.json"], "--to", "dynamo", "--backend", "vllm"], 0, {}),
+        ("export --model-id $(touch pwned)", ["export", plan, "--to", "vllm", "--model-id", "org/m$(touch pwned)"], 2, {}),
+        ("export --model-id newline", ["export", plan, "--to", "sglang", "--model-id", "org/m\ntouch pwned"], 2, {}),
+        ("export --model-id leading dash", ["export", plan, "--to", "vllm", "--model-id", "--trust-remote-code"], 2, {}),
+        ("export --image with a command", ["export", plan, "--to", "vllm", "--image", "x:$(touch pwned)"], 2, {}),
+        ("export hf_repo $(touch pwned)", ["--catalog", f["cat_repo"], "export", plan, "--to", "llm-d"], 2, {}),
+        ("export hf_repo a flag", ["--catalog", f["cat_flag"], "export", plan, "--to", "vllm"], 2, {}),
+        ("export a case-pattern name", ["--catalog", f["cat_case"], "export", f["plan_case.json"], "--to", "vllm"], 0, pwned),
+        ("export a case-pattern name, llm-d", ["--catalog", f["cat_case"], "export", f["plan_case.json"], "--to", "llm-d"], 0, {}),
+        ("catalog entry -> /dev/zero", ["--catalog", f["cat_zero"], "perf", "--hardware", "h100-80gb"], 2, {}),
+        ("catalog FIFO entry", ["--catalog", f["cat_fifo"], "hardware", "list"], 2, {}),
+        ("catalog entry misnamed", ["--catalog", f["cat_misnamed"], "hardware", "list"], 2, {}),
+        ("system file as --hardware", ["perf", "--hardware", f["shadow"]], 2, {"forbid": ["SECRET", "root:"]}),
+        ("system file as --slo", ["optimize", "--slo", f["shadow"], *QUICK], 2, {"forbid": ["SECRET", "root:"]}),
+        ("escape sequence in --hardware", ["perf", "--hardware", "h100\x1b[2J"], 2, {"forbid": ["\x1b"]}),
+        ("MLA config without kv_lora_rank", ["perf", "--model", f["mla_partial.yaml"], "--hardware", "h200-141gb"], 2, {}),
+        ("two expert counts", ["perf", "--model", f["experts_twice.yaml"], "--hardware", "h200-141gb"], 2, {}),
+        ("--layout tp99999999999999999999", ["perf", "--layout", "tp99999999999999999999"], 2, {"forbid": ["--tp"]}),
+        ("engine precision twice", ["perf", "--engine", "lean@weights=fp4,weights=fp8"], 2, {}),
+        ("model too big for the catalog", ["optimize", "--model", f["huge_model.yaml"]], 3, {"max_chars": 300}),
+        ("co-located, model too big", ["optimize", "--model", f["huge_model.yaml"], "--no-split"], 3, {"max_chars": 300}),
+        ("reserve above the GPU", ["optimize", "--engine", f["reserve.yaml"]], 2, {"max_chars": 300}),
+        ("export to a full stdout", ["export", plan, "--to", "vllm"], 2, {"stdout": "/dev/full"}),
+        ("optimize json to a full stdout", ["optimize", "--format", "json", "--rate", "2", "--duration", "20", *QUICK], 2,
+         {"stdout": "/dev/full"}),
+        ("simulate --concurrency 100000 (bound)", ["simulate", *SIM, "--concurrency", "100000"], 0, {}),
+        ("simulate --concurrency 100001", ["simulate", *SIM, "--concurrency", "100001"], 2, {}),
+        ("simulate 1 client, 1M requests (bound)", ["simulate", *SIM, "--concurrency", "1", "--num-requests", "1000000",
+                                                    "--isl", "1", "--osl", "1"], 0, {}),
+        ("simulate 1 client, 20M requests", ["simulate", *SIM, "--concurrency", "1", "--num-requests", "20000000",
+                                             "--isl", "1", "--osl", "1"], 2, {}),
+        ("simulate 100 x 1M-token outputs", ["simulate", "--prompt-pool", "h200-141gb:8:1", "--token-pool", "h200-141gb:8:1",
+                                             "--model", "llama4-maverick", "--engine", "lean-fp8", "--concurrency", "1",
+                                             "--num-requests", "100", "--isl", "1", "--osl", "1000000"], 2, {}),
+        ("simulate --isl 8192 on a 4k model", ["simulate", *SIM, "--concurrency", "2", "--isl", "8192"], 2, {}),
+        ("optimize --concurrency 512 (bound)", ["optimize", "--concurrency", "512"], 0, {}),
+        ("optimize --concurrency 100000", ["optimize", "--concurrency", "100000", "--isl", "1", "--osl", "1"], 2, {}),
+        ("optimize 512 clients x 10k requests (bound)", ["optimize", "--concurrency", "512", "--num-requests", "10000",
+                                                         "--isl", "1", "--osl", "1"], 0, {}),
+    ]
+    return out
 
 
 def cases(f: dict[str, str], d: Path) -> list[tuple[str, list[str], int]]:
@@ -154,17 +278,17 @@ def cases(f: dict[str, str], d: Path) -> list[tuple[str, list[str], int]]:
                                             str(d / "new" / "s.csv")], 0),  # made, as --output-dir is
         ("--plot under /proc", ["sweep", "--rates", "2", "--duration", "20", *SIM, "--plot", "/proc/x.png"], 2),
     ]
-    return out
+    return out + _issue_26_cases(f)
 
 
-def run_case(args: list[str], cap_mb: int, timeout_s: float, cwd: Path) -> tuple[int | None, str, float, float]:
+def run_case(args: list[str], cap_mb: int, timeout_s: float, cwd: Path, stdout: str | None = None) -> tuple[int | None, str, float, float]:
     """(exit code or None on timeout, stderr, seconds, peak RSS MB of that process)."""
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (cap_mb << 20, cap_mb << 20))
     start = time.monotonic()
-    with tempfile.TemporaryFile() as err:
+    with tempfile.TemporaryFile() as err, open(stdout or os.devnull, "w") as out:
         proc = subprocess.Popen([sys.executable, "-c", "from splitplan.cli import main; main()", *args], cwd=cwd,
-                                stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=limit,
+                                stdout=out, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=limit,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
         timer = threading.Timer(timeout_s, proc.kill)
         timer.start()
@@ -177,15 +301,18 @@ def run_case(args: list[str], cap_mb: int, timeout_s: float, cwd: Path) -> tuple
     return (None if timed_out else proc.returncode), text, time.monotonic() - start, usage.ru_maxrss / 1024
 
 
-def verdict(expected: int, code: int | None, err: str) -> str:
+def verdict(expected: int, code: int | None, err: str, forbid: tuple = (), max_chars: int = 400) -> str:
     if code is None:
         return "timed out"
+    leaked = [x for x in forbid if x in err]
+    if leaked:
+        return f"stderr shows {leaked[0]!r}"
     if code != expected:
         last = err.strip().splitlines()[-1][:120] if err.strip() else ""
         return f"exit {code}, expected {expected}: {last}"
     if expected != 0:
         lines = [x for x in err.splitlines() if x.strip() and not x.startswith("warning:")]
-        if len(lines) != 1 or not lines[0].startswith("error: ") or len(lines[0]) > 400:
+        if len(lines) != 1 or not lines[0].startswith("error: ") or len(lines[0]) > max_chars:
             return f"stderr is not one short error line ({len(lines)} lines, {len(err)} chars)"
     return "ok"
 
@@ -193,7 +320,7 @@ def verdict(expected: int, code: int | None, err: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="")
-    parser.add_argument("--cap-mb", type=int, default=3000)
+    parser.add_argument("--cap-mb", type=int, default=2048)
     parser.add_argument("--timeout-s", type=float, default=60.0)
     opts = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="splitplan-adversarial-"))
@@ -201,9 +328,12 @@ def main() -> int:
         todo = [c for c in cases(_files(folder), folder) if opts.only in c[0]]
         failed = 0
         print(f"{'case':<40} {'exit':>4} {'s':>6} {'RSS MB':>7}  verdict")
-        for name, args, expected in todo:
-            code, err, seconds, rss_mb = run_case(args, opts.cap_mb, opts.timeout_s, folder)
-            v = verdict(expected, code, err)
+        for name, args, expected, *extra in todo:
+            extra = extra[0] if extra else {}
+            code, err, seconds, rss_mb = run_case(args, opts.cap_mb, opts.timeout_s, folder, extra.get("stdout"))
+            v = verdict(expected, code, err, tuple(extra.get("forbid", ())), extra.get("max_chars", 400))
+            if v == "ok" and (folder / "pwned").exists():
+                v = "an injected command ran (pwned exists)"
             failed += v != "ok"
             print(f"{name:<40} {str(code):>4} {seconds:6.1f} {rss_mb:7.0f}  {v}")
         print(f"{len(todo) - failed} passed, {failed} failed")

@@ -8,7 +8,9 @@ tests/perf; `pytest -x`): a mutant is killed when a test fails or the run times 
 
 - Named: the one-line breakages a code review found surviving the suite (issue 14), each
   spelled out below, and the input guards of issue 16 (judged by tests/test_hardening.py and
-  tests/workload). Every one must be killed.
+  tests/workload), and the plan, export, catalog and bound guards of issue 26 (judged by
+  tests/test_plan_document.py, tests/test_hostile_inputs.py, tests/export, tests/test_robustness.py).
+  Every one must be killed.
 - Sampled: `--sample` mutants drawn with `--seed` from every operator swap (+ -, * /,
   < <=, > >=, == !=, and or), constant change (n -> n + 1, 0 <-> 1, True <-> False) and
   dropped `not` in splitplan/capacity, search, sim and perf, written back with ast.unparse.
@@ -96,17 +98,60 @@ HARDENING = [
      "    if not names and False:\n"),
     ("pools of any size", "splitplan/cli/common.py", "    if not 1 <= machines <= limits.MAX_MACHINES:",
      "    if not 1 <= machines:"),
-    ("Ctrl-C silent", "splitplan/cli/common.py", '            typer.echo("error: interrupted", err=True)\n', ""),
+    ("Ctrl-C silent", "splitplan/cli/common.py", '            echo_error("interrupted")\n', ""),
     ("two machines under one name", "splitplan/specs/hardware.py",
      "        if other != given and machines[other] != hw:", "        if False:"),
     ("an output set renamed file by file", "splitplan/report.py",
-     "                temps[path] = _write_temp(path, content)",
-     "                temps[path] = _write_temp(path, content)\n                os.replace(temps.pop(path), path)"),
+     "                temps[path] = _write_temp(path, content, path.name in executable)",
+     "                temps[path] = _write_temp(path, content, path.name in executable)\n"
+     "                os.replace(temps.pop(path), path)"),
     ("output folders not locked", "splitplan/report.py", "        fcntl.flock(fd, fcntl.LOCK_EX)\n", ""),
     ("token counts unbounded", "splitplan/workload/trace.py", " | (values > MAX_REQUEST_TOKENS)", ""),
     ("trace span unbounded", "splitplan/workload/trace.py",
      "        far = arrival - origin > MAX_TRACE_SPAN_S", "        far = arrival - origin > 1e308"),
     ("trace rows unbounded", "splitplan/workload/trace.py", "        if rows > MAX_TRACE_REQUESTS:", "        if False:"),
+]
+
+# The guards of issue 26 (plans, exports, catalogs, bounds), judged by their tests.
+ISSUE_26_TESTS = ["tests/test_plan_document.py", "tests/test_hostile_inputs.py", "tests/export", "tests/test_robustness.py"]
+ISSUE_26 = [
+    ("a shell word holding $ left to the shell", "splitplan/export/__init__.py",
+     "    return \" \".join(f'\"{w}\"' if isinstance(w, Expand) else literal(w) for w in cmd)",
+     "    return \" \".join(f'\"{w}\"' if \"$\" in w else literal(w) for w in cmd)"),
+    ("any text served as the model", "splitplan/export/__init__.py", "    if not ok:\n        raise SpecError(f\"{field}",
+     "    if False:\n        raise SpecError(f\"{field}"),
+    ("any text as the image", "splitplan/export/__init__.py", "    if len(value) > 255 or not _IMAGE.match(value):",
+     "    if False:"),
+    ("names not slugged", "splitplan/export/__init__.py",
+     '        return slug(f"{ROLE_NAMES[self.role]}-{self.hardware.name}-{self.layout.spec}")',
+     '        return f"{ROLE_NAMES[self.role]}-{self.hardware.name}-{self.layout.spec}"'),
+    ("slugs without their hash", "splitplan/export/__init__.py",
+     "    if base and base == text and len(base) <= limit:", "    if base:"),
+    ("launch.sh not executable", "splitplan/cli/export.py", 'executable=frozenset({"launch.sh"})', "executable=frozenset()"),
+    ("plan integers truncated", "splitplan/plan_document.py",
+     '_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)', '_STRICT = ConfigDict(extra="forbid", frozen=True)'),
+    ("a pool listed twice accepted", "splitplan/plan_document.py", "            if key in seen:", "            if False:"),
+    ("a layout beside other degrees accepted", "splitplan/plan_document.py", "            if written != layout:",
+     "            if False:"),
+    ("an edited spec copy accepted", "splitplan/plan_document.py",
+     '            if digest(copy["spec"]) != copy["sha256"]:', "            if False:"),
+    ("a catalog entry that cannot be read skipped", "splitplan/specs/catalog.py",
+     "            if os.path.lexists(candidate):", "            if candidate.is_file():"),
+    ("a catalog entry named unlike its file", "splitplan/specs/_load.py",
+     '    if not is_path(name_or_path) and "name" in data and data["name"] != path.stem:', "    if False:"),
+    ("a file that is no spec shown", "splitplan/specs/_load.py",
+     '    if not (set(data) - {"name"}).intersection(model.model_fields):', "    if False:"),
+    ("control characters reach the terminal", "splitplan/inputs.py",
+     "    return _CONTROL.sub(", "    return text or _CONTROL.sub("),
+    ("an MLA config missing a key planned as plain attention", "splitplan/specs/model.py",
+     "    if given and len(given) < len(_MLA_KEYS):", "    if False:"),
+    ("requests beyond the context served", "splitplan/sim/cluster.py",
+     "        if self.context is not None and self.p[i] + self.o[i] > self.context:", "        if False:"),
+    ("no decode-iteration bound", "splitplan/sim/cluster.py",
+     "            if self.iterations > limits.MAX_SIM_ITERATIONS:", "            if False:"),
+    ("the refused counted in the SLO", "splitplan/sim/metrics.py", "    served = result.served\n", "    served = None\n"),
+    ("infeasibility lists every option", "splitplan/errors.py", "    short = unique[0] if unique else \"none\"",
+     "    short = \"; \".join(unique) if unique else \"none\""),
 ]
 
 SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Lt: ast.LtE, ast.LtE: ast.Lt,
@@ -180,6 +225,7 @@ def main() -> None:
     shutil.copytree(ROOT, scratch, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", ".hypothesis"))
     assert not killed(scratch, args.timeout), "the core tests fail on the unmutated code"
     assert not killed(scratch, args.timeout, HARDENING_TESTS), "the hardening tests fail on the unmutated code"
+    assert not killed(scratch, args.timeout, ISSUE_26_TESTS), "the issue-26 tests fail on the unmutated code"
 
     def trial(path: str, text: str, tests: list[str] = TESTS) -> bool:
         target = scratch / path
@@ -191,7 +237,8 @@ def main() -> None:
             target.write_text(original)
 
     print("| named mutation | file | killed |\n|---|---|---|")
-    named = [(m, TESTS) for m in NAMED] + [(m, HARDENING_TESTS) for m in HARDENING]
+    named = ([(m, TESTS) for m in NAMED] + [(m, HARDENING_TESTS) for m in HARDENING]
+             + [(m, ISSUE_26_TESTS) for m in ISSUE_26])
     named = [(m, tests) for m, tests in named if args.only in m[0]]
     named_killed = 0
     for (name, path, old, new), tests in named:
