@@ -196,6 +196,18 @@ def test_simulate_inline_json_contract_and_files(tmp_path):
     rows = (tmp_path / "requests.csv").read_text().splitlines()
     assert rows[0].startswith("request,arrival_s,prompt_tokens,output_tokens,ttft_ms") and len(rows) == summary["requests"] + 1
     assert json.loads((tmp_path / "summary.json").read_text())["summary"] == summary
+    assert summary["preemptions"] == 0  # (given when none happened too)
+
+
+def test_simulate_reports_every_pool_in_its_layout():
+    """DP/EP pools print their layout and carry tp, dp, ep, pp and layout as numbers and text (issue 27)."""
+    args = ["simulate", "--model", "deepseek-v3", "--engine", "sglang-fp8", "--prompt-pool", "h200-141gb:8:2",
+            "--token-pool", "h200-141gb:dp16ep16:2", "--rate", "2", "--duration", "10"]
+    doc = json.loads(run(*args, "--format", "json").stdout)
+    expected = [{"tp": 8, "dp": 1, "ep": 1, "pp": 1, "layout": "tp8"}, {"tp": 1, "dp": 16, "ep": 16, "pp": 1, "layout": "dp16ep16"}]
+    for pools in (doc["inputs"]["pools"], doc["summary"]["pools"]):
+        assert [{k: p[k] for k in ("tp", "dp", "ep", "pp", "layout")} for p in pools] == expected
+    assert "DP 16 EP 16" in run(*args).stdout
 
 
 def test_simulate_plan_file_from_optimize(tmp_path):
@@ -570,3 +582,21 @@ def test_pareto_plot_numbers_its_points_and_lists_them_with_a_title():
     listed = fig.texts[0].get_text().splitlines()
     assert len(listed) == 3 and listed[0].startswith("1: prompt 3x h100-80gb TP 8")  # frontier sorted by power
     assert ax.get_title() == "llama2-70b at 6 req/s"
+
+
+def test_a_named_ms_time_column_is_read_in_ms_as_a_detected_one_is(tmp_path):
+    """One rule for named and detected time columns: the suffix sets the unit unless --time-unit
+    says otherwise; titles echo the rate read (issue 27)."""
+    rows = "".join(f"{k * 212},{100 + k},{10 + k}\n" for k in range(20))
+    named = tmp_path / "named.csv"
+    named.write_text("request_ts_ms,prompt_len,gen_len\n" + rows)
+    detected = tmp_path / "detected.csv"
+    detected.write_text("arrival_ms,prompt_tokens,output_tokens\n" + rows)
+    columns = ["--time-column", "request_ts_ms", "--prompt-column", "prompt_len", "--output-column", "gen_len"]
+    rate = json.loads(run("trace", "summarize", str(named), *columns, "--format", "json").stdout)["mean_rate_rps"]
+    assert rate == pytest.approx(19 / 4.028 * 20 / 19, rel=1e-3)  # 20 requests over 4.028 s, not 4,028 s
+    assert json.loads(run("trace", "summarize", str(detected), "--format", "json").stdout)["mean_rate_rps"] == rate
+    as_seconds = json.loads(run("trace", "summarize", str(named), *columns, "--time-unit", "s", "--format", "json").stdout)
+    assert as_seconds["mean_rate_rps"] == pytest.approx(rate / 1000)
+    title = run("optimize", "--trace", str(named), *columns, "--hardware", "h100-80gb", "--tp", "8").stdout.splitlines()[0]
+    assert f"{rate:.3g} req/s" in title

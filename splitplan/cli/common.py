@@ -229,7 +229,8 @@ class OutputError(SpecError):
 
 
 class _GuardedOutput:
-    """Standard output whose failed writes are `OutputError`, not a traceback at exit."""
+    """Standard output whose failed writes are `OutputError`, not a traceback at exit (a closed
+    pipe, `splitplan ... | head`, is left to click: a quiet exit 1)."""
 
     def __init__(self, stream):
         self._stream = stream
@@ -237,12 +238,16 @@ class _GuardedOutput:
     def write(self, text):
         try:
             return self._stream.write(text)
+        except BrokenPipeError:
+            raise
         except OSError as exc:
             raise OutputError(f"cannot write output: {exc.strerror or exc}") from None
 
     def flush(self):
         try:
             self._stream.flush()
+        except BrokenPipeError:
+            raise
         except OSError as exc:
             raise OutputError(f"cannot write output: {exc.strerror or exc}") from None
 
@@ -441,21 +446,22 @@ def with_precision(engine: str, weights: "Weights | None", kv_cache: "KvCache | 
 TIME_COLUMN = typer.Option(None, "--time-column", help="Trace CSV: the arrival time column (default: detected from common names such as arrival_time).")
 PROMPT_COLUMN = typer.Option(None, "--prompt-column", help="Trace CSV: the prompt tokens column (default: detected, e.g. input_length).")
 OUTPUT_COLUMN = typer.Option(None, "--output-column", help="Trace CSV: the output tokens column (default: detected, e.g. output_length).")
-TIME_UNIT = typer.Option(None, "--time-unit", help="Trace CSV: unit of the time column (s, ms, us, ns).")
+TIME_UNIT = typer.Option(None, "--time-unit", help="Trace CSV: unit of the time column (s, ms, us, ns; default: the column name's suffix, _ms, _us or _ns, else s).")
 
 
 def trace_columns(time_column: str | None, prompt_column: str | None, output_column: str | None,
                   time_unit: str | None):
     """The trace columns the user named (--time-column, --prompt-column, --output-column,
     --time-unit), or None to detect them."""
-    from splitplan.workload.trace import Columns
+    from splitplan.workload.trace import Columns, time_unit_of
     if not (time_column or prompt_column or output_column or time_unit):
         return None
-    unit = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}.get(time_unit or "s")
+    default = Columns()
+    time = time_column or default.time
+    unit = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}.get(time_unit) if time_unit else time_unit_of(time)
     if unit is None:
         raise SpecError(f"--time-unit {excerpt(time_unit)}: choose s, ms, us or ns")
-    default = Columns()
-    return Columns(time_column or default.time, prompt_column or default.prompt, output_column or default.output, unit)
+    return Columns(time, prompt_column or default.prompt, output_column or default.output, unit)
 
 
 def check_request_sizes(model: str, engine: str, isl: int | None, osl: int | None) -> None:

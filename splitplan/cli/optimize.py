@@ -292,7 +292,7 @@ def _render_plan(result, workload) -> None:
                             f"{'saves' if saving >= 0 else 'adds'} {abs(saving):.0f} % {result.objective}"))
     elif not plan.mixed_pools and result.max_rate_rps is None:
         rows.append(("vs best co-located", "no co-located plan meets the SLO"))
-    con.print(report.table(f"Plan for {workload.source} ({len(workload):,} requests)", ["", "value"], rows))
+    con.print(report.table(f"Plan for {workload.source} ({len(workload):,} requests{_rate_read(workload)})", ["", "value"], rows))
     con.print(report.table("Predicted against the SLO", ["line", "target", "achieved", "met"],
                            [(line.label, line.target, line.text(v), "yes" if ok else "NO") for line, v, ok in plan.slo]))
     simulated = result.simulated
@@ -328,6 +328,13 @@ def _render_plan(result, workload) -> None:
     skipped = sorted({f"{o.role} {o.inst.hardware.name} {o.inst.layout}: {o.skipped}" for o in result.options if o.skipped})
     if skipped:
         con.print(f"{len(skipped)} option(s) skipped; see candidates.csv (--output-dir) for the reasons.")
+
+
+def _rate_read(workload) -> str:
+    """The rate the trace was read at, for titles (a wrong time unit shows here first); none for
+    requests that all arrive at once (a closed loop's sizes)."""
+    rate = workload.mean_rate_rps
+    return f", {rate:,.3g} req/s" if np.isfinite(rate) else ""
 
 
 def _in_objective(objective: str, plan) -> str:

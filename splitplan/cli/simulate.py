@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -30,6 +31,7 @@ from splitplan.cli.common import (
 )
 from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.errors import SpecError
+from splitplan.specs.layout import as_layout, parse_layout
 from splitplan.workload.trace import closed_loop_workload, load_workload, peak_window
 
 
@@ -87,7 +89,8 @@ def simulate(
     workload = sim.result.trace
     inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
               "seed": seed, "model": model, "slo": slo, "engine": engine, "perf_db": str(perf_db) if perf_db else None,
-              "perf_interp": perf_interp if perf_db else None, "pools": [{"role": r, "hardware": h, "tp": t, "machines": m} for r, h, t, m in pools],
+              "perf_interp": perf_interp if perf_db else None, "pools": [{"role": r, "hardware": h, **as_layout(t, h)._asdict(), "layout": as_layout(t, h).spec, "machines": m}
+                        for r, h, t, m in pools],
               "routing": routing, "max_batch_tokens": max_batch_tokens, "mixed_pool_threshold": borrow_threshold,
               "window": window, "concurrency": concurrency, "isl": isl, "osl": osl}
     document = {"schema_version": report.SCHEMA_VERSION, "inputs": inputs, "summary": sim.summary}
@@ -105,8 +108,10 @@ def _render_simulation(summary: dict, workload) -> None:
     con = report.console()
     metrics = [("TTFT", "ttft_ms"), ("TBT (E2E-TTFT)/output", "tbt_ms"), ("TBT max gap", "tbt_max_ms"), ("E2E", "e2e_ms"),
                ("prompt queue", "prompt_queue_ms"), ("KV transfer", "transfer_ms"), ("decode queue", "decode_queue_ms")]
+    rate = workload.mean_rate_rps
     con.print(report.table(f"Simulated {summary['finished']:,} of {summary['requests']:,} requests from {workload.source} "
-                           f"over {summary['span_s']:,.1f} s", ["ms", "p50", "p90", "p99"],
+                           + (f"at {rate:,.3g} req/s " if math.isfinite(rate) else "")
+                           + f"over {summary['span_s']:,.1f} s", ["ms", "p50", "p90", "p99"],
                            [(name, summary[key]["p50"], summary[key]["p90"], summary[key]["p99"]) for name, key in metrics]))
     bench = summary["benchmark"]
     con.print(report.table("As a serving benchmark reports it (TPOT = (E2E - TTFT) / (output - 1))",
@@ -117,8 +122,9 @@ def _render_simulation(summary: dict, workload) -> None:
                                    f"{bench['output_tokens_per_s_per_gpu']:,.0f} per GPU ({bench['gpus']} GPUs)"))
     con.print(report.table("SLO", ["line", "target", "achieved", "attainment %", "met"],
                            report.slo_rows(summary["slo"])))
-    con.print(report.table("Pools", ["role", "hardware", "TP", "machines", "utilization", "mean batch", "energy kWh"],
-                           [(x["role"], x["hardware"], x["tp"], x["machines"], f"{x['utilization']:.0%}", x["mean_batch"],
+    con.print(report.table("Pools", ["role", "hardware", "layout", "machines", "utilization", "mean batch", "energy kWh"],
+                           [(x["role"], x["hardware"], str(parse_layout(x["layout"], "layout")), x["machines"],
+                             f"{x['utilization']:.0%}", x["mean_batch"],
                              x["energy_kwh"]) for x in summary["pools"]],
                            caption=f"tokens out {summary['tokens_out']:,} of {summary['tokens_asked']:,}; "
                                    f"{summary['rejected_kv']} request(s) never fit a token instance's KV"

@@ -72,7 +72,8 @@ def pool_report(result: SimResult, pools: list[PoolSpec]) -> list[dict]:
         idle = max(span * len(mine) - prefill - decode, 0.0)
         joules = pool.perf.layout.gpus * (prefill * tdp + decode * decode_w + idle * hw.gpu.idle_w)
         out.append({
-            "role": pool.role, "hardware": hw.name, "tp": pool.perf.tp, "layout": pool.perf.layout.spec, "machines": pool.machines,
+            "role": pool.role, "hardware": hw.name, **pool.perf.layout._asdict(), "layout": pool.perf.layout.spec,
+            "machines": pool.machines,
             "instances": len(mine), "utilization": (prefill + decode) / (span * max(len(mine), 1)),
             "mean_batch": batch_time / max(prefill + decode, 1e-12) if pool.role != Role.PROMPT else None,
             "energy_kwh": joules / 3.6e6,
@@ -96,6 +97,7 @@ def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, 
         "finished": int(finished.sum()),
         "rejected_kv": int(result.rejected.sum() - (~result.served).sum()),
         "refused_context": int((~result.served).sum()),
+        "preemptions": int(result.preemptions),  # co-located decodes preempted for KV memory (0: none)
         "tokens_asked": int(t.output_tokens.sum()),
         "tokens_out": int(result.tokens_out),
         "span_s": result.span_s,

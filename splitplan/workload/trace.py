@@ -81,7 +81,7 @@ AZURE = Columns("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 SPLITWISE = Columns("arrival_timestamp", "prompt_size", "token_size")
 MOONCAKE = Columns("timestamp", "input_length", "output_length", 1e-3)
 # Names a generic CSV's columns commonly have, each role's in order of preference; times are
-# seconds unless the name says milliseconds or microseconds.
+# seconds unless the name says milliseconds, microseconds or nanoseconds (time_unit_of).
 TIME_NAMES = ("arrival_s", "arrival_time", "arrival_time_s", "arrival_timestamp", "arrival", "timestamp", "time", "time_s",
               "arrival_ms", "arrival_time_ms", "timestamp_ms", "time_ms", "arrival_us", "timestamp_us")
 PROMPT_NAMES = ("prompt_tokens", "input_tokens", "input_length", "prompt_length", "prompt_size", "prompt_len", "input_len",
@@ -97,9 +97,17 @@ def detect_columns(header) -> Columns | None:
     found = [next((lower[n] for n in names if n in lower), None) for names in (TIME_NAMES, PROMPT_NAMES, OUTPUT_NAMES)]
     if None in found:
         return None
-    name = found[0].lower()
-    unit = 1e-3 if name.endswith("_ms") else 1e-6 if name.endswith("_us") else 1.0
-    return Columns(found[0], found[1], found[2], unit)
+    return Columns(found[0], found[1], found[2], time_unit_of(found[0]))
+
+
+TIME_SUFFIXES = {"_ms": 1e-3, "_us": 1e-6, "_ns": 1e-9}
+
+
+def time_unit_of(column: str) -> float:
+    """Seconds per unit of a time column, by one rule for detected and named columns: its
+    suffix (`_ms`, `_us`, `_ns`) sets the unit, else seconds."""
+    name = str(column).strip().lower()
+    return next((unit for suffix, unit in TIME_SUFFIXES.items() if name.endswith(suffix)), 1.0)
 DEFAULT_TRACE = "azure_code_2023.csv"
 
 
