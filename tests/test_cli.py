@@ -598,5 +598,5 @@ def test_a_named_ms_time_column_is_read_in_ms_as_a_detected_one_is(tmp_path):
     assert json.loads(run("trace", "summarize", str(detected), "--format", "json").stdout)["mean_rate_rps"] == rate
     as_seconds = json.loads(run("trace", "summarize", str(named), *columns, "--time-unit", "s", "--format", "json").stdout)
     assert as_seconds["mean_rate_rps"] == pytest.approx(rate / 1000)
-    title = run("optimize", "--trace", str(named), *columns, "--hardware", "h100-80gb", "--tp", "8").stdout.splitlines()[0]
-    assert f"{rate:.3g} req/s" in title
+    shown = " ".join(run("optimize", "--trace", str(named), *columns, "--hardware", "h100-80gb", "--tp", "8").stdout.split())
+    assert f"(20 requests, {rate:.3g} req/s)" in shown

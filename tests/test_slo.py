@@ -50,3 +50,21 @@ def test_rejected_requests_count_as_misses():
     values = np.array([0.1, 0.2, np.nan, np.nan])
     assert attainment_pct(line, values, None) == pytest.approx(50.0)
     assert not meets(line, achieved(line, np.array([0.1, np.nan, np.nan]), None))
+
+
+def test_a_users_slo_file_needs_no_description_and_a_bare_number_names_the_fix(tmp_path):
+    """SLO files as users write them (issue 27): description optional; `p99: 2000` could be ms or a
+    slowdown, so it is refused with both spellings; a misspelt key suggests the known one."""
+    from splitplan.errors import SpecError
+    from splitplan.specs.slo import load_slo
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("ttft:\n  p99: {max_ms: 2000}\n")
+    assert [line.label for line in load_slo(str(plain)).lines()] == ["TTFT p99"]
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("ttft:\n  p99: 2000\n")
+    with pytest.raises(SpecError, match=r"ttft.p99: write the limit as \{max_ms: 2000\} \(milliseconds\) or \{slowdown: 2000\}"):
+        load_slo(str(bare))
+    misspelt = tmp_path / "misspelt.yaml"
+    misspelt.write_text("tfft:\n  p99: {max_ms: 2000}\n")
+    with pytest.raises(SpecError, match="unknown key 'tfft'; did you mean 'ttft'"):
+        load_slo(str(misspelt))

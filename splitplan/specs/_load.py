@@ -56,7 +56,8 @@ def validation_message(model: type[BaseModel], exc: ValidationError) -> str:
     if err["type"] == "missing":
         return f"missing key '{key}'; add it"
     more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
-    return f"key '{key}': {err['msg'].removeprefix('Value error, ')}{more}"
+    message = err["msg"].removeprefix("Value error, ")
+    return f"key '{key}': {message}{more}" if loc else f"{message}{more}"
 
 
 def load_spec(model: type[M], path: Path, data: dict[str, Any] | None = None) -> M:
@@ -91,10 +92,14 @@ def read_entry(kind: str, name_or_path: str, what: str) -> tuple[Path, dict[str,
 
 
 def of_kind(model: type[BaseModel], path: Path, data: dict[str, Any], what: str) -> None:
-    """SpecError, showing nothing of the file, when no key of `data` is one a `what` spec has:
-    the file is something else (a system file, another kind of spec)."""
-    if not (set(data) - {"name"}).intersection(model.model_fields):
-        some = ", ".join(k for k, f in model.model_fields.items() if f.is_required() and k != "name")
+    """SpecError, showing nothing of the file, when no key of `data` is one a `what` spec has, or
+    close to one (a misspelt spec is still a spec): the file is something else (a system file,
+    another kind of spec)."""
+    fields = [k for k in model.model_fields if k != "name"]
+    keys = [str(k) for k in data if k != "name"]
+    if not any(k in fields or difflib.get_close_matches(k, fields, n=1, cutoff=0.75) for k in keys):
+        keys = [k for k, f in model.model_fields.items() if k != "name"]
+        some = ", ".join([k for k in keys if model.model_fields[k].is_required()] or keys)
         article = "an" if what[0].lower() in "aeiou" or what.startswith("SLO") else "a"
         raise SpecError(f"{path}: not {article} {what} file: none of its keys is one of {excerpt(some, 100)}; "
                         "is this the right file?")

@@ -41,11 +41,24 @@ class Reference(BaseModel):
 class SloProfile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str
-    description: str
+    description: str = ""
     reference: Reference | None = None
     ttft: dict[str, Limit] = {}
     tbt: dict[str, Limit] = {}
     e2e: dict[str, Limit] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _limits_are_mappings(cls, data):
+        """A bare number (`ttft: {p99: 2000}`) could mean milliseconds or a slowdown: refused with
+        the two ways to write it."""
+        for metric in METRICS:
+            limits = data.get(metric) if isinstance(data, dict) else None
+            for key, value in (limits.items() if isinstance(limits, dict) else ()):
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    raise ValueError(f"{metric}.{key}: write the limit as {{max_ms: {value:g}}} (milliseconds) or "
+                                     f"{{slowdown: {value:g}}} (against the profile's reference)")
+        return data
 
     @model_validator(mode="after")
     def _percentiles(self) -> "SloProfile":
