@@ -256,6 +256,20 @@ def test_a_plan_file_name_never_leaves_its_comment(tmp_path, sandbox, value, tar
     _check(result, out, target, sandbox, case)
 
 
+@settings(max_examples=200, deadline=None)
+@given(words=st.lists(st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",))),
+                      min_size=1, max_size=4))
+def test_shell_words_reach_the_program_unchanged_whatever_they_hold(words):
+    """Defence in depth: whatever a word holds ($, backticks, quotes, newlines), bash passes it on
+    as one argument, as written (the fields' checks refuse most of these before they get here)."""
+    from splitplan.export import shell_words
+    out = subprocess.run(["/bin/bash", "-c", "printf '%s\\0' " + shell_words(words)], capture_output=True, timeout=10,
+                         env={"PATH": "/nonexistent"})
+    assert out.stdout.decode("utf-8", "surrogateescape").split("\0")[:-1] == words
+    compose = shell_words(words, compose=True)  # (compose turns $$ back into $ before bash runs it)
+    assert compose.replace("$$", "$") == shell_words(words)
+
+
 def test_the_checks_themselves_catch_an_injection(tmp_path, sandbox):
     """The harness sees a smuggled command: a launch.sh that runs one fails it."""
     out = tmp_path / "out"
