@@ -133,6 +133,7 @@ class Deployment:
     engine: EngineProfile
     max_batch_tokens: int
     groups: tuple[Group, ...]
+    repo_given: bool = False  # the repository came from --model-id, not the model spec's hf_repo
 
     @property
     def name(self) -> str:
@@ -190,7 +191,8 @@ def deployment(pools, inputs: dict, source: str, model_id_option: str | None = N
     if len(set(names)) != len(names):  # (slugs carry a hash where they differ from the text: a guard)
         raise SpecError(f"{printable(source)}: two pools share the name {excerpt(max(names, key=names.count))}; "
                         "give each machine type its own name")
-    return Deployment(source, model, repo, engine, int(inputs.get("max_batch_tokens", MAX_BATCH_TOKENS)), groups)
+    return Deployment(source, model, repo, engine, int(inputs.get("max_batch_tokens", MAX_BATCH_TOKENS)), groups,
+                      repo_given=model_id_option is not None)
 
 
 def export(dep: Deployment, target: str, backend: str | None = None, image: str | None = None) -> Export:
@@ -233,7 +235,8 @@ def shell_words(cmd: list[str], compose: bool = False) -> str:
 
 def common_mapping(dep: Deployment, engine: str) -> tuple[list[tuple[str, str]], list[str]]:
     """The mapping rows and the unexpressed facts every target shares (`engine`: what runs)."""
-    mapping = [("inputs.model", f"the served model {dep.model_id}")]
+    mapping = [("inputs.model", f"the served model {dep.model_id}"
+                + (" (--model-id)" if dep.repo_given else f" (model {dep.model.name}'s hf_repo; --model-id serves another)"))]
     unexpressed = [] if dep.engine.name.startswith(engine) else [
         f"inputs.engine {dep.engine.name}: the plan was sized with that engine's timing, not {engine}'s; "
         f"re-plan with --engine {engine}-fp8 to size for {engine}"]
@@ -243,8 +246,8 @@ def common_mapping(dep: Deployment, engine: str) -> tuple[list[tuple[str, str]],
                         + (f", each over {g.nodes_per_instance} nodes" if g.nodes_per_instance > 1 else "")))
         unexpressed.append(f"{g.role}_pools[{g.hardware.name}].hardware: the machine type is not selected; pin the "
                            f"workers to {g.hardware.gpu.name} nodes with your cluster's node labels")
-    if dep.engine.weights != "bf16":
-        unexpressed.append(f"inputs.engine weights={dep.engine.weights}: serve a {dep.engine.weights} checkpoint "
-                           f"(--model-id); the engines read the precision from it")
+    if not dep.repo_given and dep.engine.weights != dep.model.hf_repo_weights:
+        unexpressed.append(f"inputs.engine weights={dep.engine.weights}: {dep.model_id} holds {dep.model.hf_repo_weights} "
+                           f"weights; serve a {dep.engine.weights} checkpoint (--model-id), the engines read the precision from it")
     unexpressed.append("plan.cost_usd_per_hour, power_kw, predicted, slo: plan figures, not deployment settings")
     return mapping, unexpressed

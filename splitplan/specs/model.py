@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 
@@ -72,6 +72,7 @@ class ModelSpec(BaseModel):
     sliding_window: PosInt | None = None
     layer_types: tuple[str, ...] | None = None
     hf_repo: str | None = None  # (splitplan's key) the Hugging Face repository `splitplan export` serves
+    hf_repo_weights: Literal["bf16", "fp8", "fp4"] = "bf16"  # (splitplan's key) the precision of that repository's weights
 
     @model_validator(mode="after")
     def _shapes(self) -> "ModelSpec":

@@ -268,3 +268,18 @@ def test_llmd_labels_roles_and_puts_the_routing_sidecar_before_decode(tmp_path):
     assert values == {"router": {"modelServers": {"matchLabels": {"llm-d.ai/guide": None, "llm-d.ai/model": "splitplan-deepseek-v3"}}}}
     colocated = _pod_templates(_llmd(tmp_path, COLOCATED)[0][1])["template"]
     assert "llm-d.ai/role" not in colocated["metadata"]["labels"] and "initContainers" not in colocated["spec"]
+
+
+def test_the_export_names_the_repository_it_serves_and_asks_for_a_checkpoint_only_when_needed(tmp_path):
+    """Chat models serve their instruct checkpoint; the fp8 note appears only when the served
+    repository's weights are not the plan's precision (DeepSeek-V3 is fp8 already) and no
+    --model-id names one (issue 27, items 9 and 11)."""
+    def notes(pools, **plan):
+        args = ["export", str(_plan(tmp_path, pools, **plan)), "--to", "vllm"]
+        return runner.invoke(app, args).stderr, runner.invoke(app, args + ["--model-id", "org/llama-fp8"]).stderr
+    chat, chat_given = notes(COLOCATED, model="llama3.1-70b", engine="vllm-fp8")
+    assert "serve a fp8 checkpoint" in chat and "serve a fp8 checkpoint" not in chat_given
+    native, _ = notes(SPLIT, engine="vllm-fp8")
+    assert "checkpoint" not in native
+    script = _files(tmp_path, "vllm", COLOCATED, model="llama3.1-70b", engine="vllm-fp8")["launch.sh"]
+    assert "vllm serve meta-llama/Llama-3.1-70B-Instruct " in script
