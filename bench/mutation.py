@@ -1,6 +1,6 @@
 """Mutation testing of the model's core: do the tests notice when the code is broken?
 
-    python bench/mutation.py [--sample N] [--seed S] [--named-only] [--only TEXT] [--timeout SECONDS]
+    python bench/mutation.py [--sample N] [--seed S] [--named-only] [--only TEXT|TEXT...] [--timeout SECONDS]
 
 Two sets of mutants, each applied to a scratch copy of the repository (never to this
 checkout) and judged by the core tests (tests/capacity, tests/search, tests/sim,
@@ -218,7 +218,7 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--named-only", action="store_true")
-    parser.add_argument("--only", default="", help="named mutants whose name contains TEXT (implies --named-only)")
+    parser.add_argument("--only", default="", help="named mutants whose name contains TEXT, or one of A|B|... (implies --named-only)")
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="mutation-")) / "repo"
@@ -239,7 +239,7 @@ def main() -> None:
     print("| named mutation | file | killed |\n|---|---|---|")
     named = ([(m, TESTS) for m in NAMED] + [(m, HARDENING_TESTS) for m in HARDENING]
              + [(m, ISSUE_26_TESTS) for m in ISSUE_26])
-    named = [(m, tests) for m, tests in named if args.only in m[0]]
+    named = [(m, tests) for m, tests in named if any(part in m[0] for part in args.only.split("|"))]
     named_killed = 0
     for (name, path, old, new), tests in named:
         text = (ROOT / path).read_text()

@@ -308,13 +308,14 @@ def _window_unit(shared, unit):
     index, start_s, trace = unit
     row = {"window": index, "start_s": start_s, "end_s": start_s + float(trace.arrival_s[-1]),
            "requests": len(trace), "rate_rps": trace.mean_rate_rps if trace.span_s > 0 else None}
-    try:
-        plan = optimize(trace, model, slo, alternatives=0, with_colocated=False, **options).plan
+    try:  # the better of split and co-located, as plain optimize (options: split=False, split_only)
+        plan = optimize(trace, model, slo, alternatives=0, **options).plan
     except InfeasibleError as exc:
         return {**row, "error": str(exc)}, None
     return {**row, "prompt_pools": pools_text(plan.prompt_pools), "token_pools": pools_text(plan.token_pools),
-            "machines": plan.machines, "cost_usd_per_hour": plan.cost_usd_per_hour, "power_kw": plan.power_kw,
-            "binding": plan.binding, "error": None}, plan
+            "mixed_pools": pools_text(plan.mixed_pools), "machines": plan.machines,
+            "cost_usd_per_hour": plan.cost_usd_per_hour, "power_kw": plan.power_kw, "binding": plan.binding,
+            "error": None}, plan
 
 
 def plan_windows(trace, window_s: float, model: str, slo: str, jobs: int = 1, executor: str = "local",

@@ -600,3 +600,17 @@ def test_a_named_ms_time_column_is_read_in_ms_as_a_detected_one_is(tmp_path):
     assert as_seconds["mean_rate_rps"] == pytest.approx(rate / 1000)
     shown = " ".join(run("optimize", "--trace", str(named), *columns, "--hardware", "h100-80gb", "--tp", "8").stdout.split())
     assert f"(20 requests, {rate:.3g} req/s)" in shown
+
+
+def test_windows_take_the_better_of_split_and_colocated_as_plain_optimize_does():
+    """--window plans each window as optimize does (issue 27, item 3): split or co-located, whichever
+    is cheaper; --no-split and --split-only are taken."""
+    args = ["optimize", "--window", "30", "--rate", "2", "--duration", "60", "--hardware", "a100-80gb,h100-80gb", "--tp", "8",
+            "--format", "json"]
+    def kinds(*extra):
+        result = run(*args, *extra)
+        assert result.exit_code == 0, result.stderr
+        rows = json.loads(result.stdout)["windows"]
+        return {("mixed" if r["mixed_pools"] != "-" else "split") for r in rows if not r["error"]}
+    assert kinds() == {"mixed"} == kinds("--no-split")  # at 2 req/s one co-located machine beats two
+    assert kinds("--split-only") == {"split"}

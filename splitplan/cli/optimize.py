@@ -121,11 +121,11 @@ def optimize(
                      not no_split, objective.value, common, format, output_dir, {"isl": isl, "osl": osl})
         return
     if window is not None:
-        if validate or pareto or no_split or objective is Objective.throughput:
-            raise SpecError("--window plans each window by cost or power; drop --validate/--pareto/--no-split/throughput")
+        if validate or pareto or objective is Objective.throughput:
+            raise SpecError("--window plans each window by cost or power; drop --validate/--pareto/throughput")
         options = {k: v for k, v in common.items() if k != "jobs"}
         _plan_windows(load_workload(loaded, rate, duration, seed), parse_duration(window), model, slo, format, output_dir,
-                      {**options, "objective": objective.value}, jobs_n, executor.value, ray_address)
+                      {**options, "objective": objective.value, "split": not no_split}, jobs_n, executor.value, ray_address)
         return
     workload, stretch = peak_window(load_workload(loaded, rate, duration, seed), max_requests)
     _check_plan_options(plot, pareto, no_split, objective)
@@ -262,11 +262,12 @@ def _plan_windows(workload, window_s, model, slo, format, output_dir, options, j
     if format is PlanFormat.csv:
         sys.stdout.write(result.to_frame().to_csv(index=False, float_format="%.6g"))
         return
-    rows = [(r["window"], r["start_s"], r["requests"], r["rate_rps"], r.get("prompt_pools"), r.get("token_pools"),
-             r.get("cost_usd_per_hour"), r.get("error") or r.get("binding")) for r in result.rows]
+    rows = [(r["window"], r["start_s"], r["requests"], r["rate_rps"],
+             report.plan_text(result.plans[k]) if result.plans[k] is not None else "-",
+             r.get("cost_usd_per_hour"), r.get("error") or r.get("binding")) for k, r in enumerate(result.rows)]
     con = report.console()
     con.print(report.table(f"A plan per {window_s:g}-second window of {workload.source}",
-                           ["window", "start s", "requests", "req/s", "prompt", "token", "$/h", "binding / why not"], rows))
+                           ["window", "start s", "requests", "req/s", "plan", "$/h", "binding / why not"], rows))
     if result.peak is not None:
         peak = result.plans[result.peak]
         mean = document["mean_cost_usd_per_hour"]
