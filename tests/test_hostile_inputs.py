@@ -80,6 +80,7 @@ def test_a_file_that_is_not_a_spec_is_named_but_never_shown(tmp_path, kind, opti
     args = ["optimize", option, secret] if kind == "slo" else ["perf", option, secret]
     line = one_line(run(*args))
     assert str(secret) in line and "secrethash" not in line and "hunter2" not in line and "root:" not in line
+    assert "file: none of its keys is one of" in line  # (said what it is not, rather than which key is unknown)
 
 
 def test_control_characters_are_escaped_in_messages_and_tables(tmp_path):

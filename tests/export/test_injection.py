@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -257,6 +257,7 @@ def test_a_plan_file_name_never_leaves_its_comment(tmp_path, sandbox, value, tar
 
 
 @settings(max_examples=200, deadline=None)
+@example(words=["org/m$(touch pwned)", "`id`", '"; echo hi; "', "a'b", "${IFS}", "$((1/0))", "x\ny", "-rf", "$HOME"])
 @given(words=st.lists(st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",))),
                       min_size=1, max_size=4))
 def test_shell_words_reach_the_program_unchanged_whatever_they_hold(words):
