@@ -614,3 +614,15 @@ def test_windows_take_the_better_of_split_and_colocated_as_plain_optimize_does()
         return {("mixed" if r["mixed_pools"] != "-" else "split") for r in rows if not r["error"]}
     assert kinds() == {"mixed"} == kinds("--no-split")  # at 2 req/s one co-located machine beats two
     assert kinds("--split-only") == {"split"}
+
+
+def test_the_embedded_traces_go_by_short_names(tmp_path, monkeypatch):
+    """--trace azure-conv and azure-code (issue 27, item 9): shipped in the wheel, listed in the help;
+    a file of that name, where one exists, is read instead."""
+    monkeypatch.chdir(tmp_path)
+    conv = json.loads(run("trace", "summarize", "azure-conv", "--format", "json").stdout)
+    code = json.loads(run("trace", "summarize", "azure-code", "--format", "json").stdout)
+    assert conv["requests"] == 19366 and code["requests"] == 8819
+    assert "azure-conv" in " ".join(run("trace", "summarize", "--help").stdout.split())
+    (tmp_path / "azure-conv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,10,5\n")
+    assert json.loads(run("trace", "summarize", "azure-conv", "--format", "json").stdout)["requests"] == 2

@@ -83,7 +83,8 @@ def models_list(format: Format = typer.Option(Format.table, "--format", help="ta
 @trace_app.command("summarize")
 @user_errors
 def trace_summarize(
-    path: Path = typer.Argument(..., help="Azure 2023 CSV, splitwise-sim CSV, Mooncake JSONL, or a generic CSV (.gz ok)."),
+    path: Path = typer.Argument(..., help="Azure 2023 CSV, splitwise-sim CSV, Mooncake JSONL, or a generic CSV (.gz ok); or "
+                                "azure-code or azure-conv, the embedded Azure 2023 code and conversation traces."),
     rate: Optional[float] = typer.Option(None, "--rate", help="Resample: Poisson arrivals at this many requests/s."),
     duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
     seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),

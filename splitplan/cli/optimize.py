@@ -59,7 +59,7 @@ from splitplan.workload.trace import (
 @app.command()
 @user_errors
 def optimize(
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace (default: the embedded Azure 2023 code trace)."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace file, or azure-code (the default) or azure-conv: the embedded Azure 2023 code and conversation traces."),
     time_column: Optional[str] = TIME_COLUMN,
     prompt_column: Optional[str] = PROMPT_COLUMN,
     output_column: Optional[str] = OUTPUT_COLUMN,

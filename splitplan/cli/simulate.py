@@ -42,7 +42,7 @@ def simulate(
     prompt_pool: list[str] = typer.Option([], "--prompt-pool", help="HARDWARE:LAYOUT:MACHINES (repeatable)."),
     token_pool: list[str] = typer.Option([], "--token-pool", help="HARDWARE:LAYOUT:MACHINES (repeatable)."),
     mixed_pool: list[str] = typer.Option([], "--mixed-pool", help="Co-located HARDWARE:LAYOUT:MACHINES (repeatable)."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace (default: the embedded Azure 2023 code trace)."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace file, or azure-code (the default) or azure-conv: the embedded Azure 2023 code and conversation traces."),
     time_column: Optional[str] = TIME_COLUMN,
     prompt_column: Optional[str] = PROMPT_COLUMN,
     output_column: Optional[str] = OUTPUT_COLUMN,

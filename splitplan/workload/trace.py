@@ -109,11 +109,22 @@ def time_unit_of(column: str) -> float:
     name = str(column).strip().lower()
     return next((unit for suffix, unit in TIME_SUFFIXES.items() if name.endswith(suffix)), 1.0)
 DEFAULT_TRACE = "azure_code_2023.csv"
+# The traces shipped in the wheel (CC-BY-4.0, see NOTICE), by the short names --trace takes.
+EMBEDDED = {"azure-code": DEFAULT_TRACE, "azure-conv": "azure_conv_2023.csv.gz"}
+EMBEDDED_HELP = "azure-code (the default) or azure-conv, the embedded Azure 2023 code and conversation traces"
 
 
 def default_trace_path() -> Path:
     """The embedded Azure code trace (CC-BY-4.0, see NOTICE)."""
     return data_dir("traces") / DEFAULT_TRACE
+
+
+def embedded(trace) -> Path | None:
+    """The embedded trace a short name (`azure-conv`) stands for, unless a file of that name exists."""
+    name = str(trace)
+    if name in EMBEDDED and not Path(name).exists():
+        return data_dir("traces") / EMBEDDED[name]
+    return None
 
 
 def _open(path: Path):
@@ -293,16 +304,17 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
 
 def load_workload(trace: "str | Path | Trace | None" = None, rate: float | None = None, duration_s: float = 120.0,
                   seed: int = 0, columns: Columns | None = None) -> Trace:
-    """A trace (a path, a Trace, or None for the embedded Azure code trace), or its
-    Poisson resample at `rate` req/s for `duration_s` seconds."""
+    """A trace (a path, a Trace, an embedded trace's short name, or None for the embedded Azure
+    code trace), or its Poisson resample at `rate` req/s for `duration_s` seconds."""
     if rate is not None and not 0 < rate <= MAX_RATE_RPS:  # (NaN fails too)
         raise SpecError(f"--rate {rate:g}: must be > 0 and <= {MAX_RATE_RPS:,g} requests per second")
     if not 0 < duration_s <= MAX_DURATION_S:
         raise SpecError(f"--duration {duration_s:g}: must be > 0 and <= {MAX_DURATION_S:,g} seconds")
     if isinstance(trace, Trace):
         loaded = trace
-    elif trace is None:
-        loaded = dataclasses.replace(load_trace(default_trace_path(), columns), source=f"{DEFAULT_TRACE} (embedded)")
+    elif trace is None or embedded(trace) is not None:
+        path = default_trace_path() if trace is None else embedded(trace)
+        loaded = dataclasses.replace(load_trace(path, columns), source=f"{path.name} (embedded)")
     else:
         loaded = load_trace(trace, columns)
     if rate is None:

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitplan.errors import TraceError
+from splitplan.specs.catalog import data_dir
 from splitplan.workload.trace import (
     Columns,
     Trace,
@@ -39,7 +40,7 @@ def test_mooncake_and_conversation():
     moon = summarize(load_trace(DATA / "mooncake_conversation.jsonl.gz"))
     assert moon["requests"] == 12031 and moon["prompt_tokens"]["max"] == 126195
     assert moon["interarrival_cv"] == pytest.approx(3.0, abs=0.1)
-    conv = summarize(load_trace(DATA / "azure_conv_2023.csv.gz"))
+    conv = summarize(load_trace(data_dir("traces") / "azure_conv_2023.csv.gz"))
     assert conv["mean_rate_rps"] == pytest.approx(5.53, abs=0.01)
 
 
