@@ -106,8 +106,9 @@ def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], caption
         values = [r[i] for r in cells]
         numeric = i > 0 and all(_NUMBER.match(v) for v in values)
         prose = not numeric and any(len(v) > 24 for v in values)  # only long text wraps; names and numbers never
+        whole = max([len(v) for v in values] + [len(line) for line in col.split("\n")], default=1)
         t.add_column(col, justify="right" if numeric else "left", no_wrap=not prose,
-                     min_width=min(max(len(v) for v in values), 16) if prose and values else None)
+                     min_width=min(whole, 16) if prose else whole)
     for row in cells:  # as plain text: a name holding `[red]` or a terminal escape shows as written
         t.add_row(*(Text(printable(c)) for c in row))
     return t
@@ -160,13 +161,32 @@ def set_wide(wide: bool) -> None:
     _WIDE["on"] = wide
 
 
+class _Console(Console):
+    """A console that prints a table wider than itself at the table's own minimum width (the
+    terminal wraps the lines) rather than cut a number or a name: only prose cells wrap."""
+
+    def print(self, *objects, **kwargs):
+        if "width" not in kwargs:
+            from rich.measure import Measurement
+            unbounded = self.options.update_width(1 << 16)  # (a measurement is clamped to the width it is given)
+            need = max((Measurement.get(self, unbounded, o).minimum for o in objects if isinstance(o, Table)), default=0)
+            if need > self.width:  # (print's own width may only narrow)
+                width, self.width = self.width, need
+                try:
+                    return super().print(*objects, **kwargs)
+                finally:
+                    self.width = width
+        super().print(*objects, **kwargs)
+
+
 def console() -> Console:
     """The terminal's width on a terminal (at most WIDTH unless --wide); WIDTH in a pipe or a
-    file, or wide enough for every table unwrapped with --wide."""
+    file, or wide enough for every table unwrapped with --wide. A table that cannot be narrowed
+    to it without cutting a number or a name is printed wider (`_Console`)."""
     probe = Console()
     if _WIDE["on"]:
-        return Console(width=max(probe.width, 400)) if not probe.is_terminal else probe
-    return Console(width=min(probe.width, WIDTH)) if probe.is_terminal else Console(width=WIDTH)
+        return _Console(width=max(probe.width, 400)) if not probe.is_terminal else _Console()
+    return _Console(width=min(probe.width, WIDTH)) if probe.is_terminal else _Console(width=WIDTH)
 
 
 # --- plans ------------------------------------------------------------------------

@@ -531,7 +531,7 @@ def test_a_user_catalog_is_searched_before_the_shipped_one(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("command,wider", [
     (["optimize", "--rate", "5", "--duration", "30", "--hardware", "a100-80gb,h100-80gb", "--tp", "8"], True),
-    (["hardware", "list"], True), (["models", "list"], True), (["perf"], False),  # (models: wider since qwen3-235b-a22b)
+    (["hardware", "list"], True), (["models", "list"], False), (["perf"], False),
     (["simulate", "--prompt-pool", "h100-80gb:8:2", "--token-pool", "h100-80gb:8:1", "--rate", "3", "--duration", "20"], False),
 ])
 def test_tables_fit_120_columns_unless_wide(command, wider):
@@ -540,6 +540,21 @@ def test_tables_fit_120_columns_unless_wide(command, wider):
     wide = run("--wide", *command)
     widest = max(map(len, wide.stdout.splitlines()))
     assert wide.exit_code == 0 and (widest > 120 if wider else widest == max(map(len, narrow.stdout.splitlines())))
+
+
+@pytest.mark.parametrize("width", [30, 80, 120])
+def test_numbers_and_names_are_never_cut_at_any_width(width):
+    """A table too wide for the terminal prints wider (the terminal wraps its lines) rather than cut
+    a number or a name into `17.…`; only prose cells wrap (issue 27, item 8)."""
+    import io
+
+    from splitplan import report
+    con = report._Console(file=io.StringIO(), width=width)
+    rows = [("h100-80gb-cap70", 1_600.0, 17.6, "a long description that may wrap over several lines of the cell")]
+    con.print(report.table("t", ["name", "net\nGbit/s", "$/h", "what"], rows))
+    out = con.file.getvalue()
+    assert "h100-80gb-cap70" in out and "1,600" in out and "17.60" in out and "Gbit/s" in out and "…" not in out
+    assert con.width == width  # (restored after printing)
 
 
 def test_one_number_format_per_column():

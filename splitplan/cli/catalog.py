@@ -76,7 +76,8 @@ def models_list(format: Format = typer.Option(Format.table, "--format", help="ta
          m.total_params / 1e9, m.active_params / 1e9, int(m.kv_bytes_per_token(2)))
         for m in models
     ]
-    cols = ["name", "layers", "hidden", "heads", "KV heads", "FFN", "FFN kind", "experts", "params B", "active B", "KV B/token"]
+    cols = ["name", "layers", "hidden", "heads", "KV\nheads", "FFN", "FFN\nkind", "experts", "params\nB", "active\nB",
+            "KV B/\ntoken"]
     report.console().print(report.table("Model catalog (Hugging Face config keys; bf16)", cols, rows))
 
 
