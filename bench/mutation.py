@@ -148,7 +148,7 @@ ISSUE_26 = [
     ("requests beyond the context served", "splitplan/sim/cluster.py",
      "        if self.context is not None and self.p[i] + self.o[i] > self.context:", "        if False:"),
     ("no decode-iteration bound", "splitplan/sim/cluster.py",
-     "            if self.iterations > limits.MAX_SIM_ITERATIONS:", "            if False:"),
+     "            if self.iterations > self.max_iterations:", "            if False:"),
     ("the refused counted in the SLO", "splitplan/sim/metrics.py", "    served = result.served\n", "    served = None\n"),
     ("infeasibility lists every option", "splitplan/errors.py", "    short = unique[0] if unique else \"none\"",
      "    short = \"; \".join(unique) if unique else \"none\""),

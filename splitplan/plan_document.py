@@ -23,7 +23,7 @@ from splitplan import limits
 from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.errors import SpecError, SplitplanError
 from splitplan.inputs import excerpt, parse_document, read_text
-from splitplan.specs.layout import Layout, parse_layout
+from splitplan.specs.layout import MAX_GPUS, Layout, parse_layout
 
 SCHEMA_VERSION = 3  # 3: plans carry their specs; 2: SLO targets are numbers with a unit (plans of 2 still read)
 READS = (2, 3)
@@ -31,7 +31,7 @@ ROLES = ("prompt", "token", "mixed")
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 Count = Annotated[int, Field(ge=1, le=limits.MAX_MACHINES)]
-Degree = Annotated[int, Field(ge=1, le=1024)]
+Degree = Annotated[int, Field(ge=1, le=MAX_GPUS)]
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 
 
@@ -56,8 +56,8 @@ class PlanPool(BaseModel):
         layout = self.parallel
         if layout.problem():
             raise ValueError(f"layout {layout.spec}: {layout.problem()}")
-        if layout.gpus > 1024:
-            raise ValueError(f"layout {layout.spec} has {layout.gpus} GPUs; an instance has at most 1,024")
+        if layout.gpus > MAX_GPUS:
+            raise ValueError(f"layout {layout.spec} has {layout.gpus:,} GPUs; an instance has at most {MAX_GPUS:,}")
         if self.layout is not None:
             try:
                 written = parse_layout(self.layout, "layout")
@@ -83,7 +83,7 @@ class SloRow(BaseModel):
 class PlanBody(BaseModel):
     """One plan: its pools and what was predicted for it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = _STRICT
     prompt_pools: Annotated[list[PlanPool], Field(max_length=limits.MAX_PLAN_POOLS)] = []
     token_pools: Annotated[list[PlanPool], Field(max_length=limits.MAX_PLAN_POOLS)] = []
     mixed_pools: Annotated[list[PlanPool], Field(max_length=limits.MAX_PLAN_POOLS)] = []
@@ -160,7 +160,7 @@ class Specs(BaseModel):
 
 
 class PlanDocument(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = _STRICT
     schema_version: Literal[2, 3]
     inputs: Inputs
     plan: MainPlan
@@ -206,8 +206,13 @@ def digest(spec: dict) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def _dump(kind: str, name: str) -> dict:
+    """The spec of that kind and name as a plan carries it (what reads back to the same spec)."""
+    return _loader(kind)(name).model_dump(mode="json", exclude_defaults=True)
+
+
 def _copy(kind: str, name: str) -> dict:
-    spec = _loader(kind)(name).model_dump(mode="json", exclude_defaults=True)
+    spec = _dump(kind, name)
     return {"sha256": digest(spec), "spec": spec}
 
 
@@ -289,18 +294,18 @@ def _pin(doc: PlanDocument, where: str) -> list[str]:
                 raise SpecError(f"{where}: {key}: the spec is not the one its sha256 names (edited since written); "
                                 "run `splitplan optimize --output-dir` again")
             try:
-                current = digest(_loader(kind)(name).model_dump(mode="json", exclude_defaults=True))
+                current = digest(_dump(kind, name))
             except SplitplanError:
                 current = None  # not in this catalog: the plan's copy is all there is
             if current is not None and current != copy["sha256"]:
                 notes.append(f"{kind} {excerpt(name)} differs in the catalog from the copy the plan was made with; "
                              "using the plan's copy (re-plan to use the catalog's)")
-            held.append((KINDS[kind], name, copy["spec"], f"{where}#{key}"))
+            held.append((kind, name, copy["spec"], f"{where}#{key}"))
     for kind, name, spec, origin in held:
-        catalog.pin(kind, name, spec, origin)
+        catalog.pin(KINDS[kind], name, spec, origin)
     try:
         for kind, name, _, _ in held:
-            _loader(next(k for k, v in KINDS.items() if v == kind))(name)
+            _loader(kind)(name)
     except SplitplanError:
         catalog.unpin_all()
         raise

@@ -71,11 +71,16 @@ def scaled(line: SloLine, values_s: np.ndarray, reference: Reference | None) -> 
     return np.where(np.isfinite(out), out, np.inf)
 
 
+def _kept(line: SloLine, values_s: np.ndarray, reference: Reference | None, keep: np.ndarray | None) -> np.ndarray:
+    """`scaled` values of the requests `keep` marks (all when None)."""
+    values = scaled(line, values_s, reference)
+    return values if keep is None else values[keep]
+
+
 def achieved(line: SloLine, values_s: np.ndarray, reference: Reference | None, keep: np.ndarray | None = None) -> float:
     """The line's percentile, in its unit (infinite when that percentile has no value), over the
     requests `keep` marks (all by default)."""
-    values = scaled(line, values_s, reference)
-    values = values if keep is None else values[keep]
+    values = _kept(line, values_s, reference, keep)
     if not len(values):
         return float("inf")
     with np.errstate(invalid="ignore"):  # between two missing values: inf - inf
@@ -89,6 +94,5 @@ def meets(line: SloLine, value: float) -> bool:
 
 def attainment_pct(line: SloLine, values_s: np.ndarray, reference: Reference | None, keep: np.ndarray | None = None) -> float:
     """The share of requests (of those `keep` marks) within the line's limit, in %."""
-    values = scaled(line, values_s, reference)
-    values = values if keep is None else values[keep]
+    values = _kept(line, values_s, reference, keep)
     return float(np.mean(values <= line.limit * (1 + 1e-9)) * 100) if len(values) else 0.0

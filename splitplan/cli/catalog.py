@@ -36,7 +36,7 @@ from splitplan.limits import MAX_BATCH, MAX_REQUEST_TOKENS
 from splitplan.specs.layout import parse_layout
 from splitplan.specs.hardware import hardware_catalog
 from splitplan.specs.model import model_catalog
-from splitplan.workload.trace import load_workload, summarize
+from splitplan.workload.trace import EMBEDDED_HELP, load_workload, summarize
 
 
 @hardware_app.command("list")
@@ -84,8 +84,8 @@ def models_list(format: Format = typer.Option(Format.table, "--format", help="ta
 @trace_app.command("summarize")
 @user_errors
 def trace_summarize(
-    path: Path = typer.Argument(..., help="Azure 2023 CSV, splitwise-sim CSV, Mooncake JSONL, or a generic CSV (.gz ok); or "
-                                "azure-code or azure-conv, the embedded Azure 2023 code and conversation traces."),
+    path: Path = typer.Argument(..., help="Azure 2023 CSV, splitwise-sim CSV, Mooncake JSONL, or a generic CSV (.gz ok); "
+                                f"or {EMBEDDED_HELP}."),
     rate: Optional[float] = typer.Option(None, "--rate", help="Resample: Poisson arrivals at this many requests/s."),
     duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
     seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),

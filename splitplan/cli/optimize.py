@@ -49,6 +49,7 @@ from splitplan.defaults import (
 )
 from splitplan.errors import SpecError
 from splitplan.workload.trace import (
+    EMBEDDED_HELP,
     closed_loop_workload,
     load_workload,
     peak_window,
@@ -59,7 +60,7 @@ from splitplan.workload.trace import (
 @app.command()
 @user_errors
 def optimize(
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace file, or azure-code (the default) or azure-conv: the embedded Azure 2023 code and conversation traces."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help=f"Request trace file, or {EMBEDDED_HELP}."),
     time_column: Optional[str] = TIME_COLUMN,
     prompt_column: Optional[str] = PROMPT_COLUMN,
     output_column: Optional[str] = OUTPUT_COLUMN,

@@ -31,8 +31,8 @@ from splitplan.cli.common import (
 )
 from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.errors import SpecError
-from splitplan.specs.layout import as_layout, parse_layout
-from splitplan.workload.trace import closed_loop_workload, load_workload, peak_window
+from splitplan.specs.layout import Layout, as_layout
+from splitplan.workload.trace import EMBEDDED_HELP, closed_loop_workload, load_workload, peak_window
 
 
 @app.command()
@@ -42,7 +42,7 @@ def simulate(
     prompt_pool: list[str] = typer.Option([], "--prompt-pool", help="HARDWARE:LAYOUT:MACHINES (repeatable)."),
     token_pool: list[str] = typer.Option([], "--token-pool", help="HARDWARE:LAYOUT:MACHINES (repeatable)."),
     mixed_pool: list[str] = typer.Option([], "--mixed-pool", help="Co-located HARDWARE:LAYOUT:MACHINES (repeatable)."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace file, or azure-code (the default) or azure-conv: the embedded Azure 2023 code and conversation traces."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help=f"Request trace file, or {EMBEDDED_HELP}."),
     time_column: Optional[str] = TIME_COLUMN,
     prompt_column: Optional[str] = PROMPT_COLUMN,
     output_column: Optional[str] = OUTPUT_COLUMN,
@@ -89,8 +89,8 @@ def simulate(
     workload = sim.result.trace
     inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
               "seed": seed, "model": model, "slo": slo, "engine": engine, "perf_db": str(perf_db) if perf_db else None,
-              "perf_interp": perf_interp if perf_db else None, "pools": [{"role": r, "hardware": h, **as_layout(t, h)._asdict(), "layout": as_layout(t, h).spec, "machines": m}
-                        for r, h, t, m in pools],
+              "perf_interp": perf_interp if perf_db else None, "pools": [{"role": r, "hardware": h, **lay._asdict(), "layout": lay.spec, "machines": m}
+                        for r, h, t, m in pools for lay in [as_layout(t, h)]],
               "routing": routing, "max_batch_tokens": max_batch_tokens, "mixed_pool_threshold": borrow_threshold,
               "window": window, "concurrency": concurrency, "isl": isl, "osl": osl}
     document = {"schema_version": report.SCHEMA_VERSION, "inputs": inputs, "summary": sim.summary}
@@ -123,7 +123,7 @@ def _render_simulation(summary: dict, workload) -> None:
     con.print(report.table("SLO", ["line", "target", "achieved", "attainment %", "met"],
                            report.slo_rows(summary["slo"])))
     con.print(report.table("Pools", ["role", "hardware", "layout", "machines", "utilization", "mean batch", "energy kWh"],
-                           [(x["role"], x["hardware"], str(parse_layout(x["layout"], "layout")), x["machines"],
+                           [(x["role"], x["hardware"], str(Layout(x["tp"], x["dp"], x["ep"], x["pp"])), x["machines"],
                              f"{x['utilization']:.0%}", x["mean_batch"],
                              x["energy_kwh"]) for x in summary["pools"]],
                            caption=f"tokens out {summary['tokens_out']:,} of {summary['tokens_asked']:,}; "

@@ -42,7 +42,7 @@ from splitplan.cli.common import (
 )
 from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, STUDY_SLO
 from splitplan.errors import SpecError
-from splitplan.workload.trace import load_workload
+from splitplan.workload.trace import EMBEDDED_HELP, load_workload
 
 
 class Scenario(str, Enum):
@@ -61,7 +61,7 @@ def compare(
     max_power_kw: Optional[float] = typer.Option(None, "--max-power-kw", help="iso-power budget in provisioned kW."),
     max_cost_per_hour: Optional[float] = typer.Option(None, "--max-cost-per-hour", help="iso-cost budget in USD per hour."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Design the ratios are taken against (default: the first)."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace file, or azure-code (the default) or azure-conv: the embedded Azure 2023 code and conversation traces."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help=f"Request trace file, or {EMBEDDED_HELP}."),
     time_column: Optional[str] = TIME_COLUMN,
     prompt_column: Optional[str] = PROMPT_COLUMN,
     output_column: Optional[str] = OUTPUT_COLUMN,

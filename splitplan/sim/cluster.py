@@ -103,6 +103,7 @@ class _Cluster:
         self.o = self.trace.output_tokens.tolist()
         self.insts: list[InstanceState] = []
         self.iterations = 0  # decode iterations of every instance, bounded (limits.MAX_SIM_ITERATIONS)
+        self.max_iterations = limits.MAX_SIM_ITERATIONS  # (read once: the check runs every iteration)
         for k, pool in enumerate(self.pools):
             share = pool.perf.kv_link_bytes_per_s
             for _ in range(pool.instances):
@@ -440,8 +441,8 @@ class _Cluster:
         if inst.batch:
             inst.iters += 1
             self.iterations += 1
-            if self.iterations > limits.MAX_SIM_ITERATIONS:
-                raise SpecError(f"the simulation passed {limits.MAX_SIM_ITERATIONS:,} decode iterations (one a token of "
+            if self.iterations > self.max_iterations:
+                raise SpecError(f"the simulation passed {self.max_iterations:,} decode iterations (one a token of "
                                 "the requests decoding at once): simulate fewer requests (--max-requests, "
                                 "--num-requests) or shorter outputs (--osl)")
             inst.ends.append(now)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from array import array
-
 from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum

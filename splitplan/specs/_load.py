@@ -98,8 +98,7 @@ def of_kind(model: type[BaseModel], path: Path, data: dict[str, Any], what: str)
     fields = [k for k in model.model_fields if k != "name"]
     keys = [str(k) for k in data if k != "name"]
     if not any(k in fields or difflib.get_close_matches(k, fields, n=1, cutoff=0.75) for k in keys):
-        keys = [k for k, f in model.model_fields.items() if k != "name"]
-        some = ", ".join([k for k in keys if model.model_fields[k].is_required()] or keys)
+        some = ", ".join([k for k in fields if model.model_fields[k].is_required()] or fields)
         article = "an" if what[0].lower() in "aeiou" or what.startswith("SLO") else "a"
         raise SpecError(f"{path}: not {article} {what} file: none of its keys is one of {excerpt(some, 100)}; "
                         "is this the right file?")

@@ -62,8 +62,12 @@ def _is_dir(folder: Path) -> bool:
     try:
         return folder.is_dir()
     except OSError as exc:  # (a folder that cannot be searched: an error naming it, not a skipped catalog)
-        raise SpecError(f"{printable(str(folder))}: cannot open the catalog folder ({exc.strerror or exc}); "
-                        "fix its permissions or remove it from --catalog / SPLITPLAN_PATH") from None
+        raise _folder_error(folder, "open", exc) from None
+
+
+def _folder_error(folder: Path, verb: str, exc: OSError) -> SpecError:
+    return SpecError(f"{printable(str(folder))}: cannot {verb} the catalog folder ({exc.strerror or exc}); "
+                     "fix its permissions or remove it from --catalog / SPLITPLAN_PATH")
 
 
 def _entries(folder: Path) -> list[Path]:
@@ -72,8 +76,7 @@ def _entries(folder: Path) -> list[Path]:
     try:
         paths = sorted(p for p in folder.iterdir() if p.suffix in _SUFFIXES)
     except OSError as exc:
-        raise SpecError(f"{printable(str(folder))}: cannot list the catalog folder ({exc.strerror or exc}); "
-                        "fix its permissions or remove it from --catalog / SPLITPLAN_PATH") from None
+        raise _folder_error(folder, "list", exc) from None
     for path in paths:
         _require_readable(path)
     return paths

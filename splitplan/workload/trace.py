@@ -108,6 +108,8 @@ def time_unit_of(column: str) -> float:
     suffix (`_ms`, `_us`, `_ns`) sets the unit, else seconds."""
     name = str(column).strip().lower()
     return next((unit for suffix, unit in TIME_SUFFIXES.items() if name.endswith(suffix)), 1.0)
+
+
 DEFAULT_TRACE = "azure_code_2023.csv"
 # The traces shipped in the wheel (CC-BY-4.0, see NOTICE), by the short names --trace takes.
 EMBEDDED = {"azure-code": DEFAULT_TRACE, "azure-conv": "azure_conv_2023.csv.gz"}
@@ -312,8 +314,7 @@ def load_workload(trace: "str | Path | Trace | None" = None, rate: float | None 
         raise SpecError(f"--duration {duration_s:g}: must be > 0 and <= {MAX_DURATION_S:,g} seconds")
     if isinstance(trace, Trace):
         loaded = trace
-    elif trace is None or embedded(trace) is not None:
-        path = default_trace_path() if trace is None else embedded(trace)
+    elif (path := default_trace_path() if trace is None else embedded(trace)) is not None:
         loaded = dataclasses.replace(load_trace(path, columns), source=f"{path.name} (embedded)")
     else:
         loaded = load_trace(trace, columns)
