@@ -94,6 +94,7 @@ class PlanBody(BaseModel):
     slo: list[SloRow]
     binding: str
     max_rate_rps: float | None = None
+    max_rate_simulated: dict[str, Any] | None = None  # (--pareto --validate)
     simulated: dict[str, Any] | None = None  # (--validate)
 
     def pools(self) -> list[tuple[str, PlanPool]]:

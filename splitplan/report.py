@@ -201,6 +201,24 @@ def pools_text(pools) -> str:
     return " + ".join(f"{p.machines}x {p.hardware} {p.layout}" for p in pools) or "-"
 
 
+def file_names(source: str) -> str:
+    """A trace's description (its path, then what was done to it in parentheses) with the path
+    cut to the file's name: a title names the file, and an absolute path runs off a figure. The
+    path ends at the first " (" after which no "/" stands outside parentheses."""
+    from pathlib import PurePath
+    at = source.find(" (")
+    while at != -1:
+        depth, outside = 0, False
+        for ch in source[at + 1:]:
+            depth += (ch == "(") - (ch == ")")
+            outside = outside or (ch == "/" and depth == 0)
+        if not outside:
+            break
+        at = source.find(" (", at + 1)
+    path, rest = (source, "") if at == -1 else (source[:at], source[at:])
+    return PurePath(path).name + rest
+
+
 def plan_text(plan) -> str:
     if plan.mixed_pools:
         return f"co-located {pools_text(plan.mixed_pools)}"
@@ -220,6 +238,7 @@ def plan_json(plan) -> dict:
                  "unit": line.unit, "achieved": v, "met": ok} for line, v, ok in plan.slo],
         "binding": plan.binding,
         **({"max_rate_rps": plan.max_rate_rps} if plan.max_rate_rps is not None else {}),
+        **({"max_rate_simulated": plan.max_rate_simulated} if plan.max_rate_simulated is not None else {}),
     }
 
 

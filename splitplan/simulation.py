@@ -195,7 +195,17 @@ def validate_result(result: "OptimizeResult", trace, setup: Setup, jobs: int = 1
     if progress:
         progress()
     simulated = {**{k: sim.summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms", "slo")}, "machines_added": added}
-    return dataclasses.replace(result, plan=plan, simulated=simulated, alternatives_simulated=tuple(runner_ups))
+    return dataclasses.replace(result, plan=plan, simulated=simulated, alternatives_simulated=tuple(runner_ups),
+                               pareto=tuple(_at_max_rate(p, result.problem.trace, setup) for p in result.pareto))
+
+
+def _at_max_rate(plan, trace, setup: Setup):
+    """A frontier plan with its simulation at its own max_rate_rps (the planned trace's
+    timestamps scaled to it, as the planner's rate search scales them)."""
+    if plan.max_rate_rps is None:
+        return plan
+    sim = setup.simulate(trace.at_rate(plan.max_rate_rps), plan_pools(plan))
+    return dataclasses.replace(plan, max_rate_simulated={"slo_met": sim.slo_met, "slo": sim.summary["slo"]})
 
 
 def simulate_plans(plans, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,

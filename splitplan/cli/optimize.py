@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import textwrap
 import sys
 from pathlib import Path
 from typing import Optional
@@ -204,7 +205,7 @@ def _emit_plan(result, workload, inputs: dict, format, output_dir, plot, pareto:
                  output_dir / "pareto.csv": report.plans_csv(list(result.frontier))}
     if plot is not None:
         files[plot] = figure_png(pareto_figure(result, f"Plans meeting {inputs['slo']} for {inputs['model']}: cost against "
-                                               f"power\n{workload.source}, {len(workload):,} requests"))
+                                               f"power\n{report.file_names(workload.source)}, {len(workload):,} requests"))
     report.write_set(files)
     if format is PlanFormat.json:
         _emit_json(document)
@@ -213,11 +214,19 @@ def _emit_plan(result, workload, inputs: dict, format, output_dir, plot, pareto:
     else:
         _render_plan(result, workload)
         if pareto:
+            checked = result.simulated is not None  # --validate: each plan simulated at its max rate
             report.console().print(report.table(
                 "Pareto frontier: cost against provisioned power (max rate: the most these machines serve)",
-                ["plan", "$/h", "kW", "machines", "max req/s", "binding"],
-                [(report.plan_text(p), p.cost_usd_per_hour, p.power_kw, p.machines, p.max_rate_rps, p.binding)
-                 for p in result.pareto]))
+                ["plan", "$/h", "kW", "machines", "max req/s", *(["simulated there"] if checked else []), "binding"],
+                [(report.plan_text(p), p.cost_usd_per_hour, p.power_kw, p.machines, p.max_rate_rps,
+                  *([_met_text(p.max_rate_simulated)] if checked else []), p.binding) for p in result.pareto]))
+
+
+def _met_text(simulated: dict | None) -> str:
+    if simulated is None:
+        return "-"
+    missed = [line["line"] for line in simulated["slo"] if not line["met"]]
+    return "meets the SLO" if not missed else f"misses {', '.join(missed)}"
 
 
 def pareto_figure(result, title: str):
@@ -236,7 +245,8 @@ def pareto_figure(result, title: str):
     legend = "\n".join(f"{k}: {report.plan_text(p)}, ${p.cost_usd_per_hour:,.2f}/h, {p.power_kw:,.1f} kW"
                        + (f", max {p.max_rate_rps:.3g} req/s" if p.max_rate_rps else "") for k, p in enumerate(front, 1))
     fig.text(0.01, 0.01, legend, fontsize=7, va="bottom", ha="left", family="monospace")
-    ax.set(xlabel="provisioned power (kW)", ylabel="cost (USD/h)", title=title)
+    ax.set(xlabel="provisioned power (kW)", ylabel="cost (USD/h)")
+    ax.set_title("\n".join(textwrap.fill(part, 72) for part in title.split("\n")), fontsize=9)
     _plain_ticks(ax)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)

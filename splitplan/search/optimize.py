@@ -136,25 +136,27 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     lower = {(o.inst.hardware.name, o.inst.layout): o.instances for o in first if o.role == Role.PROMPT}
     mixed_names = hardware or sorted(set(prompt_hardware or []) | set(token_hardware or [])) or names
     mixed = _size_all(problem, tasks(Role.MIXED, mixed_names, lower), jobs) if with_colocated or not split else []
+    simulated: dict = {}  # co-located options sized by the simulator (colocated_plan)
     if not split:
-        plan = colocated_plan(problem, mixed)
+        plan = colocated_plan(problem, mixed, simulated)
         others = []
         for name in sorted({o.inst.hardware.name for o in mixed} - {p.hardware for p in plan.mixed_pools}):
             try:  # the best co-located plan of each other machine type
-                others.append(colocated_plan(problem, [o for o in mixed if o.inst.hardware.name == name]))
+                others.append(colocated_plan(problem, [o for o in mixed if o.inst.hardware.name == name], simulated))
             except InfeasibleError:
                 continue
         others.sort(key=lambda p: _plan_key(objective, p))
-        return OptimizeResult(plan, tuple(others[:alternatives]), tuple(mixed), plan, unservable=unservable, problem=problem,
-                              objective=objective)
+        return OptimizeResult(plan, tuple(others[:alternatives]), tuple(simulated.get(o.key, o) for o in mixed), plan,
+                              unservable=unservable, problem=problem, objective=objective)
     prompt_types = {machines[n].name for n in prompt_names}  # names may be paths: compare the loaded names
     options = [o for o in first if o.role == Role.TOKEN or o.inst.hardware.name in prompt_types]
     _raise_if_unreachable(problem, options)
     plan, alts = _best_split(problem, options, search, alternatives)
     try:
-        colocated = colocated_plan(problem, mixed) if mixed else None
+        colocated = colocated_plan(problem, mixed, simulated) if mixed else None
     except InfeasibleError:
         colocated = None
+    mixed = [simulated.get(o.key, o) for o in mixed]
     best = plan if split_only or colocated is None or _plan_key(objective, plan) <= _plan_key(objective, colocated) else colocated
     shown = alts[: alternatives - 1] + [p for p in (plan, colocated) if p is not None and p is not best]
     front = ()

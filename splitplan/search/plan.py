@@ -25,6 +25,7 @@ import numpy as np
 
 from splitplan.capacity.pools import (
     BatchTimes,
+    colocated_estimate,
     colocated_pool,
     decode_pool,
     prompt_queue_ttft_s,
@@ -57,6 +58,7 @@ class Option:
     instances: int | None  # n*: None when the option cannot meet the SLO at any size
     binding: str
     skipped: str = ""  # why the option is not usable
+    simulated: bool = False  # co-located: sized by the simulator's replay (else by its estimate)
 
     @property
     def key(self) -> OptionKey:
@@ -98,6 +100,7 @@ class Plan:
     binding: str = ""
     repairs: int = 0
     max_rate_rps: float | None = None  # on the Pareto frontier: the highest rate these machines serve
+    max_rate_simulated: dict | None = None  # with --validate: the simulation at max_rate_rps (slo_met, slo)
 
     @property
     def pools(self) -> tuple[Pool, ...]:
@@ -185,16 +188,12 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
             if line is not None:
                 return line
             return "KV memory" if res.kv_peak_fraction > 1 else None
-    else:  # mixed: one pool runs both phases; every line is checked on it directly
+    else:  # mixed: one pool runs both phases; estimated here, the best simulated (colocated_plan)
         memo: dict = {}
 
         def failing(n):
-            values = colocated_pool(t.arrival_s, t.prompt_tokens, t.output_tokens, inst, n, problem.max_batch_tokens, memo=memo)
-            for metric in ("ttft", "tbt", "e2e"):
-                line = _first_failing(problem, metric, values[metric])
-                if line is not None:
-                    return line
-            return "KV memory" if values["kv_peak_fraction"] > 1 else None
+            return _mixed_failing(problem, colocated_estimate(t.arrival_s, t.prompt_tokens, t.output_tokens, inst, n,
+                                                              problem.max_batch_tokens, memo=memo))
     n = smallest_count(lambda k: failing(k) is None, lower, _busy_guess(inst, t) if role != Role.TOKEN else None)
     if n is None:
         return Option(role, inst, None, "", "SLO not met at any size")
@@ -203,6 +202,32 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
         binding = "prompt-pool size (lower bound)"
     label = binding if isinstance(binding, str) else (binding.label if binding else "minimum size (1 instance)")
     return Option(role, inst, n, label)
+
+
+def _mixed_failing(problem: Problem, values: dict):
+    """The first line a co-located pool's values miss (or "KV memory"), None when all hold."""
+    for metric in ("ttft", "tbt", "e2e"):
+        line = _first_failing(problem, metric, values[metric])
+        if line is not None:
+            return line
+    return "KV memory" if values["kv_peak_fraction"] > 1 else None
+
+
+def simulated_option(problem: Problem, option: Option) -> Option:
+    """A co-located option sized by the simulator's replay (capacity.pools.colocated_pool),
+    starting from its estimate: the count and binding line every co-located plan reports."""
+    seen: dict = {}
+
+    def failing(n):
+        if n not in seen:
+            seen[n] = _mixed_failing(problem, colocated_pool(problem.trace, option.inst, n, problem.max_batch_tokens))
+        return seen[n]
+    n = smallest_count(lambda k: failing(k) is None, 1, option.instances)
+    if n is None:
+        return replace(option, instances=None, binding="", skipped="SLO not met at any size (simulated)")
+    binding = failing(n - 1) if n > 1 else None
+    return replace(option, instances=n, binding=getattr(binding, "label", binding) or "minimum size (1 instance)",
+                   simulated=True)
 
 
 def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[OptionKey, Option], memo: dict | None = None) -> dict:
@@ -216,8 +241,7 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     if mixed:
         (key, machines), = mixed  # a co-located plan is one homogeneous pool
         inst = options[key].inst
-        return colocated_pool(t.arrival_s, t.prompt_tokens, t.output_tokens, inst, inst.instances_on(machines),
-                              problem.max_batch_tokens)
+        return colocated_pool(t, inst, inst.instances_on(machines), problem.max_batch_tokens)
     memo = {} if memo is None else memo
     prompt_keys = tuple(sorted((k, c) for k, c in counts.items() if k.role == Role.PROMPT))
     prompt = [(options[k].inst, options[k].inst.instances_on(c)) for k, c in prompt_keys]
@@ -371,19 +395,40 @@ def closest_fit(option: Option) -> tuple:
             -inst.hardware.memory_bytes_per_gpu * inst.layout.gpus, option.skipped or "")
 
 
-def colocated_plan(problem: Problem, options: list[Option]) -> Plan:
-    """The best homogeneous co-located plan (Splitwise's baselines) within the budgets."""
+def colocated_plan(problem: Problem, options: list[Option], simulated: dict | None = None) -> Plan:
+    """The best homogeneous co-located plan (Splitwise's baselines) within the budgets.
+
+    Options are ranked by their estimated size and simulated (`simulated_option`) in that
+    order until the next one's estimate costs no less than the best simulated plan (the
+    estimate is optimistic, so a later option rarely wins). `simulated` (a dict by option
+    key, reused across calls) keeps the options simulated and gives them back."""
+    simulated = {} if simulated is None else simulated
+
     def within(o: Option) -> bool:
         m = o.machines_alone
         return ((problem.max_cost_per_hour is None or o.price_usd_per_hour * m <= problem.max_cost_per_hour + 1e-9)
                 and (problem.max_power_kw is None or o.power_kw * m <= problem.max_power_kw + 1e-9)
                 and all(m <= limit for hw, limit in problem.max_machines if hw == o.inst.hardware.name))
-    usable = [o for o in options if o.role == Role.MIXED and o.instances and within(o)]
-    if not usable:
-        short, whole = listed([f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped or 'over budget'}"
-                               for o in sorted((o for o in options if o.role == Role.MIXED), key=closest_fit)])
-        raise with_details(InfeasibleError(f"no co-located plan meets the SLO within the budget: {short}"), whole)
+
     weight = (lambda o: (o.price_usd_per_hour, o.power_kw)) if problem.objective == "cost" else (lambda o: (o.power_kw, o.price_usd_per_hour))
-    best = min(usable, key=lambda o: (weight(o)[0] * o.machines_alone, weight(o)[1] * o.machines_alone, o.key))
+
+    def rank(o: Option) -> tuple:
+        return weight(o)[0] * o.machines_alone, weight(o)[1] * o.machines_alone, o.key
+
+    mixed = [o for o in options if o.role == Role.MIXED]
+    best = None
+    for option in sorted((o for o in mixed if o.instances and within(o)), key=rank):
+        if best is not None and rank(option)[:2] >= rank(best)[:2]:
+            break
+        if option.key not in simulated:
+            simulated[option.key] = simulated_option(problem, option)
+        found = simulated[option.key]
+        if found.instances and within(found) and (best is None or rank(found) < rank(best)):
+            best = found
+    if best is None:
+        shown = [simulated.get(o.key, o) for o in mixed]
+        short, whole = listed([f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped or 'over budget'}"
+                               for o in sorted(shown, key=closest_fit)])
+        raise with_details(InfeasibleError(f"no co-located plan meets the SLO within the budget: {short}"), whole)
     values = evaluate(problem, {best.key: best.machines_alone}, {best.key: best})
     return make_plan(problem, {best.key: best.machines_alone}, {best.key: best}, 0, values, check(problem, values))

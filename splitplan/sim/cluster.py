@@ -32,8 +32,10 @@ The engine's `kv_transfer_latency_s` is added either way.
 Routing at arrival: join-shortest-queue on pending tokens (prompt instances:
 prompt tokens queued or in a running prefill, so a busy machine never ties with
 an idle one; token instances: output tokens of the requests assigned and not yet
-finished), ties to the lowest index; or round-robin. The planner's prompt replay
-(capacity.pools.prompt_queue_ttft_s) routes the same way.
+finished; co-located instances: prompt tokens pending plus one per request held,
+as splitwise-sim's token_jsq counts them, so idle instances share the decodes), ties
+to the lowest index; or round-robin. The planner's prompt replay
+(capacity.pools.prompt_queue_ttft_s) routes prompt pools the same way.
 Splitwise's mixed pool, both ways, with `borrow_threshold_tokens`, only when a
 resource is short (join-shortest-queue routing then):
 - KV memory: a request whose KV would overfill its token instance (counting the
@@ -144,7 +146,7 @@ class _Cluster:
         self.tokens_out = 0
         self.rr = [0, 0]
         self.events = 0
-        self.prompt_load = [0] * len(self.prompt_side)  # queued prompt tokens
+        self.prompt_load = [0] * len(self.prompt_side)  # queued prompt tokens (+1 per request held: mixed)
         self.token_load = [0] * len(self.token_side)  # output tokens assigned and not finished
         self.p_pos = {inst.idx: k for k, inst in enumerate(self.prompt_side)}
         self.t_pos = {inst.idx: k for k, inst in enumerate(self.token_side)}
@@ -156,6 +158,8 @@ class _Cluster:
     def _unassign(self, inst: InstanceState, i: int):
         """Request i no longer holds a decode place on inst (finished or rejected)."""
         inst.kv_committed -= self.p[i] + self.o[i]
+        if inst.role == MIXED:  # it no longer counts in the instance's routing load
+            self.prompt_load[self.p_pos[inst.idx]] -= 1
         if inst.idx in self.t_pos:
             self.token_load[self.t_pos[inst.idx]] -= self.o[i]
 
@@ -412,8 +416,8 @@ class _Cluster:
             self.rejected[i] = self.refused[i] = True
             self._release_client(now)
             return src
-        if src.idx in self.p_pos:
-            self.prompt_load[self.p_pos[src.idx]] += self.p[i]
+        if src.idx in self.p_pos:  # a co-located instance also counts 1 per request it holds
+            self.prompt_load[self.p_pos[src.idx]] += self.p[i] + (src.role == MIXED)
         dst.kv_committed += self.p[i] + self.o[i]
         if dst.idx in self.t_pos:
             self.token_load[self.t_pos[dst.idx]] += self.o[i]

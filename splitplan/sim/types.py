@@ -34,10 +34,11 @@ class PoolSpec:
     role: str
     perf: PerfModel  # Instance or MeasuredInstance
     machines: int
+    count: int | None = None  # instances, when fewer than the machines hold (the planner sizing a pool)
 
     @property
     def instances(self) -> int:
-        return self.perf.instances_on(self.machines)
+        return self.perf.instances_on(self.machines) if self.count is None else self.count
 
 
 @dataclass(frozen=True)

@@ -161,7 +161,7 @@ def test_colocated_tbt_suffers_from_prefill_stalls():
     from splitplan.capacity.pools import colocated_pool, decode_pool
     trace = resample_poisson(load_trace(default_trace_path()), 6.0, 120.0, np.random.default_rng(5))
     inst = Instance(MODEL, load_hardware("h100-80gb"), ENGINE, 8)
-    mixed = colocated_pool(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, inst, 4, 2048)
+    mixed = colocated_pool(trace, inst, 4, 2048)
     alone = decode_pool(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, inst, 4)
     plain_tbt = np.maximum(trace.output_tokens - 1, 0) * alone.step_s / trace.output_tokens
     assert np.mean(mixed["tbt"]) > np.mean(plain_tbt)
@@ -211,3 +211,41 @@ def test_instances_over_two_machines_are_counted_whole(method):
     options = [Option("prompt", pipelined, 3, "test"), Option("token", Instance(MODEL, load_hardware("h100-80gb"), ENGINE, 8), 2, "test")]
     problem = Problem(trace=None, slo=None, reference=None)
     assert solve_counts(problem, options, method) == {options[0].key: 6, options[1].key: 2}
+
+
+def test_a_colocated_plan_reports_what_its_simulation_gives():
+    """Issue 27, item 1: a co-located plan's verdict is the simulator's on the same trace and
+    machines (no closed form beside it), so simulate accepts every co-located plan optimize makes."""
+    from splitplan.simulation import Setup, plan_pools
+    trace = resample_poisson(load_trace(default_trace_path()), 4.0, 60.0, np.random.default_rng(1))
+    result = api.optimize(trace, "llama2-70b", "chat", ["h100-80gb", "h200-141gb"], split=False)
+    for plan in (result.plan, *result.alternatives):
+        sim = Setup("llama2-70b", "chat").simulate(result.problem.trace, plan_pools(plan))
+        assert sim.slo_met
+        for line, value, _ in plan.slo:
+            simulated = next(x["achieved"] for x in sim.summary["slo"] if x["line"] == line.label)
+            assert value == pytest.approx(simulated, rel=1e-9), line.label
+    chosen = next(o for o in result.options if o.key.hardware == result.plan.mixed_pools[0].hardware
+                  and o.key.layout == result.plan.mixed_pools[0].layout)
+    assert chosen.simulated
+
+
+def test_the_colocated_estimate_ranks_but_the_simulation_sizes():
+    """The fast estimate that ranks co-located options is optimistic near saturation (it missed the
+    collapse of one b200-180gb at TP 1 at 100 req/s); the option's count is the simulated one."""
+    from splitplan.capacity.pools import colocated_estimate, colocated_pool
+    from splitplan.search.plan import simulated_option
+    from splitplan.specs.slo import load_slo
+    trace = resample_poisson(load_trace(default_trace_path()), 8.0, 60.0, np.random.default_rng(3))
+    inst = Instance(MODEL, load_hardware("h100-80gb"), ENGINE, 8)
+    problem = Problem(trace, load_slo("chat"), None)
+    option = simulated_option(problem, Option("mixed", inst, 1, "estimate"))
+    n = option.instances
+    assert n and option.simulated
+    def meets(values):
+        from splitplan.search.plan import _mixed_failing
+        return _mixed_failing(problem, values) is None
+    assert meets(colocated_pool(trace, inst, n, 2048))
+    assert n == 1 or not meets(colocated_pool(trace, inst, n - 1, 2048))
+    estimate = colocated_estimate(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, inst, n, 2048)
+    assert np.all(estimate["e2e"] >= estimate["ttft"])

@@ -357,3 +357,17 @@ def test_exact_event_sequence_of_one_request():
     assert [e[0] for e in r.event_log] == pytest.approx([e[0] for e in expected], rel=1e-12)
     assert r.events == len(expected) and r.e2e_s[0] == pytest.approx(step2, rel=1e-12)
     assert simulate(one(300, 3), [PoolSpec("prompt", H100, 1), PoolSpec("token", A100, 1)]).event_log is None
+
+
+def test_colocated_instances_share_the_decodes_when_idle():
+    """Co-located routing counts one per request an instance holds beside its pending prompt
+    tokens (splitwise-sim's token_jsq): requests spaced wider than their prefill but far shorter
+    than their decode go round the idle instances instead of piling onto the first."""
+    from splitplan.perf.roofline import Instance
+    from splitplan.specs.engine import load_engine
+    from splitplan.specs.hardware import load_hardware
+    from splitplan.specs.model import load_model
+    inst = Instance(load_model("llama2-70b"), load_hardware("h100-80gb"), load_engine("lean"), 2)
+    trace = Trace(np.arange(8) * 0.5, np.full(8, 100), np.full(8, 500), "spaced")
+    result = simulate(trace, [PoolSpec("mixed", inst, 1)])
+    assert sorted(np.bincount(result.prompt_instance, minlength=4)) == [2, 2, 2, 2]
