@@ -1,6 +1,6 @@
 """Does the simulator accept the planner's plans, and do their percentiles agree?
 
-    python bench/validate_agreement.py [--quick] [--markdown]
+    python bench/validate_agreement.py [--quick] [--layouts | --only-layouts]
 
 For each case (trace x rate x machine set x SLO profile; TP 8, llama2-70b, lean engine,
 Poisson resample of 120 s), plan with `optimize`, then `validate` (simulate; grow the
@@ -25,7 +25,7 @@ import numpy as np
 from splitplan import api
 from splitplan.errors import InfeasibleError
 from splitplan.report import plan_text
-from splitplan.workload.trace import default_trace_path, load_trace, resample_poisson
+from splitplan.workload.trace import default_trace_path, load_trace, load_workload, resample_poisson
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 RATES = (10, 40, 70)
@@ -38,12 +38,28 @@ def relative(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
 
-def run_case(trace, label, rate, hardware, slo) -> dict:
+# Issue 27, item 1: co-located plans, TP 1/2/4 and MoE layouts (the layout the planner picks where
+# none is named), llama and MoE models, on the conversation trace with the chat SLO.
+# (label, model, engine, hardware, tp, split)
+LAYOUT_CASES = (
+    ("co-located TP 8", "llama2-70b", "lean", ("h100-80gb",), 8, False),
+    ("co-located, any TP", "llama3.1-70b", "lean-fp8", ("h200-141gb", "b200-180gb"), None, False),
+    ("split TP 1", "llama3.1-8b", "lean", ("h100-80gb",), 1, True),
+    ("split TP 2", "llama3.1-70b", "lean-fp8", ("h100-80gb",), 2, True),
+    ("split TP 4", "qwen3-32b", "lean", ("a100-80gb",), 4, True),
+    ("MoE split, any layout", "mixtral-8x7b", "lean", ("h100-80gb",), None, True),
+    ("MoE co-located, any layout", "gpt-oss-120b", "lean-fp8", ("h200-141gb",), None, False),
+)
+LAYOUT_RATES = (20, 60)
+
+
+def run_case(trace, label, rate, hardware, slo, model="llama2-70b", engine="lean", tp=8, split=True) -> dict:
     workload = resample_poisson(trace, rate, 120.0, np.random.default_rng(0))
     start = time.perf_counter()
     try:
-        result = api.optimize(workload, "llama2-70b", slo, hardware=list(hardware), tp=8, with_colocated=False)
-        plan, sim, added = api.validate(result.plan, workload, "llama2-70b", slo, planned=result)
+        result = api.optimize(workload, model, slo, hardware=list(hardware), tp=tp, engine=engine,
+                              with_colocated=not split, split=split)
+        plan, sim, added = api.validate(result.plan, result.problem.trace, model, slo, engine, planned=result)
     except InfeasibleError as exc:
         return {"case": (label, rate, "+".join(hardware), slo), "error": str(exc), "seconds": time.perf_counter() - start}
     predicted = {line.label: value for line, value, _ in plan.slo}
@@ -58,6 +74,8 @@ def run_case(trace, label, rate, hardware, slo) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one rate and one SLO per trace")
+    ap.add_argument("--layouts", action="store_true", help="also co-located plans, TP 1/2/4 and MoE layouts (issue 27)")
+    ap.add_argument("--only-layouts", action="store_true", help="those cases alone")
     args = ap.parse_args()
     traces = [("code", load_trace(default_trace_path()))]
     if (SHARED / "traces" / "azure_conv_2023.csv").is_file():
@@ -67,6 +85,11 @@ def main() -> int:
     machine_sets = [(h,) for h in HARDWARE] + [HARDWARE]
     rows = [run_case(trace, label, rate, hw, slo) for label, trace in traces for rate in rates
             for hw in machine_sets for slo in slos]
+    if args.layouts or args.only_layouts:
+        conv = load_workload("azure-conv")
+        extra = [run_case(conv, f"conv, {case}: {model}", rate, hw, "chat", model, engine, tp, split)
+                 for case, model, engine, hw, tp, split in LAYOUT_CASES for rate in ((60,) if args.quick else LAYOUT_RATES)]
+        rows = extra if args.only_layouts else rows + extra
     print("| trace | req/s | hardware | SLO | plan | added | worst line (planner / simulator) | worst diff | sim meets | s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     accepted = agree = total = 0

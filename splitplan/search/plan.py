@@ -347,14 +347,24 @@ def make_plan(problem: Problem, counts: dict[OptionKey, int], options: dict[Opti
     predicted = _percentiles_ms(values)
     bindings = []
     for role in (Role.PROMPT, Role.TOKEN, Role.MIXED):
-        used = [options[k] for k in counts if k.role == role]
+        used = [(options[k], c) for k, c in counts.items() if k.role == role]
         if used:
-            bindings.append(f"{role}: {', '.join(sorted({o.binding for o in used}))}")
+            bindings.append(f"{role}: {', '.join(sorted({_binding_text(o, c) for o, c in used}))}")
     if repairs:
         bindings.append(f"{repairs} machine(s) added on whole-trace evaluation")
     bindings += _tight_budgets(problem, counts, cost, power)
     return Plan(pools(Role.PROMPT), pools(Role.TOKEN), pools(Role.MIXED), cost, power, predicted,
                 tuple(lines), "; ".join(bindings), repairs)
+
+
+def _binding_text(option: Option, machines: int) -> str:
+    """What decided a pool's size: its binding line, or, where the machines hold more instances
+    than the option needs alone, the rounding (and the line that binds at the count needed)."""
+    held = option.inst.instances_on(machines)
+    if option.instances and machines == option.machines_alone and held > option.instances:
+        after = "" if option.binding.startswith("minimum size") else f"; next to bind: {option.binding}"
+        return f"rounded up to whole machines ({option.instances} of {held} instances needed{after})"
+    return option.binding
 
 
 def _percentiles_ms(values: dict) -> dict:

@@ -249,3 +249,13 @@ def test_the_colocated_estimate_ranks_but_the_simulation_sizes():
     assert n == 1 or not meets(colocated_pool(trace, inst, n - 1, 2048))
     estimate = colocated_estimate(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, inst, n, 2048)
     assert np.all(estimate["e2e"] >= estimate["ttft"])
+
+
+def test_binding_says_when_whole_machines_decided_the_size():
+    """Issue 27, item 5: a pool of TP 1 instances on an 8-GPU machine that needs fewer than 8 is
+    decided by rounding up to a whole machine, and the line that binds at the count needed is named."""
+    trace = resample_poisson(load_trace(default_trace_path()), 2.0, 60.0, np.random.default_rng(4))
+    result = api.optimize(trace, "llama3.1-8b", "chat", ["h100-80gb"], tp=1, split=False)
+    needed = next(o.instances for o in result.options if o.key.layout == Layout(1))
+    assert needed < 8 and result.plan.mixed_pools[0].machines == 1
+    assert f"mixed: rounded up to whole machines ({needed} of 8 instances needed" in result.plan.binding
