@@ -177,6 +177,10 @@ class Instance(PassShortcuts):
         """Whole instances on `machines` machines."""
         return machines // self.unit_machines * self.unit_instances
 
+    def machines_for(self, instances: int) -> int:
+        """The fewest machines that hold `instances` instances (whole units)."""
+        return math.ceil(instances / self.unit_instances) * self.unit_machines
+
     # --- memory ---------------------------------------------------------------
     @cached_property
     def kv_heads_per_gpu(self) -> int:

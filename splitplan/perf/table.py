@@ -94,6 +94,7 @@ class MeasuredInstance(PassShortcuts):
     unit_machines = property(lambda self: self.analytic.unit_machines)
     unit_instances = property(lambda self: self.analytic.unit_instances)
     instances_on = property(lambda self: self.analytic.instances_on)
+    machines_for = property(lambda self: self.analytic.machines_for)
     max_request_tokens = property(lambda self: self.fit.kv_capacity_tokens // self.layout.dp)
     kv_link_bytes_per_s = property(lambda self: self.analytic.kv_link_bytes_per_s)
     kv_bytes_per_token = property(lambda self: self.analytic.kv_bytes_per_token)

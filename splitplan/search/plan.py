@@ -66,7 +66,7 @@ class Option:
 
     @property
     def machines_alone(self) -> int:
-        return math.ceil(self.instances / self.inst.unit_instances) * self.inst.unit_machines
+        return self.inst.machines_for(self.instances)
 
     @property
     def price_usd_per_hour(self) -> float:
