@@ -46,6 +46,9 @@ class PlanPool(BaseModel):
     pp: Degree = 1
     layout: Annotated[str, Field(max_length=64)] | None = None
     machines: Count
+    instances: Annotated[int, Field(ge=1, le=limits.MAX_MACHINES * MAX_GPUS)] | None = None  # (as planned)
+    gpus: Annotated[int, Field(ge=1, le=limits.MAX_MACHINES * MAX_GPUS)] | None = None
+    utilization: Annotated[float, Field(ge=0, le=1)] | None = None
 
     @property
     def parallel(self) -> Layout:
@@ -90,6 +93,9 @@ class PlanBody(BaseModel):
     cost_usd_per_hour: Annotated[float, Field(ge=0)]
     power_kw: Annotated[float, Field(ge=0)]
     machines: Annotated[int, Field(ge=1, le=limits.MAX_MACHINES)]
+    gpus: Annotated[int, Field(ge=1, le=limits.MAX_MACHINES * MAX_GPUS)] | None = None
+    cost_usd_per_million_tokens: Annotated[float, Field(ge=0)] | None = None
+    cost_usd_per_million_output_tokens: Annotated[float, Field(ge=0)] | None = None
     predicted: dict[str, dict[str, float | None]]
     slo: list[SloRow]
     binding: str
@@ -122,6 +128,9 @@ class PlanBody(BaseModel):
             raise ValueError(f"{total:,} machines; a plan has at most {limits.MAX_MACHINES:,}")
         if total != self.machines:
             raise ValueError(f"machines is {self.machines:,} but its pools hold {total:,}")
+        gpus = [p.gpus for _, p in self.pools()]
+        if self.gpus is not None and None not in gpus and sum(gpus) != self.gpus:
+            raise ValueError(f"gpus is {self.gpus:,} but its pools hold {sum(gpus):,}")
         return self
 
 

@@ -192,13 +192,31 @@ def console() -> Console:
 # --- plans ------------------------------------------------------------------------
 
 def pools_json(pools) -> list[dict]:
-    return [{"hardware": p.hardware, **p.layout._asdict(), "layout": p.layout.spec, "machines": p.machines} for p in pools]
+    return [{"hardware": p.hardware, **p.layout._asdict(), "layout": p.layout.spec, "machines": p.machines,
+             "instances": p.instances, "gpus": p.gpus, "utilization": p.utilization} for p in pools]
 
 
 def pools_text(pools) -> str:
     """Pools in text, one notation everywhere: `3x h100-80gb TP 8 + 4x h200-141gb DP 16 EP 16` (in
     options and files a pool is `h100-80gb:8:3`, `h200-141gb:dp16ep16:4`)."""
     return " + ".join(f"{p.machines}x {p.hardware} {p.layout}" for p in pools) or "-"
+
+
+def pools_detail(pools) -> str:
+    """Pools as pools_text gives them, each with what it buys: `2x h100-80gb TP 8 (2 instances,
+    16 GPUs, 64 % busy)` (busy: the predicted utilization, where there is one)."""
+    def one(p) -> str:
+        busy = "" if p.utilization is None else f", {p.utilization:.0%} busy"
+        return f"{p.machines}x {p.hardware} {p.layout} ({p.instances:,} instance{'s' * (p.instances != 1)}, {p.gpus:,} GPUs{busy})"
+    return " + ".join(one(p) for p in pools) or "-"
+
+
+def per_million_text(plan) -> str:
+    """`$1.23 per million tokens ($4.56 per million output tokens)`, or '' without a rate."""
+    if plan.cost_usd_per_million_tokens is None:
+        return ""
+    return (f"${plan.cost_usd_per_million_tokens:,.3g} per million tokens "
+            f"(${plan.cost_usd_per_million_output_tokens:,.3g} per million output tokens)")
 
 
 def file_names(source: str) -> str:
@@ -233,6 +251,9 @@ def plan_json(plan) -> dict:
         "cost_usd_per_hour": plan.cost_usd_per_hour,
         "power_kw": plan.power_kw,
         "machines": plan.machines,
+        "gpus": plan.gpus,
+        "cost_usd_per_million_tokens": plan.cost_usd_per_million_tokens,
+        "cost_usd_per_million_output_tokens": plan.cost_usd_per_million_output_tokens,
         "predicted": {f"{m}_ms": v for m, v in plan.predicted.items()},
         "slo": [{"line": line.label, "metric": line.metric, "percentile": line.percentile, "target": line.limit,
                  "unit": line.unit, "achieved": v, "met": ok} for line, v, ok in plan.slo],
@@ -275,12 +296,14 @@ def plans_csv(plans) -> str:
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(["rank", "prompt_pools", "token_pools", "mixed_pools", "machines", "cost_usd_per_hour", "power_kw",
-                "ttft_p99_ms", "tbt_p99_ms", "e2e_p99_ms", "all_slo_met", "binding", "max_rate_rps"])
+                "ttft_p99_ms", "tbt_p99_ms", "e2e_p99_ms", "all_slo_met", "binding", "max_rate_rps", "gpus",
+                "cost_usd_per_million_tokens", "cost_usd_per_million_output_tokens"])
     for i, p in enumerate(plans):
         w.writerow([i, pools_text(p.prompt_pools), pools_text(p.token_pools), pools_text(p.mixed_pools), p.machines, f"{p.cost_usd_per_hour:.4f}",
                     f"{p.power_kw:.4f}", f"{p.predicted['ttft']['p99']:.3f}", f"{p.predicted['tbt']['p99']:.3f}",
                     f"{p.predicted['e2e']['p99']:.3f}", all(ok for _, _, ok in p.slo), p.binding,
-                    "" if p.max_rate_rps is None else f"{p.max_rate_rps:.4f}"])
+                    "" if p.max_rate_rps is None else f"{p.max_rate_rps:.4f}", p.gpus,
+                    *("" if v is None else f"{v:.6g}" for v in (p.cost_usd_per_million_tokens, p.cost_usd_per_million_output_tokens))])
     return out.getvalue()
 
 
@@ -289,13 +312,15 @@ def candidates_csv(result) -> str:
     import io
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(["kind", "role", "hardware", "tp", "layout", "instances", "machines", "cost_usd_per_hour", "power_kw", "binding", "skipped_reason", "plan"])
+    w.writerow(["kind", "role", "hardware", "tp", "layout", "instances", "machines", "cost_usd_per_hour", "power_kw", "binding",
+                "skipped_reason", "plan", "sized_by"])
     for o in result.options:
         machines = o.machines_alone if o.instances else ""
+        sized_by = "" if not o.instances else "simulation" if o.simulated else "estimate" if o.role == "mixed" else "model"
         w.writerow(["option", o.role, o.inst.hardware.name, o.inst.tp, o.inst.layout.spec, o.instances or "", machines,
                     f"{o.price_usd_per_hour * machines:.4f}" if machines else "", f"{o.power_kw * machines:.4f}" if machines else "",
-                    o.binding, o.skipped, ""])
+                    o.binding, o.skipped, "", sized_by])
     for p in (result.plan, *result.alternatives):
-        w.writerow(["plan", "", "", "", "", "", p.machines, f"{p.cost_usd_per_hour:.4f}", f"{p.power_kw:.4f}", p.binding, "",
-                    plan_text(p)])
+        w.writerow(["plan", "", "", "", "", sum(x.instances for x in p.pools), p.machines, f"{p.cost_usd_per_hour:.4f}",
+                    f"{p.power_kw:.4f}", p.binding, "", plan_text(p), ""])
     return out.getvalue()

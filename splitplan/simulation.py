@@ -130,7 +130,8 @@ def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str 
 
 def plan_from_pools(pools: list[PoolRequest], **fields) -> "Plan":
     """A Plan holding these (role, hardware, layout, machines) pools, priced from the catalog."""
-    by_role = {role: tuple(Pool(h, as_layout(t, f"{r} pool {h}"), m) for r, h, t, m in pools if r == role) for role in Role}
+    by_role = {role: tuple(Pool.of(h, load_hardware(h).gpus_per_machine, as_layout(t, f"{r} pool {h}"), m)
+                           for r, h, t, m in pools if r == role) for role in Role}
     cost = sum(load_hardware(h).price_usd_per_hour * m for _, h, _, m in pools)
     power = sum(load_hardware(h).provisioned_power_w / 1e3 * m for _, h, _, m in pools)
     return Plan(by_role[Role.PROMPT], by_role[Role.TOKEN], by_role[Role.MIXED], cost, power, **fields)

@@ -20,7 +20,7 @@ from splitplan.errors import InfeasibleError, SpecError
 from splitplan.parallel import run_units
 from splitplan.report import SCHEMA_VERSION, plan_json, pools_text
 from splitplan.search.optimize import optimize
-from splitplan.search.plan import Plan
+from splitplan.search.plan import Plan, usd_per_million_tokens
 from splitplan.search.rate import max_rate
 from splitplan.simulation import Setup, plan_from_pools, plan_pools, pool_specs
 from splitplan.specs.design import load_designs
@@ -193,19 +193,17 @@ class SweepResult:
 
 
 def _sweep_row(name, rate, plan, metrics: dict, trace, slo_met: bool, error: str = "") -> dict:
-    hours = max(trace.span_s, 1e-9) / 3600
-    out_tokens = float(trace.output_tokens.sum())
-    all_tokens = out_tokens + float(trace.prompt_tokens.sum())
     row = {"design": name, "rate_rps": rate, "error": error or None}
     if plan is not None:
         cost = plan.cost_usd_per_hour
+        per_million, per_million_output = usd_per_million_tokens(cost, trace)
         row.update({
             "prompt_machines": sum(p.machines for p in plan.prompt_pools),
             "token_machines": sum(p.machines for p in plan.token_pools),
             "mixed_machines": sum(p.machines for p in plan.mixed_pools),
             "cost_usd_per_hour": cost, "power_kw": plan.power_kw,
-            "cost_per_million_tokens_usd": cost * hours / all_tokens * 1e6,
-            "cost_per_million_output_tokens_usd": cost * hours / out_tokens * 1e6,
+            "cost_per_million_tokens_usd": per_million,
+            "cost_per_million_output_tokens_usd": per_million_output,
         })
     for metric in ("ttft", "tbt", "e2e"):
         for q in ("p50", "p90", "p99"):

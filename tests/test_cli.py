@@ -107,7 +107,7 @@ def test_optimize_json_contract_and_output_dir(tmp_path):
         assert key in plan
     assert set(plan["predicted"]) == {"ttft_ms", "tbt_ms", "e2e_ms"}
     assert set(plan["predicted"]["ttft_ms"]) == {"p50", "p90", "p99"}
-    assert {"hardware", "tp", "dp", "ep", "pp", "layout", "machines"} == set(plan["prompt_pools"][0])
+    assert {"hardware", "tp", "dp", "ep", "pp", "layout", "machines", "instances", "gpus", "utilization"} == set(plan["prompt_pools"][0])
     written = json.loads((out / "plan.json").read_text())
     assert {k: v for k, v in written.items() if k != "specs"} == doc and set(written["specs"]) == {"hardware", "model",
                                                                                                   "engine", "slo"}
@@ -121,6 +121,7 @@ def test_optimize_json_contract_and_output_dir(tmp_path):
 def test_optimize_table_and_csv():
     table = run("optimize", "--rate", "3", "--duration", "60", "--hardware", "h100-80gb", "--tp", "8", "--slo", "chat")
     assert table.exit_code == 0 and "Predicted against the SLO" in table.stdout and "binding" in table.stdout
+    assert "8 GPUs" in table.stdout and "busy)" in table.stdout and "per million output tokens" in table.stdout
     csv = run("optimize", "--rate", "3", "--duration", "60", "--hardware", "h100-80gb", "--tp", "8", "--format", "csv")
     assert csv.stdout.splitlines()[0].startswith("rank,prompt_pools")
 
@@ -497,7 +498,7 @@ def test_every_command_reading_a_trace_takes_common_and_named_columns(tmp_path, 
 def test_one_notation_for_a_pool_in_text():
     from splitplan import report
     from splitplan.search.plan import Pool
-    assert report.pools_text((Pool("h100-80gb", Layout(8), 3), Pool("a100-80gb", Layout(4), 2))) == "3x h100-80gb TP 8 + 2x a100-80gb TP 4"
+    assert report.pools_text((Pool.of("h100-80gb", 8, Layout(8), 3), Pool.of("a100-80gb", 8, Layout(4), 2))) == "3x h100-80gb TP 8 + 2x a100-80gb TP 4"
 
 
 def test_long_work_reports_progress_in_a_log(monkeypatch, capsys):
@@ -594,7 +595,7 @@ def test_pareto_plot_numbers_its_points_and_lists_them_with_a_title():
     from splitplan.cli.optimize import pareto_figure
     from splitplan.search.optimize import OptimizeResult
     from splitplan.search.plan import Plan, Pool
-    plans = [Plan((Pool("h100-80gb", Layout(8), k),), (Pool("a100-80gb", Layout(8), 1),), (), 30.0 + k, 20.0 - k, max_rate_rps=5.0) for k in (1, 2, 3)]
+    plans = [Plan((Pool.of("h100-80gb", 8, Layout(8), k),), (Pool.of("a100-80gb", 8, Layout(8), 1),), (), 30.0 + k, 20.0 - k, max_rate_rps=5.0) for k in (1, 2, 3)]
     fig = pareto_figure(OptimizeResult(plans[0], tuple(plans[1:]), (), pareto=tuple(plans)), "llama2-70b at 6 req/s")
     ax = fig.axes[0]
     assert sorted(t.get_text() for t in ax.texts) == ["1", "2", "3"]  # short labels beside the points

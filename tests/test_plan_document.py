@@ -118,6 +118,8 @@ CASES = [
         prompt_pools=[{"hardware": f"h{k}", "tp": 8, "machines": 100_000} for k in range(200)]), "a plan has at most"),
     ("pool of 1e8", lambda d: _pool(d).update(machines=100_000_000), "machines"),
     ("machines miscounted", lambda d: d["plan"].update(machines=99), "machines is 99"),
+    ("gpus miscounted", lambda d: d["plan"].update(gpus=99), "gpus is 99"),
+    ("utilization above 1", lambda d: _pool(d).update(utilization=1.5), "utilization"),
     ("a pool's machine without a copy", lambda d: _pool(d).update(hardware="h100-80gb"), "specs.hardware has no copy of h100-80gb"),
     ("a copy named otherwise", lambda d: d["specs"]["hardware"]["h100-80gb-2026"]["spec"].update(name="h100-80gb"),
      "names itself h100-80gb"),

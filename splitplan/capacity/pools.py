@@ -36,6 +36,7 @@ import numpy as np
 from splitplan.perf.roofline import Instance
 from splitplan.roles import Role
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
+from splitplan.sim.metrics import pool_report
 
 MAX_INSTANCES = 4096
 
@@ -188,7 +189,20 @@ def colocated_pool(trace, inst: Instance, instances: int, max_batch_tokens: int)
     shows in the latencies and `kv_peak_fraction` is 0."""
     pool = PoolSpec(Role.MIXED, inst, inst.machines_for(instances), instances)
     result = simulate(trace, [pool], SimOptions(max_batch_tokens=max_batch_tokens))
-    return {"ttft": result.ttft_s, "tbt": result.tbt_s, "e2e": result.e2e_s, "kv_peak_fraction": 0.0}
+    return {"ttft": result.ttft_s, "tbt": result.tbt_s, "e2e": result.e2e_s, "kv_peak_fraction": 0.0,
+            "utilization": pool_report(result, [pool])[0]["utilization"]}
+
+
+def busy_s(start_s: np.ndarray, end_s: np.ndarray, instances: int) -> float:
+    """Instance-seconds spent running iterations by `instances` instances serving these
+    [start, end) intervals, spread over them as join-shortest-queue spreads them: an instance
+    is idle only while fewer intervals than instances are open (the integral of
+    min(open, instances) over time)."""
+    times = np.concatenate([start_s, end_s])
+    steps = np.concatenate([np.ones(len(start_s)), -np.ones(len(end_s))])
+    order = np.lexsort((steps, times))  # ends before starts at equal times
+    open_ = np.cumsum(steps[order])[:-1]
+    return float(np.sum(np.minimum(open_, instances) * np.diff(times[order])))
 
 
 def colocated_estimate(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray, inst: Instance,

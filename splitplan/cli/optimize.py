@@ -290,13 +290,15 @@ def _render_plan(result, workload) -> None:
     plan = result.plan
     con = report.console()
     if plan.mixed_pools:
-        rows = [("co-located machines", report.pools_text(plan.mixed_pools))]
+        rows = [("co-located machines", report.pools_detail(plan.mixed_pools))]
     else:
-        rows = [("prompt machines", report.pools_text(plan.prompt_pools)), ("token machines", report.pools_text(plan.token_pools))]
+        rows = [("prompt machines", report.pools_detail(plan.prompt_pools)), ("token machines", report.pools_detail(plan.token_pools))]
+    rows.append(("in all", f"{plan.machines:,} machines, {plan.gpus:,} GPUs"))
     if result.max_rate_rps is not None:
         rows.append(("max rate", f"{result.max_rate_rps:,.3g} req/s within the budget"))
-    rows += [("cost", f"${plan.cost_usd_per_hour:,.2f}/h"), ("power", f"{plan.power_kw:,.2f} kW provisioned"),
-             ("binding", plan.binding)]
+    per_million = report.per_million_text(plan)
+    rows += [("cost", f"${plan.cost_usd_per_hour:,.2f}/h" + (f"; {per_million}" if per_million else "")),
+             ("power", f"{plan.power_kw:,.2f} kW provisioned"), ("binding", plan.binding)]
     if result.split_saving_pct is not None:
         other, label = (result.colocated, "vs best co-located") if plan is not result.colocated else (result.split, "vs best split")
         saving = result.split_saving_pct
@@ -328,9 +330,10 @@ def _render_plan(result, workload) -> None:
                                caption=f"{bench['requests_per_s']:.3g} req/s, {bench['output_tokens_per_s_per_gpu']:,.0f} output "
                                        f"tokens/s per GPU ({bench['gpus']} GPUs)"))
     value = api.objective_value
-    alt_rows = [(report.plan_text(a), a.cost_usd_per_hour, a.power_kw,
+    alt_rows = [(report.plan_text(a), a.gpus, a.cost_usd_per_hour, a.cost_usd_per_million_tokens, a.power_kw,
                  f"{value(result.objective, a) / value(result.objective, plan) - 1:+.0%}", a.binding) for a in result.alternatives]
-    con.print(report.table("Runner-up plans", ["plan", "$/h", "kW", f"{result.objective} vs plan", "binding"], alt_rows))
+    con.print(report.table("Runner-up plans", ["plan", "GPUs", "$/h", "$/M tokens", "kW", f"{result.objective} vs plan", "binding"],
+                           alt_rows))
     if result.unservable:
         u = result.unservable
         con.print(f"[bold]warning:[/bold] {u['requests']:,} request(s) ({u['share_pct']:.2f} %, prompts of "

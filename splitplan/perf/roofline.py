@@ -175,7 +175,7 @@ class Instance(PassShortcuts):
 
     def instances_on(self, machines) -> int:
         """Whole instances on `machines` machines."""
-        return machines // self.unit_machines * self.unit_instances
+        return self.layout.instances_on(machines, self.hardware.gpus_per_machine)
 
     def machines_for(self, instances: int) -> int:
         """The fewest machines that hold `instances` instances (whole units)."""

@@ -25,6 +25,7 @@ import numpy as np
 
 from splitplan.capacity.pools import (
     BatchTimes,
+    busy_s,
     colocated_estimate,
     colocated_pool,
     decode_pool,
@@ -79,9 +80,23 @@ class Option:
 
 @dataclass(frozen=True)
 class Pool:
+    """`machines` machines of `hardware` holding `instances` instances in `layout` (`gpus` GPUs
+    bought); `utilization`, where predicted or simulated, is the busy fraction of its instances
+    (time running an iteration / instances x the trace's first arrival to its last finish). A
+    pool is the same pool whatever its utilization."""
+
     hardware: str
     layout: Layout
     machines: int
+    instances: int = field(compare=False)
+    gpus: int = field(compare=False)
+    utilization: float | None = field(default=None, compare=False)
+
+    @classmethod
+    def of(cls, hardware: str, gpus_per_machine: int, layout: Layout, machines: int,
+           utilization: float | None = None) -> "Pool":
+        return cls(hardware, layout, machines, layout.instances_on(machines, gpus_per_machine),
+                   machines * gpus_per_machine, utilization)
 
     @property
     def tp(self) -> int:
@@ -101,6 +116,8 @@ class Plan:
     repairs: int = 0
     max_rate_rps: float | None = None  # on the Pareto frontier: the highest rate these machines serve
     max_rate_simulated: dict | None = None  # with --validate: the simulation at max_rate_rps (slo_met, slo)
+    cost_usd_per_million_tokens: float | None = None  # prompt and output tokens, at the trace's rate
+    cost_usd_per_million_output_tokens: float | None = None
 
     @property
     def pools(self) -> tuple[Pool, ...]:
@@ -109,6 +126,10 @@ class Plan:
     @property
     def machines(self) -> int:
         return sum(p.machines for p in self.pools)
+
+    @property
+    def gpus(self) -> int:
+        return sum(p.gpus for p in self.pools)
 
 
 @dataclass(frozen=True)
@@ -241,15 +262,21 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     if mixed:
         (key, machines), = mixed  # a co-located plan is one homogeneous pool
         inst = options[key].inst
-        return colocated_pool(t, inst, inst.instances_on(machines), problem.max_batch_tokens)
+        values = colocated_pool(t, inst, inst.instances_on(machines), problem.max_batch_tokens)
+        return {**values, "utilization": {key: values["utilization"]}}
     memo = {} if memo is None else memo
     prompt_keys = tuple(sorted((k, c) for k, c in counts.items() if k.role == Role.PROMPT))
     prompt = [(options[k].inst, options[k].inst.instances_on(c)) for k, c in prompt_keys]
     token = [(options[k].inst, options[k].inst.instances_on(c)) for k, c in sorted(counts.items()) if k.role == Role.TOKEN]
-    ttft = memo.get(("ttft", prompt_keys))
-    if ttft is None:
+    replayed = memo.get(("ttft", prompt_keys))
+    if replayed is None:
         batches = [memo.setdefault(("batch", k), BatchTimes(options[k].inst, t.prompt_tokens)) for k, _ in prompt_keys]
-        ttft = memo[("ttft", prompt_keys)] = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens, batches)
+        busy: list = []
+        ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens, batches, busy)
+        _, durations, where = np.array(busy).T
+        pool_of = np.repeat(np.arange(len(prompt)), [n for _, n in prompt])  # instance -> its pool
+        replayed = memo[("ttft", prompt_keys)] = ttft, np.bincount(pool_of[where.astype(int)], durations, len(prompt))
+    ttft, prompt_busy_s = replayed
     src = max(prompt, key=lambda pair: pair[1])[0]
     # Requests go to token types in proportion to their capacity (a deterministic interleave).
     share = np.array([n / options[OptionKey(Role.TOKEN, i.hardware.name, i.layout)].instances for i, n in token])
@@ -258,12 +285,21 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     tbt, decode_s = np.empty(len(t)), np.empty(len(t))
     kv_peak = 0.0
     start = t.arrival_s + ttft
+    token_busy_s = np.zeros(len(token))
     for j, (inst, n) in enumerate(token):
         idx = np.flatnonzero(kind == j)
         if len(idx):
             tbt[idx], decode_s[idx], res = _decode_values(problem, inst, n, src, start[idx], idx)
             kv_peak = max(kv_peak, res.kv_peak_fraction)
-    return {"ttft": ttft, "tbt": tbt, "e2e": ttft + decode_s, "kv_peak_fraction": kv_peak}
+            steps_s = np.maximum(t.output_tokens[idx] - 1, 0) * res.step_s  # (after the KV transfer)
+            token_busy_s[j] = busy_s(start[idx] + decode_s[idx] - steps_s, start[idx] + decode_s[idx], n)
+    e2e = ttft + decode_s
+    span_s = max(float(np.max(t.arrival_s + e2e) - t.arrival_s[0]), 1e-9)  # as the simulator's utilization
+    keys = [k for k, _ in prompt_keys] + [k for k in sorted(counts) if k.role == Role.TOKEN]
+    busy = [*prompt_busy_s, *token_busy_s]
+    pairs = [*prompt, *token]
+    utilization = {k: min(b / (span_s * n), 1.0) for k, b, (_, n) in zip(keys, busy, pairs)}
+    return {"ttft": ttft, "tbt": tbt, "e2e": e2e, "kv_peak_fraction": kv_peak, "utilization": utilization}
 
 
 def check(problem: Problem, values: dict) -> list[tuple[SloLine, float, bool]]:
@@ -338,10 +374,29 @@ def _repair_moves(counts: dict, options: dict, roles: tuple, weight, extra: int 
     return [moves[k] for k in sorted(moves)]
 
 
+def usd_per_million_tokens(cost_usd_per_hour: float, trace: Trace) -> tuple[float | None, float | None]:
+    """What these machines cost per million tokens (prompt and output; output only) of the
+    trace's load: an hour's cost over an hour of its tokens. None for a trace without a span."""
+    if trace.span_s <= 0:
+        return None, None
+    usd = cost_usd_per_hour * trace.span_s / 3600 * 1e6
+    output = float(trace.output_tokens.sum())
+    return usd / (output + float(trace.prompt_tokens.sum())), usd / max(output, 1.0)
+
+
+def _per_million(cost_usd_per_hour: float, trace: Trace) -> dict:
+    all_tokens, output = usd_per_million_tokens(cost_usd_per_hour, trace)
+    return {"cost_usd_per_million_tokens": all_tokens, "cost_usd_per_million_output_tokens": output}
+
+
+def _pools(counts: dict[OptionKey, int], options: dict[OptionKey, Option], values: dict) -> dict[Role, tuple[Pool, ...]]:
+    """The plan's pools per role, each with its instances, GPUs and predicted utilization."""
+    return {role: tuple(Pool.of(k.hardware, options[k].inst.hardware.gpus_per_machine, k.layout, c, values["utilization"].get(k))
+                        for k, c in sorted(counts.items()) if k.role == role) for role in Role}
+
+
 def make_plan(problem: Problem, counts: dict[OptionKey, int], options: dict[OptionKey, Option], repairs: int,
               values: dict, lines) -> Plan:
-    def pools(role):
-        return tuple(Pool(k.hardware, k.layout, c) for k, c in sorted(counts.items()) if k.role == role)
     cost = sum(options[k].price_usd_per_hour * c for k, c in counts.items())
     power = sum(options[k].power_kw * c for k, c in counts.items())
     predicted = _percentiles_ms(values)
@@ -353,8 +408,9 @@ def make_plan(problem: Problem, counts: dict[OptionKey, int], options: dict[Opti
     if repairs:
         bindings.append(f"{repairs} machine(s) added on whole-trace evaluation")
     bindings += _tight_budgets(problem, counts, cost, power)
-    return Plan(pools(Role.PROMPT), pools(Role.TOKEN), pools(Role.MIXED), cost, power, predicted,
-                tuple(lines), "; ".join(bindings), repairs)
+    pools = _pools(counts, options, values)
+    return Plan(pools[Role.PROMPT], pools[Role.TOKEN], pools[Role.MIXED], cost, power, predicted,
+                tuple(lines), "; ".join(bindings), repairs, **_per_million(cost, problem.trace))
 
 
 def _binding_text(option: Option, machines: int) -> str:
@@ -380,8 +436,12 @@ def plan_counts(plan: Plan) -> dict[OptionKey, int]:
 def predict(problem: Problem, plan: Plan, options: dict[OptionKey, Option]) -> Plan:
     """The plan with the planner's whole-trace prediction of its own machines (after
     machines were added to it, e.g. by a simulation)."""
-    values = evaluate(problem, plan_counts(plan), options)
-    return replace(plan, predicted=_percentiles_ms(values), slo=tuple(check(problem, values)))
+    counts = plan_counts(plan)
+    values = evaluate(problem, counts, options)
+    pools = _pools(counts, options, values)
+    return replace(plan, prompt_pools=pools[Role.PROMPT], token_pools=pools[Role.TOKEN], mixed_pools=pools[Role.MIXED],
+                   predicted=_percentiles_ms(values), slo=tuple(check(problem, values)),
+                   **_per_million(plan.cost_usd_per_hour, problem.trace))
 
 
 def _tight_budgets(problem: Problem, counts: dict[OptionKey, int], cost: float, power: float) -> list[str]:

@@ -63,6 +63,11 @@ class Layout(NamedTuple):
         layout: one machine with one or more instances, or the machines one instance spans."""
         return max(1, self.gpus // gpus_per_machine), max(1, gpus_per_machine // self.gpus)
 
+    def instances_on(self, machines: int, gpus_per_machine: int) -> int:
+        """Whole instances on `machines` machines."""
+        unit_machines, unit_instances = self.unit(gpus_per_machine)
+        return machines // unit_machines * unit_instances
+
     def require_whole(self, machines: int, gpus_per_machine: int, where: str) -> None:
         """SpecError unless `machines` machines hold whole instances (a multiple of the unit)."""
         unit = self.unit(gpus_per_machine)[0]

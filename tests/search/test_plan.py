@@ -15,7 +15,7 @@ from splitplan.search.solve import solve_counts
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
-from splitplan.workload.trace import default_trace_path, load_trace, resample_poisson
+from splitplan.workload.trace import Trace, default_trace_path, load_trace, resample_poisson
 from splitplan.specs.layout import Layout
 
 MODEL, ENGINE = load_model("llama2-70b"), load_engine("lean")
@@ -259,3 +259,30 @@ def test_binding_says_when_whole_machines_decided_the_size():
     needed = next(o.instances for o in result.options if o.key.layout == Layout(1))
     assert needed < 8 and result.plan.mixed_pools[0].machines == 1
     assert f"mixed: rounded up to whole machines ({needed} of 8 instances needed" in result.plan.binding
+
+
+def test_a_plan_says_what_it_buys(small_trace):
+    """Issue 27, item 4: per pool its instances, GPUs and predicted utilization (the simulator's
+    busy fraction: the same figure for a co-located pool, close to it for split pools, whose
+    decode side is the planner's fixed point); per plan its GPUs and cost per million tokens."""
+    from splitplan.search.plan import usd_per_million_tokens
+    from splitplan.simulation import Setup, plan_pools
+    split = api.optimize(small_trace, "llama2-70b", "chat", ["a100-80gb", "h100-80gb"], tp=8, split_only=True)
+    colocated = api.optimize(small_trace, "llama3.1-8b", "chat", ["h100-80gb"], tp=1, split=False)
+    for model, result, tolerance in (("llama2-70b", split, 0.05), ("llama3.1-8b", colocated, 1e-9)):
+        plan, trace = result.plan, result.problem.trace
+        simulated = Setup(model, "chat").simulate(trace, plan_pools(plan))
+        for pool, row in zip(plan.pools, simulated.summary["pools"]):
+            gpus_per_machine = load_hardware(pool.hardware).gpus_per_machine
+            assert pool.gpus == pool.machines * gpus_per_machine
+            assert pool.instances == row["instances"] == pool.machines * gpus_per_machine // pool.layout.gpus
+            assert pool.utilization == pytest.approx(row["utilization"], abs=tolerance), (pool, row)
+            assert 0 < pool.utilization <= 1
+        assert plan.gpus == sum(p.gpus for p in plan.pools)
+        tokens_per_hour = (trace.prompt_tokens.sum() + trace.output_tokens.sum()) / trace.span_s * 3600
+        assert plan.cost_usd_per_million_tokens == pytest.approx(plan.cost_usd_per_hour / tokens_per_hour * 1e6)
+        output_per_hour = trace.output_tokens.sum() / trace.span_s * 3600
+        assert plan.cost_usd_per_million_output_tokens == pytest.approx(plan.cost_usd_per_hour / output_per_hour * 1e6)
+    assert colocated.plan.mixed_pools[0].instances == 8 * colocated.plan.mixed_pools[0].machines  # TP 1 on 8 GPUs
+    one = Trace(small_trace.arrival_s[:1], small_trace.prompt_tokens[:1], small_trace.output_tokens[:1], "one request")
+    assert usd_per_million_tokens(10.0, one) == (None, None)  # no span: no rate
