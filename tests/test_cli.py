@@ -665,3 +665,36 @@ def test_figure_titles_name_the_trace_file_not_its_path():
     from splitplan.report import file_names
     assert file_names("/home/me/traces (2024)/conv.csv (Poisson 60 req/s, 120 s)") == "conv.csv (Poisson 60 req/s, 120 s)"
     assert file_names("azure_conv_2023.csv.gz (embedded)") == "azure_conv_2023.csv.gz (embedded)"
+
+
+def test_planner_and_simulator_refuse_the_same_prompt_too_long_for_a_prompt_instance(tmp_path):
+    """Issue 27, item 7: one rule in both. A prompt instance holds a prompt's KV while it
+    prefills: a prompt longer than that (here 20,000 tokens against 14,801 on an a100-40gb at TP 1
+    with half its memory usable) is refused by the simulator (counted as never fitting KV) and
+    left out by the split planner, which says why; the token instances would have held it."""
+    import yaml
+    engine = yaml.safe_load(Path(__file__).parents[1].joinpath("engine_profiles", "lean.yaml").read_text())
+    engine["memory_usable_fraction"] = 0.5
+    (tmp_path / "small-kv.yaml").write_text(yaml.safe_dump(engine))
+    trace = tmp_path / "long.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(
+        f"{k * 0.5},{20_000 if k == 3 else 1_000},50\n" for k in range(20)))
+    common = ["--model", "llama3.1-8b", "--engine", str(tmp_path / "small-kv.yaml"), "--trace", str(trace), "--slo", "batch"]
+    sim = run("simulate", *common, "--prompt-pool", "a100-40gb:1:1", "--token-pool", "h100-80gb:1:1", "--format", "json")
+    assert sim.exit_code == 0, sim.output
+    summary = json.loads(sim.stdout)["summary"]
+    assert summary["rejected_kv"] == 1 and summary["finished"] == 19
+    plan = run("optimize", *common, "--prompt-hardware", "a100-40gb", "--token-hardware", "h100-80gb", "--tp", "1",
+               "--split-only", "--format", "json")
+    assert plan.exit_code == 0, plan.output
+    unservable = json.loads(plan.stdout)["plan"]["unservable"]
+    assert unservable["requests"] == 1 and unservable["max_prompt_tokens"] == 20_000
+    assert "every prompt instance considered (largest: 14,801 tokens, a100-40gb at TP 1)" in unservable["reason"]
+    out = tmp_path / "out"
+    both = run("optimize", *common, "--prompt-hardware", "a100-40gb", "--token-hardware", "h100-80gb", "--tp", "1",
+               "--output-dir", str(out))
+    assert both.exit_code == 0, both.output  # no split plan holds every request: the co-located one does
+    assert json.loads((out / "plan.json").read_text())["plan"]["mixed_pools"]
+    assert "no split plan: no prompt option meets the SLO: a100-40gb TP 1: the longest prompt's KV exceeds" in both.stdout
+    rows = (out / "candidates.csv").read_text()
+    assert "prompt,a100-40gb,1,tp1,,,,,KV memory,the longest prompt's KV exceeds one instance's KV capacity" in rows

@@ -293,7 +293,7 @@ def _render_plan(result, workload) -> None:
         rows = [("co-located machines", report.pools_detail(plan.mixed_pools))]
     else:
         rows = [("prompt machines", report.pools_detail(plan.prompt_pools)), ("token machines", report.pools_detail(plan.token_pools))]
-    rows.append(("in all", f"{plan.machines:,} machines, {plan.gpus:,} GPUs"))
+    rows.append(("in all", f"{plan.machines:,} machine{'s' * (plan.machines != 1)}, {plan.gpus:,} GPUs"))
     if result.max_rate_rps is not None:
         rows.append(("max rate", f"{result.max_rate_rps:,.3g} req/s within the budget"))
     per_million = report.per_million_text(plan)
@@ -332,8 +332,9 @@ def _render_plan(result, workload) -> None:
     value = api.objective_value
     alt_rows = [(report.plan_text(a), a.gpus, a.cost_usd_per_hour, a.cost_usd_per_million_tokens, a.power_kw,
                  f"{value(result.objective, a) / value(result.objective, plan) - 1:+.0%}", a.binding) for a in result.alternatives]
-    con.print(report.table("Runner-up plans", ["plan", "GPUs", "$/h", "$/M tokens", "kW", f"{result.objective} vs plan", "binding"],
-                           alt_rows))
+    if alt_rows:
+        con.print(report.table("Runner-up plans", ["plan", "GPUs", "$/h", "$/M tokens", "kW", f"{result.objective} vs plan",
+                                                   "binding"], alt_rows))
     if result.unservable:
         u = result.unservable
         con.print(f"[bold]warning:[/bold] {u['requests']:,} request(s) ({u['share_pct']:.2f} %, prompts of "

@@ -49,6 +49,7 @@ class OptimizeResult:
     alternatives_simulated: tuple = ()  # simulation.validate_result: each runner-up's simulated outcome
     split: "Plan | None" = None  # the best split plan (None when none was planned or none meets the SLO)
     objective: str = "cost"  # what `plan` minimizes: cost or power
+    notes: tuple = ()  # what else the reader should know (why no split plan was found)
 
     @property
     def frontier(self) -> tuple:
@@ -62,7 +63,7 @@ class OptimizeResult:
         machines = {o.inst.hardware.name: o.inst.hardware for o in self.options}
         used = {p.hardware for plan in (self.plan, *self.alternatives) for p in plan.pools}
         warning = price_date_warning(machines[name] for name in sorted(used) if name in machines)
-        return [warning] if warning else []
+        return [*self.notes, *([warning] if warning else [])]
 
     @property
     def split_saving_pct(self) -> float | None:
@@ -115,7 +116,8 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
         _check_tp(tp, [machines[n] for n in sorted(set(hardware or []) | set(prompt_hardware or []) | set(token_hardware or []))],
                   list(machines.values()))
     trace, unservable = _servable(trace, m, eng, [machines[n] for n in (token_hardware or names)] if split
-                                  else [machines[n] for n in names], tp)
+                                  else [machines[n] for n in names], tp,
+                                  [machines[n] for n in (prompt_hardware or names)] if split_only else ())
     reference = reference_for(profile, lambda hw, t: reference_instance(m, hw, t, eng, db), trace.prompt_tokens, trace.output_tokens)
     problem = Problem(trace, profile, reference, max_batch_tokens, objective, max_cost_per_hour, max_power_kw,
                       tuple(sorted((max_machines or {}).items())), solver)
@@ -150,22 +152,33 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
                               unservable=unservable, problem=problem, objective=objective)
     prompt_types = {machines[n].name for n in prompt_names}  # names may be paths: compare the loaded names
     options = [o for o in first if o.role == Role.TOKEN or o.inst.hardware.name in prompt_types]
-    _raise_if_unreachable(problem, options)
-    plan, alts = _best_split(problem, options, search, alternatives)
+    try:
+        _raise_if_unreachable(problem, options)
+        plan, alts = _best_split(problem, options, search, alternatives)
+        no_split = None
+    except InfeasibleError as exc:  # a co-located plan may still serve the trace
+        if split_only or not mixed:
+            raise
+        plan, alts, no_split = None, [], exc
     try:
         colocated = colocated_plan(problem, mixed, simulated) if mixed else None
     except InfeasibleError:
+        if no_split is not None:
+            raise no_split from None
         colocated = None
     mixed = [simulated.get(o.key, o) for o in mixed]
-    best = plan if split_only or colocated is None or _plan_key(objective, plan) <= _plan_key(objective, colocated) else colocated
+    best = plan if plan is not None and (split_only or colocated is None or
+                                         _plan_key(objective, plan) <= _plan_key(objective, colocated)) else colocated
     shown = alts[: alternatives - 1] + [p for p in (plan, colocated) if p is not None and p is not best]
     front = ()
     if pareto:
         by_key = {o.key: o for o in options + mixed}
         front = tuple(dataclasses.replace(p, max_rate_rps=plan_max_rate(problem, p, by_key))
-                      for p in cost_power_frontier(problem, options, [plan, *alts, *([colocated] if colocated else [])]))
+                      for p in cost_power_frontier(problem, options, [*alts, *(p for p in (plan, colocated) if p is not None)]))
+    notes = () if no_split is None else (f"no split plan: {no_split}; the plan is co-located",)
     return OptimizeResult(best, tuple(sorted(shown, key=lambda p: _plan_key(objective, p))), tuple(options + mixed),
-                          colocated, pareto=front, unservable=unservable, problem=problem, split=plan, objective=objective)
+                          colocated, pareto=front, unservable=unservable, problem=problem, split=plan, objective=objective,
+                          notes=notes)
 
 
 def _check_tp(tp: int, named: list, catalog: list) -> None:
@@ -176,16 +189,23 @@ def _check_tp(tp: int, named: list, catalog: list) -> None:
         require_tp(wrong[0], tp)
 
 
-def _servable(trace, model, engine, token_machines, tp):
-    """The trace without requests that cannot be served: longer (prompt + output tokens) than the
-    model's context window, which the engine refuses, or than the KV any token instance holds;
-    and a report of that request class (None when every request is served)."""
+def _largest_request(model, engine, machines, tp):
+    """(tokens, machine, layout): the longest request one instance of these machines holds."""
     best = None
-    for hw in token_machines:
+    for hw in machines:
         for layout in candidate_layouts(model, hw, engine, tp):
             inst = Instance(model, hw, engine, layout)
             if inst.fit.fits and (best is None or inst.max_request_tokens > best[0]):
                 best = (inst.max_request_tokens, hw.name, layout)
+    return best
+
+
+def _servable(trace, model, engine, token_machines, tp, prompt_machines=()):
+    """The trace without requests that cannot be served: longer (prompt + output tokens) than the
+    model's context window, which the engine refuses, or than the KV any token instance holds, or
+    with a prompt longer than any prompt instance (`prompt_machines`, split plans) holds while it
+    prefills; and a report of that request class (None when every request is served)."""
+    best = _largest_request(model, engine, token_machines, tp)
     context = engine.context_tokens(model)
     if context is not None and (best is None or context <= best[0]):
         where = "the engine's max_model_len" if engine.max_model_len else f"{model.name}'s context window"
@@ -197,6 +217,12 @@ def _servable(trace, model, engine, token_machines, tp):
     else:
         return trace, None  # nothing fits at all: the sizing says why
     too_long = trace.prompt_tokens + trace.output_tokens > limit
+    prompt_best = _largest_request(model, engine, prompt_machines, tp)
+    if prompt_best is not None and (~too_long & (trace.prompt_tokens > prompt_best[0])).any():
+        too_long |= trace.prompt_tokens > prompt_best[0]
+        reason = (f"{reason.removesuffix('; they are left out of the sizing')}, or their prompt exceeds the KV capacity of "
+                  f"every prompt instance considered (largest: {prompt_best[0]:,} tokens, {prompt_best[1]} at "
+                  f"{prompt_best[2]}); they are left out of the sizing")
     if not too_long.any():
         return trace, None
     report = {

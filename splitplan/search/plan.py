@@ -188,6 +188,9 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
     if not inst.fit.fits:
         return Option(role, inst, None, "", inst.fit.reason)
     t = problem.trace
+    if role == Role.PROMPT and int(np.max(t.prompt_tokens)) > inst.max_request_tokens:  # (the simulator's rule too)
+        return Option(role, inst, None, "KV memory", "the longest prompt's KV exceeds one instance's KV capacity"
+                      + (" (of one attention DP group)" if inst.layout.dp > 1 else ""))
     if role == Role.PROMPT:
         memo = [BatchTimes(inst, t.prompt_tokens)]
 

@@ -416,6 +416,10 @@ class _Cluster:
             self.rejected[i] = self.refused[i] = True
             self._release_client(now)
             return src
+        if src.role == PROMPT and self.p[i] > src.max_request:  # its prompt's KV never fits while it prefills
+            self.rejected[i] = True
+            self._release_client(now)
+            return src
         if src.idx in self.p_pos:  # a co-located instance also counts 1 per request it holds
             self.prompt_load[self.p_pos[src.idx]] += self.p[i] + (src.role == MIXED)
         dst.kv_committed += self.p[i] + self.o[i]
