@@ -101,7 +101,8 @@ def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], caption
     rows = [list(row) for row in rows]
     formats = [_column_format([r[i] for r in rows]) for i in range(len(columns))]
     cells = [[f(v) for f, v in zip(formats, row)] for row in rows]
-    t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    t = _Table(title=title, title_justify="left")
+    t.footnote = caption or ""
     for i, col in enumerate(columns):
         values = [r[i] for r in cells]
         numeric = i > 0 and all(_NUMBER.match(v) for v in values)
@@ -114,21 +115,55 @@ def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], caption
     return t
 
 
+class _Table(Table):
+    """A table whose caption (`footnote`) is printed below it at the console's width (at most
+    WIDTH, even with --wide), not the table's, and broken only between clauses (after `; ` or `, `): a figure and its unit
+    ("4 per GPU") are never split across lines."""
+
+    footnote = ""
+
+    def __rich_console__(self, console, options):
+        yield from super().__rich_console__(console, options)
+        if self.footnote:
+            yield Text("\n".join(_clause_lines(self.footnote, min(options.max_width, WIDTH))))
+
+
+def _clause_lines(text: str, width: int) -> list[str]:
+    """`text`'s paragraphs in lines of at most `width`, broken after a clause's `; ` or `, `
+    (within a clause only when the clause alone is longer than a line: prose, at a space)."""
+    import textwrap
+    lines = []
+    for paragraph in text.split("\n"):
+        line = ""
+        for clause in re.split(r"(?<=[;,]) ", paragraph):
+            if line and len(line) + 1 + len(clause) > width:
+                lines.append(line)
+                line = ""
+            line = f"{line} {clause}" if line else clause
+            if len(line) > width:
+                *full, line = textwrap.wrap(line, width)
+                lines += full
+        lines.append(line)
+    return lines
+
+
 _NUMBER = re.compile(r"^(-|[+-]?[\d,]*\.?\d+(e[+-]?\d+)?%?)$")
 
 
 def _column_format(values: list) -> Callable[[Any], str]:
     """One number format per column (a quantity): whole numbers when every value is whole,
-    else two decimals when every value is at least 1, else three significant digits; text as is."""
+    else two decimals when every value is at least 1, else as many decimals as give the smallest
+    value three significant digits (`1.000`, `0.600`, `0.535`), at most 6; text as is."""
     floats = [v for v in values if isinstance(v, float) and math.isfinite(v)]
     if not floats or any(v is not None and not isinstance(v, (int, float)) for v in values):
         return fmt
+    smallest = min((abs(v) for v in floats if v), default=1.0)
     if all(v == int(v) for v in floats):
         spec = ",.0f"
-    elif min(abs(v) for v in floats if v) >= 1 if any(floats) else True:
+    elif smallest >= 1:
         spec = ",.2f"
     else:
-        spec = ".3g"
+        spec = f",.{min(2 - math.floor(math.log10(smallest)), 6)}f"
 
     def one(value: Any) -> str:
         if isinstance(value, float) and math.isfinite(value):

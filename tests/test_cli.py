@@ -566,7 +566,22 @@ def test_one_number_format_per_column():
     from splitplan import report
     t = report.table("t", ["name", "GB", "TB/s", "$/h"], [("a", 40.0, 2.039, 17.6), ("b", 180.0, 0.864, 53.52)])
     cells = [[str(c._cells[k]) for c in t.columns] for k in range(2)]
-    assert cells == [["a", "40", "2.04", "17.60"], ["b", "180", "0.864", "53.52"]]
+    assert cells == [["a", "40", "2.039", "17.60"], ["b", "180", "0.864", "53.52"]]
+    ratios = report.table("t", ["design", "ratio"], [("a", 1.0), ("b", 0.6), ("c", 0.535)])
+    assert [str(c) for c in ratios.columns[1]._cells] == ["1.000", "0.600", "0.535"]  # one format (issue 27, item 8)
+
+
+@pytest.mark.parametrize("width", [40, 60])
+def test_a_caption_breaks_between_clauses_never_inside_a_figure(width):
+    import io
+
+    from splitplan import report
+    con = report._Console(file=io.StringIO(), width=width)
+    con.print(report.table("t", ["ms", "p50"], [("TTFT", 12.5)],
+                           caption="3.75 req/s, 126 output tokens/s, 4 per GPU (16 GPUs); GPU energy 0.07 kWh"))
+    lines = con.file.getvalue().splitlines()
+    for clause in ("3.75 req/s,", "126 output tokens/s,", "4 per GPU (16 GPUs);", "GPU energy 0.07 kWh"):
+        assert any(clause in line for line in lines), (clause, lines)
 
 
 def _sweep_rows(ttft_ms):

@@ -127,7 +127,7 @@ def _render_simulation(summary: dict, workload) -> None:
                              f"{x['utilization']:.0%}", x["mean_batch"],
                              x["energy_kwh"]) for x in summary["pools"]],
                            caption=f"tokens out {summary['tokens_out']:,} of {summary['tokens_asked']:,}; "
-                                   f"{summary['rejected_kv']} request(s) never fit a token instance's KV"
+                                   f"{summary['rejected_kv']} request(s) never fit an instance's KV"
                                    + (f", {summary['refused_context']:,} longer than the model's context window were "
                                       "refused (left out of the SLO)" if summary["refused_context"] else "") + "; "
                                    f"GPU energy {summary['energy_kwh']:.2f} kWh"))
