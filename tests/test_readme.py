@@ -79,3 +79,10 @@ def test_every_command_is_documented():
 
 def test_quickstart_has_the_two_setup_commands():
     assert "pip install . && splitplan" in README and "pip install '.[test]' && pytest" in README
+
+
+def test_the_readme_hardware_table_is_what_the_command_prints():
+    """Issue 27, item 9: the README shows `hardware list` as it prints (at the 120 columns of a pipe)."""
+    shown = next(body for lang, body in BLOCKS if lang == "text" and body.startswith("Hardware catalog"))
+    printed = CliRunner().invoke(app, ["hardware", "list"]).stdout
+    assert [line.rstrip() for line in shown.splitlines()] == [line.rstrip() for line in printed.splitlines()]
