@@ -43,9 +43,11 @@ Modelling assumptions (units: seconds, FLOPs and bytes per GPU):
 - Power-limited clocks: the compute-bound time of a pass that holds prefill work
   runs at the machine's `prefill_clock_fraction` of the datasheet-peak clock (the
   GPU's sustained clock under dense work, lowered by a power cap as the cube root
-  of the dynamic power left; Splitwise's capped H100 comes out 1.31x slower, it
-  measured about 1.3x). Decode draws well under the limit (137-300 W of 700 W on
-  H200, arXiv 2605.11999) and keeps its bandwidth roofline.
+  of the dynamic power left). A capped GPU holds that lower clock for the whole
+  prefill pass, so the cap also slows its memory-bound and network time (not the
+  host's overhead): Splitwise's capped H100 comes out 1.31x slower, it measured
+  1.3x from 128 to 8,192 tokens. Decode draws well under the limit (137-300 W of
+  700 W on H200, arXiv 2605.11999) and keeps its bandwidth roofline.
 - Mixed batches (prefill and decode in one iteration) are the same formula with
   both kinds of attention: the co-located baseline needs nothing else.
 
@@ -307,6 +309,7 @@ class Instance(PassShortcuts):
             host_s=f.host_launch_s_per_layer * L_stage,
             packed=self.engine.prefill_attention == "packed",
             clock_slowdown=1.0 / hw.prefill_clock_fraction,
+            cap_slowdown=1.0 / hw.cap_clock_fraction,
         )
 
     def _terms(self, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens):
@@ -376,6 +379,8 @@ class Instance(PassShortcuts):
             + _max(c.host_s - gpu_s, 0.0) * stages  # waiting on the host's kernel launches
         )
         compute_s = compute_s * (1.0 + (c.clock_slowdown - 1.0) * has_prefill)
+        capped = 1.0 + (c.cap_slowdown - 1.0) * has_prefill  # a capped GPU holds the lower clock the whole pass
+        memory_s, network_s = memory_s * capped, network_s * capped
         return compute_s * stages, memory_s * stages, network_s * stages, overhead_s, flops / micro, nbytes / micro
 
     def _shares(self, prefill_seqs, decode_seqs, has_prefill):

@@ -95,9 +95,15 @@ class HardwareSpec(BaseModel):
         the sustained clock at TDP, lowered by a power cap as the cube root of the dynamic
         power left (CLOCK_POWER_EXPONENT). Memory-bound decode draws well under the cap
         and keeps its bandwidth."""
+        return self.gpu.sustained_clock_fraction * self.cap_clock_fraction
+
+    @property
+    def cap_clock_fraction(self) -> float:
+        """What a power cap leaves of the sustained clock (1 uncapped): the cube root of the
+        dynamic power left (CLOCK_POWER_EXPONENT)."""
         g = self.gpu
         dynamic = (self.gpu_power_limit_w - g.idle_w) / (g.tdp_w - g.idle_w)
-        return g.sustained_clock_fraction * dynamic ** (1 / CLOCK_POWER_EXPONENT)
+        return dynamic ** (1 / CLOCK_POWER_EXPONENT)
 
     # SI views, converted once here so no other module sees human units.
     def peak_flops_per_s(self, dtype: str) -> float:
