@@ -81,9 +81,12 @@ class Setup:
     engine: str = DEFAULT_ENGINE
     perf_db: str | None = None
     max_batch_tokens: int = MAX_BATCH_TOKENS
+    perf_interp: str = "splitplan"  # how perf_db is read
+    borrow_threshold_tokens: int | None = None  # Splitwise's mixed pool (--mixed-pool-threshold)
 
     def simulate(self, trace, pools: list[PoolRequest], concurrency: int | None = None) -> SimulateResult:
         return simulate(trace, pools, self.model, self.slo, self.engine, self.perf_db, self.max_batch_tokens,
+                        borrow_threshold_tokens=self.borrow_threshold_tokens, perf_interp=self.perf_interp,
                         concurrency=concurrency)
 
 
@@ -143,16 +146,22 @@ def plan_pools(plan) -> list[PoolRequest]:
 
 
 def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
-             max_batch_tokens: int = MAX_BATCH_TOKENS, limit: int = 30, planned: "OptimizeResult | None" = None):
+             max_batch_tokens: int = MAX_BATCH_TOKENS, limit: int = 30, planned: "OptimizeResult | None" = None,
+             setup: Setup | None = None):
     """Simulate the plan; while a line fails, grow the pool that binds (TTFT: prompt;
     TBT: token; E2E: the side with the larger median share; co-located: the mixed
     pool) by one machine of its cheapest-per-capacity type and simulate again.
-    With `planned` (the OptimizeResult the plan came from), a grown plan carries the
-    planner's prediction for its new machines, so the two stay comparable.
-    Returns (plan, SimulateResult, machines added)."""
+    With Splitwise's mixed pool (`setup.borrow_threshold_tokens`), which the planner does
+    not model (prompt and token machines lend each other work), the plan is then trimmed:
+    while it still meets the SLO without one whole unit of some pool (the dearest first),
+    that unit goes. `setup` (else one from the arguments) says how to simulate.
+    With `planned` (the OptimizeResult the plan came from), a changed plan carries the
+    planner's prediction for its machines, so the two stay comparable.
+    Returns (plan, SimulateResult, machines added; negative: removed)."""
+    setup = setup or Setup(model, slo, engine, perf_db, max_batch_tokens)
     pools = plan_pools(plan)
     for added in range(limit + 1):
-        sim = simulate(trace, pools, model, slo, engine, perf_db, max_batch_tokens)
+        sim = setup.simulate(trace, pools)
         failed = [s for s in sim.summary["slo"] if not s["met"]]
         if not failed:
             break
@@ -169,14 +178,41 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
         else:
             role = Role.PROMPT if np.nanmedian(r.ttft_s) > np.nanmedian(r.e2e_s - r.ttft_s) else Role.TOKEN
         grow = min((p for p in pools if p.role == role), key=lambda p: (load_hardware(p.hardware).price_usd_per_hour / p.layout.gpus, p.hardware))
-        unit = grow.layout.unit(load_hardware(grow.hardware).gpus_per_machine)[0]  # whole instances
-        pools[pools.index(grow)] = grow._replace(machines=grow.machines + unit)
-    if added:
+        pools[pools.index(grow)] = grow._replace(machines=grow.machines + _unit(grow))
+    removed = 0
+    if setup.borrow_threshold_tokens is not None and not added:
+        pools, sim, removed = _trim(trace, pools, sim, setup, limit)
+    if added or removed:
+        what = f"{added} machine(s) added" if added else f"{removed} machine(s) removed (mixed pool)"
         plan = plan_from_pools(pools, predicted=plan.predicted, slo=plan.slo, repairs=plan.repairs,
-                               binding=f"{plan.binding}; simulation: {added} machine(s) added")
+                               binding=f"{plan.binding}; simulation: {what}")
         if planned is not None and planned.problem is not None:
             plan = predict(planned.problem, plan, {o.key: o for o in planned.options})
-    return plan, sim, added
+    return plan, sim, added - removed
+
+
+def _unit(pool: PoolRequest) -> int:
+    """Machines of a pool's smallest whole unit (whole instances)."""
+    return pool.layout.unit(load_hardware(pool.hardware).gpus_per_machine)[0]
+
+
+def _trim(trace, pools: list[PoolRequest], sim: SimulateResult, setup: Setup, limit: int):
+    """Remove whole units, the dearest first, while the simulation still meets the SLO; every
+    role keeps a unit. Returns (pools, the last simulation that met it, machines removed)."""
+    removed = 0
+    for _ in range(limit):
+        cuts = sorted((p for p in pools if sum(q.machines for q in pools if q.role == p.role) > _unit(p)),
+                      key=lambda p: (-load_hardware(p.hardware).price_usd_per_hour * _unit(p), p.role, p.hardware))
+        for pool in cuts:
+            trial = [q._replace(machines=q.machines - _unit(q)) if q == pool else q for q in pools]
+            trial = [q for q in trial if q.machines > 0]
+            trial_sim = setup.simulate(trace, trial)
+            if trial_sim.slo_met:
+                pools, sim, removed = trial, trial_sim, removed + _unit(pool)
+                break
+        else:
+            break
+    return pools, sim, removed
 
 
 def _simulate_unit(shared, pools):
@@ -190,9 +226,8 @@ def validate_result(result: "OptimizeResult", trace, setup: Setup, jobs: int = 1
     grown until its simulation meets the SLO (`validate`); the result carries both.
     `progress()` is called per runner-up and once for the plan."""
     runner_ups = simulate_plans(result.alternatives, trace, setup.model, setup.slo, setup.engine, setup.perf_db,
-                                setup.max_batch_tokens, jobs, executor, ray_address, progress)
-    plan, sim, added = validate(result.plan, trace, setup.model, setup.slo, setup.engine, setup.perf_db,
-                                setup.max_batch_tokens, planned=result)
+                                setup.max_batch_tokens, jobs, executor, ray_address, progress, setup=setup)
+    plan, sim, added = validate(result.plan, trace, setup.model, setup.slo, planned=result, setup=setup)
     if progress:
         progress()
     simulated = {**{k: sim.summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms", "slo")}, "machines_added": added}
@@ -211,7 +246,8 @@ def _at_max_rate(plan, trace, setup: Setup):
 
 def simulate_plans(plans, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
                    max_batch_tokens: int = MAX_BATCH_TOKENS, jobs: int = 1, executor: str = "local", ray_address: str | None = None,
-                   progress=None) -> list[dict]:
-    """Simulate several plans on the same trace (a work unit each)."""
-    return run_units(_simulate_unit, [plan_pools(p) for p in plans], (trace, Setup(model, slo, engine, perf_db, max_batch_tokens)),
+                   progress=None, setup: Setup | None = None) -> list[dict]:
+    """Simulate several plans on the same trace (a work unit each); `setup`, else one from the
+    arguments, says how."""
+    return run_units(_simulate_unit, [plan_pools(p) for p in plans], (trace, setup or Setup(model, slo, engine, perf_db, max_batch_tokens)),
                      jobs, executor, ray_address, progress, describe=lambda pools: f"plan {pools}")

@@ -10,6 +10,7 @@ from splitplan.cli import app
 from splitplan.specs.layout import Layout
 from splitplan.workload.trace import load_workload
 from tests.conftest import PERF_DB
+from tests.test_plan_document import _error
 
 runner = CliRunner()
 
@@ -713,3 +714,34 @@ def test_planner_and_simulator_refuse_the_same_prompt_too_long_for_a_prompt_inst
     assert "no split plan: no prompt option meets the SLO: a100-40gb TP 1: the longest prompt's KV exceeds" in both.stdout
     rows = (out / "candidates.csv").read_text()
     assert "prompt,a100-40gb,1,tp1,,,,,KV memory,the longest prompt's KV exceeds one instance's KV capacity" in rows
+
+
+def test_optimize_plans_and_validates_on_the_simulators_terms():
+    """Issue 27, item 12: optimize takes --perf-interp and, for its --validate, --mixed-pool-threshold,
+    so its simulation is the one `simulate` gives with the same options."""
+    table_read = ["--model", "bloom-176b", "--engine", "splitwise-sim", "--perf-db", str(PERF_DB), "--rate", "20", "--duration",
+                  "30", "--slo", "splitwise", "--format", "json"]
+    common = [*table_read, "--perf-interp", "splitwise-sim"]
+    planned = run("optimize", *common, "--hardware", "h100-80gb", "--tp", "8", "--split-only", "--validate",
+                  "--mixed-pool-threshold", "8192")
+    assert planned.exit_code == 0, planned.output
+    doc = json.loads(planned.stdout)
+    assert doc["inputs"]["perf_interp"] == "splitwise-sim" and doc["inputs"]["mixed_pool_threshold"] == 8192
+    plan = doc["plan"]
+    pools = [a for role in ("prompt", "token") for p in plan[f"{role}_pools"]
+             for a in (f"--{role}-pool", f"{p['hardware']}:{p['tp']}:{p['machines']}")]
+    simulated = run("simulate", *common, *pools, "--mixed-pool-threshold", "8192")
+    assert simulated.exit_code == 0, simulated.output
+    summary = json.loads(simulated.stdout)["summary"]
+    assert {m: plan["simulated"][f"{m}_ms"] for m in ("ttft", "tbt", "e2e")} == {m: summary[f"{m}_ms"] for m in ("ttft", "tbt", "e2e")}
+    default = run("optimize", *table_read, "--hardware", "h100-80gb", "--tp", "8", "--split-only")
+    assert json.loads(default.stdout)["plan"]["predicted"] != plan["predicted"]  # the reading of the table matters
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--perf-interp", "splitwise-sim"], "add --perf-db FILE"),
+    (["--mixed-pool-threshold", "8192"], "add --validate"),
+])
+def test_simulator_options_of_optimize_say_what_they_need(args, needle):
+    line = _error(run("optimize", "--rate", "2", "--duration", "10", *args))
+    assert needle in line, line

@@ -16,7 +16,7 @@ COMMANDS = [line for lang, body in BLOCKS if lang == "bash" for line in body.spl
 
 
 # Whole studies, Ray start-ups and the calibration run in the slow suite (pytest -m slow).
-SLOW = ("iso-power", "--executor ray", "splitplan calibrate")
+SLOW = ("iso-power", "--executor ray", "splitplan calibrate", "--validate --mixed-pool-threshold")
 
 
 @pytest.mark.parametrize("line", [pytest.param(c, marks=pytest.mark.slow) if any(s in c for s in SLOW) else c

@@ -96,6 +96,8 @@ def optimize(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help=RAY_HELP),
     plot: Optional[Path] = typer.Option(None, "--plot", help="With --pareto: the frontier (PNG; needs the plot extra)."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Plan from measured latencies (options without measurements are skipped)."),
+    perf_interp: str = typer.Option("splitplan", "--perf-interp", help="How --perf-db is read: splitplan (monotone batch and context curves) or splitwise-sim (its one batch-tokens axis, to plan as that simulator times)."),
+    borrow_threshold: Optional[int] = typer.Option(None, "--mixed-pool-threshold", help="With --validate: simulate Splitwise's mixed pool (prefill on a token machine when every prompt queue holds more than this many tokens; decode on a prompt machine when the token machines' KV is spoken for) and trim the plan while it still meets the SLO."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Plan for a closed loop, as serving benchmarks load a deployment: this many clients, each sending its next request when the last one finishes (checked by simulation)."),
     isl: Optional[int] = typer.Option(None, "--isl", help="With --concurrency: every request's input tokens (default: drawn from the trace)."),
     osl: Optional[int] = typer.Option(None, "--osl", help="With --concurrency: every request's output tokens (default: drawn from the trace)."),
@@ -106,13 +108,18 @@ def optimize(
     """The cheapest (or lowest-power) prompt/token machine plan meeting every SLO line on the trace."""
     if split_only and no_split:
         raise SpecError("--split-only and --no-split ask for opposite plans: keep one")
+    if perf_interp != "splitplan" and perf_db is None:
+        raise SpecError(f"--perf-interp {perf_interp} says how --perf-db is read: add --perf-db FILE")
+    if borrow_threshold is not None and not validate:
+        raise SpecError("--mixed-pool-threshold is Splitwise's mixed pool in the simulator, which the planner does not "
+                        "model: add --validate (the plan is simulated with it and trimmed while it meets the SLO)")
     jobs_n = jobs if jobs > 0 else (os.cpu_count() or 1)
     loaded = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))  # read once
     common = dict(hardware=_names(hardware, "--hardware"), prompt_hardware=_names(prompt_hardware, "--prompt-hardware"),
                   token_hardware=_names(token_hardware, "--token-hardware"),
                   tp=tp, engine=with_precision(engine, weights, kv_cache), search=search.value, solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
                   max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens,
-                  jobs=jobs_n, perf_db=str(perf_db) if perf_db else None, split_only=split_only)
+                  jobs=jobs_n, perf_db=str(perf_db) if perf_db else None, split_only=split_only, perf_interp=perf_interp)
     if concurrency is None and (isl is not None or osl is not None or num_requests is not None):
         raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
     if concurrency is not None:
@@ -137,10 +144,11 @@ def optimize(
     else:
         result = api.optimize(workload, model, slo, objective=objective.value, split=not no_split, pareto=pareto, **common)
     if validate:
-        result = _validate(result, workload, model, slo, common, jobs_n, executor.value, ray_address)
+        result = _validate(result, workload, model, slo, common, borrow_threshold, jobs_n, executor.value, ray_address)
     inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
               "seed": seed, "model": model, "slo": slo, "objective": objective.value, "split": not no_split, "window": stretch,
-              "validate": validate, **{k: v for k, v in common.items() if k not in ("jobs", "perf_db")}}
+              "validate": validate, "mixed_pool_threshold": borrow_threshold,
+              **{k: v for k, v in common.items() if k not in ("jobs", "perf_db")}}
     _emit_plan(result, workload, inputs, format, output_dir, plot, pareto)
 
 
@@ -187,9 +195,11 @@ def _highest_rate(base, rate, duration, seed, start_rps, model, slo, common):
     return result, workload_at(result.max_rate_rps)
 
 
-def _validate(result, workload, model, slo, common, jobs, executor, ray_address):
-    """--validate: the runner-ups simulated, the plan grown until its simulation meets the SLO."""
-    setup = api.Setup(model, slo, common["engine"], common["perf_db"], common["max_batch_tokens"])
+def _validate(result, workload, model, slo, common, borrow_threshold, jobs, executor, ray_address):
+    """--validate: the runner-ups simulated, the plan grown until its simulation meets the SLO
+    (with --mixed-pool-threshold, trimmed while it still meets it)."""
+    setup = api.Setup(model, slo, common["engine"], common["perf_db"], common["max_batch_tokens"], common["perf_interp"],
+                      borrow_threshold)
     with _progress("validating the runner-ups and the plan by simulation", total=len(result.alternatives) + 1) as step:
         return api.validate_result(result, workload, setup, jobs, executor, ray_address, step)
 
@@ -313,7 +323,9 @@ def _render_plan(result, workload) -> None:
     if simulated is not None:
         rows = [(f"{m.upper()} {q}", plan.predicted[m][q], simulated[f"{m}_ms"][q])
                 for m in ("ttft", "tbt", "e2e") for q in ("p50", "p90", "p99")]
-        con.print(report.table(f"Predicted vs simulated, ms ({simulated['machines_added']} machine(s) added by validation)",
+        changed = simulated["machines_added"]
+        what = f"{changed} machine(s) added" if changed >= 0 else f"{-changed} machine(s) removed (mixed pool)"
+        con.print(report.table(f"Predicted vs simulated, ms ({what} by validation)",
                                ["percentile", "predicted", "simulated"], rows))
         con.print(report.table("Simulated against the SLO", ["line", "target", "achieved", "attainment %", "met"],
                                report.slo_rows(simulated["slo"])))

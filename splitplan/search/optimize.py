@@ -95,12 +95,14 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
              max_power_kw: float | None = None, max_machines: dict[str, int] | None = None,
              max_batch_tokens: int = MAX_BATCH_TOKENS, alternatives: int = 5, split: bool = True,
              with_colocated: bool = True, jobs: int = 1, perf_db: str | None = None,
-             pareto: bool = False, solver: str = "highs", split_only: bool = False) -> OptimizeResult:
+             pareto: bool = False, solver: str = "highs", split_only: bool = False,
+             perf_interp: str = "splitplan") -> OptimizeResult:
     """The cheapest (or lowest-power) plan meeting every SLO line on `trace`: the better of
     the best split plan (prompt/token pools) and the best co-located plan under the objective
     (`split_only`: the split plan, the co-located one still compared); with `split=False`,
     co-located machines only. Co-located plans use the machines named by `hardware`, else
-    those of `prompt_hardware` and `token_hardware`, else the catalog."""
+    those of `prompt_hardware` and `token_hardware`, else the catalog. `perf_interp`: how
+    `perf_db` is read (perf.table.INTERPOLATIONS; splitwise-sim to plan as that simulator times)."""
 
 
     m, eng, profile = load_model(model), load_engine(engine), load_slo(slo)
@@ -118,13 +120,14 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     trace, unservable = _servable(trace, m, eng, [machines[n] for n in (token_hardware or names)] if split
                                   else [machines[n] for n in names], tp,
                                   [machines[n] for n in (prompt_hardware or names)] if split_only else ())
-    reference = reference_for(profile, lambda hw, t: reference_instance(m, hw, t, eng, db), trace.prompt_tokens, trace.output_tokens)
+    reference = reference_for(profile, lambda hw, t: reference_instance(m, hw, t, eng, db, perf_interp), trace.prompt_tokens,
+                              trace.output_tokens)
     problem = Problem(trace, profile, reference, max_batch_tokens, objective, max_cost_per_hour, max_power_kw,
                       tuple(sorted((max_machines or {}).items())), solver)
 
     def make(hw, t):  # measured timing where --perf-db has the group; otherwise skipped with the reason
         inst = Instance(m, hw, eng, t)
-        return db.instance(inst) if db else inst
+        return db.instance(inst, perf_interp) if db else inst
 
     def tasks(role, allowed, lower=None):
         return [(role, make(machines[name], layout), (lower or {}).get((name, layout)) or 1)

@@ -371,3 +371,23 @@ def test_colocated_instances_share_the_decodes_when_idle():
     trace = Trace(np.arange(8) * 0.5, np.full(8, 100), np.full(8, 500), "spaced")
     result = simulate(trace, [PoolSpec("mixed", inst, 1)])
     assert sorted(np.bincount(result.prompt_instance, minlength=4)) == [2, 2, 2, 2]
+
+
+def test_validation_with_the_mixed_pool_trims_what_lending_makes_spare():
+    """Issue 27, item 12: with Splitwise's mixed pool, which the planner does not model, validation
+    removes whole machines while the simulation still meets the SLO: the plan it returns meets it,
+    and without any one more machine it would not."""
+    from splitplan.workload.trace import default_trace_path, load_trace, resample_poisson
+    trace = resample_poisson(load_trace(default_trace_path()), 6.0, 30.0, np.random.default_rng(2))
+    setup = api.Setup("llama2-70b", "chat", borrow_threshold_tokens=8192)
+    big = api.plan_from_pools([("prompt", "h100-80gb", 8, 4), ("token", "h100-80gb", 8, 3)], binding="given")
+    plan, sim, changed = api.validate(big, trace, "llama2-70b", "chat", setup=setup)
+    assert changed < 0 and plan.machines == big.machines + changed and sim.slo_met
+    assert f"simulation: {-changed} machine(s) removed (mixed pool)" in plan.binding
+    pools = api.plan_pools(plan)
+    for k, pool in enumerate(pools):
+        if pool.machines > 1:
+            fewer = [*pools[:k], pool._replace(machines=pool.machines - 1), *pools[k + 1:]]
+            assert not setup.simulate(trace, fewer).slo_met, pool
+    plain, _, added = api.validate(big, trace, "llama2-70b", "chat")  # without the mixed pool nothing is trimmed
+    assert added == 0 and plain.machines == big.machines
