@@ -101,8 +101,8 @@ def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], caption
     rows = [list(row) for row in rows]
     formats = [_column_format([r[i] for r in rows]) for i in range(len(columns))]
     cells = [[f(v) for f, v in zip(formats, row)] for row in rows]
-    t = _Table(title=title, title_justify="left")
-    t.footnote = caption or ""
+    t = _Table()
+    t.heading, t.footnote = title, caption or ""
     for i, col in enumerate(columns):
         values = [r[i] for r in cells]
         numeric = i > 0 and all(_NUMBER.match(v) for v in values)
@@ -116,16 +116,20 @@ def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], caption
 
 
 class _Table(Table):
-    """A table whose caption (`footnote`) is printed below it at the console's width (at most
-    WIDTH, even with --wide), not the table's, and broken only between clauses (after `; ` or `, `): a figure and its unit
-    ("4 per GPU") are never split across lines."""
+    """A table whose title (`heading`, above it) and caption (`footnote`, below it) are printed
+    at the console's width (at most WIDTH, even with --wide), not the table's, and broken only
+    between clauses (after `; ` or `, `): a figure and its unit ("4 per GPU") are never split
+    across lines."""
 
-    footnote = ""
+    heading = footnote = ""
 
     def __rich_console__(self, console, options):
+        width = min(options.max_width, WIDTH)
+        if self.heading:
+            yield Text("\n".join(_clause_lines(self.heading, width)), style="italic")
         yield from super().__rich_console__(console, options)
         if self.footnote:
-            yield Text("\n".join(_clause_lines(self.footnote, min(options.max_width, WIDTH))))
+            yield Text("\n".join(_clause_lines(self.footnote, width)))
 
 
 def _clause_lines(text: str, width: int) -> list[str]:
