@@ -9,8 +9,8 @@ tests/perf; `pytest -x`): a mutant is killed when a test fails or the run times 
 - Named: the one-line breakages a code review found surviving the suite (issue 14), each
   spelled out below, and the input guards of issue 16 (judged by tests/test_hardening.py and
   tests/workload), and the plan, export, catalog and bound guards of issue 26 (judged by
-  tests/test_plan_document.py, tests/test_hostile_inputs.py, tests/export, tests/test_robustness.py).
-  Every one must be killed.
+  tests/test_plan_document.py, tests/test_hostile_inputs.py, tests/export, tests/test_robustness.py),
+  and those of issue 27 (judged by the tests written for it). Every one must be killed.
 - Sampled: `--sample` mutants drawn with `--seed` from every operator swap (+ -, * /,
   < <=, > >=, == !=, and or), constant change (n -> n + 1, 0 <-> 1, True <-> False) and
   dropped `not` in splitplan/capacity, search, sim and perf, written back with ast.unparse.
@@ -73,8 +73,8 @@ NAMED = [
      "(pp - _min(_max(decode_seqs, 1.0), pp)) * (1 - has_prefill)", "0.0"),
     ("all-to-all on NVLink beyond the NVLink domain", "splitplan/perf/roofline.py",
      "        if gpus <= hw.nvlink_domain:\n            return nvlink", "        return nvlink"),
-    ("an instance over two machines counted on one", "splitplan/perf/roofline.py",
-     "return machines // self.unit_machines * self.unit_instances", "return machines * self.unit_instances"),
+    ("an instance over two machines counted on one", "splitplan/specs/layout.py",
+     "return machines // unit_machines * unit_instances", "return machines * unit_instances"),
     ("the ILP counts half-instances of multi-machine layouts", "splitplan/search/solve.py",
      "x[o.key] * o.inst.unit_instances / o.instances", "x[o.key] * o.inst.instances_per_machine / o.instances"),
     ("repair adds one machine of a two-machine instance", "splitplan/search/plan.py",
@@ -154,6 +154,37 @@ ISSUE_26 = [
      "    short = \"; \".join(unique) if unique else \"none\""),
 ]
 
+# Issue 27 (what a plan buys, one rule for what fits, the power cap, optimize on the simulator's
+# terms, presentation), judged by the tests written for it.
+ISSUE_27_TESTS = [
+    "tests/search/test_plan.py::test_a_plan_says_what_it_buys",
+    "tests/test_cli.py::test_planner_and_simulator_refuse_the_same_prompt_too_long_for_a_prompt_instance",
+    "tests/perf/test_roofline.py::test_power_cap_slows_prefill_only",
+    "tests/sim/test_cluster.py::test_validation_with_the_mixed_pool_trims_what_lending_makes_spare",
+    "tests/test_cli.py::test_optimize_plans_and_validates_on_the_simulators_terms",
+    "tests/test_cli.py::test_a_caption_breaks_between_clauses_never_inside_a_figure",
+    "tests/test_cli.py::test_one_number_format_per_column",
+]
+ISSUE_27 = [
+    ("busy time not shared among instances", "splitplan/capacity/pools.py",
+     "np.sum(np.minimum(open_, instances) * np.diff(times[order]))", "np.sum(open_ * np.diff(times[order]))"),
+    ("prompt-side KV unchecked in the simulator", "splitplan/sim/cluster.py",
+     "if src.role == PROMPT and self.p[i] > src.max_request:", "if False:"),
+    ("prompt-side KV unchecked in the planner", "splitplan/search/plan.py",
+     "if role == Role.PROMPT and int(np.max(t.prompt_tokens)) > inst.max_request_tokens:", "if False:"),
+    ("the power cap slows only compute", "splitplan/perf/roofline.py",
+     "memory_s, network_s = memory_s * capped, network_s * capped", "pass"),
+    ("the mixed pool's plan never trimmed", "splitplan/simulation.py",
+     "if setup.borrow_threshold_tokens is not None and not added and all(", "if False and all("),
+    ("--validate reads the perf-db its own way", "splitplan/simulation.py",
+     "borrow_threshold_tokens=self.borrow_threshold_tokens, perf_interp=self.perf_interp,",
+     "borrow_threshold_tokens=self.borrow_threshold_tokens,"),
+    ("a caption wrapped between words", "splitplan/report.py",
+     'for clause in re.split(r"(?<=[;,]) ", paragraph):', 'for clause in paragraph.split(" "):'),
+    ("a column's decimals dropped where zeros", "splitplan/report.py",
+     'spec = f",.{min(2 - math.floor(math.log10(smallest)), 6)}f"', 'spec = ".3g"'),
+]
+
 SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Lt: ast.LtE, ast.LtE: ast.Lt,
          ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.And: ast.Or, ast.Or: ast.And}
 
@@ -226,6 +257,7 @@ def main() -> None:
     assert not killed(scratch, args.timeout), "the core tests fail on the unmutated code"
     assert not killed(scratch, args.timeout, HARDENING_TESTS), "the hardening tests fail on the unmutated code"
     assert not killed(scratch, args.timeout, ISSUE_26_TESTS), "the issue-26 tests fail on the unmutated code"
+    assert not killed(scratch, args.timeout, ISSUE_27_TESTS), "the issue-27 tests fail on the unmutated code"
 
     def trial(path: str, text: str, tests: list[str] = TESTS) -> bool:
         target = scratch / path
@@ -238,7 +270,7 @@ def main() -> None:
 
     print("| named mutation | file | killed |\n|---|---|---|")
     named = ([(m, TESTS) for m in NAMED] + [(m, HARDENING_TESTS) for m in HARDENING]
-             + [(m, ISSUE_26_TESTS) for m in ISSUE_26])
+             + [(m, ISSUE_26_TESTS) for m in ISSUE_26] + [(m, ISSUE_27_TESTS) for m in ISSUE_27])
     named = [(m, tests) for m, tests in named if any(part in m[0] for part in args.only.split("|"))]
     named_killed = 0
     for (name, path, old, new), tests in named:

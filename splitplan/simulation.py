@@ -180,7 +180,7 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
         grow = min((p for p in pools if p.role == role), key=lambda p: (load_hardware(p.hardware).price_usd_per_hour / p.layout.gpus, p.hardware))
         pools[pools.index(grow)] = grow._replace(machines=grow.machines + _unit(grow))
     removed = 0
-    if setup.borrow_threshold_tokens is not None and not added:
+    if setup.borrow_threshold_tokens is not None and not added and all(p.role != Role.MIXED for p in pools):
         pools, sim, removed = _trim(trace, pools, sim, setup, limit)
     if added or removed:
         what = f"{added} machine(s) added" if added else f"{removed} machine(s) removed (mixed pool)"

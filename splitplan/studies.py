@@ -196,14 +196,14 @@ def _sweep_row(name, rate, plan, metrics: dict, trace, slo_met: bool, error: str
     row = {"design": name, "rate_rps": rate, "error": error or None}
     if plan is not None:
         cost = plan.cost_usd_per_hour
-        per_million, per_million_output = usd_per_million_tokens(cost, trace)
+        per_million = usd_per_million_tokens(cost, trace)
         row.update({
             "prompt_machines": sum(p.machines for p in plan.prompt_pools),
             "token_machines": sum(p.machines for p in plan.token_pools),
             "mixed_machines": sum(p.machines for p in plan.mixed_pools),
             "cost_usd_per_hour": cost, "power_kw": plan.power_kw,
-            "cost_per_million_tokens_usd": per_million,
-            "cost_per_million_output_tokens_usd": per_million_output,
+            "cost_per_million_tokens_usd": per_million["cost_usd_per_million_tokens"],
+            "cost_per_million_output_tokens_usd": per_million["cost_usd_per_million_output_tokens"],
         })
     for metric in ("ttft", "tbt", "e2e"):
         for q in ("p50", "p90", "p99"):

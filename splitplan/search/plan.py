@@ -299,9 +299,7 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     e2e = ttft + decode_s
     span_s = max(float(np.max(t.arrival_s + e2e) - t.arrival_s[0]), 1e-9)  # as the simulator's utilization
     keys = [k for k, _ in prompt_keys] + [k for k in sorted(counts) if k.role == Role.TOKEN]
-    busy = [*prompt_busy_s, *token_busy_s]
-    pairs = [*prompt, *token]
-    utilization = {k: min(b / (span_s * n), 1.0) for k, b, (_, n) in zip(keys, busy, pairs)}
+    utilization = {k: min(b / (span_s * n), 1.0) for k, b, (_, n) in zip(keys, [*prompt_busy_s, *token_busy_s], prompt + token)}
     return {"ttft": ttft, "tbt": tbt, "e2e": e2e, "kv_peak_fraction": kv_peak, "utilization": utilization}
 
 
@@ -377,19 +375,16 @@ def _repair_moves(counts: dict, options: dict, roles: tuple, weight, extra: int 
     return [moves[k] for k in sorted(moves)]
 
 
-def usd_per_million_tokens(cost_usd_per_hour: float, trace: Trace) -> tuple[float | None, float | None]:
-    """What these machines cost per million tokens (prompt and output; output only) of the
-    trace's load: an hour's cost over an hour of its tokens. None for a trace without a span."""
+def usd_per_million_tokens(cost_usd_per_hour: float, trace: Trace) -> dict:
+    """What these machines cost per million tokens of the trace's load, an hour's cost over an
+    hour of its tokens: `cost_usd_per_million_tokens` (prompt and output) and
+    `cost_usd_per_million_output_tokens`; None for a trace without a span."""
     if trace.span_s <= 0:
-        return None, None
+        return {"cost_usd_per_million_tokens": None, "cost_usd_per_million_output_tokens": None}
     usd = cost_usd_per_hour * trace.span_s / 3600 * 1e6
     output = float(trace.output_tokens.sum())
-    return usd / (output + float(trace.prompt_tokens.sum())), usd / max(output, 1.0)
-
-
-def _per_million(cost_usd_per_hour: float, trace: Trace) -> dict:
-    all_tokens, output = usd_per_million_tokens(cost_usd_per_hour, trace)
-    return {"cost_usd_per_million_tokens": all_tokens, "cost_usd_per_million_output_tokens": output}
+    return {"cost_usd_per_million_tokens": usd / (output + float(trace.prompt_tokens.sum())),
+            "cost_usd_per_million_output_tokens": usd / max(output, 1.0)}
 
 
 def _pools(counts: dict[OptionKey, int], options: dict[OptionKey, Option], values: dict) -> dict[Role, tuple[Pool, ...]]:
@@ -413,7 +408,7 @@ def make_plan(problem: Problem, counts: dict[OptionKey, int], options: dict[Opti
     bindings += _tight_budgets(problem, counts, cost, power)
     pools = _pools(counts, options, values)
     return Plan(pools[Role.PROMPT], pools[Role.TOKEN], pools[Role.MIXED], cost, power, predicted,
-                tuple(lines), "; ".join(bindings), repairs, **_per_million(cost, problem.trace))
+                tuple(lines), "; ".join(bindings), repairs, **usd_per_million_tokens(cost, problem.trace))
 
 
 def _binding_text(option: Option, machines: int) -> str:
@@ -444,7 +439,7 @@ def predict(problem: Problem, plan: Plan, options: dict[OptionKey, Option]) -> P
     pools = _pools(counts, options, values)
     return replace(plan, prompt_pools=pools[Role.PROMPT], token_pools=pools[Role.TOKEN], mixed_pools=pools[Role.MIXED],
                    predicted=_percentiles_ms(values), slo=tuple(check(problem, values)),
-                   **_per_million(plan.cost_usd_per_hour, problem.trace))
+                   **usd_per_million_tokens(plan.cost_usd_per_hour, problem.trace))
 
 
 def _tight_budgets(problem: Problem, counts: dict[OptionKey, int], cost: float, power: float) -> list[str]:

@@ -166,3 +166,15 @@ def test_each_held_out_prediction_comes_from_a_fit_without_its_fold(tmp_path):
         held = fold == f
         alone = cal.predict_ms(points[held].reset_index(drop=True), cal.fit_profile(points[~held], base))
         assert result.points.cv_ms[held].to_numpy() == pytest.approx(alone, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_every_group_of_the_splitwise_measurements_cross_validates_within_8_percent():
+    """Issue 27, item 13: with the power-capped H100 slowed for its whole prefill pass and the
+    per-prompt cost of a batched prefill fitted per group, the README's calibration holds out
+    every (model, machine, TP, phase) group within 8 % (the capped TP 8 prefill was at 10.4 %)."""
+    result = api.calibrate(str(PERF_DB), "lean", 5, max_prefill_batch_tokens=2048, jobs=2)
+    worst = max(result.report["groups"], key=lambda g: g["mape_cv_pct"])
+    assert worst["mape_cv_pct"] <= 8.0, worst
+    capped = [g for g in result.report["groups"] if g["hardware"] == "h100-80gb-cap70" and g["phase"] == "prefill"]
+    assert len(capped) == 4 and all(g["mape_cv_pct"] <= 8.0 for g in capped)
