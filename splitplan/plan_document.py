@@ -150,6 +150,7 @@ class Inputs(BaseModel):
     slo: Name
     engine: Name
     max_batch_tokens: Annotated[int, Field(ge=1, le=limits.MAX_REQUEST_TOKENS)] = MAX_BATCH_TOKENS
+    max_num_seqs: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
 
 
 class SpecCopy(BaseModel):
@@ -310,7 +311,10 @@ def _pin(doc: PlanDocument, where: str) -> list[str]:
             if current is not None and current != copy["sha256"]:
                 notes.append(f"{kind} {excerpt(name)} differs in the catalog from the copy the plan was made with; "
                              "using the plan's copy (re-plan to use the catalog's)")
-            held.append((kind, name, copy["spec"], f"{where}#{key}"))
+            spec = copy["spec"]
+            if kind == "engine" and "scheduler" not in spec:  # written before schedulers were named: whole prompts first
+                spec = {**spec, "scheduler": "prefill-priority"}
+            held.append((kind, name, spec, f"{where}#{key}"))
     for kind, name, spec, origin in held:
         catalog.pin(KINDS[kind], name, spec, origin)
     try:

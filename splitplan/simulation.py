@@ -13,7 +13,6 @@ from splitplan.defaults import (
     DEFAULT_ENGINE,
     DEFAULT_MODEL,
     DEFAULT_SLO,
-    MAX_BATCH_TOKENS,
 )
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.parallel import run_units
@@ -80,14 +79,15 @@ class Setup:
     slo: str = DEFAULT_SLO
     engine: str = DEFAULT_ENGINE
     perf_db: str | None = None
-    max_batch_tokens: int = MAX_BATCH_TOKENS
+    max_batch_tokens: int | None = None  # the scheduler's token budget (None: the engine profile's)
     perf_interp: str = "splitplan"  # how perf_db is read
     borrow_threshold_tokens: int | None = None  # Splitwise's mixed pool (--mixed-pool-threshold)
+    max_num_seqs: int | None = None  # requests running on an instance at once (None: the profile's)
 
     def simulate(self, trace, pools: list[PoolRequest], concurrency: int | None = None) -> SimulateResult:
         return simulate(trace, pools, self.model, self.slo, self.engine, self.perf_db, self.max_batch_tokens,
                         borrow_threshold_tokens=self.borrow_threshold_tokens, perf_interp=self.perf_interp,
-                        concurrency=concurrency)
+                        concurrency=concurrency, max_num_seqs=self.max_num_seqs)
 
 
 def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
@@ -109,12 +109,13 @@ def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGIN
 
 
 def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str = DEFAULT_ENGINE,
-             perf_db: str | None = None, max_batch_tokens: int = MAX_BATCH_TOKENS, routing: str = "jsq",
+             perf_db: str | None = None, max_batch_tokens: int | None = None, routing: str = "jsq",
              borrow_threshold_tokens: int | None = None, perf_interp: str = "splitplan",
-             concurrency: int | None = None) -> SimulateResult:
+             concurrency: int | None = None, max_num_seqs: int | None = None) -> SimulateResult:
     """Replay `trace` through the cluster request by request (sim.cluster) and summarize.
     With `concurrency`, a closed loop of that many clients (workload.closed_loop_workload
-    makes its requests); the trace's timestamps are ignored."""
+    makes its requests); the trace's timestamps are ignored. `max_batch_tokens` and
+    `max_num_seqs` set the engine's scheduler (None: the engine profile's)."""
 
     roles = {r for r, *_ in pools}
     if not (set(SPLIT) <= roles or Role.MIXED in roles) or (Role.MIXED in roles and len(roles) > 1):
@@ -126,8 +127,10 @@ def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str 
     db = load_perf_db(perf_db) if perf_db else None
     reference = reference_for(profile, lambda hw, t: reference_instance(model, hw, t, engine, db, perf_interp),
                               trace.prompt_tokens, trace.output_tokens)
-    result = run(trace, specs, SimOptions(max_batch_tokens, routing, borrow_threshold_tokens, concurrency,
-                                          max_model_len=specs[0].perf.engine.context_tokens(specs[0].perf.model)))
+    eng = specs[0].perf.engine
+    result = run(trace, specs, SimOptions(eng.batch_tokens(max_batch_tokens), routing, borrow_threshold_tokens, concurrency,
+                                          max_model_len=eng.context_tokens(specs[0].perf.model),
+                                          max_num_seqs=eng.seqs_cap(max_num_seqs)))
     return SimulateResult(result, summarize_result(result, specs, profile, reference), tuple(specs))
 
 
@@ -146,7 +149,7 @@ def plan_pools(plan) -> list[PoolRequest]:
 
 
 def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
-             max_batch_tokens: int = MAX_BATCH_TOKENS, limit: int = 30, planned: "OptimizeResult | None" = None,
+             max_batch_tokens: int | None = None, limit: int = 30, planned: "OptimizeResult | None" = None,
              setup: Setup | None = None):
     """Simulate the plan; while a line fails, grow the pool that binds (TTFT: prompt;
     TBT: token; E2E: the side with the larger median share; co-located: the mixed
@@ -245,7 +248,7 @@ def _at_max_rate(plan, trace, setup: Setup):
 
 
 def simulate_plans(plans, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
-                   max_batch_tokens: int = MAX_BATCH_TOKENS, jobs: int = 1, executor: str = "local", ray_address: str | None = None,
+                   max_batch_tokens: int | None = None, jobs: int = 1, executor: str = "local", ray_address: str | None = None,
                    progress=None, setup: Setup | None = None) -> list[dict]:
     """Simulate several plans on the same trace (a work unit each); `setup`, else one from the
     arguments, says how."""

@@ -13,7 +13,6 @@ from splitplan.defaults import (
     DEFAULT_ENGINE,
     DEFAULT_MODEL,
     DEFAULT_SLO,
-    MAX_BATCH_TOKENS,
     STUDY_SLO,
 )
 from splitplan.errors import InfeasibleError, SpecError
@@ -132,8 +131,8 @@ def compare(trace, designs: str, scenario: str, model: str = DEFAULT_MODEL, slo:
             engine: str = DEFAULT_ENGINE, budget_machines: dict[str, int] | None = None,
             max_power_kw: float | None = None, max_cost_per_hour: float | None = None, rate: float | None = None,
             duration_s: float = 120.0, seed: int = 0, baseline: str | None = None, validate: bool = False,
-            perf_db: str | None = None, max_batch_tokens: int = MAX_BATCH_TOKENS, jobs: int = 1, progress=None,
-            executor: str = "local", ray_address: str | None = None) -> CompareResult:
+            perf_db: str | None = None, max_batch_tokens: int | None = None, jobs: int = 1, progress=None,
+            executor: str = "local", ray_address: str | None = None, max_num_seqs: int | None = None) -> CompareResult:
     """Splitwise's provisioning study as one call: every design of `designs` in `scenario`.
 
     iso-power / iso-cost: the highest rate each design serves within the budget
@@ -165,11 +164,12 @@ def compare(trace, designs: str, scenario: str, model: str = DEFAULT_MODEL, slo:
         if scenario == "iso-power" and max_power_kw is None or scenario == "iso-cost" and max_cost_per_hour is None:
             raise SpecError(f"--scenario {scenario}: give the budget as {'--max-power-kw' if scenario == 'iso-power' else '--max-cost-per-hour'} or --budget-machines")
         budget = {"max_power_kw": max_power_kw} if scenario == "iso-power" else {"max_cost_per_hour": max_cost_per_hour}
-    kwargs = dict(engine=engine, perf_db=perf_db, max_batch_tokens=max_batch_tokens, **budget)
+    kwargs = dict(engine=engine, perf_db=perf_db, max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs, **budget)
     base_rate = rate or trace.mean_rate_rps
     workload = resample_poisson(trace, rate, duration_s, np.random.default_rng(seed)) if rate else trace
     workload_at = functools.partial(_resampled, trace, duration_s, seed)
-    job = _CompareJob(scenario, workload, workload_at, base_rate, Setup(model, slo, engine, perf_db, max_batch_tokens), kwargs, validate)
+    setup = Setup(model, slo, engine, perf_db, max_batch_tokens, max_num_seqs=max_num_seqs)
+    job = _CompareJob(scenario, workload, workload_at, base_rate, setup, kwargs, validate)
     results = run_units(_design_unit, list(spec.designs), job, jobs, executor, ray_address, progress,
                         describe=lambda d: f"design {d.name}")
     return CompareResult(scenario, tuple(results), base_name, budget)
@@ -244,8 +244,8 @@ def _sweep_unit(job: _SweepJob, unit):
 def sweep(trace, rates: list[float], model: str = DEFAULT_MODEL, slo: str = DEFAULT_SLO, designs: str | None = None,
           only: list[str] | None = None, pools: list[tuple[str, str, int, int]] | None = None,
           engine: str = DEFAULT_ENGINE, objective: str = "cost", duration_s: float = 120.0, seed: int = 0,
-          perf_db: str | None = None, max_batch_tokens: int = MAX_BATCH_TOKENS, jobs: int = 1, progress=None,
-          executor: str = "local", ray_address: str | None = None) -> SweepResult:
+          perf_db: str | None = None, max_batch_tokens: int | None = None, jobs: int = 1, progress=None,
+          executor: str = "local", ray_address: str | None = None, max_num_seqs: int | None = None) -> SweepResult:
     """A load sweep. With `designs`: the cheapest (or lowest-power) plan of each design
     at each rate, with its predicted percentiles and cost per million tokens. With
     `pools`: one fixed plan simulated at each rate (latency against load). Every rate
@@ -254,7 +254,7 @@ def sweep(trace, rates: list[float], model: str = DEFAULT_MODEL, slo: str = DEFA
         raise SpecError("--rates: give one or more rates > 0 (e.g. 5,10,20 or 5:80:16)")
     if (designs is None) == (pools is None):
         raise SpecError("sweep designs (--designs) or one plan (--plan / --prompt-pool ...), not both or neither")
-    kwargs = dict(engine=engine, perf_db=perf_db, max_batch_tokens=max_batch_tokens)
+    kwargs = dict(engine=engine, perf_db=perf_db, max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs)
     if designs is not None:
         spec = load_designs(designs)
         chosen = [spec.get(n) for n in only] if only else list(spec.designs)
@@ -265,7 +265,8 @@ def sweep(trace, rates: list[float], model: str = DEFAULT_MODEL, slo: str = DEFA
         pool_specs(pools, model, engine, perf_db)  # validate before forking
         units = [("plan", None, r) for r in rates]
         mode = "plan"
-    job = _SweepJob(trace, duration_s, seed, Setup(model, slo, engine, perf_db, max_batch_tokens), kwargs, pools if mode == "plan" else None)
+    job = _SweepJob(trace, duration_s, seed, Setup(model, slo, engine, perf_db, max_batch_tokens, max_num_seqs=max_num_seqs), kwargs,
+                    pools if mode == "plan" else None)
     rows = run_units(_sweep_unit, units, job, jobs, executor,
                      ray_address, progress, describe=lambda u: f"{u[0]} at {u[2]:g} req/s")
     return SweepResult(tuple(rows), mode)

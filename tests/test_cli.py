@@ -745,3 +745,38 @@ def test_optimize_plans_and_validates_on_the_simulators_terms():
 def test_simulator_options_of_optimize_say_what_they_need(args, needle):
     line = _error(run("optimize", "--rate", "2", "--duration", "10", *args))
     assert needle in line, line
+
+
+def test_the_engines_scheduler_settings_on_the_command_line(tmp_path):
+    """Issue 28, item 1: --max-num-batched-tokens (alias --max-batch-tokens) and --max-num-seqs
+    on optimize, simulate, sweep and compare; a chunked engine's budget below its cap is refused
+    as vLLM refuses it; a plan carries both, simulate --plan uses them and the export serves them."""
+    import yaml
+    engine = yaml.safe_load(Path(__file__).parents[1].joinpath("engine_profiles", "lean.yaml").read_text())
+    engine.update(scheduler="chunked", max_num_batched_tokens=8192, max_num_seqs=256)
+    (tmp_path / "today.yaml").write_text(yaml.safe_dump(engine))
+    today = str(tmp_path / "today.yaml")
+    line = _error(run("simulate", "--mixed-pool", "h100-80gb:8:1", "--engine", today, "--max-num-batched-tokens", "128",
+                      "--rate", "2", "--duration", "10"))
+    assert "--max-num-batched-tokens 128 is below --max-num-seqs 256" in line
+    for command in (["optimize", "--hardware", "h100-80gb", "--tp", "8"], ["simulate", "--mixed-pool", "h100-80gb:8:1"],
+                    ["sweep", "--rates", "2", "--mixed-pool", "h100-80gb:8:1"],
+                    ["compare", "--scenario", "iso-throughput-cost", "--rate", "2"]):
+        assert "--max-num-seqs 0: must be >= 1" in _error(run(*command, "--max-num-seqs", "0", "--duration", "10"))
+    out = tmp_path / "plan"
+    planned = run("optimize", "--hardware", "h100-80gb", "--tp", "8", "--engine", today, "--max-num-seqs", "64",
+                  "--max-batch-tokens", "4096", "--rate", "2", "--duration", "20", "--no-split", "--output-dir", str(out),
+                  "--format", "json")
+    assert planned.exit_code == 0, planned.output
+    inputs = json.loads(planned.stdout)["inputs"]
+    assert (inputs["max_batch_tokens"], inputs["max_num_seqs"]) == (4096, 64)
+    simulated = json.loads(run("simulate", "--plan", str(out / "plan.json"), "--rate", "2", "--duration", "20",
+                               "--format", "json").stdout)["inputs"]
+    assert (simulated["max_batch_tokens"], simulated["max_num_seqs"]) == (4096, 64)
+    served = run("export", str(out / "plan.json"), "--to", "vllm", "--output", str(tmp_path / "deploy"))
+    assert served.exit_code == 0, served.output
+    launch = (tmp_path / "deploy" / "launch.sh").read_text()
+    assert "--max-num-batched-tokens 4096" in launch and "--max-num-seqs 64" in launch
+    default = json.loads(run("simulate", "--mixed-pool", "h100-80gb:8:1", "--engine", today, "--rate", "2", "--duration", "10",
+                             "--format", "json").stdout)["inputs"]
+    assert (default["max_batch_tokens"], default["max_num_seqs"]) == (8192, 256)  # the profile's

@@ -57,8 +57,11 @@ class BatchTimes:
         self.cache: dict = {}
 
     def batch_s(self, first: int, seqs: int, tokens: float, sq_tokens: float) -> float:
-        if seqs == 1:
-            return self.single[first]
+        """A batch of whole prompts, `first` the first of them."""
+        return self.single[first] if seqs == 1 else self.pass_s(seqs, tokens, sq_tokens)
+
+    def pass_s(self, seqs: int, tokens: float, sq_tokens: float) -> float:
+        """Any pass of `seqs` prompts or chunks (cached)."""
         key = (seqs, tokens, sq_tokens)
         duration = self.cache.get(key)
         if duration is None:
@@ -69,12 +72,15 @@ class BatchTimes:
 def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[tuple[Instance, int]],
                         max_batch_tokens: int, times: list[BatchTimes] | None = None,
                         busy: list | None = None, held_s: np.ndarray | None = None,
-                        placed: list | None = None) -> np.ndarray:
+                        placed: list | None = None, chunked: bool = False, max_seqs: int | None = None) -> np.ndarray:
     """TTFT of every request on the given prompt instances (type, count), routed as
     the simulator and Splitwise route them: at arrival, to the instance with the
     fewest pending prompt tokens (queued or in a running prefill; ties to the lowest
     index), then FCFS per instance with batches of at most `max_batch_tokens`
-    (always at least one prompt). With `busy` (a list), every batch's
+    (always at least one prompt), or, `chunked` (the engine's scheduler), passes of
+    `max_batch_tokens` tokens taken from the head of the queue, a prompt split over
+    passes (its first token with its last chunk); at most `max_seqs` prompts in a
+    pass (the engine's max_num_seqs). With `busy` (a list), every batch's
     (start, duration, instance) is appended to it; with `placed`, every request's
     instance. With `held_s` (co-located instances), request i also counts 1 in its
     instance's load for held_s[i] seconds from its arrival, as the simulator routes
@@ -93,17 +99,37 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     arrival = arrival_s.tolist()
     tokens = prompt_tokens.tolist()
 
+    cap = max_seqs or n_req
+    done = [0] * n_req  # (chunked) prompt tokens prefilled so far
+
     def start(j: int, now: float) -> None:
         queue = queues[j]
-        members = [queue.popleft()]
-        total = tokens[members[0]]
-        sq = total * total
-        while queue and total + tokens[queue[0]] <= max_batch_tokens:
-            i = queue.popleft()
-            members.append(i)
-            total += tokens[i]
-            sq += tokens[i] * tokens[i]
-        duration = times[kind[j]].batch_s(members[0], len(members), total, sq)
+        if chunked:  # as the simulator's chunked iteration on an instance with no decodes
+            members, total, sq, seqs, room = [], 0, 0, 0, max_batch_tokens
+            while queue and room > 0 and seqs < cap:
+                i = queue[0]
+                d = done[i]
+                c = min(tokens[i] - d, room)
+                total += c
+                sq += (d + c) * (d + c) - d * d  # causal attention of c new tokens over d + c
+                done[i] = d + c
+                room -= c
+                seqs += 1
+                if done[i] < tokens[i]:
+                    break
+                members.append(queue.popleft())
+            duration = times[kind[j]].pass_s(seqs, total, sq)
+            total = sum(tokens[i] for i in members)  # pending on the instance until prefilled
+        else:
+            members = [queue.popleft()]
+            total = tokens[members[0]]
+            sq = total * total
+            while queue and total + tokens[queue[0]] <= max_batch_tokens and len(members) < cap:
+                i = queue.popleft()
+                members.append(i)
+                total += tokens[i]
+                sq += tokens[i] * tokens[i]
+            duration = times[kind[j]].batch_s(members[0], len(members), total, sq)
         running[j] = (members, total)
         if busy is not None:
             busy.append((now, duration, j))
@@ -147,6 +173,7 @@ class DecodeResult:
     kv_peak_fraction: float  # peak KV held per instance / its KV capacity (<= 1 fits)
     mean_batch: float
     context_tokens: float  # mean context of the requests decoding
+    batch_p99: float  # the per-instance batch the requests see, 99th percentile (against max_num_seqs)
 
 
 def decode_pool(start_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray, inst: Instance,
@@ -175,10 +202,11 @@ def decode_pool(start_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: n
     peak = float(np.max(np.cumsum(weights[order]))) / instances
     busy = float(np.sum(end - start_s))
     span = float(max(end.max() - start_s.min(), 1e-9))
-    return DecodeResult(step, peak / inst.fit.kv_capacity_tokens, busy / span / instances, context)
+    return DecodeResult(step, peak / inst.fit.kv_capacity_tokens, busy / span / instances, context,
+                        float(np.percentile(batch, 99)))
 
 
-def colocated_pool(trace, inst: Instance, instances: int, max_batch_tokens: int) -> dict:
+def colocated_pool(trace, inst: Instance, instances: int, max_batch_tokens: int, max_num_seqs: int | None = None) -> dict:
     """Per-request TTFT, TBT and E2E on `instances` co-located (non-split) instances: the
     simulator's own replay (sim.cluster), so a co-located plan's verdict is the one
     `simulate` gives it. Mixed batching feeds back on itself (prefills stall the decodes,
@@ -188,7 +216,7 @@ def colocated_pool(trace, inst: Instance, instances: int, max_batch_tokens: int)
     iterates on its own). KV memory is the replay's to enforce (admission, preemption), so it
     shows in the latencies and `kv_peak_fraction` is 0."""
     pool = PoolSpec(Role.MIXED, inst, inst.machines_for(instances), instances)
-    result = simulate(trace, [pool], SimOptions(max_batch_tokens=max_batch_tokens))
+    result = simulate(trace, [pool], SimOptions(max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs))
     return {"ttft": result.ttft_s, "tbt": result.tbt_s, "e2e": result.e2e_s, "kv_peak_fraction": 0.0,
             "utilization": pool_report(result, [pool])[0]["utilization"]}
 

@@ -144,7 +144,8 @@ OPTION_BOUNDS = {
     "--isl": Bound(1, limits.MAX_REQUEST_TOKENS, "tokens"),
     "--osl": Bound(1, limits.MAX_REQUEST_TOKENS, "tokens"),
     "--num-requests": Bound(1, limits.MAX_CLOSED_LOOP_REQUESTS, "requests"),
-    "--max-batch-tokens": Bound(1, limits.MAX_REQUEST_TOKENS, "tokens"),
+    "--max-num-batched-tokens": Bound(16, limits.MAX_REQUEST_TOKENS, "tokens"),
+    "--max-num-seqs": Bound(1, 1_000_000, "requests"),
     "--max-prefill-batch-tokens": Bound(1, limits.MAX_REQUEST_TOKENS, "tokens"),
     "--max-requests": Bound(1, limits.MAX_TRACE_REQUESTS, "requests"),
     "--mixed-pool-threshold": Bound(0, limits.MAX_REQUEST_TOKENS, "tokens"),
@@ -434,6 +435,26 @@ def plan_input(plan: Optional[Path], prompt_pool: list[str], token_pool: list[st
 WEIGHTS = typer.Option(None, "--weights", help="Weight precision (default: the engine's): bf16, fp8, or fp4 (NVFP4; machines "
                        "with fp4 tensor cores). Memory and GEMM speed follow.")
 KV_CACHE = typer.Option(None, "--kv-cache", help="KV-cache precision (default: the engine's): bf16 or fp8.")
+MAX_NUM_BATCHED_TOKENS = typer.Option(
+    None, "--max-num-batched-tokens", "--max-batch-tokens",
+    help="The scheduler's token budget per iteration, as vLLM's --max-num-batched-tokens: prompt tokens per "
+         "prefill batch, or decodes and prompt chunks per chunked iteration (default: the engine profile's, else 2,048).")
+MAX_NUM_SEQS = typer.Option(None, "--max-num-seqs", help="At most this many requests run on an instance at once, the rest "
+                                                         "wait, as vLLM's --max-num-seqs (default: the engine profile's, else no cap).")
+
+
+def scheduler_settings(engine: str, max_num_batched_tokens: int | None, max_num_seqs: int | None) -> tuple[int, int | None]:
+    """The token budget and sequence cap a run uses: the options given, else the engine profile's.
+    A chunked iteration carries every running decode, so a budget below the cap is refused, as
+    vLLM refuses it (max_num_batched_tokens must be >= max_num_seqs): exit 2."""
+    from splitplan.specs.engine import load_engine
+    eng = load_engine(engine)
+    budget, cap = eng.batch_tokens(max_num_batched_tokens), eng.seqs_cap(max_num_seqs)
+    if eng.chunked and cap is not None and budget < cap:
+        raise SpecError(f"--max-num-batched-tokens {budget:,} is below --max-num-seqs {cap:,} (engine {eng.name}, chunked "
+                        f"prefill): every running request takes a token of each iteration; give at least {cap:,} tokens "
+                        "or fewer sequences")
+    return budget, cap
 
 
 def with_precision(engine: str, weights: "Weights | None", kv_cache: "KvCache | None") -> str:

@@ -15,6 +15,8 @@ from splitplan import plan_document, report
 from splitplan.cli.common import (
     EXECUTOR_HELP,
     KV_CACHE,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
     OUTPUT_COLUMN,
     PROMPT_COLUMN,
     RAY_HELP,
@@ -38,6 +40,7 @@ from splitplan.cli.common import (
     check_request_sizes,
     figure_png,
     parse_duration,
+    scheduler_settings,
     trace_columns,
     user_errors,
     with_precision,
@@ -46,7 +49,6 @@ from splitplan.defaults import (
     DEFAULT_ENGINE,
     DEFAULT_MODEL,
     DEFAULT_SLO,
-    MAX_BATCH_TOKENS,
 )
 from splitplan.errors import SpecError
 from splitplan.workload.trace import (
@@ -84,7 +86,8 @@ def optimize(
     max_cost_per_hour: Optional[float] = typer.Option(None, "--max-cost-per-hour", help="Budget in USD per hour."),
     max_power_kw: Optional[float] = typer.Option(None, "--max-power-kw", help="Budget in provisioned kW."),
     max_machines: list[str] = typer.Option([], "--max-machines", help="Availability, TYPE=N (repeatable)."),
-    max_batch_tokens: int = typer.Option(MAX_BATCH_TOKENS, "--max-batch-tokens", help="Prompt tokens per prefill batch."),
+    max_batch_tokens: Optional[int] = MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: Optional[int] = MAX_NUM_SEQS,
     no_split: bool = typer.Option(False, "--no-split", help="Plan co-located machines (mixed batching), not split pools."),
     split_only: bool = typer.Option(False, "--split-only", help="Recommend the best split plan even where a co-located one is better under the objective (it is still compared)."),
     jobs: int = typer.Option(0, "--jobs", help="Processes for sizing pool options (0: one per core)."),
@@ -115,10 +118,12 @@ def optimize(
                         "model: add --validate (the plan is simulated with it and trimmed while it meets the SLO)")
     jobs_n = jobs if jobs > 0 else (os.cpu_count() or 1)
     loaded = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))  # read once
+    engine = with_precision(engine, weights, kv_cache)
+    max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs)
     common = dict(hardware=_names(hardware, "--hardware"), prompt_hardware=_names(prompt_hardware, "--prompt-hardware"),
                   token_hardware=_names(token_hardware, "--token-hardware"),
-                  tp=tp, engine=with_precision(engine, weights, kv_cache), search=search.value, solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
-                  max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens,
+                  tp=tp, engine=engine, search=search.value, solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
+                  max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs,
                   jobs=jobs_n, perf_db=str(perf_db) if perf_db else None, split_only=split_only, perf_interp=perf_interp)
     if concurrency is None and (isl is not None or osl is not None or num_requests is not None):
         raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
@@ -199,7 +204,7 @@ def _validate(result, workload, model, slo, common, borrow_threshold, jobs, exec
     """--validate: the runner-ups simulated, the plan grown until its simulation meets the SLO
     (with --mixed-pool-threshold, trimmed while it still meets it)."""
     setup = api.Setup(model, slo, common["engine"], common["perf_db"], common["max_batch_tokens"], common["perf_interp"],
-                      borrow_threshold)
+                      borrow_threshold, common["max_num_seqs"])
     with _progress("validating the runner-ups and the plan by simulation", total=len(result.alternatives) + 1) as step:
         return api.validate_result(result, workload, setup, jobs, executor, ray_address, step)
 

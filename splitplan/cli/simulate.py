@@ -11,6 +11,8 @@ import typer
 from splitplan import report
 from splitplan.cli.common import (
     KV_CACHE,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
     OUTPUT_COLUMN,
     PROMPT_COLUMN,
     TIME_COLUMN,
@@ -27,9 +29,9 @@ from splitplan.cli.common import (
     plan_settings,
     trace_columns,
     user_errors,
+    scheduler_settings,
     with_precision,
 )
-from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.errors import SpecError
 from splitplan.specs.layout import Layout, as_layout
 from splitplan.workload.trace import EMBEDDED_HELP, closed_loop_workload, load_workload, peak_window
@@ -57,7 +59,8 @@ def simulate(
     kv_cache: Optional[KvCache] = KV_CACHE,
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
     perf_interp: str = typer.Option("splitplan", "--perf-interp", help="How --perf-db is read: splitplan (monotone batch and context curves) or splitwise-sim (its one batch-tokens axis, to compare with that simulator)."),
-    max_batch_tokens: int = typer.Option(MAX_BATCH_TOKENS, "--max-batch-tokens", help="Prompt tokens per prefill batch."),
+    max_batch_tokens: Optional[int] = MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: Optional[int] = MAX_NUM_SEQS,
     routing: str = typer.Option("jsq", "--routing", help="jsq (join-shortest-queue on pending tokens) or round-robin."),
     borrow_threshold: Optional[int] = typer.Option(None, "--mixed-pool-threshold", help="Splitwise's mixed pool, both ways: prefill on a token machine when every prompt queue holds more than this many tokens; decode on a prompt machine when the token machine's KV is spoken for."),
     max_requests: int = typer.Option(1_000_000, "--max-requests", help="Longer traces are simulated on their busiest stretch of this many requests."),
@@ -74,6 +77,8 @@ def simulate(
         raise SpecError("nothing to simulate: give --plan plan.json or --prompt-pool and --token-pool (or --mixed-pool)")
     model, slo, engine = plan_settings(echo, model, slo, engine)
     engine = with_precision(engine, weights, kv_cache)
+    max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens or echo.get("max_batch_tokens"),
+                                                        max_num_seqs or echo.get("max_num_seqs"))
     trace = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
     if concurrency is None:
         if isl is not None or osl is not None or num_requests is not None:
@@ -85,13 +90,14 @@ def simulate(
         check_request_sizes(model, engine, isl, osl)
         workload, window = closed_loop_workload(trace, concurrency, num_requests, isl, osl, seed), None
     sim = api.simulate(workload, pools, model, slo, engine, str(perf_db) if perf_db else None, max_batch_tokens,
-                       routing, borrow_threshold, perf_interp, concurrency)
+                       routing, borrow_threshold, perf_interp, concurrency, max_num_seqs)
     workload = sim.result.trace
     inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
               "seed": seed, "model": model, "slo": slo, "engine": engine, "perf_db": str(perf_db) if perf_db else None,
               "perf_interp": perf_interp if perf_db else None, "pools": [{"role": r, "hardware": h, **lay._asdict(), "layout": lay.spec, "machines": m}
                         for r, h, t, m in pools for lay in [as_layout(t, h)]],
-              "routing": routing, "max_batch_tokens": max_batch_tokens, "mixed_pool_threshold": borrow_threshold,
+              "routing": routing, "max_batch_tokens": max_batch_tokens, "max_num_seqs": max_num_seqs,
+              "mixed_pool_threshold": borrow_threshold,
               "window": window, "concurrency": concurrency, "isl": isl, "osl": osl}
     document = {"schema_version": report.SCHEMA_VERSION, "inputs": inputs, "summary": sim.summary}
     if output_dir is not None:

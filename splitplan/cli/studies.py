@@ -14,6 +14,8 @@ from splitplan import report
 from splitplan.cli.common import (
     EXECUTOR_HELP,
     KV_CACHE,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
     OUTPUT_COLUMN,
     PROMPT_COLUMN,
     RAY_HELP,
@@ -36,6 +38,7 @@ from splitplan.cli.common import (
     parse_rates,
     plan_input,
     plan_settings,
+    scheduler_settings,
     trace_columns,
     user_errors,
     with_precision,
@@ -75,6 +78,8 @@ def compare(
     weights: Optional[Weights] = WEIGHTS,
     kv_cache: Optional[KvCache] = KV_CACHE,
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
+    max_batch_tokens: Optional[int] = MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: Optional[int] = MAX_NUM_SEQS,
     validate: bool = typer.Option(False, "--validate", help="Simulate each design's plan and report whether it holds."),
     jobs: int = typer.Option(0, "--jobs", help="Processes (or local Ray CPUs), one design each (0: one per core)."),
     executor: Executor = typer.Option(Executor.local, "--executor", help=EXECUTOR_HELP),
@@ -86,12 +91,14 @@ def compare(
     if plot is not None:
         _require_matplotlib()
     base = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
+    engine = with_precision(engine, weights, kv_cache)
+    max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs)
     from splitplan.specs.design import load_designs
     with _progress(f"{scenario.value}: designs", total=len(load_designs(designs).designs)) as step:
-        result = api.compare(base, designs, scenario.value, model, slo, with_precision(engine, weights, kv_cache), _limits(budget_machines, "--budget-machines") or None,
+        result = api.compare(base, designs, scenario.value, model, slo, engine, _limits(budget_machines, "--budget-machines") or None,
                              max_power_kw, max_cost_per_hour, rate, duration, seed, baseline, validate,
-                             str(perf_db) if perf_db else None, jobs=jobs if jobs > 0 else (os.cpu_count() or 1),
-                             progress=step, executor=executor.value, ray_address=ray_address)
+                             str(perf_db) if perf_db else None, max_batch_tokens, jobs=jobs if jobs > 0 else (os.cpu_count() or 1),
+                             progress=step, executor=executor.value, ray_address=ray_address, max_num_seqs=max_num_seqs)
     document = result.to_json()
     if plot is not None:
         report.write_set({plot: _compare_plot(result, f"{model}, SLO {slo}, {base.source}" + (f", {rate:g} req/s" if rate else ""))})
@@ -158,6 +165,8 @@ def sweep(
     kv_cache: Optional[KvCache] = KV_CACHE,
     objective: Objective = typer.Option(Objective.cost, "--objective", help="Designs mode: minimize cost or power."),
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
+    max_batch_tokens: Optional[int] = MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: Optional[int] = MAX_NUM_SEQS,
     jobs: int = typer.Option(0, "--jobs", help="Processes (or local Ray CPUs), one (design, rate) each (0: one per core)."),
     executor: Executor = typer.Option(Executor.local, "--executor", help=EXECUTOR_HELP),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help=RAY_HELP),
@@ -172,6 +181,8 @@ def sweep(
     pools, echo = plan_input(plan, prompt_pool, token_pool, mixed_pool)
     model, slo, engine = plan_settings(echo, model, slo, engine)
     engine = with_precision(engine, weights, kv_cache)
+    max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens or echo.get("max_batch_tokens"),
+                                                        max_num_seqs or echo.get("max_num_seqs"))
     base = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
     rate_list = parse_rates(rates)
     if designs is not None:
@@ -181,9 +192,9 @@ def sweep(
         units = len(rate_list)
     with _progress("sweep: (design, rate) units", total=units) as step:
         result = api.sweep(base, rate_list, model, slo, designs, design or None, pools or None, engine,
-                           objective.value, duration, seed, str(perf_db) if perf_db else None,
+                           objective.value, duration, seed, str(perf_db) if perf_db else None, max_batch_tokens,
                            jobs=jobs if jobs > 0 else (os.cpu_count() or 1), progress=step,
-                           executor=executor.value, ray_address=ray_address)
+                           executor=executor.value, ray_address=ray_address, max_num_seqs=max_num_seqs)
     text = result.to_frame().to_csv(index=False, float_format="%.6g")
     files = {output: text} if output is not None else {}
     if plot is not None:

@@ -134,6 +134,7 @@ class Deployment:
     max_batch_tokens: int
     groups: tuple[Group, ...]
     repo_given: bool = False  # the repository came from --model-id, not the model spec's hf_repo
+    max_num_seqs: int | None = None  # the plan's sequence cap (None: the engine's default)
 
     @property
     def name(self) -> str:
@@ -192,7 +193,7 @@ def deployment(pools, inputs: dict, source: str, model_id_option: str | None = N
         raise SpecError(f"{printable(source)}: two pools share the name {excerpt(max(names, key=names.count))}; "
                         "give each machine type its own name")
     return Deployment(source, model, repo, engine, int(inputs.get("max_batch_tokens", MAX_BATCH_TOKENS)), groups,
-                      repo_given=model_id_option is not None)
+                      repo_given=model_id_option is not None, max_num_seqs=inputs.get("max_num_seqs"))
 
 
 def export(dep: Deployment, target: str, backend: str | None = None, image: str | None = None) -> Export:

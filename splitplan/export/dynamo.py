@@ -16,7 +16,7 @@ from importlib import resources
 import yaml
 
 from splitplan.export import ROLE_NAMES, VERSIONS, Deployment, Export, common_mapping
-from splitplan.export.engines import BATCH_TOKENS_FLAG, model_args, parallel_args, pool_flags, role_args, setting_args
+from splitplan.export.engines import BATCH_TOKENS_FLAG, SEQS_FLAG, model_args, parallel_args, pool_flags, role_args, setting_args
 
 # The template flags splitplan sets itself (each takes a value), removed before its own are added.
 _OURS = {"--model", "--model-path", "--served-model-name", "--tp", "--tp-size", "--tensor-parallel-size", "--dp",
@@ -51,7 +51,7 @@ def dynamo(dep: Deployment, backend: str, image: str | None) -> Export:
         where = f"{g.role} pool {g.hardware.name}:{g.layout.spec}"
         container = c["podTemplate"]["spec"]["containers"][0]
         container["args"] = (model_args(backend, dep.model_id) + parallel_args(backend, g.layout, where)
-                             + role_args(backend, g.role) + setting_args(backend, dep.engine.kv, dep.max_batch_tokens)
+                             + role_args(backend, g.role) + setting_args(backend, dep.engine.kv, dep.max_batch_tokens, dep.max_num_seqs)
                              + _strip(container["args"]))
         container["resources"]["limits"]["nvidia.com/gpu"] = str(g.gpus_per_node)
         if image:
@@ -71,6 +71,7 @@ def dynamo(dep: Deployment, backend: str, image: str | None) -> Export:
         ("pool instances", "components[].replicas; GPUs per pod in resources.limits nvidia.com/gpu; "
                            "instances over several nodes in multinode.nodeCount"),
         ("inputs.max_batch_tokens", BATCH_TOKENS_FLAG[backend]),
+        *([("inputs.max_num_seqs", SEQS_FLAG[backend])] if dep.max_num_seqs else []),
     ]
     if dep.split:
         mapping.append(("prompt/token pools", "prefill and decode components with NIXL KV transfer"))

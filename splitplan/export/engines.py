@@ -12,6 +12,7 @@ from splitplan.specs.layout import Layout
 
 VLLM_KV_CONNECTOR = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
 BATCH_TOKENS_FLAG = {"vllm": "--max-num-batched-tokens", "sglang": "--chunked-prefill-size"}  # the prefill batch cap
+SEQS_FLAG = {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"}  # requests running at once
 
 
 def parallel_args(engine: str, layout: Layout, where: str) -> list[str]:
@@ -55,10 +56,11 @@ def role_args(engine: str, role: str) -> list[str]:
     return ["--disaggregation-mode", "prefill" if role == "prompt" else "decode", "--disaggregation-transfer-backend", "nixl"]
 
 
-def setting_args(engine: str, kv_precision: str, max_batch_tokens: int) -> list[str]:
-    """The plan's KV-cache precision and prefill batch cap."""
+def setting_args(engine: str, kv_precision: str, max_batch_tokens: int, max_num_seqs: int | None = None) -> list[str]:
+    """The plan's KV-cache precision, token budget and, where it has one, its sequence cap."""
     args = (["--kv-cache-dtype", "fp8" if engine == "vllm" else "fp8_e4m3"] if kv_precision == "fp8" else [])
-    return args + [BATCH_TOKENS_FLAG[engine], str(max_batch_tokens)]
+    return (args + [BATCH_TOKENS_FLAG[engine], str(max_batch_tokens)]
+            + ([SEQS_FLAG[engine], str(max_num_seqs)] if max_num_seqs else []))
 
 
 def model_args(engine: str, model_id: str) -> list[str]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import yaml
 
 from splitplan.export import VERSIONS, Deployment, Expand, Export, common_mapping, shell_words
-from splitplan.export.engines import BATCH_TOKENS_FLAG, dp_ranks_per_node, parallel_args, pool_flags, role_args, setting_args
+from splitplan.export.engines import BATCH_TOKENS_FLAG, SEQS_FLAG, dp_ranks_per_node, parallel_args, pool_flags, role_args, setting_args
 
 SIDECAR_IMAGE = f"ghcr.io/llm-d/llm-d-router-disagg-sidecar:v{VERSIONS['llm-d']}"
 IMAGE = f"vllm/vllm-openai:v{VERSIONS['vllm']}"
@@ -42,7 +42,7 @@ def _labels(dep: Deployment, g, serving: bool) -> dict:
 def _serve(dep: Deployment, g, port: int) -> list[str]:
     where = f"{g.role} pool {g.hardware.name}:{g.layout.spec}"
     return (["vllm", "serve", dep.model_id, *parallel_args("vllm", g.layout, where), *role_args("vllm", g.role),
-             *setting_args("vllm", dep.engine.kv, dep.max_batch_tokens), "--port", str(port)])
+             *setting_args("vllm", dep.engine.kv, dep.max_batch_tokens, dep.max_num_seqs), "--port", str(port)])
 
 
 def _container(dep: Deployment, g, image: str, name: str, script: str, serving_port: int | None) -> dict:
@@ -142,6 +142,7 @@ def llmd(dep: Deployment, image: str | None) -> Export:
                            "nodes: LeaderWorkerSet replicas with size = its nodes"),
         ("inputs.engine", f"KV cache {dep.engine.kv}"),
         ("inputs.max_batch_tokens", BATCH_TOKENS_FLAG["vllm"]),
+        *([("inputs.max_num_seqs", SEQS_FLAG["vllm"])] if dep.max_num_seqs else []),
         ("prompt/token pools" if dep.split else "mixed pool",
          "pods labelled llm-d.ai/role prefill and decode, KV over NIXL, llm-d's routing sidecar on decode pods"
          if dep.split else "pods without llm-d.ai/role (the router's decode filter takes them for both phases)"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from splitplan.defaults import DEFAULT_ENGINE, MAX_BATCH_TOKENS
+from splitplan.defaults import DEFAULT_ENGINE
 from splitplan.errors import InfeasibleError, SpecError, listed, with_details
 from splitplan.parallel import run_units
 from splitplan.perf.points import candidate_layouts, reference_instance, require_tp
@@ -93,16 +93,17 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
              token_hardware: list[str] | None = None, tp: int | None = None, objective: str = "cost",
              engine: str = DEFAULT_ENGINE, search: str = "ilp", max_cost_per_hour: float | None = None,
              max_power_kw: float | None = None, max_machines: dict[str, int] | None = None,
-             max_batch_tokens: int = MAX_BATCH_TOKENS, alternatives: int = 5, split: bool = True,
+             max_batch_tokens: int | None = None, alternatives: int = 5, split: bool = True,
              with_colocated: bool = True, jobs: int = 1, perf_db: str | None = None,
              pareto: bool = False, solver: str = "highs", split_only: bool = False,
-             perf_interp: str = "splitplan") -> OptimizeResult:
+             perf_interp: str = "splitplan", max_num_seqs: int | None = None) -> OptimizeResult:
     """The cheapest (or lowest-power) plan meeting every SLO line on `trace`: the better of
     the best split plan (prompt/token pools) and the best co-located plan under the objective
     (`split_only`: the split plan, the co-located one still compared); with `split=False`,
     co-located machines only. Co-located plans use the machines named by `hardware`, else
     those of `prompt_hardware` and `token_hardware`, else the catalog. `perf_interp`: how
-    `perf_db` is read (perf.table.INTERPOLATIONS; splitwise-sim to plan as that simulator times)."""
+    `perf_db` is read (perf.table.INTERPOLATIONS; splitwise-sim to plan as that simulator times).
+    `max_batch_tokens` and `max_num_seqs` set the engine's scheduler (None: the profile's)."""
 
 
     m, eng, profile = load_model(model), load_engine(engine), load_slo(slo)
@@ -122,8 +123,8 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
                                   [machines[n] for n in (prompt_hardware or names)] if split_only else ())
     reference = reference_for(profile, lambda hw, t: reference_instance(m, hw, t, eng, db, perf_interp), trace.prompt_tokens,
                               trace.output_tokens)
-    problem = Problem(trace, profile, reference, max_batch_tokens, objective, max_cost_per_hour, max_power_kw,
-                      tuple(sorted((max_machines or {}).items())), solver)
+    problem = Problem(trace, profile, reference, eng.batch_tokens(max_batch_tokens), objective, max_cost_per_hour, max_power_kw,
+                      tuple(sorted((max_machines or {}).items())), solver, eng.seqs_cap(max_num_seqs), eng.chunked)
 
     def make(hw, t):  # measured timing where --perf-db has the group; otherwise skipped with the reason
         inst = Instance(m, hw, eng, t)

@@ -137,12 +137,14 @@ class Problem:
     trace: Trace
     slo: SloProfile
     reference: Reference | None
-    max_batch_tokens: int = MAX_BATCH_TOKENS
+    max_batch_tokens: int = MAX_BATCH_TOKENS  # the scheduler's token budget
     objective: str = "cost"
     max_cost_per_hour: float | None = None
     max_power_kw: float | None = None
     max_machines: tuple[tuple[str, int], ...] = ()
     solver: str = "highs"  # the ILP's solver: highs (HiGHS via highspy) or cbc (the CBC PuLP 3 bundles)
+    max_num_seqs: int | None = None  # requests running on one instance at once (None: no cap)
+    chunked: bool = False  # the engine's scheduler: chunked prefill (else whole prompts first)
 
 
 def _lines(problem: Problem, metric: str) -> list[SloLine]:
@@ -195,7 +197,8 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
         memo = [BatchTimes(inst, t.prompt_tokens)]
 
         def failing(n):
-            ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, [(inst, n)], problem.max_batch_tokens, memo)
+            ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, [(inst, n)], problem.max_batch_tokens, memo,
+                                       chunked=problem.chunked, max_seqs=problem.max_num_seqs)
             return _first_failing(problem, "ttft", ttft)
         alone = _first_failing(problem, "ttft", inst.prefill_time_s(t.prompt_tokens))
         if alone is not None:
@@ -211,7 +214,9 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
             line = _first_failing(problem, "tbt", tbt)
             if line is not None:
                 return line
-            return "KV memory" if res.kv_peak_fraction > 1 else None
+            if res.kv_peak_fraction > 1:
+                return "KV memory"
+            return "max_num_seqs" if problem.max_num_seqs and res.batch_p99 > problem.max_num_seqs else None
     else:  # mixed: one pool runs both phases; estimated here, the best simulated (colocated_plan)
         memo: dict = {}
 
@@ -244,7 +249,8 @@ def simulated_option(problem: Problem, option: Option) -> Option:
 
     def failing(n):
         if n not in seen:
-            seen[n] = _mixed_failing(problem, colocated_pool(problem.trace, option.inst, n, problem.max_batch_tokens))
+            seen[n] = _mixed_failing(problem, colocated_pool(problem.trace, option.inst, n, problem.max_batch_tokens,
+                                                             problem.max_num_seqs))
         return seen[n]
     n = smallest_count(lambda k: failing(k) is None, 1, option.instances)
     if n is None:
@@ -265,7 +271,7 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     if mixed:
         (key, machines), = mixed  # a co-located plan is one homogeneous pool
         inst = options[key].inst
-        values = colocated_pool(t, inst, inst.instances_on(machines), problem.max_batch_tokens)
+        values = colocated_pool(t, inst, inst.instances_on(machines), problem.max_batch_tokens, problem.max_num_seqs)
         return {**values, "utilization": {key: values["utilization"]}}
     memo = {} if memo is None else memo
     prompt_keys = tuple(sorted((k, c) for k, c in counts.items() if k.role == Role.PROMPT))
@@ -275,7 +281,8 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     if replayed is None:
         batches = [memo.setdefault(("batch", k), BatchTimes(options[k].inst, t.prompt_tokens)) for k, _ in prompt_keys]
         busy: list = []
-        ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens, batches, busy)
+        ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens, batches, busy,
+                                   chunked=problem.chunked, max_seqs=problem.max_num_seqs)
         _, durations, where = np.array(busy).T
         pool_of = np.repeat(np.arange(len(prompt)), [n for _, n in prompt])  # instance -> its pool
         replayed = memo[("ttft", prompt_keys)] = ttft, np.bincount(pool_of[where.astype(int)], durations, len(prompt))

@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 
-from splitplan.defaults import DEFAULT_ENGINE, MAX_BATCH_TOKENS
+from splitplan.defaults import DEFAULT_ENGINE
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.perf.roofline import Instance
 from splitplan.report import plan_text
@@ -78,8 +78,8 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
         open_loop = dataclasses.replace(workload, arrival_s=np.cumsum(gaps) - gaps[0],
                                         source=f"{workload.source} (open loop at {rate:.3g} req/s)")
         result = optimize(open_loop, model, slo, **kwargs)
-        setup = Setup(model, slo, kwargs.get("engine", DEFAULT_ENGINE), kwargs.get("perf_db"), kwargs.get("max_batch_tokens", MAX_BATCH_TOKENS),
-                      kwargs.get("perf_interp", "splitplan"))
+        setup = Setup(model, slo, kwargs.get("engine", DEFAULT_ENGINE), kwargs.get("perf_db"), kwargs.get("max_batch_tokens"),
+                      kwargs.get("perf_interp", "splitplan"), max_num_seqs=kwargs.get("max_num_seqs"))
         sim = setup.simulate(workload, plan_pools(result.plan), concurrency)
         met = sim.slo_met
         rounds_out.append({"planned_rate_rps": rate, "plan": plan_text(result.plan), "cost_usd_per_hour": result.plan.cost_usd_per_hour,

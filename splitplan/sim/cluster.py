@@ -16,11 +16,14 @@ one iteration at a time; what an iteration holds depends on the instance's role:
   wait is part of its TTFT. A queued prefill batch goes into the next iteration
   together with the decode batch (prefill priority), so decodes stall while a
   prompt runs; finished prefills join the instance's own decode batch.
-With an engine's `chunked_prefill_tokens` (chunked prefill, today's engines), an
-iteration of any role instead carries every decoding request plus, up to that
-many tokens in all, the head of the prompt queue, a prompt split over iterations
-when it does not fit (its causal attention counted chunk by chunk); its first
-token comes with its last chunk.
+With an engine whose `scheduler` is `chunked` (chunked prefill, today's engines), an
+iteration of any role instead carries every decoding request plus, up to the token
+budget (`max_batch_tokens`, the engine's max_num_batched_tokens) in all, the head of the
+prompt queue, a prompt split over iterations when it does not fit (its causal
+attention counted chunk by chunk); its first token comes with its last chunk.
+With `max_num_seqs`, at most that many requests run on an instance at once (decoding,
+or admitted to prefill on a co-located one; prompts in one prefill iteration), as
+vLLM's and SGLang's schedulers cap them; the rest wait in arrival order.
 
 KV transfer (split pools) occupies the source's and the destination's NIC shares,
 each shared FIFO by concurrent transfers, at the smaller of the two bandwidths.
@@ -121,7 +124,8 @@ class _Cluster:
         self.kv_bytes = self.model.kv_bytes_per_token(self.pools[0].perf.engine.kv_bytes_per_element)
         self.layers = self.model.num_hidden_layers
         self.max_tokens = self.options.max_batch_tokens
-        self.chunked = {k: pool.perf.engine.chunked_prefill_tokens for k, pool in enumerate(self.pools)}
+        self.chunked = {k: self.max_tokens if pool.perf.engine.chunked else None for k, pool in enumerate(self.pools)}
+        self.cap = self.options.max_num_seqs or math.inf  # requests running on one instance at once
         self.done = [0] * self.n  # prompt tokens prefilled so far (chunked prefill)
         self.plen = list(self.p)  # tokens to prefill: the prompt, or prompt and output so far when preempted
         self.base = [1] * self.n  # tokens the request had when it (last) joined a decode batch
@@ -216,7 +220,8 @@ class _Cluster:
         if inst.can_prefill and inst.queue:
             total = sq = 0
             if budget is None:  # whole prompts, batched up to max_tokens
-                while inst.queue and (not prefill or total + self.plen[inst.queue[0]] <= self.max_tokens):
+                while inst.queue and (not prefill or (total + self.plen[inst.queue[0]] <= self.max_tokens
+                                                      and len(prefill) < self.cap)):
                     i = inst.queue.popleft()
                     prefill.append(i)
                     total += self.plen[i]
@@ -226,7 +231,7 @@ class _Cluster:
                 chunks = len(prefill)
             else:  # chunked: the decodes first, then prompt tokens up to the budget
                 room = budget - inst.batch
-                while inst.queue and room > 0:
+                while inst.queue and room > 0 and chunks < self.cap:
                     i = inst.queue[0]
                     d = self.done[i]
                     if d == 0 and not self.resumed[i]:
@@ -287,13 +292,14 @@ class _Cluster:
                 continue
             if mixed:
                 need = self.plen[i] + 1
-                if inst.kv_used + inst.ctx + need > inst.kv_cap:
+                if (inst.kv_used + inst.ctx + need > inst.kv_cap
+                        or inst.batch + len(inst.queue) + len(inst.run_prefill) >= self.cap):  # (running: decoding or prefilling)
                     break
                 inst.waiting.popleft()
                 inst.kv_used += self.plen[i]
                 inst.queue.append(i)
                 continue
-            if inst.kv_used + need > inst.kv_cap:
+            if inst.kv_used + need > inst.kv_cap or inst.batch >= self.cap:
                 break
             inst.waiting.popleft()
             inst.kv_used += need
@@ -469,6 +475,7 @@ class _Cluster:
             if k is not None:  # a prompt stays pending on its machine until its prefill completes
                 self.prompt_load[k] -= self.plen[i]
             self._prefill_done(inst, i, now)
+        inst.run_prefill = []
         if inst.role == TOKEN and not inst.queue:
             inst.can_prefill = False  # a borrowed machine returns to its pool
         self._admit(inst, now)

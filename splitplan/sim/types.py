@@ -43,7 +43,7 @@ class PoolSpec:
 
 @dataclass(frozen=True)
 class SimOptions:
-    max_batch_tokens: int = MAX_BATCH_TOKENS
+    max_batch_tokens: int = MAX_BATCH_TOKENS  # the scheduler's token budget (engine max_num_batched_tokens)
     routing: str = "jsq"  # or "round-robin"
     borrow_threshold_tokens: int | None = None
     # Closed loop (as vLLM benchmark_serving, genai-perf and aiconfigurator measure): this many
@@ -55,6 +55,9 @@ class SimOptions:
     # counted as rejected. vLLM and SGLang default it to the model's context window, as
     # simulation.simulate does (the planner leaves such requests out by the same rule); None: no limit.
     max_model_len: int | None = None
+    # The engine's max_num_seqs: at most this many requests run on an instance at once (decoding,
+    # or admitted to prefill on a co-located one; prompts in one prefill iteration); the rest wait.
+    max_num_seqs: int | None = None
 
 
 class InstanceState:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.errors import SpecError
 from splitplan.inputs import excerpt
 from splitplan.specs._load import load_named
@@ -70,11 +71,20 @@ class EngineProfile(BaseModel):
     # cost (sum T_i)^2 -- what the 2023 vLLM measurements show (8 x 512 tokens take as
     # long as one 4,096-token prompt).
     prefill_attention: Literal["per_prompt", "packed"] = "per_prompt"
-    # Chunked prefill (vLLM v1, SGLang, TensorRT-LLM by default): each iteration carries every
-    # decoding request (one token each) and, up to this many tokens in all, the head of the prompt
-    # queue, splitting a prompt across iterations. None: a queued prompt batch (at most
-    # --max-batch-tokens, always one prompt at least) runs whole, with priority (Splitwise, 2023 vLLM).
-    chunked_prefill_tokens: Annotated[int, Field(ge=16, le=1_000_000)] | None = None
+    # The scheduler, set as the engine is (`scheduler_source`: which engine and version):
+    # - `chunked` (vLLM v1, SGLang, TensorRT-LLM by default): each iteration carries every running
+    #   decode (one token each) and, up to `max_num_batched_tokens` tokens in all, the head of the
+    #   prompt queue, a prompt split across iterations when it does not fit;
+    # - `prefill-priority` (Splitwise, 2023 vLLM): a queued prompt batch (at most
+    #   `max_num_batched_tokens` prompt tokens, always one prompt at least) runs whole, and the
+    #   decodes wait for it.
+    # At most `max_num_seqs` requests run at once on an instance (the rest wait); None: no cap.
+    # `--max-num-batched-tokens` and `--max-num-seqs` override them; unset, the budget is 2,048.
+    # A profile that does not say is today's engine: chunked.
+    scheduler: Literal["chunked", "prefill-priority"] = "chunked"
+    max_num_batched_tokens: Annotated[int, Field(ge=16, le=1_000_000)] | None = None
+    max_num_seqs: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    scheduler_source: str = ""
     # The longest request (prompt + output tokens) the engine takes, as vLLM's and SGLang's
     # --max-model-len / --context-length; longer ones are refused. None: the model's context window
     # (max_position_embeddings), those engines' default.
@@ -84,6 +94,19 @@ class EngineProfile(BaseModel):
     # Where each machine type's factors come from (a measurement, or "estimate: ..."), by machine name.
     efficiency_sources: dict[str, str] = {}
     fit: dict[str, Any] | None = None
+
+    def batch_tokens(self, given: int | None = None) -> int:
+        """The scheduler's token budget per iteration: `given` (the command line's), else the
+        profile's, else MAX_BATCH_TOKENS."""
+        return given or self.max_num_batched_tokens or MAX_BATCH_TOKENS
+
+    def seqs_cap(self, given: int | None = None) -> int | None:
+        """The most requests an instance runs at once: `given`, else the profile's (None: no cap)."""
+        return given or self.max_num_seqs
+
+    @property
+    def chunked(self) -> bool:
+        return self.scheduler == "chunked"
 
     def context_tokens(self, model) -> int | None:
         """The longest request this engine takes for `model` (None: no limit known)."""

@@ -286,3 +286,16 @@ def test_a_plan_says_what_it_buys(small_trace):
     assert colocated.plan.mixed_pools[0].instances == 8 * colocated.plan.mixed_pools[0].machines  # TP 1 on 8 GPUs
     one = Trace(small_trace.arrival_s[:1], small_trace.prompt_tokens[:1], small_trace.output_tokens[:1], "one request")
     assert set(usd_per_million_tokens(10.0, one).values()) == {None}  # no span: no rate
+
+
+def test_a_sequence_cap_sizes_the_token_pool():
+    """Issue 28, item 1: with the engine's max_num_seqs, a token pool holds no more running
+    requests per instance than the cap (the 99th percentile of the batch its requests see);
+    the cap binds where the SLO alone would take fewer instances."""
+    from splitplan.search.plan import size_option
+    from splitplan.specs.slo import load_slo
+    trace = resample_poisson(load_trace(default_trace_path()), 20.0, 60.0, np.random.default_rng(5))
+    inst = Instance(MODEL, load_hardware("h100-80gb"), ENGINE, 8)
+    free = size_option(Problem(trace, load_slo("batch"), None), "token", inst)
+    capped = size_option(Problem(trace, load_slo("batch"), None, max_num_seqs=2), "token", inst)
+    assert capped.instances > free.instances and capped.binding == "max_num_seqs"

@@ -289,16 +289,16 @@ def test_closed_loop_never_has_more_than_n_requests_in_flight(clients, seed, col
 
 # --- chunked prefill (issue 13) -----------------------------------------------------------
 
-def _chunked(inst, tokens):
-    engine = inst.engine.model_copy(update={"chunked_prefill_tokens": tokens})
+def _chunked(inst):
+    engine = inst.engine.model_copy(update={"scheduler": "chunked"})
     return api.instance(inst.model, inst.hardware, inst.tp, engine)
 
 
 def test_chunked_prefill_splits_a_prompt_and_times_each_chunk():
     """A 5,000-token prompt under a 2,048-token budget: three iterations of 2,048, 2,048 and
     904 tokens, attention counted over what came before; TTFT at the end of the last."""
-    inst = _chunked(H100, 2048)
-    r = simulate(one(5000, 3), [PoolSpec("mixed", inst, 1)])
+    inst = _chunked(H100)
+    r = simulate(one(5000, 3), [PoolSpec("mixed", inst, 1)], SimOptions(max_batch_tokens=2048))
     expected = sum(float(inst.pass_time_s(1, c, (d + c) ** 2 - d ** 2)) for d, c in ((0, 2048), (2048, 2048), (4096, 904)))
     assert r.ttft_s[0] == pytest.approx(expected, rel=1e-12)
     whole = simulate(one(5000, 3), [PoolSpec("mixed", H100, 1)])
@@ -310,7 +310,7 @@ def test_chunked_prefill_keeps_decodes_flowing_beside_a_long_prompt():
     longest gap is one chunk's iteration, not the whole prefill."""
     trace = Trace(np.array([0.0, 0.5]), np.array([200, 16000]), np.array([400, 2]), "t")
     whole = simulate(trace, [PoolSpec("mixed", H100, 1)])
-    chunked = simulate(trace, [PoolSpec("mixed", _chunked(H100, 1024), 1)])
+    chunked = simulate(trace, [PoolSpec("mixed", _chunked(H100), 1)], SimOptions(max_batch_tokens=1024))
     assert chunked.tbt_max_s[0] < whole.tbt_max_s[0] / 3
     assert chunked.tokens_out == whole.tokens_out == 402
 
@@ -391,3 +391,39 @@ def test_validation_with_the_mixed_pool_trims_what_lending_makes_spare():
             assert not setup.simulate(trace, fewer).slo_met, pool
     plain, _, added = api.validate(big, trace, "llama2-70b", "chat")  # without the mixed pool nothing is trimmed
     assert added == 0 and plain.machines == big.machines
+
+
+# --- the engine's scheduler (issue 28, item 1) ----------------------------------------------
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 10_000), st.floats(2, 40), st.sampled_from([512, 2048, 8192]), st.sampled_from([None, 1, 3]))
+def test_planner_prompt_replay_schedules_as_the_simulator_chunked_and_capped(seed, rate, budget, cap):
+    """With a chunked engine and a sequence cap, the planner's prompt replay forms the passes the
+    simulator runs (a prompt split over passes, at most `cap` prompts in one): the same TTFT."""
+    from splitplan.capacity.pools import prompt_queue_ttft_s
+    trace = resample_poisson(load_trace(default_trace_path()), rate, 30.0, np.random.default_rng(seed))
+    first, second = _chunked(H100), _chunked(A100)
+    r = simulate(trace, [PoolSpec("prompt", first, 1), PoolSpec("prompt", second, 2), PoolSpec("token", H100, 2)],
+                 SimOptions(max_batch_tokens=budget, max_num_seqs=cap))
+    planned = prompt_queue_ttft_s(trace.arrival_s, trace.prompt_tokens, [(first, 1), (second, 2)], budget,
+                                  chunked=True, max_seqs=cap)
+    assert np.allclose(planned, r.ttft_s, rtol=1e-12, atol=1e-12)
+    if budget == 512 and cap is None:  # chunking is not whole-prompt batching
+        whole = prompt_queue_ttft_s(trace.arrival_s, trace.prompt_tokens, [(first, 1), (second, 2)], budget)
+        assert not np.allclose(planned, whole)
+
+
+def test_at_most_max_num_seqs_requests_run_and_the_rest_wait():
+    """Eight requests at once on one co-located instance capped at 4: the first four run together,
+    the other four start only as places free up, so their first token comes after the first
+    four's last."""
+    trace = Trace(np.zeros(8), np.full(8, 200), np.full(8, 20), "t")
+    for inst in (H100, _chunked(H100)):
+        capped = simulate(trace, [PoolSpec("mixed", inst, 1)], SimOptions(max_num_seqs=4))
+        assert np.all(capped.ttft_s[4:] > np.max(capped.e2e_s[:4]) - 1e-9)
+        free = simulate(trace, [PoolSpec("mixed", inst, 1)])
+        assert np.max(free.ttft_s) < np.min(capped.ttft_s[4:])
+    token = simulate(trace, [PoolSpec("prompt", H100, 1), PoolSpec("token", H100, 1)], SimOptions(max_num_seqs=4))
+    joined = np.sort(token.ttft_s + token.transfer_s)
+    assert np.max(token.e2e_s) > np.max(simulate(trace, [PoolSpec("prompt", H100, 1), PoolSpec("token", H100, 1)]).e2e_s)
+    assert len(joined) == 8 and token.tokens_out == 160
