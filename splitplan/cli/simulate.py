@@ -112,7 +112,8 @@ def simulate(
 
 def _render_simulation(summary: dict, workload) -> None:
     con = report.console()
-    metrics = [("TTFT", "ttft_ms"), ("TBT (E2E-TTFT)/output", "tbt_ms"), ("TBT max gap", "tbt_max_ms"), ("E2E", "e2e_ms"),
+    metrics = [("TTFT", "ttft_ms"), ("TBT (E2E-TTFT)/output", "tbt_ms"), ("TBT max gap", "tbt_max_ms"),
+               ("ITL (every gap)", "itl_ms"), ("TPOT (E2E-TTFT)/(output-1)", "tpot_ms"), ("E2E", "e2e_ms"),
                ("prompt queue", "prompt_queue_ms"), ("KV transfer", "transfer_ms"), ("decode queue", "decode_queue_ms")]
     rate = workload.mean_rate_rps
     con.print(report.table(f"Simulated {summary['finished']:,} of {summary['requests']:,} requests from {workload.source} "

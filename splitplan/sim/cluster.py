@@ -491,7 +491,10 @@ class _Cluster:
         first_token = np.array(self.arrival) + np.array(self.ttft)
         stint = np.where(np.array(self.base) > 1, np.array(self.rejoined), first_token)  # a resumed request: from its rejoining
         tbt_max = gaps.tbt_max(self.insts, np.array(self.o) - np.array(self.base) + 1, self.t_inst, self.join_iter, stint)
-        tbt_max = np.where(np.array(self.stall) > 0, np.fmax(tbt_max, np.array(self.stall)), tbt_max)
+        stall = np.array(self.stall)
+        tbt_max = np.where(stall > 0, np.fmax(tbt_max, stall), tbt_max)
+        stint_tokens = np.array(self.o) - np.array(self.base) + 1
+        itl = np.concatenate([gaps.all_gaps(self.insts, stint_tokens, self.t_inst, self.join_iter, stint), stall[stall > 0]])
         finished_at = self.trace.arrival_s + np.array(self.e2e)
         span = float(np.nanmax(finished_at) - self.arrival[0]) if self.tokens_out else 0.0
         return SimResult(
@@ -500,5 +503,5 @@ class _Cluster:
             np.array(self.p_inst), np.array(self.t_inst), np.array(self.rejected), self.tokens_out, span,
             [InstanceStats(x.pool, Role(x.role), x.prefill_s, x.decode_s, x.batch_integral) for x in self.insts], self.events,
             [f"{x.role}:{x.perf.hardware.name}:{x.perf.layout.spec}:{x.idx}" for x in self.insts], self.preemptions, self.log,
-            np.array(self.refused),
+            np.array(self.refused), itl,
         )

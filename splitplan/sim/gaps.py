@@ -1,5 +1,6 @@
-"""The longest gap between a request's tokens, from the iterations its instance ran: each
-request's range-maximum over its own iterations, all at once (`range_max`)."""
+"""The gaps between a request's tokens, from the iterations its instance ran: the longest per
+request (its range-maximum over its own iterations, all at once: `range_max`), and every gap
+of every request (`all_gaps`, inter-token latency as serving benchmarks report it)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,31 @@ def tbt_max(insts, o, t_inst, join_iter, first_token) -> np.ndarray:
         lo, hi = ji[mine] + 1, ji[mine] + o_arr[mine] - 1
         out[mine] = np.maximum(gap0, range_max(np.nan_to_num(durations, nan=0.0), lo, hi))
     return out
+
+
+def all_gaps(insts, o, t_inst, join_iter, first_token) -> np.ndarray:
+    """Every gap between consecutive tokens of each request's last decode stint (its first
+    token, or its rejoining after a preemption, to the end of its first iteration, then each
+    iteration it spent in), all requests together: o - 1 gaps a request. An iteration's
+    duration counts once for every request in it past its first, found with a difference
+    array over the requests' ranges: O(iterations + requests)."""
+    o_arr, ji, ti = np.asarray(o), np.asarray(join_iter), np.asarray(t_inst)
+    out = []
+    for inst in insts:
+        if not len(inst.ends):
+            continue
+        ends = np.frombuffer(inst.ends, dtype=np.float64)
+        mine = np.flatnonzero((ti == inst.idx) & (ji >= 0) & (o_arr > 1))
+        if not len(mine):
+            continue
+        out.append(ends[ji[mine]] - first_token[mine])
+        lo, hi = ji[mine] + 1, np.minimum(ji[mine] + o_arr[mine] - 1, len(ends))
+        cover = np.zeros(len(ends) + 1, dtype=np.int64)
+        np.add.at(cover, lo, 1)
+        np.add.at(cover, hi, -1)
+        durations = np.diff(ends, prepend=np.nan)  # iteration k spans (ends[k-1], ends[k]]
+        out.append(np.repeat(durations, np.cumsum(cover[:-1])))
+    return np.concatenate(out) if out else np.zeros(0)
 
 
 def range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -105,6 +105,8 @@ def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, 
         "ttft_ms": percentiles_ms(result.ttft_s),
         "tbt_ms": percentiles_ms(result.tbt_s),
         "tbt_max_ms": percentiles_ms(result.tbt_max_s),
+        "itl_ms": percentiles_ms(result.itl_s),  # every gap between consecutive tokens, all requests
+        "tpot_ms": percentiles_ms(result.tpot_s),  # per request: (E2E - TTFT) / (output - 1)
         "e2e_ms": percentiles_ms(result.e2e_s),
         "prompt_queue_ms": percentiles_ms(result.prompt_queue_s),
         "transfer_ms": percentiles_ms(result.transfer_s),

@@ -126,6 +126,7 @@ class SimResult:
     preemptions: int = 0  # co-located decodes preempted for KV memory and recomputed
     event_log: list | None = None  # with SimOptions.record_events: (time, Event, instance, request) in order
     refused: np.ndarray | None = None  # bool: longer than SimOptions.max_model_len, refused at arrival (also rejected)
+    itl_s: np.ndarray | None = None  # every gap between consecutive tokens of every request (inter-token latency)
 
     @property
     def served(self) -> np.ndarray:

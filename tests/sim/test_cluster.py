@@ -427,3 +427,22 @@ def test_at_most_max_num_seqs_requests_run_and_the_rest_wait():
     joined = np.sort(token.ttft_s + token.transfer_s)
     assert np.max(token.e2e_s) > np.max(simulate(trace, [PoolSpec("prompt", H100, 1), PoolSpec("token", H100, 1)]).e2e_s)
     assert len(joined) == 8 and token.tokens_out == 160
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(0, 10_000), st.floats(2, 30), st.sampled_from(["split", "mixed", "chunked"]))
+def test_inter_token_gaps_are_every_gap_and_add_up_to_each_decode(seed, rate, layout):
+    """Issue 28, item 2 (the measure): ITL is every gap between consecutive tokens, o - 1 a
+    request, and a request's gaps add up to its E2E - TTFT (conservation); the longest of them
+    is its tbt_max."""
+    trace = resample_poisson(load_trace(default_trace_path()), rate, 20.0, np.random.default_rng(seed))
+    pools = ([PoolSpec("prompt", H100, 2), PoolSpec("token", H100, 1)] if layout == "split"
+             else [PoolSpec("mixed", H100 if layout == "mixed" else _chunked(H100), 2)])
+    r = simulate(trace, pools)
+    assert r.preemptions == 0
+    done = np.isfinite(r.e2e_s) & (trace.output_tokens > 1)
+    assert len(r.itl_s) == int(np.sum(trace.output_tokens[done] - 1))
+    assert np.sum(r.itl_s) == pytest.approx(np.sum(r.e2e_s[done] - r.ttft_s[done]), rel=1e-9)
+    assert np.max(r.itl_s) == pytest.approx(np.nanmax(r.tbt_max_s[done]), rel=1e-12)
+    summary = api.simulate(trace, [("prompt", "h100-80gb", 8, 2), ("token", "h100-80gb", 8, 1)], "llama2-70b", "chat").summary
+    assert set(summary["itl_ms"]) == set(summary["tpot_ms"]) == {"p50", "p90", "p99"}
