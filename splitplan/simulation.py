@@ -176,7 +176,7 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
             role = Role.MIXED
         elif metric == "ttft":
             role = Role.PROMPT
-        elif metric == "tbt":
+        elif metric in ("tbt", "itl", "tpot"):
             role = Role.TOKEN
         else:
             role = Role.PROMPT if np.nanmedian(r.ttft_s) > np.nanmedian(r.e2e_s - r.ttft_s) else Role.TOKEN
@@ -233,7 +233,8 @@ def validate_result(result: "OptimizeResult", trace, setup: Setup, jobs: int = 1
     plan, sim, added = validate(result.plan, trace, setup.model, setup.slo, planned=result, setup=setup)
     if progress:
         progress()
-    simulated = {**{k: sim.summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms", "slo")}, "machines_added": added}
+    simulated = {**{k: sim.summary[k] for k in ("ttft_ms", "tbt_ms", "itl_ms", "tpot_ms", "e2e_ms", "slo")},
+                 "machines_added": added}
     return dataclasses.replace(result, plan=plan, simulated=simulated, alternatives_simulated=tuple(runner_ups),
                                pareto=tuple(_at_max_rate(p, result.problem.trace, setup) for p in result.pareto))
 

@@ -63,6 +63,32 @@ def reference_for(profile: SloProfile, make: Callable[[str, int], PerfModel], pr
     return alone_latencies(inst, prompt_tokens, output_tokens)
 
 
+@dataclass(frozen=True)
+class Gaps:
+    """A distribution of inter-token gaps, compactly: `values_s` each counted `weights` times
+    (the planner's prediction: each request's mean decode step, once per gap it has), read as
+    the expanded sample would be (`percentile`, `share_within`)."""
+
+    values_s: np.ndarray
+    weights: np.ndarray
+
+    def percentile(self, q: float) -> float:
+        """np.percentile (linear) of the expanded sample, without expanding it."""
+        ok = self.weights > 0
+        v, w = self.values_s[ok], self.weights[ok]
+        if not len(v):
+            return float("nan")
+        order = np.argsort(v, kind="stable")
+        v, cum = v[order], np.cumsum(w[order])
+        pos = (cum[-1] - 1) * q / 100
+        lo, hi = int(np.floor(pos)), int(np.ceil(pos))
+        at = np.searchsorted(cum, [lo + 1, hi + 1])  # the value holding rank lo, and rank hi
+        return float(v[at[0]] + (v[at[1]] - v[at[0]]) * (pos - lo))
+
+    def share_within(self, limit_s: float) -> float:
+        return float(np.sum(self.weights[self.values_s <= limit_s]) / max(np.sum(self.weights), 1))
+
+
 def scaled(line: SloLine, values_s: np.ndarray, reference: Reference | None) -> np.ndarray:
     """Per request, the value in the line's unit: milliseconds for an absolute limit, a factor
     of the reference for a slowdown. Requests without a value (rejected) are infinite."""
@@ -79,7 +105,11 @@ def _kept(line: SloLine, values_s: np.ndarray, reference: Reference | None, keep
 
 def achieved(line: SloLine, values_s: np.ndarray, reference: Reference | None, keep: np.ndarray | None = None) -> float:
     """The line's percentile, in its unit (infinite when that percentile has no value), over the
-    requests `keep` marks (all by default)."""
+    requests `keep` marks (all by default); over every gap for an inter-token line (`Gaps`, or
+    the gaps as an array)."""
+    if isinstance(values_s, Gaps):
+        value = values_s.percentile(line.percentile) * 1e3
+        return value if np.isfinite(value) else float("inf")
     values = _kept(line, values_s, reference, keep)
     if not len(values):
         return float("inf")
@@ -93,6 +123,9 @@ def meets(line: SloLine, value: float) -> bool:
 
 
 def attainment_pct(line: SloLine, values_s: np.ndarray, reference: Reference | None, keep: np.ndarray | None = None) -> float:
-    """The share of requests (of those `keep` marks) within the line's limit, in %."""
+    """The share of requests (of those `keep` marks) within the line's limit, in %; of gaps for
+    an inter-token line."""
+    if isinstance(values_s, Gaps):
+        return values_s.share_within(line.limit * (1 + 1e-9) / 1e3) * 100
     values = _kept(line, values_s, reference, keep)
     return float(np.mean(values <= line.limit * (1 + 1e-9)) * 100) if len(values) else 0.0

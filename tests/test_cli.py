@@ -106,7 +106,7 @@ def test_optimize_json_contract_and_output_dir(tmp_path):
     plan = doc["plan"]
     for key in ("prompt_pools", "token_pools", "cost_usd_per_hour", "power_kw", "predicted", "binding", "alternatives"):
         assert key in plan
-    assert set(plan["predicted"]) == {"ttft_ms", "tbt_ms", "e2e_ms"}
+    assert set(plan["predicted"]) == {"ttft_ms", "tbt_ms", "itl_ms", "tpot_ms", "e2e_ms"}
     assert set(plan["predicted"]["ttft_ms"]) == {"p50", "p90", "p99"}
     assert {"hardware", "tp", "dp", "ep", "pp", "layout", "machines", "instances", "gpus", "utilization"} == set(plan["prompt_pools"][0])
     written = json.loads((out / "plan.json").read_text())

@@ -2,10 +2,12 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from splitplan import api
 from splitplan.slo import achieved, alone_latencies, attainment_pct, meets
-from splitplan.specs.slo import SloProfile
+from splitplan.specs.slo import SloProfile, load_slo
 
 H100 = api.instance("llama2-70b", "h100-80gb", 8)
 
@@ -68,3 +70,49 @@ def test_a_users_slo_file_needs_no_description_and_a_bare_number_names_the_fix(t
     misspelt.write_text("tfft:\n  p99: {max_ms: 2000}\n")
     with pytest.raises(SpecError, match="unknown key 'tfft'; did you mean 'ttft'"):
         load_slo(str(misspelt))
+
+
+# --- inter-token latency (issue 28, item 2) ----------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.001, 1.0), st.integers(0, 5)), min_size=1, max_size=30), st.floats(0, 100))
+def test_gaps_read_as_their_expanded_sample(pairs, q):
+    from splitplan.slo import Gaps
+    values, weights = np.array([v for v, _ in pairs]), np.array([w for _, w in pairs], dtype=float)
+    if weights.sum() == 0:
+        return
+    expanded = np.repeat(values, weights.astype(int))
+    assert Gaps(values, weights).percentile(q) == pytest.approx(float(np.percentile(expanded, q)), rel=1e-12, abs=1e-15)
+    assert Gaps(values, weights).share_within(float(np.median(values))) == pytest.approx(
+        float(np.mean(expanded <= np.median(values))))
+
+
+def test_itl_and_tpot_lines_are_absolute(tmp_path):
+    from splitplan.errors import SpecError
+    good = tmp_path / "today.yaml"
+    good.write_text("name: today\nttft: {p99: {max_ms: 2000}}\nitl: {p99: {max_ms: 100}}\ntpot: {p50: {max_ms: 40}}\n")
+    lines = [x.label for x in load_slo(str(good)).lines()]
+    assert lines == ["TTFT p99", "ITL p99", "TPOT p50"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nreference: {hardware: a100-80gb, tp: 8}\nitl: {p99: {slowdown: 2}}\n")
+    with pytest.raises(SpecError, match="itl limits are absolute"):
+        load_slo(str(bad))
+
+
+def test_an_itl_line_sees_the_stalls_a_per_request_tbt_hides(tmp_path):
+    """A co-located plan (prefill priority) meets TBT p99 <= 100 ms while its inter-token gaps
+    reach past it: with an ITL p99 line the planner sizes it for the gaps, its prediction is
+    the simulator's (the replay), and the simulation meets the line."""
+    from splitplan.simulation import Setup, plan_pools
+    from splitplan.workload.trace import default_trace_path, load_trace, resample_poisson
+    trace = resample_poisson(load_trace(default_trace_path()), 4.0, 60.0, np.random.default_rng(3))
+    tbt_only = api.optimize(trace, "llama2-70b", "chat", ["a100-80gb", "h100-80gb"], tp=8, split=False)
+    sim = Setup("llama2-70b", "chat").simulate(tbt_only.problem.trace, plan_pools(tbt_only.plan)).summary
+    assert sim["tbt_ms"]["p99"] <= 100 < sim["itl_ms"]["p99"]
+    slo = tmp_path / "chat-itl.yaml"
+    slo.write_text("name: chat-itl\nttft: {p99: {max_ms: 2000}}\nitl: {p99: {max_ms: 100}}\n")
+    sized = api.optimize(trace, "llama2-70b", str(slo), ["a100-80gb", "h100-80gb"], tp=8, split=False)
+    again = Setup("llama2-70b", str(slo)).simulate(sized.problem.trace, plan_pools(sized.plan)).summary
+    assert sized.plan.predicted["itl"]["p99"] == pytest.approx(again["itl_ms"]["p99"], rel=1e-9)
+    assert again["itl_ms"]["p99"] <= 100 and all(line["met"] for line in again["slo"])
+    assert sized.plan.cost_usd_per_hour > tbt_only.plan.cost_usd_per_hour

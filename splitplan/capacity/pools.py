@@ -217,7 +217,8 @@ def colocated_pool(trace, inst: Instance, instances: int, max_batch_tokens: int,
     shows in the latencies and `kv_peak_fraction` is 0."""
     pool = PoolSpec(Role.MIXED, inst, inst.machines_for(instances), instances)
     result = simulate(trace, [pool], SimOptions(max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs))
-    return {"ttft": result.ttft_s, "tbt": result.tbt_s, "e2e": result.e2e_s, "kv_peak_fraction": 0.0,
+    return {"ttft": result.ttft_s, "tbt": result.tbt_s, "itl": result.itl_s, "tpot": result.tpot_s, "e2e": result.e2e_s,
+            "kv_peak_fraction": 0.0,
             "utilization": pool_report(result, [pool])[0]["utilization"]}
 
 

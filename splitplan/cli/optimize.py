@@ -327,7 +327,7 @@ def _render_plan(result, workload) -> None:
     simulated = result.simulated
     if simulated is not None:
         rows = [(f"{m.upper()} {q}", plan.predicted[m][q], simulated[f"{m}_ms"][q])
-                for m in ("ttft", "tbt", "e2e") for q in ("p50", "p90", "p99")]
+                for m in ("ttft", "tbt", "itl", "tpot", "e2e") for q in ("p50", "p90", "p99")]
         changed = simulated["machines_added"]
         what = f"{changed} machine(s) added" if changed >= 0 else f"{-changed} machine(s) removed (mixed pool)"
         con.print(report.table(f"Predicted vs simulated, ms ({what} by validation)",

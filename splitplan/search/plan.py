@@ -36,7 +36,7 @@ from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.errors import InfeasibleError, listed, with_details
 from splitplan.perf.roofline import Instance, kv_transfer_time_s
 from splitplan.roles import SPLIT, Role
-from splitplan.slo import Reference, achieved, alone_latencies, meets
+from splitplan.slo import Gaps, Reference, achieved, alone_latencies, meets
 from splitplan.specs.layout import Layout
 from splitplan.specs.slo import SloLine, SloProfile
 from splitplan.workload.trace import Trace
@@ -167,6 +167,17 @@ def _decode_values(problem: Problem, inst: Instance, n: int, src: Instance, star
     return decode_s / o, decode_s, result
 
 
+def _decode_gaps(o: np.ndarray, decode_s: np.ndarray, step_s: np.ndarray) -> tuple[Gaps, np.ndarray]:
+    """The predicted inter-token gaps and TPOT of decoding requests: the first gap carries the
+    KV transfer (decode_s - (o - 2) steps), each later one the request's mean step (its
+    variation within a request is not modelled); TPOT = decode_s / (o - 1), NaN for o = 1."""
+    many = o > 1
+    first = decode_s - np.maximum(o - 2, 0) * step_s
+    gaps = Gaps(np.concatenate([first[many], step_s[many]]), np.concatenate([np.ones(int(many.sum())), (o - 2)[many]]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return gaps, np.where(many, decode_s / (o - 1), np.nan)
+
+
 def _fails_alone(problem: Problem, role: str, inst: Instance) -> SloLine | None:
     """The first line an option misses even running requests alone."""
     alone = alone_latencies(inst, problem.trace.prompt_tokens, problem.trace.output_tokens)  # more instances only approach these
@@ -210,10 +221,12 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
         return Option(role, inst, None, alone.label, f"{alone.label} not met even running requests alone")
     elif role == Role.TOKEN:
         def failing(n):
-            tbt, _, res = _decode_values(problem, inst, n, inst, t.arrival_s)
-            line = _first_failing(problem, "tbt", tbt)
-            if line is not None:
-                return line
+            tbt, decode_s, res = _decode_values(problem, inst, n, inst, t.arrival_s)
+            itl, tpot = _decode_gaps(t.output_tokens, decode_s, res.step_s)
+            for metric, values in (("tbt", tbt), ("itl", itl), ("tpot", tpot)):
+                line = _first_failing(problem, metric, values)
+                if line is not None:
+                    return line
             if res.kv_peak_fraction > 1:
                 return "KV memory"
             return "max_num_seqs" if problem.max_num_seqs and res.batch_p99 > problem.max_num_seqs else None
@@ -235,7 +248,9 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
 
 def _mixed_failing(problem: Problem, values: dict):
     """The first line a co-located pool's values miss (or "KV memory"), None when all hold."""
-    for metric in ("ttft", "tbt", "e2e"):
+    for metric in ("ttft", "tbt", "itl", "tpot", "e2e"):
+        if metric not in values:  # (the estimate that ranks options predicts no gaps)
+            continue
         line = _first_failing(problem, metric, values[metric])
         if line is not None:
             return line
@@ -292,7 +307,7 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     share = np.array([n / options[OptionKey(Role.TOKEN, i.hardware.name, i.layout)].instances for i, n in token])
     cut = np.cumsum(share / share.sum())
     kind = np.minimum(np.searchsorted(cut, (np.arange(len(t)) * 0.6180339887498949) % 1.0, side="right"), len(token) - 1)
-    tbt, decode_s = np.empty(len(t)), np.empty(len(t))
+    tbt, decode_s, step_s = np.empty(len(t)), np.empty(len(t)), np.empty(len(t))
     kv_peak = 0.0
     start = t.arrival_s + ttft
     token_busy_s = np.zeros(len(token))
@@ -300,6 +315,7 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
         idx = np.flatnonzero(kind == j)
         if len(idx):
             tbt[idx], decode_s[idx], res = _decode_values(problem, inst, n, src, start[idx], idx)
+            step_s[idx] = res.step_s
             kv_peak = max(kv_peak, res.kv_peak_fraction)
             steps_s = np.maximum(t.output_tokens[idx] - 1, 0) * res.step_s  # (after the KV transfer)
             token_busy_s[j] = busy_s(start[idx] + decode_s[idx] - steps_s, start[idx] + decode_s[idx], n)
@@ -307,7 +323,9 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     span_s = max(float(np.max(t.arrival_s + e2e) - t.arrival_s[0]), 1e-9)  # as the simulator's utilization
     keys = [k for k, _ in prompt_keys] + [k for k in sorted(counts) if k.role == Role.TOKEN]
     utilization = {k: min(b / (span_s * n), 1.0) for k, b, (_, n) in zip(keys, [*prompt_busy_s, *token_busy_s], prompt + token)}
-    return {"ttft": ttft, "tbt": tbt, "e2e": e2e, "kv_peak_fraction": kv_peak, "utilization": utilization}
+    itl, tpot = _decode_gaps(t.output_tokens, decode_s, step_s)
+    return {"ttft": ttft, "tbt": tbt, "itl": itl, "tpot": tpot, "e2e": e2e, "kv_peak_fraction": kv_peak,
+            "utilization": utilization}
 
 
 def check(problem: Problem, values: dict) -> list[tuple[SloLine, float, bool]]:
@@ -358,7 +376,8 @@ def best_move(problem: Problem, counts: dict, options: dict, line: SloLine | Non
     E2E: both), the one that improves it most per dollar (per kW for the power objective):
     (counts, values), or None when no move improves it."""
     weight = (lambda o: o.price_usd_per_hour) if problem.objective == "cost" else (lambda o: o.power_kw)
-    roles = {"ttft": (Role.PROMPT,), "tbt": (Role.TOKEN,), "e2e": SPLIT}[line.metric if line else "tbt"]
+    roles = {"ttft": (Role.PROMPT,), "tbt": (Role.TOKEN,), "itl": (Role.TOKEN,), "tpot": (Role.TOKEN,),
+             "e2e": SPLIT}[line.metric if line else "tbt"]
     best = None
     for option in _repair_moves(counts, options, roles, weight):
         unit = option.inst.unit_machines
@@ -429,7 +448,10 @@ def _binding_text(option: Option, machines: int) -> str:
 
 
 def _percentiles_ms(values: dict) -> dict:
-    return {m: {f"p{q}": float(np.percentile(values[m], q) * 1e3) for q in (50, 90, 99)} for m in ("ttft", "tbt", "e2e")}
+    def pct(v, q):
+        return v.percentile(q) if isinstance(v, Gaps) else float(np.nanpercentile(v, q))
+    return {m: {f"p{q}": pct(values[m], q) * 1e3 for q in (50, 90, 99)} for m in ("ttft", "tbt", "itl", "tpot", "e2e")
+            if m in values}
 
 
 def plan_counts(plan: Plan) -> dict[OptionKey, int]:

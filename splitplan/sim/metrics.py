@@ -48,13 +48,14 @@ def slo_report(result: SimResult, slo: SloProfile, reference: Reference | None) 
     """Per SLO line: target, achieved percentile, met, and the share of requests within it, over
     the requests the engine takes (those over its max_model_len are refused and reported apart,
     as the planner leaves them out). Rejected requests (KV never fits) count as misses."""
-    values = {"ttft": result.ttft_s, "tbt": result.tbt_s, "e2e": result.e2e_s}
+    values = {"ttft": result.ttft_s, "tbt": result.tbt_s, "itl": result.itl_s, "tpot": result.tpot_s, "e2e": result.e2e_s}
     served = result.served
     out = []
     for line in slo.lines():
-        value = achieved(line, values[line.metric], reference, served)
+        keep = None if line.metric == "itl" else served  # (gaps, not requests)
+        value = achieved(line, values[line.metric], reference, keep)
         out.append({"line": line.label, "metric": line.metric, "percentile": line.percentile, "target": line.limit, "unit": line.unit, "achieved": value if np.isfinite(value) else None,
-                    "met": meets(line, value), "attainment_pct": attainment_pct(line, values[line.metric], reference, served)})
+                    "met": meets(line, value), "attainment_pct": attainment_pct(line, values[line.metric], reference, keep)})
     return out
 
 

@@ -1,6 +1,8 @@
-"""SLO profiles: per metric (ttft, tbt, e2e) and percentile (pXX), an absolute limit
-(`max_ms`) or a slowdown factor against a reference (machine, TP) running the request
-alone (`slowdown`)."""
+"""SLO profiles: per metric and percentile (pXX), an absolute limit (`max_ms`) or a slowdown
+factor against a reference (machine, TP) running the request alone (`slowdown`). Metrics:
+`ttft`; `tbt`, Splitwise's per-request (E2E - TTFT) / output; `itl`, every gap between
+consecutive tokens (percentiles over all gaps of all requests), and `tpot`, per request
+(E2E - TTFT) / (output - 1), as serving benchmarks state them (absolute limits only); `e2e`."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from splitplan.specs.catalog import catalog_names
 from splitplan.specs.hardware import load_hardware
 
 _PCT = re.compile(r"^p(\d+(?:\.\d+)?)$")
-METRICS = ("ttft", "tbt", "e2e")
+METRICS = ("ttft", "tbt", "itl", "tpot", "e2e")
+ABSOLUTE_ONLY = ("itl", "tpot")  # no alone-latency reference to divide by
 
 
 class Limit(BaseModel):
@@ -45,6 +48,8 @@ class SloProfile(BaseModel):
     reference: Reference | None = None
     ttft: dict[str, Limit] = {}
     tbt: dict[str, Limit] = {}
+    itl: dict[str, Limit] = {}
+    tpot: dict[str, Limit] = {}
     e2e: dict[str, Limit] = {}
 
     @model_validator(mode="before")
@@ -67,10 +72,12 @@ class SloProfile(BaseModel):
                 match = _PCT.match(key)
                 if not match or not 0 < float(match.group(1)) < 100:
                     raise ValueError(f"{metric}.{key}: percentile keys look like p50, p99 or p99.9, strictly between 0 and 100")
+                if limit.slowdown is not None and metric in ABSOLUTE_ONLY:
+                    raise ValueError(f"{metric}.{key}: {metric} limits are absolute; write {{max_ms: N}}")
                 if limit.slowdown is not None and self.reference is None:
                     raise ValueError(f"{metric}.{key}: a slowdown limit needs 'reference: {{hardware, tp}}'")
         if not self.lines():
-            raise ValueError("no limits: give at least one of ttft, tbt, e2e")
+            raise ValueError("no limits: give at least one of ttft, tbt, itl, tpot, e2e")
         return self
 
     def lines(self) -> list["SloLine"]:
