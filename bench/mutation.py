@@ -10,7 +10,7 @@ tests/perf; `pytest -x`): a mutant is killed when a test fails or the run times 
   spelled out below, and the input guards of issue 16 (judged by tests/test_hardening.py and
   tests/workload), and the plan, export, catalog and bound guards of issue 26 (judged by
   tests/test_plan_document.py, tests/test_hostile_inputs.py, tests/export, tests/test_robustness.py),
-  and those of issue 27 (judged by the tests written for it). Every one must be killed.
+  and those of issues 27 and 28 (judged by the tests written for them). Every one must be killed.
 - Sampled: `--sample` mutants drawn with `--seed` from every operator swap (+ -, * /,
   < <=, > >=, == !=, and or), constant change (n -> n + 1, 0 <-> 1, True <-> False) and
   dropped `not` in splitplan/capacity, search, sim and perf, written back with ast.unparse.
@@ -185,6 +185,31 @@ ISSUE_27 = [
      'spec = f",.{min(2 - math.floor(math.log10(smallest)), 6)}f"', 'spec = ".3g"'),
 ]
 
+# Issue 28 so far (the engine's scheduler, inter-token latency), judged by the tests written for it.
+ISSUE_28_TESTS = [
+    "tests/sim/test_cluster.py::test_planner_prompt_replay_schedules_as_the_simulator_chunked_and_capped",
+    "tests/sim/test_cluster.py::test_at_most_max_num_seqs_requests_run_and_the_rest_wait",
+    "tests/sim/test_cluster.py::test_inter_token_gaps_are_every_gap_and_add_up_to_each_decode",
+    "tests/search/test_plan.py::test_a_sequence_cap_sizes_the_token_pool",
+    "tests/test_slo.py::test_gaps_read_as_their_expanded_sample",
+    "tests/test_slo.py::test_an_itl_line_sees_the_stalls_a_per_request_tbt_hides",
+]
+ISSUE_28 = [
+    ("a co-located instance runs past max_num_seqs", "splitplan/sim/cluster.py",
+     "or inst.batch + len(inst.queue) + len(inst.run_prefill) >= self.cap):", "or False):"),
+    ("the planner's chunked pass splits no prompt", "splitplan/capacity/pools.py",
+     "                c = min(tokens[i] - d, room)\n", "                c = tokens[i] - d\n"),
+    ("a token pool sized past its sequence cap", "splitplan/search/plan.py",
+     'return "max_num_seqs" if problem.max_num_seqs and res.batch_p99 > problem.max_num_seqs else None', "return None"),
+    ("every iteration one gap, whatever its batch", "splitplan/sim/gaps.py",
+     "out.append(np.repeat(durations, np.cumsum(cover[:-1])))", "out.append(np.repeat(durations, np.cumsum(cover[:-1]) > 0))"),
+    ("weighted gaps read unweighted", "splitplan/slo.py", "v, cum = v[order], np.cumsum(w[order])",
+     "v, cum = v[order], np.cumsum(np.ones(len(w)))"),
+    ("co-located sizing blind to ITL lines", "splitplan/search/plan.py",
+     '    for metric in ("ttft", "tbt", "itl", "tpot", "e2e"):\n        if metric not in values:',
+     '    for metric in ("ttft", "tbt", "e2e"):\n        if metric not in values:'),
+]
+
 SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Lt: ast.LtE, ast.LtE: ast.Lt,
          ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.And: ast.Or, ast.Or: ast.And}
 
@@ -258,6 +283,7 @@ def main() -> None:
     assert not killed(scratch, args.timeout, HARDENING_TESTS), "the hardening tests fail on the unmutated code"
     assert not killed(scratch, args.timeout, ISSUE_26_TESTS), "the issue-26 tests fail on the unmutated code"
     assert not killed(scratch, args.timeout, ISSUE_27_TESTS), "the issue-27 tests fail on the unmutated code"
+    assert not killed(scratch, args.timeout, ISSUE_28_TESTS), "the issue-28 tests fail on the unmutated code"
 
     def trial(path: str, text: str, tests: list[str] = TESTS) -> bool:
         target = scratch / path
@@ -270,7 +296,8 @@ def main() -> None:
 
     print("| named mutation | file | killed |\n|---|---|---|")
     named = ([(m, TESTS) for m in NAMED] + [(m, HARDENING_TESTS) for m in HARDENING]
-             + [(m, ISSUE_26_TESTS) for m in ISSUE_26] + [(m, ISSUE_27_TESTS) for m in ISSUE_27])
+             + [(m, ISSUE_26_TESTS) for m in ISSUE_26] + [(m, ISSUE_27_TESTS) for m in ISSUE_27]
+             + [(m, ISSUE_28_TESTS) for m in ISSUE_28])
     named = [(m, tests) for m, tests in named if any(part in m[0] for part in args.only.split("|"))]
     named_killed = 0
     for (name, path, old, new), tests in named:

@@ -1,0 +1,130 @@
+"""Measured vLLM serving runs replayed as they ran: where the model stands on today's engine.
+
+    python bench/real_runs.py [--data DIR] [--profiles lean,splitwise-vllm] [--jobs N] [--stages]
+
+`../shared/data/real-runs/` (README there; measured figures, used here and never copied into
+the project) holds open-loop runs of vLLM v0.15.1 on one H100 server, one row per load stage.
+Each stage is replayed as measured: its own requests (the run's request file, that stage's
+rows, from the stage's first arrival), one co-located instance of the run's model and TP on
+the run's machine, the run's scheduler (chunked prefill, its `max_num_batched_tokens` and
+`max_num_seqs`, `max_model_len`) and memory fraction (`gpu_mem_util`), timed by each profile.
+Stages marked `include=0` (reasoning stages where most requests timed out) are left out.
+
+Printed per profile: MAPE % and median signed error % of mean TTFT, TPOT ((mean E2E - mean
+TTFT) / (output - 1), the runs' own definition), mean E2E and TTFT/E2E p90/p99, per model and
+load band (requests in flight, by Little's law: achieved rate, else the stage's, x mean E2E) and over all stages;
+and the stages predicted overloaded (TTFT p50 above 5 s) that were not. `--stages` adds a row
+per stage. Not modelled yet: the prefix cache (every request recomputes its shared system
+prompt) and the CPU KV offload of some runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from splitplan.parallel import run_units
+from splitplan.perf.roofline import Instance
+from splitplan.roles import Role
+from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
+from splitplan.specs.engine import load_engine
+from splitplan.specs.hardware import load_hardware
+from splitplan.specs.model import load_model
+from splitplan.workload.trace import Trace
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "real-runs"
+BANDS = ((0, 16, "1-16"), (16, 48, "16-48"), (48, float("inf"), ">48"))
+METRICS = ("ttft_mean", "tpot_mean", "e2e_mean", "ttft_p90", "ttft_p99", "e2e_p90", "e2e_p99")
+COLLAPSE_S = 5.0  # a stage whose predicted TTFT p50 exceeds this is overloaded in the model
+
+
+def stage_trace(data: Path, row: pd.Series) -> Trace:
+    requests = pd.read_csv(data / row.trace)
+    mine = requests[requests.stage == row.stage_index].sort_values("arrival_s", kind="stable")
+    arrival = mine.arrival_s.to_numpy(float)
+    return Trace(arrival - arrival[0], mine.prompt_tokens.to_numpy(np.int64), mine.output_tokens.to_numpy(np.int64),
+                 f"{row.trace} stage {row.stage_index}")
+
+
+def replay(profile: str, data: Path, row: pd.Series) -> dict:
+    """One stage as measured, timed by `profile`: the predicted figures beside the measured."""
+    engine = load_engine(profile).model_copy(update={"scheduler": "chunked", "memory_usable_fraction": float(row.gpu_mem_util)})
+    inst = Instance(load_model(row.model_arg), load_hardware(row.gpu), engine, int(row.tp))
+    trace = stage_trace(data, row)
+    options = SimOptions(max_batch_tokens=int(row.max_num_batched_tokens), max_num_seqs=int(row.max_num_seqs),
+                         max_model_len=int(row.max_model_len))
+    result = simulate(trace, [PoolSpec(Role.MIXED, inst, 1, 1)], options)
+    ttft, e2e = result.ttft_s * 1e3, result.e2e_s * 1e3
+    done = np.isfinite(e2e)
+    o = float(np.mean(trace.output_tokens[done]))
+    predicted = {
+        "ttft_mean": float(np.mean(ttft[done])), "e2e_mean": float(np.mean(e2e[done])),
+        "ttft_p90": float(np.percentile(ttft[done], 90)), "ttft_p99": float(np.percentile(ttft[done], 99)),
+        "e2e_p90": float(np.percentile(e2e[done], 90)), "e2e_p99": float(np.percentile(e2e[done], 99)),
+    }
+    predicted["tpot_mean"] = (predicted["e2e_mean"] - predicted["ttft_mean"]) / max(o - 1, 1)
+    rate = row.achieved_rate_rps if pd.notna(row.achieved_rate_rps) else row.stage_rate_rps  # (not recorded in some runs)
+    in_flight = float(rate) * float(row.e2e_mean_ms) / 1e3
+    return {"profile": profile, "run": row.run_id, "model": row.model_arg, "tp": int(row.tp), "workload": row.workload,
+            "stage": int(row.stage_index), "rate_rps": float(row.stage_rate_rps), "in_flight": in_flight,
+            "band": next(label for lo, hi, label in BANDS if lo <= in_flight < hi),
+            "collapsed": bool(np.percentile(ttft[done], 50) > COLLAPSE_S * 1e3) and not bool(row.overloaded),
+            **{f"measured_{m}": float(row[f"{m}_ms"]) for m in METRICS},
+            **{f"predicted_{m}": v for m, v in predicted.items()}}
+
+
+def _unit(shared, item):
+    data, = shared
+    profile, row = item
+    return replay(profile, data, row)
+
+
+def errors(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    rows = []
+    for key, g in list(frame.groupby(keys, sort=False)) + [(("all",) * len(keys), frame)]:
+        key = key if isinstance(key, tuple) else (key,)
+        row = dict(zip(keys, key), stages=len(g))
+        for m in METRICS:
+            e = (g[f"predicted_{m}"] / g[f"measured_{m}"] - 1) * 100
+            row[m] = f"{e.abs().mean():.0f} / {e.median():+.0f}"
+        row["false collapses"] = int(g.collapsed.sum())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def markdown(frame: pd.DataFrame) -> str:
+    cells = [list(map(str, frame.columns))] + [[f"{v:,.1f}" if isinstance(v, float) else str(v) for v in row]
+                                               for row in frame.itertuples(index=False)]
+    return "\n".join("| " + " | ".join(r) + " |" for r in [cells[0], ["---"] * len(cells[0]), *cells[1:]])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--profiles", default="lean,splitwise-vllm")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--stages", action="store_true")
+    args = parser.parse_args()
+    runs = pd.read_csv(args.data / "runs.csv")
+    runs = runs[runs.include == 1]
+    items = [(p, row) for p in args.profiles.split(",") for _, row in runs.iterrows()]
+    rows = run_units(_unit, items, (args.data,), args.jobs, describe=lambda item: f"{item[0]} {item[1].run_id}")
+    frame = pd.DataFrame(rows)
+    print(f"{len(runs)} stages of {runs.run_id.str.rsplit('-s', n=1).str[0].nunique()} runs; cells: MAPE % / median signed error %\n")
+    for profile, mine in frame.groupby("profile", sort=False):
+        print(f"### {profile}\n")
+        print(markdown(errors(mine, ["model", "band"])))
+        print()
+        if args.stages:
+            cols = ["run", "stage", "rate_rps", "in_flight"] + [f"{w}_{m}" for m in ("ttft_mean", "tpot_mean") for w in ("measured", "predicted")]
+            print(markdown(mine[cols]))
+            print()
+
+
+if __name__ == "__main__":
+    main()
