@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from functools import partial
 from pathlib import Path
 
 import numpy as np
