@@ -138,10 +138,10 @@ def test_a_plan_is_checked_whole(tmp_path, plan, name, edit, needle, command):
 def test_a_window_plan_reads_back(tmp_path):
     out = tmp_path / "w"
     result = run("optimize", "--hardware", "h100-80gb", "--tp", "8", "--rate", "2", "--duration", "120",
-                 "--window", "60", "--output-dir", out)
+                 "--window", "60", "--max-num-seqs", "64", "--output-dir", out)
     assert result.exit_code == 0, result.stderr
     doc = PlanDocument.model_validate(json.loads((out / "plan.json").read_text()))
-    assert doc.inputs.max_batch_tokens == 2048 and doc.specs is not None
+    assert doc.inputs.max_batch_tokens == 2048 and doc.inputs.max_num_seqs == 64 and doc.specs is not None
     assert run("export", out / "plan.json", "--to", "vllm").exit_code == 0
 
 

@@ -280,7 +280,8 @@ def _plan_windows(workload, window_s, model, slo, format, output_dir, options, j
             files["plan.json"] = report.to_json(plan_document.with_specs({
                 "schema_version": report.SCHEMA_VERSION, "plan": report.plan_json(result.plans[result.peak]),
                 "inputs": {"model": model, "slo": slo, "engine": options["engine"],
-                           "max_batch_tokens": options["max_batch_tokens"], "window": result.rows[result.peak]}}))
+                           "max_batch_tokens": options["max_batch_tokens"], "max_num_seqs": options["max_num_seqs"],
+                           "window": result.rows[result.peak]}}))
         report.write_set({output_dir / name: text for name, text in files.items()})
     if format is PlanFormat.json:
         _emit_json(document)
