@@ -111,10 +111,13 @@ def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGIN
 def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str = DEFAULT_ENGINE,
              perf_db: str | None = None, max_batch_tokens: int | None = None, routing: str = "jsq",
              borrow_threshold_tokens: int | None = None, perf_interp: str = "splitplan",
-             concurrency: int | None = None, max_num_seqs: int | None = None) -> SimulateResult:
+             concurrency: int | None = None, max_num_seqs: int | None = None,
+             warmup_requests: int | None = None) -> SimulateResult:
     """Replay `trace` through the cluster request by request (sim.cluster) and summarize.
     With `concurrency`, a closed loop of that many clients (workload.closed_loop_workload
-    makes its requests); the trace's timestamps are ignored. `max_batch_tokens` and
+    makes its requests); the trace's timestamps are ignored, and the first `warmup_requests`
+    sent (default: one per client, the burst of all clients starting at once) are a warm-up
+    left out of the statistics, as genai-perf's --warmup-request-count. `max_batch_tokens` and
     `max_num_seqs` set the engine's scheduler (None: the engine profile's)."""
 
     roles = {r for r, *_ in pools}
@@ -130,7 +133,8 @@ def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str 
     eng = specs[0].perf.engine
     result = run(trace, specs, SimOptions(eng.batch_tokens(max_batch_tokens), routing, borrow_threshold_tokens, concurrency,
                                           max_model_len=eng.context_tokens(specs[0].perf.model),
-                                          max_num_seqs=eng.seqs_cap(max_num_seqs)))
+                                          max_num_seqs=eng.seqs_cap(max_num_seqs),
+                                          warmup_requests=(concurrency or 0) if warmup_requests is None else warmup_requests))
     return SimulateResult(result, summarize_result(result, specs, profile, reference), tuple(specs))
 
 
@@ -184,7 +188,7 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
         pools[pools.index(grow)] = grow._replace(machines=grow.machines + _unit(grow))
     removed = 0
     if setup.borrow_threshold_tokens is not None and not added and all(p.role != Role.MIXED for p in pools):
-        pools, sim, removed = _trim(trace, pools, sim, setup, limit)
+        pools, sim, removed = trim(trace, pools, sim, setup, limit)
     if added or removed:
         what = f"{added} machine(s) added" if added else f"{removed} machine(s) removed (mixed pool)"
         plan = plan_from_pools(pools, predicted=plan.predicted, slo=plan.slo, repairs=plan.repairs,
@@ -199,9 +203,10 @@ def _unit(pool: PoolRequest) -> int:
     return pool.layout.unit(load_hardware(pool.hardware).gpus_per_machine)[0]
 
 
-def _trim(trace, pools: list[PoolRequest], sim: SimulateResult, setup: Setup, limit: int):
-    """Remove whole units, the dearest first, while the simulation still meets the SLO; every
-    role keeps a unit. Returns (pools, the last simulation that met it, machines removed)."""
+def trim(trace, pools: list[PoolRequest], sim: SimulateResult, setup: Setup, limit: int, concurrency: int | None = None):
+    """Remove whole units, the dearest first, while the simulation (a closed loop of
+    `concurrency` clients, if given) still meets the SLO; every role keeps a unit. Returns
+    (pools, the last simulation that met it, machines removed)."""
     removed = 0
     for _ in range(limit):
         cuts = sorted((p for p in pools if sum(q.machines for q in pools if q.role == p.role) > _unit(p)),
@@ -209,7 +214,7 @@ def _trim(trace, pools: list[PoolRequest], sim: SimulateResult, setup: Setup, li
         for pool in cuts:
             trial = [q._replace(machines=q.machines - _unit(q)) if q == pool else q for q in pools]
             trial = [q for q in trial if q.machines > 0]
-            trial_sim = setup.simulate(trace, trial)
+            trial_sim = setup.simulate(trace, trial, concurrency)
             if trial_sim.slo_met:
                 pools, sim, removed = trial, trial_sim, removed + _unit(pool)
                 break

@@ -13,7 +13,8 @@ from splitplan.perf.roofline import Instance
 from splitplan.report import plan_text
 from splitplan.search.bracket import bracket_bisect
 from splitplan.search.optimize import OptimizeResult, _plan_key, optimize
-from splitplan.simulation import Setup, plan_pools
+from splitplan.search.plan import predict
+from splitplan.simulation import Setup, plan_from_pools, plan_pools, trim
 from splitplan.slo import alone_latencies
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import hardware_catalog, load_hardware
@@ -98,6 +99,14 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
         raise InfeasibleError(f"no plan met the SLO in a closed loop of {concurrency} clients: the plan for "
                               f"{rounds_out[0]['planned_rate_rps']:.3g} req/s ({rounds_out[0]['plan']}) missed {missed}")
     result, sim = best
+    # The rounds stop at a self-consistent plan, sized for an open loop: whole units go while the
+    # closed loop still meets every line, so the plan is the cheapest the loop accepts this way.
+    pools, sim, removed = trim(workload, plan_pools(result.plan), sim, setup, 30, concurrency)
+    if removed:
+        plan = plan_from_pools(pools, predicted=result.plan.predicted, slo=result.plan.slo, repairs=result.plan.repairs,
+                               binding=f"{result.plan.binding}; closed loop: {removed} machine(s) removed by simulation")
+        result = dataclasses.replace(result, plan=predict(result.problem, plan, {o.key: o for o in result.options}))
     closed = {"concurrency": concurrency, "rounds": rounds_out, "benchmark": sim.summary["benchmark"],
-              "slo": sim.summary["slo"], "throughput_rps": sim.summary["throughput_rps"]}
+              "slo": sim.summary["slo"], "throughput_rps": sim.summary["throughput_rps"], "machines_removed": removed,
+              "warmup_requests": sim.summary["warmup_requests"]}
     return dataclasses.replace(result, closed_loop=closed)

@@ -493,8 +493,10 @@ class _Cluster:
         tbt_max = gaps.tbt_max(self.insts, np.array(self.o) - np.array(self.base) + 1, self.t_inst, self.join_iter, stint)
         stall = np.array(self.stall)
         tbt_max = np.where(stall > 0, np.fmax(tbt_max, stall), tbt_max)
-        stint_tokens = np.array(self.o) - np.array(self.base) + 1
-        itl = np.concatenate([gaps.all_gaps(self.insts, stint_tokens, self.t_inst, self.join_iter, stint), stall[stall > 0]])
+        warmup = np.zeros(self.n, bool)
+        warmup[:min(self.options.warmup_requests, self.n)] = self.closed is not None  # (request order is send order)
+        stint_tokens = np.where(warmup, 0, np.array(self.o) - np.array(self.base) + 1)  # (no gaps of the warm-up)
+        itl = np.concatenate([gaps.all_gaps(self.insts, stint_tokens, self.t_inst, self.join_iter, stint), stall[(stall > 0) & ~warmup]])
         finished_at = self.trace.arrival_s + np.array(self.e2e)
         span = float(np.nanmax(finished_at) - self.arrival[0]) if self.tokens_out else 0.0
         return SimResult(
@@ -503,5 +505,5 @@ class _Cluster:
             np.array(self.p_inst), np.array(self.t_inst), np.array(self.rejected), self.tokens_out, span,
             [InstanceStats(x.pool, Role(x.role), x.prefill_s, x.decode_s, x.batch_integral) for x in self.insts], self.events,
             [f"{x.role}:{x.perf.hardware.name}:{x.perf.layout.spec}:{x.idx}" for x in self.insts], self.preemptions, self.log,
-            np.array(self.refused), itl,
+            np.array(self.refused), itl, warmup,
         )

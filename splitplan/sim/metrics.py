@@ -39,7 +39,8 @@ def benchmark_report(result: SimResult, pools: list[PoolSpec]) -> dict:
     gpus = sum(pool.machines * pool.perf.hardware.gpus_per_machine for pool in pools)
     span = max(result.span_s, 1e-9)
     finished = int(np.isfinite(result.e2e_s).sum())
-    return {"ttft_ms": stats(result.ttft_s), "tpot_ms": stats(result.tpot_s), "gpus": gpus,
+    measured = result.measured
+    return {"ttft_ms": stats(result.ttft_s[measured]), "tpot_ms": stats(result.tpot_s[measured]), "gpus": gpus,
             "requests_per_s": finished / span, "output_tokens_per_s": result.tokens_out / span,
             "output_tokens_per_s_per_gpu": result.tokens_out / span / max(gpus, 1)}
 
@@ -49,7 +50,7 @@ def slo_report(result: SimResult, slo: SloProfile, reference: Reference | None) 
     the requests the engine takes (those over its max_model_len are refused and reported apart,
     as the planner leaves them out). Rejected requests (KV never fits) count as misses."""
     values = {"ttft": result.ttft_s, "tbt": result.tbt_s, "itl": result.itl_s, "tpot": result.tpot_s, "e2e": result.e2e_s}
-    served = result.served
+    served = result.measured  # (past a closed loop's warm-up)
     out = []
     for line in slo.lines():
         keep = None if line.metric == "itl" else served  # (gaps, not requests)
@@ -93,6 +94,7 @@ def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, 
     t = result.trace
     finished = np.isfinite(result.e2e_s)
     pool_rows = pool_report(result, pools)
+    m = result.measured  # the requests the statistics cover (all but the refused and a closed loop's warm-up)
     summary = {
         "requests": len(t),
         "finished": int(finished.sum()),
@@ -103,15 +105,16 @@ def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, 
         "tokens_out": int(result.tokens_out),
         "span_s": result.span_s,
         "throughput_rps": float(finished.sum() / max(result.span_s, 1e-9)),
-        "ttft_ms": percentiles_ms(result.ttft_s),
-        "tbt_ms": percentiles_ms(result.tbt_s),
-        "tbt_max_ms": percentiles_ms(result.tbt_max_s),
+        "warmup_requests": int(result.warmup.sum()) if result.warmup is not None else 0,  # (left out below)
+        "ttft_ms": percentiles_ms(result.ttft_s[m]),
+        "tbt_ms": percentiles_ms(result.tbt_s[m]),
+        "tbt_max_ms": percentiles_ms(result.tbt_max_s[m]),
         "itl_ms": percentiles_ms(result.itl_s),  # every gap between consecutive tokens, all requests
-        "tpot_ms": percentiles_ms(result.tpot_s),  # per request: (E2E - TTFT) / (output - 1)
-        "e2e_ms": percentiles_ms(result.e2e_s),
-        "prompt_queue_ms": percentiles_ms(result.prompt_queue_s),
-        "transfer_ms": percentiles_ms(result.transfer_s),
-        "decode_queue_ms": percentiles_ms(result.decode_queue_s),
+        "tpot_ms": percentiles_ms(result.tpot_s[m]),  # per request: (E2E - TTFT) / (output - 1)
+        "e2e_ms": percentiles_ms(result.e2e_s[m]),
+        "prompt_queue_ms": percentiles_ms(result.prompt_queue_s[m]),
+        "transfer_ms": percentiles_ms(result.transfer_s[m]),
+        "decode_queue_ms": percentiles_ms(result.decode_queue_s[m]),
         "benchmark": benchmark_report(result, pools),
         "slo": slo_report(result, slo, reference),
         "pools": pool_rows,

@@ -58,6 +58,10 @@ class SimOptions:
     # The engine's max_num_seqs: at most this many requests run on an instance at once (decoding,
     # or admitted to prefill on a co-located one; prompts in one prefill iteration); the rest wait.
     max_num_seqs: int | None = None
+    # Closed loop: the first this many requests sent are a warm-up, run but left out of every
+    # statistic (as genai-perf's and AIPerf's --warmup-request-count), so the burst of every
+    # client starting at once does not set the tail. simulation.simulate sends one per client.
+    warmup_requests: int = 0
 
 
 class InstanceState:
@@ -127,6 +131,12 @@ class SimResult:
     event_log: list | None = None  # with SimOptions.record_events: (time, Event, instance, request) in order
     refused: np.ndarray | None = None  # bool: longer than SimOptions.max_model_len, refused at arrival (also rejected)
     itl_s: np.ndarray | None = None  # every gap between consecutive tokens of every request (inter-token latency)
+    warmup: np.ndarray | None = None  # bool: a closed loop's warm-up requests, left out of the statistics
+
+    @property
+    def measured(self) -> np.ndarray:
+        """The requests the statistics cover: those served, past the warm-up."""
+        return self.served & ~self.warmup if self.warmup is not None else self.served
 
     @property
     def served(self) -> np.ndarray:

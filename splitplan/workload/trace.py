@@ -329,14 +329,17 @@ def closed_loop_workload(trace: "str | Path | Trace | None", concurrency: int, n
     """The requests of a closed-loop run (`concurrency` clients, as serving benchmarks
     measure): `num_requests` (default 10 per client, at least 100) sizes, each input
     `isl` tokens and output `osl` tokens when given, else drawn i.i.d. from the trace's
-    (prompt, output) pairs with `seed`. Arrival times are left at 0: the simulator sets
-    them as clients free up."""
+    (prompt, output) pairs with `seed`; more than `concurrency`, whose first requests are the
+    warm-up. Arrival times are left at 0: the simulator sets them as clients free up."""
     if concurrency < 1:
         raise SpecError(f"--concurrency {concurrency}: must be >= 1 client")
     for flag, value in (("--isl", isl), ("--osl", osl), ("--num-requests", num_requests)):
         if value is not None and value < 1:
             raise SpecError(f"{flag} {value}: must be >= 1")
     n = num_requests or max(10 * concurrency, 100)
+    if n <= concurrency:
+        raise SpecError(f"--num-requests {n:,}: the first {concurrency:,} (one per client) are the run's warm-up, left out "
+                        f"of the statistics; give more than {concurrency:,}")
     if isl is not None and osl is not None:
         prompt, output, source = np.full(n, isl), np.full(n, osl), f"ISL {isl} / OSL {osl}"
     else:

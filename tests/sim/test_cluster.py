@@ -446,3 +446,40 @@ def test_inter_token_gaps_are_every_gap_and_add_up_to_each_decode(seed, rate, la
     assert np.max(r.itl_s) == pytest.approx(np.nanmax(r.tbt_max_s[done]), rel=1e-12)
     summary = api.simulate(trace, [("prompt", "h100-80gb", 8, 2), ("token", "h100-80gb", 8, 1)], "llama2-70b", "chat").summary
     assert set(summary["itl_ms"]) == set(summary["tpot_ms"]) == {"p50", "p90", "p99"}
+
+
+# --- the closed loop as benchmarks run it (issue 28, item 4) ------------------------------------
+
+def test_a_closed_loops_warm_up_is_left_out_of_the_statistics():
+    """The first request of every client (all sent at once) is the warm-up, as genai-perf's
+    --warmup-request-count: run, but left out of the percentiles, the benchmark figures and the
+    SLO; with no warm-up the burst sets the TTFT tail."""
+    from splitplan.workload.trace import closed_loop_workload
+    work = closed_loop_workload(None, 64, 320, 2048, 64)
+    pools = [("mixed", "h100-80gb", 8, 1)]
+    warm = api.simulate(work, pools, "llama3.1-8b", "chat", concurrency=64).summary
+    cold = api.simulate(work, pools, "llama3.1-8b", "chat", concurrency=64, warmup_requests=0).summary
+    assert warm["warmup_requests"] == 64 and cold["warmup_requests"] == 0
+    assert warm["ttft_ms"]["p99"] < cold["ttft_ms"]["p99"]
+    assert warm["benchmark"]["ttft_ms"]["mean"] < cold["benchmark"]["ttft_ms"]["mean"]
+    ttft_p99 = next(x for x in warm["slo"] if x["line"] == "TTFT p99")["achieved"]
+    assert ttft_p99 == pytest.approx(warm["ttft_ms"]["p99"])
+    open_loop = api.simulate(one(500, 20), pools, "llama3.1-8b", "chat").summary
+    assert open_loop["warmup_requests"] == 0  # (an open loop has no warm-up)
+
+
+def test_the_closed_loop_search_keeps_looking_past_a_self_consistent_plan():
+    """The rounds stop at a self-consistent plan sized for an open loop; whole units then go while
+    the simulated closed loop still meets every line: the plan meets it, and no unit more can go."""
+    from splitplan.simulation import Setup, plan_pools
+    from splitplan.workload.trace import closed_loop_workload, default_trace_path
+    work = closed_loop_workload(default_trace_path(), 128)
+    result = api.optimize_closed_loop(work, 128, "llama2-70b", "chat", hardware=["h100-80gb"], tp=8)
+    loop = result.closed_loop
+    assert loop["machines_removed"] >= 1 and all(x["met"] for x in loop["slo"])
+    assert "closed loop: " in result.plan.binding
+    setup, pools = Setup("llama2-70b", "chat"), plan_pools(result.plan)
+    for k, pool in enumerate(pools):
+        if sum(p.machines for p in pools if p.role == pool.role) > 1:
+            fewer = [*pools[:k], pool._replace(machines=pool.machines - 1), *pools[k + 1:]]
+            assert not setup.simulate(work, fewer, 128).slo_met, pool
