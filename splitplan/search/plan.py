@@ -167,12 +167,17 @@ def _decode_values(problem: Problem, inst: Instance, n: int, src: Instance, star
     return decode_s / o, decode_s, result
 
 
-def _decode_gaps(o: np.ndarray, decode_s: np.ndarray, step_s: np.ndarray) -> tuple[Gaps, np.ndarray]:
+def _decode_gaps(o: np.ndarray, decode_s: np.ndarray, step_s: np.ndarray, busy: np.ndarray | float) -> tuple[Gaps, np.ndarray]:
     """The predicted inter-token gaps and TPOT of decoding requests: the first gap carries the
-    KV transfer (decode_s - (o - 2) steps), each later one the request's mean step (its
-    variation within a request is not modelled); TPOT = decode_s / (o - 1), NaN for o = 1."""
+    KV transfer (decode_s - (o - 2) steps) and, where the KV lands while its instance runs an
+    iteration (the instance's busy fraction `busy` of the requests), the wait for that
+    iteration's end (uniform over a step; both spread deterministically over the requests);
+    each later gap is the request's mean step (its variation within a request is not
+    modelled). TPOT = decode_s / (o - 1), NaN for o = 1."""
     many = o > 1
-    first = decode_s - np.maximum(o - 2, 0) * step_s
+    k = np.arange(len(o))
+    waits = ((k * 0.7548776662466927) % 1.0 < busy) * ((k * 0.5698402909980532) % 1.0) * step_s
+    first = decode_s - np.maximum(o - 2, 0) * step_s + waits
     gaps = Gaps(np.concatenate([first[many], step_s[many]]), np.concatenate([np.ones(int(many.sum())), (o - 2)[many]]))
     with np.errstate(divide="ignore", invalid="ignore"):
         return gaps, np.where(many, decode_s / (o - 1), np.nan)
@@ -222,7 +227,7 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
     elif role == Role.TOKEN:
         def failing(n):
             tbt, decode_s, res = _decode_values(problem, inst, n, inst, t.arrival_s)
-            itl, tpot = _decode_gaps(t.output_tokens, decode_s, res.step_s)
+            itl, tpot = _decode_gaps(t.output_tokens, decode_s, res.step_s, min(res.mean_batch, 1.0))
             for metric, values in (("tbt", tbt), ("itl", itl), ("tpot", tpot)):
                 line = _first_failing(problem, metric, values)
                 if line is not None:
@@ -323,7 +328,10 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     span_s = max(float(np.max(t.arrival_s + e2e) - t.arrival_s[0]), 1e-9)  # as the simulator's utilization
     keys = [k for k, _ in prompt_keys] + [k for k in sorted(counts) if k.role == Role.TOKEN]
     utilization = {k: min(b / (span_s * n), 1.0) for k, b, (_, n) in zip(keys, [*prompt_busy_s, *token_busy_s], prompt + token)}
-    itl, tpot = _decode_gaps(t.output_tokens, decode_s, step_s)
+    busy = np.zeros(len(t))
+    for j, (_, n) in enumerate(token):
+        busy[kind == j] = token_busy_s[j] / (span_s * n)
+    itl, tpot = _decode_gaps(t.output_tokens, decode_s, step_s, busy)
     return {"ttft": ttft, "tbt": tbt, "itl": itl, "tpot": tpot, "e2e": e2e, "kv_peak_fraction": kv_peak,
             "utilization": utilization}
 
