@@ -116,3 +116,16 @@ def test_an_itl_line_sees_the_stalls_a_per_request_tbt_hides(tmp_path):
     assert sized.plan.predicted["itl"]["p99"] == pytest.approx(again["itl_ms"]["p99"], rel=1e-9)
     assert again["itl_ms"]["p99"] <= 100 and all(line["met"] for line in again["slo"])
     assert sized.plan.cost_usd_per_hour > tbt_only.plan.cost_usd_per_hour
+
+
+def test_a_split_plans_predicted_gaps_are_the_simulators_within_10_percent():
+    """Split plans: the planner's gap distribution (each request's mean step, its first gap
+    carrying the KV transfer and, as often as its token instance is busy, the wait for the
+    running iteration) against the simulator's, on a busy token pool."""
+    from splitplan.simulation import Setup, plan_pools
+    from splitplan.workload.trace import load_workload, resample_poisson
+    trace = resample_poisson(load_workload("azure-code"), 8.0, 60.0, np.random.default_rng(3))
+    result = api.optimize(trace, "llama2-70b", "chat", ["h100-80gb", "a100-80gb"], tp=8, split_only=True)
+    simulated = Setup("llama2-70b", "chat").simulate(result.problem.trace, plan_pools(result.plan)).summary
+    for q in ("p50", "p90", "p99"):
+        assert result.plan.predicted["itl"][q] == pytest.approx(simulated["itl_ms"][q], rel=0.10), q
