@@ -490,12 +490,13 @@ class _Cluster:
             self.trace = dataclasses.replace(self.trace, arrival_s=np.array(self.arrival), source=f"{self.trace.source} (closed loop, {self.closed} clients)")
         first_token = np.array(self.arrival) + np.array(self.ttft)
         stint = np.where(np.array(self.base) > 1, np.array(self.rejoined), first_token)  # a resumed request: from its rejoining
-        tbt_max = gaps.tbt_max(self.insts, np.array(self.o) - np.array(self.base) + 1, self.t_inst, self.join_iter, stint)
+        stint_tokens = np.array(self.o) - np.array(self.base) + 1
+        tbt_max = gaps.tbt_max(self.insts, stint_tokens, self.t_inst, self.join_iter, stint)
         stall = np.array(self.stall)
         tbt_max = np.where(stall > 0, np.fmax(tbt_max, stall), tbt_max)
         warmup = np.zeros(self.n, bool)
         warmup[:min(self.options.warmup_requests, self.n)] = self.closed is not None  # (request order is send order)
-        stint_tokens = np.where(warmup, 0, np.array(self.o) - np.array(self.base) + 1)  # (no gaps of the warm-up)
+        stint_tokens[warmup] = 0  # (no gaps of the warm-up)
         itl = np.concatenate([gaps.all_gaps(self.insts, stint_tokens, self.t_inst, self.join_iter, stint), stall[(stall > 0) & ~warmup]])
         finished_at = self.trace.arrival_s + np.array(self.e2e)
         span = float(np.nanmax(finished_at) - self.arrival[0]) if self.tokens_out else 0.0

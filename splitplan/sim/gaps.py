@@ -7,56 +7,45 @@ from __future__ import annotations
 import numpy as np
 
 
+def _stints(insts, o, t_inst, join_iter, first_token):
+    """Per instance that ran iterations, the requests of its that decoded more than one token
+    (`mine`), each one's first gap (`first_token` to the end of its first iteration), the
+    instance's iteration durations (iteration k spans (ends[k-1], ends[k]]; k = 0 has no start:
+    NaN) and each request's later iterations, [lo, hi) (its own, join + 1 .. join + o - 2)."""
+    o_arr, ji, ti = np.asarray(o), np.asarray(join_iter), np.asarray(t_inst)
+    for inst in insts:
+        if not len(inst.ends):
+            continue
+        ends = np.frombuffer(inst.ends, dtype=np.float64)
+        mine = np.flatnonzero((ti == inst.idx) & (ji >= 0) & (o_arr > 1))
+        if len(mine):
+            lo, hi = ji[mine] + 1, np.minimum(ji[mine] + o_arr[mine] - 1, len(ends))
+            yield mine, ends[ji[mine]] - first_token[mine], np.diff(ends, prepend=np.nan), lo, hi
+
+
 def tbt_max(insts, o, t_inst, join_iter, first_token) -> np.ndarray:
     """Longest gap between consecutive tokens of each request's last decode stint: from
     `first_token` (its first token, or its rejoining after a preemption) to the end of
     its first iteration, then each iteration it spent in; `o` counts the stint's tokens
     from that first one."""
-    n = len(o)
-    out = np.full(n, np.nan)
-    o_arr = np.asarray(o)
-    ji = np.asarray(join_iter)
-    ti = np.asarray(t_inst)
-    out[o_arr == 1] = 0.0
-    for inst in insts:
-        if not len(inst.ends):
-            continue
-        ends = np.frombuffer(inst.ends, dtype=np.float64)
-        starts_ = np.concatenate([[np.nan], ends[:-1]])
-        durations = ends - starts_  # iteration k spans (ends[k-1], ends[k]]; k=0 has no start
-        mine = np.flatnonzero((ti == inst.idx) & (ji >= 0) & (o_arr > 1))
-        if not len(mine):
-            continue
-        first_end = ends[ji[mine]]
-        gap0 = first_end - first_token[mine]
-        # later gaps: iterations join+1 .. join+o-2 (the request's own iterations)
-        lo, hi = ji[mine] + 1, ji[mine] + o_arr[mine] - 1
+    out = np.full(len(o), np.nan)
+    out[np.asarray(o) == 1] = 0.0
+    for mine, gap0, durations, lo, hi in _stints(insts, o, t_inst, join_iter, first_token):
         out[mine] = np.maximum(gap0, range_max(np.nan_to_num(durations, nan=0.0), lo, hi))
     return out
 
 
 def all_gaps(insts, o, t_inst, join_iter, first_token) -> np.ndarray:
-    """Every gap between consecutive tokens of each request's last decode stint (its first
-    token, or its rejoining after a preemption, to the end of its first iteration, then each
-    iteration it spent in), all requests together: o - 1 gaps a request. An iteration's
-    duration counts once for every request in it past its first, found with a difference
-    array over the requests' ranges: O(iterations + requests)."""
-    o_arr, ji, ti = np.asarray(o), np.asarray(join_iter), np.asarray(t_inst)
+    """Every gap between consecutive tokens of each request's last decode stint (as `tbt_max`
+    reads it), all requests together: o - 1 gaps a request. An iteration's duration counts
+    once for every request in it past its first, found with a difference array over the
+    requests' ranges: O(iterations + requests)."""
     out = []
-    for inst in insts:
-        if not len(inst.ends):
-            continue
-        ends = np.frombuffer(inst.ends, dtype=np.float64)
-        mine = np.flatnonzero((ti == inst.idx) & (ji >= 0) & (o_arr > 1))
-        if not len(mine):
-            continue
-        out.append(ends[ji[mine]] - first_token[mine])
-        lo, hi = ji[mine] + 1, np.minimum(ji[mine] + o_arr[mine] - 1, len(ends))
-        cover = np.zeros(len(ends) + 1, dtype=np.int64)
+    for _, gap0, durations, lo, hi in _stints(insts, o, t_inst, join_iter, first_token):
+        cover = np.zeros(len(durations) + 1, dtype=np.int64)
         np.add.at(cover, lo, 1)
         np.add.at(cover, hi, -1)
-        durations = np.diff(ends, prepend=np.nan)  # iteration k spans (ends[k-1], ends[k]]
-        out.append(np.repeat(durations, np.cumsum(cover[:-1])))
+        out += [gap0, np.repeat(durations, np.cumsum(cover[:-1]))]
     return np.concatenate(out) if out else np.zeros(0)
 
 
