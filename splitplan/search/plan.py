@@ -262,19 +262,28 @@ def _mixed_failing(problem: Problem, values: dict):
     return "KV memory" if values["kv_peak_fraction"] > 1 else None
 
 
-def simulated_option(problem: Problem, option: Option) -> Option:
+def _colocated_values(problem: Problem, key: OptionKey, inst: Instance, instances: int) -> dict:
+    """`evaluate`'s values of a co-located pool of `instances` instances: the simulator's replay."""
+    values = colocated_pool(problem.trace, inst, instances, problem.max_batch_tokens, problem.max_num_seqs)
+    return {**values, "utilization": {key: values["utilization"]}}
+
+
+def simulated_option(problem: Problem, option: Option, replays: dict | None = None) -> Option:
     """A co-located option sized by the simulator's replay (capacity.pools.colocated_pool),
-    starting from its estimate: the count and binding line every co-located plan reports."""
+    starting from its estimate: the count and binding line every co-located plan reports.
+    With `replays` (a dict), the values of the count found go into it under the option's key,
+    as (count, values), so a plan of that count need not be replayed again."""
     seen: dict = {}
 
     def failing(n):
         if n not in seen:
-            seen[n] = _mixed_failing(problem, colocated_pool(problem.trace, option.inst, n, problem.max_batch_tokens,
-                                                             problem.max_num_seqs))
-        return seen[n]
+            seen[n] = _colocated_values(problem, option.key, option.inst, n)
+        return _mixed_failing(problem, seen[n])
     n = smallest_count(lambda k: failing(k) is None, 1, option.instances)
     if n is None:
         return replace(option, instances=None, binding="", skipped="SLO not met at any size (simulated)")
+    if replays is not None:
+        replays[option.key] = n, seen[n]
     binding = failing(n - 1) if n > 1 else None
     return replace(option, instances=n, binding=getattr(binding, "label", binding) or "minimum size (1 instance)",
                    simulated=True)
@@ -291,12 +300,12 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     if mixed:
         (key, machines), = mixed  # a co-located plan is one homogeneous pool
         inst = options[key].inst
-        values = colocated_pool(t, inst, inst.instances_on(machines), problem.max_batch_tokens, problem.max_num_seqs)
-        return {**values, "utilization": {key: values["utilization"]}}
+        return _colocated_values(problem, key, inst, inst.instances_on(machines))
     memo = {} if memo is None else memo
     prompt_keys = tuple(sorted((k, c) for k, c in counts.items() if k.role == Role.PROMPT))
     prompt = [(options[k].inst, options[k].inst.instances_on(c)) for k, c in prompt_keys]
-    token = [(options[k].inst, options[k].inst.instances_on(c)) for k, c in sorted(counts.items()) if k.role == Role.TOKEN]
+    token_keys = [k for k in sorted(counts) if k.role == Role.TOKEN]
+    token = [(options[k].inst, options[k].inst.instances_on(counts[k])) for k in token_keys]
     replayed = memo.get(("ttft", prompt_keys))
     if replayed is None:
         batches = [memo.setdefault(("batch", k), BatchTimes(options[k].inst, t.prompt_tokens)) for k, _ in prompt_keys]
@@ -309,7 +318,7 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     ttft, prompt_busy_s = replayed
     src = max(prompt, key=lambda pair: pair[1])[0]
     # Requests go to token types in proportion to their capacity (a deterministic interleave).
-    share = np.array([n / options[OptionKey(Role.TOKEN, i.hardware.name, i.layout)].instances for i, n in token])
+    share = np.array([n / options[k].instances for k, (_, n) in zip(token_keys, token)])
     cut = np.cumsum(share / share.sum())
     kind = np.minimum(np.searchsorted(cut, (np.arange(len(t)) * 0.6180339887498949) % 1.0, side="right"), len(token) - 1)
     tbt, decode_s, step_s = np.empty(len(t)), np.empty(len(t)), np.empty(len(t))
@@ -326,11 +335,9 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
             token_busy_s[j] = busy_s(start[idx] + decode_s[idx] - steps_s, start[idx] + decode_s[idx], n)
     e2e = ttft + decode_s
     span_s = max(float(np.max(t.arrival_s + e2e) - t.arrival_s[0]), 1e-9)  # as the simulator's utilization
-    keys = [k for k, _ in prompt_keys] + [k for k in sorted(counts) if k.role == Role.TOKEN]
+    keys = [k for k, _ in prompt_keys] + token_keys
     utilization = {k: min(b / (span_s * n), 1.0) for k, b, (_, n) in zip(keys, [*prompt_busy_s, *token_busy_s], prompt + token)}
-    busy = np.zeros(len(t))
-    for j, (_, n) in enumerate(token):
-        busy[kind == j] = token_busy_s[j] / (span_s * n)
+    busy = np.array([utilization[k] for k in token_keys])[kind]  # each request's token instance's
     itl, tpot = _decode_gaps(t.output_tokens, decode_s, step_s, busy)
     return {"ttft": ttft, "tbt": tbt, "itl": itl, "tpot": tpot, "e2e": e2e, "kv_peak_fraction": kv_peak,
             "utilization": utilization}
@@ -508,6 +515,7 @@ def colocated_plan(problem: Problem, options: list[Option], simulated: dict | No
     estimate is optimistic, so a later option rarely wins). `simulated` (a dict by option
     key, reused across calls) keeps the options simulated and gives them back."""
     simulated = {} if simulated is None else simulated
+    replays: dict = {}  # the replay of each option simulated here, at the count it found
 
     def within(o: Option) -> bool:
         m = o.machines_alone
@@ -526,7 +534,7 @@ def colocated_plan(problem: Problem, options: list[Option], simulated: dict | No
         if best is not None and rank(option)[:2] >= rank(best)[:2]:
             break
         if option.key not in simulated:
-            simulated[option.key] = simulated_option(problem, option)
+            simulated[option.key] = simulated_option(problem, option, replays)
         found = simulated[option.key]
         if found.instances and within(found) and (best is None or rank(found) < rank(best)):
             best = found
@@ -535,5 +543,8 @@ def colocated_plan(problem: Problem, options: list[Option], simulated: dict | No
         short, whole = listed([f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped or 'over budget'}"
                                for o in sorted(shown, key=closest_fit)])
         raise with_details(InfeasibleError(f"no co-located plan meets the SLO within the budget: {short}"), whole)
-    values = evaluate(problem, {best.key: best.machines_alone}, {best.key: best})
-    return make_plan(problem, {best.key: best.machines_alone}, {best.key: best}, 0, values, check(problem, values))
+    counts, held = {best.key: best.machines_alone}, best.inst.instances_on(best.machines_alone)
+    count, values = replays.get(best.key, (None, None))
+    if count != held:  # (rounded up to whole machines, or simulated by an earlier call)
+        values = evaluate(problem, counts, {best.key: best})
+    return make_plan(problem, counts, {best.key: best}, 0, values, check(problem, values))
