@@ -443,13 +443,16 @@ MAX_NUM_SEQS = typer.Option(None, "--max-num-seqs", help="At most this many requ
                                                          "wait, as vLLM's --max-num-seqs (default: the engine profile's, else no cap).")
 
 
-def scheduler_settings(engine: str, max_num_batched_tokens: int | None, max_num_seqs: int | None) -> tuple[int, int | None]:
-    """The token budget and sequence cap a run uses: the options given, else the engine profile's.
-    A chunked iteration carries every running decode, so a budget below the cap is refused, as
-    vLLM refuses it (max_num_batched_tokens must be >= max_num_seqs): exit 2."""
+def scheduler_settings(engine: str, max_num_batched_tokens: int | None, max_num_seqs: int | None,
+                       echo: dict | None = None) -> tuple[int, int | None]:
+    """The token budget and sequence cap a run uses: the options given, else the plan's (its
+    `inputs`, `echo`), else the engine profile's. A chunked iteration carries every running
+    decode, so a budget below the cap is refused, as vLLM refuses it (max_num_batched_tokens
+    must be >= max_num_seqs): exit 2."""
     from splitplan.specs.engine import load_engine
-    eng = load_engine(engine)
-    budget, cap = eng.batch_tokens(max_num_batched_tokens), eng.seqs_cap(max_num_seqs)
+    eng, echo = load_engine(engine), echo or {}
+    budget = eng.batch_tokens(max_num_batched_tokens or echo.get("max_batch_tokens"))
+    cap = eng.seqs_cap(max_num_seqs or echo.get("max_num_seqs"))
     if eng.chunked and cap is not None and budget < cap:
         raise SpecError(f"--max-num-batched-tokens {budget:,} is below --max-num-seqs {cap:,} (engine {eng.name}, chunked "
                         f"prefill): every running request takes a token of each iteration; give at least {cap:,} tokens "

@@ -77,8 +77,7 @@ def simulate(
         raise SpecError("nothing to simulate: give --plan plan.json or --prompt-pool and --token-pool (or --mixed-pool)")
     model, slo, engine = plan_settings(echo, model, slo, engine)
     engine = with_precision(engine, weights, kv_cache)
-    max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens or echo.get("max_batch_tokens"),
-                                                        max_num_seqs or echo.get("max_num_seqs"))
+    max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs, echo)
     trace = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
     if concurrency is None:
         if isl is not None or osl is not None or num_requests is not None:

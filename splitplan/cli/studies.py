@@ -181,8 +181,7 @@ def sweep(
     pools, echo = plan_input(plan, prompt_pool, token_pool, mixed_pool)
     model, slo, engine = plan_settings(echo, model, slo, engine)
     engine = with_precision(engine, weights, kv_cache)
-    max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens or echo.get("max_batch_tokens"),
-                                                        max_num_seqs or echo.get("max_num_seqs"))
+    max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs, echo)
     base = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
     rate_list = parse_rates(rates)
     if designs is not None:
