@@ -149,7 +149,8 @@ ISSUE_26 = [
      "        if self.context is not None and self.p[i] + self.o[i] > self.context:", "        if False:"),
     ("no decode-iteration bound", "splitplan/sim/cluster.py",
      "            if self.iterations > self.max_iterations:", "            if False:"),
-    ("the refused counted in the SLO", "splitplan/sim/metrics.py", "    served = result.served\n", "    served = None\n"),
+    ("the refused counted in the SLO", "splitplan/sim/metrics.py",
+     "    served = result.measured  # (past a closed loop's warm-up)\n", "    served = None\n"),
     ("infeasibility lists every option", "splitplan/errors.py", "    short = unique[0] if unique else \"none\"",
      "    short = \"; \".join(unique) if unique else \"none\""),
 ]
@@ -203,7 +204,7 @@ ISSUE_28 = [
     ("a token pool sized past its sequence cap", "splitplan/search/plan.py",
      'return "max_num_seqs" if problem.max_num_seqs and res.batch_p99 > problem.max_num_seqs else None', "return None"),
     ("every iteration one gap, whatever its batch", "splitplan/sim/gaps.py",
-     "out.append(np.repeat(durations, np.cumsum(cover[:-1])))", "out.append(np.repeat(durations, np.cumsum(cover[:-1]) > 0))"),
+     "out += [gap0, np.repeat(durations, np.cumsum(cover[:-1]))]", "out += [gap0, np.repeat(durations, np.cumsum(cover[:-1]) > 0)]"),
     ("weighted gaps read unweighted", "splitplan/slo.py", "v, cum = v[order], np.cumsum(w[order])",
      "v, cum = v[order], np.cumsum(np.ones(len(w)))"),
     ("the first gap never waits for the running iteration", "splitplan/search/plan.py",
