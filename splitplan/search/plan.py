@@ -274,16 +274,20 @@ def simulated_option(problem: Problem, option: Option, replays: dict | None = No
     With `replays` (a dict), the values of the count found go into it under the option's key,
     as (count, values), so a plan of that count need not be replayed again."""
     seen: dict = {}
+    kept: list = [None, None]  # (count, values): the smallest count that met every line so far
 
     def failing(n):
         if n not in seen:
-            seen[n] = _colocated_values(problem, option.key, option.inst, n)
-        return _mixed_failing(problem, seen[n])
+            values = _colocated_values(problem, option.key, option.inst, n)
+            seen[n] = _mixed_failing(problem, values)
+            if seen[n] is None and (kept[0] is None or n < kept[0]):
+                kept[:] = n, values  # (only these values: a replay's arrays are large)
+        return seen[n]
     n = smallest_count(lambda k: failing(k) is None, 1, option.instances)
     if n is None:
         return replace(option, instances=None, binding="", skipped="SLO not met at any size (simulated)")
     if replays is not None:
-        replays[option.key] = n, seen[n]
+        replays[option.key] = tuple(kept)
     binding = failing(n - 1) if n > 1 else None
     return replace(option, instances=n, binding=getattr(binding, "label", binding) or "minimum size (1 instance)",
                    simulated=True)
@@ -515,7 +519,6 @@ def colocated_plan(problem: Problem, options: list[Option], simulated: dict | No
     estimate is optimistic, so a later option rarely wins). `simulated` (a dict by option
     key, reused across calls) keeps the options simulated and gives them back."""
     simulated = {} if simulated is None else simulated
-    replays: dict = {}  # the replay of each option simulated here, at the count it found
 
     def within(o: Option) -> bool:
         m = o.machines_alone
@@ -529,22 +532,23 @@ def colocated_plan(problem: Problem, options: list[Option], simulated: dict | No
         return weight(o)[0] * o.machines_alone, weight(o)[1] * o.machines_alone, o.key
 
     mixed = [o for o in options if o.role == Role.MIXED]
-    best = None
+    best, best_replay = None, (None, None)  # (the replay of the best, where simulated here: (count, values))
     for option in sorted((o for o in mixed if o.instances and within(o)), key=rank):
         if best is not None and rank(option)[:2] >= rank(best)[:2]:
             break
+        replays: dict = {}
         if option.key not in simulated:
             simulated[option.key] = simulated_option(problem, option, replays)
         found = simulated[option.key]
         if found.instances and within(found) and (best is None or rank(found) < rank(best)):
-            best = found
+            best, best_replay = found, replays.get(found.key, (None, None))  # (only the best's replay is kept)
     if best is None:
         shown = [simulated.get(o.key, o) for o in mixed]
         short, whole = listed([f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped or 'over budget'}"
                                for o in sorted(shown, key=closest_fit)])
         raise with_details(InfeasibleError(f"no co-located plan meets the SLO within the budget: {short}"), whole)
     counts, held = {best.key: best.machines_alone}, best.inst.instances_on(best.machines_alone)
-    count, values = replays.get(best.key, (None, None))
+    count, values = best_replay
     if count != held:  # (rounded up to whole machines, or simulated by an earlier call)
         values = evaluate(problem, counts, {best.key: best})
     return make_plan(problem, counts, {best.key: best}, 0, values, check(problem, values))
