@@ -10,12 +10,22 @@ the run's machine, the run's scheduler (chunked prefill, its `max_num_batched_to
 `max_num_seqs`, `max_model_len`) and memory fraction (`gpu_mem_util`), timed by each profile.
 Stages marked `include=0` (reasoning stages where most requests timed out) are left out.
 
+The prefix cache, as these runs had it (`--prefix-cache`, default `prompts`): the runs' requests
+come from inference-perf's `shared_prefix` generator, which makes `n_system_prompts` x
+`--prompts-per-system-prompt` distinct prompts (the campaign's `num_users_per_system_prompt`: 5)
+and sends them over and over, so vLLM's prefix cache (on in every run, 16-token blocks) holds a
+prompt's blocks once it has been computed: a request then prefills only the rest (at least its
+last token). Requests of a run in order: the first `n_system_prompts` compute their whole prompt,
+the rest of the first round skip the system prompt's blocks, and every later request (every one
+of a later stage) skips all its full blocks but the last token's. `system`: only the system
+prompt is ever skipped (the reading that every question is new); `none`: nothing is.
+
 Printed per profile: MAPE % and median signed error % of mean TTFT, TPOT ((mean E2E - mean
 TTFT) / (output - 1), the runs' own definition), mean E2E and TTFT/E2E p90/p99, per model and
 load band (requests in flight, by Little's law: achieved rate, else the stage's, x mean E2E) and over all stages;
 and the stages predicted overloaded (TTFT p50 above 5 s) that were not. `--stages` adds a row
 per stage. Not modelled yet: the prefix cache (every request recomputes its shared system
-prompt) and the CPU KV offload of some runs.
+prompt, unless `--prefix-cache none`) and the CPU KV offload of some runs.
 """
 
 from __future__ import annotations
@@ -42,19 +52,38 @@ METRICS = ("ttft_mean", "tpot_mean", "e2e_mean", "ttft_p90", "ttft_p99", "e2e_p9
 COLLAPSE_S = 5.0  # a stage whose predicted TTFT p50 exceeds this is overloaded in the model
 
 
-def stage_trace(data: Path, row: pd.Series) -> Trace:
-    requests = pd.read_csv(data / row.trace)
-    mine = requests[requests.stage == row.stage_index].sort_values("arrival_s", kind="stable")
+BLOCK_TOKENS = 16  # vLLM's KV block on GPUs: the prefix cache's unit
+PREFIX_CACHE = ("prompts", "system", "none")
+
+
+def stage_trace(data: Path, row: pd.Series, prefix_cache: str = "prompts", prompts_per_system_prompt: int = 5) -> Trace:
+    """The stage's requests from its first arrival, each with the prompt tokens the run's prefix
+    cache held when it came (module docstring)."""
+    requests = pd.read_csv(data / row.trace).sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    mine = requests[requests.stage == row.stage_index]
     arrival = mine.arrival_s.to_numpy(float)
-    return Trace(arrival - arrival[0], mine.prompt_tokens.to_numpy(np.int64), mine.output_tokens.to_numpy(np.int64),
-                 f"{row.trace} stage {row.stage_index}")
+    prompt = mine.prompt_tokens.to_numpy(np.int64)
+    k = mine.index.to_numpy()  # the request's place in the whole run
+    groups = int(row.n_system_prompts)
+    system = int(row.system_prompt_tokens) // BLOCK_TOKENS * BLOCK_TOKENS
+    whole = (prompt - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+    if prefix_cache == "none":
+        cached = np.zeros_like(prompt)
+    elif prefix_cache == "system":
+        cached = np.where(k >= groups, system, 0)
+    else:
+        cached = np.where(k >= groups * prompts_per_system_prompt, whole, np.where(k >= groups, system, 0))
+    return Trace(arrival - arrival[0], prompt, mine.output_tokens.to_numpy(np.int64), f"{row.trace} stage {row.stage_index}",
+                 np.minimum(cached, whole).astype(np.int64))
 
 
-def replay(profile: str, data: Path, row: pd.Series) -> dict:
-    """One stage as measured, timed by `profile`: the predicted figures beside the measured."""
-    engine = load_engine(profile).model_copy(update={"scheduler": "chunked", "memory_usable_fraction": float(row.gpu_mem_util)})
+def replay(profile, data: Path, row: pd.Series, prefix_cache: str = "prompts", prompts_per_system_prompt: int = 5) -> dict:
+    """One stage as measured, timed by `profile` (a name, a path or an EngineProfile): the
+    predicted figures beside the measured."""
+    base = load_engine(profile) if isinstance(profile, str) else profile
+    engine = base.model_copy(update={"scheduler": "chunked", "memory_usable_fraction": float(row.gpu_mem_util)})
     inst = Instance(load_model(row.model_arg), load_hardware(row.gpu), engine, int(row.tp))
-    trace = stage_trace(data, row)
+    trace = stage_trace(data, row, prefix_cache, prompts_per_system_prompt)
     options = SimOptions(max_batch_tokens=int(row.max_num_batched_tokens), max_num_seqs=int(row.max_num_seqs),
                          max_model_len=int(row.max_model_len))
     result = simulate(trace, [PoolSpec(Role.MIXED, inst, 1, 1)], options)
@@ -69,7 +98,7 @@ def replay(profile: str, data: Path, row: pd.Series) -> dict:
     predicted["tpot_mean"] = (predicted["e2e_mean"] - predicted["ttft_mean"]) / max(o - 1, 1)
     rate = row.achieved_rate_rps if pd.notna(row.achieved_rate_rps) else row.stage_rate_rps  # (not recorded in some runs)
     in_flight = float(rate) * float(row.e2e_mean_ms) / 1e3
-    return {"profile": profile, "run": row.run_id, "model": row.model_arg, "tp": int(row.tp), "workload": row.workload,
+    return {"profile": profile if isinstance(profile, str) else profile.name, "run": row.run_id, "model": row.model_arg, "tp": int(row.tp), "workload": row.workload,
             "stage": int(row.stage_index), "rate_rps": float(row.stage_rate_rps), "in_flight": in_flight,
             "band": next(label for lo, hi, label in BANDS if lo <= in_flight < hi),
             "collapsed": bool(np.percentile(ttft[done], 50) > COLLAPSE_S * 1e3) and not bool(row.overloaded),
@@ -78,9 +107,9 @@ def replay(profile: str, data: Path, row: pd.Series) -> dict:
 
 
 def _unit(shared, item):
-    data, = shared
+    data, prefix_cache, per_group = shared
     profile, row = item
-    return replay(profile, data, row)
+    return replay(profile, data, row, prefix_cache, per_group)
 
 
 def errors(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -105,14 +134,16 @@ def markdown(frame: pd.DataFrame) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA)
-    parser.add_argument("--profiles", default="lean,splitwise-vllm")
+    parser.add_argument("--profiles", default="vllm,lean,splitwise-vllm")
+    parser.add_argument("--prefix-cache", choices=PREFIX_CACHE, default="prompts")
+    parser.add_argument("--prompts-per-system-prompt", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--stages", action="store_true")
     args = parser.parse_args()
     runs = pd.read_csv(args.data / "runs.csv")
     runs = runs[runs.include == 1]
     items = [(p, row) for p in args.profiles.split(",") for _, row in runs.iterrows()]
-    rows = run_units(_unit, items, (args.data,), args.jobs, describe=lambda item: f"{item[0]} {item[1].run_id}")
+    rows = run_units(_unit, items, (args.data, args.prefix_cache, args.prompts_per_system_prompt), args.jobs, describe=lambda item: f"{item[0]} {item[1].run_id}")
     frame = pd.DataFrame(rows)
     print(f"{len(runs)} stages of {runs.run_id.str.rsplit('-s', n=1).str[0].nunique()} runs; cells: MAPE % / median signed error %\n")
     for profile, mine in frame.groupby("profile", sort=False):

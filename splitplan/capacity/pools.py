@@ -87,7 +87,9 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     co-located instances (one per request held).
 
     A batch that ends at an arrival's time ends before the arrival is routed, as in
-    the simulator, so both give the same TTFT."""
+    the simulator, so both give the same TTFT. With the engine's async scheduling, a request that
+    arrives while its instance runs a batch after which more was queued joins the batch after the
+    next (the simulator's rule); the engine's front-end latency is added to every TTFT."""
     n_req = len(arrival_s)
     finish_at = [0.0] * n_req
     times = times or [BatchTimes(inst, prompt_tokens) for inst, _ in pools]
@@ -101,12 +103,20 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
 
     cap = max_seqs or n_req
     done = [0] * n_req  # (chunked) prompt tokens prefilled so far
+    engine = pools[0][0].engine
+    deferring = engine.async_scheduling
+    launch = [0] * len(kind)  # async scheduling: batches begun per instance
+    fixed = [False] * len(kind)  # whether the next batch was scheduled when the running one began
+    tag = [-1] * n_req  # the batch a request arrived in when that one's successor was scheduled
 
     def start(j: int, now: float) -> None:
         queue = queues[j]
+        if deferring and queue and tag[queue[0]] >= launch[j]:  # nothing was scheduled after all: all join now
+            for i in queue:
+                tag[i] = -1
         if chunked:  # as the simulator's chunked iteration on an instance with no decodes
             members, total, sq, seqs, room = [], 0, 0, 0, max_batch_tokens
-            while queue and room > 0 and seqs < cap:
+            while queue and room > 0 and seqs < cap and tag[queue[0]] < launch[j]:
                 i = queue[0]
                 d = done[i]
                 c = min(tokens[i] - d, room)
@@ -124,13 +134,16 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
             members = [queue.popleft()]
             total = tokens[members[0]]
             sq = total * total
-            while queue and total + tokens[queue[0]] <= max_batch_tokens and len(members) < cap:
+            while queue and total + tokens[queue[0]] <= max_batch_tokens and len(members) < cap and tag[queue[0]] < launch[j]:
                 i = queue.popleft()
                 members.append(i)
                 total += tokens[i]
                 sq += tokens[i] * tokens[i]
             duration = times[kind[j]].batch_s(members[0], len(members), total, sq)
         running[j] = (members, total)
+        if deferring:
+            launch[j] += 1
+            fixed[j] = bool(queue)
         if busy is not None:
             busy.append((now, duration, j))
         heapq.heappush(heap, (now + duration, j))
@@ -155,6 +168,8 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
             load[heapq.heappop(held)[1]] -= 1
         j = load.index(min(load))
         queues[j].append(i)
+        if deferring:
+            tag[i] = launch[j] if running[j] is not None and fixed[j] else launch[j] - 1
         load[j] += tokens[i]
         if release is not None:
             load[j] += 1
@@ -164,7 +179,7 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
         if running[j] is None:
             start(j, now)
     finish_until(float("inf"))
-    return np.asarray(finish_at) - arrival_s
+    return np.asarray(finish_at) - arrival_s + engine.frontend_latency_s
 
 
 @dataclass(frozen=True)

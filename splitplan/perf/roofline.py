@@ -349,7 +349,7 @@ class Instance(PassShortcuts):
             touched = E * (1 - (1 - k / E) ** n_tok)
             rows = _max(n_tok * k / _max(touched, 1e-9), 1.0)
             classes.append((2 * n_tok * k * m.expert_params * c.moe_share, touched * m.expert_params * c.wbpe * c.moe_share,
-                            gemm_peak * gemm_eff(rows)))
+                            gemm_peak * gemm_eff(rows) * f.moe_efficiency))
         group_pre = pre_tok / groups
         pre_sq = group_pre**2 if c.packed else _num(prefill_sq_tokens) * micro / groups
         ctx = _num(decode_context_tokens) * micro / groups

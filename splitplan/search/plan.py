@@ -167,16 +167,18 @@ def _decode_values(problem: Problem, inst: Instance, n: int, src: Instance, star
     return decode_s / o, decode_s, result
 
 
-def _decode_gaps(o: np.ndarray, decode_s: np.ndarray, step_s: np.ndarray, busy: np.ndarray | float) -> tuple[Gaps, np.ndarray]:
+def _decode_gaps(o: np.ndarray, decode_s: np.ndarray, step_s: np.ndarray, busy: np.ndarray | float,
+                 deferred: bool = False) -> tuple[Gaps, np.ndarray]:
     """The predicted inter-token gaps and TPOT of decoding requests: the first gap carries the
     KV transfer (decode_s - (o - 2) steps) and, where the KV lands while its instance runs an
     iteration (the instance's busy fraction `busy` of the requests), the wait for that
-    iteration's end (uniform over a step; both spread deterministically over the requests);
+    iteration's end (uniform over a step; both spread deterministically over the requests) and,
+    with async scheduling (`deferred`), for the one already scheduled behind it;
     each later gap is the request's mean step (its variation within a request is not
     modelled). TPOT = decode_s / (o - 1), NaN for o = 1."""
     many = o > 1
     k = np.arange(len(o))
-    waits = ((k * 0.7548776662466927) % 1.0 < busy) * ((k * 0.5698402909980532) % 1.0) * step_s
+    waits = ((k * 0.7548776662466927) % 1.0 < busy) * ((k * 0.5698402909980532) % 1.0 + deferred) * step_s
     first = decode_s - np.maximum(o - 2, 0) * step_s + waits
     gaps = Gaps(np.concatenate([first[many], step_s[many]]), np.concatenate([np.ones(int(many.sum())), (o - 2)[many]]))
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -216,7 +218,7 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
             ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, [(inst, n)], problem.max_batch_tokens, memo,
                                        chunked=problem.chunked, max_seqs=problem.max_num_seqs)
             return _first_failing(problem, "ttft", ttft)
-        alone = _first_failing(problem, "ttft", inst.prefill_time_s(t.prompt_tokens))
+        alone = _first_failing(problem, "ttft", inst.prefill_time_s(t.prompt_tokens) + inst.engine.frontend_latency_s)
         if alone is not None:
             return Option(role, inst, None, alone.label, f"{alone.label} not met even without queueing")
     elif int(np.max(t.prompt_tokens + t.output_tokens)) > inst.max_request_tokens:
@@ -227,7 +229,7 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
     elif role == Role.TOKEN:
         def failing(n):
             tbt, decode_s, res = _decode_values(problem, inst, n, inst, t.arrival_s)
-            itl, tpot = _decode_gaps(t.output_tokens, decode_s, res.step_s, min(res.mean_batch, 1.0))
+            itl, tpot = _decode_gaps(t.output_tokens, decode_s, res.step_s, min(res.mean_batch, 1.0), inst.engine.async_scheduling)
             for metric, values in (("tbt", tbt), ("itl", itl), ("tpot", tpot)):
                 line = _first_failing(problem, metric, values)
                 if line is not None:
@@ -342,7 +344,7 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     keys = [k for k, _ in prompt_keys] + token_keys
     utilization = {k: min(b / (span_s * n), 1.0) for k, b, (_, n) in zip(keys, [*prompt_busy_s, *token_busy_s], prompt + token)}
     busy = np.array([utilization[k] for k in token_keys])[kind]  # each request's token instance's
-    itl, tpot = _decode_gaps(t.output_tokens, decode_s, step_s, busy)
+    itl, tpot = _decode_gaps(t.output_tokens, decode_s, step_s, busy, src.engine.async_scheduling)
     return {"ttft": ttft, "tbt": tbt, "itl": itl, "tpot": tpot, "e2e": e2e, "kv_peak_fraction": kv_peak,
             "utilization": utilization}
 

@@ -126,7 +126,10 @@ class _Cluster:
         self.max_tokens = self.options.max_batch_tokens
         self.chunked = {k: self.max_tokens if pool.perf.engine.chunked else None for k, pool in enumerate(self.pools)}
         self.cap = self.options.max_num_seqs or math.inf  # requests running on one instance at once
-        self.done = [0] * self.n  # prompt tokens prefilled so far (chunked prefill)
+        # prompt tokens prefilled so far: a prefix the engine's cache holds counts as done
+        self.cached = [0] * self.n if trace.cached_tokens is None else np.minimum(trace.cached_tokens, trace.prompt_tokens - 1).tolist()
+        self.done = list(self.cached)
+        self.deferring = {k: pool.perf.engine.async_scheduling for k, pool in enumerate(self.pools)}
         self.plen = list(self.p)  # tokens to prefill: the prompt, or prompt and output so far when preempted
         self.base = [1] * self.n  # tokens the request had when it (last) joined a decode batch
         self.resumed = [False] * self.n  # preempted and to be recomputed: its next prefill gives no TTFT
@@ -219,13 +222,15 @@ class _Cluster:
         budget = self.chunked[inst.pool]
         if inst.can_prefill and inst.queue:
             total = sq = 0
-            if budget is None:  # whole prompts, batched up to max_tokens
-                while inst.queue and (not prefill or (total + self.plen[inst.queue[0]] <= self.max_tokens
+            if budget is None:  # whole prompts (less what the prefix cache holds), batched up to max_tokens
+                while inst.queue and (not prefill or (total + self.plen[inst.queue[0]] - self.done[inst.queue[0]] <= self.max_tokens
                                                       and len(prefill) < self.cap)):
                     i = inst.queue.popleft()
                     prefill.append(i)
-                    total += self.plen[i]
-                    sq += self.plen[i] * self.plen[i]
+                    d = self.done[i]
+                    total += self.plen[i] - d
+                    sq += self.plen[i] * self.plen[i] - d * d
+                    self.done[i] = self.plen[i]
                     if not self.resumed[i]:
                         self.prefill_start[i] = now
                 chunks = len(prefill)
@@ -234,7 +239,7 @@ class _Cluster:
                 while inst.queue and room > 0 and chunks < self.cap:
                     i = inst.queue[0]
                     d = self.done[i]
-                    if d == 0 and not self.resumed[i]:
+                    if d == self.cached[i] and not self.resumed[i]:
                         self.prefill_start[i] = now
                     c = min(self.plen[i] - d, room)
                     total += c
@@ -247,7 +252,7 @@ class _Cluster:
                     inst.queue.popleft()
                     prefill.append(i)
         if chunks:
-            if budget is None and chunks == 1 and inst.batch == 0 and not self.resumed[prefill[0]]:
+            if budget is None and chunks == 1 and inst.batch == 0 and not self.resumed[prefill[0]] and not self.cached[prefill[0]]:
                 duration = self.single[inst.pool][prefill[0]]
             else:
                 duration = float(inst.perf.pass_time_s(float(chunks), float(total), float(sq),
@@ -268,6 +273,9 @@ class _Cluster:
         inst.batch_integral += inst.batch * duration
         inst.run_prefill = prefill
         inst.running = True
+        if self.deferring[inst.pool]:  # the next iteration is scheduled now if there is work beyond this one
+            inst.launch += 1
+            inst.fixed = bool(inst.batch or inst.queue or inst.waiting or inst.deferred or (prefill and inst.role == MIXED))
         self.seq += 1
         heapq.heappush(self.heap, (now + duration, self.seq, _ITERATION_END, inst.idx, None))
 
@@ -376,10 +384,11 @@ class _Cluster:
         every request is done; then the result."""
         next_arrival, log, n, heap, arrival, insts = 0, self.log, self.n, self.heap, self.arrival, self.insts
         pop, kv_arrived, iteration_end = heapq.heappop, self._kv_arrived, self._iteration_end
+        front = self.pools[0].perf.engine.frontend_latency_s  # a request reaches the engine this long after it is sent
         events = 0
         while next_arrival < n or heap:
-            if next_arrival < n and (not heap or arrival[next_arrival] < heap[0][0]):
-                i, now = next_arrival, arrival[next_arrival]
+            if next_arrival < n and (not heap or arrival[next_arrival] + front < heap[0][0]):
+                i, now = next_arrival, arrival[next_arrival] + front
                 next_arrival += 1
                 events += 1
                 inst = self._arrive(i, now)
@@ -431,7 +440,9 @@ class _Cluster:
         dst.kv_committed += self.p[i] + self.o[i]
         if dst.idx in self.t_pos:
             self.token_load[self.t_pos[dst.idx]] += self.o[i]
-        if src.role == MIXED:  # prefilled once its KV is reserved
+        if src.running and src.fixed:  # async scheduling: the next iteration is already scheduled
+            src.deferred.append((src.launch, i, src.waiting if src.role == MIXED else src.queue))
+        elif src.role == MIXED:  # prefilled once its KV is reserved
             src.waiting.append(i)
             self._admit(src, now)
         else:
@@ -443,6 +454,9 @@ class _Cluster:
     def _kv_arrived(self, inst: InstanceState, i: int, now: float):
         """Request i's KV reached token instance inst: it waits to join the batch."""
         self.kv_ready[i] = now
+        if inst.running and inst.fixed:  # async scheduling: the next iteration is already scheduled
+            inst.deferred.append((inst.launch, i, inst.waiting))
+            return
         inst.waiting.append(i)
         if not inst.running:
             self._admit(inst, now)
@@ -478,8 +492,21 @@ class _Cluster:
         inst.run_prefill = []
         if inst.role == TOKEN and not inst.queue:
             inst.can_prefill = False  # a borrowed machine returns to its pool
+        if inst.deferred:  # async scheduling: those that arrived before this iteration began may join
+            self._release(inst, inst.launch)
         self._admit(inst, now)
         self._start(inst, now)
+        if not inst.running and inst.deferred:  # nothing was scheduled after all: the rest join now
+            self._release(inst, math.inf)
+            self._admit(inst, now)
+            self._start(inst, now)
+
+    def _release(self, inst: InstanceState, before: float):
+        """Requests deferred by async scheduling that arrived in an iteration before `before`
+        join the line they were headed for (a prompt queue, or the wait for KV room)."""
+        while inst.deferred and inst.deferred[0][0] < before:
+            _, i, line = inst.deferred.popleft()
+            line.append(i)
 
     def _result(self) -> SimResult:
         for inst in self.insts:  # a measured table counts the decode steps it extrapolated

@@ -148,10 +148,11 @@ def with_factors(base: EngineProfile, values: dict) -> EngineProfile:
                                    "efficiency_sources": {}})
 
 
-def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: int = 25, run: Runner = serial) -> EngineProfile:
-    """`base` with its DEPLOYMENT_FACTORS refitted to the runs (engine-wide defaults; the
-    base's per-machine overrides are dropped, they came from other data)."""
-    names = list(DEPLOYMENT_FACTORS)
+def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: int = 25, run: Runner = serial,
+                    factors: tuple[str, ...] = tuple(DEPLOYMENT_FACTORS)) -> EngineProfile:
+    """`base` with `factors` (of DEPLOYMENT_FACTORS) refitted to the runs (engine-wide defaults;
+    the base's per-machine overrides are dropped, they came from other data)."""
+    names = list(factors)
     lower = np.array([DEPLOYMENT_FACTORS[k][0] for k in names])
     upper = np.array([DEPLOYMENT_FACTORS[k][1] for k in names])
     scale = np.array([DEPLOYMENT_FACTORS[k][2] for k in names])

@@ -69,7 +69,7 @@ class InstanceState:
 
     __slots__ = ("idx", "pool", "role", "perf", "can_prefill", "queue",
                  "waiting", "kv_cap", "max_request", "kv_used", "kv_committed", "members", "batch", "ctx", "iters", "ends", "finishing", "running", "link_free",
-                 "bw", "prefill_s", "decode_s", "batch_integral", "run_prefill", "steps")
+                 "bw", "prefill_s", "decode_s", "batch_integral", "run_prefill", "steps", "launch", "fixed", "deferred")
 
     def __init__(self, idx, pool, role, perf, bw):
         self.idx, self.pool, self.role, self.perf = idx, pool, role, perf
@@ -94,6 +94,11 @@ class InstanceState:
         self.batch_integral = 0.0  # decode batch x time
         self.run_prefill: list[int] = []
         self.steps: list[tuple[int, int]] | None = [] if perf.measured else None  # measured: (batch, context)
+        # async scheduling: iterations begun; whether the next one was scheduled when the running one
+        # began; requests that arrived after that, with the iteration they arrived in
+        self.launch = 0
+        self.fixed = False
+        self.deferred: deque = deque()
 
 
 @dataclass(frozen=True)

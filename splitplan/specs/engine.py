@@ -49,6 +49,10 @@ class EngineFactors(BaseModel):
     # times slower. 0: no knee.
     knee_tokens: Annotated[float, Field(ge=0, le=1_000_000)] = 0.0
     knee_slowdown: Annotated[float, Field(ge=0, le=10)] = 0.0
+    # The expert GEMMs of an MoE layer reach this fraction of what a dense GEMM of the same rows
+    # reaches (`compute_efficiency`): a fused MoE kernel runs many small GEMMs, a few rows per
+    # expert, padded to its tiles, the busiest expert setting the pace. 1: as dense.
+    moe_efficiency: Frac = 1.0
     collective_latency_s: Secs = 10e-6
     link_efficiency: Frac = 0.8
     kv_transfer_latency_s: Secs = 5e-3
@@ -85,6 +89,14 @@ class EngineProfile(BaseModel):
     max_num_batched_tokens: Annotated[int, Field(ge=16, le=1_000_000)] | None = None
     max_num_seqs: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     scheduler_source: str = ""
+    # Async scheduling (on by default in vLLM by v0.15, vllm-project/vllm#27614; SGLang's overlap scheduler): the engine
+    # schedules an instance's next iteration while the current one runs, so a request that arrives
+    # then joins the iteration after the next (the CPU's scheduling overlaps the GPU's work).
+    async_scheduling: bool = False
+    # What the engine's API front end adds to every request before its scheduler sees it (HTTP,
+    # tokenization, the hop to the engine process, streaming the first token back): seconds added
+    # to TTFT and E2E. vLLM runs its API server in a process of its own.
+    frontend_latency_s: Annotated[float, Field(ge=0, le=1)] = 0.0
     # The longest request (prompt + output tokens) the engine takes, as vLLM's and SGLang's
     # --max-model-len / --context-length; longer ones are refused. None: the model's context window
     # (max_position_embeddings), those engines' default.

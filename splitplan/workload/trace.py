@@ -43,12 +43,16 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Trace:
-    """Requests sorted by arrival; arrival_s starts at 0."""
+    """Requests sorted by arrival; arrival_s starts at 0. `cached_tokens`, where known (a replay
+    of measured runs whose engine kept a prefix cache), is each request's leading prompt tokens
+    that the engine's prefix cache holds when it arrives: the simulator prefills only the rest
+    (their KV is still the request's). None: every prompt is computed whole."""
 
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
     source: str
+    cached_tokens: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)

@@ -193,3 +193,16 @@ def test_flops_of_a_prompt_batch_are_each_prompt_s_including_its_lm_head_row():
     decode = inst.explain(decode_batch=3, decode_context_tokens=500)
     assert both.flops_per_gpu == pytest.approx(one.flops_per_gpu + decode.flops_per_gpu, rel=1e-12)
     assert decode.flops_per_gpu >= 3 * head  # every decoded token goes through the LM head
+
+
+def test_moe_efficiency_slows_the_expert_gemms_of_a_prefill_not_a_decode():
+    """At a quarter of the dense GEMM efficiency, the expert GEMMs of an 8,192-token Mixtral
+    prefill take 4x their ideal compute time (the rest unchanged); a batch-1 decode, bound by
+    reading the experts it touches, does not move."""
+    m = load_model("mixtral-8x7b")
+    slow = IDEAL.model_copy(update={"defaults": IDEAL.defaults.model_copy(update={"moe_efficiency": 0.25})})
+    ideal, quarter = Instance(m, H100, IDEAL, 2), Instance(m, H100, slow, 2)
+    expert_s = 8192 * 2 * m.num_experts_per_tok * m.expert_params * m.num_hidden_layers / 2 / H100.peak_flops_per_s("bf16")
+    pre = ideal.explain([8192]), quarter.explain([8192])
+    assert pre[1].compute_s - pre[0].compute_s == pytest.approx(3 * expert_s / H100.prefill_clock_fraction, rel=1e-6)
+    assert quarter.explain(decode_batch=1, decode_context_tokens=100).time_s == ideal.explain(decode_batch=1, decode_context_tokens=100).time_s

@@ -483,3 +483,59 @@ def test_the_closed_loop_search_keeps_looking_past_a_self_consistent_plan():
         if sum(p.machines for p in pools if p.role == pool.role) > 1:
             fewer = [*pools[:k], pool._replace(machines=pool.machines - 1), *pools[k + 1:]]
             assert not setup.simulate(work, fewer, 128).slo_met, pool
+
+
+# --- today's engine: prefix cache, async scheduling, front end (issue 28, item 3) ------------
+
+def _engine(inst, **update):
+    return api.instance(inst.model, inst.hardware, inst.tp, inst.engine.model_copy(update=update))
+
+
+@pytest.mark.parametrize("scheduler", ["chunked", "prefill-priority"])
+def test_a_cached_prefix_is_not_prefilled_but_its_kv_is_read(scheduler):
+    """A request whose first 1,024 of 1,500 prompt tokens the prefix cache holds prefills the
+    other 476, attending over all 1,500; its decode steps read the whole context."""
+    inst = _engine(H100, scheduler=scheduler)
+    trace = Trace(np.array([0.0]), np.array([1500]), np.array([4]), "t", np.array([1024]))
+    r = simulate(trace, [PoolSpec("mixed", inst, 1)], SimOptions(max_batch_tokens=8192))
+    assert r.ttft_s[0] == pytest.approx(float(inst.pass_time_s(1, 476, 1500**2 - 1024**2)), rel=1e-12)
+    steps = sum(float(inst.pass_time_s(0.0, 0.0, 0.0, 1.0, float(1500 + 1 + k))) for k in range(3))
+    assert r.e2e_s[0] - r.ttft_s[0] == pytest.approx(steps, rel=1e-9)
+    uncached = simulate(one(1500, 4), [PoolSpec("mixed", inst, 1)], SimOptions(max_batch_tokens=8192))
+    assert uncached.ttft_s[0] > 2 * r.ttft_s[0]
+
+
+def test_async_scheduling_puts_a_request_that_arrives_mid_iteration_one_iteration_later():
+    """Request 0 decodes alone; request 1 arrives during one of its steps. With async scheduling
+    the step after the running one was scheduled when it began, so request 1 starts a step later:
+    its TTFT grows by about one decode step; a request that finds the instance idle starts at once."""
+    sync, deferring = _chunked(H100), _engine(_chunked(H100), async_scheduling=True)
+    trace = Trace(np.array([0.0, 1.0]), np.array([500, 500]), np.array([400, 4]), "t")
+    a, b = (simulate(trace, [PoolSpec("mixed", inst, 1)]) for inst in (sync, deferring))
+    step = float(sync.pass_time_s(0.0, 0.0, 0.0, 1.0, 650.0))
+    assert b.ttft_s[0] == a.ttft_s[0]  # idle: no wait
+    assert b.ttft_s[1] - a.ttft_s[1] == pytest.approx(step, rel=0.05)
+    assert b.tokens_out == a.tokens_out
+
+
+def test_the_front_end_latency_is_added_to_every_request():
+    inst = _engine(_chunked(H100), frontend_latency_s=0.009)
+    trace = Trace(np.array([0.0, 5.0]), np.array([500, 800]), np.array([10, 10]), "t")
+    with_front = simulate(trace, [PoolSpec("mixed", inst, 1)])
+    without = simulate(trace, [PoolSpec("mixed", _chunked(H100), 1)])
+    assert with_front.ttft_s - without.ttft_s == pytest.approx([0.009, 0.009], abs=1e-12)
+    assert with_front.e2e_s - without.e2e_s == pytest.approx([0.009, 0.009], abs=1e-12)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 10_000), st.floats(2, 40), st.sampled_from([512, 8192]), st.booleans())
+def test_planner_prompt_replay_defers_as_the_simulator_under_async_scheduling(seed, rate, budget, chunked):
+    """With async scheduling and a front end, the planner's prompt replay gives the simulator's TTFT."""
+    from splitplan.capacity.pools import prompt_queue_ttft_s
+    trace = resample_poisson(load_trace(default_trace_path()), rate, 30.0, np.random.default_rng(seed))
+    update = dict(async_scheduling=True, frontend_latency_s=0.004, scheduler="chunked" if chunked else "prefill-priority")
+    first, second = _engine(H100, **update), _engine(A100, **update)
+    r = simulate(trace, [PoolSpec("prompt", first, 1), PoolSpec("prompt", second, 2), PoolSpec("token", first, 2)],
+                 SimOptions(max_batch_tokens=budget))
+    planned = prompt_queue_ttft_s(trace.arrival_s, trace.prompt_tokens, [(first, 1), (second, 2)], budget, chunked=chunked)
+    assert np.allclose(planned, r.ttft_s, rtol=1e-12, atol=1e-12)
