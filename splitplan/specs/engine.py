@@ -211,5 +211,7 @@ def engine_to_yaml(profile: EngineProfile, header: str = "") -> str:
 
     data = rounded(profile.model_dump(exclude={"name"} | ({"efficiency_sources"} if not profile.efficiency_sources else set()),
                                       exclude_none=True))
+    # an override holds the keys it sets, no more (the others stay the defaults')
+    data["hardware_overrides"] = {k: rounded(v.model_dump(exclude_unset=True)) for k, v in profile.hardware_overrides.items()}
     comment = "".join(f"# {line}\n" for line in header.splitlines())
     return comment + yaml.safe_dump(data, sort_keys=False, width=120)
