@@ -195,6 +195,11 @@ ISSUE_28_TESTS = [
     "tests/test_slo.py::test_gaps_read_as_their_expanded_sample",
     "tests/test_slo.py::test_an_itl_line_sees_the_stalls_a_per_request_tbt_hides",
     "tests/test_slo.py::test_a_split_plans_predicted_gaps_are_the_simulators_within_10_percent",
+    "tests/sim/test_cluster.py::test_a_cached_prefix_is_not_prefilled_but_its_kv_is_read",
+    "tests/sim/test_cluster.py::test_async_scheduling_puts_a_request_that_arrives_mid_iteration_one_iteration_later",
+    "tests/sim/test_cluster.py::test_the_front_end_latency_is_added_to_every_request",
+    "tests/sim/test_cluster.py::test_planner_prompt_replay_defers_as_the_simulator_under_async_scheduling",
+    "tests/perf/test_roofline.py::test_moe_efficiency_slows_the_expert_gemms_of_a_prefill_not_a_decode",
 ]
 ISSUE_28 = [
     ("a co-located instance runs past max_num_seqs", "splitplan/sim/cluster.py",
@@ -212,6 +217,17 @@ ISSUE_28 = [
     ("co-located sizing blind to ITL lines", "splitplan/search/plan.py",
      '    for metric in ("ttft", "tbt", "itl", "tpot", "e2e"):\n        if metric not in values:',
      '    for metric in ("ttft", "tbt", "e2e"):\n        if metric not in values:'),
+    ("a cached prefix prefilled all the same", "splitplan/sim/cluster.py",
+     "        self.done = list(self.cached)\n", "        self.done = [0] * self.n\n"),
+    ("async scheduling never defers an arrival", "splitplan/sim/cluster.py",
+     "        if src.running and src.fixed:", "        if False:"),
+    ("the planner's replay joins the next batch under async scheduling", "splitplan/capacity/pools.py",
+     "            tag[i] = launch[j] if running[j] is not None and fixed[j] else launch[j] - 1",
+     "            tag[i] = launch[j] - 1"),
+    ("the front end left out of the simulation", "splitplan/sim/cluster.py",
+     "        front = self.pools[0].perf.engine.frontend_latency_s", "        front = 0.0"),
+    ("expert GEMMs at a dense GEMM's efficiency", "splitplan/perf/roofline.py",
+     "gemm_peak * gemm_eff(rows) * f.moe_efficiency", "gemm_peak * gemm_eff(rows)"),
 ]
 
 SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Lt: ast.LtE, ast.LtE: ast.Lt,

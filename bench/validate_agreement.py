@@ -49,6 +49,11 @@ LAYOUT_CASES = (
     ("split TP 4", "qwen3-32b", "lean", ("a100-80gb",), 4, True),
     ("MoE split, any layout", "mixtral-8x7b", "lean", ("h100-80gb",), None, True),
     ("MoE co-located, any layout", "gpt-oss-120b", "lean-fp8", ("h200-141gb",), None, False),
+    # issue 28: the default engine (vLLM's chunked scheduler with async scheduling and its front end)
+    ("vllm co-located TP 8", "llama2-70b", "vllm", ("h100-80gb",), 8, False),
+    ("vllm split TP 1", "llama3.1-8b", "vllm", ("h100-80gb",), 1, True),
+    ("vllm split TP 4", "llama2-70b", "vllm", ("h100-80gb",), 4, True),
+    ("vllm MoE split, any layout", "mixtral-8x7b", "vllm", ("h100-80gb",), None, True),
 )
 LAYOUT_RATES = (20, 60)
 
@@ -76,6 +81,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one rate and one SLO per trace")
     ap.add_argument("--layouts", action="store_true", help="also co-located plans, TP 1/2/4 and MoE layouts (issue 27)")
     ap.add_argument("--only-layouts", action="store_true", help="those cases alone")
+    ap.add_argument("--match", default="", help="with --layouts or --only-layouts: the layout cases whose label has TEXT")
     args = ap.parse_args()
     traces = [("code", load_trace(default_trace_path()))]
     if (SHARED / "traces" / "azure_conv_2023.csv").is_file():
@@ -88,7 +94,8 @@ def main() -> int:
     if args.layouts or args.only_layouts:
         conv = load_workload("azure-conv")
         extra = [run_case(conv, f"conv, {case}: {model}", rate, hw, "chat", model, engine, tp, split)
-                 for case, model, engine, hw, tp, split in LAYOUT_CASES for rate in ((60,) if args.quick else LAYOUT_RATES)]
+                 for case, model, engine, hw, tp, split in LAYOUT_CASES if args.match in case
+                 for rate in ((60,) if args.quick else LAYOUT_RATES)]
         rows = extra if args.only_layouts else rows + extra
     print("| trace | req/s | hardware | SLO | plan | added | worst line (planner / simulator) | worst diff | sim meets | s |")
     print("|---|---|---|---|---|---|---|---|---|---|")

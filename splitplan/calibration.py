@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from splitplan.defaults import DEFAULT_ENGINE
+from splitplan.defaults import CALIBRATION_START
 from splitplan.errors import SpecError
 from splitplan.parallel import run_units
 from splitplan.perf import calibrate as cal
@@ -33,7 +33,7 @@ class CalibrateResult:
         return pd.DataFrame(self.report["groups"])
 
 
-def calibrate(perf_db: str, engine: str = DEFAULT_ENGINE, folds: int = 5, max_prefill_batch_tokens: int | None = None,
+def calibrate(perf_db: str, engine: str = CALIBRATION_START, folds: int = 5, max_prefill_batch_tokens: int | None = None,
               keep_anomalies: bool = False, progress=None, jobs: int = 1) -> CalibrateResult:
     """Fit `engine`'s factors to the measurements in `perf_db`; report MAPE before,
     fitted and k-fold cross-validated. Non-physical points (see

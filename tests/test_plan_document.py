@@ -49,7 +49,7 @@ def test_what_optimize_writes_reads_back_and_carries_its_specs(plan):
     assert plan["schema_version"] == SCHEMA_VERSION == 3
     doc = PlanDocument.model_validate(plan)
     assert set(doc.specs.hardware) == {"h100-80gb-2026"} and set(doc.specs.model) == {"llama2-70b"}
-    assert set(doc.specs.engine) == {"lean"} and set(doc.specs.slo) == {"chat"}
+    assert set(doc.specs.engine) == {"vllm"} and set(doc.specs.slo) == {"chat"}
     for copies in plan["specs"].values():
         assert all(c["sha256"] == digest(c["spec"]) for c in copies.values())
 
@@ -141,7 +141,7 @@ def test_a_window_plan_reads_back(tmp_path):
                  "--window", "60", "--max-num-seqs", "64", "--output-dir", out)
     assert result.exit_code == 0, result.stderr
     doc = PlanDocument.model_validate(json.loads((out / "plan.json").read_text()))
-    assert doc.inputs.max_batch_tokens == 2048 and doc.inputs.max_num_seqs == 64 and doc.specs is not None
+    assert doc.inputs.max_batch_tokens == 8192 and doc.inputs.max_num_seqs == 64 and doc.specs is not None  # (vllm's budget)
     assert run("export", out / "plan.json", "--to", "vllm").exit_code == 0
 
 

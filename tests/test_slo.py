@@ -9,7 +9,7 @@ from splitplan import api
 from splitplan.slo import achieved, alone_latencies, attainment_pct, meets
 from splitplan.specs.slo import SloProfile, load_slo
 
-H100 = api.instance("llama2-70b", "h100-80gb", 8)
+H100 = api.instance("llama2-70b", "h100-80gb", 8, "lean")
 
 
 def _line(**limits):
@@ -106,13 +106,15 @@ def test_an_itl_line_sees_the_stalls_a_per_request_tbt_hides(tmp_path):
     from splitplan.simulation import Setup, plan_pools
     from splitplan.workload.trace import default_trace_path, load_trace, resample_poisson
     trace = resample_poisson(load_trace(default_trace_path()), 4.0, 60.0, np.random.default_rng(3))
-    tbt_only = api.optimize(trace, "llama2-70b", "chat", ["a100-80gb", "h100-80gb"], tp=8, split=False)
-    sim = Setup("llama2-70b", "chat").simulate(tbt_only.problem.trace, plan_pools(tbt_only.plan)).summary
+    tbt = tmp_path / "chat-tbt.yaml"  # (chat's limits before it moved to ITL)
+    tbt.write_text("name: chat-tbt\nttft: {p50: {max_ms: 500}, p99: {max_ms: 2000}}\ntbt: {p50: {max_ms: 50}, p99: {max_ms: 100}}\n")
+    tbt_only = api.optimize(trace, "llama2-70b", str(tbt), ["a100-80gb", "h100-80gb"], tp=8, split=False, engine="lean")
+    sim = Setup("llama2-70b", str(tbt), "lean").simulate(tbt_only.problem.trace, plan_pools(tbt_only.plan)).summary
     assert sim["tbt_ms"]["p99"] <= 100 < sim["itl_ms"]["p99"]
     slo = tmp_path / "chat-itl.yaml"
     slo.write_text("name: chat-itl\nttft: {p99: {max_ms: 2000}}\nitl: {p99: {max_ms: 100}}\n")
-    sized = api.optimize(trace, "llama2-70b", str(slo), ["a100-80gb", "h100-80gb"], tp=8, split=False)
-    again = Setup("llama2-70b", str(slo)).simulate(sized.problem.trace, plan_pools(sized.plan)).summary
+    sized = api.optimize(trace, "llama2-70b", str(slo), ["a100-80gb", "h100-80gb"], tp=8, split=False, engine="lean")
+    again = Setup("llama2-70b", str(slo), "lean").simulate(sized.problem.trace, plan_pools(sized.plan)).summary
     assert sized.plan.predicted["itl"]["p99"] == pytest.approx(again["itl_ms"]["p99"], rel=1e-9)
     assert again["itl_ms"]["p99"] <= 100 and all(line["met"] for line in again["slo"])
     assert sized.plan.cost_usd_per_hour > tbt_only.plan.cost_usd_per_hour

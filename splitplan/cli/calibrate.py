@@ -19,7 +19,7 @@ from splitplan.cli.common import (
     figure_png,
     user_errors,
 )
-from splitplan.defaults import DEFAULT_ENGINE
+from splitplan.defaults import CALIBRATION_START
 from splitplan.errors import SpecError
 
 
@@ -48,7 +48,7 @@ def calibrate(
         return
     if backend is not None:
         raise SpecError("--backend goes with --deployments")
-    engine = engine or DEFAULT_ENGINE
+    engine = engine or CALIBRATION_START
     if plot is not None:
         _require_matplotlib()
     with _progress("calibrate: fit and cross-validation folds", total=1 + (folds if folds >= 2 else 0)) as step:

@@ -137,7 +137,7 @@ def perf(
                                          "tp8dp2ep16, tp8pp2 (TP, data-parallel attention, EP, PP; may span machines)."),
     prefill: str = typer.Option("512,2048", "--prefill", help="Prefill batches: T (one prompt) or BxT (B prompts of T tokens)."),
     decode: str = typer.Option("1x512,64x2048", "--decode", help="Decode steps: BxC (B requests, C context tokens each)."),
-    engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help="Engine profile name or path (lean, splitwise-vllm)."),
+    engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help="Engine profile name or path (vllm, lean, splitwise-vllm, ...)."),
     weights: Optional[Weights] = WEIGHTS,
     kv_cache: Optional[KvCache] = KV_CACHE,
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies (splitwise perf_model.csv or generic CSV) instead of the analytic model."),

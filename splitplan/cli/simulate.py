@@ -54,7 +54,7 @@ def simulate(
     seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
     model: Optional[str] = typer.Option(None, "--model", help="Model (default: the plan's, else llama2-70b)."),
     slo: Optional[str] = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else chat)."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else lean)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else vllm)."),
     weights: Optional[Weights] = WEIGHTS,
     kv_cache: Optional[KvCache] = KV_CACHE,
     perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),

@@ -160,7 +160,7 @@ def sweep(
     seed: int = typer.Option(0, "--seed", help="Random seed of the resamples."),
     model: Optional[str] = typer.Option(None, "--model", help="Model (default: the plan's, else llama2-70b)."),
     slo: Optional[str] = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else chat)."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else lean)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else vllm)."),
     weights: Optional[Weights] = WEIGHTS,
     kv_cache: Optional[KvCache] = KV_CACHE,
     objective: Objective = typer.Option(Objective.cost, "--objective", help="Designs mode: minimize cost or power."),

@@ -13,8 +13,8 @@ from splitplan.specs.slo import load_slo
 from splitplan.workload.trace import Trace
 from splitplan.specs.layout import Layout
 
-H100 = api.instance("llama2-70b", "h100-80gb", 8)
-A100 = api.instance("llama2-70b", "a100-80gb", 8)
+H100 = api.instance("llama2-70b", "h100-80gb", 8, "lean")
+A100 = api.instance("llama2-70b", "a100-80gb", 8, "lean")
 
 
 def test_identical_requests_decode_at_the_whole_batch_per_instance():
@@ -40,7 +40,7 @@ def _keyed(*options):
 def _problem(trace, slo="splitwise"):
     profile = load_slo(slo)
     from splitplan.slo import alone_latencies
-    ref = api.instance("llama2-70b", profile.reference.hardware, profile.reference.tp) if profile.reference else None
+    ref = api.instance("llama2-70b", profile.reference.hardware, profile.reference.tp, "lean") if profile.reference else None
     reference = alone_latencies(ref, trace.prompt_tokens, trace.output_tokens) if ref else None
     return Problem(trace, profile, reference)
 
@@ -103,7 +103,7 @@ def test_repair_grows_an_instance_over_two_machines_by_two_machines():
     n = 400
     trace = Trace(np.sort(rng.uniform(0, 10, n)), rng.integers(2000, 8000, n), rng.integers(10, 100, n), "t")
     problem = _problem(trace)
-    pipelined = api.instance("llama2-70b", "h100-80gb", Layout(8, pp=2))
+    pipelined = api.instance("llama2-70b", "h100-80gb", Layout(8, pp=2), "lean")
     assert pipelined.unit_machines == 2
     options = _keyed(Option("prompt", pipelined, 4, "t"), Option("token", H100, 2, "t"))
     start = {K("prompt", "h100-80gb", Layout(8, pp=2)): 2, K("token", "h100-80gb", Layout(8)): 2}

@@ -7,7 +7,7 @@ from tests.conftest import PERF_DB
 
 
 def test_analytic_and_measured_models_are_perf_models():
-    analytic = api.instance("llama2-70b", "h100-80gb", 8)
+    analytic = api.instance("llama2-70b", "h100-80gb", 8, "lean")
     db = load_perf_db(str(PERF_DB))
     measured, splitwise = db.instance(analytic), db.instance(analytic, "splitwise-sim")
     for perf in (analytic, measured, splitwise):

@@ -182,7 +182,8 @@ def test_throughput_objective_and_bigger_budget_never_lowers_rate():
     assert small.plan.machines <= 3 and big.plan.machines <= 6
     # Just past the rate found, the budget no longer suffices.
     with pytest.raises(InfeasibleError):
-        api.optimize(_scaled(base)(small.max_rate_rps * 1.1), "llama2-70b", "splitwise", max_machines={"h100-80gb": 3}, **kw)
+        api.optimize(_scaled(base)(small.max_rate_rps * 1.1), "llama2-70b", "splitwise", max_machines={"h100-80gb": 3},
+                     with_colocated=False, **kw)  # (max_rate asks for split plans)
 
 
 def test_throughput_needs_a_budget():

@@ -21,9 +21,9 @@ from tests.conftest import PERF_DB
 
 ROOT = Path(__file__).resolve().parents[2]
 
-H100 = api.instance("llama2-70b", "h100-80gb", 8)
-A100 = api.instance("llama2-70b", "a100-80gb", 8)
-BLOOM = api.instance("bloom-176b", "h100-80gb", 8)  # about 52k KV tokens per instance
+H100 = api.instance("llama2-70b", "h100-80gb", 8, "lean")
+A100 = api.instance("llama2-70b", "a100-80gb", 8, "lean")
+BLOOM = api.instance("bloom-176b", "h100-80gb", 8, "lean")  # about 52k KV tokens per instance
 
 
 def one(prompt, output, at=0.0):
@@ -78,7 +78,7 @@ def test_deterministic_byte_identical(tmp_path):
 
 
 def test_kv_capacity_limits_the_batch_and_oversize_requests_are_reported():
-    small = api.instance("bloom-176b", "h100-80gb", 8)  # 4 MB of KV per token: about 50,000 tokens of room
+    small = api.instance("bloom-176b", "h100-80gb", 8, "lean")  # 4 MB of KV per token: about 50,000 tokens of room
     cap = small.fit.kv_capacity_tokens
     half = cap // 2
     trace = Trace(np.array([0.0, 0.0, 0.0]), np.array([half, half, cap + 10]), np.array([10, 10, 10]), "t")
@@ -91,7 +91,7 @@ def test_kv_capacity_limits_the_batch_and_oversize_requests_are_reported():
 
 
 def test_colocated_admits_a_prompt_that_fits_now_and_waits_otherwise():
-    small = api.instance("bloom-176b", "h100-80gb", 8)
+    small = api.instance("bloom-176b", "h100-80gb", 8, "lean")
     cap = small.fit.kv_capacity_tokens
     trace = Trace(np.array([0.0, 0.0]), np.array([cap // 2 + 10, cap // 2]), np.array([10, 10]), "t")
     r = simulate(trace, [PoolSpec("mixed", small, 1)])
@@ -102,7 +102,7 @@ def test_colocated_admits_a_prompt_that_fits_now_and_waits_otherwise():
 
 
 def test_colocated_growth_preempts_the_newest_which_is_recomputed_later():
-    small = api.instance("bloom-176b", "h100-80gb", 8)
+    small = api.instance("bloom-176b", "h100-80gb", 8, "lean")
     cap = small.fit.kv_capacity_tokens
     p, o = int(cap * 0.4), int(cap * 0.2)  # both prompts fit; both whole requests do not
     trace = Trace(np.array([0.0, 0.0]), np.array([p, p]), np.array([o, o]), "t")
@@ -172,7 +172,7 @@ def test_measured_table_matches_its_points_and_reports_extrapolation(tmp_path):
     long_context.write_text((ROOT / "model_specs" / "llama2-70b.yaml").read_text().replace(
         "max_position_embeddings: 4096", "max_position_embeddings: 32768"))
     r = api.simulate(trace, [("prompt", "a100-80gb", 8, 1), ("token", "a100-80gb", 8, 1)], str(long_context), "chat",
-                     perf_db=str(PERF_DB))
+                     engine="lean", perf_db=str(PERF_DB))  # (whole prompts: one 20k-token pass)
     assert r.summary["extrapolated_pct"] == {"prefill": 50.0, "decode": 50.0}
 
 

@@ -11,7 +11,7 @@ from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.sim.metrics import benchmark_report, percentiles_ms, requests_csv
 from splitplan.workload.trace import Trace
 
-H100 = api.instance("llama2-70b", "h100-80gb", 8)
+H100 = api.instance("llama2-70b", "h100-80gb", 8, "lean")
 
 
 def test_percentiles_are_milliseconds_over_served_requests():
