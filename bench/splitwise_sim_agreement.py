@@ -13,7 +13,7 @@ Two settings:
 - "like splitwise-sim": `--engine splitwise-sim --perf-interp splitwise-sim`, the
   documented options that take splitwise-sim's modelling choices (whole GPU memory for KV,
   KV sent after the prefill, its one batch-tokens interpolation axis);
-- "splitplan defaults": `--engine lean` (10 % and 2 GB per GPU kept back, layer-wise KV
+- "splitplan's lean": `--engine lean` (10 % and 2 GB per GPU kept back, layer-wise KV
   transfer) and splitplan's monotone reading of the table (decode steps grow with batch).
 
 Targets (issue 12), like splitwise-sim: TTFT and TBT percentiles within 15 %, E2E within 25 %.
@@ -35,7 +35,7 @@ REFERENCE = DATA / "reference" / "splitwise_sim_conv70.csv"
 PERF_DB = DATA / "perf" / "splitwise_perf_model.csv"
 METRICS = [("ttft", 50), ("ttft", 90), ("ttft", 99), ("tbt", 50), ("tbt", 90), ("tbt", 99), ("e2e", 50), ("e2e", 99)]
 TOLERANCE = {"ttft": 0.15, "tbt": 0.15, "e2e": 0.25}
-SETTINGS = {"like splitwise-sim": ("splitwise-sim", "splitwise-sim"), "splitplan defaults": ("lean", "splitplan")}
+SETTINGS = {"like splitwise-sim": ("splitwise-sim", "splitwise-sim"), "splitplan's lean": ("lean", "splitplan")}
 
 
 def compare(trace, row, engine: str, interp: str) -> dict:
