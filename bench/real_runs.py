@@ -1,6 +1,7 @@
 """Measured vLLM serving runs replayed as they ran: where the model stands on today's engine.
 
-    python bench/real_runs.py [--data DIR] [--profiles lean,splitwise-vllm] [--jobs N] [--stages]
+    python bench/real_runs.py [--data DIR] [--profiles vllm,lean,splitwise-vllm] [--prefix-cache prompts|system|none]
+                               [--prompts-per-system-prompt 5] [--jobs N] [--stages]
 
 `../shared/data/real-runs/` (README there; measured figures, used here and never copied into
 the project) holds open-loop runs of vLLM v0.15.1 on one H100 server, one row per load stage.
