@@ -25,8 +25,8 @@ Printed per profile: MAPE % and median signed error % of mean TTFT, TPOT ((mean 
 TTFT) / (output - 1), the runs' own definition), mean E2E and TTFT/E2E p90/p99, per model and
 load band (requests in flight, by Little's law: achieved rate, else the stage's, x mean E2E) and over all stages;
 and the stages predicted overloaded (TTFT p50 above 5 s) that were not. `--stages` adds a row
-per stage. Not modelled yet: the prefix cache (every request recomputes its shared system
-prompt, unless `--prefix-cache none`) and the CPU KV offload of some runs.
+per stage. Not modelled yet: the CPU KV offload of some runs, and the load a run's previous
+stage leaves.
 """
 
 from __future__ import annotations
