@@ -37,6 +37,7 @@ from splitplan.perf.roofline import Instance
 from splitplan.roles import Role
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.sim.metrics import pool_report
+from splitplan.slo import Gaps
 
 MAX_INSTANCES = 4096
 
@@ -115,21 +116,25 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
             for i in queue:
                 tag[i] = -1
         if chunked:  # as the simulator's chunked iteration on an instance with no decodes
-            members, total, sq, seqs, room = [], 0, 0, 0, max_batch_tokens
+            members, total, sq, seqs, room, whole = [], 0, 0, 0, max_batch_tokens, 0
             while queue and room > 0 and seqs < cap and tag[queue[0]] < launch[j]:
                 i = queue[0]
-                d = done[i]
-                c = min(tokens[i] - d, room)
+                d, size = done[i], tokens[i]
+                c = min(size - d, room)
                 total += c
                 sq += (d + c) * (d + c) - d * d  # causal attention of c new tokens over d + c
                 done[i] = d + c
                 room -= c
                 seqs += 1
-                if done[i] < tokens[i]:
+                if d + c < size:
                     break
                 members.append(queue.popleft())
-            duration = times[kind[j]].pass_s(seqs, total, sq)
-            total = sum(tokens[i] for i in members)  # pending on the instance until prefilled
+                whole += size
+            if seqs == 1 and total == whole:  # one whole prompt: its time is known
+                duration = times[kind[j]].single[members[0]]
+            else:
+                duration = times[kind[j]].pass_s(seqs, total, sq)
+            total = whole  # pending on the instance until prefilled
         else:
             members = [queue.popleft()]
             total = tokens[members[0]]
@@ -250,7 +255,8 @@ def busy_s(start_s: np.ndarray, end_s: np.ndarray, instances: int) -> float:
 
 
 def colocated_estimate(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray, inst: Instance,
-                       instances: int, max_batch_tokens: int, memo: dict | None = None) -> dict:
+                       instances: int, max_batch_tokens: int, memo: dict | None = None, chunked: bool = False,
+                       max_seqs: int | None = None) -> dict:
     """A fast estimate of `colocated_pool`, to rank co-located options before the best are
     simulated: optimistic, by 5-25 % at moderate load and far more near saturation, where
     the feedback it leaves out takes over.
@@ -264,7 +270,12 @@ def colocated_estimate(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_
     carries comes from a first decode pass that starts each request after its
     prefill alone; the prompts are then replayed once with that load. `memo` (a
     dict reused across calls on the same trace and instance) keeps batch times
-    per decode load, rounded to 1/4 request and 64 tokens of context.
+    per decode load, rounded to 1/4 request and 64 tokens of context. `chunked` and
+    `max_seqs`: the engine's scheduler, as `prompt_queue_ttft_s` takes them.
+
+    The inter-token gaps (`itl`, a `Gaps`): every prefill batch stretches one gap of each request
+    decoding on its instance when it starts to the batch's duration; a request's other gaps are
+    its decode step. `tpot`: per request, its decode time over its gaps (NaN for one token).
     """
     o = output_tokens.astype(float)
     memo = {} if memo is None else memo
@@ -278,7 +289,7 @@ def colocated_estimate(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_
     prefill_share = min(float(np.sum(alone_s)) / instances / max(float(np.ptp(arrival_s)), 1e-9), 0.9)
     held_s = alone_s + o * first.step_s / (1 - prefill_share)  # until it is about to finish
     ttft = prompt_queue_ttft_s(arrival_s, prompt_tokens, [(inst, instances)], max_batch_tokens, [memo[load]], busy,
-                               held_s, placed)
+                               held_s, placed, chunked=chunked, max_seqs=max_seqs)
     start = arrival_s + ttft
     res = decode_pool(start, prompt_tokens, output_tokens, inst, instances)
     # Each request is stalled by its own instance's prefills: batches keyed by (instance, start).
@@ -288,19 +299,27 @@ def colocated_estimate(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_
     order = np.argsort(keys, kind="stable")
     keys, cum = keys[order], np.concatenate([[0.0], np.cumsum(durations[order])])
     base = np.asarray(placed, dtype=float) * offset
-    decode_s = np.maximum(o - 1, 0) * res.step_s
+    gaps = np.maximum(o - 1, 0)
+    decode_s = gaps * res.step_s
     for _ in range(2):  # the stall stretches the window, which may hold more prefills
         end = np.minimum(start + decode_s, offset - 0.5)  # (within its instance's keys)
-        stall = cum[np.searchsorted(keys, base + end, side="right")] - cum[np.searchsorted(keys, base + start, side="left")]
-        decode_s = np.maximum(o - 1, 0) * res.step_s + stall
-    return {"ttft": ttft, "tbt": decode_s / o, "e2e": ttft + decode_s, "kv_peak_fraction": res.kv_peak_fraction}
+        first, last = np.searchsorted(keys, base + start, side="left"), np.searchsorted(keys, base + end, side="right")
+        decode_s = gaps * res.step_s + cum[last] - cum[first]
+    stalled = np.minimum(last - first, gaps)  # gaps stretched by a prefill batch, per request
+    decoding = (np.searchsorted(np.sort(base + start), keys, side="right")  # requests decoding at each batch's start
+                - np.searchsorted(np.sort(base + end), keys, side="right"))
+    itl = Gaps(np.concatenate([durations[order], res.step_s]), np.concatenate([decoding, gaps - stalled]).astype(float))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(gaps > 0, decode_s / gaps, np.nan)
+    return {"ttft": ttft, "tbt": decode_s / o, "itl": itl, "tpot": tpot, "e2e": ttft + decode_s,
+            "kv_peak_fraction": res.kv_peak_fraction}
 
 
-def smallest_count(check, lower: int = 1, guess: int | None = None) -> int | None:
+def smallest_count(check, lower: int = 1, guess: int | None = None, growth: float = 2.0) -> int | None:
     """Smallest n >= lower with check(n) true, assuming check is monotone in n;
     None past MAX_INSTANCES. `lower` must be a true lower bound; `guess` only
-    says where to start: the search steps down (halving) or up (doubling) from it
-    until it brackets the answer, then bisects."""
+    says where to start: the search steps down (halving) or up (by `growth`, at least one)
+    from it until it brackets the answer, then bisects."""
     n = min(max(lower, guess or lower, 1), MAX_INSTANCES)
     if check(n):
         hi, lo = n, lower - 1
@@ -318,7 +337,7 @@ def smallest_count(check, lower: int = 1, guess: int | None = None) -> int | Non
         while True:
             if lo >= MAX_INSTANCES:
                 return None
-            hi = min(lo * 2, MAX_INSTANCES)
+            hi = min(max(int(lo * growth), lo + 1), MAX_INSTANCES)
             if check(hi):
                 break
             lo = hi

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -242,7 +243,9 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
 
         def failing(n):
             return _mixed_failing(problem, colocated_estimate(t.arrival_s, t.prompt_tokens, t.output_tokens, inst, n,
-                                                              problem.max_batch_tokens, memo=memo))
+                                                              problem.max_batch_tokens, memo, problem.chunked,
+                                                              problem.max_num_seqs))
+    failing = functools.cache(failing)  # (the bisection has usually tried n - 1, which names the binding line)
     n = smallest_count(lambda k: failing(k) is None, lower, _busy_guess(inst, t) if role != Role.TOKEN else None)
     if n is None:
         return Option(role, inst, None, "", "SLO not met at any size")
@@ -256,8 +259,6 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
 def _mixed_failing(problem: Problem, values: dict):
     """The first line a co-located pool's values miss (or "KV memory"), None when all hold."""
     for metric in ("ttft", "tbt", "itl", "tpot", "e2e"):
-        if metric not in values:  # (the estimate that ranks options predicts no gaps)
-            continue
         line = _first_failing(problem, metric, values[metric])
         if line is not None:
             return line
@@ -285,7 +286,7 @@ def simulated_option(problem: Problem, option: Option, replays: dict | None = No
             if seen[n] is None and (kept[0] is None or n < kept[0]):
                 kept[:] = n, values  # (only these values: a replay's arrays are large)
         return seen[n]
-    n = smallest_count(lambda k: failing(k) is None, 1, option.instances)
+    n = smallest_count(lambda k: failing(k) is None, 1, option.instances, growth=1.25)  # (the estimate is optimistic)
     if n is None:
         return replace(option, instances=None, binding="", skipped="SLO not met at any size (simulated)")
     if replays is not None:
