@@ -12,7 +12,9 @@ from splitplan import report
 from splitplan.cli.common import (
     KV_CACHE,
     OUTPUT_COLUMN,
+    PREFIX_GROUPS,
     PROMPT_COLUMN,
+    SHARED_PREFIX_TOKENS,
     TIME_COLUMN,
     TIME_UNIT,
     WEIGHTS,
@@ -24,6 +26,7 @@ from splitplan.cli.common import (
     app,
     hardware_app,
     models_app,
+    shared_prefix,
     trace_app,
     trace_columns,
     user_errors,
@@ -93,11 +96,14 @@ def trace_summarize(
     prompt_column: Optional[str] = PROMPT_COLUMN,
     output_column: Optional[str] = OUTPUT_COLUMN,
     time_unit: Optional[str] = TIME_UNIT,
+    shared_prefix_tokens: Optional[int] = SHARED_PREFIX_TOKENS,
+    prefix_groups: Optional[int] = PREFIX_GROUPS,
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
 ) -> None:
-    """Rows, span, rates, burstiness and token percentiles of a trace."""
+    """Rows, span, rates, burstiness and token percentiles of a trace, and the prefix reuse a cache
+    that never evicts would see (where the trace records prefixes, or with --shared-prefix-tokens)."""
     workload = load_workload(path, rate, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
-    s = summarize(workload)
+    s = summarize(shared_prefix(workload, shared_prefix_tokens, prefix_groups))
     if format is Format.json:
         _emit_json(s)
         return
@@ -108,6 +114,10 @@ def trace_summarize(
     for key in ("prompt_tokens", "output_tokens"):
         p = s[key]
         rows.append((f"{key.replace('_', ' ')} p50 / p90 / p99 / max", f"{p['p50']:,.0f} / {p['p90']:,.0f} / {p['p99']:,.0f} / {p['max']:,}"))
+    if (reuse := s["prefix_reuse"]) is not None:
+        rows += [("prefix hit rate, cache never evicting", f"{reuse['infinite_cache_hit_rate']:.1%} of prompt tokens"),
+                 ("requests with a hit", f"{reuse['requests_with_a_hit']:.1%}"),
+                 ("hit tokens p50 / p90", f"{reuse['hit_tokens_p50']:,.0f} / {reuse['hit_tokens_p90']:,.0f}")]
     report.console().print(report.table(f"Trace {s['source']}", ["metric", "value"], rows))
 
 

@@ -151,6 +151,8 @@ OPTION_BOUNDS = {
     "--mixed-pool-threshold": Bound(0, limits.MAX_REQUEST_TOKENS, "tokens"),
     "--tp": Bound(1, 1024, "GPUs"),
     "--folds": Bound(0, 1000, "folds (0: no cross-validation)"),
+    "--shared-prefix-tokens": Bound(1, limits.MAX_REQUEST_TOKENS, "tokens"),
+    "--prefix-groups": Bound(1, limits.MAX_TRACE_REQUESTS, "prefixes"),
 }
 
 
@@ -470,6 +472,22 @@ TIME_COLUMN = typer.Option(None, "--time-column", help="Trace CSV: the arrival t
 PROMPT_COLUMN = typer.Option(None, "--prompt-column", help="Trace CSV: the prompt tokens column (default: detected, e.g. input_length).")
 OUTPUT_COLUMN = typer.Option(None, "--output-column", help="Trace CSV: the output tokens column (default: detected, e.g. output_length).")
 TIME_UNIT = typer.Option(None, "--time-unit", help="Trace CSV: unit of the time column (s, ms, us, ns; default: the column name's suffix, _ms, _us or _ns, else s).")
+
+
+SHARED_PREFIX_TOKENS = typer.Option(None, "--shared-prefix-tokens", help="Give every prompt one of --prefix-groups shared "
+                                    "prefixes of this many tokens (inference-perf's shared_prefix data; request i in group i mod K).")
+PREFIX_GROUPS = typer.Option(None, "--prefix-groups", help="With --shared-prefix-tokens: how many distinct shared prefixes.")
+
+
+def shared_prefix(trace, shared_tokens: int | None, groups: int | None):
+    """The trace with --shared-prefix-tokens N --prefix-groups K (both or neither)."""
+    if shared_tokens is None and groups is None:
+        return trace
+    if shared_tokens is None or groups is None:
+        raise SpecError("--shared-prefix-tokens and --prefix-groups go together: give both (e.g. --shared-prefix-tokens "
+                        "100 --prefix-groups 9) or neither")
+    from splitplan.workload.trace import with_shared_prefix
+    return with_shared_prefix(trace, shared_tokens, groups)
 
 
 def trace_columns(time_column: str | None, prompt_column: str | None, output_column: str | None,

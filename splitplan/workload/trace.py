@@ -6,6 +6,9 @@ Formats are detected from the header (gzip by its magic bytes):
 - Mooncake JSONL: `{"timestamp": ms, "input_length", "output_length", ...}`
 - generic CSV: any header, with the three column names given (`Columns`)
 
+Shared prefixes, where a trace records them (`workload.prefix`): a CSV's `prefix_id` and
+`prefix_tokens` columns, its `session_id` (a conversation's turns), Mooncake's `hash_ids`.
+
 Every row must have a finite arrival, prompt tokens >= 1 and output tokens >= 1,
 and arrivals must not decrease (equal arrivals are fine: bursts). Errors name the
 file and the line (1-based, header = line 1).
@@ -36,6 +39,8 @@ from splitplan.limits import (
     TRACE_BLOCK_BYTES,
 )
 from splitplan.specs.catalog import data_dir
+from splitplan.workload import prefix as prefixes
+from splitplan.workload.prefix import PrefixTree
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -53,6 +58,7 @@ class Trace:
     output_tokens: np.ndarray
     source: str
     cached_tokens: np.ndarray | None = None
+    prefix: PrefixTree | None = None  # shared prompt prefixes, where the trace records them (workload.prefix)
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -258,6 +264,7 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
     import pandas as pd  # on first use: the CLI starts without it
     path = Path(path)
     arrivals, prompts, outputs = [], [], []
+    extra = _PrefixColumns(path)
     origin_ns = origin = previous = None
     rows = 0
     for cols, wall_clock, first, chunk in _chunks(path, columns):
@@ -299,13 +306,96 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
             raise TraceError(f"{path}: line {first + row}: arrival {excerpt(chunk[cols.time].iloc[row])} is more than "
                              f"{MAX_TRACE_SPAN_S / 86400:.0f} days after the first; are the times in ms, us or ns? (--time-unit)")
         previous = arrival[-1]
+        extra.read(chunk, first, prompt)
         arrivals.append(arrival)
         prompts.append(prompt.astype(np.int64))
         outputs.append(output.astype(np.int64))
     if not arrivals or sum(len(a) for a in arrivals) == 0:
         raise TraceError(f"{path}: header only, no requests")
     arrival = np.concatenate(arrivals)
-    return Trace(arrival - arrival[0], np.concatenate(prompts), np.concatenate(outputs), str(path))
+    prompt, output = np.concatenate(prompts), np.concatenate(outputs)
+    return Trace(arrival - arrival[0], prompt, output, str(path), prefix=extra.tree(prompt, output))
+
+
+class _PrefixColumns:
+    """A trace's prefix columns, checked as each block of rows is read (errors name the line)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.ids: list | None = None
+        self.tokens: list | None = None
+        self.sessions: list | None = None
+        self.hashes: list | None = None
+        self.first_use: dict = {}  # prefix_id -> (prefix_tokens, line)
+
+    def _fail(self, line: int, text: str):
+        raise TraceError(f"{self.path}: line {line}: {text}")
+
+    def read(self, chunk: "pd.DataFrame", first: int, prompt: np.ndarray) -> None:
+        columns = set(chunk.columns)
+        if "prefix_tokens" in columns and "prefix_id" not in columns:
+            raise TraceError(f"{self.path}: column prefix_tokens without a prefix_id column; add prefix_id (requests "
+                             "with one id share their first prefix_tokens tokens)")
+        if "prefix_id" in columns:
+            if "prefix_tokens" not in columns:
+                raise TraceError(f"{self.path}: column prefix_id without a prefix_tokens column; add prefix_tokens "
+                                 "(how many leading prompt tokens the requests of an id share)")
+            self.ids = self.ids if self.ids is not None else []
+            self.tokens = self.tokens if self.tokens is not None else []
+            for k, (key, count) in enumerate(zip(chunk["prefix_id"].tolist(), chunk["prefix_tokens"].tolist())):
+                line = first + k
+                key, count = _key(key), _key(count)
+                if key is None and count is None:
+                    self.ids.append(None)
+                    self.tokens.append(0)
+                    continue
+                if key is None or count is None:
+                    self._fail(line, "a prefix_id needs a prefix_tokens and the other way round; fill both or neither")
+                try:
+                    value = float(count)
+                except ValueError:
+                    value = float("nan")
+                if not (value >= 0 and value == int(value)):
+                    self._fail(line, f"prefix_tokens '{excerpt(count)}' is not a whole number of tokens >= 0")
+                if value > prompt[k]:
+                    self._fail(line, f"prefix_tokens {value:g} is above the request's {prompt[k]:g} prompt tokens; "
+                               "a prefix is part of the prompt")
+                known = self.first_use.setdefault(key, (int(value), line))
+                if known[0] != int(value):
+                    self._fail(line, f"prefix_id '{excerpt(key)}' has prefix_tokens {value:g}, line {known[1]} gave it "
+                               f"{known[0]}; one id is one shared prefix (give the longer one another id)")
+                self.ids.append(key)
+                self.tokens.append(int(value))
+        if "session_id" in columns:
+            self.sessions = self.sessions if self.sessions is not None else []
+            self.sessions.extend(_key(key) for key in chunk["session_id"].tolist())
+        if "hash_ids" in columns:
+            self.hashes = self.hashes if self.hashes is not None else []
+            for k, blocks in enumerate(chunk["hash_ids"].tolist()):
+                if isinstance(blocks, float) and np.isnan(blocks):
+                    blocks = []
+                if not isinstance(blocks, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in blocks):
+                    self._fail(first + k, f"hash_ids '{excerpt(blocks)}' is not a list of integers (Mooncake's 512-token "
+                               "block ids); fix or remove the row")
+                self.hashes.append(blocks)
+
+    def tree(self, prompt: np.ndarray, output: np.ndarray) -> PrefixTree | None:
+        if self.ids is None and self.sessions is None and self.hashes is None:
+            return None
+        for name, values in (("prefix_id", self.ids), ("session_id", self.sessions), ("hash_ids", self.hashes)):
+            if values is not None and len(values) != len(prompt):  # (a column in some blocks only: JSON lines)
+                raise TraceError(f"{self.path}: {name} is missing on some rows; give it on every row (empty for none)")
+        return prefixes.from_columns(prompt, output, self.ids, self.tokens, self.sessions, self.hashes)
+
+
+def _key(value):
+    """A cell as an id: None when empty, integral floats as integers ('7', not '7.0')."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return None
+    if isinstance(value, float) and value == int(value):
+        return str(int(value))
+    text = str(value).strip()
+    return text or None
 
 
 def load_workload(trace: "str | Path | Trace | None" = None, rate: float | None = None, duration_s: float = 120.0,
@@ -344,6 +434,7 @@ def closed_loop_workload(trace: "str | Path | Trace | None", concurrency: int, n
     if n <= concurrency:
         raise SpecError(f"--num-requests {n:,}: the first {concurrency:,} (one per client) are the run's warm-up, left out "
                         f"of the statistics; give more than {concurrency:,}")
+    tree = None
     if isl is not None and osl is not None:
         prompt, output, source = np.full(n, isl), np.full(n, osl), f"ISL {isl} / OSL {osl}"
     else:
@@ -352,7 +443,8 @@ def closed_loop_workload(trace: "str | Path | Trace | None", concurrency: int, n
         prompt = np.full(n, isl) if isl is not None else base.prompt_tokens[pick]
         output = np.full(n, osl) if osl is not None else base.output_tokens[pick]
         source = f"sizes of {base.source}" + (f", ISL {isl}" if isl else "") + (f", OSL {osl}" if osl else "")
-    return Trace(np.zeros(n), prompt.astype(np.int64), output.astype(np.int64), f"{source}; {n} requests")
+        tree = _take(base.prefix, pick) if isl is None else None
+    return Trace(np.zeros(n), prompt.astype(np.int64), output.astype(np.int64), f"{source}; {n} requests", prefix=tree)
 
 
 def peak_window(trace: Trace, max_requests: int) -> tuple[Trace, dict | None]:
@@ -366,7 +458,9 @@ def peak_window(trace: Trace, max_requests: int) -> tuple[Trace, dict | None]:
     start = int(np.argmin(spans))
     stop = start + max_requests
     window = Trace(trace.arrival_s[start:stop] - trace.arrival_s[start], trace.prompt_tokens[start:stop],
-                   trace.output_tokens[start:stop], f"{trace.source} (peak window of {max_requests:,} requests)")
+                   trace.output_tokens[start:stop], f"{trace.source} (peak window of {max_requests:,} requests)",
+                   None if trace.cached_tokens is None else trace.cached_tokens[start:stop],
+                   _take(trace.prefix, slice(start, stop)))
     info = {"requests": max_requests, "of": len(trace), "start_s": float(trace.arrival_s[start]),
             "end_s": float(trace.arrival_s[stop - 1]), "rate_rps": window.mean_rate_rps}
     return window, info
@@ -386,7 +480,26 @@ def resample_poisson(trace: Trace, rate_rps: float, duration_s: float, rng: np.r
     arrival = arrival[arrival < duration_s]
     pick = rng.integers(0, len(trace), size=len(arrival))
     source = f"{trace.source} (Poisson {rate_rps:g} req/s, {duration_s:g} s)"
-    return Trace(arrival, trace.prompt_tokens[pick], trace.output_tokens[pick], source)
+    return Trace(arrival, trace.prompt_tokens[pick], trace.output_tokens[pick], source, prefix=_take(trace.prefix, pick))
+
+
+def _take(tree: PrefixTree | None, index) -> PrefixTree | None:
+    return None if tree is None else tree.take(index)
+
+
+def with_shared_prefix(trace: Trace, shared_tokens: int, groups: int) -> Trace:
+    """The trace with inference-perf's `shared_prefix` data (`--shared-prefix-tokens N --prefix-groups K`):
+    `groups` system prompts of `shared_tokens` tokens, request i in group i mod `groups` (its prompt
+    starts with it; a prompt shorter than it shares what it has)."""
+    if not 1 <= shared_tokens <= MAX_REQUEST_TOKENS:
+        raise SpecError(f"--shared-prefix-tokens {shared_tokens}: must be 1 to {MAX_REQUEST_TOKENS:,} tokens")
+    if not 1 <= groups <= max(len(trace), 1):
+        raise SpecError(f"--prefix-groups {groups}: must be 1 to the trace's {len(trace):,} requests")
+    if trace.prefix is not None:
+        raise SpecError("--shared-prefix-tokens: the trace records its own prefixes (prefix_id, session_id or hash_ids); "
+                        "drop the option or the columns")
+    return dataclasses.replace(trace, prefix=prefixes.synthetic(len(trace), shared_tokens, groups),
+                               source=f"{trace.source}; {groups} shared prefixes of {shared_tokens} tokens")
 
 
 def summarize(trace: Trace) -> dict:
@@ -406,4 +519,14 @@ def summarize(trace: Trace) -> dict:
         "interarrival_cv": cv,
         "prompt_tokens": pct(trace.prompt_tokens),
         "output_tokens": pct(trace.output_tokens),
+        "prefix_reuse": None if trace.prefix is None else prefix_reuse(trace),
     }
+
+
+def prefix_reuse(trace: Trace) -> dict:
+    """The reuse a prefix cache that never evicts would see on the trace (workload.prefix)."""
+    reuse = prefixes.infinite_cache_reuse(trace.prefix, trace.prompt_tokens, trace.output_tokens)
+    hit = reuse["hit_tokens"]
+    return {"infinite_cache_hit_rate": reuse["infinite_cache_hit_rate"], "requests_with_a_hit": reuse["requests_with_a_hit"],
+            "hit_tokens_p50": float(np.percentile(hit, 50)), "hit_tokens_p90": float(np.percentile(hit, 90)),
+            "distinct_prefix_nodes": int(len(trace.prefix.parent))}
