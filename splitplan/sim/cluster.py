@@ -70,6 +70,7 @@ from splitplan import limits
 from splitplan.errors import SpecError
 from splitplan.roles import Role
 from splitplan.sim import gaps
+from splitplan.sim.prefix_cache import PrefixCache
 from splitplan.sim.types import (  # noqa: F401  (re-exported)
     MIXED,
     PROMPT,
@@ -129,6 +130,13 @@ class _Cluster:
         # prompt tokens prefilled so far: a prefix the engine's cache holds counts as done
         self.cached = [0] * self.n if trace.cached_tokens is None else np.minimum(trace.cached_tokens, trace.prompt_tokens - 1).tolist()
         self.done = list(self.cached)
+        # the engine's prefix cache, per instance that prefills (where the trace records prefixes)
+        self.caches: dict[int, PrefixCache] = {}
+        if options.prefix_caching and trace.prefix is not None:
+            depth = trace.prefix.depth.tolist()
+            self.caches = {x.idx: PrefixCache(trace.prefix, depth) for x in self.insts if x.role in (PROMPT, MIXED)}
+            self.node = trace.prefix.request_node.tolist()
+        self.looked = [False] * self.n  # its prefill has begun and looked its prefix up
         self.deferring = {k: pool.perf.engine.async_scheduling for k, pool in enumerate(self.pools)}
         self.plen = list(self.p)  # tokens to prefill: the prompt, or prompt and output so far when preempted
         self.base = [1] * self.n  # tokens the request had when it (last) joined a decode batch
@@ -223,9 +231,10 @@ class _Cluster:
         if inst.can_prefill and inst.queue:
             total = sq = 0
             if budget is None:  # whole prompts (less what the prefix cache holds), batched up to max_tokens
-                while inst.queue and (not prefill or (total + self.plen[inst.queue[0]] - self.done[inst.queue[0]] <= self.max_tokens
-                                                      and len(prefill) < self.cap)):
+                while inst.queue and (not prefill or (total + self.plen[inst.queue[0]] - self._begin(inst, inst.queue[0])
+                                                      <= self.max_tokens and len(prefill) < self.cap)):
                     i = inst.queue.popleft()
+                    self._begin(inst, i)
                     prefill.append(i)
                     d = self.done[i]
                     total += self.plen[i] - d
@@ -238,7 +247,7 @@ class _Cluster:
                 room = budget - inst.batch
                 while inst.queue and room > 0 and chunks < self.cap:
                     i = inst.queue[0]
-                    d = self.done[i]
+                    d = self._begin(inst, i)
                     if d == self.cached[i] and not self.resumed[i]:
                         self.prefill_start[i] = now
                     c = min(self.plen[i] - d, room)
@@ -278,6 +287,24 @@ class _Cluster:
             inst.fixed = bool(inst.batch or inst.queue or inst.waiting or inst.deferred or (prefill and inst.role == MIXED))
         self.seq += 1
         heapq.heappush(self.heap, (now + duration, self.seq, _ITERATION_END, inst.idx, None))
+
+    def _begin(self, inst: InstanceState, i: int) -> int:
+        """Request i's prompt tokens prefilled so far; when its prefill first comes up on a
+        prefix-caching instance, the leading tokens the cache holds, which it then keeps (pinned)."""
+        if not self.looked[i] and not self.resumed[i]:
+            self.looked[i] = True
+            cache = self.caches.get(inst.idx)
+            if cache is not None and self.node[i] >= 0:
+                self.cached[i] = self.done[i] = cache.match(self.node[i], self.p[i])
+                cache.pin(self.node[i])
+        return self.done[i]
+
+    def _cache_room(self, inst: InstanceState) -> None:
+        """The cache keeps what the running requests leave of the instance's KV memory."""
+        cache = self.caches.get(inst.idx)
+        if cache is not None:  # (a prompt instance's running prefills hold their pinned prefixes)
+            held = inst.kv_used + inst.ctx if inst.role == MIXED else cache.resident_tokens - cache.free_tokens
+            cache.evict(inst.kv_cap - held)
 
     def _admit(self, inst: InstanceState, now: float):
         """Take waiting requests, in order, while their KV fits.
@@ -351,11 +378,18 @@ class _Cluster:
             if self.base[i] == self.o[i]:  # that was its last token
                 self._finish(i, now)
                 self._unassign(inst, i)
+                if inst.idx in self.caches and self.node[i] >= 0:
+                    self.caches[inst.idx].unpin(self.node[i], now)
             else:
                 self._join(inst, i, now)
             self.resumed[i] = False
             return
         self.ttft[i] = now - self.arrival[i]
+        cache = self.caches.get(inst.idx)
+        if cache is not None and self.node[i] >= 0:  # its prompt's KV is computed: cached, in use while it decodes here
+            cache.insert(self.node[i], now)
+            if self.o[i] == 1 or self.t_inst[i] != inst.idx:
+                cache.unpin(self.node[i], now)
         if self.o[i] == 1:  # the first token was the whole answer
             self._finish(i, now)
             self._unassign(self.insts[self.t_inst[i]], i)
@@ -478,6 +512,8 @@ class _Cluster:
             for i in inst.finishing.pop(inst.iters, ()):
                 if inst.role == MIXED:
                     inst.members.remove(i)
+                    if inst.idx in self.caches and self.node[i] >= 0:
+                        self.caches[inst.idx].unpin(self.node[i], now)
                 else:
                     inst.kv_used -= p[i] + o[i]
                 inst.batch -= 1
@@ -495,6 +531,7 @@ class _Cluster:
         if inst.deferred:  # async scheduling: those that arrived before this iteration began may join
             self._release(inst, inst.launch)
         self._admit(inst, now)
+        self._cache_room(inst)
         self._start(inst, now)
         if not inst.running and inst.deferred:  # nothing was scheduled after all: the rest join now
             self._release(inst, math.inf)
@@ -531,7 +568,9 @@ class _Cluster:
             self.trace, np.array(self.ttft), np.array(self.e2e), tbt_max, np.array(self.prefill_start) - self.trace.arrival_s,
             np.array(self.kv_ready) - (self.trace.arrival_s + np.array(self.ttft)), np.array(self.join_time) - np.array(self.kv_ready),
             np.array(self.p_inst), np.array(self.t_inst), np.array(self.rejected), self.tokens_out, span,
-            [InstanceStats(x.pool, Role(x.role), x.prefill_s, x.decode_s, x.batch_integral) for x in self.insts], self.events,
+            [InstanceStats(x.pool, Role(x.role), x.prefill_s, x.decode_s, x.batch_integral,
+                           *((c.hit_tokens, c.lookup_tokens) if (c := self.caches.get(x.idx)) else (0, 0)))
+             for x in self.insts], self.events,
             [f"{x.role}:{x.perf.hardware.name}:{x.perf.layout.spec}:{x.idx}" for x in self.insts], self.preemptions, self.log,
             np.array(self.refused), itl, warmup,
         )

@@ -79,6 +79,8 @@ def pool_report(result: SimResult, pools: list[PoolSpec]) -> list[dict]:
             "instances": len(mine), "utilization": (prefill + decode) / (span * max(len(mine), 1)),
             "mean_batch": batch_time / max(prefill + decode, 1e-12) if pool.role != Role.PROMPT else None,
             "energy_kwh": joules / 3.6e6,
+            "prefix_hit_rate": (sum(x.prefix_hit_tokens for x in mine) / lookups
+                                if (lookups := sum(x.prefix_lookup_tokens for x in mine)) else None),
         })
     return out
 

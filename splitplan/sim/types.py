@@ -62,6 +62,9 @@ class SimOptions:
     # statistic (as genai-perf's and AIPerf's --warmup-request-count), so the burst of every
     # client starting at once does not set the tail. simulation.simulate sends one per client.
     warmup_requests: int = 0
+    # A prefix cache per prefilling instance (sim.prefix_cache), where the trace records shared
+    # prefixes (Trace.prefix): the engine's automatic prefix caching.
+    prefix_caching: bool = False
 
 
 class InstanceState:
@@ -110,6 +113,8 @@ class InstanceStats:
     prefill_s: float  # busy in iterations that carried prompt tokens
     decode_s: float  # busy in decode-only iterations
     batch_integral: float  # decode batch size integrated over busy time (request-seconds)
+    prefix_hit_tokens: int = 0  # prompt tokens its prefix cache held when their prefill began
+    prefix_lookup_tokens: int = 0  # prompt tokens of the prefills it looked up (0: no cache)
 
 
 @dataclass

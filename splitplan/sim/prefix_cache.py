@@ -1,0 +1,102 @@
+"""One instance's prefix cache: the nodes of a trace's PrefixTree whose KV it keeps, least recently
+used evicted first, as vLLM's automatic prefix caching and SGLang's radix cache keep computed blocks.
+
+What is resident is closed under ancestors (a node is kept only behind its whole prefix, and only
+leaves are evicted), so a request's hit is the depth of the deepest resident node on its path. A
+node some running request uses is pinned (its KV is that request's, counted with it) and cannot
+be evicted; the rest (`free_tokens`) lives in the KV memory the running requests leave, and
+`evict(limit)` drops least recently used leaves until it fits. A cache knows nothing of time but
+the stamps it is given.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from splitplan.workload.prefix import PrefixTree
+
+
+class PrefixCache:
+    def __init__(self, tree: PrefixTree, depth: list | None = None):
+        self.parent = tree.parent.tolist()
+        self.tokens = tree.tokens.tolist()
+        self.depth = tree.depth.tolist() if depth is None else depth
+        self.last_use: dict[int, float] = {}  # resident node -> last use
+        self.kids: dict[int, int] = {}  # resident node -> its resident children
+        self.pins: dict[int, int] = {}  # node -> running requests using it
+        self.free_tokens = 0  # tokens of resident nodes no running request pins
+        self.resident_tokens = 0  # tokens of resident nodes
+        self.hit_tokens = self.lookup_tokens = 0  # totals of `match`, for the hit rate
+        self._heap: list = []  # (last use, -depth, node): eviction candidates, stale entries skipped
+        self.evicted = 0
+
+    def match(self, node: int, prompt_tokens: int) -> int:
+        """Leading prompt tokens resident for a request whose prefix ends at `node` (at most the
+        prompt less one: the last token is always computed); counted in the hit rate."""
+        while node >= 0 and node not in self.last_use:
+            node = self.parent[node]
+        hit = min(self.depth[node], prompt_tokens - 1) if node >= 0 else 0
+        self.hit_tokens += hit
+        self.lookup_tokens += prompt_tokens
+        return hit
+
+    def _path(self, node: int) -> list[int]:
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parent[node]
+        return path
+
+    def insert(self, node: int, now: float) -> None:
+        """The path to `node` is computed: resident, used at `now`."""
+        for n in self._path(node):
+            if n not in self.last_use:
+                self.resident_tokens += self.tokens[n]
+                self.kids.setdefault(n, 0)
+                if self.parent[n] >= 0:
+                    self.kids[self.parent[n]] = self.kids.get(self.parent[n], 0) + 1
+                if not self.pins.get(n):
+                    self.free_tokens += self.tokens[n]
+            self.last_use[n] = now
+            self._candidate(n)
+
+    def pin(self, node: int) -> None:
+        """A running request uses the (resident) path to `node`."""
+        for n in self._path(node):
+            count = self.pins.get(n, 0)
+            if count == 0 and n in self.last_use:
+                self.free_tokens -= self.tokens[n]
+            self.pins[n] = count + 1
+
+    def unpin(self, node: int, now: float) -> None:
+        for n in self._path(node):
+            count = self.pins[n] - 1
+            if count:
+                self.pins[n] = count
+                continue
+            del self.pins[n]
+            if n in self.last_use:
+                self.free_tokens += self.tokens[n]
+                self.last_use[n] = now
+                self._candidate(n)
+
+    def _candidate(self, n: int) -> None:
+        heapq.heappush(self._heap, (self.last_use[n], -self.depth[n], n))
+
+    def evict(self, limit_tokens: float) -> None:
+        """Drop least recently used unpinned leaves until the unpinned tokens fit `limit_tokens`."""
+        heap = self._heap
+        while self.free_tokens > limit_tokens and heap:
+            used, _, n = heapq.heappop(heap)
+            if self.last_use.get(n) != used or self.kids[n] or self.pins.get(n):
+                continue  # stale, or not evictable now (it is pushed again when it becomes so)
+            del self.last_use[n]
+            del self.kids[n]
+            self.free_tokens -= self.tokens[n]
+            self.resident_tokens -= self.tokens[n]
+            self.evicted += 1
+            up = self.parent[n]
+            if up >= 0:
+                self.kids[up] -= 1
+                if not self.kids[up] and not self.pins.get(up):
+                    self._candidate(up)

@@ -1,0 +1,154 @@
+"""Issue 29, item 2: a prefix cache per instance (LRU over a trace's prefix tree), alone and in the simulator."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from splitplan.perf.roofline import Instance
+from splitplan.roles import Role
+from splitplan.sim.cluster import PoolSpec, SimOptions, _Cluster
+from splitplan.sim.metrics import pool_report
+from splitplan.sim.prefix_cache import PrefixCache
+from splitplan.specs.engine import load_engine
+from splitplan.specs.hardware import load_hardware
+from splitplan.specs.model import load_model
+from splitplan.workload.prefix import PrefixTree, infinite_cache_reuse
+from splitplan.workload.trace import load_trace, with_shared_prefix
+from tests.conftest import DATA
+
+
+def _tree(parent, tokens, request_node=()):
+    n = len(request_node)
+    return PrefixTree(np.array(parent), np.array(tokens), np.array(request_node, dtype=np.int64), np.full(n, -1))
+
+
+def test_least_recently_used_leaves_go_first_and_pins_stay():
+    # A(100) -> B(50); C(100)
+    cache = PrefixCache(_tree([-1, 0, -1], [100, 50, 100]))
+    cache.insert(1, now=1.0)  # A and B
+    cache.insert(2, now=2.0)  # C
+    assert (cache.resident_tokens, cache.free_tokens) == (250, 250)
+    cache.evict(200)
+    assert set(cache.last_use) == {0, 2}  # B, the oldest leaf (A is as old, but B hangs below it)
+    cache.pin(2)
+    cache.evict(0)
+    assert set(cache.last_use) == {2} and cache.free_tokens == 0  # A went; C is in use
+    assert cache.match(1, 1000) == 0 and cache.match(2, 1000) == 100 and cache.match(2, 60) == 59
+    cache.unpin(2, now=3.0)
+    cache.evict(0)
+    assert (cache.resident_tokens, cache.free_tokens, cache.last_use, cache.pins) == (0, 0, {}, {})
+
+
+def _brute_force(parent, tokens, depth, requests, capacity):
+    """The same policy, the slow way: hit = deepest resident node on the path; then the path is
+    resident and used now; then the least recently used leaf (the deeper on a tie) goes while
+    the resident tokens exceed the capacity."""
+    last_use, hits = {}, []
+    for now, node in enumerate(requests):
+        path, n = [], node
+        while n >= 0:
+            path.append(n)
+            n = parent[n]
+        hits.append(max((depth[n] for n in path if n in last_use), default=0))
+        for n in path:
+            last_use[n] = now
+        while sum(tokens[n] for n in last_use) > capacity:
+            inner = {parent[m] for m in last_use}
+            leaves = [n for n in last_use if n not in inner]
+            del last_use[min(leaves, key=lambda n: (last_use[n], -depth[n]))]
+    return hits
+
+
+def _replay(tree, requests, capacity, prompt=10**9):
+    cache = PrefixCache(tree)
+    hits = []
+    for now, node in enumerate(requests):
+        hits.append(cache.match(node, prompt))
+        cache.insert(node, float(now))
+        cache.evict(capacity)
+    return hits
+
+
+def test_the_cache_replays_mooncake_as_a_brute_force_lru_does():
+    """Exact against the reference implementation on the vendored Mooncake trace's first 150
+    requests, at a cache a fifth of their distinct prefix tokens."""
+    trace = load_trace(DATA / "mooncake_conversation.jsonl.gz")
+    tree = trace.prefix
+    requests = tree.request_node[:150].tolist()
+    depth = tree.depth.tolist()
+    capacity = 0.2 * sum(tree.tokens[: max(requests) + 1])
+    fast = _replay(tree, requests, capacity)
+    slow = _brute_force(tree.parent.tolist(), tree.tokens.tolist(), depth, requests, capacity)
+    assert fast == slow and sum(fast) > 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_hits_grow_with_memory(data):
+    nodes = data.draw(st.integers(1, 12))
+    parent = [data.draw(st.integers(-1, k - 1)) for k in range(nodes)]
+    tokens = [data.draw(st.integers(1, 50)) for _ in range(nodes)]
+    requests = data.draw(st.lists(st.integers(0, nodes - 1), min_size=1, max_size=40))
+    tree = _tree(parent, tokens)
+    totals = [sum(_replay(tree, requests, capacity)) for capacity in (0, 20, 60, 150, 10**6)]
+    assert totals == sorted(totals)
+    unbounded = infinite_cache_reuse(_tree(parent, tokens, requests), np.full(len(requests), 10**9), np.ones(len(requests)))
+    assert totals[-1] == unbounded["hit_tokens"].sum()
+
+
+def _run(trace, caching, instances=2, memory=None):
+    engine = load_engine("vllm")
+    if memory is not None:
+        engine = engine.model_copy(update={"memory_usable_fraction": memory})
+    inst = Instance(load_model("llama3.1-8b"), load_hardware("h100-80gb"), engine, 1)
+    pool = PoolSpec(Role.MIXED, inst, 1, instances)
+    cluster = _Cluster(trace, [pool], SimOptions(max_batch_tokens=8192, prefix_caching=caching))
+    result = cluster.run()
+    return cluster, result, pool_report(result, [pool])[0]
+
+
+def _trace(requests=600, gap_s=4.0, prompt=None, output=None, prefix=True):
+    """The vendored Mooncake trace's first requests, one every `gap_s` seconds (its own first
+    timestamps are a burst), or requests of the sizes given."""
+    trace = load_trace(DATA / "mooncake_conversation.jsonl.gz")
+    keep = slice(0, requests)
+    return dataclasses.replace(
+        trace, arrival_s=np.arange(requests) * gap_s,
+        prompt_tokens=trace.prompt_tokens[keep] if prompt is None else np.full(requests, prompt),
+        output_tokens=trace.output_tokens[keep] if output is None else np.full(requests, output),
+        prefix=trace.prefix.take(keep) if prefix else None)
+
+
+def test_the_simulator_skips_what_its_caches_hold():
+    mooncake = _trace()
+    _, off, row_off = _run(mooncake, False)
+    cluster, on, row_on = _run(mooncake, True)
+    ceiling = infinite_cache_reuse(mooncake.prefix, mooncake.prompt_tokens, mooncake.output_tokens)["infinite_cache_hit_rate"]
+    assert row_off["prefix_hit_rate"] is None
+    assert 0.02 < row_on["prefix_hit_rate"] <= ceiling
+    assert np.nanmean(on.ttft_s) < np.nanmean(off.ttft_s)
+    assert on.tokens_out == off.tokens_out  # every request served either way
+    for cache in cluster.caches.values():  # every request done: nothing pinned, the books balance
+        assert cache.pins == {} and cache.free_tokens == cache.resident_tokens
+        assert cache.resident_tokens == sum(cache.tokens[n] for n in cache.last_use)
+    again = _run(mooncake, True)[1]
+    assert np.array_equal(on.ttft_s, again.ttft_s, equal_nan=True)  # deterministic
+
+
+def test_inference_perfs_shared_prefix_groups_hit_after_their_first_use():
+    """4 system prompts of 600 tokens, requests far enough apart not to overlap: every request
+    after the first of its group skips 600 of its 900 tokens."""
+    shared = with_shared_prefix(_trace(200, 0.5, 900, 20, prefix=False), 600, 4)
+    _, result, row = _run(shared, True, instances=1)
+    assert row["prefix_hit_rate"] == pytest.approx(600 * 196 / (900 * 200))
+
+
+def test_less_memory_holds_fewer_prefixes():
+    """50 system prompts of 2,000 tokens in turn: a cache of about 30 k tokens (a quarter of the
+    GPU's memory) drops each before its turn comes again; one of 437 k keeps them all."""
+    shared = with_shared_prefix(_trace(400, 0.5, 2500, 20, prefix=False), 2000, 50)
+    small, large = (_run(shared, True, 1, memory)[2]["prefix_hit_rate"] for memory in (0.25, 0.9))
+    assert small < 0.05 and large == pytest.approx(2000 * 350 / (2500 * 400))
