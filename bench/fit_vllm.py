@@ -7,8 +7,7 @@ bf16 (`engine_profiles/vllm.yaml`): the load stages of `../shared/data/real-runs
 here and never copied into the project) replayed as `bench/real_runs.py` replays them (the run's
 chunked scheduler, budget, `max_num_seqs`, memory fraction and prefix cache), and the engine-wide
 factors in `FACTORS` fitted with `scipy.optimize.least_squares` (soft-L1 on the log ratio of
-predicted to measured mean TTFT, TPOT and E2E, each factor within physical bounds, the two that
-some folds cannot pin held near their published values: `PRIORS`). What stays
+predicted to measured mean TTFT, TPOT and E2E, each factor within physical bounds). What stays
 fixed is the engine as documented (`BASE`): chunked prefill, async scheduling, CUDA-graph decode
 (about 1 us between graph-launched kernels), vLLM's default budget and sequence cap on H100-class
 GPUs, and the dense GEMM efficiency (`compute_efficiency`, REFERENCE.md's 75 %, which these runs
@@ -52,17 +51,6 @@ FACTORS = {
     "collective_latency_s": (0.0, 5e-5, 1e-5),  # NCCL / custom all-reduce of a few kB: a few to tens of us
     "frontend_latency_s": (0.0, 0.03, 1e-3),
 }
-# name: (centre, spread): what is published of a factor, independent of these runs. Each enters the
-# least squares as one more residual, 0.1 (a 10 % error on one figure of one stage) per spread away
-# from its centre, so a fold that lacks the models that pin a factor (the only MHA model, the only
-# TP 4 one) keeps it near the physics instead of letting it run to a bound.
-PRIORS = {
-    "memory_efficiency": (0.85, 0.05),  # a device copy, and a decode's weight GEMVs, reach 85-90 % of datasheet bandwidth
-    # vLLM's custom all-reduce on H100 (sgl-project/sglang#2904, 2025-01: 8.5-10 us up to 32 kB at TP 2-8, 13-45 us at
-    # 0.25-1 MB, a decode's all-reduce here) less the model's own bandwidth term of a few us: 15 us, give or take 10
-    "collective_latency_s": (15e-6, 10e-6),
-}
-PRIOR_WEIGHT = 0.1
 FP8_FACTORS = ("compute_efficiency", "memory_efficiency")
 FITTED = ("fitted (bench/fit_vllm.py, 2026-12) to vLLM v0.15.1 on H100, engine-wide: the decode's achieved bandwidth and the "
           "overheads as fitted, dense prefill at REFERENCE.md's 75 % of peak at this machine's sustained clock")
@@ -124,13 +112,9 @@ def fit(profile, stages: pd.DataFrame, data: Path, jobs: int, evaluations: int):
     lower, upper, scale = (np.array([FACTORS[n][k] for n in names]) for k in range(3))
     target = np.log(measured(stages)[:, :len(METRICS)])
 
-    centre, spread = (np.array([PRIORS[n][k] for n in names if n in PRIORS]) for k in range(2))
-    held = np.array([n in PRIORS for n in names])
-
     def residuals(x):
         p = predict(with_values(profile, dict(zip(names, map(float, x)))), stages, data, jobs)
-        prior = PRIOR_WEIGHT * (x[held] - centre) / spread
-        return np.concatenate([(np.log(p[:, :len(METRICS)]) - target).ravel(), prior])
+        return (np.log(p[:, :len(METRICS)]) - target).ravel()
 
     start = np.clip([value(profile, n) for n in names], lower, upper)
     result = least_squares(residuals, start, bounds=(lower, upper), x_scale=scale, loss="soft_l1", f_scale=0.1,
@@ -196,8 +180,7 @@ def main() -> None:
         "folds": None if args.no_cv else "by model",
         "method": "bench/fit_vllm.py: each stage replayed as measured (bench/real_runs.py, prefix cache as the runs had it); "
                   "scipy least_squares, soft-L1 on log(predicted/measured) mean TTFT, TPOT and E2E; engine-wide factors "
-                  f"({', '.join(FACTORS)}) within physical bounds, {' and '.join(PRIORS)} held near their published "
-                  "values (bench/fit_vllm.py's PRIORS); compute_efficiency and kernel_launch_s fixed",
+                  f"({', '.join(FACTORS)}) within physical bounds; compute_efficiency and kernel_launch_s fixed",
         "mape_pct": {"fitted": summary(stages, columns["fitted"])}
         | ({} if args.no_cv else {"held_out_by_model": summary(stages, columns["held out"])}),
     }
