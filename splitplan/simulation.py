@@ -112,13 +112,14 @@ def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str 
              perf_db: str | None = None, max_batch_tokens: int | None = None, routing: str = "jsq",
              borrow_threshold_tokens: int | None = None, perf_interp: str = "splitplan",
              concurrency: int | None = None, max_num_seqs: int | None = None,
-             warmup_requests: int | None = None) -> SimulateResult:
+             warmup_requests: int | None = None, prefix_caching: bool = False) -> SimulateResult:
     """Replay `trace` through the cluster request by request (sim.cluster) and summarize.
     With `concurrency`, a closed loop of that many clients (workload.closed_loop_workload
     makes its requests); the trace's timestamps are ignored, and the first `warmup_requests`
     sent (default: one per client, the burst of all clients starting at once) are a warm-up
     left out of the statistics, as genai-perf's --warmup-request-count. `max_batch_tokens` and
-    `max_num_seqs` set the engine's scheduler (None: the engine profile's)."""
+    `max_num_seqs` set the engine's scheduler (None: the engine profile's). `prefix_caching`: a
+    prefix cache per prefilling instance over the prefixes the trace records (sim.prefix_cache)."""
 
     roles = {r for r, *_ in pools}
     if not (set(SPLIT) <= roles or Role.MIXED in roles) or (Role.MIXED in roles and len(roles) > 1):
@@ -134,7 +135,8 @@ def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str 
     result = run(trace, specs, SimOptions(eng.batch_tokens(max_batch_tokens), routing, borrow_threshold_tokens, concurrency,
                                           max_model_len=eng.context_tokens(specs[0].perf.model),
                                           max_num_seqs=eng.seqs_cap(max_num_seqs),
-                                          warmup_requests=(concurrency or 0) if warmup_requests is None else warmup_requests))
+                                          warmup_requests=(concurrency or 0) if warmup_requests is None else warmup_requests,
+                                          prefix_caching=prefix_caching))
     return SimulateResult(result, summarize_result(result, specs, profile, reference), tuple(specs))
 
 

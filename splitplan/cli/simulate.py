@@ -14,7 +14,9 @@ from splitplan.cli.common import (
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
     OUTPUT_COLUMN,
+    PREFIX_GROUPS,
     PROMPT_COLUMN,
+    SHARED_PREFIX_TOKENS,
     TIME_COLUMN,
     TIME_UNIT,
     WEIGHTS,
@@ -30,6 +32,7 @@ from splitplan.cli.common import (
     trace_columns,
     user_errors,
     scheduler_settings,
+    shared_prefix,
     with_precision,
 )
 from splitplan.errors import SpecError
@@ -68,10 +71,15 @@ def simulate(
     isl: Optional[int] = typer.Option(None, "--isl", help="With --concurrency: every request's input tokens (default: drawn from the trace)."),
     osl: Optional[int] = typer.Option(None, "--osl", help="With --concurrency: every request's output tokens (default: drawn from the trace)."),
     num_requests: Optional[int] = typer.Option(None, "--num-requests", help="With --concurrency: requests in the run (default 10 per client, at least 100)."),
+    prefix_caching: str = typer.Option("off", "--prefix-caching", help="on: each prefilling instance keeps the prefixes the trace records (prefix_id, session_id, hash_ids, --shared-prefix-tokens) in the KV memory its running requests leave, least recently used evicted first, and skips what it holds; off (for now the default: the planner does not model it yet)."),
+    shared_prefix_tokens: Optional[int] = SHARED_PREFIX_TOKENS,
+    prefix_groups: Optional[int] = PREFIX_GROUPS,
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write requests.csv and summary.json here."),
 ) -> None:
     """Replay a trace through a plan's machines request by request and check the SLO."""
+    if prefix_caching not in ("on", "off"):
+        raise SpecError(f"--prefix-caching {prefix_caching}: choose on or off")
     pools, echo = plan_input(plan, prompt_pool, token_pool, mixed_pool)
     if not pools:
         raise SpecError("nothing to simulate: give --plan plan.json or --prompt-pool and --token-pool (or --mixed-pool)")
@@ -88,8 +96,10 @@ def simulate(
             raise SpecError("--concurrency runs a closed loop (clients send as requests finish); drop --rate")
         check_request_sizes(model, engine, isl, osl)
         workload, window = closed_loop_workload(trace, concurrency, num_requests, isl, osl, seed), None
+    workload = shared_prefix(workload, shared_prefix_tokens, prefix_groups)
     sim = api.simulate(workload, pools, model, slo, engine, str(perf_db) if perf_db else None, max_batch_tokens,
-                       routing, borrow_threshold, perf_interp, concurrency, max_num_seqs)
+                       routing, borrow_threshold, perf_interp, concurrency, max_num_seqs,
+                       prefix_caching=prefix_caching == "on")
     workload = sim.result.trace
     inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
               "seed": seed, "model": model, "slo": slo, "engine": engine, "perf_db": str(perf_db) if perf_db else None,
@@ -97,7 +107,7 @@ def simulate(
                         for r, h, t, m in pools for lay in [as_layout(t, h)]],
               "routing": routing, "max_batch_tokens": max_batch_tokens, "max_num_seqs": max_num_seqs,
               "mixed_pool_threshold": borrow_threshold,
-              "window": window, "concurrency": concurrency, "isl": isl, "osl": osl}
+              "window": window, "concurrency": concurrency, "isl": isl, "osl": osl, "prefix_caching": prefix_caching}
     document = {"schema_version": report.SCHEMA_VERSION, "inputs": inputs, "summary": sim.summary}
     if output_dir is not None:
         from splitplan.sim.metrics import requests_csv
@@ -128,10 +138,13 @@ def _render_simulation(summary: dict, workload) -> None:
                                    f"{bench['output_tokens_per_s_per_gpu']:,.0f} per GPU ({bench['gpus']} GPUs)"))
     con.print(report.table("SLO", ["line", "target", "achieved", "attainment %", "met"],
                            report.slo_rows(summary["slo"])))
-    con.print(report.table("Pools", ["role", "hardware", "layout", "machines", "utilization", "mean batch", "energy kWh"],
+    cached = any(x["prefix_hit_rate"] is not None for x in summary["pools"])  # (--prefix-caching on)
+    con.print(report.table("Pools", ["role", "hardware", "layout", "machines", "utilization", "mean batch", "energy kWh"]
+                           + ["prefix hit %"] * cached,
                            [(x["role"], x["hardware"], str(Layout(x["tp"], x["dp"], x["ep"], x["pp"])), x["machines"],
-                             f"{x['utilization']:.0%}", x["mean_batch"],
-                             x["energy_kwh"]) for x in summary["pools"]],
+                             f"{x['utilization']:.0%}", x["mean_batch"], x["energy_kwh"])
+                            + ((f"{x['prefix_hit_rate']:.1%}" if x["prefix_hit_rate"] is not None else "",) if cached else ())
+                            for x in summary["pools"]],
                            caption=f"tokens out {summary['tokens_out']:,} of {summary['tokens_asked']:,}; "
                                    f"{summary['rejected_kv']} request(s) never fit an instance's KV"
                                    + (f", {summary['refused_context']:,} longer than the model's context window were "

@@ -1,6 +1,7 @@
 """Issue 29, item 2: a prefix cache per instance (LRU over a trace's prefix tree), alone and in the simulator."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -152,3 +153,23 @@ def test_less_memory_holds_fewer_prefixes():
     shared = with_shared_prefix(_trace(400, 0.5, 2500, 20, prefix=False), 2000, 50)
     small, large = (_run(shared, True, 1, memory)[2]["prefix_hit_rate"] for memory in (0.25, 0.9))
     assert small < 0.05 and large == pytest.approx(2000 * 350 / (2500 * 400))
+
+
+def test_simulate_takes_the_cache_from_the_command_line():
+    from typer.testing import CliRunner
+
+    from splitplan.cli import app
+    runner = CliRunner()
+    base = ["simulate", "--mixed-pool", "h100-80gb:tp1:1", "--model", "llama3.1-8b", "--trace", "azure-code",
+            "--max-requests", "200", "--shared-prefix-tokens", "1000", "--prefix-groups", "4", "--format", "json"]
+    runs = {}
+    for switch in ("off", "on"):
+        out = runner.invoke(app, [*base, "--prefix-caching", switch])
+        assert out.exit_code == 0, out.output
+        runs[switch] = json.loads(out.output)
+    assert runs["on"]["inputs"]["prefix_caching"] == "on"
+    assert runs["off"]["summary"]["pools"][0]["prefix_hit_rate"] is None
+    assert 0.2 < runs["on"]["summary"]["pools"][0]["prefix_hit_rate"] < 1
+    assert runs["on"]["summary"]["ttft_ms"]["p50"] < runs["off"]["summary"]["ttft_ms"]["p50"]
+    bad = runner.invoke(app, [*base, "--prefix-caching", "maybe"])
+    assert bad.exit_code == 2 and "error: --prefix-caching maybe: choose on or off" in bad.output
