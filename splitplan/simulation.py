@@ -124,8 +124,10 @@ def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str 
     roles = {r for r, *_ in pools}
     if not (set(SPLIT) <= roles or Role.MIXED in roles) or (Role.MIXED in roles and len(roles) > 1):
         raise SpecError("give prompt and token pools (split), or mixed pools (co-located), not a mix of both")
-    if routing not in ("jsq", "round-robin"):
-        raise SpecError(f"--routing {routing}: choose jsq or round-robin")
+    if routing not in ("jsq", "round-robin", "prefix-aware"):
+        raise SpecError(f"--routing {routing}: choose jsq, round-robin or prefix-aware")
+    if routing == "prefix-aware" and not prefix_caching:
+        raise SpecError("--routing prefix-aware routes by what each instance's prefix cache holds: add --prefix-caching on")
     profile = load_slo(slo)
     specs = pool_specs(pools, model, engine, perf_db, perf_interp)
     db = load_perf_db(perf_db) if perf_db else None

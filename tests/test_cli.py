@@ -237,7 +237,7 @@ def test_simulate_mixed_pool_and_round_robin():
     (["simulate", "--prompt-pool", "h100-80gb:8:1"], "give prompt and token pools"),
     (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "h100-80gb:8:0"], "0 machines; a pool has 1 to"),
     (["simulate", "--plan", "/nonexistent/plan.json"], "no such file"),
-    (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "h100-80gb:8:1", "--routing", "random"], "choose jsq or round-robin"),
+    (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "h100-80gb:8:1", "--routing", "random"], "choose jsq, round-robin or prefix-aware"),
     (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "b200-180gb:8:1", "--perf-db",
       "tests/data/splitwise_perf_model.csv"], "no measurements for llama2-70b on b200-180gb TP 8"),
     (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "h100-80gb:8:1", "--perf-db",

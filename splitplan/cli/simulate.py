@@ -64,7 +64,7 @@ def simulate(
     perf_interp: str = typer.Option("splitplan", "--perf-interp", help="How --perf-db is read: splitplan (monotone batch and context curves) or splitwise-sim (its one batch-tokens axis, to compare with that simulator)."),
     max_batch_tokens: Optional[int] = MAX_NUM_BATCHED_TOKENS,
     max_num_seqs: Optional[int] = MAX_NUM_SEQS,
-    routing: str = typer.Option("jsq", "--routing", help="jsq (join-shortest-queue on pending tokens) or round-robin."),
+    routing: str = typer.Option("jsq", "--routing", help="jsq (join-shortest-queue on pending tokens), round-robin, or prefix-aware (with --prefix-caching on: the instance with the fewest prompt tokens to compute, pending ones plus the request's less what its cache holds)."),
     borrow_threshold: Optional[int] = typer.Option(None, "--mixed-pool-threshold", help="Splitwise's mixed pool, both ways: prefill on a token machine when every prompt queue holds more than this many tokens; decode on a prompt machine when the token machine's KV is spoken for."),
     max_requests: int = typer.Option(1_000_000, "--max-requests", help="Longer traces are simulated on their busiest stretch of this many requests."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Closed loop, as serving benchmarks run: this many clients, each sending its next request when the last one finishes."),

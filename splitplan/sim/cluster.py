@@ -37,7 +37,9 @@ prompt tokens queued or in a running prefill, so a busy machine never ties with
 an idle one; token instances: output tokens of the requests assigned and not yet
 finished; co-located instances: prompt tokens pending plus one per request held,
 as splitwise-sim's token_jsq counts them, so idle instances share the decodes), ties
-to the lowest index; or round-robin. The planner's prompt replay
+to the lowest index; or round-robin; or, with prefix caches, prefix-aware (the prefilling
+instance with the fewest prompt tokens to compute, its pending ones plus the request's less
+what its cache holds, as KV-aware routers score them). The planner's prompt replay
 (capacity.pools.prompt_queue_ttft_s) routes prompt pools the same way.
 Splitwise's mixed pool, both ways, with `borrow_threshold_tokens`, only when a
 resource is short (join-shortest-queue routing then):
@@ -183,6 +185,17 @@ class _Cluster:
             self.rr[which] += 1
             return (self.rr[which] - 1) % len(loads)
         return loads.index(min(loads))
+
+    def _prefix_pick(self, i: int) -> InstanceState:
+        """Prefix-aware routing, as KV-aware routers score instances (Dynamo's: the prompt
+        tokens an instance would compute, less what its cache holds, plus its load): the fewest
+        prompt tokens to prefill there, its pending ones included; ties to the lowest index."""
+        best, best_cost = None, math.inf
+        for k, inst in enumerate(self.prompt_side):
+            cost = self.prompt_load[k] + self.p[i] - self.caches[inst.idx].peek(self.node[i], self.p[i])
+            if cost < best_cost:
+                best, best_cost = inst, cost
+        return best
 
     def _long_queue(self, inst: InstanceState, i: int) -> bool:
         return bool(inst.queue) and self.prompt_load[self.p_pos[inst.idx]] + self.p[i] > self.options.borrow_threshold_tokens
@@ -443,7 +456,9 @@ class _Cluster:
     def _arrive(self, i: int, now: float) -> InstanceState:
         """Route request i at its arrival (join-shortest-queue or round-robin, with the mixed
         pool's borrowing) and queue it; the instance that prefills it."""
-        if self.options.borrow_threshold_tokens is None or self.prompt_side[0].role == MIXED:
+        if self.options.routing == "prefix-aware" and self.caches and self.node[i] >= 0:
+            src = self._prefix_pick(i)
+        elif self.options.borrow_threshold_tokens is None or self.prompt_side[0].role == MIXED:
             src = self.prompt_side[self._pick(self.prompt_load, 0)]
         else:
             src = self._mixed_pool_prompt(i)

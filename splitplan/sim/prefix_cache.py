@@ -30,12 +30,16 @@ class PrefixCache:
         self._heap: list = []  # (last use, -depth, node): eviction candidates, stale entries skipped
         self.evicted = 0
 
-    def match(self, node: int, prompt_tokens: int) -> int:
+    def peek(self, node: int, prompt_tokens: int) -> int:
         """Leading prompt tokens resident for a request whose prefix ends at `node` (at most the
-        prompt less one: the last token is always computed); counted in the hit rate."""
+        prompt less one: the last token is always computed)."""
         while node >= 0 and node not in self.last_use:
             node = self.parent[node]
-        hit = min(self.depth[node], prompt_tokens - 1) if node >= 0 else 0
+        return min(self.depth[node], prompt_tokens - 1) if node >= 0 else 0
+
+    def match(self, node: int, prompt_tokens: int) -> int:
+        """`peek`, counted in the hit rate (a prefill begins)."""
+        hit = self.peek(node, prompt_tokens)
         self.hit_tokens += hit
         self.lookup_tokens += prompt_tokens
         return hit

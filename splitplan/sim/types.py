@@ -44,7 +44,7 @@ class PoolSpec:
 @dataclass(frozen=True)
 class SimOptions:
     max_batch_tokens: int = MAX_BATCH_TOKENS  # the scheduler's token budget (engine max_num_batched_tokens)
-    routing: str = "jsq"  # or "round-robin"
+    routing: str = "jsq"  # or "round-robin", or "prefix-aware" (with prefix_caching)
     borrow_threshold_tokens: int | None = None
     # Closed loop (as vLLM benchmark_serving, genai-perf and aiconfigurator measure): this many
     # clients, each sending its next request when its previous one finishes; the trace gives the
