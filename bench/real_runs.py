@@ -1,6 +1,6 @@
 """Measured vLLM serving runs replayed as they ran: where the model stands on today's engine.
 
-    python bench/real_runs.py [--data DIR] [--profiles vllm,lean,splitwise-vllm] [--prefix-cache prompts|system|none]
+    python bench/real_runs.py [--data DIR] [--profiles vllm,lean,splitwise-vllm] [--prefix-cache prompts|system|none|simulated]
                                [--prompts-per-system-prompt 5] [--jobs N] [--stages]
 
 `../shared/data/real-runs/` (README there; measured figures, used here and never copied into
@@ -19,7 +19,11 @@ prompt's blocks once it has been computed: a request then prefills only the rest
 last token). Requests of a run in order: the first `n_system_prompts` compute their whole prompt,
 the rest of the first round skip the system prompt's blocks, and every later request (every one
 of a later stage) skips all its full blocks but the last token's. `system`: only the system
-prompt is ever skipped (the reading that every question is new); `none`: nothing is.
+prompt is ever skipped (the reading that every question is new); `none`: nothing is;
+`simulated`: the same prompts as a prefix tree (`workload.prefix`), the hits decided by the
+simulator's own cache (`simulate --prefix-caching on`: least recently used, in the KV memory the
+running requests leave, a prompt cached once computed), cold at each stage's start (the runs'
+later stages started warm).
 
 Printed per profile: MAPE % and median signed error % of mean TTFT, TPOT ((mean E2E - mean
 TTFT) / (output - 1), the runs' own definition), mean E2E and TTFT/E2E p90/p99, per model and
@@ -45,6 +49,7 @@ from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
+from splitplan.workload.prefix import PrefixTree
 from splitplan.workload.trace import Trace
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "real-runs"
@@ -54,7 +59,7 @@ COLLAPSE_S = 5.0  # a stage whose predicted TTFT p50 exceeds this is overloaded 
 
 
 BLOCK_TOKENS = 16  # vLLM's KV block on GPUs: the prefix cache's unit
-PREFIX_CACHE = ("prompts", "system", "none")
+PREFIX_CACHE = ("prompts", "system", "none", "simulated")
 
 
 def stage_trace(data: Path, row: pd.Series, prefix_cache: str = "prompts", prompts_per_system_prompt: int = 5) -> Trace:
@@ -68,6 +73,10 @@ def stage_trace(data: Path, row: pd.Series, prefix_cache: str = "prompts", promp
     groups = int(row.n_system_prompts)
     system = int(row.system_prompt_tokens) // BLOCK_TOKENS * BLOCK_TOKENS
     whole = (prompt - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+    if prefix_cache == "simulated":  # the prompts as a prefix tree; the simulator's cache decides the hits
+        prompt_id = (k % groups) + groups * ((k // groups) % prompts_per_system_prompt)
+        return Trace(arrival - arrival[0], prompt, mine.output_tokens.to_numpy(np.int64), f"{row.trace} stage {row.stage_index}",
+                     prefix=_prompt_tree(prompt_id, prompt, groups, system))
     if prefix_cache == "none":
         cached = np.zeros_like(prompt)
     elif prefix_cache == "system":
@@ -78,6 +87,19 @@ def stage_trace(data: Path, row: pd.Series, prefix_cache: str = "prompts", promp
                  np.minimum(cached, whole).astype(np.int64))
 
 
+def _prompt_tree(prompt_id: np.ndarray, prompt: np.ndarray, groups: int, system_tokens: int) -> PrefixTree:
+    """inference-perf's shared_prefix prompts as a tree: a node per system prompt (its full
+    blocks), below it a node per distinct prompt (the rest of its full blocks, as the stage's
+    first request of that prompt has it)."""
+    distinct = int(prompt_id.max()) + 1
+    first = {int(p): int(t) for p, t in zip(prompt_id[::-1], prompt[::-1])}  # (the first occurrence wins)
+    rest = [max((first.get(d, system_tokens) - 1) // BLOCK_TOKENS * BLOCK_TOKENS - system_tokens, 1) for d in range(distinct)]
+    parent = np.concatenate([np.full(groups, -1), np.arange(distinct) % groups])
+    tokens = np.concatenate([np.full(groups, system_tokens), rest])
+    return PrefixTree(parent.astype(np.int64), tokens.astype(np.int64), (groups + prompt_id).astype(np.int64),
+                      np.full(len(prompt), -1, np.int64))
+
+
 def replay(profile, data: Path, row: pd.Series, prefix_cache: str = "prompts", prompts_per_system_prompt: int = 5) -> dict:
     """One stage as measured, timed by `profile` (a name, a path or an EngineProfile): the
     predicted figures beside the measured."""
@@ -86,7 +108,7 @@ def replay(profile, data: Path, row: pd.Series, prefix_cache: str = "prompts", p
     inst = Instance(load_model(row.model_arg), load_hardware(row.gpu), engine, int(row.tp))
     trace = stage_trace(data, row, prefix_cache, prompts_per_system_prompt)
     options = SimOptions(max_batch_tokens=int(row.max_num_batched_tokens), max_num_seqs=int(row.max_num_seqs),
-                         max_model_len=int(row.max_model_len))
+                         max_model_len=int(row.max_model_len), prefix_caching=prefix_cache == "simulated")
     result = simulate(trace, [PoolSpec(Role.MIXED, inst, 1, 1)], options)
     ttft, e2e = result.ttft_s * 1e3, result.e2e_s * 1e3
     done = np.isfinite(e2e)
