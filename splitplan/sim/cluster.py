@@ -274,8 +274,8 @@ class _Cluster:
                     inst.queue.popleft()
                     prefill.append(i)
         if chunks:
-            if budget is None and chunks == 1 and inst.batch == 0 and not self.resumed[prefill[0]] and not self.cached[prefill[0]]:
-                duration = self.single[inst.pool][prefill[0]]
+            if chunks == 1 and inst.batch == 0 and prefill and total == self.p[prefill[0]] and not self.resumed[prefill[0]]:
+                duration = self.single[inst.pool][prefill[0]]  # one whole prompt alone: its time is known
             else:
                 duration = float(inst.perf.pass_time_s(float(chunks), float(total), float(sq),
                                                        float(inst.batch), float(inst.ctx)))
