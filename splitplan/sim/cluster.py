@@ -135,8 +135,7 @@ class _Cluster:
         # the engine's prefix cache, per instance that prefills (where the trace records prefixes)
         self.caches: dict[int, PrefixCache] = {}
         if options.prefix_caching and trace.prefix is not None:
-            depth = trace.prefix.depth.tolist()
-            self.caches = {x.idx: PrefixCache(trace.prefix, depth) for x in self.insts if x.role in (PROMPT, MIXED)}
+            self.caches = {x.idx: PrefixCache(trace.prefix) for x in self.insts if x.role in (PROMPT, MIXED)}
             self.node = trace.prefix.request_node.tolist()
         self.looked = [False] * self.n  # its prefill has begun and looked its prefix up
         self.deferring = {k: pool.perf.engine.async_scheduling for k, pool in enumerate(self.pools)}
@@ -312,6 +311,12 @@ class _Cluster:
                 cache.pin(self.node[i])
         return self.done[i]
 
+    def _unpin(self, inst: InstanceState, i: int, now: float) -> None:
+        """Request i no longer uses its prefix on inst (its KV left the instance): evictable."""
+        cache = self.caches.get(inst.idx)
+        if cache is not None and self.node[i] >= 0:
+            cache.unpin(self.node[i], now)
+
     def _cache_room(self, inst: InstanceState) -> None:
         """The cache keeps what the running requests leave of the instance's KV memory."""
         cache = self.caches.get(inst.idx)
@@ -391,8 +396,7 @@ class _Cluster:
             if self.base[i] == self.o[i]:  # that was its last token
                 self._finish(i, now)
                 self._unassign(inst, i)
-                if inst.idx in self.caches and self.node[i] >= 0:
-                    self.caches[inst.idx].unpin(self.node[i], now)
+                self._unpin(inst, i, now)
             else:
                 self._join(inst, i, now)
             self.resumed[i] = False
@@ -402,7 +406,7 @@ class _Cluster:
         if cache is not None and self.node[i] >= 0:  # its prompt's KV is computed: cached, in use while it decodes here
             cache.insert(self.node[i], now)
             if self.o[i] == 1 or self.t_inst[i] != inst.idx:
-                cache.unpin(self.node[i], now)
+                self._unpin(inst, i, now)
         if self.o[i] == 1:  # the first token was the whole answer
             self._finish(i, now)
             self._unassign(self.insts[self.t_inst[i]], i)
@@ -527,8 +531,7 @@ class _Cluster:
             for i in inst.finishing.pop(inst.iters, ()):
                 if inst.role == MIXED:
                     inst.members.remove(i)
-                    if inst.idx in self.caches and self.node[i] >= 0:
-                        self.caches[inst.idx].unpin(self.node[i], now)
+                    self._unpin(inst, i, now)
                 else:
                     inst.kv_used -= p[i] + o[i]
                 inst.batch -= 1

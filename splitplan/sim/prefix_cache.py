@@ -17,10 +17,10 @@ from splitplan.workload.prefix import PrefixTree
 
 
 class PrefixCache:
-    def __init__(self, tree: PrefixTree, depth: list | None = None):
+    def __init__(self, tree: PrefixTree):
         self.parent = tree.parent.tolist()
         self.tokens = tree.tokens.tolist()
-        self.depth = tree.depth.tolist() if depth is None else depth
+        self.depth = tree.depth.tolist()
         self.last_use: dict[int, float] = {}  # resident node -> last use
         self.kids: dict[int, int] = {}  # resident node -> its resident children
         self.pins: dict[int, int] = {}  # node -> running requests using it

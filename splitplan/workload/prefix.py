@@ -21,6 +21,7 @@ Pure data and functions: the simulator's cache and the planner read it, nothing 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -34,9 +35,10 @@ class PrefixTree:
     request_node: np.ndarray  # per request, the node its prompt's shared prefix ends at (-1: none)
     output_node: np.ndarray  # per request, the node of its output that a later turn shares (-1: none)
 
-    @property
+    @cached_property
     def depth(self) -> np.ndarray:
-        """Per node, the tokens from the root to its end (parents come before their children)."""
+        """Per node, the tokens from the root to its end (parents come before their children);
+        computed once per tree."""
         depth = self.tokens.astype(np.int64).copy()
         for node in range(len(depth)):
             if self.parent[node] >= 0:
@@ -75,9 +77,9 @@ def from_columns(prompt_tokens: np.ndarray, output_tokens: np.ndarray, prefix_id
                  session_id=None, hash_ids=None, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> PrefixTree:
     """The tree of a trace's prefix columns (each a sequence per request, or None); the columns
     are checked by the reader, which names their lines. A session's first turn hangs below its
-    prefix (`prefix_id` or `hash_ids`), a later turn below the previous turn's output when its
-    prompt holds that whole turn, else below the previous prompt when it holds that, else below
-    its own prefix."""
+    prefix (`prefix_id` or `hash_ids`); a later turn below the previous turn's output when its
+    prompt holds that whole turn, else below the previous prompt when it holds that, else it
+    shares what it keeps of the previous prompt."""
     b = _Builder()
     n = len(prompt_tokens)
     request_node = [-1] * n
