@@ -60,6 +60,9 @@ SOURCE = ("vLLM v0.15.1 (the measured runs): chunked prefill and async schedulin
           "or more other than A100 (EngineArgs.get_batch_defaults; 2048 and 256 elsewhere: pass --max-num-batched-tokens "
           "and --max-num-seqs)")
 
+PREFIX_SOURCE = ("vLLM v0.15.1: automatic prefix caching on by default in the V1 engine (enable_prefix_caching), reused in "
+                 "whole blocks of block_size 16 (CacheConfig's default on CUDA)")
+
 
 def base_profile():
     """vLLM as documented, before fitting: `lean`'s datasheet factors with the engine's scheduler."""
@@ -68,7 +71,7 @@ def base_profile():
         "name": "vllm", "description": "vLLM v0.15.1 (bf16): chunked prefill, async scheduling, CUDA graphs; fitted to measured runs",
         "source": "bench/fit_vllm.py on ../shared/data/real-runs (vLLM v0.15.1 on H100, 2026-02)",
         "scheduler": "chunked", "max_num_batched_tokens": 8192, "max_num_seqs": 1024, "scheduler_source": SOURCE,
-        "async_scheduling": True,
+        "async_scheduling": True, "prefix_caching": True, "kv_block_tokens": 16, "prefix_caching_source": PREFIX_SOURCE,
         "efficiency_sources": {name: (f"{text}; the rest as fitted" if name in lean.hardware_overrides else FITTED)
                                for name, text in lean.efficiency_sources.items()},
         # where the fit starts: the decode at about 80 % of bandwidth, graph-launched kernels and

@@ -49,6 +49,7 @@ class PlanPool(BaseModel):
     instances: Annotated[int, Field(ge=1, le=limits.MAX_MACHINES * MAX_GPUS)] | None = None  # (as planned)
     gpus: Annotated[int, Field(ge=1, le=limits.MAX_MACHINES * MAX_GPUS)] | None = None
     utilization: Annotated[float, Field(ge=0, le=1)] | None = None
+    prefix_hit_rate: Annotated[float, Field(ge=0, le=1)] | None = None
 
     @property
     def parallel(self) -> Layout:

@@ -232,7 +232,8 @@ def console() -> Console:
 
 def pools_json(pools) -> list[dict]:
     return [{"hardware": p.hardware, **p.layout._asdict(), "layout": p.layout.spec, "machines": p.machines,
-             "instances": p.instances, "gpus": p.gpus, "utilization": p.utilization} for p in pools]
+             "instances": p.instances, "gpus": p.gpus, "utilization": p.utilization, "prefix_hit_rate": p.prefix_hit_rate}
+            for p in pools]
 
 
 def pools_text(pools) -> str:
@@ -243,9 +244,11 @@ def pools_text(pools) -> str:
 
 def pools_detail(pools) -> str:
     """Pools as pools_text gives them, each with what it buys: `2x h100-80gb TP 8 (2 instances,
-    16 GPUs, 64 % busy)` (busy: the predicted utilization, where there is one)."""
+    16 GPUs, 64 % busy, 37 % prefix hits)` (busy: the predicted utilization, where there is one; prefix
+    hits: the share of its prompt tokens its prefix caches held, with prefix caching)."""
     def one(p) -> str:
         busy = "" if p.utilization is None else f", {p.utilization:.0%} busy"
+        busy += "" if p.prefix_hit_rate is None else f", {p.prefix_hit_rate:.0%} prefix hits"
         return f"{p.machines}x {p.hardware} {p.layout} ({p.instances:,} instance{'s' * (p.instances != 1)}, {p.gpus:,} GPUs{busy})"
     return " + ".join(one(p) for p in pools) or "-"
 

@@ -83,11 +83,15 @@ class Setup:
     perf_interp: str = "splitplan"  # how perf_db is read
     borrow_threshold_tokens: int | None = None  # Splitwise's mixed pool (--mixed-pool-threshold)
     max_num_seqs: int | None = None  # requests running on an instance at once (None: the profile's)
+    prefix_caching: bool | None = None  # the engine's prefix caches (None: the profile's)
+    routing: str = "jsq"
+    kv_offload_gb: float = 0.0  # host memory per prefilling instance, for its prefix cache
 
     def simulate(self, trace, pools: list[PoolRequest], concurrency: int | None = None) -> SimulateResult:
-        return simulate(trace, pools, self.model, self.slo, self.engine, self.perf_db, self.max_batch_tokens,
+        return simulate(trace, pools, self.model, self.slo, self.engine, self.perf_db, self.max_batch_tokens, self.routing,
                         borrow_threshold_tokens=self.borrow_threshold_tokens, perf_interp=self.perf_interp,
-                        concurrency=concurrency, max_num_seqs=self.max_num_seqs)
+                        concurrency=concurrency, max_num_seqs=self.max_num_seqs, prefix_caching=self.prefix_caching,
+                        kv_offload_gb=self.kv_offload_gb)
 
 
 def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
@@ -112,33 +116,37 @@ def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str 
              perf_db: str | None = None, max_batch_tokens: int | None = None, routing: str = "jsq",
              borrow_threshold_tokens: int | None = None, perf_interp: str = "splitplan",
              concurrency: int | None = None, max_num_seqs: int | None = None,
-             warmup_requests: int | None = None, prefix_caching: bool = False) -> SimulateResult:
+             warmup_requests: int | None = None, prefix_caching: bool | None = None,
+             kv_offload_gb: float = 0.0) -> SimulateResult:
     """Replay `trace` through the cluster request by request (sim.cluster) and summarize.
     With `concurrency`, a closed loop of that many clients (workload.closed_loop_workload
     makes its requests); the trace's timestamps are ignored, and the first `warmup_requests`
     sent (default: one per client, the burst of all clients starting at once) are a warm-up
     left out of the statistics, as genai-perf's --warmup-request-count. `max_batch_tokens` and
-    `max_num_seqs` set the engine's scheduler (None: the engine profile's). `prefix_caching`: a
-    prefix cache per prefilling instance over the prefixes the trace records (sim.prefix_cache)."""
+    `max_num_seqs` set the engine's scheduler (None: the engine profile's). `prefix_caching` (None:
+    the engine profile's): a prefix cache per instance over the prefixes the trace records
+    (sim.prefix_cache), with `kv_offload_gb` of host memory per prefilling instance."""
 
     roles = {r for r, *_ in pools}
     if not (set(SPLIT) <= roles or Role.MIXED in roles) or (Role.MIXED in roles and len(roles) > 1):
         raise SpecError("give prompt and token pools (split), or mixed pools (co-located), not a mix of both")
     if routing not in ("jsq", "round-robin", "prefix-aware"):
         raise SpecError(f"--routing {routing}: choose jsq, round-robin or prefix-aware")
-    if routing == "prefix-aware" and not prefix_caching:
-        raise SpecError("--routing prefix-aware routes by what each instance's prefix cache holds: add --prefix-caching on")
     profile = load_slo(slo)
     specs = pool_specs(pools, model, engine, perf_db, perf_interp)
+    eng = specs[0].perf.engine
+    prefix_caching = eng.prefix_caching if prefix_caching is None else prefix_caching
+    if not prefix_caching and (routing == "prefix-aware" or kv_offload_gb):
+        raise SpecError(f"{'--routing prefix-aware' if routing == 'prefix-aware' else '--kv-offload-gb'} works on the "
+                        f"engine's prefix caches, which are off ({eng.name}): add --prefix-caching on")
     db = load_perf_db(perf_db) if perf_db else None
     reference = reference_for(profile, lambda hw, t: reference_instance(model, hw, t, engine, db, perf_interp),
                               trace.prompt_tokens, trace.output_tokens)
-    eng = specs[0].perf.engine
     result = run(trace, specs, SimOptions(eng.batch_tokens(max_batch_tokens), routing, borrow_threshold_tokens, concurrency,
                                           max_model_len=eng.context_tokens(specs[0].perf.model),
                                           max_num_seqs=eng.seqs_cap(max_num_seqs),
                                           warmup_requests=(concurrency or 0) if warmup_requests is None else warmup_requests,
-                                          prefix_caching=prefix_caching))
+                                          prefix_caching=prefix_caching, kv_offload_gb=kv_offload_gb))
     return SimulateResult(result, summarize_result(result, specs, profile, reference), tuple(specs))
 
 

@@ -7,7 +7,12 @@ takes its queued prompts up to `max_batch_tokens` (always at least one), runs th
 batch for the perf model's time, and every request in it gets its first token
 when the batch ends (Splitwise stamps TTFT at the end of the prefill). Queueing,
 and so the bursts of a real trace, are in the TTFT percentiles; no mean-rate
-formula is used. Cost: O(requests x (log n + n)) per evaluation.
+formula is used. Cost: O(requests x (log n + n)) per evaluation. With the engine's prefix
+caching (`PrefixModel`), each instance keeps a cache as the simulator's (sim.prefix_cache, the
+same class and the same moments: looked up when a prompt's prefill first comes up, kept when it
+ends, evicted to what the running prefills leave of the KV memory), so a pool's prefill work is
+the trace's less what its caches hold at its instance count and memory, routed as the simulator
+routes (join-shortest-queue, or prefix-aware).
 
 Token pool (TBT, KV memory): continuous batching. Request i decodes from its
 start for `output_i` iterations; the batch on an instance is the number of
@@ -37,6 +42,8 @@ from splitplan.perf.roofline import Instance
 from splitplan.roles import Role
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.sim.metrics import pool_report
+from splitplan.sim.prefix_cache import PrefixCache
+from splitplan.workload.prefix import PrefixTree
 from splitplan.slo import Gaps
 
 MAX_INSTANCES = 4096
@@ -70,10 +77,35 @@ class BatchTimes:
         return duration
 
 
+@dataclass(frozen=True)
+class PrefixModel:
+    """The engine's prefix caching in the prompt replay: the trace's prefixes, reused in blocks of
+    `block_tokens`; `offload_gb` of host memory per instance (write-through, loaded back over its
+    GPUs' host links; the replay charges a load to the pass that needs it, where the simulator
+    holds back only the request); `prefix_aware` routing."""
+
+    tree: PrefixTree
+    block_tokens: int = 1
+    offload_gb: float = 0.0
+    prefix_aware: bool = False
+
+    def cache(self, inst: Instance) -> PrefixCache:
+        return PrefixCache(self.tree, self.block_tokens, self.offload_gb * 1e9 / self.kv_bytes(inst))
+
+    @staticmethod
+    def kv_bytes(inst: Instance) -> float:
+        return inst.model.kv_bytes_per_token(inst.engine.kv_bytes_per_element)
+
+    @staticmethod
+    def host_bytes_per_s(inst: Instance) -> float:
+        return (inst.hardware.gpu.host_link_gbyte_per_s or 0.0) * 1e9 * inst.layout.gpus
+
+
 def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[tuple[Instance, int]],
                         max_batch_tokens: int, times: list[BatchTimes] | None = None,
                         busy: list | None = None, held_s: np.ndarray | None = None,
-                        placed: list | None = None, chunked: bool = False, max_seqs: int | None = None) -> np.ndarray:
+                        placed: list | None = None, chunked: bool = False, max_seqs: int | None = None,
+                        prefix: PrefixModel | None = None, cache_stats: list | None = None) -> np.ndarray:
     """TTFT of every request on the given prompt instances (type, count), routed as
     the simulator and Splitwise route them: at arrival, to the instance with the
     fewest pending prompt tokens (queued or in a running prefill; ties to the lowest
@@ -85,7 +117,8 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     (start, duration, instance) is appended to it; with `placed`, every request's
     instance. With `held_s` (co-located instances), request i also counts 1 in its
     instance's load for held_s[i] seconds from its arrival, as the simulator routes
-    co-located instances (one per request held).
+    co-located instances (one per request held). With `prefix`, a prefix cache per instance
+    (module docstring); with `cache_stats`, each instance's (hit, looked-up) prompt tokens.
 
     A batch that ends at an arrival's time ends before the arrival is routed, as in
     the simulator, so both give the same TTFT. With the engine's async scheduling, a request that
@@ -109,6 +142,20 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     launch = [0] * len(kind)  # async scheduling: batches begun per instance
     fixed = [False] * len(kind)  # whether the next batch was scheduled when the running one began
     tag = [-1] * n_req  # the batch a request arrived in when that one's successor was scheduled
+    caches = [prefix.cache(pools[k][0]) for k in kind] if prefix is not None else None
+    node = prefix.tree.request_node.tolist() if prefix is not None else None
+    looked = [False] * n_req
+    load_s = [0.0] * len(kind)  # host-memory loads the instance's next pass waits for
+    per_token_s = [PrefixModel.kv_bytes(inst) / (PrefixModel.host_bytes_per_s(inst) or np.inf) for inst, _ in pools]
+    kv_cap = [pools[k][0].fit.kv_capacity_tokens for k in kind]
+
+    def lookup(j: int, i: int) -> None:
+        """Request i's prefill comes up on instance j: its cache's hit counts as prefilled (pinned)."""
+        looked[i] = True
+        if node[i] >= 0:
+            done[i], loaded = caches[j].match(node[i], tokens[i])
+            caches[j].pin(node[i])
+            load_s[j] += loaded * per_token_s[kind[j]]
 
     def start(j: int, now: float) -> None:
         queue = queues[j]
@@ -119,6 +166,8 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
             members, total, sq, seqs, room, whole = [], 0, 0, 0, max_batch_tokens, 0
             while queue and room > 0 and seqs < cap and tag[queue[0]] < launch[j]:
                 i = queue[0]
+                if caches is not None and not looked[i]:
+                    lookup(j, i)
                 d, size = done[i], tokens[i]
                 c = min(size - d, room)
                 total += c
@@ -135,7 +184,7 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
             else:
                 duration = times[kind[j]].pass_s(seqs, total, sq)
             total = whole  # pending on the instance until prefilled
-        else:
+        elif caches is None:
             members = [queue.popleft()]
             total = tokens[members[0]]
             sq = total * total
@@ -145,6 +194,26 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
                 total += tokens[i]
                 sq += tokens[i] * tokens[i]
             duration = times[kind[j]].batch_s(members[0], len(members), total, sq)
+        else:  # whole prompts less what the cache holds, as the simulator batches them
+            members, total, sq, whole = [], 0, 0, 0
+            while queue:
+                i = queue[0]
+                if members and tag[i] >= launch[j]:  # (not yet in the simulator's queue)
+                    break
+                if not looked[i]:
+                    lookup(j, i)
+                if members and not (total + tokens[i] - done[i] <= max_batch_tokens and len(members) < cap):
+                    break
+                members.append(queue.popleft())
+                total += tokens[i] - done[i]
+                sq += tokens[i] * tokens[i] - done[i] * done[i]
+                whole += tokens[i]
+            duration = (times[kind[j]].single[members[0]] if total == whole == tokens[members[0]]
+                        else times[kind[j]].pass_s(len(members), total, sq))
+            total = whole
+        if load_s[j]:
+            duration += load_s[j]
+            load_s[j] = 0.0
         running[j] = (members, total)
         if deferring:
             launch[j] += 1
@@ -159,6 +228,13 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
             members, total = running[j]
             for i in members:
                 finish_at[i] = end
+            if caches is not None:  # computed: kept, and no longer in use (its KV leaves for its token instance)
+                cache = caches[j]
+                for i in members:
+                    if node[i] >= 0:
+                        cache.insert(node[i], end)
+                        cache.unpin(node[i], end)
+                cache.evict(kv_cap[j] - (cache.resident_tokens - cache.free_tokens))
             load[j] -= total
             running[j] = None
             if queues[j]:
@@ -171,7 +247,11 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
         finish_until(now)
         while held and held[0][0] <= now:
             load[heapq.heappop(held)[1]] -= 1
-        j = load.index(min(load))
+        if prefix is not None and prefix.prefix_aware and node[i] >= 0:  # as the simulator's _prefix_pick
+            costs = [load[k] + tokens[i] - caches[k].peek(node[i], tokens[i]) for k in range(len(kind))]
+            j = costs.index(min(costs))
+        else:
+            j = load.index(min(load))
         queues[j].append(i)
         if deferring:
             tag[i] = launch[j] if running[j] is not None and fixed[j] else launch[j] - 1
@@ -184,6 +264,8 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
         if running[j] is None:
             start(j, now)
     finish_until(float("inf"))
+    if cache_stats is not None and caches is not None:
+        cache_stats.extend((c.hit_tokens, c.lookup_tokens) for c in caches)
     return np.asarray(finish_at) - arrival_s + engine.frontend_latency_s
 
 
@@ -226,7 +308,8 @@ def decode_pool(start_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: n
                         float(np.percentile(batch, 99)))
 
 
-def colocated_pool(trace, inst: Instance, instances: int, max_batch_tokens: int, max_num_seqs: int | None = None) -> dict:
+def colocated_pool(trace, inst: Instance, instances: int, max_batch_tokens: int, max_num_seqs: int | None = None,
+                   prefix: PrefixModel | None = None) -> dict:
     """Per-request TTFT, TBT and E2E on `instances` co-located (non-split) instances: the
     simulator's own replay (sim.cluster), so a co-located plan's verdict is the one
     `simulate` gives it. Mixed batching feeds back on itself (prefills stall the decodes,
@@ -234,12 +317,15 @@ def colocated_pool(trace, inst: Instance, instances: int, max_batch_tokens: int,
     and preempts), which `colocated_estimate` follows only roughly. The replay costs 30 to
     140 us a request on this project's 2-core machine (more with more, smaller instances: each
     iterates on its own). KV memory is the replay's to enforce (admission, preemption), so it
-    shows in the latencies and `kv_peak_fraction` is 0."""
+    shows in the latencies and `kv_peak_fraction` is 0. With `prefix`, the simulator's prefix caches."""
     pool = PoolSpec(Role.MIXED, inst, inst.machines_for(instances), instances)
-    result = simulate(trace, [pool], SimOptions(max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs))
+    cached = prefix is not None
+    result = simulate(trace, [pool], SimOptions(max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs,
+                                                routing="prefix-aware" if cached and prefix.prefix_aware else "jsq",
+                                                prefix_caching=cached, kv_offload_gb=prefix.offload_gb if cached else 0.0))
+    row = pool_report(result, [pool])[0]
     return {"ttft": result.ttft_s, "tbt": result.tbt_s, "itl": result.itl_s, "tpot": result.tpot_s, "e2e": result.e2e_s,
-            "kv_peak_fraction": 0.0,
-            "utilization": pool_report(result, [pool])[0]["utilization"]}
+            "kv_peak_fraction": 0.0, "utilization": row["utilization"], "prefix_hit_rate": row["prefix_hit_rate"]}
 
 
 def busy_s(start_s: np.ndarray, end_s: np.ndarray, instances: int) -> float:

@@ -153,6 +153,7 @@ OPTION_BOUNDS = {
     "--folds": Bound(0, 1000, "folds (0: no cross-validation)"),
     "--shared-prefix-tokens": Bound(1, limits.MAX_REQUEST_TOKENS, "tokens"),
     "--prefix-groups": Bound(1, limits.MAX_TRACE_REQUESTS, "prefixes"),
+    "--kv-offload-gb": Bound(0, 1e6, "GB of host memory per instance"),
 }
 
 
@@ -477,6 +478,22 @@ TIME_UNIT = typer.Option(None, "--time-unit", help="Trace CSV: unit of the time 
 SHARED_PREFIX_TOKENS = typer.Option(None, "--shared-prefix-tokens", help="Give every prompt one of --prefix-groups shared "
                                     "prefixes of this many tokens (inference-perf's shared_prefix data; request i in group i mod K).")
 PREFIX_GROUPS = typer.Option(None, "--prefix-groups", help="With --shared-prefix-tokens: how many distinct shared prefixes.")
+
+
+PREFIX_CACHING = typer.Option(None, "--prefix-caching", help="on or off (default: the engine profile's; on for today's "
+                              "engines): each instance keeps the prefixes the trace records (prefix_id, session_id, hash_ids, "
+                              "--shared-prefix-tokens) in the KV memory its requests leave, least recently used evicted "
+                              "first; a prefill skips what it holds, a KV transfer what its token instance holds.")
+KV_OFFLOAD_GB = typer.Option(0.0, "--kv-offload-gb", help="With prefix caching: host memory (GB) per prefilling instance "
+                             "that also keeps prefixes (written through, loaded back over its GPUs' host links at the "
+                             "hardware spec's bandwidth), as vLLM's --kv-offloading-size.")
+
+
+def cache_switch(value: str | None) -> bool | None:
+    """--prefix-caching on|off (None: the engine profile's)."""
+    if value not in (None, "on", "off"):
+        raise SpecError(f"--prefix-caching {value}: choose on or off")
+    return None if value is None else value == "on"
 
 
 def shared_prefix(trace, shared_tokens: int | None, groups: int | None):

@@ -15,9 +15,11 @@ from splitplan import plan_document, report
 from splitplan.cli.common import (
     EXECUTOR_HELP,
     KV_CACHE,
+    KV_OFFLOAD_GB,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
     OUTPUT_COLUMN,
+    PREFIX_CACHING,
     PROMPT_COLUMN,
     RAY_HELP,
     TIME_COLUMN,
@@ -37,6 +39,7 @@ from splitplan.cli.common import (
     _require_matplotlib,
     api,
     app,
+    cache_switch,
     check_request_sizes,
     figure_png,
     parse_duration,
@@ -51,6 +54,7 @@ from splitplan.defaults import (
     DEFAULT_SLO,
 )
 from splitplan.errors import SpecError
+from splitplan.specs.engine import load_engine
 from splitplan.workload.trace import (
     EMBEDDED_HELP,
     closed_loop_workload,
@@ -88,6 +92,9 @@ def optimize(
     max_machines: list[str] = typer.Option([], "--max-machines", help="Availability, TYPE=N (repeatable)."),
     max_batch_tokens: Optional[int] = MAX_NUM_BATCHED_TOKENS,
     max_num_seqs: Optional[int] = MAX_NUM_SEQS,
+    prefix_caching: Optional[str] = PREFIX_CACHING,
+    routing: str = typer.Option("jsq", "--routing", help="How prompts are routed: jsq (join-shortest-queue on pending prompt tokens) or prefix-aware (with prefix caching: the instance with the fewest prompt tokens to compute, as KV-aware routers route)."),
+    kv_offload_gb: float = KV_OFFLOAD_GB,
     no_split: bool = typer.Option(False, "--no-split", help="Plan co-located machines (mixed batching), not split pools."),
     split_only: bool = typer.Option(False, "--split-only", help="Recommend the best split plan even where a co-located one is better under the objective (it is still compared)."),
     jobs: int = typer.Option(0, "--jobs", help="Processes for sizing pool options (0: one per core)."),
@@ -124,7 +131,8 @@ def optimize(
                   token_hardware=_names(token_hardware, "--token-hardware"),
                   tp=tp, engine=engine, search=search.value, solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
                   max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs,
-                  jobs=jobs_n, perf_db=str(perf_db) if perf_db else None, split_only=split_only, perf_interp=perf_interp)
+                  jobs=jobs_n, perf_db=str(perf_db) if perf_db else None, split_only=split_only, perf_interp=perf_interp,
+                  prefix_caching=cache_switch(prefix_caching), routing=routing, kv_offload_gb=kv_offload_gb)
     if concurrency is None and (isl is not None or osl is not None or num_requests is not None):
         raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
     if concurrency is not None:
@@ -153,8 +161,15 @@ def optimize(
     inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
               "seed": seed, "model": model, "slo": slo, "objective": objective.value, "split": not no_split, "window": stretch,
               "validate": validate, "mixed_pool_threshold": borrow_threshold,
-              **{k: v for k, v in common.items() if k not in ("jobs", "perf_db")}}
+              **{k: v for k, v in common.items() if k not in ("jobs", "perf_db")},
+              "prefix_caching": "on" if _caching(common) else "off"}
     _emit_plan(result, workload, inputs, format, output_dir, plot, pareto)
+
+
+def _caching(common: dict) -> bool:
+    """Whether the engine's prefix caches are on: --prefix-caching, else the engine profile's."""
+    given = common["prefix_caching"]
+    return load_engine(common["engine"]).prefix_caching if given is None else given
 
 
 def _check_plan_options(plot, pareto: bool, no_split: bool, objective) -> None:
@@ -204,7 +219,7 @@ def _validate(result, workload, model, slo, common, borrow_threshold, jobs, exec
     """--validate: the runner-ups simulated, the plan grown until its simulation meets the SLO
     (with --mixed-pool-threshold, trimmed while it still meets it)."""
     setup = api.Setup(model, slo, common["engine"], common["perf_db"], common["max_batch_tokens"], common["perf_interp"],
-                      borrow_threshold, common["max_num_seqs"])
+                      borrow_threshold, common["max_num_seqs"], common["prefix_caching"], common["routing"], common["kv_offload_gb"])
     with _progress("validating the runner-ups and the plan by simulation", total=len(result.alternatives) + 1) as step:
         return api.validate_result(result, workload, setup, jobs, executor, ray_address, step)
 

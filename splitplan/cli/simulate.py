@@ -11,9 +11,11 @@ import typer
 from splitplan import report
 from splitplan.cli.common import (
     KV_CACHE,
+    KV_OFFLOAD_GB,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
     OUTPUT_COLUMN,
+    PREFIX_CACHING,
     PREFIX_GROUPS,
     PROMPT_COLUMN,
     SHARED_PREFIX_TOKENS,
@@ -26,6 +28,7 @@ from splitplan.cli.common import (
     _emit_json,
     api,
     app,
+    cache_switch,
     check_request_sizes,
     plan_input,
     plan_settings,
@@ -71,15 +74,15 @@ def simulate(
     isl: Optional[int] = typer.Option(None, "--isl", help="With --concurrency: every request's input tokens (default: drawn from the trace)."),
     osl: Optional[int] = typer.Option(None, "--osl", help="With --concurrency: every request's output tokens (default: drawn from the trace)."),
     num_requests: Optional[int] = typer.Option(None, "--num-requests", help="With --concurrency: requests in the run (default 10 per client, at least 100)."),
-    prefix_caching: str = typer.Option("off", "--prefix-caching", help="on: each prefilling instance keeps the prefixes the trace records (prefix_id, session_id, hash_ids, --shared-prefix-tokens) in the KV memory its running requests leave, least recently used evicted first, and skips what it holds; off (for now the default: the planner does not model it yet)."),
+    prefix_caching: Optional[str] = PREFIX_CACHING,
+    kv_offload_gb: float = KV_OFFLOAD_GB,
     shared_prefix_tokens: Optional[int] = SHARED_PREFIX_TOKENS,
     prefix_groups: Optional[int] = PREFIX_GROUPS,
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write requests.csv and summary.json here."),
 ) -> None:
     """Replay a trace through a plan's machines request by request and check the SLO."""
-    if prefix_caching not in ("on", "off"):
-        raise SpecError(f"--prefix-caching {prefix_caching}: choose on or off")
+    caching = cache_switch(prefix_caching)
     pools, echo = plan_input(plan, prompt_pool, token_pool, mixed_pool)
     if not pools:
         raise SpecError("nothing to simulate: give --plan plan.json or --prompt-pool and --token-pool (or --mixed-pool)")
@@ -99,7 +102,7 @@ def simulate(
     workload = shared_prefix(workload, shared_prefix_tokens, prefix_groups)
     sim = api.simulate(workload, pools, model, slo, engine, str(perf_db) if perf_db else None, max_batch_tokens,
                        routing, borrow_threshold, perf_interp, concurrency, max_num_seqs,
-                       prefix_caching=prefix_caching == "on")
+                       prefix_caching=caching, kv_offload_gb=kv_offload_gb)
     workload = sim.result.trace
     inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
               "seed": seed, "model": model, "slo": slo, "engine": engine, "perf_db": str(perf_db) if perf_db else None,
@@ -107,7 +110,9 @@ def simulate(
                         for r, h, t, m in pools for lay in [as_layout(t, h)]],
               "routing": routing, "max_batch_tokens": max_batch_tokens, "max_num_seqs": max_num_seqs,
               "mixed_pool_threshold": borrow_threshold,
-              "window": window, "concurrency": concurrency, "isl": isl, "osl": osl, "prefix_caching": prefix_caching}
+              "window": window, "concurrency": concurrency, "isl": isl, "osl": osl,
+              "prefix_caching": "on" if (sim.pools[0].perf.engine.prefix_caching if caching is None else caching) else "off",
+              "kv_offload_gb": kv_offload_gb}
     document = {"schema_version": report.SCHEMA_VERSION, "inputs": inputs, "summary": sim.summary}
     if output_dir is not None:
         from splitplan.sim.metrics import requests_csv

@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from splitplan.defaults import DEFAULT_ENGINE
+from splitplan.capacity.pools import PrefixModel
 from splitplan.errors import InfeasibleError, SpecError, listed, with_details
 from splitplan.parallel import run_units
 from splitplan.perf.points import candidate_layouts, reference_instance, require_tp
@@ -96,14 +97,18 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
              max_batch_tokens: int | None = None, alternatives: int = 5, split: bool = True,
              with_colocated: bool = True, jobs: int = 1, perf_db: str | None = None,
              pareto: bool = False, solver: str = "highs", split_only: bool = False,
-             perf_interp: str = "splitplan", max_num_seqs: int | None = None) -> OptimizeResult:
+             perf_interp: str = "splitplan", max_num_seqs: int | None = None, prefix_caching: bool | None = None,
+             routing: str = "jsq", kv_offload_gb: float = 0.0) -> OptimizeResult:
     """The cheapest (or lowest-power) plan meeting every SLO line on `trace`: the better of
     the best split plan (prompt/token pools) and the best co-located plan under the objective
     (`split_only`: the split plan, the co-located one still compared); with `split=False`,
     co-located machines only. Co-located plans use the machines named by `hardware`, else
     those of `prompt_hardware` and `token_hardware`, else the catalog. `perf_interp`: how
     `perf_db` is read (perf.table.INTERPOLATIONS; splitwise-sim to plan as that simulator times).
-    `max_batch_tokens` and `max_num_seqs` set the engine's scheduler (None: the profile's)."""
+    `max_batch_tokens` and `max_num_seqs` set the engine's scheduler (None: the profile's).
+    `prefix_caching` (None: the engine profile's), `routing` (jsq or prefix-aware) and `kv_offload_gb`
+    (host memory per prefilling instance): the engine's prefix caches, over the prefixes the trace
+    records, in every pool's sizing (capacity.pools.PrefixModel)."""
 
 
     m, eng, profile = load_model(model), load_engine(engine), load_slo(slo)
@@ -124,7 +129,9 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     reference = reference_for(profile, lambda hw, t: reference_instance(m, hw, t, eng, db, perf_interp), trace.prompt_tokens,
                               trace.output_tokens)
     problem = Problem(trace, profile, reference, eng.batch_tokens(max_batch_tokens), objective, max_cost_per_hour, max_power_kw,
-                      tuple(sorted((max_machines or {}).items())), solver, eng.seqs_cap(max_num_seqs), eng.chunked)
+                      tuple(sorted((max_machines or {}).items())), solver, eng.seqs_cap(max_num_seqs), eng.chunked,
+                      prefix_model(trace, eng, prefix_caching, routing, kv_offload_gb,
+                                   [machines[n] for n in sorted(set(names) | set(prompt_hardware or []))]))
 
     def make(hw, t):  # measured timing where --perf-db has the group; otherwise skipped with the reason
         inst = Instance(m, hw, eng, t)
@@ -185,6 +192,27 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
                           notes=notes)
 
 
+def prefix_model(trace, engine, prefix_caching: bool | None, routing: str, kv_offload_gb: float, machines: list) -> PrefixModel | None:
+    """The engine's prefix caching as the planner and the simulator model it, checked: None when it
+    is off (`prefix_caching`, else the engine profile's) or the trace records no prefixes."""
+    on = engine.prefix_caching if prefix_caching is None else prefix_caching
+    if routing not in ("jsq", "prefix-aware"):
+        raise SpecError(f"--routing {routing}: choose jsq or prefix-aware")
+    if not on and (routing == "prefix-aware" or kv_offload_gb):
+        raise SpecError(f"{'--routing prefix-aware' if routing == 'prefix-aware' else '--kv-offload-gb'} works on the "
+                        f"engine's prefix caches, which are off ({engine.name}): add --prefix-caching on")
+    if kv_offload_gb < 0:
+        raise SpecError(f"--kv-offload-gb {kv_offload_gb:g}: must be >= 0 GB")
+    if kv_offload_gb:
+        for hw in machines:
+            if hw.gpu.host_link_gbyte_per_s is None:
+                raise SpecError(f"--kv-offload-gb: hardware {hw.name} gives no gpu.host_link_gbyte_per_s (its GPUs' link "
+                                "to host memory): add it to its hardware spec, with its source, or leave it out (--hardware)")
+    if not on or trace.prefix is None:
+        return None
+    return PrefixModel(trace.prefix, engine.kv_block_tokens, kv_offload_gb, routing == "prefix-aware")
+
+
 def _check_tp(tp: int, named: list, catalog: list) -> None:
     """--tp must be a TP degree of every machine the user named, or of at least one catalog
     machine when none was named: bad input, exit 2."""
@@ -240,7 +268,9 @@ def _servable(trace, model, engine, token_machines, tp, prompt_machines=()):
         raise InfeasibleError(f"no request can be served: {report['reason']}")
     keep = ~too_long
     return dataclasses.replace(trace, arrival_s=trace.arrival_s[keep] - trace.arrival_s[keep][0],
-                               prompt_tokens=trace.prompt_tokens[keep], output_tokens=trace.output_tokens[keep]), report
+                               prompt_tokens=trace.prompt_tokens[keep], output_tokens=trace.output_tokens[keep],
+                               cached_tokens=None if trace.cached_tokens is None else trace.cached_tokens[keep],
+                               prefix=None if trace.prefix is None else trace.prefix.take(keep)), report
 
 
 def _size_one(problem, task):

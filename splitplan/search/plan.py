@@ -30,6 +30,7 @@ from splitplan.capacity.pools import (
     colocated_estimate,
     colocated_pool,
     decode_pool,
+    PrefixModel,
     prompt_queue_ttft_s,
     smallest_count,
 )
@@ -83,7 +84,8 @@ class Option:
 class Pool:
     """`machines` machines of `hardware` holding `instances` instances in `layout` (`gpus` GPUs
     bought); `utilization`, where predicted or simulated, is the busy fraction of its instances
-    (time running an iteration / instances x the trace's first arrival to its last finish). A
+    (time running an iteration / instances x the trace's first arrival to its last finish);
+    `prefix_hit_rate`, with prefix caching, the share of its prompt tokens its caches held. A
     pool is the same pool whatever its utilization."""
 
     hardware: str
@@ -92,12 +94,13 @@ class Pool:
     instances: int = field(compare=False)
     gpus: int = field(compare=False)
     utilization: float | None = field(default=None, compare=False)
+    prefix_hit_rate: float | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, hardware: str, gpus_per_machine: int, layout: Layout, machines: int,
-           utilization: float | None = None) -> "Pool":
+           utilization: float | None = None, prefix_hit_rate: float | None = None) -> "Pool":
         return cls(hardware, layout, machines, layout.instances_on(machines, gpus_per_machine),
-                   machines * gpus_per_machine, utilization)
+                   machines * gpus_per_machine, utilization, prefix_hit_rate)
 
     @property
     def tp(self) -> int:
@@ -146,6 +149,7 @@ class Problem:
     solver: str = "highs"  # the ILP's solver: highs (HiGHS via highspy) or cbc (the CBC PuLP 3 bundles)
     max_num_seqs: int | None = None  # requests running on one instance at once (None: no cap)
     chunked: bool = False  # the engine's scheduler: chunked prefill (else whole prompts first)
+    prefix: PrefixModel | None = None  # the engine's prefix caching over the trace's prefixes (None: off, or none recorded)
 
 
 def _lines(problem: Problem, metric: str) -> list[SloLine]:
@@ -217,7 +221,7 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
 
         def failing(n):
             ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, [(inst, n)], problem.max_batch_tokens, memo,
-                                       chunked=problem.chunked, max_seqs=problem.max_num_seqs)
+                                       chunked=problem.chunked, max_seqs=problem.max_num_seqs, prefix=problem.prefix)
             return _first_failing(problem, "ttft", ttft)
         alone = _first_failing(problem, "ttft", inst.prefill_time_s(t.prompt_tokens) + inst.engine.frontend_latency_s)
         if alone is not None:
@@ -267,8 +271,8 @@ def _mixed_failing(problem: Problem, values: dict):
 
 def _colocated_values(problem: Problem, key: OptionKey, inst: Instance, instances: int) -> dict:
     """`evaluate`'s values of a co-located pool of `instances` instances: the simulator's replay."""
-    values = colocated_pool(problem.trace, inst, instances, problem.max_batch_tokens, problem.max_num_seqs)
-    return {**values, "utilization": {key: values["utilization"]}}
+    values = colocated_pool(problem.trace, inst, instances, problem.max_batch_tokens, problem.max_num_seqs, problem.prefix)
+    return {**values, "utilization": {key: values["utilization"]}, "prefix_hit_rate": {key: values["prefix_hit_rate"]}}
 
 
 def simulated_option(problem: Problem, option: Option, replays: dict | None = None) -> Option:
@@ -317,12 +321,19 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     if replayed is None:
         batches = [memo.setdefault(("batch", k), BatchTimes(options[k].inst, t.prompt_tokens)) for k, _ in prompt_keys]
         busy: list = []
+        stats: list = []
         ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens, batches, busy,
-                                   chunked=problem.chunked, max_seqs=problem.max_num_seqs)
+                                   chunked=problem.chunked, max_seqs=problem.max_num_seqs, prefix=problem.prefix,
+                                   cache_stats=stats)
         _, durations, where = np.array(busy).T
         pool_of = np.repeat(np.arange(len(prompt)), [n for _, n in prompt])  # instance -> its pool
-        replayed = memo[("ttft", prompt_keys)] = ttft, np.bincount(pool_of[where.astype(int)], durations, len(prompt))
-    ttft, prompt_busy_s = replayed
+        hits = {}
+        if stats:  # each prompt pool's prefix hit rate: hit over looked-up tokens of its instances
+            hit, looked = np.array(stats, float).T
+            hits = {k: float(np.sum(hit[pool_of == m]) / max(np.sum(looked[pool_of == m]), 1.0))
+                    for m, (k, _) in enumerate(prompt_keys)}
+        replayed = memo[("ttft", prompt_keys)] = ttft, np.bincount(pool_of[where.astype(int)], durations, len(prompt)), hits
+    ttft, prompt_busy_s, hits = replayed
     src = max(prompt, key=lambda pair: pair[1])[0]
     # Requests go to token types in proportion to their capacity (a deterministic interleave).
     share = np.array([n / options[k].instances for k, (_, n) in zip(token_keys, token)])
@@ -347,7 +358,7 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     busy = np.array([utilization[k] for k in token_keys])[kind]  # each request's token instance's
     itl, tpot = _decode_gaps(t.output_tokens, decode_s, step_s, busy, src.engine.async_scheduling)
     return {"ttft": ttft, "tbt": tbt, "itl": itl, "tpot": tpot, "e2e": e2e, "kv_peak_fraction": kv_peak,
-            "utilization": utilization}
+            "utilization": utilization, "prefix_hit_rate": hits}
 
 
 def check(problem: Problem, values: dict) -> list[tuple[SloLine, float, bool]]:
@@ -437,8 +448,9 @@ def usd_per_million_tokens(cost_usd_per_hour: float, trace: Trace) -> dict:
 
 def _pools(counts: dict[OptionKey, int], options: dict[OptionKey, Option], values: dict) -> dict[Role, tuple[Pool, ...]]:
     """The plan's pools per role, each with its instances, GPUs and predicted utilization."""
-    return {role: tuple(Pool.of(k.hardware, options[k].inst.hardware.gpus_per_machine, k.layout, c, values["utilization"].get(k))
-                        for k, c in sorted(counts.items()) if k.role == role) for role in Role}
+    hits = values.get("prefix_hit_rate", {})
+    return {role: tuple(Pool.of(k.hardware, options[k].inst.hardware.gpus_per_machine, k.layout, c, values["utilization"].get(k),
+                                hits.get(k)) for k, c in sorted(counts.items()) if k.role == role) for role in Role}
 
 
 def make_plan(problem: Problem, counts: dict[OptionKey, int], options: dict[OptionKey, Option], repairs: int,

@@ -80,7 +80,9 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
                                         source=f"{workload.source} (open loop at {rate:.3g} req/s)")
         result = optimize(open_loop, model, slo, **kwargs)
         setup = Setup(model, slo, kwargs.get("engine", DEFAULT_ENGINE), kwargs.get("perf_db"), kwargs.get("max_batch_tokens"),
-                      kwargs.get("perf_interp", "splitplan"), max_num_seqs=kwargs.get("max_num_seqs"))
+                      kwargs.get("perf_interp", "splitplan"), max_num_seqs=kwargs.get("max_num_seqs"),
+                      prefix_caching=kwargs.get("prefix_caching"), routing=kwargs.get("routing", "jsq"),
+                      kv_offload_gb=kwargs.get("kv_offload_gb", 0.0))
         sim = setup.simulate(workload, plan_pools(result.plan), concurrency)
         met = sim.slo_met
         rounds_out.append({"planned_rate_rps": rate, "plan": plan_text(result.plan), "cost_usd_per_hour": result.plan.cost_usd_per_hour,

@@ -91,7 +91,7 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
     return _Cluster(trace, pools, options).run()
 
 
-_KV_ARRIVED, _ITERATION_END = int(Event.KV_ARRIVED), int(Event.ITERATION_END)  # plain ints on the hot path
+_KV_ARRIVED, _ITERATION_END, _PREFIX_LOADED = int(Event.KV_ARRIVED), int(Event.ITERATION_END), int(Event.PREFIX_LOADED)  # plain ints on the hot path
 
 
 class _Cluster:
@@ -132,12 +132,23 @@ class _Cluster:
         # prompt tokens prefilled so far: a prefix the engine's cache holds counts as done
         self.cached = [0] * self.n if trace.cached_tokens is None else np.minimum(trace.cached_tokens, trace.prompt_tokens - 1).tolist()
         self.done = list(self.cached)
-        # the engine's prefix cache, per instance that prefills (where the trace records prefixes)
+        # the engine's prefix cache, per instance (where the trace records prefixes): a prefilling one
+        # skips what it holds (with --kv-offload-gb, also what its host memory holds, loaded back
+        # first); a token instance receives only the KV it does not hold
         self.caches: dict[int, PrefixCache] = {}
+        self.host_bw = {k: (pool.perf.hardware.gpu.host_link_gbyte_per_s or 0.0) * 1e9 * pool.perf.layout.gpus
+                        for k, pool in enumerate(self.pools)}  # bytes/s each way, an instance's GPUs together
         if options.prefix_caching and trace.prefix is not None:
-            self.caches = {x.idx: PrefixCache(trace.prefix) for x in self.insts if x.role in (PROMPT, MIXED)}
+            block = self.pools[0].perf.engine.kv_block_tokens
+            for x in self.insts:
+                offload = options.kv_offload_gb * 1e9 / self.kv_bytes if x.role != TOKEN else 0.0
+                if offload and not self.host_bw[x.pool]:
+                    raise SpecError(f"--kv-offload-gb: hardware {x.perf.hardware.name} gives no gpu.host_link_gbyte_per_s "
+                                    "(its GPUs' link to host memory): add it to its hardware spec, with its source")
+                self.caches[x.idx] = PrefixCache(trace.prefix, block, offload)
             self.node = trace.prefix.request_node.tolist()
         self.looked = [False] * self.n  # its prefill has begun and looked its prefix up
+        self.pinned = [-1] * self.n  # the instance whose cache it pins a prefix in (-1: none)
         self.deferring = {k: pool.perf.engine.async_scheduling for k, pool in enumerate(self.pools)}
         self.plen = list(self.p)  # tokens to prefill: the prompt, or prompt and output so far when preempted
         self.base = [1] * self.n  # tokens the request had when it (last) joined a decode batch
@@ -243,10 +254,9 @@ class _Cluster:
         if inst.can_prefill and inst.queue:
             total = sq = 0
             if budget is None:  # whole prompts (less what the prefix cache holds), batched up to max_tokens
-                while inst.queue and (not prefill or (total + self.plen[inst.queue[0]] - self._begin(inst, inst.queue[0])
-                                                      <= self.max_tokens and len(prefill) < self.cap)):
+                while self._ready(inst, now) and (not prefill or (total + self.plen[inst.queue[0]] - self.done[inst.queue[0]]
+                                                                  <= self.max_tokens and len(prefill) < self.cap)):
                     i = inst.queue.popleft()
-                    self._begin(inst, i)
                     prefill.append(i)
                     d = self.done[i]
                     total += self.plen[i] - d
@@ -257,9 +267,9 @@ class _Cluster:
                 chunks = len(prefill)
             else:  # chunked: the decodes first, then prompt tokens up to the budget
                 room = budget - inst.batch
-                while inst.queue and room > 0 and chunks < self.cap:
+                while room > 0 and chunks < self.cap and self._ready(inst, now):
                     i = inst.queue[0]
-                    d = self._begin(inst, i)
+                    d = self.done[i]
                     if d == self.cached[i] and not self.resumed[i]:
                         self.prefill_start[i] = now
                     c = min(self.plen[i] - d, room)
@@ -300,28 +310,64 @@ class _Cluster:
         self.seq += 1
         heapq.heappush(self.heap, (now + duration, self.seq, _ITERATION_END, inst.idx, None))
 
-    def _begin(self, inst: InstanceState, i: int) -> int:
-        """Request i's prompt tokens prefilled so far; when its prefill first comes up on a
-        prefix-caching instance, the leading tokens the cache holds, which it then keeps (pinned)."""
-        if not self.looked[i] and not self.resumed[i]:
-            self.looked[i] = True
-            cache = self.caches.get(inst.idx)
-            if cache is not None and self.node[i] >= 0:
-                self.cached[i] = self.done[i] = cache.match(self.node[i], self.p[i])
-                cache.pin(self.node[i])
-        return self.done[i]
+    def _ready(self, inst: InstanceState, now: float) -> bool:
+        """Whether inst's prompt queue has a head to prefill now, its prefix looked up (`_lookup`)."""
+        queue = inst.queue
+        if self.caches:
+            while queue and not self._lookup(inst, queue[0], now):
+                queue.popleft()  # (back at the head once its prefix is loaded)
+        return bool(queue)
+
+    def _lookup(self, inst: InstanceState, i: int, now: float) -> bool:
+        """When request i's prefill first comes up on a prefix-caching instance, the leading tokens
+        its cache holds count as prefilled, and it keeps them (pinned). False when some of them are
+        in host memory: they are loaded over the instance's host link (FIFO) first, and the request
+        returns to the head of the queue when they are (an event)."""
+        if self.looked[i] or self.resumed[i]:
+            return True
+        self.looked[i] = True
+        cache = self.caches.get(inst.idx)
+        if cache is None or self.node[i] < 0:
+            return True
+        hit, loaded = cache.match(self.node[i], self.p[i])
+        self.cached[i] = self.done[i] = hit
+        self._pin(inst, i)
+        if not loaded:
+            return True
+        inst.host_free = max(now, inst.host_free) + loaded * self.kv_bytes / self.host_bw[inst.pool]
+        self._push(inst.host_free, _PREFIX_LOADED, inst.idx, i)
+        return False
+
+    def _prefix_loaded(self, inst: InstanceState, i: int, now: float):
+        """Request i's prefix is back from host memory: it rejoins the head of the prompt queue."""
+        inst.queue.appendleft(i)
+        if not inst.running:
+            self._start(inst, now)
+
+    def _pin(self, inst: InstanceState, i: int) -> None:
+        self.caches[inst.idx].pin(self.node[i])
+        self.pinned[i] = inst.idx
 
     def _unpin(self, inst: InstanceState, i: int, now: float) -> None:
         """Request i no longer uses its prefix on inst (its KV left the instance): evictable."""
+        if self.pinned[i] == inst.idx:
+            self.caches[inst.idx].unpin(self.node[i], now)
+            self.pinned[i] = -1
+
+    def _keep(self, inst: InstanceState, i: int, now: float) -> None:
+        """Request i's prompt KV is computed (or received) on inst: its cache keeps it."""
         cache = self.caches.get(inst.idx)
         if cache is not None and self.node[i] >= 0:
-            cache.unpin(self.node[i], now)
+            cache.insert(self.node[i], now)
 
     def _cache_room(self, inst: InstanceState) -> None:
-        """The cache keeps what the running requests leave of the instance's KV memory."""
+        """The cache keeps what the running requests leave of the instance's KV memory (a prompt
+        instance's running prefills hold their pinned prefixes; a token instance's requests the KV
+        they reserved)."""
         cache = self.caches.get(inst.idx)
-        if cache is not None:  # (a prompt instance's running prefills hold their pinned prefixes)
-            held = inst.kv_used + inst.ctx if inst.role == MIXED else cache.resident_tokens - cache.free_tokens
+        if cache is not None:
+            held = (inst.kv_used + inst.ctx if inst.role == MIXED else inst.kv_used if inst.role == TOKEN
+                    else cache.resident_tokens - cache.free_tokens)
             cache.evict(inst.kv_cap - held)
 
     def _admit(self, inst: InstanceState, now: float):
@@ -340,6 +386,7 @@ class _Cluster:
                 self.rejected[i] = True
                 if mixed:
                     self.prompt_load[self.p_pos[inst.idx]] -= self.p[i]
+                self._unpin(inst, i, now)
                 self._unassign(inst, i)
                 self._release_client(now)
                 continue
@@ -402,11 +449,9 @@ class _Cluster:
             self.resumed[i] = False
             return
         self.ttft[i] = now - self.arrival[i]
-        cache = self.caches.get(inst.idx)
-        if cache is not None and self.node[i] >= 0:  # its prompt's KV is computed: cached, in use while it decodes here
-            cache.insert(self.node[i], now)
-            if self.o[i] == 1 or self.t_inst[i] != inst.idx:
-                self._unpin(inst, i, now)
+        self._keep(inst, i, now)  # (in use while it decodes here)
+        if self.o[i] == 1 or self.t_inst[i] != inst.idx:
+            self._unpin(inst, i, now)
         if self.o[i] == 1:  # the first token was the whole answer
             self._finish(i, now)
             self._unassign(self.insts[self.t_inst[i]], i)
@@ -417,8 +462,12 @@ class _Cluster:
             inst.kv_used -= self.plen[i]  # now counted in the batch's context
             self._join(inst, i, now)
             return
+        sent = self.p[i]
+        if tok.idx in self.caches and self.node[i] >= 0:  # the blocks the token instance holds are not sent
+            sent -= self.caches[tok.idx].match(self.node[i], self.p[i])[0]
+            self._pin(tok, i)
         bw = min(inst.bw, tok.bw)
-        duration = self.p[i] * self.kv_bytes / bw
+        duration = sent * self.kv_bytes / bw
         latency = inst.perf.factors.kv_transfer_latency_s
         busy_until = max(inst.link_free, tok.link_free)  # both NICs carry the transfer
         if self.p[i] < inst.perf.engine.layerwise_transfer_min_tokens:
@@ -450,10 +499,12 @@ class _Cluster:
             events += 1
             if log is not None:
                 log.append((now, Event(kind), a, b))
-            if kind == _KV_ARRIVED:
+            if kind == _ITERATION_END:
+                iteration_end(insts[a], now)
+            elif kind == _KV_ARRIVED:
                 kv_arrived(insts[a], b, now)
             else:
-                iteration_end(insts[a], now)
+                self._prefix_loaded(insts[a], b, now)
         self.events = events
         return self._result()
 
@@ -531,9 +582,10 @@ class _Cluster:
             for i in inst.finishing.pop(inst.iters, ()):
                 if inst.role == MIXED:
                     inst.members.remove(i)
-                    self._unpin(inst, i, now)
                 else:
                     inst.kv_used -= p[i] + o[i]
+                    self._keep(inst, i, now)  # (a token instance: the prompt it received)
+                self._unpin(inst, i, now)
                 inst.batch -= 1
                 inst.ctx -= p[i] + o[i]
                 self._unassign(inst, i)
@@ -587,7 +639,7 @@ class _Cluster:
             np.array(self.kv_ready) - (self.trace.arrival_s + np.array(self.ttft)), np.array(self.join_time) - np.array(self.kv_ready),
             np.array(self.p_inst), np.array(self.t_inst), np.array(self.rejected), self.tokens_out, span,
             [InstanceStats(x.pool, Role(x.role), x.prefill_s, x.decode_s, x.batch_integral,
-                           *((c.hit_tokens, c.lookup_tokens) if (c := self.caches.get(x.idx)) else (0, 0)))
+                           *((c.hit_tokens, c.lookup_tokens, c.loaded_tokens) if (c := self.caches.get(x.idx)) else (0, 0, 0)))
              for x in self.insts], self.events,
             [f"{x.role}:{x.perf.hardware.name}:{x.perf.layout.spec}:{x.idx}" for x in self.insts], self.preemptions, self.log,
             np.array(self.refused), itl, warmup,

@@ -5,19 +5,31 @@ What is resident is closed under ancestors (a node is kept only behind its whole
 leaves are evicted), so a request's hit is the depth of the deepest resident node on its path. A
 node some running request uses is pinned (its KV is that request's, counted with it) and cannot
 be evicted; the rest (`free_tokens`) lives in the KV memory the running requests leave, and
-`evict(limit)` drops least recently used leaves until it fits. A cache knows nothing of time but
-the stamps it is given.
+`evict(limit)` drops least recently used leaves until it fits. A prefix is reused in whole blocks of
+the engine's `block_tokens`, and never the prompt's last token (vLLM computes it to sample from).
+
+An optional second tier in host memory (`cpu_tokens`, vLLM's `--kv-offloading-size`, SGLang's
+HiCache) is written through, as vLLM's offloading connector stores each computed block: every
+inserted node is copied there too, least recently used dropped when it is full. A lookup then hits
+as deep as the path is held in either tier, the part beyond the GPU tier to be loaded over the
+host link first (`match`'s second value). A cache knows nothing of time but the stamps it is given.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 
 from splitplan.workload.prefix import PrefixTree
 
 
 class PrefixCache:
-    def __init__(self, tree: PrefixTree):
+    def __init__(self, tree: PrefixTree, block_tokens: int = 1, cpu_tokens: float = 0.0):
+        self.block = block_tokens
+        self.cpu_cap = cpu_tokens
+        self.cpu: OrderedDict[int, None] = OrderedDict()  # nodes held in host memory, least recently used first
+        self.cpu_used = 0  # their tokens
+        self.loaded_tokens = 0  # total of `match`'s tokens to load from host memory
         self.parent = tree.parent.tolist()
         self.tokens = tree.tokens.tolist()
         self.depth = tree.depth.tolist()
@@ -30,19 +42,40 @@ class PrefixCache:
         self._heap: list = []  # (last use, -depth, node): eviction candidates, stale entries skipped
         self.evicted = 0
 
-    def peek(self, node: int, prompt_tokens: int) -> int:
-        """Leading prompt tokens resident for a request whose prefix ends at `node` (at most the
-        prompt less one: the last token is always computed)."""
+    def _gpu_depth(self, node: int) -> int:
         while node >= 0 and node not in self.last_use:
             node = self.parent[node]
-        return min(self.depth[node], prompt_tokens - 1) if node >= 0 else 0
+        return self.depth[node] if node >= 0 else 0
 
-    def match(self, node: int, prompt_tokens: int) -> int:
-        """`peek`, counted in the hit rate (a prefill begins)."""
+    def _depth(self, node: int) -> int:
+        """Tokens of the longest prefix of `node`'s path held in either tier."""
+        if not self.cpu:
+            return self._gpu_depth(node)
+        held = 0
+        for n in reversed(self._path(node)):
+            if n not in self.last_use and n not in self.cpu:
+                break
+            held = self.depth[n]
+        return held
+
+    def peek(self, node: int, prompt_tokens: int) -> int:
+        """Leading prompt tokens cached for a request whose prefix ends at `node`: whole blocks,
+        at most the prompt less one."""
+        return min(self._depth(node), prompt_tokens - 1) // self.block * self.block
+
+    def match(self, node: int, prompt_tokens: int) -> tuple[int, int]:
+        """`peek`, counted in the hit rate (a prefill begins), and how many of those tokens come
+        from host memory (to be loaded before the prefill)."""
         hit = self.peek(node, prompt_tokens)
+        loaded = max(hit - self._gpu_depth(node), 0)
         self.hit_tokens += hit
         self.lookup_tokens += prompt_tokens
-        return hit
+        self.loaded_tokens += loaded
+        if loaded:
+            for n in reversed(self._path(node)):  # (root first: the deepest is the most recently used)
+                if n in self.cpu:
+                    self.cpu.move_to_end(n)
+        return hit, loaded
 
     def _path(self, node: int) -> list[int]:
         path = []
@@ -63,6 +96,19 @@ class PrefixCache:
                     self.free_tokens += self.tokens[n]
             self.last_use[n] = now
             self._candidate(n)
+        if self.cpu_cap:
+            self._write_through(node)
+
+    def _write_through(self, node: int) -> None:
+        for n in reversed(self._path(node)):  # (root first: the last one used is the deepest)
+            if n in self.cpu:
+                self.cpu.move_to_end(n)
+            elif self.tokens[n] <= self.cpu_cap:
+                self.cpu[n] = None
+                self.cpu_used += self.tokens[n]
+        while self.cpu_used > self.cpu_cap:
+            n, _ = self.cpu.popitem(last=False)
+            self.cpu_used -= self.tokens[n]
 
     def pin(self, node: int) -> None:
         """A running request uses the (resident) path to `node`."""

@@ -24,6 +24,7 @@ class Event(IntEnum):
     ARRIVAL = 1  # a request arrives and is routed
     KV_ARRIVED = 2  # a request's KV reached its token instance
     ITERATION_END = 3  # an instance finished an iteration
+    PREFIX_LOADED = 4  # a request's cached prefix came back from host memory (--kv-offload-gb)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class SimOptions:
     # A prefix cache per prefilling instance (sim.prefix_cache), where the trace records shared
     # prefixes (Trace.prefix): the engine's automatic prefix caching.
     prefix_caching: bool = False
+    # With prefix caching, each prefilling instance also keeps prefixes in this much host memory (GB),
+    # written through and loaded back over its GPUs' host links (hardware gpu.host_link_gbyte_per_s).
+    kv_offload_gb: float = 0.0
 
 
 class InstanceState:
@@ -72,7 +76,7 @@ class InstanceState:
 
     __slots__ = ("idx", "pool", "role", "perf", "can_prefill", "queue",
                  "waiting", "kv_cap", "max_request", "kv_used", "kv_committed", "members", "batch", "ctx", "iters", "ends", "finishing", "running", "link_free",
-                 "bw", "prefill_s", "decode_s", "batch_integral", "run_prefill", "steps", "launch", "fixed", "deferred")
+                 "host_free", "bw", "prefill_s", "decode_s", "batch_integral", "run_prefill", "steps", "launch", "fixed", "deferred")
 
     def __init__(self, idx, pool, role, perf, bw):
         self.idx, self.pool, self.role, self.perf = idx, pool, role, perf
@@ -91,6 +95,7 @@ class InstanceState:
         self.finishing: dict[int, list[int]] = {}
         self.running = False
         self.link_free = 0.0
+        self.host_free = 0.0  # when its host link is free (loads from host memory, FIFO)
         self.bw = bw
         self.prefill_s = 0.0  # time in iterations that hold a prefill
         self.decode_s = 0.0  # time in decode-only iterations
@@ -115,6 +120,7 @@ class InstanceStats:
     batch_integral: float  # decode batch size integrated over busy time (request-seconds)
     prefix_hit_tokens: int = 0  # prompt tokens its prefix cache held when their prefill began
     prefix_lookup_tokens: int = 0  # prompt tokens of the prefills it looked up (0: no cache)
+    prefix_loaded_tokens: int = 0  # of the hit tokens, those loaded from host memory (--kv-offload-gb)
 
 
 @dataclass

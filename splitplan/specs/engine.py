@@ -101,6 +101,14 @@ class EngineProfile(BaseModel):
     # --max-model-len / --context-length; longer ones are refused. None: the model's context window
     # (max_position_embeddings), those engines' default.
     max_model_len: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    # Automatic prefix caching: each instance keeps computed prompt prefixes in the KV memory its
+    # requests leave and skips them (vLLM's `enable_prefix_caching`, SGLang's radix cache, TensorRT-LLM's
+    # `enable_block_reuse`: on by default in each). A prefix is reused in whole blocks of
+    # `kv_block_tokens` (vLLM: 16, SGLang: a page of 1, TensorRT-LLM: 32). `--prefix-caching on|off`
+    # overrides it; a trace that records no prefixes shares none either way.
+    prefix_caching: bool = False
+    kv_block_tokens: Annotated[int, Field(ge=1, le=4096)] = 16
+    prefix_caching_source: str = ""
     defaults: EngineFactors = EngineFactors()
     hardware_overrides: dict[str, EngineFactors] = {}
     # Where each machine type's factors come from (a measurement, or "estimate: ..."), by machine name.

@@ -40,6 +40,10 @@ class GpuSpec(BaseModel):
     idle_w: Annotated[float, Field(ge=0, le=10_000)]
     decode_w: Annotated[float, Field(gt=0, le=10_000)] | None = None
     intra_node_bidir_gbyte_per_s: Annotated[float, Field(gt=0, le=100_000)]
+    # One GPU's link to host memory, each direction (PCIe, or NVLink-C2C on Grace systems): what
+    # KV blocks kept in host memory (`--kv-offload-gb`) are loaded back over. None: not known.
+    host_link_gbyte_per_s: Annotated[float, Field(gt=0, le=100_000)] | None = None
+    host_link_source: str = ""
     source: str
     source_date: str
     # Power-limited clocks: under sustained dense tensor-core work (prefill) the GPU holds its
