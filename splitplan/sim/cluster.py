@@ -368,7 +368,8 @@ class _Cluster:
         if cache is not None:
             held = (inst.kv_used + inst.ctx if inst.role == MIXED else inst.kv_used if inst.role == TOKEN
                     else cache.resident_tokens - cache.free_tokens)
-            cache.evict(inst.kv_cap - held)
+            if cache.free_tokens > inst.kv_cap - held:
+                cache.evict(inst.kv_cap - held)
 
     def _admit(self, inst: InstanceState, now: float):
         """Take waiting requests, in order, while their KV fits.

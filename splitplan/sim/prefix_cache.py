@@ -131,7 +131,9 @@ class PrefixCache:
                 self._candidate(n)
 
     def _candidate(self, n: int) -> None:
-        heapq.heappush(self._heap, (self.last_use[n], -self.depth[n], n))
+        """n may be evicted now (a leaf no request pins): on the heap, at its last use."""
+        if not self.kids[n] and not self.pins.get(n):
+            heapq.heappush(self._heap, (self.last_use[n], -self.depth[n], n))
 
     def evict(self, limit_tokens: float) -> None:
         """Drop least recently used unpinned leaves until the unpinned tokens fit `limit_tokens`."""
@@ -148,5 +150,4 @@ class PrefixCache:
             up = self.parent[n]
             if up >= 0:
                 self.kids[up] -= 1
-                if not self.kids[up] and not self.pins.get(up):
-                    self._candidate(up)
+                self._candidate(up)
