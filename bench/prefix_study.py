@@ -15,8 +15,8 @@ Workloads:
 Each on its busiest stretch of `--max-requests` requests, planned by `splitplan optimize` four
 ways: the cache off; on (join-shortest-queue routing); on with prefix-aware routing; and that with
 a host-memory tier of `--offload-gb` GB per prefilling instance. Printed per row: the prompt
-pool's hit rate as the planner's replay saw it, the prompt instances the best split plan's
-option needs alone (before whole machines), the split plan, its cost, and the recommended plan
+pool's hit rate as the planner's replay saw it, the prompt instances each prompt layout needs
+alone (before whole machines), the best split plan, its cost, and the recommended plan
 (split or co-located) with its cost; `--validate` is not run (see the simulator's agreement in
 tests/sim/test_prefix_cache.py, exact for prompt pools).
 """
@@ -66,7 +66,7 @@ def main() -> None:
     if args.quick:
         loads, ways = loads[:1], ways[:2]
     print(f"{args.hardware}, SLO {args.slo}\n")
-    print("| workload | cache | prompt hit % | prompt instances (alone) | split plan | split $/h | plan | $/h | s |")
+    print("| workload | cache | prompt hit % | prompt instances needed alone | split plan | split $/h | plan | $/h | s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, trace, source in loads:
         model = args.mooncake_model if source == "mooncake" else args.azure_model
@@ -76,7 +76,8 @@ def main() -> None:
             seconds = time.perf_counter() - start
             split = result.split
             hits = [p.prefix_hit_rate for p in split.prompt_pools if p.prefix_hit_rate is not None] if split else []
-            alone = min((o.instances for o in result.options if o.role == Role.PROMPT and o.instances), default=None)
+            alone = ", ".join(f"{o.inst.layout}: {o.instances}" for o in result.options
+                              if o.role == Role.PROMPT and o.instances)  # (each prompt layout sized alone)
             plan = result.plan
             kind = "co-located " if plan.mixed_pools else ""
             head = f"| {name}, {model} ({len(trace):,} requests, {trace.mean_rate_rps:.2g} req/s) | {way} |"

@@ -80,9 +80,9 @@ class BatchTimes:
 @dataclass(frozen=True)
 class PrefixModel:
     """The engine's prefix caching in the prompt replay: the trace's prefixes, reused in blocks of
-    `block_tokens`; `offload_gb` of host memory per instance (write-through, loaded back over its
-    GPUs' host links; the replay charges a load to the pass that needs it, where the simulator
-    holds back only the request); `prefix_aware` routing."""
+    `block_tokens`; `offload_gb` of host memory per instance (write-through; a hit there is loaded
+    back over the instance's GPUs' host links, FIFO, the request out of its queue meanwhile, as
+    the simulator holds it back); `prefix_aware` routing."""
 
     tree: PrefixTree
     block_tokens: int = 1
@@ -131,7 +131,7 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     load = [0] * len(kind)  # pending prompt tokens per instance
     queues = [deque() for _ in kind]
     running: list = [None] * len(kind)  # (requests, tokens) of the batch in flight
-    heap: list = []  # (end time, instance)
+    heap: list = []  # (time, instance, -1): a batch ends; (time, instance, request): its prefix is loaded
     arrival = arrival_s.tolist()
     tokens = prompt_tokens.tolist()
 
@@ -145,17 +145,24 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     caches = [prefix.cache(pools[k][0]) for k in kind] if prefix is not None else None
     node = prefix.tree.request_node.tolist() if prefix is not None else None
     looked = [False] * n_req
-    load_s = [0.0] * len(kind)  # host-memory loads the instance's next pass waits for
+    host_free = [0.0] * len(kind)  # when the instance's host link is free (loads from host memory)
     per_token_s = [PrefixModel.kv_bytes(inst) / (PrefixModel.host_bytes_per_s(inst) or np.inf) for inst, _ in pools]
     kv_cap = [pools[k][0].fit.kv_capacity_tokens for k in kind]
 
-    def lookup(j: int, i: int) -> None:
-        """Request i's prefill comes up on instance j: its cache's hit counts as prefilled (pinned)."""
+    def ready(j: int, i: int, now: float) -> bool:
+        """Request i's prefill comes up on instance j: its cache's hit counts as prefilled (pinned).
+        False when part of it is in host memory: it leaves the queue until that is loaded."""
         looked[i] = True
-        if node[i] >= 0:
-            done[i], loaded = caches[j].match(node[i], tokens[i])
-            caches[j].pin(node[i])
-            load_s[j] += loaded * per_token_s[kind[j]]
+        if node[i] < 0:
+            return True
+        done[i], loaded = caches[j].match(node[i], tokens[i])
+        caches[j].pin(node[i])
+        if not loaded:
+            return True
+        host_free[j] = max(now, host_free[j]) + loaded * per_token_s[kind[j]]
+        heapq.heappush(heap, (host_free[j], j, i))
+        queues[j].popleft()
+        return False
 
     def start(j: int, now: float) -> None:
         queue = queues[j]
@@ -166,8 +173,8 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
             members, total, sq, seqs, room, whole = [], 0, 0, 0, max_batch_tokens, 0
             while queue and room > 0 and seqs < cap and tag[queue[0]] < launch[j]:
                 i = queue[0]
-                if caches is not None and not looked[i]:
-                    lookup(j, i)
+                if caches is not None and not looked[i] and not ready(j, i, now):
+                    continue
                 d, size = done[i], tokens[i]
                 c = min(size - d, room)
                 total += c
@@ -179,6 +186,8 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
                     break
                 members.append(queue.popleft())
                 whole += size
+            if not seqs:  # (every head went to load its prefix)
+                return idle(j, now)
             if seqs == 1 and total == whole:  # one whole prompt: its time is known
                 duration = times[kind[j]].single[members[0]]
             else:
@@ -200,31 +209,41 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
                 i = queue[0]
                 if members and tag[i] >= launch[j]:  # (not yet in the simulator's queue)
                     break
-                if not looked[i]:
-                    lookup(j, i)
+                if not looked[i] and not ready(j, i, now):
+                    continue
                 if members and not (total + tokens[i] - done[i] <= max_batch_tokens and len(members) < cap):
                     break
                 members.append(queue.popleft())
                 total += tokens[i] - done[i]
                 sq += tokens[i] * tokens[i] - done[i] * done[i]
                 whole += tokens[i]
+            if not members:
+                return idle(j, now)
             duration = (times[kind[j]].single[members[0]] if total == whole == tokens[members[0]]
                         else times[kind[j]].pass_s(len(members), total, sq))
             total = whole
-        if load_s[j]:
-            duration += load_s[j]
-            load_s[j] = 0.0
         running[j] = (members, total)
         if deferring:
             launch[j] += 1
             fixed[j] = bool(queue)
         if busy is not None:
             busy.append((now, duration, j))
-        heapq.heappush(heap, (now + duration, j))
+        heapq.heappush(heap, (now + duration, j, -1))
+
+    def idle(j: int, now: float) -> None:
+        """Nothing to run on j now; requests held back by async scheduling join at once."""
+        if deferring and queues[j]:
+            start(j, now)
 
     def finish_until(now: float) -> None:
         while heap and heap[0][0] <= now:
-            end, j = heapq.heappop(heap)
+            end, j, loaded = heapq.heappop(heap)
+            if loaded >= 0:  # its prefix is back from host memory: at the head of the queue
+                queues[j].appendleft(loaded)
+                tag[loaded] = -1
+                if running[j] is None:
+                    start(j, end)
+                continue
             members, total = running[j]
             for i in members:
                 finish_at[i] = end

@@ -207,17 +207,20 @@ def test_prefix_aware_routing_needs_the_cache():
     assert out.exit_code == 2 and out.output.startswith("error: --kv-offload-gb -1: must be >= 0"), out.output
 
 
-@settings(max_examples=6, deadline=None)
+@pytest.mark.parametrize("memory, offload_gb", [(0.4, 0.0), (0.9, 0.0), (0.3, 20.0)])
+@settings(max_examples=3, deadline=None)
 @given(st.integers(0, 10_000), st.sampled_from([0.5, 1.5]), st.sampled_from([2048, 8192]), st.booleans(),
-       st.sampled_from(["jsq", "prefix-aware"]), st.sampled_from([0.4, 0.9]))
-def test_the_planners_prompt_replay_caches_as_the_simulator(seed, gap_s, budget, chunked, routing, memory):
+       st.sampled_from(["jsq", "prefix-aware"]))
+def test_the_planners_prompt_replay_caches_as_the_simulator(memory, offload_gb, seed, gap_s, budget, chunked, routing):
     """Issue 29, item 3: the planner's prompt replay keeps a cache per instance as the simulator
-    does (the same class, looked up, kept and evicted at the same moments, routed the same way):
-    the same TTFT, request by request, and the same hit rate, at a memory that evicts or not."""
+    does (the same class, looked up, kept and evicted at the same moments, routed the same way,
+    host-memory hits loaded first): the same TTFT, request by request, and the same hit rate, at
+    a memory that evicts or not (Mooncake's first requests), and with a host tier (30 system
+    prompts of 3,000 tokens in turn: more than the GPU tier holds, less than the host's)."""
     from splitplan.capacity.pools import PrefixModel, prompt_queue_ttft_s
     rng = np.random.default_rng(seed)
-    base = _trace(300, gap_s)
-    trace = dataclasses.replace(base, arrival_s=np.sort(rng.uniform(0, 300 * gap_s, 300)))
+    base = _trace(300, gap_s) if not offload_gb else with_shared_prefix(_trace(300, gap_s, 4000, 20, prefix=False), 3000, 30)
+    trace = dataclasses.replace(base, arrival_s=np.sort(rng.uniform(0, 300 * gap_s * (1 if not offload_gb else 0.2), 300)))
     update = {"memory_usable_fraction": memory, "scheduler": "chunked" if chunked else "prefill-priority"}
     first, second = (Instance(load_model("llama3.1-8b"), load_hardware(hw), load_engine("vllm").model_copy(update=update), 1)
                      for hw in ("h100-80gb", "a100-80gb"))
@@ -225,14 +228,16 @@ def test_the_planners_prompt_replay_caches_as_the_simulator(seed, gap_s, budget,
     trace = dataclasses.replace(trace, arrival_s=trace.arrival_s[keep], prompt_tokens=trace.prompt_tokens[keep],
                                 output_tokens=trace.output_tokens[keep], prefix=trace.prefix.take(keep))
     pools = [PoolSpec(Role.PROMPT, first, 1, 2), PoolSpec(Role.PROMPT, second, 1, 1), PoolSpec(Role.TOKEN, first, 1, 4)]
-    cluster = _Cluster(trace, pools, SimOptions(max_batch_tokens=budget, prefix_caching=True, routing=routing))
+    cluster = _Cluster(trace, pools, SimOptions(max_batch_tokens=budget, prefix_caching=True, routing=routing,
+                                                kv_offload_gb=offload_gb))
     simulated = cluster.run()
     stats: list = []
     planned = prompt_queue_ttft_s(trace.arrival_s, trace.prompt_tokens, [(first, 2), (second, 1)], budget, chunked=chunked,
-                                  prefix=PrefixModel(trace.prefix, 16, 0.0, routing == "prefix-aware"), cache_stats=stats)
+                                  prefix=PrefixModel(trace.prefix, 16, offload_gb, routing == "prefix-aware"), cache_stats=stats)
     assert np.allclose(planned, simulated.ttft_s, rtol=1e-12, atol=1e-12)
-    assert stats == [(c.hit_tokens, c.lookup_tokens) for c in list(cluster.caches.values())[:3]]
-    assert sum(hit for hit, _ in stats) > 0
+    caches = list(cluster.caches.values())[:3]
+    assert stats == [(c.hit_tokens, c.lookup_tokens) for c in caches]
+    assert sum(hit for hit, _ in stats) > 0 and (sum(c.loaded_tokens for c in caches) > 0) == (offload_gb > 0)
 
 
 def test_the_planner_sizes_prompt_pools_with_the_hit_rate():
