@@ -152,6 +152,9 @@ class Inputs(BaseModel):
     engine: Name
     max_batch_tokens: Annotated[int, Field(ge=1, le=limits.MAX_REQUEST_TOKENS)] = MAX_BATCH_TOKENS
     max_num_seqs: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    prefix_caching: Literal["on", "off"] | None = None
+    routing: Literal["jsq", "round-robin", "prefix-aware"] | None = None
+    kv_offload_gb: Annotated[float, Field(ge=0, le=1e6)] | None = None
 
 
 class SpecCopy(BaseModel):

@@ -484,9 +484,9 @@ PREFIX_CACHING = typer.Option(None, "--prefix-caching", help="on or off (default
                               "engines): each instance keeps the prefixes the trace records (prefix_id, session_id, hash_ids, "
                               "--shared-prefix-tokens) in the KV memory its requests leave, least recently used evicted "
                               "first; a prefill skips what it holds, a KV transfer what its token instance holds.")
-KV_OFFLOAD_GB = typer.Option(0.0, "--kv-offload-gb", help="With prefix caching: host memory (GB) per prefilling instance "
+KV_OFFLOAD_GB = typer.Option(None, "--kv-offload-gb", help="With prefix caching: host memory (GB) per prefilling instance "
                              "that also keeps prefixes (written through, loaded back over its GPUs' host links at the "
-                             "hardware spec's bandwidth), as vLLM's --kv-offloading-size.")
+                             "hardware spec's bandwidth), as vLLM's --kv-offloading-size (default 0: none).")
 
 
 def cache_switch(value: str | None) -> bool | None:
@@ -494,6 +494,15 @@ def cache_switch(value: str | None) -> bool | None:
     if value not in (None, "on", "off"):
         raise SpecError(f"--prefix-caching {value}: choose on or off")
     return None if value is None else value == "on"
+
+
+def cache_settings(echo: dict, prefix_caching: str | None, routing: str | None,
+                   kv_offload_gb: float | None) -> tuple[bool | None, str, float]:
+    """Prefix caching (None: the engine profile's), routing and host-memory tier of a run: the
+    options given, else the plan's (its `inputs`, typed by plan_document.Inputs), else the defaults."""
+    caching = cache_switch(prefix_caching if prefix_caching is not None else echo.get("prefix_caching"))
+    offload = kv_offload_gb if kv_offload_gb is not None else echo.get("kv_offload_gb")
+    return caching, routing or echo.get("routing") or "jsq", float(offload or 0.0)
 
 
 def shared_prefix(trace, shared_tokens: int | None, groups: int | None):

@@ -94,7 +94,7 @@ def optimize(
     max_num_seqs: Optional[int] = MAX_NUM_SEQS,
     prefix_caching: Optional[str] = PREFIX_CACHING,
     routing: str = typer.Option("jsq", "--routing", help="How prompts are routed: jsq (join-shortest-queue on pending prompt tokens) or prefix-aware (with prefix caching: the instance with the fewest prompt tokens to compute, as KV-aware routers route)."),
-    kv_offload_gb: float = KV_OFFLOAD_GB,
+    kv_offload_gb: Optional[float] = KV_OFFLOAD_GB,
     no_split: bool = typer.Option(False, "--no-split", help="Plan co-located machines (mixed batching), not split pools."),
     split_only: bool = typer.Option(False, "--split-only", help="Recommend the best split plan even where a co-located one is better under the objective (it is still compared)."),
     jobs: int = typer.Option(0, "--jobs", help="Processes for sizing pool options (0: one per core)."),
@@ -132,7 +132,7 @@ def optimize(
                   tp=tp, engine=engine, search=search.value, solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
                   max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs,
                   jobs=jobs_n, perf_db=str(perf_db) if perf_db else None, split_only=split_only, perf_interp=perf_interp,
-                  prefix_caching=cache_switch(prefix_caching), routing=routing, kv_offload_gb=kv_offload_gb)
+                  prefix_caching=cache_switch(prefix_caching), routing=routing, kv_offload_gb=kv_offload_gb or 0.0)
     if concurrency is None and (isl is not None or osl is not None or num_requests is not None):
         raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
     if concurrency is not None:

@@ -28,7 +28,7 @@ from splitplan.cli.common import (
     _emit_json,
     api,
     app,
-    cache_switch,
+    cache_settings,
     check_request_sizes,
     plan_input,
     plan_settings,
@@ -67,7 +67,7 @@ def simulate(
     perf_interp: str = typer.Option("splitplan", "--perf-interp", help="How --perf-db is read: splitplan (monotone batch and context curves) or splitwise-sim (its one batch-tokens axis, to compare with that simulator)."),
     max_batch_tokens: Optional[int] = MAX_NUM_BATCHED_TOKENS,
     max_num_seqs: Optional[int] = MAX_NUM_SEQS,
-    routing: str = typer.Option("jsq", "--routing", help="jsq (join-shortest-queue on pending tokens), round-robin, or prefix-aware (with --prefix-caching on: the instance with the fewest prompt tokens to compute, pending ones plus the request's less what its cache holds)."),
+    routing: Optional[str] = typer.Option(None, "--routing", help="jsq (join-shortest-queue on pending tokens; the default, or the plan's), round-robin, or prefix-aware (with --prefix-caching on: the instance with the fewest prompt tokens to compute, pending ones plus the request's less what its cache holds)."),
     borrow_threshold: Optional[int] = typer.Option(None, "--mixed-pool-threshold", help="Splitwise's mixed pool, both ways: prefill on a token machine when every prompt queue holds more than this many tokens; decode on a prompt machine when the token machine's KV is spoken for."),
     max_requests: int = typer.Option(1_000_000, "--max-requests", help="Longer traces are simulated on their busiest stretch of this many requests."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Closed loop, as serving benchmarks run: this many clients, each sending its next request when the last one finishes."),
@@ -75,20 +75,20 @@ def simulate(
     osl: Optional[int] = typer.Option(None, "--osl", help="With --concurrency: every request's output tokens (default: drawn from the trace)."),
     num_requests: Optional[int] = typer.Option(None, "--num-requests", help="With --concurrency: requests in the run (default 10 per client, at least 100)."),
     prefix_caching: Optional[str] = PREFIX_CACHING,
-    kv_offload_gb: float = KV_OFFLOAD_GB,
+    kv_offload_gb: Optional[float] = KV_OFFLOAD_GB,
     shared_prefix_tokens: Optional[int] = SHARED_PREFIX_TOKENS,
     prefix_groups: Optional[int] = PREFIX_GROUPS,
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write requests.csv and summary.json here."),
 ) -> None:
     """Replay a trace through a plan's machines request by request and check the SLO."""
-    caching = cache_switch(prefix_caching)
     pools, echo = plan_input(plan, prompt_pool, token_pool, mixed_pool)
     if not pools:
         raise SpecError("nothing to simulate: give --plan plan.json or --prompt-pool and --token-pool (or --mixed-pool)")
     model, slo, engine = plan_settings(echo, model, slo, engine)
     engine = with_precision(engine, weights, kv_cache)
     max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs, echo)
+    caching, routing, kv_offload_gb = cache_settings(echo, prefix_caching, routing, kv_offload_gb)
     trace = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
     if concurrency is None:
         if isl is not None or osl is not None or num_requests is not None:

@@ -312,3 +312,36 @@ def test_a_token_instance_receives_only_the_kv_it_does_not_hold():
     transfer = result.transfer_s - cluster.pools[0].perf.factors.kv_transfer_latency_s  # (the bytes' part)
     assert rows[1]["prefix_hit_rate"] > 0.8  # the token pool's: the share of prompt tokens not sent
     assert np.median(transfer[4:]) < 0.2 * transfer[0], transfer[:6]
+
+
+def test_a_plan_carries_its_cache_settings_to_simulate(tmp_path):
+    """optimize --routing prefix-aware --kv-offload-gb writes them in the plan's inputs; simulate --plan
+    runs with them (the options still win); a plan whose values are not the options' exits 2."""
+    from typer.testing import CliRunner
+
+    from splitplan.cli import app
+    runner = CliRunner()
+    trace = ["--trace", str(DATA / "mooncake_conversation.jsonl.gz"), "--max-requests", "200", "--model", "llama3.1-8b"]
+    out = runner.invoke(app, ["optimize", *trace, "--hardware", "h100-80gb", "--routing", "prefix-aware", "--kv-offload-gb",
+                              "50", "--output-dir", str(tmp_path), "--format", "json"])
+    assert out.exit_code == 0, out.output
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert {k: plan["inputs"][k] for k in ("prefix_caching", "routing", "kv_offload_gb")} == {
+        "prefix_caching": "on", "routing": "prefix-aware", "kv_offload_gb": 50.0}
+    pools = [p for key in ("prompt_pools", "mixed_pools") for p in plan["plan"].get(key, [])]
+    assert pools
+    assert all(p["prefix_hit_rate"] is not None for p in pools)
+    out = runner.invoke(app, ["simulate", "--plan", str(tmp_path / "plan.json"), *trace, "--format", "json"])
+    assert out.exit_code == 0, out.output
+    inputs = json.loads(out.output)["inputs"]
+    assert (inputs["prefix_caching"], inputs["routing"], inputs["kv_offload_gb"]) == ("on", "prefix-aware", 50.0)
+    out = runner.invoke(app, ["simulate", "--plan", str(tmp_path / "plan.json"), *trace, "--format", "json",
+                              "--routing", "jsq", "--kv-offload-gb", "0"])
+    inputs = json.loads(out.output)["inputs"]
+    assert (inputs["routing"], inputs["kv_offload_gb"]) == ("jsq", 0.0)
+    for key, bad in (("routing", "$(reboot)"), ("kv_offload_gb", -5), ("prefix_caching", True)):
+        hostile = json.loads((tmp_path / "plan.json").read_text())
+        hostile["inputs"][key] = bad
+        (tmp_path / "bad.json").write_text(json.dumps(hostile))
+        out = runner.invoke(app, ["simulate", "--plan", str(tmp_path / "bad.json"), *trace])
+        assert out.exit_code == 2 and out.output.startswith("error:") and key in out.output, out.output
