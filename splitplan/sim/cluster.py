@@ -322,12 +322,17 @@ class _Cluster:
         """When request i's prefill first comes up on a prefix-caching instance, the leading tokens
         its cache holds count as prefilled, and it keeps them (pinned). False when some of them are
         in host memory: they are loaded over the instance's host link (FIFO) first, and the request
-        returns to the head of the queue when they are (an event)."""
-        if self.looked[i] or self.resumed[i]:
+        returns to the head of the queue when they are (an event). A request recomputed after a
+        preemption skips what the GPU tier still holds of its prompt (not counted in the hit rate)."""
+        if self.looked[i]:
             return True
         self.looked[i] = True
         cache = self.caches.get(inst.idx)
         if cache is None or self.node[i] < 0:
+            return True
+        if self.resumed[i]:
+            self.done[i] = cache.resident(self.node[i], self.p[i])
+            self._pin(inst, i)
             return True
         hit, loaded = cache.match(self.node[i], self.p[i])
         self.cached[i] = self.done[i] = hit
@@ -431,6 +436,8 @@ class _Cluster:
         inst.ctx -= self.p[v] + have
         self.plen[v], self.base[v], self.done[v] = self.p[v] + have, have, 0
         self.resumed[v] = True
+        self._unpin(inst, v, now)  # (its prefix stays cached, evictable, until it is recomputed)
+        self.looked[v] = False
         self.preempted_at[v] = now
         self.preemptions += 1
         self.prompt_load[self.p_pos[inst.idx]] += self.plen[v]
@@ -439,6 +446,7 @@ class _Cluster:
     def _prefill_done(self, inst: InstanceState, i: int, now: float):
         if self.resumed[i]:  # recomputed after a preemption: its next token comes now
             self.stall[i] = max(self.stall[i], now - self.preempted_at[i])
+            self._keep(inst, i, now)
             inst.kv_used -= self.plen[i]
             self.base[i] += 1
             if self.base[i] == self.o[i]:  # that was its last token

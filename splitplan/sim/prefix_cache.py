@@ -63,6 +63,10 @@ class PrefixCache:
         at most the prompt less one."""
         return min(self._depth(node), prompt_tokens - 1) // self.block * self.block
 
+    def resident(self, node: int, prompt_tokens: int) -> int:
+        """`peek` in the GPU tier alone (not counted in the hit rate)."""
+        return min(self._gpu_depth(node), prompt_tokens - 1) // self.block * self.block
+
     def match(self, node: int, prompt_tokens: int) -> tuple[int, int]:
         """`peek`, counted in the hit rate (a prefill begins), and how many of those tokens come
         from host memory (to be loaded before the prefill)."""

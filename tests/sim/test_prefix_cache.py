@@ -345,3 +345,16 @@ def test_a_plan_carries_its_cache_settings_to_simulate(tmp_path):
         (tmp_path / "bad.json").write_text(json.dumps(hostile))
         out = runner.invoke(app, ["simulate", "--plan", str(tmp_path / "bad.json"), *trace])
         assert out.exit_code == 2 and out.output.startswith("error:") and key in out.output, out.output
+
+
+def test_a_preempted_request_lets_go_of_its_prefix_and_finds_it_again():
+    """A co-located instance short of KV memory preempts decodes: each lets go of its prefix (the
+    cache may evict it) and, recomputed, skips what is still held; at the end nothing is pinned and
+    every resident block is free, and every request finishes."""
+    shared = with_shared_prefix(_trace(60, 0.05, 6000, 2500, prefix=False), 5000, 3)
+    cluster, result, row = _run(shared, True, instances=1, memory=0.28)
+    assert result.preemptions > 0
+    cache, = cluster.caches.values()
+    assert cache.pins == {} and cache.free_tokens == cache.resident_tokens > 0
+    assert result.tokens_out == int(shared.output_tokens.sum())
+    assert row["prefix_hit_rate"] > 0.5
