@@ -253,7 +253,9 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
                     if node[i] >= 0:
                         cache.insert(node[i], end)
                         cache.unpin(node[i], end)
-                cache.evict(kv_cap[j] - (cache.resident_tokens - cache.free_tokens))
+                room = kv_cap[j] - (cache.resident_tokens - cache.free_tokens)
+                if cache.free_tokens > room:
+                    cache.evict(room)
             load[j] -= total
             running[j] = None
             if queues[j]:

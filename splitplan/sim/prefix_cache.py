@@ -30,6 +30,7 @@ class PrefixCache:
         self.cpu: OrderedDict[int, None] = OrderedDict()  # nodes held in host memory, least recently used first
         self.cpu_used = 0  # their tokens
         self.loaded_tokens = 0  # total of `match`'s tokens to load from host memory
+        self._tree_path = tree.path  # (node, its parent, ..., the root)
         self.parent = tree.parent.tolist()
         self.tokens = tree.tokens.tolist()
         self.depth = tree.depth.tolist()
@@ -52,7 +53,7 @@ class PrefixCache:
         if not self.cpu:
             return self._gpu_depth(node)
         held = 0
-        for n in reversed(self._path(node)):
+        for n in reversed(self._tree_path(node)):
             if n not in self.last_use and n not in self.cpu:
                 break
             held = self.depth[n]
@@ -76,21 +77,14 @@ class PrefixCache:
         self.lookup_tokens += prompt_tokens
         self.loaded_tokens += loaded
         if loaded:
-            for n in reversed(self._path(node)):  # (root first: the deepest is the most recently used)
+            for n in reversed(self._tree_path(node)):  # (root first: the deepest is the most recently used)
                 if n in self.cpu:
                     self.cpu.move_to_end(n)
         return hit, loaded
 
-    def _path(self, node: int) -> list[int]:
-        path = []
-        while node >= 0:
-            path.append(node)
-            node = self.parent[node]
-        return path
-
     def insert(self, node: int, now: float) -> None:
         """The path to `node` is computed: resident, used at `now`."""
-        for n in self._path(node):
+        for n in self._tree_path(node):
             if n not in self.last_use:
                 self.resident_tokens += self.tokens[n]
                 self.kids.setdefault(n, 0)
@@ -99,12 +93,13 @@ class PrefixCache:
                 if not self.pins.get(n):
                     self.free_tokens += self.tokens[n]
             self.last_use[n] = now
-            self._candidate(n)
+            if not self.pins.get(n):  # (a node the inserting request pins is pushed when it lets go)
+                self._candidate(n)
         if self.cpu_cap:
             self._write_through(node)
 
     def _write_through(self, node: int) -> None:
-        for n in reversed(self._path(node)):  # (root first: the last one used is the deepest)
+        for n in reversed(self._tree_path(node)):  # (root first: the last one used is the deepest)
             if n in self.cpu:
                 self.cpu.move_to_end(n)
             elif self.tokens[n] <= self.cpu_cap:
@@ -116,14 +111,14 @@ class PrefixCache:
 
     def pin(self, node: int) -> None:
         """A running request uses the (resident) path to `node`."""
-        for n in self._path(node):
+        for n in self._tree_path(node):
             count = self.pins.get(n, 0)
             if count == 0 and n in self.last_use:
                 self.free_tokens -= self.tokens[n]
             self.pins[n] = count + 1
 
     def unpin(self, node: int, now: float) -> None:
-        for n in self._path(node):
+        for n in self._tree_path(node):
             count = self.pins[n] - 1
             if count:
                 self.pins[n] = count

@@ -45,6 +45,26 @@ class PrefixTree:
                 depth[node] += depth[self.parent[node]]
         return depth
 
+    @cached_property
+    def _paths(self) -> dict:
+        return {}
+
+    def path(self, node: int) -> tuple[int, ...]:
+        """The nodes from `node` up to the root (remembered per node asked: a cache walks the paths
+        of requests' nodes again and again)."""
+        path = self._paths.get(node)
+        if path is None:
+            parent, walk, n = self._parents, [], node
+            while n >= 0:
+                walk.append(n)
+                n = parent[n]
+            path = self._paths[node] = tuple(walk)
+        return path
+
+    @cached_property
+    def _parents(self) -> list[int]:
+        return self.parent.tolist()
+
     def take(self, index) -> PrefixTree:
         """The tree for a subset or reordering of the requests (the nodes are kept)."""
         return PrefixTree(self.parent, self.tokens, self.request_node[index], self.output_node[index])
