@@ -327,9 +327,7 @@ def plan_windows(trace, window_s: float, model: str, slo: str, jobs: int = 1, ex
     units = []
     for k in np.unique(index):
         mask = index == k
-        arrival = trace.arrival_s[mask]
-        units.append((len(units), float(k * window_s), Trace(arrival - arrival[0], trace.prompt_tokens[mask],
-                                                               trace.output_tokens[mask], f"{trace.source} [window {k}]")))
+        units.append((len(units), float(k * window_s), trace.take(mask, f"{trace.source} [window {k}]")))
     outcomes = run_units(_window_unit, units, (model, slo, options), jobs, executor, ray_address, progress,
                          describe=lambda u: f"window {u[0]} from {u[1]:g} s")
     return WindowsResult(window_s, tuple(r for r, _ in outcomes), tuple(p for _, p in outcomes))

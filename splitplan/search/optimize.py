@@ -267,10 +267,7 @@ def _servable(trace, model, engine, token_machines, tp, prompt_machines=()):
     if too_long.all():
         raise InfeasibleError(f"no request can be served: {report['reason']}")
     keep = ~too_long
-    return dataclasses.replace(trace, arrival_s=trace.arrival_s[keep] - trace.arrival_s[keep][0],
-                               prompt_tokens=trace.prompt_tokens[keep], output_tokens=trace.output_tokens[keep],
-                               cached_tokens=None if trace.cached_tokens is None else trace.cached_tokens[keep],
-                               prefix=None if trace.prefix is None else trace.prefix.take(keep)), report
+    return trace.take(keep), report
 
 
 def _size_one(problem, task):

@@ -31,9 +31,7 @@ class PrefixCache:
         self.cpu_used = 0  # their tokens
         self.loaded_tokens = 0  # total of `match`'s tokens to load from host memory
         self._tree_path = tree.path  # (node, its parent, ..., the root)
-        self.parent = tree.parent.tolist()
-        self.tokens = tree.tokens.tolist()
-        self.depth = tree.depth.tolist()
+        self.parent, self.tokens, self.depth = tree.lists  # (shared, read only)
         self.last_use: dict[int, float] = {}  # resident node -> last use
         self.kids: dict[int, int] = {}  # resident node -> its resident children
         self.pins: dict[int, int] = {}  # node -> running requests using it

@@ -65,6 +65,15 @@ class PrefixTree:
     def _parents(self) -> list[int]:
         return self.parent.tolist()
 
+    @cached_property
+    def lists(self) -> tuple[list[int], list[int], list[int]]:
+        """parent, tokens and depth as Python lists, made once and shared by every cache of the tree
+        (a simulation of thousands of instances keeps one copy)."""
+        return self._parents, self.tokens.tolist(), self.depth.tolist()
+
+    def __getstate__(self) -> dict:  # (what is computed from the fields is not pickled: made again where used)
+        return {k: self.__dict__[k] for k in ("parent", "tokens", "request_node", "output_node")}
+
     def take(self, index) -> PrefixTree:
         """The tree for a subset or reordering of the requests (the nodes are kept)."""
         return PrefixTree(self.parent, self.tokens, self.request_node[index], self.output_node[index])

@@ -71,6 +71,13 @@ class Trace:
     def mean_rate_rps(self) -> float:
         return len(self) / self.span_s if self.span_s > 0 else float("inf")
 
+    def take(self, index, source: str | None = None) -> "Trace":
+        """The requests `index` picks (a mask, a slice or indices, in arrival order), every
+        per-request field with them (cached tokens, prefixes), timed from the first one's arrival."""
+        arrival = self.arrival_s[index]
+        return Trace(arrival - arrival[0], self.prompt_tokens[index], self.output_tokens[index], source or self.source,
+                     None if self.cached_tokens is None else self.cached_tokens[index], _take(self.prefix, index))
+
     def at_rate(self, rate_rps: float) -> "Trace":
         """The same requests with the timestamps compressed (or stretched) to `rate_rps` on average."""
         return dataclasses.replace(self, arrival_s=self.arrival_s * (self.mean_rate_rps / rate_rps),
@@ -457,10 +464,7 @@ def peak_window(trace: Trace, max_requests: int) -> tuple[Trace, dict | None]:
     spans = trace.arrival_s[max_requests - 1:] - trace.arrival_s[: len(trace) - max_requests + 1]
     start = int(np.argmin(spans))
     stop = start + max_requests
-    window = Trace(trace.arrival_s[start:stop] - trace.arrival_s[start], trace.prompt_tokens[start:stop],
-                   trace.output_tokens[start:stop], f"{trace.source} (peak window of {max_requests:,} requests)",
-                   None if trace.cached_tokens is None else trace.cached_tokens[start:stop],
-                   _take(trace.prefix, slice(start, stop)))
+    window = trace.take(slice(start, stop), f"{trace.source} (peak window of {max_requests:,} requests)")
     info = {"requests": max_requests, "of": len(trace), "start_s": float(trace.arrival_s[start]),
             "end_s": float(trace.arrival_s[stop - 1]), "rate_rps": window.mean_rate_rps}
     return window, info

@@ -132,3 +132,20 @@ def test_bad_prefix_columns_exit_2_naming_the_line(tmp_path, text, needle):
 def test_bad_shared_prefix_options_exit_2(args, needle):
     out = runner.invoke(app, ["trace", "summarize", "azure-code", *args])
     assert out.exit_code == 2 and needle in out.output, out.output
+
+
+def test_a_subset_of_a_trace_keeps_each_requests_prefix():
+    """Trace.take (peak windows, --window, the planner's servable requests): every per-request
+    field follows the requests picked; --window plans size each window with its own prefixes."""
+    trace = load_trace(DATA / "mooncake_conversation.jsonl.gz")
+    keep = np.zeros(len(trace), bool)
+    keep[10:400:3] = True
+    part = trace.take(keep)
+    assert part.arrival_s[0] == 0 and np.allclose(part.arrival_s, trace.arrival_s[keep] - trace.arrival_s[keep][0])
+    assert np.array_equal(part.prefix.request_node, trace.prefix.request_node[keep])
+    assert np.array_equal(part.prompt_tokens, trace.prompt_tokens[keep])
+    from splitplan.studies import plan_windows
+    windows = plan_windows(trace.take(slice(0, 300)), 30.0, "llama3.1-8b", "chat", hardware=["h100-80gb"])
+    plans = [p for p in windows.plans if p is not None]
+    assert len(plans) > 1
+    assert all(pool.prefix_hit_rate is not None for p in plans for pool in p.prompt_pools + p.mixed_pools)
