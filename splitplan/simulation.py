@@ -135,10 +135,7 @@ def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str 
     profile = load_slo(slo)
     specs = pool_specs(pools, model, engine, perf_db, perf_interp)
     eng = specs[0].perf.engine
-    prefix_caching = eng.prefix_caching if prefix_caching is None else prefix_caching
-    if not prefix_caching and (routing == "prefix-aware" or kv_offload_gb):
-        raise SpecError(f"{'--routing prefix-aware' if routing == 'prefix-aware' else '--kv-offload-gb'} works on the "
-                        f"engine's prefix caches, which are off ({eng.name}): add --prefix-caching on")
+    prefix_caching = eng.caches_prefixes(prefix_caching, routing, kv_offload_gb)
     db = load_perf_db(perf_db) if perf_db else None
     reference = reference_for(profile, lambda hw, t: reference_instance(model, hw, t, engine, db, perf_interp),
                               trace.prompt_tokens, trace.output_tokens)

@@ -168,8 +168,7 @@ def optimize(
 
 def _caching(common: dict) -> bool:
     """Whether the engine's prefix caches are on: --prefix-caching, else the engine profile's."""
-    given = common["prefix_caching"]
-    return load_engine(common["engine"]).prefix_caching if given is None else given
+    return load_engine(common["engine"]).caches_prefixes(common["prefix_caching"])
 
 
 def _check_plan_options(plot, pareto: bool, no_split: bool, objective) -> None:

@@ -195,12 +195,9 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
 def prefix_model(trace, engine, prefix_caching: bool | None, routing: str, kv_offload_gb: float, machines: list) -> PrefixModel | None:
     """The engine's prefix caching as the planner and the simulator model it, checked: None when it
     is off (`prefix_caching`, else the engine profile's) or the trace records no prefixes."""
-    on = engine.prefix_caching if prefix_caching is None else prefix_caching
     if routing not in ("jsq", "prefix-aware"):
         raise SpecError(f"--routing {routing}: choose jsq or prefix-aware")
-    if not on and (routing == "prefix-aware" or kv_offload_gb):
-        raise SpecError(f"{'--routing prefix-aware' if routing == 'prefix-aware' else '--kv-offload-gb'} works on the "
-                        f"engine's prefix caches, which are off ({engine.name}): add --prefix-caching on")
+    on = engine.caches_prefixes(prefix_caching, routing, kv_offload_gb)
     if kv_offload_gb < 0:
         raise SpecError(f"--kv-offload-gb {kv_offload_gb:g}: must be >= 0 GB")
     if kv_offload_gb:

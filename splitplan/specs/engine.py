@@ -120,6 +120,15 @@ class EngineProfile(BaseModel):
         profile's, else MAX_BATCH_TOKENS."""
         return given or self.max_num_batched_tokens or MAX_BATCH_TOKENS
 
+    def caches_prefixes(self, given: bool | None, routing: str = "jsq", kv_offload_gb: float = 0.0) -> bool:
+        """Whether instances keep prefix caches: `given` (--prefix-caching), else the profile's.
+        Prefix-aware routing and a host-memory tier need them: exit 2 otherwise."""
+        on = self.prefix_caching if given is None else given
+        if not on and (routing == "prefix-aware" or kv_offload_gb):
+            raise SpecError(f"{'--routing prefix-aware' if routing == 'prefix-aware' else '--kv-offload-gb'} works on "
+                            f"the engine's prefix caches, which are off ({self.name}): add --prefix-caching on")
+        return on
+
     def seqs_cap(self, given: int | None = None) -> int | None:
         """The most requests an instance runs at once: `given`, else the profile's (None: no cap)."""
         return given or self.max_num_seqs
