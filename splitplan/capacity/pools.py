@@ -42,8 +42,7 @@ from splitplan.perf.roofline import Instance
 from splitplan.roles import Role
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.sim.metrics import pool_report
-from splitplan.sim.prefix_cache import PrefixCache
-from splitplan.workload.prefix import PrefixTree
+from splitplan.sim.prefix_cache import PrefixModel
 from splitplan.slo import Gaps
 
 MAX_INSTANCES = 4096
@@ -64,10 +63,6 @@ class BatchTimes:
         self.single = inst.pass_time_s(1.0, p, p * p, *self.decode).tolist()
         self.cache: dict = {}
 
-    def batch_s(self, first: int, seqs: int, tokens: float, sq_tokens: float) -> float:
-        """A batch of whole prompts, `first` the first of them."""
-        return self.single[first] if seqs == 1 else self.pass_s(seqs, tokens, sq_tokens)
-
     def pass_s(self, seqs: int, tokens: float, sq_tokens: float) -> float:
         """Any pass of `seqs` prompts or chunks (cached)."""
         key = (seqs, tokens, sq_tokens)
@@ -75,30 +70,6 @@ class BatchTimes:
         if duration is None:
             duration = self.cache[key] = float(self.inst.pass_time_s(float(seqs), float(tokens), float(sq_tokens), *self.decode))
         return duration
-
-
-@dataclass(frozen=True)
-class PrefixModel:
-    """The engine's prefix caching in the prompt replay: the trace's prefixes, reused in blocks of
-    `block_tokens`; `offload_gb` of host memory per instance (write-through; a hit there is loaded
-    back over the instance's GPUs' host links, FIFO, the request out of its queue meanwhile, as
-    the simulator holds it back); `prefix_aware` routing."""
-
-    tree: PrefixTree
-    block_tokens: int = 1
-    offload_gb: float = 0.0
-    prefix_aware: bool = False
-
-    def cache(self, inst: Instance) -> PrefixCache:
-        return PrefixCache(self.tree, self.block_tokens, self.offload_gb * 1e9 / self.kv_bytes(inst))
-
-    @staticmethod
-    def kv_bytes(inst: Instance) -> float:
-        return inst.model.kv_bytes_per_token(inst.engine.kv_bytes_per_element)
-
-    @staticmethod
-    def host_bytes_per_s(inst: Instance) -> float:
-        return (inst.hardware.gpu.host_link_gbyte_per_s or 0.0) * 1e9 * inst.layout.gpus
 
 
 def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[tuple[Instance, int]],
@@ -146,7 +117,6 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     node = prefix.tree.request_node.tolist() if prefix is not None else None
     looked = [False] * n_req
     host_free = [0.0] * len(kind)  # when the instance's host link is free (loads from host memory)
-    per_token_s = [PrefixModel.kv_bytes(inst) / (PrefixModel.host_bytes_per_s(inst) or np.inf) for inst, _ in pools]
     kv_cap = [pools[k][0].fit.kv_capacity_tokens for k in kind]
 
     def ready(j: int, i: int, now: float) -> bool:
@@ -159,7 +129,7 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
         caches[j].pin(node[i])
         if not loaded:
             return True
-        host_free[j] = max(now, host_free[j]) + loaded * per_token_s[kind[j]]
+        host_free[j] = max(now, host_free[j]) + loaded * prefix.load_s_per_token(pools[kind[j]][0])
         heapq.heappush(heap, (host_free[j], j, i))
         queues[j].popleft()
         return False
@@ -193,23 +163,13 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
             else:
                 duration = times[kind[j]].pass_s(seqs, total, sq)
             total = whole  # pending on the instance until prefilled
-        elif caches is None:
-            members = [queue.popleft()]
-            total = tokens[members[0]]
-            sq = total * total
-            while queue and total + tokens[queue[0]] <= max_batch_tokens and len(members) < cap and tag[queue[0]] < launch[j]:
-                i = queue.popleft()
-                members.append(i)
-                total += tokens[i]
-                sq += tokens[i] * tokens[i]
-            duration = times[kind[j]].batch_s(members[0], len(members), total, sq)
-        else:  # whole prompts less what the cache holds, as the simulator batches them
+        else:  # whole prompts (less what a cache holds), as the simulator batches them
             members, total, sq, whole = [], 0, 0, 0
             while queue:
                 i = queue[0]
                 if members and tag[i] >= launch[j]:  # (not yet in the simulator's queue)
                     break
-                if not looked[i] and not ready(j, i, now):
+                if caches is not None and not looked[i] and not ready(j, i, now):
                     continue
                 if members and not (total + tokens[i] - done[i] <= max_batch_tokens and len(members) < cap):
                     break

@@ -111,7 +111,7 @@ def simulate(
               "routing": routing, "max_batch_tokens": max_batch_tokens, "max_num_seqs": max_num_seqs,
               "mixed_pool_threshold": borrow_threshold,
               "window": window, "concurrency": concurrency, "isl": isl, "osl": osl,
-              "prefix_caching": "on" if (sim.pools[0].perf.engine.prefix_caching if caching is None else caching) else "off",
+              "prefix_caching": "on" if sim.pools[0].perf.engine.caches_prefixes(caching) else "off",
               "kv_offload_gb": kv_offload_gb}
     document = {"schema_version": report.SCHEMA_VERSION, "inputs": inputs, "summary": sim.summary}
     if output_dir is not None:

@@ -8,7 +8,6 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from splitplan.defaults import DEFAULT_ENGINE
-from splitplan.capacity.pools import PrefixModel
 from splitplan.errors import InfeasibleError, SpecError, listed, with_details
 from splitplan.parallel import run_units
 from splitplan.perf.points import candidate_layouts, reference_instance, require_tp
@@ -28,6 +27,7 @@ from splitplan.search.plan import (
     size_option,
 )
 from splitplan.search.solve import solve_counts
+from splitplan.sim.prefix_cache import PrefixModel, host_link_bytes_per_s
 from splitplan.slo import achieved, alone_latencies, meets, reference_for
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import hardware_catalog, load_machines, price_date_warning
@@ -202,9 +202,7 @@ def prefix_model(trace, engine, prefix_caching: bool | None, routing: str, kv_of
         raise SpecError(f"--kv-offload-gb {kv_offload_gb:g}: must be >= 0 GB")
     if kv_offload_gb:
         for hw in machines:
-            if hw.gpu.host_link_gbyte_per_s is None:
-                raise SpecError(f"--kv-offload-gb: hardware {hw.name} gives no gpu.host_link_gbyte_per_s (its GPUs' link "
-                                "to host memory): add it to its hardware spec, with its source, or leave it out (--hardware)")
+            host_link_bytes_per_s(hw)
     if not on or trace.prefix is None:
         return None
     return PrefixModel(trace.prefix, engine.kv_block_tokens, kv_offload_gb, routing == "prefix-aware")

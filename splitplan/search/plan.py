@@ -30,7 +30,6 @@ from splitplan.capacity.pools import (
     colocated_estimate,
     colocated_pool,
     decode_pool,
-    PrefixModel,
     prompt_queue_ttft_s,
     smallest_count,
 )
@@ -38,6 +37,7 @@ from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.errors import InfeasibleError, listed, with_details
 from splitplan.perf.roofline import Instance, kv_transfer_time_s
 from splitplan.roles import SPLIT, Role
+from splitplan.sim.prefix_cache import PrefixModel
 from splitplan.slo import Gaps, Reference, achieved, alone_latencies, meets
 from splitplan.specs.layout import Layout
 from splitplan.specs.slo import SloLine, SloProfile

@@ -72,7 +72,7 @@ from splitplan import limits
 from splitplan.errors import SpecError
 from splitplan.roles import Role
 from splitplan.sim import gaps
-from splitplan.sim.prefix_cache import PrefixCache
+from splitplan.sim.prefix_cache import PrefixCache, PrefixModel
 from splitplan.sim.types import (  # noqa: F401  (re-exported)
     MIXED,
     PROMPT,
@@ -136,16 +136,9 @@ class _Cluster:
         # skips what it holds (with --kv-offload-gb, also what its host memory holds, loaded back
         # first); a token instance receives only the KV it does not hold
         self.caches: dict[int, PrefixCache] = {}
-        self.host_bw = {k: (pool.perf.hardware.gpu.host_link_gbyte_per_s or 0.0) * 1e9 * pool.perf.layout.gpus
-                        for k, pool in enumerate(self.pools)}  # bytes/s each way, an instance's GPUs together
         if options.prefix_caching and trace.prefix is not None:
-            block = self.pools[0].perf.engine.kv_block_tokens
-            for x in self.insts:
-                offload = options.kv_offload_gb * 1e9 / self.kv_bytes if x.role != TOKEN else 0.0
-                if offload and not self.host_bw[x.pool]:
-                    raise SpecError(f"--kv-offload-gb: hardware {x.perf.hardware.name} gives no gpu.host_link_gbyte_per_s "
-                                    "(its GPUs' link to host memory): add it to its hardware spec, with its source")
-                self.caches[x.idx] = PrefixCache(trace.prefix, block, offload)
+            self.prefix = PrefixModel(trace.prefix, self.pools[0].perf.engine.kv_block_tokens, options.kv_offload_gb)
+            self.caches = {x.idx: self.prefix.cache(x.perf, host=x.role != TOKEN) for x in self.insts}
             self.node = trace.prefix.request_node.tolist()
         self.looked = [False] * self.n  # its prefill has begun and looked its prefix up
         self.pinned = [-1] * self.n  # the instance whose cache it pins a prefix in (-1: none)
@@ -339,7 +332,7 @@ class _Cluster:
         self._pin(inst, i)
         if not loaded:
             return True
-        inst.host_free = max(now, inst.host_free) + loaded * self.kv_bytes / self.host_bw[inst.pool]
+        inst.host_free = max(now, inst.host_free) + loaded * self.prefix.load_s_per_token(inst.perf)
         self._push(inst.host_free, _PREFIX_LOADED, inst.idx, i)
         return False
 

@@ -19,8 +19,47 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
+from dataclasses import dataclass
 
+from splitplan.errors import SpecError
 from splitplan.workload.prefix import PrefixTree
+
+
+def host_link_bytes_per_s(hardware) -> float:
+    """One GPU's link to host memory, each way (bytes/s): what prefixes kept in host memory are
+    loaded back over. A hardware spec that does not give it: exit 2."""
+    if hardware.gpu.host_link_gbyte_per_s is None:
+        raise SpecError(f"--kv-offload-gb: hardware {hardware.name} gives no gpu.host_link_gbyte_per_s (its GPUs' link to "
+                        "host memory): add it to its hardware spec, with its source, or leave the machine out")
+    return hardware.gpu.host_link_gbyte_per_s * 1e9
+
+
+@dataclass(frozen=True)
+class PrefixModel:
+    """The engine's prefix caching, as the simulator and the planner's prompt replay both keep it:
+    the trace's prefixes, reused in blocks of `block_tokens`; `offload_gb` of host memory per
+    prefilling instance (write-through; a hit there is loaded back over the instance's GPUs' host
+    links, FIFO, the request out of its queue meanwhile); `prefix_aware` routing."""
+
+    tree: PrefixTree
+    block_tokens: int = 1
+    offload_gb: float = 0.0
+    prefix_aware: bool = False
+
+    def cache(self, inst, host: bool = True) -> "PrefixCache":
+        """A cache for one instance (`inst`: perf.roofline.Instance); `host`: with the host tier."""
+        offload = self.offload_gb * 1e9 / self.kv_bytes(inst) if host and self.offload_gb else 0.0
+        if offload:
+            host_link_bytes_per_s(inst.hardware)  # (refused before the run, not at its first load)
+        return PrefixCache(self.tree, self.block_tokens, offload)
+
+    def load_s_per_token(self, inst) -> float:
+        """Seconds to load one token's KV from host memory over the instance's GPUs' host links."""
+        return self.kv_bytes(inst) / (host_link_bytes_per_s(inst.hardware) * inst.layout.gpus)
+
+    @staticmethod
+    def kv_bytes(inst) -> float:
+        return inst.model.kv_bytes_per_token(inst.engine.kv_bytes_per_element)
 
 
 class PrefixCache:
@@ -57,14 +96,17 @@ class PrefixCache:
             held = self.depth[n]
         return held
 
+    def _blocks(self, held: int, prompt_tokens: int) -> int:
+        """Of `held` cached tokens, those a prompt reuses: whole blocks, at most the prompt less one."""
+        return min(held, prompt_tokens - 1) // self.block * self.block
+
     def peek(self, node: int, prompt_tokens: int) -> int:
-        """Leading prompt tokens cached for a request whose prefix ends at `node`: whole blocks,
-        at most the prompt less one."""
-        return min(self._depth(node), prompt_tokens - 1) // self.block * self.block
+        """Leading prompt tokens cached (either tier) for a request whose prefix ends at `node`."""
+        return self._blocks(self._depth(node), prompt_tokens)
 
     def resident(self, node: int, prompt_tokens: int) -> int:
         """`peek` in the GPU tier alone (not counted in the hit rate)."""
-        return min(self._gpu_depth(node), prompt_tokens - 1) // self.block * self.block
+        return self._blocks(self._gpu_depth(node), prompt_tokens)
 
     def match(self, node: int, prompt_tokens: int) -> tuple[int, int]:
         """`peek`, counted in the hit rate (a prefill begins), and how many of those tokens come

@@ -217,7 +217,8 @@ def test_the_planners_prompt_replay_caches_as_the_simulator(memory, offload_gb, 
     host-memory hits loaded first): the same TTFT, request by request, and the same hit rate, at
     a memory that evicts or not (Mooncake's first requests), and with a host tier (30 system
     prompts of 3,000 tokens in turn: more than the GPU tier holds, less than the host's)."""
-    from splitplan.capacity.pools import PrefixModel, prompt_queue_ttft_s
+    from splitplan.capacity.pools import prompt_queue_ttft_s
+    from splitplan.sim.prefix_cache import PrefixModel
     rng = np.random.default_rng(seed)
     base = _trace(300, gap_s) if not offload_gb else with_shared_prefix(_trace(300, gap_s, 4000, 20, prefix=False), 3000, 30)
     trace = dataclasses.replace(base, arrival_s=np.sort(rng.uniform(0, 300 * gap_s * (1 if not offload_gb else 0.2), 300)))
@@ -252,7 +253,7 @@ def test_the_planner_sizes_prompt_pools_with_the_hit_rate():
     assert prompt_instances[True][0] < prompt_instances[False][0], prompt_instances  # (sized alone, before whole machines)
     assert off.split.prompt_pools[0].prefix_hit_rate is None
     assert on.split.prompt_pools[0].prefix_hit_rate > 0.6  # (5,000 of 6,000 tokens, but for each group's first use per instance)
-    assert on.colocated is None or on.colocated.mixed_pools[0].prefix_hit_rate > 0.5
+    assert on.colocated.mixed_pools[0].prefix_hit_rate > 0.5
 
 
 def test_blocks_and_the_host_memory_tier():
@@ -300,7 +301,8 @@ def test_the_host_tier_hits_what_the_gpu_tier_lost_and_loads_it_first():
     assert sum(x.prefix_loaded_tokens for x in host_result.instances) == loaded
     for cluster in (gpu, host):  # block accounting back to zero: nothing pinned, everything resident is free
         for cache in cluster.caches.values():
-            assert cache.pins == {} and cache.free_tokens == cache.resident_tokens >= 0
+            assert cache.pins == {} and cache.free_tokens == cache.resident_tokens
+            assert (cache.resident_tokens > 0) == (cache.lookup_tokens > 0)  # (an instance no request reached holds nothing)
     assert np.isfinite(host_result.ttft_s).all() and host_result.tokens_out == gpu_result.tokens_out
 
 
