@@ -247,7 +247,7 @@ class _Cluster:
         if inst.can_prefill and inst.queue:
             total = sq = 0
             if budget is None:  # whole prompts (less what the prefix cache holds), batched up to max_tokens
-                while self._ready(inst, now) and (not prefill or (total + self.plen[inst.queue[0]] - self.done[inst.queue[0]]
+                while (self._ready(inst, now) if self.caches else inst.queue) and (not prefill or (total + self.plen[inst.queue[0]] - self.done[inst.queue[0]]
                                                                   <= self.max_tokens and len(prefill) < self.cap)):
                     i = inst.queue.popleft()
                     prefill.append(i)
@@ -260,7 +260,7 @@ class _Cluster:
                 chunks = len(prefill)
             else:  # chunked: the decodes first, then prompt tokens up to the budget
                 room = budget - inst.batch
-                while room > 0 and chunks < self.cap and self._ready(inst, now):
+                while room > 0 and chunks < self.cap and (self._ready(inst, now) if self.caches else inst.queue):
                     i = inst.queue[0]
                     d = self.done[i]
                     if d == self.cached[i] and not self.resumed[i]:
@@ -306,9 +306,8 @@ class _Cluster:
     def _ready(self, inst: InstanceState, now: float) -> bool:
         """Whether inst's prompt queue has a head to prefill now, its prefix looked up (`_lookup`)."""
         queue = inst.queue
-        if self.caches:
-            while queue and not self._lookup(inst, queue[0], now):
-                queue.popleft()  # (back at the head once its prefix is loaded)
+        while queue and not self._lookup(inst, queue[0], now):
+            queue.popleft()  # (back at the head once its prefix is loaded)
         return bool(queue)
 
     def _lookup(self, inst: InstanceState, i: int, now: float) -> bool:
@@ -603,7 +602,8 @@ class _Cluster:
         if inst.deferred:  # async scheduling: those that arrived before this iteration began may join
             self._release(inst, inst.launch)
         self._admit(inst, now)
-        self._cache_room(inst)
+        if self.caches:
+            self._cache_room(inst)
         self._start(inst, now)
         if not inst.running and inst.deferred:  # nothing was scheduled after all: the rest join now
             self._release(inst, math.inf)
