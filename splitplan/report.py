@@ -355,14 +355,14 @@ def candidates_csv(result) -> str:
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(["kind", "role", "hardware", "tp", "layout", "instances", "machines", "cost_usd_per_hour", "power_kw", "binding",
-                "skipped_reason", "plan", "sized_by"])
+                "skipped_reason", "plan", "sized_by", "gpus"])
     for o in result.options:
         machines = o.machines_alone if o.instances else ""
         sized_by = "" if not o.instances else "simulation" if o.simulated else "estimate" if o.role == "mixed" else "model"
         w.writerow(["option", o.role, o.inst.hardware.name, o.inst.tp, o.inst.layout.spec, o.instances or "", machines,
                     f"{o.price_usd_per_hour * machines:.4f}" if machines else "", f"{o.power_kw * machines:.4f}" if machines else "",
-                    o.binding, o.skipped, "", sized_by])
+                    o.binding, o.skipped, "", sized_by, machines * o.inst.hardware.gpus_per_machine if machines else ""])
     for p in (result.plan, *result.alternatives):
         w.writerow(["plan", "", "", "", "", sum(x.instances for x in p.pools), p.machines, f"{p.cost_usd_per_hour:.4f}",
-                    f"{p.power_kw:.4f}", p.binding, "", plan_text(p), ""])
+                    f"{p.power_kw:.4f}", p.binding, "", plan_text(p), "", p.gpus])
     return out.getvalue()

@@ -48,6 +48,7 @@ class DesignResult:
             "prompt_machines": machines(p.prompt_pools) if p else None,
             "token_machines": machines(p.token_pools) if p else None,
             "mixed_machines": machines(p.mixed_pools) if p else None,
+            "gpus": p.gpus if p else None,
             "cost_usd_per_hour": p.cost_usd_per_hour if p else None,
             "power_kw": p.power_kw if p else None,
             "max_rate_rps": self.max_rate_rps,
@@ -201,6 +202,8 @@ def _sweep_row(name, rate, plan, metrics: dict, trace, slo_met: bool, error: str
             "prompt_machines": sum(p.machines for p in plan.prompt_pools),
             "token_machines": sum(p.machines for p in plan.token_pools),
             "mixed_machines": sum(p.machines for p in plan.mixed_pools),
+            "prompt_gpus": sum(p.gpus for p in plan.prompt_pools), "token_gpus": sum(p.gpus for p in plan.token_pools),
+            "mixed_gpus": sum(p.gpus for p in plan.mixed_pools),
             "cost_usd_per_hour": cost, "power_kw": plan.power_kw,
             "cost_per_million_tokens_usd": per_million["cost_usd_per_million_tokens"],
             "cost_per_million_output_tokens_usd": per_million["cost_usd_per_million_output_tokens"],
@@ -312,7 +315,7 @@ def _window_unit(shared, unit):
     except InfeasibleError as exc:
         return {**row, "error": str(exc)}, None
     return {**row, "prompt_pools": pools_text(plan.prompt_pools), "token_pools": pools_text(plan.token_pools),
-            "mixed_pools": pools_text(plan.mixed_pools), "machines": plan.machines,
+            "mixed_pools": pools_text(plan.mixed_pools), "machines": plan.machines, "gpus": plan.gpus,
             "cost_usd_per_hour": plan.cost_usd_per_hour, "power_kw": plan.power_kw, "binding": plan.binding,
             "error": None}, plan
 

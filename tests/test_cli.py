@@ -280,7 +280,7 @@ def test_perf_with_perf_db():
 
 
 def test_pareto_colocated_plans_report_their_max_rate():
-    result = run("optimize", "--pareto", "--rate", "1", "--duration", "60", "--hardware", "h100-80gb", "--format", "json")
+    result = run("optimize", "--pareto", "--rate", "1", "--duration", "60", "--hardware", "h100-80gb@8", "--format", "json")
     assert result.exit_code == 0, result.output
     front = json.loads(result.stdout)["pareto"]
     colocated = [p for p in front if p.get("mixed_pools")]
@@ -384,7 +384,7 @@ def test_optimize_closed_loop_plans_the_rate_the_loop_runs_at():
     chosen = [r for r in rounds if r["slo_met"] and r["cost_usd_per_hour"] == plan["cost_usd_per_hour"]]
     assert chosen and plan["cost_usd_per_hour"] == min(r["cost_usd_per_hour"] for r in rounds if r["slo_met"])
     pools = plan.get("prompt_pools", []) + plan.get("token_pools", []) + plan.get("mixed_pools", [])
-    assert loop["benchmark"]["gpus"] == sum(p["machines"] for p in pools) * 8
+    assert loop["benchmark"]["gpus"] == sum(p["gpus"] for p in pools) == plan["gpus"]
 
 
 @pytest.mark.parametrize("args,code,needle", [

@@ -51,13 +51,14 @@ def hardware_list(format: Format = typer.Option(Format.table, "--format", help="
         _emit_json([m.model_dump() for m in machines])
         return
     rows = [
-        (m.name, f"{m.gpus_per_machine}x {m.gpu.name}", m.gpu.bf16_tflop_per_s, m.gpu.fp8_tflop_per_s, m.gpu.memory_gb,
+        (m.name, f"{m.gpus_per_machine}x {m.gpu.name}" + (f" (or {', '.join(str(s.gpus) for s in m.shapes)})" if m.shapes else ""),
+         m.gpu.bf16_tflop_per_s, m.gpu.fp8_tflop_per_s, m.gpu.memory_gb,
          m.gpu.memory_tb_per_s, m.gpu.intra_node_bidir_gbyte_per_s, m.scale_out_gbit_per_s, m.price_usd_per_hour,
          m.provisioned_power_w / 1e3, m.price_date)
         for m in machines
     ]
     cols = ["name", "GPUs", "bf16\nTFLOP/s", "fp8\nTFLOP/s", "GB", "TB/s", "link\nGB/s", "net\nGbit/s", "$/h", "kW", "price\ndate"]
-    report.console().print(report.table("Hardware catalog (per-GPU figures; price and power per machine; sources: --format json)", cols, rows))
+    report.console().print(report.table("Hardware catalog (per-GPU figures; price and power per whole machine; (or 1, 2): also rented as NAME@1, NAME@2; sources: --format json)", cols, rows))
 
 
 @models_app.command("list")

@@ -150,7 +150,7 @@ class Instance(PassShortcuts):
 
     @cached_property
     def factors(self) -> EngineFactors:
-        return self.engine.factors(self.hardware.name, self.tp, self.model.name)
+        return self.engine.factors(self.hardware.family, self.tp, self.model.name)
 
     # --- how instances fill machines ----------------------------------------------
     @property

@@ -250,7 +250,7 @@ class PerfDb:
         if interpolation not in INTERPOLATIONS:
             raise SpecError(f"--perf-interp {interpolation}: choose {' or '.join(INTERPOLATIONS)}")
         pts = self.points if interpolation == "splitplan" else self.batch_tokens
-        rows = pts[(pts.model == analytic.model.name) & (pts.hardware == analytic.hardware.name) & (pts.tp == analytic.tp)]
+        rows = pts[(pts.model == analytic.model.name) & (pts.hardware == analytic.hardware.family) & (pts.tp == analytic.tp)]
         if analytic.layout != Layout(analytic.tp):  # a perf-db measures TP layouts only
             rows = rows.iloc[:0]
         return INTERPOLATIONS[interpolation](analytic, rows.reset_index(drop=True) if len(rows) else None, self.path)

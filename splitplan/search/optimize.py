@@ -18,8 +18,10 @@ from splitplan.roles import SPLIT, Role
 from splitplan.search.bracket import plan_max_rate
 from splitplan.search.frontier import cost_power_frontier, nondominated
 from splitplan.search.plan import (
+    MachineCap,
     Plan,
     Problem,
+    as_simulated,
     colocated_plan,
     closest_fit,
     make_plan,
@@ -30,7 +32,7 @@ from splitplan.search.solve import solve_counts
 from splitplan.sim.prefix_cache import PrefixModel, host_link_bytes_per_s
 from splitplan.slo import achieved, alone_latencies, meets, reference_for
 from splitplan.specs.engine import load_engine
-from splitplan.specs.hardware import hardware_catalog, load_machines, price_date_warning
+from splitplan.specs.hardware import hardware_catalog, load_hardware, load_machines, price_date_warning
 from splitplan.specs.model import load_model
 from splitplan.specs.slo import load_slo
 
@@ -117,8 +119,9 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
         raise SpecError(f"--objective {objective}: choose cost or power")
     names = hardware or [h.name for h in hardware_catalog()]
     machines = load_machines(sorted(set(names) | set(prompt_hardware or []) | set(token_hardware or [])))
-    for hw in (max_machines or {}):
-        if hw not in machines:
+    capped = {hw: machines.get(hw) or load_hardware(hw) for hw in (max_machines or {})}
+    for hw, spec in capped.items():
+        if hw not in machines and spec.family not in {m.name for m in machines.values()}:
             raise SpecError(f"--max-machines {hw}: not among the hardware considered ({', '.join(machines)})")
     if tp is not None:
         _check_tp(tp, [machines[n] for n in sorted(set(hardware or []) | set(prompt_hardware or []) | set(token_hardware or []))],
@@ -129,7 +132,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     reference = reference_for(profile, lambda hw, t: reference_instance(m, hw, t, eng, db, perf_interp), trace.prompt_tokens,
                               trace.output_tokens)
     problem = Problem(trace, profile, reference, eng.batch_tokens(max_batch_tokens), objective, max_cost_per_hour, max_power_kw,
-                      tuple(sorted((max_machines or {}).items())), solver, eng.seqs_cap(max_num_seqs), eng.chunked,
+                      tuple(MachineCap(capped[hw].name, n, capped[hw].gpus_per_machine) for hw, n in sorted((max_machines or {}).items())), solver, eng.seqs_cap(max_num_seqs), eng.chunked,
                       prefix_model(trace, eng, prefix_caching, routing, kv_offload_gb,
                                    [machines[n] for n in sorted(set(names) | set(prompt_hardware or []))]))
 
@@ -141,6 +144,11 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
         return [(role, make(machines[name], layout), (lower or {}).get((name, layout)) or 1)
                 for name in sorted(set(allowed)) for layout in candidate_layouts(m, machines[name], eng, tp)]
 
+    def shaped(options):  # and again on each smaller machine a whole machine type named is rented as
+        return options + [dataclasses.replace(o, inst=make(hw, o.inst.layout)) for o in options if o.instances
+                          for hw in shapes.get(o.inst.hardware.name, ()) if hw.gpus_per_machine % o.inst.layout.gpus == 0]
+
+    shapes = {machines[n].name: machines[n].shaped()[1:] for n in machines if "@" not in n}
     prompt_names = prompt_hardware or names
     first = _size_all(problem, tasks(Role.PROMPT, set(names) | set(prompt_names))
                       + (tasks(Role.TOKEN, token_hardware or names) if split else []), jobs)
@@ -148,21 +156,22 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     # same (machine, TP) bounds its size from below, which shortens its search.
     lower = {(o.inst.hardware.name, o.inst.layout): o.instances for o in first if o.role == Role.PROMPT}
     mixed_names = hardware or sorted(set(prompt_hardware or []) | set(token_hardware or [])) or names
-    mixed = _size_all(problem, tasks(Role.MIXED, mixed_names, lower), jobs) if with_colocated or not split else []
+    mixed = shaped(_size_all(problem, tasks(Role.MIXED, mixed_names, lower), jobs)) if with_colocated or not split else []
     simulated: dict = {}  # co-located options sized by the simulator (colocated_plan)
     if not split:
         plan = colocated_plan(problem, mixed, simulated)
         others = []
-        for name in sorted({o.inst.hardware.name for o in mixed} - {p.hardware for p in plan.mixed_pools}):
+        chosen = {load_hardware(p.hardware).family for p in plan.mixed_pools}
+        for family in sorted({o.inst.hardware.family for o in mixed} - chosen):
             try:  # the best co-located plan of each other machine type
-                others.append(colocated_plan(problem, [o for o in mixed if o.inst.hardware.name == name], simulated))
+                others.append(colocated_plan(problem, [o for o in mixed if o.inst.hardware.family == family], simulated))
             except InfeasibleError:
                 continue
         others.sort(key=lambda p: _plan_key(objective, p))
-        return OptimizeResult(plan, tuple(others[:alternatives]), tuple(simulated.get(o.key, o) for o in mixed), plan,
+        return OptimizeResult(plan, tuple(others[:alternatives]), tuple(as_simulated(simulated, o) for o in mixed), plan,
                               unservable=unservable, problem=problem, objective=objective)
     prompt_types = {machines[n].name for n in prompt_names}  # names may be paths: compare the loaded names
-    options = [o for o in first if o.role == Role.TOKEN or o.inst.hardware.name in prompt_types]
+    options = shaped([o for o in first if o.role == Role.TOKEN or o.inst.hardware.name in prompt_types])
     try:
         _raise_if_unreachable(problem, options)
         plan, alts = _best_split(problem, options, search, alternatives)
@@ -177,7 +186,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
         if no_split is not None:
             raise no_split from None
         colocated = None
-    mixed = [simulated.get(o.key, o) for o in mixed]
+    mixed = [as_simulated(simulated, o) for o in mixed]
     best = plan if plan is not None and (split_only or colocated is None or
                                          _plan_key(objective, plan) <= _plan_key(objective, colocated)) else colocated
     shown = alts[: alternatives - 1] + [p for p in (plan, colocated) if p is not None and p is not best]
@@ -301,7 +310,7 @@ def _best_split(problem, options, search: str, alternatives: int):
     )
     seen_pairs = set()
     for p, t in pairs:
-        pair = (p.inst.hardware.name, t.inst.hardware.name)
+        pair = (p.inst.hardware.family, t.inst.hardware.family)  # (its cheapest shapes)
         if pair not in seen_pairs and len(seen_pairs) < alternatives + 1:
             seen_pairs.add(pair)
             candidates.append({p.key: p.machines_alone, t.key: t.machines_alone})

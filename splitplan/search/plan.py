@@ -137,6 +137,21 @@ class Plan:
 
 
 @dataclass(frozen=True)
+class MachineCap:
+    """--max-machines: at most `machines` machines of `hardware` (a machine type, whose smaller
+    shapes count as their share of its GPUs, or one shape) are available."""
+
+    hardware: str
+    machines: int
+    gpus_per_machine: int  # the named machine's
+
+    def share(self, hw) -> float:
+        """What one machine of `hw` (a HardwareSpec) takes of the cap, in machines of `hardware`."""
+        named = hw.name == self.hardware or hw.family == self.hardware
+        return hw.gpus_per_machine / self.gpus_per_machine if named else 0.0
+
+
+@dataclass(frozen=True)
 class Problem:
     trace: Trace
     slo: SloProfile
@@ -145,7 +160,7 @@ class Problem:
     objective: str = "cost"
     max_cost_per_hour: float | None = None
     max_power_kw: float | None = None
-    max_machines: tuple[tuple[str, int], ...] = ()
+    max_machines: tuple[MachineCap, ...] = ()
     solver: str = "highs"  # the ILP's solver: highs (HiGHS via highspy) or cbc (the CBC PuLP 3 bundles)
     max_num_seqs: int | None = None  # requests running on one instance at once (None: no cap)
     chunked: bool = False  # the engine's scheduler: chunked prefill (else whole prompts first)
@@ -465,7 +480,7 @@ def make_plan(problem: Problem, counts: dict[OptionKey, int], options: dict[Opti
             bindings.append(f"{role}: {', '.join(sorted({_binding_text(o, c) for o, c in used}))}")
     if repairs:
         bindings.append(f"{repairs} machine(s) added on whole-trace evaluation")
-    bindings += _tight_budgets(problem, counts, cost, power)
+    bindings += _tight_budgets(problem, counts, options, cost, power)
     pools = _pools(counts, options, values)
     return Plan(pools[Role.PROMPT], pools[Role.TOKEN], pools[Role.MIXED], cost, power, predicted,
                 tuple(lines), "; ".join(bindings), repairs, **usd_per_million_tokens(cost, problem.trace))
@@ -505,16 +520,17 @@ def predict(problem: Problem, plan: Plan, options: dict[OptionKey, Option]) -> P
                    **usd_per_million_tokens(plan.cost_usd_per_hour, problem.trace))
 
 
-def _tight_budgets(problem: Problem, counts: dict[OptionKey, int], cost: float, power: float) -> list[str]:
+def _tight_budgets(problem: Problem, counts: dict[OptionKey, int], options: dict[OptionKey, Option], cost: float,
+                   power: float) -> list[str]:
     """Budget and availability limits the plan reaches: they, not the SLO, shape it."""
     tight = []
     if problem.max_cost_per_hour is not None and cost >= problem.max_cost_per_hour * (1 - 1e-6) - 1e-9:
         tight.append(f"budget: cost at --max-cost-per-hour {problem.max_cost_per_hour:g}")
     if problem.max_power_kw is not None and power >= problem.max_power_kw * (1 - 1e-6) - 1e-9:
         tight.append(f"budget: power at --max-power-kw {problem.max_power_kw:g}")
-    for hw, limit in problem.max_machines:
-        if sum(c for k, c in counts.items() if k.hardware == hw) >= limit:
-            tight.append(f"availability: all {limit} {hw} machines used")
+    for cap in problem.max_machines:
+        if sum(c * cap.share(options[k].inst.hardware) for k, c in counts.items()) >= cap.machines - 1e-9:
+            tight.append(f"availability: all {cap.machines} {cap.hardware} machines used")
     return tight
 
 
@@ -526,20 +542,32 @@ def closest_fit(option: Option) -> tuple:
             -inst.hardware.memory_bytes_per_gpu * inst.layout.gpus, option.skipped or "")
 
 
+def _sized_as(option: Option) -> tuple:
+    """What an option's size depends on: its role and instance, whatever shape of its machine
+    type holds the instance."""
+    return option.role, option.inst.hardware.family, option.inst.layout
+
+
+def as_simulated(simulated: dict, option: Option) -> Option:
+    """`option` as `colocated_plan` simulated it (on any shape of its machine type), else itself."""
+    found = simulated.get(_sized_as(option))
+    return option if found is None else replace(found, inst=option.inst)
+
+
 def colocated_plan(problem: Problem, options: list[Option], simulated: dict | None = None) -> Plan:
     """The best homogeneous co-located plan (Splitwise's baselines) within the budgets.
 
     Options are ranked by their estimated size and simulated (`simulated_option`) in that
     order until the next one's estimate costs no less than the best simulated plan (the
-    estimate is optimistic, so a later option rarely wins). `simulated` (a dict by option
-    key, reused across calls) keeps the options simulated and gives them back."""
+    estimate is optimistic, so a later option rarely wins). `simulated` (a dict by role, machine
+    type and layout, reused across calls) keeps the options simulated and gives them back."""
     simulated = {} if simulated is None else simulated
 
     def within(o: Option) -> bool:
         m = o.machines_alone
         return ((problem.max_cost_per_hour is None or o.price_usd_per_hour * m <= problem.max_cost_per_hour + 1e-9)
                 and (problem.max_power_kw is None or o.power_kw * m <= problem.max_power_kw + 1e-9)
-                and all(m <= limit for hw, limit in problem.max_machines if hw == o.inst.hardware.name))
+                and all(m * cap.share(o.inst.hardware) <= cap.machines + 1e-9 for cap in problem.max_machines))
 
     weight = (lambda o: (o.price_usd_per_hour, o.power_kw)) if problem.objective == "cost" else (lambda o: (o.power_kw, o.price_usd_per_hour))
 
@@ -552,13 +580,13 @@ def colocated_plan(problem: Problem, options: list[Option], simulated: dict | No
         if best is not None and rank(option)[:2] >= rank(best)[:2]:
             break
         replays: dict = {}
-        if option.key not in simulated:
-            simulated[option.key] = simulated_option(problem, option, replays)
-        found = simulated[option.key]
+        if _sized_as(option) not in simulated:
+            simulated[_sized_as(option)] = simulated_option(problem, option, replays)
+        found = as_simulated(simulated, option)
         if found.instances and within(found) and (best is None or rank(found) < rank(best)):
             best, best_replay = found, replays.get(found.key, (None, None))  # (only the best's replay is kept)
     if best is None:
-        shown = [simulated.get(o.key, o) for o in mixed]
+        shown = [as_simulated(simulated, o) for o in mixed]
         short, whole = listed([f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped or 'over budget'}"
                                for o in sorted(shown, key=closest_fit)])
         raise with_details(InfeasibleError(f"no co-located plan meets the SLO within the budget: {short}"), whole)

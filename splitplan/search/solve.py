@@ -122,8 +122,9 @@ def _budgets(problem: Problem, usable: list[Option], var) -> list[tuple[str, lis
         out.append(("max_cost_per_hour", [o.price_usd_per_hour * var(o) for o in usable], problem.max_cost_per_hour))
     if problem.max_power_kw is not None:
         out.append(("max_power_kw", [o.power_kw * var(o) for o in usable], problem.max_power_kw))
-    for hw, limit in problem.max_machines:
-        out.append((f"max_machines_{re.sub(r'[^0-9A-Za-z]', '_', hw)}", [var(o) for o in usable if o.inst.hardware.name == hw], limit))
+    for cap in problem.max_machines:
+        out.append((f"max_machines_{re.sub(r'[^0-9A-Za-z]', '_', cap.hardware)}",
+                    [cap.share(o.inst.hardware) * var(o) for o in usable if cap.share(o.inst.hardware)], cap.machines))
     return out
 
 
@@ -131,7 +132,7 @@ def _budget_message(problem: Problem, usable: list[Option]) -> str:
     cheapest = min(o.price_usd_per_hour * o.machines_alone for o in usable if o.role == Role.PROMPT) + \
         min(o.price_usd_per_hour * o.machines_alone for o in usable if o.role == Role.TOKEN)
     return (f"no plan meets the SLO within the budget (--max-cost-per-hour {problem.max_cost_per_hour}, "
-            f"--max-power-kw {problem.max_power_kw}, --max-machines {dict(problem.max_machines) or '-'}); "
+            f"--max-power-kw {problem.max_power_kw}, --max-machines {({c.hardware: c.machines for c in problem.max_machines}) or '-'}); "
             f"the cheapest homogeneous plan needs about ${cheapest:,.1f}/h: raise the budget or loosen the SLO")
 
 

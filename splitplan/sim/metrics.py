@@ -75,7 +75,7 @@ def pool_report(result: SimResult, pools: list[PoolSpec]) -> list[dict]:
         joules = pool.perf.layout.gpus * (prefill * tdp + decode * decode_w + idle * hw.gpu.idle_w)
         out.append({
             "role": pool.role, "hardware": hw.name, **pool.perf.layout._asdict(), "layout": pool.perf.layout.spec,
-            "machines": pool.machines,
+            "machines": pool.machines, "gpus": pool.machines * hw.gpus_per_machine,
             "instances": len(mine), "utilization": (prefill + decode) / (span * max(len(mine), 1)),
             "mean_batch": batch_time / max(prefill + decode, 1e-12) if pool.role != Role.PROMPT else None,
             "energy_kwh": joules / 3.6e6,

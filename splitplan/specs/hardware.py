@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from splitplan.errors import SpecError
 from splitplan.specs._load import load_named
-from splitplan.specs.catalog import catalog_names
+from splitplan.specs.catalog import catalog_names, pinned
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
 Frac = Annotated[float, Field(gt=0, le=1)]
@@ -62,8 +62,21 @@ class GpuSpec(BaseModel):
         return self
 
 
+class ShapeSpec(BaseModel):
+    """A smaller rental of a machine type: `gpus` of its GPUs, with their share of its NICs and
+    provisioned power, at a price of its own (clouds rent H100s by 1, 2, 4 and 8)."""
+
+    model_config = _STRICT
+    gpus: Annotated[int, Field(ge=1, le=72)]
+    price_usd_per_hour: Annotated[float, Field(gt=0, le=10_000)]
+    price_source: str
+    price_date: str
+
+
 class HardwareSpec(BaseModel):
-    """A machine type: GPUs, network, price and power."""
+    """A machine type: GPUs, network, price and power. Its `shapes`, where given, are the smaller
+    machines it is also rented as; `name@G` (e.g. `h100-80gb@1`) names the machine of G GPUs
+    (`shape`), and the whole machine is `name` (or `name@gpus_per_machine`)."""
 
     model_config = _STRICT
     name: str
@@ -80,6 +93,63 @@ class HardwareSpec(BaseModel):
     provisioned_power_w: Annotated[float, Field(gt=0, le=1_000_000)]
     power_cap_fraction: Annotated[float, Field(gt=0, le=1)] | None = None  # of provisioned machine power
     gpu_power_cap_w: Annotated[float, Field(gt=0, le=10_000)] | None = None  # each GPU's power limit, if below its TDP
+    shapes: tuple[ShapeSpec, ...] = ()
+
+    @model_validator(mode="after")
+    def _shapes_tile(self) -> "HardwareSpec":
+        """Each shape a divisor of the machine's GPUs, one per GPU count, every count dividing
+        the next (so that instances of the layouts one shape takes also tile the larger ones)."""
+        gpm, seen = self.gpus_per_machine, {}
+        for i, shape in enumerate(self.shapes):
+            if shape.gpus == gpm or shape.gpus in seen:
+                first = f"shapes[{seen[shape.gpus]}]" if shape.gpus in seen else "gpus_per_machine"
+                raise ValueError(f"shapes[{i}].gpus: {first} is already a machine of {shape.gpus} GPUs; give each GPU "
+                                 "count once (the whole machine's price is price_usd_per_hour)")
+            if shape.gpus > gpm or gpm % shape.gpus:
+                raise ValueError(f"shapes[{i}].gpus: {shape.gpus} does not divide the {gpm} GPUs of the machine; a shape "
+                                 f"is a part of it that whole instances fill (choose from {_divisors(gpm)[:-1]})")
+            seen[shape.gpus] = i
+        counts = sorted(seen)
+        for small, large in zip(counts, counts[1:]):
+            if large % small:
+                raise ValueError(f"shapes: machines of {small} and {large} GPUs; each shape's GPU count must divide the "
+                                 "next larger one's (1, 2, 4, 8 do), or instances would not pack")
+        if self.shapes and self.nvlink_domain_gpus is not None:
+            raise ValueError("shapes: a rack-scale machine (nvlink_domain_gpus) is rented as whole machines; remove shapes")
+        return self
+
+    @property
+    def family(self) -> str:
+        """The machine type a shape belongs to (its own name for a whole machine): engine factors
+        and measurements apply to every shape of it."""
+        return self.name.partition("@")[0]
+
+    def shape(self, gpus: int) -> "HardwareSpec":
+        """The machine of `gpus` of this type's GPUs, named `name@gpus`, with its price and its
+        share of the NICs and provisioned power (the whole machine itself for gpus_per_machine)."""
+        if gpus == self.gpus_per_machine:
+            return self
+        shape = next((s for s in self.shapes if s.gpus == gpus), None)
+        if shape is None:
+            named = [f"{self.name}@{g}" for g in self.shape_gpus if g != self.gpus_per_machine]
+            raise SpecError(f"hardware {self.name}@{gpus}: {self.name} is rented as machines of "
+                            f"{', '.join(str(g) for g in self.shape_gpus)} GPUs; choose "
+                            f"{', '.join(named + [self.name])} (the whole machine)")
+        share = gpus / self.gpus_per_machine
+        return self.model_copy(update={
+            "name": f"{self.name}@{gpus}", "description": f"{gpus} of the {self.gpus_per_machine} GPUs of: {self.description}",
+            "gpus_per_machine": gpus, "scale_out_gbit_per_s": self.scale_out_gbit_per_s * share,
+            "price_usd_per_hour": shape.price_usd_per_hour, "price_source": shape.price_source,
+            "price_date": shape.price_date, "provisioned_power_w": self.provisioned_power_w * share, "shapes": ()})
+
+    @property
+    def shape_gpus(self) -> list[int]:
+        """The GPU counts this machine type is rented in, the whole machine's included."""
+        return sorted([s.gpus for s in self.shapes] + [self.gpus_per_machine])
+
+    def shaped(self) -> list["HardwareSpec"]:
+        """The machine and each of its shapes, the whole machine first."""
+        return [self] + [self.shape(g) for g in self.shape_gpus if g != self.gpus_per_machine]
 
     @model_validator(mode="after")
     def _cap_consistent(self) -> "HardwareSpec":
@@ -149,8 +219,20 @@ class HardwareSpec(BaseModel):
         return [t for t in range(1, gpm + 1) if gpm % t == 0] + [t for t in (8,) if gpm < t <= self.nvlink_domain and t % gpm == 0]
 
 
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+_SHAPE = re.compile(r"^(.+)@(\d{1,4})$")
+
+
 @functools.lru_cache(maxsize=256)
 def load_hardware(name_or_path: str) -> HardwareSpec:
+    """A machine type by catalog name or path; `NAME@G` is its shape of G GPUs (a plan's copy of
+    a shape, where a plan is read, is used as it is)."""
+    shape = _SHAPE.match(name_or_path)
+    if shape and pinned("hardware_specs", name_or_path) is None:
+        return load_hardware(shape.group(1)).shape(int(shape.group(2)))
     return load_named(HardwareSpec, "hardware_specs", name_or_path, "hardware")[0]
 
 

@@ -58,7 +58,7 @@ def test_optimize_with_fp4_weights_uses_only_fp4_machines_and_the_plan_keeps_the
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     pools = [p for role in ("prompt", "token", "mixed") for p in doc["plan"].get(f"{role}_pools", [])]
-    assert pools and {p["hardware"] for p in pools} == {"b200-180gb"}
+    assert pools and {p["hardware"].partition("@")[0] for p in pools} == {"b200-180gb"}
     assert doc["inputs"]["engine"] == "lean-fp8@weights=fp4"
     sim = CliRunner().invoke(app, ["simulate", "--plan", str(out / "plan.json"), "--rate", "3", "--duration", "30",
                                    "--format", "json"])

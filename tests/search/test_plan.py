@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from splitplan import api
 from splitplan.errors import InfeasibleError
 from splitplan.perf.roofline import Instance
-from splitplan.search.plan import Option, Problem
+from splitplan.search.plan import MachineCap, Option, Problem
 from splitplan.search.solve import solve_counts
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
@@ -20,7 +20,8 @@ from splitplan.specs.layout import Layout
 
 MODEL, ENGINE = load_model("llama2-70b"), load_engine("lean")
 CHOICES = [("a100-80gb", 8), ("h100-80gb", 4), ("h100-80gb", 8), ("mi300x-192gb", 2), ("h200-141gb", 4),
-           ("a100-80gb", Layout(8, pp=2)), ("h100-80gb", Layout(8, pp=4))]  # (instances over 2 and 4 machines)
+           ("a100-80gb", Layout(8, pp=2)), ("h100-80gb", Layout(8, pp=4)),  # (instances over 2 and 4 machines)
+           ("h100-80gb@2", 2), ("h100-80gb@4", 4), ("h100-80gb@4", 2)]  # (smaller machines of a type: one cap)
 
 
 def _cost(counts, options, attr):
@@ -44,7 +45,7 @@ def test_ilp_optimum_equals_grid_optimum(specs, objective, max_cost, max_h100, s
         seen.add((role, hw, tp))
         options.append(Option(role, Instance(MODEL, load_hardware(hw), ENGINE, tp), n, "test"))
     problem = Problem(trace=None, slo=None, reference=None, objective=objective, max_cost_per_hour=max_cost,
-                      max_machines=(("h100-80gb", max_h100),) if max_h100 is not None else (), solver=solver)
+                      max_machines=(MachineCap("h100-80gb", max_h100, 8),) if max_h100 is not None else (), solver=solver)
     try:
         ilp = solve_counts(problem, options, "ilp")
     except InfeasibleError:
@@ -71,7 +72,7 @@ def test_ilp_formulation_matches_the_reviewed_golden_file(tmp_path):
     reviewed one (tests/data/ilp_small.lp): a change to the formulation shows up here."""
     from splitplan.search.solve import ilp_model
     problem = Problem(trace=None, slo=None, reference=None, objective="cost", max_cost_per_hour=300.0,
-                      max_machines=(("h100-80gb", 4),))
+                      max_machines=(MachineCap("h100-80gb", 4, 8),))
     lp, _ = ilp_model(problem, _small_ilp_options())
     lp.writeLP(str(tmp_path / "small.lp"))
     assert (tmp_path / "small.lp").read_text() == GOLDEN_LP.read_text()
@@ -279,10 +280,24 @@ def test_binding_says_when_whole_machines_decided_the_size():
     """Issue 27, item 5: a pool of TP 1 instances on an 8-GPU machine that needs fewer than 8 is
     decided by rounding up to a whole machine, and the line that binds at the count needed is named."""
     trace = resample_poisson(load_trace(default_trace_path()), 2.0, 60.0, np.random.default_rng(4))
-    result = api.optimize(trace, "llama3.1-8b", "chat", ["h100-80gb"], tp=1, split=False)
+    result = api.optimize(trace, "llama3.1-8b", "chat", ["h100-80gb@8"], tp=1, split=False)
     needed = next(o.instances for o in result.options if o.key.layout == Layout(1))
     assert needed < 8 and result.plan.mixed_pools[0].machines == 1
     assert f"mixed: rounded up to whole machines ({needed} of 8 instances needed" in result.plan.binding
+
+
+def test_a_machine_type_rented_in_shapes_buys_the_gpus_the_load_needs():
+    """Issue 30: H100s are rented by 1, 2, 4 and 8 (the catalog's shapes): the load that needs
+    fewer than 8 TP 1 instances buys that many GPUs in the cheapest shapes, at the same per-GPU
+    rate, not a whole 8-GPU machine; `h100-80gb@8` still buys whole machines."""
+    trace = resample_poisson(load_trace(default_trace_path()), 2.0, 60.0, np.random.default_rng(4))
+    whole = api.optimize(trace, "llama3.1-8b", "chat", ["h100-80gb@8"], tp=1, split=False).plan
+    shaped = api.optimize(trace, "llama3.1-8b", "chat", ["h100-80gb"], tp=1, split=False).plan
+    (pool,) = whole.mixed_pools
+    needed = shaped.gpus
+    assert needed < 8 and pool.gpus == 8 and shaped.cost_usd_per_hour == pytest.approx(38.0 / 8 * needed)
+    assert {load_hardware(p.hardware).family for p in shaped.pools} == {"h100-80gb"}
+    assert sum(p.instances for p in shaped.pools) == needed
 
 
 def test_a_plan_says_what_it_buys(small_trace):
@@ -292,7 +307,7 @@ def test_a_plan_says_what_it_buys(small_trace):
     from splitplan.search.plan import usd_per_million_tokens
     from splitplan.simulation import Setup, plan_pools
     split = api.optimize(small_trace, "llama2-70b", "chat", ["a100-80gb", "h100-80gb"], tp=8, split_only=True)
-    colocated = api.optimize(small_trace, "llama3.1-8b", "chat", ["h100-80gb"], tp=1, split=False)
+    colocated = api.optimize(small_trace, "llama3.1-8b", "chat", ["h100-80gb@8"], tp=1, split=False)
     for model, result, tolerance in (("llama2-70b", split, 0.05), ("llama3.1-8b", colocated, 1e-9)):
         plan, trace = result.plan, result.problem.trace
         simulated = Setup(model, "chat").simulate(trace, plan_pools(plan))

@@ -81,7 +81,7 @@ def _write(tmp_path, name, text):
 
 
 def test_unknown_hardware_key_suggests(tmp_path):
-    text = open(catalog_path("h100-80gb")).read().replace("price_usd_per_hour", "price_usd_per_hr")
+    text = open(catalog_path("h100-80gb")).read().replace("price_usd_per_hour", "price_usd_per_hr", 1)
     with pytest.raises(SpecError, match=r"unknown key 'price_usd_per_hr'; did you mean 'price_usd_per_hour'"):
         load_hardware(_write(tmp_path, "x.yaml", text))
 
@@ -159,3 +159,62 @@ def test_datasheet_profiles_source_every_machines_efficiency(engine):
     assert set(profile.efficiency_sources) == {h.name for h in hardware_catalog()}
     assert set(profile.hardware_overrides) <= set(profile.efficiency_sources)
     assert profile.factors("mi300x-192gb", 8).compute_efficiency < profile.factors("h100-80gb", 8).compute_efficiency
+
+
+def test_a_shape_is_its_machines_share_at_its_own_price():
+    """Issue 30: `NAME@G` is the machine of G of the type's GPUs: its NICs and provisioned power
+    pro rata, its own price and source; the instance on it is the same instance (engine factors
+    and measurements of the type apply); `NAME@gpus_per_machine` is the whole machine."""
+    from splitplan.perf.roofline import Instance
+    from splitplan.specs.engine import load_engine
+    from splitplan.specs.model import load_model
+    whole, one = load_hardware("h100-80gb"), load_hardware("h100-80gb@1")
+    assert load_hardware("h100-80gb@8") is whole and whole.shape_gpus == [1, 2, 4, 8]
+    assert (one.name, one.family, one.gpus_per_machine, one.price_usd_per_hour) == ("h100-80gb@1", "h100-80gb", 1, 4.75)
+    assert one.scale_out_bytes_per_s == pytest.approx(whole.scale_out_bytes_per_s / 8)
+    assert one.provisioned_power_w == pytest.approx(whole.provisioned_power_w / 8) and one.gpu == whole.gpu
+    assert "Lambda" in one.price_source and one.price_date
+    model, engine = load_model("llama3.1-8b"), load_engine("vllm")
+    a, b = Instance(model, whole, engine, 1), Instance(model, one, engine, 1)
+    assert a.factors == b.factors and a.fit == b.fit and a.kv_link_bytes_per_s == b.kv_link_bytes_per_s
+    assert a.prefill_time_s([3000]) == b.prefill_time_s([3000])
+    with pytest.raises(SpecError, match=r"h100-80gb@3: h100-80gb is rented as machines of 1, 2, 4, 8 GPUs; choose "
+                                        r"h100-80gb@1, h100-80gb@2, h100-80gb@4, h100-80gb"):
+        load_hardware("h100-80gb@3")
+    with pytest.raises(SpecError, match="h100-80gb-cap70 is rented as machines of 8 GPUs"):
+        load_hardware("h100-80gb-cap70@1")
+
+
+SHAPE = "  - gpus: {gpus}\n    price_usd_per_hour: 9.5\n    price_source: quote\n    price_date: 2026-12\n"
+
+
+@pytest.mark.parametrize("shapes,needle", [
+    ([3], r"shapes\[0\].gpus: 3 does not divide the 8 GPUs of the machine"),
+    ([2, 2], r"shapes\[1\].gpus: shapes\[0\] is already a machine of 2 GPUs"),
+    ([8], r"shapes\[0\].gpus: gpus_per_machine is already a machine of 8 GPUs"),
+    ([16], r"shapes\[0\].gpus: 16 does not divide"),
+    ("no price", r"missing key 'shapes.0.price_usd_per_hour'"),
+])
+def test_bad_shapes_name_the_file_and_key(tmp_path, shapes, needle):
+    """Bad input (issue 30): a shape whose GPU count does not divide the machine's, two shapes of
+    one GPU count (the whole machine's included), a shape without a price: SpecError (exit 2)
+    naming the file and the key."""
+    text = "\n".join(x for x in open(catalog_path("h100-80gb")).read().split("\nshapes:")[0].splitlines())
+    if shapes == "no price":
+        block = SHAPE.format(gpus=1).replace("    price_usd_per_hour: 9.5\n", "")
+    else:
+        block = "".join(SHAPE.format(gpus=g) for g in shapes)
+    path = _write(tmp_path, "x.yaml", f"{text}\nshapes:\n{block}")
+    with pytest.raises(SpecError, match=rf"x.yaml: .*{needle}"):
+        load_hardware(path)
+
+
+def test_shape_counts_must_pack(tmp_path):
+    """Shapes of 2 and 3 GPUs on a 6-GPU machine: instances of one would not tile the other."""
+    text = open(catalog_path("h100-80gb")).read().split("\nshapes:")[0].replace("gpus_per_machine: 8", "gpus_per_machine: 6")
+    path = _write(tmp_path, "six.yaml", text + "\nshapes:\n" + SHAPE.format(gpus=2) + SHAPE.format(gpus=3))
+    with pytest.raises(SpecError, match="six.yaml: shapes: machines of 2 and 3 GPUs; each shape's GPU count must divide"):
+        load_hardware(path)
+    text = open(catalog_path("gb200-nvl72")).read()
+    with pytest.raises(SpecError, match="rack-scale machine"):
+        load_hardware(_write(tmp_path, "rack.yaml", text + "\nshapes:\n" + SHAPE.format(gpus=2)))
