@@ -26,13 +26,19 @@ def export_command(
     model_id: Optional[str] = typer.Option(None, "--model-id", help="The Hugging Face repository to serve (default: "
                                            "the model spec's hf_repo), e.g. an fp8 or fp4 checkpoint."),
     image: Optional[str] = typer.Option(None, "--image", help="Container image instead of the target's default."),
+    node_selector: Optional[list[str]] = typer.Option(None, "--node-selector", help="KEY=VALUE (repeat for more): the "
+                                                      "node labels every serving pod is placed by, in place of the "
+                                                      "hardware files' kubernetes_node_labels (dynamo, llm-d)."),
+    model_cache_pvc: Optional[str] = typer.Option(None, "--model-cache-pvc", help="A PersistentVolumeClaim (ReadWriteMany) "
+                                                  "every serving pod reads and caches the weights in, so that pods do "
+                                                  "not each download them (dynamo, llm-d)."),
 ) -> None:
     """Write a plan as a deployment for Dynamo, llm-d, vLLM or SGLang: every worker group with its replicas,
     GPUs and parallel flags; what the target cannot express is listed."""
     from splitplan.export import deployment, export
 
     pools, inputs = read_plan(plan, option="PLAN")
-    result = export(deployment(pools, inputs, str(plan), model_id), to, backend, image)
+    result = export(deployment(pools, inputs, str(plan), model_id, node_selector, model_cache_pvc), to, backend, image)
     if output is None:
         sys.stdout.write(next(iter(result.files.values())))
         others = list(result.files)[1:]

@@ -21,11 +21,13 @@ from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.errors import SpecError
 from splitplan.inputs import excerpt, printable
 from splitplan.specs.engine import EngineProfile, load_engine
-from splitplan.specs.hardware import HardwareSpec, load_hardware
+from splitplan.specs.hardware import HardwareSpec, label_key_ok, label_value_ok, load_hardware
 from splitplan.specs.layout import Layout
 from splitplan.specs.model import ModelSpec, load_model
 
 TARGETS = ("dynamo", "llm-d", "vllm", "sglang")
+KUBERNETES_TARGETS = ("dynamo", "llm-d")
+MODEL_CACHE_PATH = "/model-cache"
 BACKENDS = ("vllm", "sglang")
 # The engine versions every target is written for: Dynamo 1.6.1 and the vLLM and SGLang it pins
 # (ai-dynamo 1.6.1's extras: vllm 0.31.0, sglang 0.5.21); llm-d 0.8.0 (its guides' sidecar tag).
@@ -135,6 +137,8 @@ class Deployment:
     groups: tuple[Group, ...]
     repo_given: bool = False  # the repository came from --model-id, not the model spec's hf_repo
     max_num_seqs: int | None = None  # the plan's sequence cap (None: the engine's default)
+    node_selector: tuple[tuple[str, str], ...] | None = None  # --node-selector (None: each machine type's labels)
+    model_cache_pvc: str | None = None  # --model-cache-pvc: the claim every pod reads the weights from
 
     @property
     def name(self) -> str:
@@ -144,6 +148,30 @@ class Deployment:
     @property
     def split(self) -> bool:
         return any(g.role != "mixed" for g in self.groups)
+
+    def node_labels(self, g: "Group") -> dict[str, str]:
+        """The labels that place `g`'s pods on its machines: --node-selector, else its machine type's
+        (and shape's) `kubernetes_node_labels`."""
+        return dict(self.node_selector) if self.node_selector is not None else dict(g.hardware.kubernetes_node_labels)
+
+    def pod_spec(self, g: "Group") -> dict:
+        """What every pod of `g` adds to its spec (Kubernetes targets): its node selector, the
+        toleration of its GPUs' taint (GPU node pools are tainted with the GPU resource's name, as
+        GKE's are), and the model-cache volume."""
+        spec: dict = {}
+        if self.node_labels(g):
+            spec["nodeSelector"] = self.node_labels(g)
+        spec["tolerations"] = [{"key": g.hardware.kubernetes_gpu_resource, "operator": "Exists", "effect": "NoSchedule"}]
+        if self.model_cache_pvc:
+            spec["volumes"] = [{"name": "model-cache", "persistentVolumeClaim": {"claimName": self.model_cache_pvc}}]
+        return spec
+
+    def container_cache(self) -> tuple[list[dict], list[dict]]:
+        """(env, volumeMounts) of a serving container: the weights read from and cached in the
+        model-cache volume (HF_HOME, which vLLM and SGLang download to), none without one."""
+        if not self.model_cache_pvc:
+            return [], []
+        return [{"name": "HF_HOME", "value": MODEL_CACHE_PATH}], [{"name": "model-cache", "mountPath": MODEL_CACHE_PATH}]
 
 
 @dataclass
@@ -167,10 +195,38 @@ class Export:
         return "\n".join(lines) + "\n"
 
 
-def deployment(pools, inputs: dict, source: str, model_id_option: str | None = None) -> Deployment:
+def node_selector(values: list[str] | None) -> tuple[tuple[str, str], ...] | None:
+    """--node-selector KEY=VALUE (repeated) as label pairs, each checked as a Kubernetes label;
+    None when none is given."""
+    if not values:
+        return None
+    pairs = []
+    for value in values:
+        key, eq, label = value.partition("=")
+        if not eq or not label_key_ok(key) or not label_value_ok(label):
+            raise SpecError(f"--node-selector '{excerpt(value)}': not KEY=VALUE of a Kubernetes label (KEY: [PREFIX/]NAME, "
+                            "VALUE: up to 63 letters, digits, '-', '_', '.'), e.g. nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3")
+        pairs.append((key, label))
+    return tuple(pairs)
+
+
+_CLAIM = re.compile(r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def claim_name(value: str | None) -> str | None:
+    """--model-cache-pvc NAME if it is a PersistentVolumeClaim name (a DNS subdomain)."""
+    if value is not None and not _CLAIM.match(value):
+        raise SpecError(f"--model-cache-pvc '{excerpt(value)}': not a PersistentVolumeClaim name (lowercase letters, "
+                        "digits, '-' and '.', at most 253)")
+    return value
+
+
+def deployment(pools, inputs: dict, source: str, model_id_option: str | None = None,
+               node_labels: list[str] | None = None, model_cache_pvc: str | None = None) -> Deployment:
     """The Deployment of a plan's pools (role, hardware, layout, machines) and inputs (as
-    plan_document.read gives them); SpecError when the repository to serve is not one (or the
-    model names none), or a pool does not hold whole instances."""
+    plan_document.read gives them), with --node-selector and --model-cache-pvc; SpecError when the
+    repository to serve is not one (or the model names none), a pool does not hold whole
+    instances, or a label or claim name is not one."""
     model = load_model(str(inputs["model"]))
     if model_id_option is not None:
         repo = model_id(model_id_option, "--model-id")
@@ -193,7 +249,8 @@ def deployment(pools, inputs: dict, source: str, model_id_option: str | None = N
         raise SpecError(f"{printable(source)}: two pools share the name {excerpt(max(names, key=names.count))}; "
                         "give each machine type its own name")
     return Deployment(source, model, repo, engine, int(inputs.get("max_batch_tokens", MAX_BATCH_TOKENS)), groups,
-                      repo_given=model_id_option is not None, max_num_seqs=inputs.get("max_num_seqs"))
+                      repo_given=model_id_option is not None, max_num_seqs=inputs.get("max_num_seqs"),
+                      node_selector=node_selector(node_labels), model_cache_pvc=claim_name(model_cache_pvc))
 
 
 def export(dep: Deployment, target: str, backend: str | None = None, image: str | None = None) -> Export:
@@ -206,6 +263,10 @@ def export(dep: Deployment, target: str, backend: str | None = None, image: str 
     if target == "dynamo":
         from splitplan.export.dynamo import dynamo
         return dynamo(dep, backend or _backend_of(dep), image)
+    if target not in KUBERNETES_TARGETS and (dep.node_selector is not None or dep.model_cache_pvc):
+        flag = "--node-selector" if dep.node_selector is not None else "--model-cache-pvc"
+        raise SpecError(f"{flag}: --to {target} writes a launch script, which runs where it is started; {flag} is for "
+                        f"--to {' or '.join(KUBERNETES_TARGETS)}")
     runs = "vllm" if target == "llm-d" else target
     if backend not in (None, runs):
         raise SpecError(f"--backend {excerpt(backend)}: --to {target} runs {runs}; --backend is for --to dynamo")
@@ -234,8 +295,9 @@ def shell_words(cmd: list[str], compose: bool = False) -> str:
     return " ".join(f'"{w}"' if isinstance(w, Expand) else literal(w) for w in cmd)
 
 
-def common_mapping(dep: Deployment, engine: str) -> tuple[list[tuple[str, str]], list[str]]:
-    """The mapping rows and the unexpressed facts every target shares (`engine`: what runs)."""
+def common_mapping(dep: Deployment, engine: str, kubernetes: bool = False) -> tuple[list[tuple[str, str]], list[str]]:
+    """The mapping rows and the unexpressed facts every target shares (`engine`: what runs;
+    `kubernetes`: the target writes pods, placed by `Deployment.pod_spec`)."""
     mapping = [("inputs.model", f"the served model {dep.model_id}"
                 + (" (--model-id)" if dep.repo_given else f" (model {dep.model.name}'s hf_repo; --model-id serves another)"))]
     unexpressed = [] if dep.engine.name.startswith(engine) else [
@@ -245,8 +307,22 @@ def common_mapping(dep: Deployment, engine: str) -> tuple[list[tuple[str, str]],
         mapping.append((f"{g.role}_pools[{g.hardware.name}].machines, layout",
                         f"{g.instances} {ROLE_NAMES[g.role]} worker(s) of {g.layout.gpus} GPU(s) ({g.layout})"
                         + (f", each over {g.nodes_per_instance} nodes" if g.nodes_per_instance > 1 else "")))
-        unexpressed.append(f"{g.role}_pools[{g.hardware.name}].hardware: the machine type is not selected; pin the "
-                           f"workers to {g.hardware.gpu.name} nodes with your cluster's node labels")
+        labels = dep.node_labels(g) if kubernetes else {}
+        if labels:
+            mapping.append((f"{g.role}_pools[{g.hardware.name}].hardware",
+                            "nodeSelector " + ", ".join(f"{k}={v}" for k, v in labels.items())
+                            + (" (--node-selector)" if dep.node_selector is not None else " (the hardware file's kubernetes_node_labels)")
+                            + f"; toleration of {g.hardware.kubernetes_gpu_resource}"))
+        else:
+            unexpressed.append(f"{g.role}_pools[{g.hardware.name}].hardware: the machine type is not selected; pin the "
+                               f"workers to {g.hardware.gpu.name} nodes with your cluster's node labels"
+                               + (" (--node-selector KEY=VALUE)" if kubernetes else ""))
+    if kubernetes and dep.model_cache_pvc:
+        mapping.append(("--model-cache-pvc", f"every serving pod mounts the claim {dep.model_cache_pvc} at {MODEL_CACHE_PATH} "
+                        "(HF_HOME): the weights download once; pods on several nodes need a ReadWriteMany claim"))
+    elif kubernetes:
+        unexpressed.append("the weights: every pod downloads them; give --model-cache-pvc NAME (a ReadWriteMany claim) "
+                           "to share one copy")
     if not dep.repo_given and dep.engine.weights != dep.model.hf_repo_weights:
         unexpressed.append(f"inputs.engine weights={dep.engine.weights}: {dep.model_id} holds {dep.model.hf_repo_weights} "
                            f"weights; serve a {dep.engine.weights} checkpoint (--model-id), the engines read the precision from it")

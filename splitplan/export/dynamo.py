@@ -53,7 +53,13 @@ def dynamo(dep: Deployment, backend: str, image: str | None) -> Export:
         container["args"] = (model_args(backend, dep.model_id) + parallel_args(backend, g.layout, where)
                              + role_args(backend, g.role) + setting_args(backend, dep.engine.kv, dep.max_batch_tokens, dep.max_num_seqs)
                              + _strip(container["args"]))
-        container["resources"]["limits"]["nvidia.com/gpu"] = str(g.gpus_per_node)
+        del container["resources"]["limits"]["nvidia.com/gpu"]
+        container["resources"]["limits"][g.hardware.kubernetes_gpu_resource] = str(g.gpus_per_node)
+        cache_env, cache_mounts = dep.container_cache()
+        if cache_env:
+            container["env"] = container.get("env", []) + cache_env
+            container["volumeMounts"] = container.get("volumeMounts", []) + cache_mounts
+        c["podTemplate"]["spec"].update(dep.pod_spec(g))
         if image:
             container["image"] = image
         c["name"], c["replicas"] = g.name, g.instances
@@ -64,11 +70,12 @@ def dynamo(dep: Deployment, backend: str, image: str | None) -> Export:
         components[0]["podTemplate"]["spec"]["containers"][0]["image"] = image
     doc["metadata"]["name"] = dep.name
     doc["spec"]["components"] = components
-    mapping, unexpressed = common_mapping(dep, backend)
+    mapping, unexpressed = common_mapping(dep, backend, kubernetes=True)
     mapping += [
         ("inputs.engine", f"the Dynamo {backend} backend (`python3 -m dynamo.{backend}`), KV cache {dep.engine.kv}"),
         ("pool layout", "the backend's parallel flags per component (" + pool_flags(backend, dep.groups) + ")"),
-        ("pool instances", "components[].replicas; GPUs per pod in resources.limits nvidia.com/gpu; "
+        ("pool instances", "components[].replicas; GPUs per pod in resources.limits (nvidia.com/gpu, or the hardware "
+                           "file's kubernetes_gpu_resource); "
                            "instances over several nodes in multinode.nodeCount"),
         ("inputs.max_batch_tokens", BATCH_TOKENS_FLAG[backend]),
         *([("inputs.max_num_seqs", SEQS_FLAG[backend])] if dep.max_num_seqs else []),

@@ -50,10 +50,11 @@ def _container(dep: Deployment, g, image: str, name: str, script: str, serving_p
     env = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "llm-d-hf-token", "key": "HF_TOKEN", "optional": True}}}]
     if dep.split:
         env.append({"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
-    gpus = {"nvidia.com/gpu": str(g.gpus_per_node)}
-    c = {"name": name, "image": image, "command": ["/bin/bash", "-c"], "args": [script], "env": env,
+    cache_env, cache_mounts = dep.container_cache()
+    gpus = {g.hardware.kubernetes_gpu_resource: str(g.gpus_per_node)}
+    c = {"name": name, "image": image, "command": ["/bin/bash", "-c"], "args": [script], "env": env + cache_env,
          "resources": {"limits": dict(gpus), "requests": dict(gpus)},
-         "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}]}
+         "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}] + cache_mounts}
     if serving_port is not None:
         c["ports"] = [{"name": "modelserver", "containerPort": serving_port, "protocol": "TCP"}] + (
             [{"name": "nixl", "containerPort": NIXL_PORT, "protocol": "TCP"}] if dep.split else [])
@@ -74,8 +75,9 @@ def _sidecar() -> dict:
 
 
 def _pod(dep: Deployment, g, container: dict, serving: bool) -> dict:
-    spec = {"serviceAccountName": dep.name, "containers": [container],
-            "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}]}
+    placement = dep.pod_spec(g)
+    spec = {"serviceAccountName": dep.name, "containers": [container], **placement,
+            "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}] + placement.get("volumes", [])}
     if serving and g.role == "token":
         spec["initContainers"] = [_sidecar()]
     return {"metadata": {"labels": _labels(dep, g, serving)}, "spec": spec}
@@ -135,7 +137,7 @@ def llmd(dep: Deployment, image: str | None) -> Export:
         f"helm install {dep.name} oci://ghcr.io/llm-d/charts/llm-d-router-standalone -n NS \\",
         *(f"    -f llm-d/{v} \\" for v in guide_values),
         "    -f router.values.yaml"])
-    mapping, unexpressed = common_mapping(dep, "vllm")
+    mapping, unexpressed = common_mapping(dep, "vllm", kubernetes=True)
     mapping += [
         ("pool layout", "each pool's vLLM parallel flags (" + pool_flags("vllm", dep.groups) + ")"),
         ("pool instances", "Deployment replicas, one pod of the instance's GPUs each; an instance over several "

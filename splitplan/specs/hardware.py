@@ -94,6 +94,12 @@ class HardwareSpec(BaseModel):
     power_cap_fraction: Annotated[float, Field(gt=0, le=1)] | None = None  # of provisioned machine power
     gpu_power_cap_w: Annotated[float, Field(gt=0, le=10_000)] | None = None  # each GPU's power limit, if below its TDP
     shapes: tuple[ShapeSpec, ...] = ()
+    # Kubernetes: the labels that select nodes of this machine type (NVIDIA's GPU Feature
+    # Discovery sets nvidia.com/gpu.product and nvidia.com/gpu.count; a shape's count is its own)
+    # and the extended resource its GPUs are requested as. `splitplan export --node-selector`
+    # replaces the labels for a cluster labelled otherwise.
+    kubernetes_node_labels: dict[str, str] = {}
+    kubernetes_gpu_resource: str = "nvidia.com/gpu"
 
     @model_validator(mode="after")
     def _shapes_tile(self) -> "HardwareSpec":
@@ -114,6 +120,13 @@ class HardwareSpec(BaseModel):
             if large % small:
                 raise ValueError(f"shapes: machines of {small} and {large} GPUs; each shape's GPU count must divide the "
                                  "next larger one's (1, 2, 4, 8 do), or instances would not pack")
+        for key, value in self.kubernetes_node_labels.items():
+            if not (label_key_ok(key) and label_value_ok(value)):
+                raise ValueError(f"kubernetes_node_labels: '{key}: {value}' is not a Kubernetes label (KEY: [PREFIX/]NAME, "
+                                 "VALUE: up to 63 letters, digits, '-', '_', '.')")
+        if not label_key_ok(self.kubernetes_gpu_resource):
+            raise ValueError(f"kubernetes_gpu_resource: '{self.kubernetes_gpu_resource}' is not a resource name "
+                             "(DOMAIN/NAME, e.g. nvidia.com/gpu)")
         if self.shapes and self.nvlink_domain_gpus is not None:
             raise ValueError("shapes: a rack-scale machine (nvlink_domain_gpus) is rented as whole machines; remove shapes")
         return self
@@ -140,7 +153,8 @@ class HardwareSpec(BaseModel):
             "name": f"{self.name}@{gpus}", "description": f"{gpus} of the {self.gpus_per_machine} GPUs of: {self.description}",
             "gpus_per_machine": gpus, "scale_out_gbit_per_s": self.scale_out_gbit_per_s * share,
             "price_usd_per_hour": shape.price_usd_per_hour, "price_source": shape.price_source,
-            "price_date": shape.price_date, "provisioned_power_w": self.provisioned_power_w * share, "shapes": ()})
+            "price_date": shape.price_date, "provisioned_power_w": self.provisioned_power_w * share, "shapes": (),
+            "kubernetes_node_labels": {k: str(gpus) if k == GPU_COUNT_LABEL else v for k, v in self.kubernetes_node_labels.items()}})
 
     @property
     def shape_gpus(self) -> list[int]:
@@ -217,6 +231,24 @@ class HardwareSpec(BaseModel):
         rack-scale NVLink domain those up to 8 that fill whole machines (TP 8 over two 4-GPU trays)."""
         gpm = self.gpus_per_machine
         return [t for t in range(1, gpm + 1) if gpm % t == 0] + [t for t in (8,) if gpm < t <= self.nvlink_domain and t % gpm == 0]
+
+
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+_LABEL_NAME = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(rf"^(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?{_LABEL_NAME}$")
+_LABEL_VALUE = re.compile(rf"^(?:{_LABEL_NAME})?$")
+
+
+def label_key_ok(key: str) -> bool:
+    """A Kubernetes label key (or extended resource name): [PREFIX/]NAME, PREFIX a DNS subdomain
+    of at most 253 characters, NAME at most 63 letters, digits, '-', '_', '.'."""
+    return bool(_LABEL_KEY.match(key)) and len(key.rpartition("/")[0]) <= 253
+
+
+def label_value_ok(value: str) -> bool:
+    """A Kubernetes label value: empty, or at most 63 letters, digits, '-', '_', '.' starting
+    and ending with a letter or digit."""
+    return bool(_LABEL_VALUE.match(value))
 
 
 def _divisors(n: int) -> list[int]:

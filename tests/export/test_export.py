@@ -83,7 +83,14 @@ def test_dynamo_manifest_has_the_structure_of_the_dynamo_templates(tmp_path, bac
     reference = template(backend, pools is SPLIT)
     assert (doc["apiVersion"], doc["kind"]) == ("nvidia.com/v1beta1", "DynamoGraphDeployment") == \
         (reference["apiVersion"], reference["kind"])
-    assert _paths(doc) - _paths(reference) <= {".spec.components[].multinode", ".spec.components[].multinode.nodeCount"}
+    pod = ".spec.components[].podTemplate.spec"  # (a Kubernetes PodTemplateSpec: placement and the cache are its fields)
+    placement = {f"{pod}.{k}" for k in ("nodeSelector", "nodeSelector.nvidia.com/gpu.product", "nodeSelector.nvidia.com/gpu.count",
+                                        "tolerations", "tolerations[].key", "tolerations[].operator", "tolerations[].effect")}
+    assert _paths(doc) - _paths(reference) <= {".spec.components[].multinode", ".spec.components[].multinode.nodeCount",
+                                               *placement}
+    for c in doc["spec"]["components"]:
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+                                      "template": c["podTemplate"]}, KUBERNETES, strict=True)
     types = [c["type"] for c in doc["spec"]["components"]]
     assert types == (["frontend", "prefill", "decode"] if pools is SPLIT else ["frontend", "worker"])
     assert [c["replicas"] for c in doc["spec"]["components"][1:]] == ([2, 1] if pools is SPLIT else [2])
@@ -151,6 +158,11 @@ def test_without_output_the_main_file_goes_to_stdout_and_notes_to_stderr(tmp_pat
     (["--to", "llm-d"], {"pools": {"prompt": [("h200-141gb", Layout(8), 1)], "token": [("h200-141gb", Layout(8, 2, 8), 2)]}},
      "vLLM cannot run TP 8 DP 2 EP 8"),
     (["--to", "dynamo"], {"version": 1}, "schema_version 1"),
+    (["--to", "llm-d", "--node-selector", "gpu=a b"], {}, "--node-selector 'gpu=a b': not KEY=VALUE of a Kubernetes label"),
+    (["--to", "llm-d", "--node-selector", "pool"], {}, "--node-selector 'pool': not KEY=VALUE"),
+    (["--to", "dynamo", "--model-cache-pvc", "Weights;rm"], {}, "--model-cache-pvc 'Weights;rm': not a PersistentVolumeClaim name"),
+    (["--to", "vllm", "--model-cache-pvc", "weights"], {}, "--model-cache-pvc: --to vllm writes a launch script"),
+    (["--to", "sglang", "--node-selector", "a=b"], {}, "--node-selector: --to sglang writes a launch script"),
     (["--to", "vllm"], {"pools": {"prompt": [("h200-141gb", Layout(4, 2, 4), 1)], "token": [("h200-141gb", Layout(8), 1)]}},
      "vLLM cannot run TP 4 DP 2 EP 4"),
     (["--to", "vllm", "--backend", "sglang"], {}, "--backend is for --to dynamo"),
@@ -283,3 +295,43 @@ def test_the_export_names_the_repository_it_serves_and_asks_for_a_checkpoint_onl
     assert "checkpoint" not in native
     script = _files(tmp_path, "vllm", COLOCATED, model="llama3.1-70b", engine="vllm-fp8")["launch.sh"]
     assert "vllm serve meta-llama/Llama-3.1-70B-Instruct " in script
+
+
+@pytest.mark.parametrize("target", ["llm-d", "dynamo"])
+def test_pods_land_on_the_machines_the_plan_bought_and_share_one_copy_of_the_weights(tmp_path, target):
+    """Issue 30, item 5: each serving pod is selected onto its machine type and shape (the hardware
+    file's GPU Feature Discovery labels, the shape's GPU count; or --node-selector in their place),
+    tolerates its GPUs' taint, requests the GPU resource of its hardware (amd.com/gpu on MI300X),
+    and with --model-cache-pvc reads the weights from one claim (HF_HOME); a valid pod template."""
+    pools = {"prompt": [("h100-80gb@2", Layout(2), 3)], "token": [("mi300x-192gb@1", Layout(1), 2)]}
+    plan = _plan(tmp_path, pools, model="llama3.1-8b", engine="vllm-fp8")
+
+    def pods(*args):
+        out = tmp_path / f"out-{len(args)}"
+        result = runner.invoke(app, ["export", str(plan), "--to", target, "--output", str(out), *args])
+        assert result.exit_code == 0, result.output
+        docs = list(yaml.safe_load_all((out / ("llm-d.yaml" if target == "llm-d" else "dynamo.yaml")).read_text()))
+        found = ([d["spec"]["template"] for d in docs if d["kind"] == "Deployment"] if target == "llm-d" else
+                 [c["podTemplate"] for c in docs[0]["spec"]["components"] if c["type"] != "frontend"])
+        for pod in found:
+            kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+                                          "template": pod}, KUBERNETES, strict=True)
+        return found, (out / "EXPORT.md").read_text()
+
+    (prefill, decode), notes = pods()
+    assert prefill["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "2"}
+    assert prefill["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert prefill["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert decode["spec"]["containers"][0]["resources"]["limits"]["amd.com/gpu"] == "1"
+    assert "nodeSelector" not in decode["spec"] and decode["spec"]["tolerations"][0]["key"] == "amd.com/gpu"
+    assert "token_pools[mi300x-192gb@1].hardware: the machine type is not selected" in notes
+    assert "every pod downloads them; give --model-cache-pvc" in notes
+    (prefill, decode), notes = pods("--node-selector", "cloud.google.com/gke-accelerator=nvidia-h100-80gb",
+                                    "--node-selector", "pool=serving", "--model-cache-pvc", "hf-cache")
+    for pod in (prefill, decode):
+        assert pod["spec"]["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb", "pool": "serving"}
+        assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}} in pod["spec"]["volumes"]
+        container = pod["spec"]["containers"][0]
+        assert {"name": "HF_HOME", "value": "/model-cache"} in container["env"]
+        assert {"name": "model-cache", "mountPath": "/model-cache"} in container["volumeMounts"]
+    assert "not selected" not in notes and "mounts the claim hf-cache" in notes
