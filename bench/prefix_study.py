@@ -76,8 +76,8 @@ def main() -> None:
             seconds = time.perf_counter() - start
             split = result.split
             hits = [p.prefix_hit_rate for p in split.prompt_pools if p.prefix_hit_rate is not None] if split else []
-            alone = ", ".join(f"{o.inst.layout}: {o.instances}" for o in result.options
-                              if o.role == Role.PROMPT and o.instances)  # (each prompt layout sized alone)
+            alone = ", ".join(sorted({f"{o.inst.layout}: {o.instances}" for o in result.options
+                                      if o.role == Role.PROMPT and o.instances}))  # (each prompt layout sized alone, on any shape)
             plan = result.plan
             kind = "co-located " if plan.mixed_pools else ""
             head = f"| {name}, {model} ({len(trace):,} requests, {trace.mean_rate_rps:.2g} req/s) | {way} |"

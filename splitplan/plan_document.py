@@ -50,6 +50,8 @@ class PlanPool(BaseModel):
     gpus: Annotated[int, Field(ge=1, le=limits.MAX_MACHINES * MAX_GPUS)] | None = None
     utilization: Annotated[float, Field(ge=0, le=1)] | None = None
     prefix_hit_rate: Annotated[float, Field(ge=0, le=1)] | None = None
+    # Machines shared with the other role's pool of the same number (`instances` its part of them).
+    shared: Annotated[int, Field(ge=0, le=limits.MAX_PLAN_POOLS)] | None = None
 
     @property
     def parallel(self) -> Layout:
@@ -119,12 +121,22 @@ class PlanBody(BaseModel):
             raise ValueError(f"a split plan needs prompt_pools and token_pools; {missing} is empty")
         seen = set()
         for role, p in self.pools():
-            key = (role, p.hardware, p.parallel)
+            key = (role, p.hardware, p.parallel, p.shared)
             if key in seen:
                 raise ValueError(f"{role} pool {excerpt(p.hardware)}:{p.parallel.spec} is listed twice; "
                                  "give it once with all its machines")
             seen.add(key)
-        total = sum(p.machines for _, p in self.pools())
+        groups: dict[int, list] = {}
+        for role, p in self.pools():
+            if p.shared is not None:
+                groups.setdefault(p.shared, []).append((role, p))
+        for number, parts in groups.items():
+            roles = sorted(role for role, _ in parts)
+            if roles != ["prompt", "token"] or parts[0][1].hardware != parts[1][1].hardware \
+                    or parts[0][1].machines != parts[1][1].machines or None in (parts[0][1].instances, parts[1][1].instances):
+                raise ValueError(f"shared {number}: machines shared by one prompt and one token pool, of one hardware "
+                                 "and machine count, each giving its instances")
+        total = sum(p.machines for _, p in self.pools() if p.shared is None) + sum(parts[0][1].machines for parts in groups.values())
         if total > limits.MAX_MACHINES:
             raise ValueError(f"{total:,} machines; a plan has at most {limits.MAX_MACHINES:,}")
         if total != self.machines:
@@ -262,12 +274,14 @@ def with_specs(doc: dict) -> dict:
 # --- reading -------------------------------------------------------------------------------
 
 class Plan:
-    """A plan.json as read: its pools `(role, hardware, layout, machines)`, its inputs, and notes
-    on the specs it carries (a catalog entry that differs from the plan's copy)."""
+    """A plan.json as read: its pools `(role, hardware, layout, machines, instances, shared)` (the
+    last two None but on shared machines), its inputs, and notes on the specs it carries (a
+    catalog entry that differs from the plan's copy)."""
 
     def __init__(self, doc: PlanDocument, notes: list[str]):
         self.document = doc
-        self.pools = [(role, p.hardware, p.parallel, p.machines) for role, p in doc.plan.pools()]
+        self.pools = [(role, p.hardware, p.parallel, p.machines) + ((p.instances, p.shared) if p.shared is not None else ())
+                      for role, p in doc.plan.pools()]
         self.inputs = doc.inputs.model_dump()
         self.notes = notes
 

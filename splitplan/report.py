@@ -232,14 +232,22 @@ def console() -> Console:
 
 def pools_json(pools) -> list[dict]:
     return [{"hardware": p.hardware, **p.layout._asdict(), "layout": p.layout.spec, "machines": p.machines,
-             "instances": p.instances, "gpus": p.gpus, "utilization": p.utilization, "prefix_hit_rate": p.prefix_hit_rate}
-            for p in pools]
+             "instances": p.instances, "gpus": p.gpus, "utilization": p.utilization, "prefix_hit_rate": p.prefix_hit_rate,
+             "shared": p.shared} for p in pools]
+
+
+def pool_text(p) -> str:
+    """`3x h100-80gb TP 8`; a part of shared machines `2x TP 2 on 1x h100-80gb (shared #0)`."""
+    if p.shared is not None:
+        return f"{p.instances}x {p.layout} on {p.machines}x {p.hardware} (shared #{p.shared})"
+    return f"{p.machines}x {p.hardware} {p.layout}"
 
 
 def pools_text(pools) -> str:
     """Pools in text, one notation everywhere: `3x h100-80gb TP 8 + 4x h200-141gb DP 16 EP 16` (in
-    options and files a pool is `h100-80gb:8:3`, `h200-141gb:dp16ep16:4`)."""
-    return " + ".join(f"{p.machines}x {p.hardware} {p.layout}" for p in pools) or "-"
+    options and files a pool is `h100-80gb:8:3`, `h200-141gb:dp16ep16:4`); machines shared by
+    prefill and decode instances as `pool_text` gives them."""
+    return " + ".join(pool_text(p) for p in pools) or "-"
 
 
 def pools_detail(pools) -> str:
@@ -249,7 +257,7 @@ def pools_detail(pools) -> str:
     def one(p) -> str:
         busy = "" if p.utilization is None else f", {p.utilization:.0%} busy"
         busy += "" if p.prefix_hit_rate is None else f", {p.prefix_hit_rate:.0%} prefix hits"
-        return f"{p.machines}x {p.hardware} {p.layout} ({p.instances:,} instance{'s' * (p.instances != 1)}, {p.gpus:,} GPUs{busy})"
+        return f"{pool_text(p)} ({p.instances:,} instance{'s' * (p.instances != 1)}, {p.gpus:,} GPUs{busy})"
     return " + ".join(one(p) for p in pools) or "-"
 
 

@@ -35,12 +35,15 @@ if TYPE_CHECKING:
 
 
 class PoolRequest(NamedTuple):
-    """A pool as a user or a plan gives it: `machines` machines of `hardware`, instances in `layout`."""
+    """A pool as a user or a plan gives it: `machines` machines of `hardware`, instances in `layout`;
+    on machines shared with the other role's pool of the same `shared` number, `instances` of them."""
 
     role: Role
     hardware: str
     layout: Layout
     machines: int
+    instances: int | None = None
+    shared: int | None = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,7 @@ def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGIN
     (`perf_interp`: how the measured table is read, see perf.table.INTERPOLATIONS)."""
     db = load_perf_db(perf_db) if perf_db else None
     out = []
-    for role, hw, layout, machines in pools:
+    for role, hw, layout, machines, count, shared in map(lambda p: PoolRequest(*p), pools):
         layout = as_layout(layout, f"{role} pool {hw}")
         if role not in set(Role):
             raise SpecError(f"pool role '{role}': choose {', '.join(Role)}")
@@ -108,7 +111,14 @@ def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGIN
             raise SpecError(f"--{role}-pool {hw}:{layout.spec}:{machines}: machines must be >= 1")
         inst = instance(model, hw, layout, engine)
         layout.require_whole(machines, inst.hardware.gpus_per_machine, f"--{role}-pool {hw}:{layout.spec}:{machines}")
-        out.append(PoolSpec(Role(role), db.require(inst, perf_interp) if db else inst, machines))
+        out.append(PoolSpec(Role(role), db.require(inst, perf_interp) if db else inst, machines, count, shared))
+    for number in {p.shared for p in out if p.shared is not None}:
+        parts = [p for p in out if p.shared == number]
+        held = sum(p.count * p.perf.layout.gpus for p in parts)
+        machine = parts[0].perf.hardware
+        if any(p.count % p.machines for p in parts) or held > parts[0].machines * machine.gpus_per_machine:
+            raise SpecError(f"shared machines {number}: {' and '.join(f'{p.count} {p.role} instance(s) in {p.perf.layout}' for p in parts)} "
+                            f"do not fill {parts[0].machines} {machine.name} machine(s) alike ({machine.gpus_per_machine} GPUs each)")
     return out
 
 
@@ -149,16 +159,24 @@ def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str 
 
 def plan_from_pools(pools: list[PoolRequest], **fields) -> "Plan":
     """A Plan holding these (role, hardware, layout, machines) pools, priced from the catalog."""
-    by_role = {role: tuple(Pool.of(h, load_hardware(h).gpus_per_machine, as_layout(t, f"{r} pool {h}"), m)
-                           for r, h, t, m in pools if r == role) for role in Role}
-    cost = sum(load_hardware(h).price_usd_per_hour * m for _, h, _, m in pools)
-    power = sum(load_hardware(h).provisioned_power_w / 1e3 * m for _, h, _, m in pools)
+    pools = [PoolRequest(*p) for p in pools]
+
+    def pool(p: PoolRequest) -> Pool:
+        layout = as_layout(p.layout, f"{p.role} pool {p.hardware}")
+        if p.shared is not None:
+            return Pool.part(p.hardware, layout, p.machines, p.instances, p.shared)
+        return Pool.of(p.hardware, load_hardware(p.hardware).gpus_per_machine, layout, p.machines)
+    by_role = {role: tuple(pool(p) for p in pools if p.role == role) for role in Role}
+    bought = [p for p in pools if p.shared is None] + list({p.shared: p for p in pools if p.shared is not None}.values())
+    cost = sum(load_hardware(p.hardware).price_usd_per_hour * p.machines for p in bought)
+    power = sum(load_hardware(p.hardware).provisioned_power_w / 1e3 * p.machines for p in bought)
     return Plan(by_role[Role.PROMPT], by_role[Role.TOKEN], by_role[Role.MIXED], cost, power, **fields)
 
 
 def plan_pools(plan) -> list[PoolRequest]:
-    return [PoolRequest(role, p.hardware, p.layout, p.machines) for role, pools in
-            ((Role.PROMPT, plan.prompt_pools), (Role.TOKEN, plan.token_pools), (Role.MIXED, plan.mixed_pools)) for p in pools]
+    return [PoolRequest(role, p.hardware, p.layout, p.machines, *((p.instances, p.shared) if p.shared is not None else ()))
+            for role, pools in ((Role.PROMPT, plan.prompt_pools), (Role.TOKEN, plan.token_pools), (Role.MIXED, plan.mixed_pools))
+            for p in pools]
 
 
 def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
@@ -193,8 +211,13 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
             role = Role.TOKEN
         else:
             role = Role.PROMPT if np.nanmedian(r.ttft_s) > np.nanmedian(r.e2e_s - r.ttft_s) else Role.TOKEN
-        grow = min((p for p in pools if p.role == role), key=lambda p: (load_hardware(p.hardware).price_usd_per_hour / p.layout.gpus, p.hardware))
-        pools[pools.index(grow)] = grow._replace(machines=grow.machines + _unit(grow))
+        grow = min((p for p in pools if p.role == role), key=lambda p: (load_hardware(p.hardware).price_usd_per_hour / p.layout.gpus,
+                                                                          p.shared is not None, p.hardware))
+        own = next((p for p in pools if p.shared is None and p[:3] == grow[:3]), None)
+        if own is None:  # (a part of shared machines: the machines it adds are its own)
+            pools.append(PoolRequest(grow.role, grow.hardware, grow.layout, _unit(grow)))
+        else:
+            pools[pools.index(own)] = own._replace(machines=own.machines + _unit(own))
     removed = 0
     if setup.borrow_threshold_tokens is not None and not added and all(p.role != Role.MIXED for p in pools):
         pools, sim, removed = trim(trace, pools, sim, setup, limit)
@@ -218,7 +241,7 @@ def trim(trace, pools: list[PoolRequest], sim: SimulateResult, setup: Setup, lim
     (pools, the last simulation that met it, machines removed)."""
     removed = 0
     for _ in range(limit):
-        cuts = sorted((p for p in pools if sum(q.machines for q in pools if q.role == p.role) > _unit(p)),
+        cuts = sorted((p for p in pools if p.shared is None and sum(q.machines for q in pools if q.role == p.role) > _unit(p)),
                       key=lambda p: (-load_hardware(p.hardware).price_usd_per_hour * _unit(p), p.role, p.hardware))
         for pool in cuts:
             trial = [q._replace(machines=q.machines - _unit(q)) if q == pool else q for q in pools]

@@ -109,7 +109,7 @@ def test_optimize_json_contract_and_output_dir(tmp_path):
     assert set(plan["predicted"]) == {"ttft_ms", "tbt_ms", "itl_ms", "tpot_ms", "e2e_ms"}
     assert set(plan["predicted"]["ttft_ms"]) == {"p50", "p90", "p99"}
     assert {"hardware", "tp", "dp", "ep", "pp", "layout", "machines", "instances", "gpus", "utilization",
-            "prefix_hit_rate"} == set(plan["prompt_pools"][0])
+            "prefix_hit_rate", "shared"} == set(plan["prompt_pools"][0])
     written = json.loads((out / "plan.json").read_text())
     assert {k: v for k, v in written.items() if k != "specs"} == doc and set(written["specs"]) == {"hardware", "model",
                                                                                                   "engine", "slo"}
@@ -280,7 +280,8 @@ def test_perf_with_perf_db():
 
 
 def test_pareto_colocated_plans_report_their_max_rate():
-    result = run("optimize", "--pareto", "--rate", "1", "--duration", "60", "--hardware", "h100-80gb@8", "--format", "json")
+    result = run("optimize", "--pareto", "--rate", "1", "--duration", "60", "--hardware", "h100-80gb@8", "--tp", "8",
+                 "--format", "json")
     assert result.exit_code == 0, result.output
     front = json.loads(result.stdout)["pareto"]
     colocated = [p for p in front if p.get("mixed_pools")]
@@ -781,3 +782,34 @@ def test_the_engines_scheduler_settings_on_the_command_line(tmp_path):
     default = json.loads(run("simulate", "--mixed-pool", "h100-80gb:8:1", "--engine", today, "--rate", "2", "--duration", "10",
                              "--format", "json").stdout)["inputs"]
     assert (default["max_batch_tokens"], default["max_num_seqs"]) == (8192, 256)  # the profile's
+
+
+def test_a_plan_on_shared_machines_reads_back_simulates_and_exports(tmp_path):
+    """Issue 30, items 2-5: plan.json gives each role's part of shared machines (`shared`, its
+    `instances`), counts the machines once, and simulate --plan and export run it as planned (the
+    decode workers on the GPUs after the prefill workers of the same machine); a shared number
+    that only one role names is refused (exit 2, naming it)."""
+    out = tmp_path / "plan"
+    made = run("optimize", "--model", "llama3.1-8b", "--hardware", "h100-80gb@8", "--rate", "1", "--duration", "60",
+               "--split-only", "--output-dir", str(out), "--format", "json")
+    assert made.exit_code == 0, made.output
+    doc = json.loads((out / "plan.json").read_text())
+    (prompt,), (token,) = doc["plan"]["prompt_pools"], doc["plan"]["token_pools"]
+    assert prompt["shared"] == token["shared"] == 0 and doc["plan"]["machines"] == 1 and doc["plan"]["gpus"] == 8
+    assert prompt["gpus"] + token["gpus"] == 8 and prompt["instances"] + token["instances"] == 8
+    sim = run("simulate", "--plan", str(out / "plan.json"), "--rate", "1", "--duration", "60", "--format", "json")
+    assert sim.exit_code == 0, sim.output
+    pools = json.loads(sim.stdout)["summary"]["pools"]
+    assert [(p["role"], p["instances"], p["shared"], p["gpus"]) for p in pools] == \
+        [("prompt", prompt["instances"], 0, prompt["gpus"]), ("token", token["instances"], 0, token["gpus"])]
+    script = run("export", str(out / "plan.json"), "--to", "vllm").stdout
+    devices = [line.split("=")[1] for line in script.splitlines() if "CUDA_VISIBLE_DEVICES" in line]
+    assert devices == [str(k) for k in range(8)]  # prefill on the first GPUs, decode on the rest: one machine
+    notes = run("export", str(out / "plan.json"), "--to", "llm-d").stderr
+    assert "shared machines 0: the prefill and decode pods" in notes
+    del doc["plan"]["token_pools"][0]["shared"]
+    doc["plan"]["machines"] = 2
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    refused = run("simulate", "--plan", str(bad))
+    assert refused.exit_code == 2 and "shared 0: machines shared by one prompt and one token pool" in refused.stderr

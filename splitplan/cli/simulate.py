@@ -106,8 +106,9 @@ def simulate(
     workload = sim.result.trace
     inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
               "seed": seed, "model": model, "slo": slo, "engine": engine, "perf_db": str(perf_db) if perf_db else None,
-              "perf_interp": perf_interp if perf_db else None, "pools": [{"role": r, "hardware": h, **lay._asdict(), "layout": lay.spec, "machines": m}
-                        for r, h, t, m in pools for lay in [as_layout(t, h)]],
+              "perf_interp": perf_interp if perf_db else None, "pools": [{"role": r, "hardware": h, **lay._asdict(), "layout": lay.spec, "machines": m,
+                         **({"instances": shared[0], "shared": shared[1]} if shared else {})}
+                        for r, h, t, m, *shared in pools for lay in [as_layout(t, h)]],
               "routing": routing, "max_batch_tokens": max_batch_tokens, "max_num_seqs": max_num_seqs,
               "mixed_pool_threshold": borrow_threshold,
               "window": window, "concurrency": concurrency, "isl": isl, "osl": osl,

@@ -95,12 +95,18 @@ class Expand(str):
 
 @dataclass(frozen=True)
 class Group:
-    """One pool of the plan: `machines` machines of `hardware`, instances in `layout`."""
+    """One pool of the plan: `machines` machines of `hardware`, instances in `layout`; on machines
+    shared with the other role (`shared`), `count` instances, `count / machines` on each after the
+    first `first_gpu` GPUs and `first_slot` workers of the pool before it."""
 
     role: str  # prompt, token or mixed
     hardware: HardwareSpec
     layout: Layout
     machines: int
+    count: int | None = None
+    shared: int | None = None
+    first_gpu: int = 0
+    first_slot: int = 0
 
     @property
     def nodes_per_instance(self) -> int:
@@ -108,8 +114,8 @@ class Group:
 
     @property
     def instances_per_machine(self) -> int:
-        """Instances sharing a machine (1 when an instance spans machines)."""
-        return self.layout.unit(self.hardware.gpus_per_machine)[1]
+        """Instances on a machine (1 when an instance spans machines)."""
+        return self.count // self.machines if self.count else self.layout.unit(self.hardware.gpus_per_machine)[1]
 
     @property
     def gpus_per_node(self) -> int:
@@ -117,11 +123,12 @@ class Group:
 
     @property
     def instances(self) -> int:
-        return self.machines // self.nodes_per_instance * self.instances_per_machine
+        return self.count or self.machines // self.nodes_per_instance * self.instances_per_machine
 
     @property
     def name(self) -> str:
-        return slug(f"{ROLE_NAMES[self.role]}-{self.hardware.name}-{self.layout.spec}")
+        shared = "" if self.shared is None else f"-shared{self.shared}"
+        return slug(f"{ROLE_NAMES[self.role]}-{self.hardware.name}-{self.layout.spec}{shared}")
 
 
 @dataclass(frozen=True)
@@ -240,7 +247,14 @@ def deployment(pools, inputs: dict, source: str, model_id_option: str | None = N
     if roles not in ({"prompt", "token"}, {"mixed"}):
         raise SpecError(f"{printable(source)}: pools of roles {', '.join(sorted(roles)) or 'none'}; a plan is split "
                         "(prompt and token pools) or co-located (mixed pools)")
-    groups = tuple(Group(role, load_hardware(hw), layout, machines) for role, hw, layout, machines in pools)
+    groups, first = [], {}  # (a shared machine's token instances take the GPUs after its prompt instances)
+    for role, hw, layout, machines, *shared in sorted(pools, key=lambda p: (p[0] != "prompt", p[0])):
+        count, number = shared or (None, None)
+        gpu, slot = first.get(number, (0, 0))
+        groups.append(Group(role, load_hardware(hw), layout, machines, count, number, gpu, slot))
+        if number is not None:
+            first[number] = (gpu + count // machines * layout.gpus, slot + count // machines)
+    groups = tuple(groups)
     for g in groups:
         g.layout.require_whole(g.machines, g.hardware.gpus_per_machine, f"{printable(source)}: {g.role} pool "
                                f"{excerpt(g.hardware.name)}:{g.layout.spec}:{g.machines}")
@@ -307,6 +321,9 @@ def common_mapping(dep: Deployment, engine: str, kubernetes: bool = False) -> tu
         mapping.append((f"{g.role}_pools[{g.hardware.name}].machines, layout",
                         f"{g.instances} {ROLE_NAMES[g.role]} worker(s) of {g.layout.gpus} GPU(s) ({g.layout})"
                         + (f", each over {g.nodes_per_instance} nodes" if g.nodes_per_instance > 1 else "")))
+        if g.shared is not None and g.role == "token" and kubernetes:
+            unexpressed.append(f"shared machines {g.shared}: the prefill and decode pods that share them in the plan are "
+                               "placed by the scheduler, together on a node only by chance (no pod affinity is written)")
         labels = dep.node_labels(g) if kubernetes else {}
         if labels:
             mapping.append((f"{g.role}_pools[{g.hardware.name}].hardware",

@@ -92,12 +92,13 @@ def launch(dep: Deployment, engine: str, image: str | None) -> Export:
     if count > limits.MAX_LAUNCH_WORKERS:
         raise SpecError(f"{printable(dep.source)}: {count:,} workers; launch.sh lists each (at most {limits.MAX_LAUNCH_WORKERS:,}): "
                         "export to dynamo or llm-d, which count replicas")
-    workers = {f"{g.name}-{i}": (g, i % g.instances_per_machine)
+    workers = {f"{g.name}-{i}": (g, g.first_slot + i % g.instances_per_machine)
                for g in dep.groups for i in range(g.instances)}
     entries: dict[str, tuple] = {}  # entry name -> (commands, GPU ids, worker)
     for worker, (g, slot) in workers.items():
         nodes = _node_commands(engine, dep, g, worker, slot)
-        gpus = [str(k) for k in range(slot * g.gpus_per_node, (slot + 1) * g.gpus_per_node)]
+        first = g.first_gpu + (slot - g.first_slot) * g.gpus_per_node
+        gpus = [str(k) for k in range(first, first + g.gpus_per_node)]
         for r, node in enumerate(nodes):
             cmds = node if isinstance(node[0], list) else [node]
             entries[worker if len(nodes) == 1 else f"{worker}-node{r}"] = (cmds, gpus, worker)

@@ -421,10 +421,17 @@ class Instance(PassShortcuts):
         return Latency(c + mem + net + ovh, max(parts, key=parts.get), c, mem, net, ovh, flops, nbytes)
 
 
-def kv_transfer_time_s(src: Instance, dst: Instance, prompt_tokens, prefill_s=None):
+def local_kv_bytes_per_s(src: Instance, dst: Instance) -> float:
+    """KV bandwidth between a prompt and a token instance on one machine: over NVLink (or the
+    machine's GPU link), each GPU of the smaller instance one link's direction."""
+    return min(src.layout.gpus, dst.layout.gpus) * src.hardware.intra_node_bytes_per_s
+
+
+def kv_transfer_time_s(src: Instance, dst: Instance, prompt_tokens, prefill_s=None, local: bool = False):
     """Seconds of KV transfer the request sees between a prompt and a token instance.
 
-    Bandwidth is the smaller of the two instances' KV links (`Instance.kv_link_bytes_per_s`).
+    Bandwidth is the smaller of the two instances' KV links (`Instance.kv_link_bytes_per_s`),
+    or, for instances on one machine (`local`), their GPU links (`local_kv_bytes_per_s`).
     Prompts shorter than the engine's `layerwise_transfer_min_tokens`
     are sent after the prefill (serialized: all bytes exposed); longer ones layer by
     layer during the prefill, leaving the last layer's share exposed (or more, when
@@ -432,7 +439,7 @@ def kv_transfer_time_s(src: Instance, dst: Instance, prompt_tokens, prefill_s=No
     `kv_transfer_latency_s` is added either way.
     """
     tokens = np.asarray(prompt_tokens, float)
-    bw = min(src.kv_link_bytes_per_s, dst.kv_link_bytes_per_s)
+    bw = local_kv_bytes_per_s(src, dst) if local else min(src.kv_link_bytes_per_s, dst.kv_link_bytes_per_s)
     total_s = tokens * src.model.kv_bytes_per_token(src.engine.kv_bytes_per_element) / bw
     layers = src.model.num_hidden_layers
     prefill = src.prefill_time_s(tokens) if prefill_s is None else np.asarray(prefill_s, float)

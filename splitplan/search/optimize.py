@@ -23,6 +23,7 @@ from splitplan.search.plan import (
     Problem,
     as_simulated,
     colocated_plan,
+    combos,
     closest_fit,
     make_plan,
     repair,
@@ -172,6 +173,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
                               unservable=unservable, problem=problem, objective=objective)
     prompt_types = {machines[n].name for n in prompt_names}  # names may be paths: compare the loaded names
     options = shaped([o for o in first if o.role == Role.TOKEN or o.inst.hardware.name in prompt_types])
+    options += combos(options)  # prefill and decode instances on one machine
     try:
         _raise_if_unreachable(problem, options)
         plan, alts = _best_split(problem, options, search, alternatives)

@@ -80,6 +80,81 @@ class Option:
         return self.inst.hardware.provisioned_power_w / 1e3
 
 
+SHARED = "shared"  # the role of a machine holding prefill and decode instances together
+
+
+class ComboKey(NamedTuple):
+    """Which shared machine: one of `hardware` holding `prompt_instances` prompt instances in
+    `prompt_layout` and `token_instances` token instances in `token_layout`."""
+
+    role: str  # SHARED (first, so that keys of both kinds sort together)
+    hardware: str
+    prompt_layout: Layout
+    prompt_instances: int
+    token_layout: Layout
+    token_instances: int
+
+
+@dataclass(frozen=True)
+class Combo:
+    """Prefill and decode on one machine: a machine of the prompt option's type filled by
+    `prompt_instances` of its instances and `token_instances` of the token option's (the same
+    machine type), their KV over the machine's GPU links. Each machine covers prompt_instances /
+    n*(prompt) of the prompt load and token_instances / n*(token) of the token load."""
+
+    prompt: Option
+    token: Option
+    prompt_instances: int
+    token_instances: int
+    role = SHARED
+    binding = ""
+    skipped = ""
+    simulated = False
+
+    @property
+    def key(self) -> ComboKey:
+        return ComboKey(SHARED, self.prompt.inst.hardware.name, self.prompt.inst.layout, self.prompt_instances,
+                        self.token.inst.layout, self.token_instances)
+
+    @property
+    def inst(self):
+        """The prompt instance: the machine type (and a whole machine per unit) is its."""
+        return self.prompt.inst
+
+    @property
+    def instances(self) -> int:
+        return self.prompt_instances + self.token_instances
+
+    @property
+    def machines_alone(self) -> int:
+        """The most machines a plan could want: enough for either role alone."""
+        return max(math.ceil(self.prompt.instances / self.prompt_instances),
+                   math.ceil(self.token.instances / self.token_instances))
+
+    @property
+    def price_usd_per_hour(self) -> float:
+        return self.prompt.price_usd_per_hour
+
+    @property
+    def power_kw(self) -> float:
+        return self.prompt.power_kw
+
+
+def combos(options: list[Option]) -> list[Combo]:
+    """Every way to fill one machine with instances of a usable prompt option and a usable token
+    option of its type (each instance within the machine, at least one of each role, no GPU idle)."""
+    usable = [o for o in options if o.instances and o.role in SPLIT and o.inst.layout.gpus < o.inst.hardware.gpus_per_machine]
+    out = []
+    for p in usable:
+        for t in usable:
+            if p.role != Role.PROMPT or t.role != Role.TOKEN or p.inst.hardware.name != t.inst.hardware.name:
+                continue
+            gpus, gp, gt = p.inst.hardware.gpus_per_machine, p.inst.layout.gpus, t.inst.layout.gpus
+            out += [Combo(p, t, kp, (gpus - kp * gp) // gt) for kp in range(1, gpus // gp)
+                    if (gpus - kp * gp) % gt == 0 and gpus - kp * gp >= gt]
+    return out
+
+
 @dataclass(frozen=True)
 class Pool:
     """`machines` machines of `hardware` holding `instances` instances in `layout` (`gpus` GPUs
@@ -95,12 +170,21 @@ class Pool:
     gpus: int = field(compare=False)
     utilization: float | None = field(default=None, compare=False)
     prefix_hit_rate: float | None = field(default=None, compare=False)
+    # Machines shared with the other role's pool of the same number: `machines` is theirs too,
+    # `instances` this pool's part of them and `gpus` that part's GPUs (None: machines of its own).
+    shared: int | None = None
 
     @classmethod
     def of(cls, hardware: str, gpus_per_machine: int, layout: Layout, machines: int,
            utilization: float | None = None, prefix_hit_rate: float | None = None) -> "Pool":
         return cls(hardware, layout, machines, layout.instances_on(machines, gpus_per_machine),
                    machines * gpus_per_machine, utilization, prefix_hit_rate)
+
+    @classmethod
+    def part(cls, hardware: str, layout: Layout, machines: int, instances: int, shared: int,
+             utilization: float | None = None, prefix_hit_rate: float | None = None) -> "Pool":
+        """One role's part of `machines` shared machines: `instances` instances in `layout`."""
+        return cls(hardware, layout, machines, instances, instances * layout.gpus, utilization, prefix_hit_rate, shared)
 
     @property
     def tp(self) -> int:
@@ -129,11 +213,17 @@ class Plan:
 
     @property
     def machines(self) -> int:
-        return sum(p.machines for p in self.pools)
+        """Machines bought: each pool's own, and each group of shared machines once."""
+        return sum(p.machines for p in self.pools if p.shared is None) + sum(shared_machines(self.pools).values())
 
     @property
     def gpus(self) -> int:
         return sum(p.gpus for p in self.pools)
+
+
+def shared_machines(pools) -> dict[int, int]:
+    """Machines per shared number (pools sharing machines list them each)."""
+    return {p.shared: p.machines for p in pools if p.shared is not None}
 
 
 @dataclass(frozen=True)
@@ -178,11 +268,19 @@ def _first_failing(problem: Problem, metric: str, values: np.ndarray) -> SloLine
     return None
 
 
-def _decode_values(problem: Problem, inst: Instance, n: int, src: Instance, start_s: np.ndarray, idx=slice(None)):
+def _decode_values(problem: Problem, inst: Instance, n: int, src: Instance, start_s: np.ndarray, idx=slice(None),
+                   local: tuple[Instance, float] | None = None):
+    """TBT, decode seconds (KV transfer included) and the decode pool's result of the requests
+    `idx` on `n` token instances `inst`, their KV from `src`; with `local` (a prompt instance and a
+    share), that share of them (spread deterministically) prefilled on their token instance's
+    machine, their KV over its GPU links."""
     t = problem.trace
     p, o = t.prompt_tokens[idx], t.output_tokens[idx]
     result = decode_pool(start_s, p, o, inst, n)
     transfer = kv_transfer_time_s(src, inst, p)
+    if local is not None:
+        mine = (np.arange(len(p)) * 0.41421356237309503) % 1.0 < local[1]
+        transfer = np.where(mine, kv_transfer_time_s(local[0], inst, p, local=True), transfer)
     decode_s = transfer + np.maximum(o - 1, 0) * result.step_s
     return decode_s / o, decode_s, result
 
@@ -328,13 +426,14 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
         inst = options[key].inst
         return _colocated_values(problem, key, inst, inst.instances_on(machines))
     memo = {} if memo is None else memo
-    prompt_keys = tuple(sorted((k, c) for k, c in counts.items() if k.role == Role.PROMPT))
-    prompt = [(options[k].inst, options[k].inst.instances_on(c)) for k, c in prompt_keys]
-    token_keys = [k for k in sorted(counts) if k.role == Role.TOKEN]
-    token = [(options[k].inst, options[k].inst.instances_on(counts[k])) for k in token_keys]
+    prompt_parts, token_parts = _parts(counts, options, Role.PROMPT), _parts(counts, options, Role.TOKEN)
+    prompt_keys = tuple((k, n) for k, _, n, _ in prompt_parts)
+    prompt = [(o.inst, n) for _, o, n, _ in prompt_parts]
+    token_keys = [k for k, *_ in token_parts]
+    token = [(o.inst, n) for _, o, n, _ in token_parts]
     replayed = memo.get(("ttft", prompt_keys))
     if replayed is None:
-        batches = [memo.setdefault(("batch", k), BatchTimes(options[k].inst, t.prompt_tokens)) for k, _ in prompt_keys]
+        batches = [memo.setdefault(("batch", o.key), BatchTimes(o.inst, t.prompt_tokens)) for _, o, _, _ in prompt_parts]
         busy: list = []
         stats: list = []
         ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens, batches, busy,
@@ -351,17 +450,21 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     ttft, prompt_busy_s, hits = replayed
     src = max(prompt, key=lambda pair: pair[1])[0]
     # Requests go to token types in proportion to their capacity (a deterministic interleave).
-    share = np.array([n / options[k].instances for k, (_, n) in zip(token_keys, token)])
+    share = np.array([n / o.instances for _, o, n, _ in token_parts])
+    prompt_instances = sum(n for _, n in prompt)
     cut = np.cumsum(share / share.sum())
     kind = np.minimum(np.searchsorted(cut, (np.arange(len(t)) * 0.6180339887498949) % 1.0, side="right"), len(token) - 1)
     tbt, decode_s, step_s = np.empty(len(t)), np.empty(len(t)), np.empty(len(t))
     kv_peak = 0.0
     start = t.arrival_s + ttft
     token_busy_s = np.zeros(len(token))
-    for j, (inst, n) in enumerate(token):
-        idx = np.flatnonzero(kind == j)
+    for j, (_, option, n, combo) in enumerate(token_parts):
+        inst, idx = option.inst, np.flatnonzero(kind == j)
+        # on shared machines, a request's prompt instance is on its token instance's machine as
+        # often as that machine's share of the prompt instances
+        local = None if combo is None else (options[combo].prompt.inst, options[combo].prompt_instances / prompt_instances)
         if len(idx):
-            tbt[idx], decode_s[idx], res = _decode_values(problem, inst, n, src, start[idx], idx)
+            tbt[idx], decode_s[idx], res = _decode_values(problem, inst, n, src, start[idx], idx, local)
             step_s[idx] = res.step_s
             kv_peak = max(kv_peak, res.kv_peak_fraction)
             steps_s = np.maximum(t.output_tokens[idx] - 1, 0) * res.step_s  # (after the KV transfer)
@@ -374,6 +477,21 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     itl, tpot = _decode_gaps(t.output_tokens, decode_s, step_s, busy, src.engine.async_scheduling)
     return {"ttft": ttft, "tbt": tbt, "itl": itl, "tpot": tpot, "e2e": e2e, "kv_peak_fraction": kv_peak,
             "utilization": utilization, "prefix_hit_rate": hits}
+
+
+def _parts(counts: dict, options: dict, role: Role) -> list[tuple]:
+    """A split plan's instances of `role`: (key, option, instances, combo key or None) per pool,
+    its own machines' (key: the option key) and each shared machine group's part (key: (combo
+    key, role)), in a fixed order."""
+    out = []
+    for k, c in sorted(counts.items()):
+        if k.role == role:
+            out.append((k, options[k], options[k].inst.instances_on(c), None))
+        elif k.role == SHARED:
+            combo = options[k]
+            part = combo.prompt if role == Role.PROMPT else combo.token
+            out.append(((k, role), part, c * (combo.prompt_instances if role == Role.PROMPT else combo.token_instances), k))
+    return out
 
 
 def check(problem: Problem, values: dict) -> list[tuple[SloLine, float, bool]]:
@@ -462,10 +580,15 @@ def usd_per_million_tokens(cost_usd_per_hour: float, trace: Trace) -> dict:
 
 
 def _pools(counts: dict[OptionKey, int], options: dict[OptionKey, Option], values: dict) -> dict[Role, tuple[Pool, ...]]:
-    """The plan's pools per role, each with its instances, GPUs and predicted utilization."""
-    hits = values.get("prefix_hit_rate", {})
-    return {role: tuple(Pool.of(k.hardware, options[k].inst.hardware.gpus_per_machine, k.layout, c, values["utilization"].get(k),
-                                hits.get(k)) for k, c in sorted(counts.items()) if k.role == role) for role in Role}
+    """The plan's pools per role, each with its instances, GPUs and predicted utilization; a group
+    of shared machines is a part in each role's pools, numbered alike."""
+    hits, busy = values.get("prefix_hit_rate", {}), values["utilization"]
+    out = {role: [Pool.of(k.hardware, options[k].inst.hardware.gpus_per_machine, k.layout, c, busy.get(k), hits.get(k))
+                  for k, c in sorted(counts.items()) if k.role == role] for role in Role}
+    for number, (k, c) in enumerate(sorted((k, c) for k, c in counts.items() if k.role == SHARED)):
+        for role, layout, per_machine in ((Role.PROMPT, k.prompt_layout, k.prompt_instances), (Role.TOKEN, k.token_layout, k.token_instances)):
+            out[role].append(Pool.part(k.hardware, layout, c, c * per_machine, number, busy.get((k, role)), hits.get((k, role))))
+    return {role: tuple(pools) for role, pools in out.items()}
 
 
 def make_plan(problem: Problem, counts: dict[OptionKey, int], options: dict[OptionKey, Option], repairs: int,
@@ -476,6 +599,7 @@ def make_plan(problem: Problem, counts: dict[OptionKey, int], options: dict[Opti
     bindings = []
     for role in (Role.PROMPT, Role.TOKEN, Role.MIXED):
         used = [(options[k], c) for k, c in counts.items() if k.role == role]
+        used += [(getattr(options[k], role), None) for k in counts if k.role == SHARED and role in SPLIT]
         if used:
             bindings.append(f"{role}: {', '.join(sorted({_binding_text(o, c) for o, c in used}))}")
     if repairs:
@@ -486,9 +610,12 @@ def make_plan(problem: Problem, counts: dict[OptionKey, int], options: dict[Opti
                 tuple(lines), "; ".join(bindings), repairs, **usd_per_million_tokens(cost, problem.trace))
 
 
-def _binding_text(option: Option, machines: int) -> str:
+def _binding_text(option: Option, machines: int | None) -> str:
     """What decided a pool's size: its binding line, or, where the machines hold more instances
-    than the option needs alone, the rounding (and the line that binds at the count needed)."""
+    than the option needs alone, the rounding (and the line that binds at the count needed).
+    `machines` None: the pool's part of shared machines (its line)."""
+    if machines is None:
+        return option.binding
     held = option.inst.instances_on(machines)
     if option.instances and machines == option.machines_alone and held > option.instances:
         after = "" if option.binding.startswith("minimum size") else f"; next to bind: {option.binding}"
@@ -504,9 +631,14 @@ def _percentiles_ms(values: dict) -> dict:
 
 
 def plan_counts(plan: Plan) -> dict[OptionKey, int]:
-    """The plan's machine counts keyed as options are."""
-    return {OptionKey(role, p.hardware, p.layout): p.machines for role, pools in
-            ((Role.PROMPT, plan.prompt_pools), (Role.TOKEN, plan.token_pools), (Role.MIXED, plan.mixed_pools)) for p in pools}
+    """The plan's machine counts keyed as options are (shared machines by their combo key)."""
+    counts = {OptionKey(role, p.hardware, p.layout): p.machines for role, pools in
+              ((Role.PROMPT, plan.prompt_pools), (Role.TOKEN, plan.token_pools), (Role.MIXED, plan.mixed_pools))
+              for p in pools if p.shared is None}
+    for number, machines in shared_machines(plan.pools).items():
+        (p,), (t,) = ([x for x in pools if x.shared == number] for pools in (plan.prompt_pools, plan.token_pools))
+        counts[ComboKey(SHARED, p.hardware, p.layout, p.instances // machines, t.layout, t.instances // machines)] = machines
+    return counts
 
 
 def predict(problem: Problem, plan: Plan, options: dict[OptionKey, Option]) -> Plan:

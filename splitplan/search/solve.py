@@ -12,7 +12,7 @@ import pulp
 
 from splitplan.errors import InfeasibleError, SolverError, SpecError
 from splitplan.roles import SPLIT, Role
-from splitplan.search.plan import Option, OptionKey, Problem
+from splitplan.search.plan import SHARED, Option, OptionKey, Problem
 
 
 def solve_counts(problem: Problem, options: list[Option], method: str = "ilp") -> dict[OptionKey, int]:
@@ -21,6 +21,7 @@ def solve_counts(problem: Problem, options: list[Option], method: str = "ilp") -
     for role in SPLIT:
         if not any(o.role == role for o in usable):
             raise InfeasibleError(f"no {role} option can meet the SLO (see the skipped options)")
+    usable += [o for o in options if o.role == SHARED]
     if method == "grid":
         return _grid(problem, usable, *_objectives(problem))
     if problem.solver not in SOLVERS:
@@ -97,9 +98,10 @@ def _solver(name: str):
 
 def ilp_model(problem: Problem, usable: list[Option]) -> tuple["pulp.LpProblem", dict]:
     """The integer program: units x_o per option (a unit: one machine, or the machines one
-    instance spans), at most as many as the option needs alone; minimize the objective (the
-    other one, scaled by 1e-6, breaks ties); each role's instances cover the load (sum of
-    x_o * instances per unit / n*_o >= 1); budgets."""
+    instance spans; a shared machine, holding both roles, is an option too), at most as many as
+    the option needs alone; minimize the objective (the other one, scaled by 1e-6, breaks ties);
+    each role's instances cover the load (sum of x_o * instances per unit / n*_o >= 1, a shared
+    machine's part counting for its role); budgets."""
     primary, secondary = _objectives(problem)
     lp = pulp.LpProblem("splitplan", pulp.LpMinimize)
     x = {o.key: pulp.LpVariable(f"x{i}", lowBound=0, upBound=o.machines_alone // o.inst.unit_machines, cat="Integer")
@@ -109,10 +111,19 @@ def ilp_model(problem: Problem, usable: list[Option]) -> tuple["pulp.LpProblem",
         return o.inst.unit_machines * x[o.key]
     lp += pulp.lpSum((primary(o) + 1e-6 * secondary(o)) * machines(o) for o in usable)
     for role in SPLIT:
-        lp += pulp.lpSum(x[o.key] * o.inst.unit_instances / o.instances for o in usable if o.role == role) >= 1, f"cover_{role}"
+        lp += pulp.lpSum(x[o.key] * _cover(o, role) for o in usable if _cover(o, role)) >= 1, f"cover_{role}"
     for name, terms, limit in _budgets(problem, usable, machines):
         lp += pulp.lpSum(terms) <= limit, name
     return lp, x
+
+
+def _cover(option, role: str) -> float:
+    """The share of `role`'s load one unit of `option` carries (its instances over n*), a shared
+    machine's part for either role."""
+    if option.role == SHARED:
+        part, held = ((option.prompt, option.prompt_instances) if role == Role.PROMPT else (option.token, option.token_instances))
+        return held / part.instances
+    return option.inst.unit_instances / option.instances if option.role == role else 0.0
 
 
 def _budgets(problem: Problem, usable: list[Option], var) -> list[tuple[str, list, float]]:
@@ -141,8 +152,7 @@ def _grid(problem: Problem, usable: list[Option], primary, secondary) -> dict[Op
     ranges = [range(0, o.machines_alone + 1, o.inst.unit_machines) for o in usable]  # machines, in whole units
     best, best_key = None, None
     for counts in itertools.product(*ranges):
-        ok = all(sum(o.inst.instances_on(c) / o.instances for c, o in zip(counts, usable) if o.role == r) >= 1 - 1e-9
-                 for r in SPLIT)
+        ok = all(sum(c // o.inst.unit_machines * _cover(o, r) for c, o in zip(counts, usable)) >= 1 - 1e-9 for r in SPLIT)
         if not ok:
             continue
         if not all(sum(terms) <= limit + 1e-9 for _, terms, limit in _budgets(problem, usable, lambda o: counts[usable.index(o)])):

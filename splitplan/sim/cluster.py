@@ -26,7 +26,9 @@ or admitted to prefill on a co-located one; prompts in one prefill iteration), a
 vLLM's and SGLang's schedulers cap them; the rest wait in arrival order.
 
 KV transfer (split pools) occupies the source's and the destination's NIC shares,
-each shared FIFO by concurrent transfers, at the smaller of the two bandwidths.
+each shared FIFO by concurrent transfers, at the smaller of the two bandwidths; between
+a prompt and a token instance on one machine (pools sharing machines) it moves over the
+machine's GPU links instead, leaving the NICs free.
 Prompts shorter than the engine's `layerwise_transfer_min_tokens` are sent after
 the prefill (serialized); longer ones layer by layer from the prefill's start, so
 only the last layer's share (or what the link could not keep up with) is exposed.
@@ -72,6 +74,7 @@ from splitplan import limits
 from splitplan.errors import SpecError
 from splitplan.roles import Role
 from splitplan.sim import gaps
+from splitplan.perf.roofline import local_kv_bytes_per_s
 from splitplan.sim.prefix_cache import PrefixCache, PrefixModel
 from splitplan.sim.types import (  # noqa: F401  (re-exported)
     MIXED,
@@ -114,8 +117,10 @@ class _Cluster:
         self.max_iterations = limits.MAX_SIM_ITERATIONS  # (read once: the check runs every iteration)
         for k, pool in enumerate(self.pools):
             share = pool.perf.kv_link_bytes_per_s
-            for _ in range(pool.instances):
-                self.insts.append(InstanceState(len(self.insts), k, pool.role, pool.perf, share))
+            per_machine = -(-pool.instances // pool.machines)
+            for j in range(pool.instances):
+                node = None if pool.shared is None else (pool.shared, j // per_machine)
+                self.insts.append(InstanceState(len(self.insts), k, pool.role, pool.perf, share, node))
         self.prompt_side = [i for i in self.insts if i.role in (PROMPT, MIXED)]
         self.token_side = [i for i in self.insts if i.role in (TOKEN, MIXED)]
         if not self.prompt_side or not self.token_side:
@@ -467,17 +472,19 @@ class _Cluster:
         if tok.idx in self.caches and self.node[i] >= 0:  # the blocks the token instance holds are not sent
             sent -= self.caches[tok.idx].match(self.node[i], self.p[i])[0]
             self._pin(tok, i)
-        bw = min(inst.bw, tok.bw)
+        local = inst.node is not None and inst.node == tok.node  # one machine: over its GPU links, the NICs free
+        bw = local_kv_bytes_per_s(inst.perf, tok.perf) if local else min(inst.bw, tok.bw)
         duration = sent * self.kv_bytes / bw
         latency = inst.perf.factors.kv_transfer_latency_s
-        busy_until = max(inst.link_free, tok.link_free)  # both NICs carry the transfer
+        busy_until = 0.0 if local else max(inst.link_free, tok.link_free)  # both NICs carry the transfer
         if self.p[i] < inst.perf.engine.layerwise_transfer_min_tokens:
             begin = max(now, busy_until)
             done = begin + duration + latency
         else:
             begin = max(self.prefill_start[i], busy_until)
             done = max(begin + duration, now + duration / self.layers) + latency
-        inst.link_free = tok.link_free = begin + duration
+        if not local:
+            inst.link_free = tok.link_free = begin + duration
         self._push(done, _KV_ARRIVED, tok.idx, i)
 
     def run(self) -> SimResult:

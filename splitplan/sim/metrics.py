@@ -36,7 +36,7 @@ def benchmark_report(result: SimResult, pools: list[PoolSpec]) -> dict:
             return {"mean": None, "median": None, "p99": None}
         return {"mean": float(finite.mean() * 1e3), "median": float(np.median(finite) * 1e3),
                 "p99": float(np.percentile(finite, 99) * 1e3)}
-    gpus = sum(pool.machines * pool.perf.hardware.gpus_per_machine for pool in pools)
+    gpus = sum(pool_gpus(pool) for pool in pools)
     span = max(result.span_s, 1e-9)
     finished = int(np.isfinite(result.e2e_s).sum())
     measured = result.measured
@@ -75,7 +75,7 @@ def pool_report(result: SimResult, pools: list[PoolSpec]) -> list[dict]:
         joules = pool.perf.layout.gpus * (prefill * tdp + decode * decode_w + idle * hw.gpu.idle_w)
         out.append({
             "role": pool.role, "hardware": hw.name, **pool.perf.layout._asdict(), "layout": pool.perf.layout.spec,
-            "machines": pool.machines, "gpus": pool.machines * hw.gpus_per_machine,
+            "machines": pool.machines, "gpus": pool_gpus(pool), "shared": pool.shared,
             "instances": len(mine), "utilization": (prefill + decode) / (span * max(len(mine), 1)),
             "mean_batch": batch_time / max(prefill + decode, 1e-12) if pool.role != Role.PROMPT else None,
             "energy_kwh": joules / 3.6e6,
@@ -148,3 +148,8 @@ def requests_csv(result: SimResult, names: list[str]) -> str:
                   f"{ms(result.transfer_s[i])},{ms(result.decode_queue_s[i])},{names[result.prompt_instance[i]]},"
                   f"{names[result.token_instance[i]]},{int(result.rejected[i])}\n")
     return buf.getvalue()
+
+
+def pool_gpus(pool) -> int:
+    """GPUs a pool holds: its machines', or on machines shared with the other role its instances'."""
+    return pool.instances * pool.perf.layout.gpus if pool.shared is not None else pool.machines * pool.perf.hardware.gpus_per_machine

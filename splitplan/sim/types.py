@@ -36,6 +36,10 @@ class PoolSpec:
     perf: PerfModel  # Instance or MeasuredInstance
     machines: int
     count: int | None = None  # instances, when fewer than the machines hold (the planner sizing a pool)
+    # Machines shared with the pool(s) of the other role of the same `shared` number: each of the
+    # `machines` holds count / machines of this pool's instances beside theirs, and KV between
+    # instances on one machine moves over its GPU links, not the NICs.
+    shared: int | None = None
 
     @property
     def instances(self) -> int:
@@ -74,12 +78,13 @@ class SimOptions:
 class InstanceState:
     """One model instance's state during a run (the simulator's, mutable; slots for speed)."""
 
-    __slots__ = ("idx", "pool", "role", "perf", "can_prefill", "queue",
+    __slots__ = ("idx", "pool", "role", "perf", "can_prefill", "queue", "node",
                  "waiting", "kv_cap", "max_request", "kv_used", "kv_committed", "members", "batch", "ctx", "iters", "ends", "finishing", "running", "link_free",
                  "host_free", "bw", "prefill_s", "decode_s", "batch_integral", "run_prefill", "steps", "launch", "fixed", "deferred")
 
-    def __init__(self, idx, pool, role, perf, bw):
+    def __init__(self, idx, pool, role, perf, bw, node=None):
         self.idx, self.pool, self.role, self.perf = idx, pool, role, perf
+        self.node = node  # (shared number, machine) on machines shared with the other role, else None
         self.can_prefill = role in (PROMPT, MIXED)
         self.queue = deque()
         self.waiting = deque()

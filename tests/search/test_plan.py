@@ -338,3 +338,117 @@ def test_a_sequence_cap_sizes_the_token_pool():
     free = size_option(Problem(trace, load_slo("batch"), None), "token", inst)
     capped = size_option(Problem(trace, load_slo("batch"), None, max_num_seqs=2), "token", inst)
     assert capped.instances > free.instances and capped.binding == "max_num_seqs"
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([(2, 2), (2, 4), (4, 2), (1, 4)]), st.integers(1, 6), st.integers(1, 6), st.sampled_from(["cost", "power"]),
+       st.one_of(st.none(), st.integers(1, 3)))
+def test_shared_machines_ilp_equals_grid(layouts, n_prompt, n_token, objective, cap):
+    """Issue 30, item 2: a machine may hold prefill and decode instances together (every filling
+    of an 8-GPU machine by the two options); the ILP's optimum with them equals the exhaustive
+    grid's, and a plan of one machine type never costs more than with dedicated machines alone."""
+    from splitplan.search.plan import combos
+    prompt = Option("prompt", Instance(MODEL, load_hardware("h100-80gb"), ENGINE, Layout(layouts[0])), n_prompt, "test")
+    token = Option("token", Instance(MODEL, load_hardware("h100-80gb"), ENGINE, Layout(layouts[1])), n_token, "test")
+    shared = combos([prompt, token])
+    assert shared and all(c.prompt_instances * layouts[0] + c.token_instances * layouts[1] == 8 for c in shared)
+    options = [prompt, token, *shared]
+    problem = Problem(trace=None, slo=None, reference=None, objective=objective,
+                      max_machines=(MachineCap("h100-80gb", cap, 8),) if cap is not None else ())
+    try:
+        ilp = solve_counts(problem, options, "ilp")
+    except InfeasibleError:
+        with pytest.raises(InfeasibleError):
+            solve_counts(problem, options, "grid")
+        return
+    grid = solve_counts(problem, options, "grid")
+    attr = "price_usd_per_hour" if objective == "cost" else "power_kw"
+    assert _cost(ilp, options, attr) == pytest.approx(_cost(grid, options, attr))
+    try:
+        alone = solve_counts(problem, [prompt, token], "grid")
+    except InfeasibleError:
+        return
+    assert _cost(ilp, options, attr) <= _cost(alone, [prompt, token], attr) + 1e-9
+
+
+def test_a_light_load_on_whole_machines_shares_one_machine(small_trace):
+    """Issue 30, item 2: with whole 8-GPU machines, a split plan whose pools each need a few GPUs
+    puts prefill and decode instances on one machine (one machine's price, not two); the plan
+    says which instances share it, the simulator runs them there (KV over the machine's GPU
+    links), and the planner's prediction holds in the simulation."""
+    from splitplan.simulation import Setup, plan_pools
+    result = api.optimize(small_trace, "llama3.1-8b", "chat", ["h100-80gb@8"], split_only=True)
+    plan = result.plan
+    (prompt,), (token,) = plan.prompt_pools, plan.token_pools
+    assert prompt.shared == token.shared == 0 and prompt.machines == token.machines == 1
+    assert plan.machines == 1 and plan.gpus == prompt.gpus + token.gpus == 8 and plan.cost_usd_per_hour == 38.0
+    sim = Setup("llama3.1-8b", "chat").simulate(result.problem.trace, plan_pools(plan))
+    rows = sim.summary["pools"]
+    assert [(r["role"], r["instances"], r["shared"]) for r in rows] == [("prompt", prompt.instances, 0), ("token", token.instances, 0)]
+    for line in sim.summary["slo"]:
+        assert line["met"], line
+    for metric in ("ttft", "itl", "e2e"):  # the planner's local KV share, as the simulator's
+        assert plan.predicted[metric]["p50"] == pytest.approx(sim.summary[f"{metric}_ms"]["p50"], rel=0.1), metric
+
+
+def test_kv_between_instances_on_one_machine_moves_over_its_gpu_links(small_trace):
+    """A prompt and a token instance sharing a machine: the KV takes NVLink's 450 GB/s per GPU,
+    not the NIC share (50 GB/s per GPU on an H100 machine): the first token gap shrinks by the
+    difference, the simulator's as the planner's formula."""
+    import numpy as np
+    from splitplan.perf.roofline import kv_transfer_time_s
+    from splitplan.simulation import PoolRequest, Setup
+    setup = Setup("llama3.1-70b", "chat", "vllm")
+    trace = small_trace
+    apart = setup.simulate(trace, [PoolRequest("prompt", "h100-80gb@4", Layout(4), 1), PoolRequest("token", "h100-80gb@4", Layout(4), 1)])
+    shared = setup.simulate(trace, [PoolRequest("prompt", "h100-80gb", Layout(4), 1, 1, 0),
+                                    PoolRequest("token", "h100-80gb", Layout(4), 1, 1, 0)])
+    inst = Instance(load_model("llama3.1-70b"), load_hardware("h100-80gb"), load_engine("vllm"), Layout(4))
+    p = trace.prompt_tokens
+    gain = kv_transfer_time_s(inst, inst, p) - kv_transfer_time_s(inst, inst, p, local=True)
+    assert np.all(gain > 0)
+    assert np.array_equal(apart.result.ttft_s, shared.result.ttft_s)  # (prefill is the same)
+    # decode starts earlier on the shared machine by about the transfer saved
+    saved = np.nanmean((apart.result.e2e_s - apart.result.ttft_s) - (shared.result.e2e_s - shared.result.ttft_s))
+    assert saved > 0.5 * float(np.mean(gain))
+
+
+@pytest.mark.parametrize("share", [0.0, 0.25, 1.0])
+def test_the_planner_sends_its_local_share_of_kv_over_gpu_links(small_trace, share):
+    """The planner's decode side on shared machines: that share of the requests (spread evenly)
+    have their KV over the machine's GPU links, the rest over the NICs; nothing else changes."""
+    import numpy as np
+    from splitplan.perf.roofline import kv_transfer_time_s
+    from splitplan.search.plan import _decode_values
+    inst = Instance(load_model("llama3.1-70b"), load_hardware("h100-80gb"), load_engine("vllm"), Layout(4))
+    problem = Problem(trace=small_trace, slo=None, reference=None)
+    start = small_trace.arrival_s + 0.1
+    _, remote, _ = _decode_values(problem, inst, 2, inst, start)
+    _, mixed, _ = _decode_values(problem, inst, 2, inst, start, local=(inst, share))
+    p = small_trace.prompt_tokens
+    gain = kv_transfer_time_s(inst, inst, p) - kv_transfer_time_s(inst, inst, p, local=True)
+    saved = remote - mixed
+    local = saved > 0
+    assert np.allclose(saved[local], gain[local]) and np.all(saved[~local] == 0)
+    assert local.mean() == pytest.approx(share, abs=0.02)
+
+
+def test_a_plan_on_shared_machines_is_the_same_plan_with_its_kv_local(small_trace):
+    """evaluate: one prompt and one token TP 4 instance sharing an 8-GPU machine predict what the
+    same instances on two 4-GPU machines do, but every request's KV over the machine's GPU links
+    (its prompt instance is always on its token instance's machine)."""
+    import numpy as np
+    from splitplan.perf.roofline import kv_transfer_time_s
+    from splitplan.search.plan import Combo, OptionKey, evaluate
+    model, engine = load_model("llama3.1-70b"), load_engine("vllm")
+    whole, half = (Instance(model, load_hardware(h), engine, Layout(4)) for h in ("h100-80gb", "h100-80gb@4"))
+    combo = Combo(Option("prompt", whole, 1, "t"), Option("token", whole, 1, "t"), 1, 1)
+    apart = {OptionKey("prompt", "h100-80gb@4", Layout(4)): Option("prompt", half, 1, "t"),
+             OptionKey("token", "h100-80gb@4", Layout(4)): Option("token", half, 1, "t")}
+    problem = Problem(trace=small_trace, slo=None, reference=None)
+    shared = evaluate(problem, {combo.key: 1}, {combo.key: combo})
+    separate = evaluate(problem, dict.fromkeys(apart, 1), apart)
+    p = small_trace.prompt_tokens
+    gain = kv_transfer_time_s(whole, whole, p) - kv_transfer_time_s(whole, whole, p, local=True)
+    assert np.array_equal(shared["ttft"], separate["ttft"])
+    assert np.allclose(separate["e2e"] - shared["e2e"], gain)
