@@ -367,7 +367,12 @@ def candidates_csv(result) -> str:
     for o in result.options:
         machines = o.machines_alone if o.instances else ""
         sized_by = "" if not o.instances else "simulation" if o.simulated else "estimate" if o.role == "mixed" else "model"
-        w.writerow(["option", o.role, o.inst.hardware.name, o.inst.tp, o.inst.layout.spec, o.instances or "", machines,
+        if o.role == "shared":  # a machine of prompt and token instances (their sizes are the options' rows)
+            layout, tp, sized_by = (f"{o.prompt_instances}x{o.prompt.inst.layout.spec}+{o.token_instances}x"
+                                    f"{o.token.inst.layout.spec}"), "", "options"
+        else:
+            layout, tp = o.inst.layout.spec, o.inst.tp
+        w.writerow(["option", o.role, o.inst.hardware.name, tp, layout, o.instances or "", machines,
                     f"{o.price_usd_per_hour * machines:.4f}" if machines else "", f"{o.power_kw * machines:.4f}" if machines else "",
                     o.binding, o.skipped, "", sized_by, machines * o.inst.hardware.gpus_per_machine if machines else ""])
     for p in (result.plan, *result.alternatives):

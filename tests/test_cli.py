@@ -805,8 +805,17 @@ def test_a_plan_on_shared_machines_reads_back_simulates_and_exports(tmp_path):
     script = run("export", str(out / "plan.json"), "--to", "vllm").stdout
     devices = [line.split("=")[1] for line in script.splitlines() if "CUDA_VISIBLE_DEVICES" in line]
     assert devices == [str(k) for k in range(8)]  # prefill on the first GPUs, decode on the rest: one machine
-    notes = run("export", str(out / "plan.json"), "--to", "llm-d").stderr
-    assert "shared machines 0: the prefill and decode pods" in notes
+    exported = run("export", str(out / "plan.json"), "--to", "llm-d")
+    assert "shared machines 0: the prefill and decode pods" in exported.stderr
+    import yaml
+    pods = {d["metadata"]["name"]: d["spec"]["template"] for d in yaml.safe_load_all(exported.stdout) if d["kind"] == "Deployment"}
+    assert len(pods) == 2
+    import kubernetes_validate
+    for name, pod in pods.items():  # each role's pods prefer the node of the other's (a valid pod template)
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": pod},
+                                     "1.34.0", strict=True)
+        (term,) = pod["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert term["podAffinityTerm"]["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"] in set(pods) - {name}
     del doc["plan"]["token_pools"][0]["shared"]
     doc["plan"]["machines"] = 2
     bad = tmp_path / "bad.json"

@@ -323,7 +323,8 @@ def common_mapping(dep: Deployment, engine: str, kubernetes: bool = False) -> tu
                         + (f", each over {g.nodes_per_instance} nodes" if g.nodes_per_instance > 1 else "")))
         if g.shared is not None and g.role == "token" and kubernetes:
             unexpressed.append(f"shared machines {g.shared}: the prefill and decode pods that share them in the plan are "
-                               "placed by the scheduler, together on a node only by chance (no pod affinity is written)")
+                               "placed by the scheduler (llm-d: with a preferred pod affinity to each other's node), "
+                               "not pinned to one node together")
         labels = dep.node_labels(g) if kubernetes else {}
         if labels:
             mapping.append((f"{g.role}_pools[{g.hardware.name}].hardware",

@@ -74,8 +74,19 @@ def _sidecar() -> dict:
             "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True}}
 
 
+def _beside(dep: Deployment, g) -> dict:
+    """On machines shared with the other role: a preferred pod affinity to that pool's pods on the
+    same node (kubernetes.io/hostname), so that the scheduler packs them as the plan does."""
+    others = [o for o in dep.groups if o.shared is not None and o.shared == g.shared and o is not g]
+    if not others:
+        return {}
+    term = {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {
+        "matchLabels": {"app.kubernetes.io/instance": others[0].name}}}}
+    return {"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}}}
+
+
 def _pod(dep: Deployment, g, container: dict, serving: bool) -> dict:
-    placement = dep.pod_spec(g)
+    placement = {**dep.pod_spec(g), **_beside(dep, g)}
     spec = {"serviceAccountName": dep.name, "containers": [container], **placement,
             "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}] + placement.get("volumes", [])}
     if serving and g.role == "token":
