@@ -427,13 +427,18 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
         return _colocated_values(problem, key, inst, inst.instances_on(machines))
     memo = {} if memo is None else memo
     prompt_parts, token_parts = _parts(counts, options, Role.PROMPT), _parts(counts, options, Role.TOKEN)
-    prompt_keys = tuple((k, n) for k, _, n, _ in prompt_parts)
+    prompt_keys = [k for k, *_ in prompt_parts]
     prompt = [(o.inst, n) for _, o, n, _ in prompt_parts]
     token_keys = [k for k, *_ in token_parts]
     token = [(o.inst, n) for _, o, n, _ in token_parts]
-    replayed = memo.get(("ttft", prompt_keys))
+    # (an instance is the same on every shape of its machine type: so is the replay of its pools)
+    same = tuple((o.inst.hardware.family, o.inst.layout, n) for _, o, n, _ in prompt_parts)
+    replayed = memo.get(("ttft", same))
     if replayed is None:
-        batches = [memo.setdefault(("batch", o.key), BatchTimes(o.inst, t.prompt_tokens)) for _, o, _, _ in prompt_parts]
+        for (family, layout, _), (_, o, _, _) in zip(same, prompt_parts):
+            if ("batch", family, layout) not in memo:
+                memo["batch", family, layout] = BatchTimes(o.inst, t.prompt_tokens)
+        batches = [memo["batch", family, layout] for family, layout, _ in same]
         busy: list = []
         stats: list = []
         ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens, batches, busy,
@@ -441,13 +446,13 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
                                    cache_stats=stats)
         _, durations, where = np.array(busy).T
         pool_of = np.repeat(np.arange(len(prompt)), [n for _, n in prompt])  # instance -> its pool
-        hits = {}
+        rates = []
         if stats:  # each prompt pool's prefix hit rate: hit over looked-up tokens of its instances
             hit, looked = np.array(stats, float).T
-            hits = {k: float(np.sum(hit[pool_of == m]) / max(np.sum(looked[pool_of == m]), 1.0))
-                    for m, (k, _) in enumerate(prompt_keys)}
-        replayed = memo[("ttft", prompt_keys)] = ttft, np.bincount(pool_of[where.astype(int)], durations, len(prompt)), hits
-    ttft, prompt_busy_s, hits = replayed
+            rates = [float(np.sum(hit[pool_of == m]) / max(np.sum(looked[pool_of == m]), 1.0)) for m in range(len(prompt))]
+        replayed = memo[("ttft", same)] = ttft, np.bincount(pool_of[where.astype(int)], durations, len(prompt)), rates
+    ttft, prompt_busy_s, rates = replayed
+    hits = dict(zip(prompt_keys, rates))
     src = max(prompt, key=lambda pair: pair[1])[0]
     # Requests go to token types in proportion to their capacity (a deterministic interleave).
     share = np.array([n / o.instances for _, o, n, _ in token_parts])
@@ -471,7 +476,7 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
             token_busy_s[j] = busy_s(start[idx] + decode_s[idx] - steps_s, start[idx] + decode_s[idx], n)
     e2e = ttft + decode_s
     span_s = max(float(np.max(t.arrival_s + e2e) - t.arrival_s[0]), 1e-9)  # as the simulator's utilization
-    keys = [k for k, _ in prompt_keys] + token_keys
+    keys = prompt_keys + token_keys
     utilization = {k: min(b / (span_s * n), 1.0) for k, b, (_, n) in zip(keys, [*prompt_busy_s, *token_busy_s], prompt + token)}
     busy = np.array([utilization[k] for k in token_keys])[kind]  # each request's token instance's
     itl, tpot = _decode_gaps(t.output_tokens, decode_s, step_s, busy, src.engine.async_scheduling)
