@@ -124,6 +124,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     for hw, spec in capped.items():
         if hw not in machines and spec.family not in {m.name for m in machines.values()}:
             raise SpecError(f"--max-machines {hw}: not among the hardware considered ({', '.join(machines)})")
+    caps = tuple(MachineCap(capped[hw].name, n, capped[hw].gpus_per_machine) for hw, n in sorted((max_machines or {}).items()))
     if tp is not None:
         _check_tp(tp, [machines[n] for n in sorted(set(hardware or []) | set(prompt_hardware or []) | set(token_hardware or []))],
                   list(machines.values()))
@@ -133,7 +134,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     reference = reference_for(profile, lambda hw, t: reference_instance(m, hw, t, eng, db, perf_interp), trace.prompt_tokens,
                               trace.output_tokens)
     problem = Problem(trace, profile, reference, eng.batch_tokens(max_batch_tokens), objective, max_cost_per_hour, max_power_kw,
-                      tuple(MachineCap(capped[hw].name, n, capped[hw].gpus_per_machine) for hw, n in sorted((max_machines or {}).items())), solver, eng.seqs_cap(max_num_seqs), eng.chunked,
+                      caps, solver, eng.seqs_cap(max_num_seqs), eng.chunked,
                       prefix_model(trace, eng, prefix_caching, routing, kv_offload_gb,
                                    [machines[n] for n in sorted(set(names) | set(prompt_hardware or []))]))
 
@@ -145,11 +146,14 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
         return [(role, make(machines[name], layout), (lower or {}).get((name, layout)) or 1)
                 for name in sorted(set(allowed)) for layout in candidate_layouts(m, machines[name], eng, tp)]
 
-    def shaped(options):  # and again on each smaller machine a whole machine type named is rented as
+    # A machine type named without a shape is offered in every shape it is rented in: each sized
+    # option again on each smaller machine its layout tiles (the same instance: the same size).
+    shapes = {machines[n].name: machines[n].shaped()[1:] for n in machines if "@" not in n}
+
+    def shaped(options):
         return options + [dataclasses.replace(o, inst=make(hw, o.inst.layout)) for o in options if o.instances
                           for hw in shapes.get(o.inst.hardware.name, ()) if hw.gpus_per_machine % o.inst.layout.gpus == 0]
 
-    shapes = {machines[n].name: machines[n].shaped()[1:] for n in machines if "@" not in n}
     prompt_names = prompt_hardware or names
     first = _size_all(problem, tasks(Role.PROMPT, set(names) | set(prompt_names))
                       + (tasks(Role.TOKEN, token_hardware or names) if split else []), jobs)

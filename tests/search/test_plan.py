@@ -46,15 +46,22 @@ def test_ilp_optimum_equals_grid_optimum(specs, objective, max_cost, max_h100, s
         options.append(Option(role, Instance(MODEL, load_hardware(hw), ENGINE, tp), n, "test"))
     problem = Problem(trace=None, slo=None, reference=None, objective=objective, max_cost_per_hour=max_cost,
                       max_machines=(MachineCap("h100-80gb", max_h100, 8),) if max_h100 is not None else (), solver=solver)
+    _ilp_equals_grid(problem, options)
+
+
+def _ilp_equals_grid(problem, options):
+    """The ILP's optimum (its objective value) is the grid's, or both find none; the ILP's counts
+    (None when infeasible)."""
     try:
         ilp = solve_counts(problem, options, "ilp")
     except InfeasibleError:
         with pytest.raises(InfeasibleError):
             solve_counts(problem, options, "grid")
-        return
+        return None
     grid = solve_counts(problem, options, "grid")
-    attr = "price_usd_per_hour" if objective == "cost" else "power_kw"
+    attr = "price_usd_per_hour" if problem.objective == "cost" else "power_kw"
     assert _cost(ilp, options, attr) == pytest.approx(_cost(grid, options, attr))
+    return ilp
 
 
 GOLDEN_LP = Path(__file__).resolve().parents[1] / "data" / "ilp_small.lp"
@@ -355,15 +362,10 @@ def test_shared_machines_ilp_equals_grid(layouts, n_prompt, n_token, objective, 
     options = [prompt, token, *shared]
     problem = Problem(trace=None, slo=None, reference=None, objective=objective,
                       max_machines=(MachineCap("h100-80gb", cap, 8),) if cap is not None else ())
-    try:
-        ilp = solve_counts(problem, options, "ilp")
-    except InfeasibleError:
-        with pytest.raises(InfeasibleError):
-            solve_counts(problem, options, "grid")
+    ilp = _ilp_equals_grid(problem, options)
+    if ilp is None:
         return
-    grid = solve_counts(problem, options, "grid")
     attr = "price_usd_per_hour" if objective == "cost" else "power_kw"
-    assert _cost(ilp, options, attr) == pytest.approx(_cost(grid, options, attr))
     try:
         alone = solve_counts(problem, [prompt, token], "grid")
     except InfeasibleError:
