@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares
 
 from splitplan.perf.measurements import flag_anomalies
 from splitplan.perf.roofline import Instance
@@ -96,6 +95,7 @@ def _fit(points: pd.DataFrame, base: EngineProfile, start: EngineFactors, names)
         factors = start.model_copy(update=dict(zip(names, map(float, x))))
         return np.log(predict_ms(points, plain.model_copy(update={"defaults": factors})) / measured)
 
+    from scipy.optimize import least_squares  # (on first use: every command loads this module, few fit)
     result = least_squares(residuals, x0, bounds=(lo, hi), x_scale=scale, loss="soft_l1", f_scale=0.05, max_nfev=300)
     return EngineFactors(**{**start.model_dump(), **dict(zip(names, map(float, result.x)))})  # every field explicit
 

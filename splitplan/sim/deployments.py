@@ -29,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares
 
 from splitplan.errors import TraceError
 from splitplan.inputs import finite_columns, read_table
@@ -163,6 +162,7 @@ def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: in
         profile = with_factors(base, dict(zip(names, (float(v) for v in x))))
         return (np.log(predict(runs, profile, run)) - measured).ravel()
 
+    from scipy.optimize import least_squares  # (on first use: every command loads this module, few fit)
     result = least_squares(residuals, start, bounds=(lower, upper), x_scale=scale, loss="soft_l1", f_scale=0.1,
                            diff_step=1e-2, max_nfev=max_evaluations)
     return with_factors(base, dict(zip(names, (float(v) for v in result.x))))

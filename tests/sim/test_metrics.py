@@ -42,3 +42,21 @@ def test_requests_csv_rows_are_the_result_in_milliseconds():
     assert len(rows) == 3 and rows.request.tolist() == [0, 1, 2]
     for column, values in (("ttft_ms", result.ttft_s), ("e2e_ms", result.e2e_s), ("tbt_ms", result.tbt_s)):
         assert rows[column].to_numpy() == pytest.approx(values * 1e3, abs=1e-3)
+
+
+def test_requests_csv_is_the_row_by_row_text():
+    """requests.csv is built column by column (issue 31, item 4): the same bytes as formatting
+    each request's row in turn, a rejected request's empty latencies and instances included."""
+    trace = Trace(np.array([0.0, 0.25, 0.5, 4.0]), np.array([500, 2000, 800, 2_000_000]), np.array([20, 1, 40, 3]), "t")
+    pools = [PoolSpec("prompt", H100, 1), PoolSpec("token", H100, 1)]
+    result = simulate(trace, pools, SimOptions())
+    assert result.rejected.any()  # (the 2M-token prompt fits no instance)
+
+    def ms(x):
+        return "" if not np.isfinite(x) else f"{x * 1e3:.3f}"
+    names, r = result.names, result
+    rows = [f"{i},{trace.arrival_s[i]:.6f},{trace.prompt_tokens[i]},{trace.output_tokens[i]},{ms(r.ttft_s[i])},{ms(r.tbt_s[i])},"
+            f"{ms(r.tbt_max_s[i])},{ms(r.e2e_s[i])},{ms(r.prompt_queue_s[i])},{ms(r.transfer_s[i])},{ms(r.decode_queue_s[i])},"
+            f"{names[r.prompt_instance[i]]},{names[r.token_instance[i]]},{int(r.rejected[i])}" for i in range(len(trace))]
+    text = requests_csv(result, names)
+    assert text.splitlines()[1:] == rows and text.endswith("\n")
