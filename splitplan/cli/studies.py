@@ -109,13 +109,13 @@ def compare(
     else:
         metric = {"iso-power": "max rate", "iso-cost": "max rate", "iso-throughput-cost": "cost",
                   "iso-throughput-power": "power"}[result.scenario]
-        rows = [(r["design"], r["prompt_machines"], r["token_machines"], r["mixed_machines"], r["cost_usd_per_hour"],
+        rows = [(r["design"], r["prompt_machines"], r["token_machines"], r["mixed_machines"], r["gpus"], r["cost_usd_per_hour"],
                  r["power_kw"], r["max_rate_rps"], r["ratio_to_baseline"], r["error"] or r["binding"])
                 for r in document["designs"]]
         budget = ", ".join(f"{k} {v:,.1f}" for k, v in result.budget.items()) or "none"
         report.console().print(report.table(
             f"{result.scenario} (budget: {budget}; {metric} ratio against {result.baseline})",
-            ["design", "prompt", "token", "mixed", "$/h", "kW", "max req/s", "ratio", "binding / why not"], rows))
+            ["design", "prompt", "token", "mixed", "GPUs", "$/h", "kW", "max req/s", "ratio", "binding / why not"], rows))
         for warning in result.warnings:
             report.console().print(f"[bold]warning:[/bold] {warning}.")
 
