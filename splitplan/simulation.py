@@ -20,7 +20,7 @@ from splitplan.perf.points import instance, reference_instance
 from splitplan.perf.table import load_perf_db
 from splitplan.report import SCHEMA_VERSION
 from splitplan.roles import SPLIT, Role
-from splitplan.search.plan import Plan, Pool, predict
+from splitplan.search.plan import Plan, Pool, bought, predict
 from splitplan.sim.cluster import PoolSpec, SimOptions
 from splitplan.sim.cluster import simulate as run
 from splitplan.sim.metrics import requests_csv, summarize_result
@@ -167,9 +167,8 @@ def plan_from_pools(pools: list[PoolRequest], **fields) -> "Plan":
             return Pool.part(p.hardware, layout, p.machines, p.instances, p.shared)
         return Pool.of(p.hardware, load_hardware(p.hardware).gpus_per_machine, layout, p.machines)
     by_role = {role: tuple(pool(p) for p in pools if p.role == role) for role in Role}
-    bought = [p for p in pools if p.shared is None] + list({p.shared: p for p in pools if p.shared is not None}.values())
-    cost = sum(load_hardware(p.hardware).price_usd_per_hour * p.machines for p in bought)
-    power = sum(load_hardware(p.hardware).provisioned_power_w / 1e3 * p.machines for p in bought)
+    cost = sum(load_hardware(p.hardware).price_usd_per_hour * p.machines for p in bought(pools))
+    power = sum(load_hardware(p.hardware).provisioned_power_w / 1e3 * p.machines for p in bought(pools))
     return Plan(by_role[Role.PROMPT], by_role[Role.TOKEN], by_role[Role.MIXED], cost, power, **fields)
 
 

@@ -111,6 +111,10 @@ class Combo:
     skipped = ""
     simulated = False
 
+    def part(self, role: str) -> tuple[Option, int]:
+        """The option of `role` (prompt or token) and its instances on one machine."""
+        return (self.prompt, self.prompt_instances) if role == Role.PROMPT else (self.token, self.token_instances)
+
     @property
     def key(self) -> ComboKey:
         return ComboKey(SHARED, self.prompt.inst.hardware.name, self.prompt.inst.layout, self.prompt_instances,
@@ -213,17 +217,17 @@ class Plan:
 
     @property
     def machines(self) -> int:
-        """Machines bought: each pool's own, and each group of shared machines once."""
-        return sum(p.machines for p in self.pools if p.shared is None) + sum(shared_machines(self.pools).values())
+        return sum(p.machines for p in bought(self.pools))
 
     @property
     def gpus(self) -> int:
         return sum(p.gpus for p in self.pools)
 
 
-def shared_machines(pools) -> dict[int, int]:
-    """Machines per shared number (pools sharing machines list them each)."""
-    return {p.shared: p.machines for p in pools if p.shared is not None}
+def bought(pools) -> list:
+    """The pools whose machines are bought: each with machines of its own, and one part of each
+    group of shared machines (its parts list the same machines)."""
+    return [p for p in pools if p.shared is None] + list({p.shared: p for p in pools if p.shared is not None}.values())
 
 
 @dataclass(frozen=True)
@@ -493,9 +497,8 @@ def _parts(counts: dict, options: dict, role: Role) -> list[tuple]:
         if k.role == role:
             out.append((k, options[k], options[k].inst.instances_on(c), None))
         elif k.role == SHARED:
-            combo = options[k]
-            part = combo.prompt if role == Role.PROMPT else combo.token
-            out.append(((k, role), part, c * (combo.prompt_instances if role == Role.PROMPT else combo.token_instances), k))
+            part, held = options[k].part(role)
+            out.append(((k, role), part, c * held, k))
     return out
 
 
@@ -604,7 +607,7 @@ def make_plan(problem: Problem, counts: dict[OptionKey, int], options: dict[Opti
     bindings = []
     for role in (Role.PROMPT, Role.TOKEN, Role.MIXED):
         used = [(options[k], c) for k, c in counts.items() if k.role == role]
-        used += [(getattr(options[k], role), None) for k in counts if k.role == SHARED and role in SPLIT]
+        used += [(options[k].part(role)[0], None) for k in counts if k.role == SHARED and role in SPLIT]
         if used:
             bindings.append(f"{role}: {', '.join(sorted({_binding_text(o, c) for o, c in used}))}")
     if repairs:
@@ -640,8 +643,9 @@ def plan_counts(plan: Plan) -> dict[OptionKey, int]:
     counts = {OptionKey(role, p.hardware, p.layout): p.machines for role, pools in
               ((Role.PROMPT, plan.prompt_pools), (Role.TOKEN, plan.token_pools), (Role.MIXED, plan.mixed_pools))
               for p in pools if p.shared is None}
-    for number, machines in shared_machines(plan.pools).items():
-        (p,), (t,) = ([x for x in pools if x.shared == number] for pools in (plan.prompt_pools, plan.token_pools))
+    for group in (g for g in bought(plan.pools) if g.shared is not None):
+        machines = group.machines
+        (p,), (t,) = ([x for x in pools if x.shared == group.shared] for pools in (plan.prompt_pools, plan.token_pools))
         counts[ComboKey(SHARED, p.hardware, p.layout, p.instances // machines, t.layout, t.instances // machines)] = machines
     return counts
 

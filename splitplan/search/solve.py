@@ -121,7 +121,7 @@ def _cover(option, role: str) -> float:
     """The share of `role`'s load one unit of `option` carries (its instances over n*), a shared
     machine's part for either role."""
     if option.role == SHARED:
-        part, held = ((option.prompt, option.prompt_instances) if role == Role.PROMPT else (option.token, option.token_instances))
+        part, held = option.part(role)
         return held / part.instances
     return option.inst.unit_instances / option.instances if option.role == role else 0.0
 
