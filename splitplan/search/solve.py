@@ -37,6 +37,7 @@ def solve_counts(problem: Problem, options: list[Option], method: str = "ilp") -
 
 
 SOLVERS = ("highs", "cbc")
+COVER_TOLERANCE = 1e-9  # a role's load counts as covered at 1 - this (float shares: 3 x 1/3 < 1)
 
 
 def _solve_highs(lp: "pulp.LpProblem") -> str:
@@ -110,8 +111,8 @@ def ilp_model(problem: Problem, usable: list[Option]) -> tuple["pulp.LpProblem",
     def machines(o):
         return o.inst.unit_machines * x[o.key]
     lp += pulp.lpSum((primary(o) + 1e-6 * secondary(o)) * machines(o) for o in usable)
-    for role in SPLIT:
-        lp += pulp.lpSum(x[o.key] * _cover(o, role) for o in usable if _cover(o, role)) >= 1, f"cover_{role}"
+    for role in SPLIT:  # (>= 1 within the grid's tolerance: shares such as 3 x 1/3 are written to 12 digits for CBC)
+        lp += pulp.lpSum(x[o.key] * _cover(o, role) for o in usable if _cover(o, role)) >= 1 - COVER_TOLERANCE, f"cover_{role}"
     for name, terms, limit in _budgets(problem, usable, machines):
         lp += pulp.lpSum(terms) <= limit, name
     return lp, x
@@ -152,7 +153,7 @@ def _grid(problem: Problem, usable: list[Option], primary, secondary) -> dict[Op
     ranges = [range(0, o.machines_alone + 1, o.inst.unit_machines) for o in usable]  # machines, in whole units
     best, best_key = None, None
     for counts in itertools.product(*ranges):
-        ok = all(sum(c // o.inst.unit_machines * _cover(o, r) for c, o in zip(counts, usable)) >= 1 - 1e-9 for r in SPLIT)
+        ok = all(sum(c // o.inst.unit_machines * _cover(o, r) for c, o in zip(counts, usable)) >= 1 - COVER_TOLERANCE for r in SPLIT)
         if not ok:
             continue
         if not all(sum(terms) <= limit + 1e-9 for _, terms, limit in _budgets(problem, usable, lambda o: counts[usable.index(o)])):

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from splitplan import api
@@ -30,6 +30,11 @@ def _cost(counts, options, attr):
 
 
 @settings(max_examples=40, deadline=None)
+# Shares that cover a role exactly (3 x 1/3), which CBC saw as short of 1 once written to 12 digits:
+@example([("prompt", ("a100-80gb", 8), 1), ("token", ("h100-80gb", 4), 3), ("token", ("mi300x-192gb", 2), 12)],
+         "cost", 71.0, None, "cbc")
+@example([("prompt", ("a100-80gb", 8), 1), ("token", ("a100-80gb", 8), 4), ("token", ("mi300x-192gb", 2), 12)],
+         "cost", 71.0, None, "cbc")
 @given(
     st.lists(st.tuples(st.sampled_from(["prompt", "token"]), st.sampled_from(CHOICES), st.integers(1, 14)), min_size=2, max_size=5),
     st.sampled_from(["cost", "power"]),
