@@ -222,17 +222,19 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
                 start(j, end)
 
     held: list = []  # (release time, instance) of requests counted in their instance's load
+    several = len(kind) > 1
     release = None if held_s is None else (arrival_s + held_s).tolist()
     for i in range(n_req):
         now = arrival[i]
-        finish_until(now)
+        if heap and heap[0][0] <= now:
+            finish_until(now)
         while held and held[0][0] <= now:
             load[heapq.heappop(held)[1]] -= 1
         if prefix is not None and prefix.prefix_aware and node[i] >= 0:  # as the simulator's _prefix_pick
             costs = [load[k] + tokens[i] - caches[k].peek(node[i], tokens[i]) for k in range(len(kind))]
             j = costs.index(min(costs))
         else:
-            j = load.index(min(load))
+            j = load.index(min(load)) if several else 0
         queues[j].append(i)
         if deferring:
             tag[i] = launch[j] if running[j] is not None and fixed[j] else launch[j] - 1
@@ -382,20 +384,20 @@ def colocated_estimate(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_
             "kv_peak_fraction": res.kv_peak_fraction}
 
 
-def smallest_count(check, lower: int = 1, guess: int | None = None, growth: float = 2.0) -> int | None:
+def smallest_count(check, lower: int = 1, guess: int | None = None, step_fraction: float = 0.125) -> int | None:
     """Smallest n >= lower with check(n) true, assuming check is monotone in n;
     None past MAX_INSTANCES. `lower` must be a true lower bound; `guess` only
-    says where to start: the search steps down (halving) or up (by `growth`, at least one)
-    from it until it brackets the answer, then bisects."""
+    says where to start: the search steps down or up from it, by `step_fraction` of it (at
+    least one) and twice as far at each further step, until it brackets the answer, then
+    bisects. A guess within that fraction of the answer costs three or four checks."""
     n = min(max(lower, guess or lower, 1), MAX_INSTANCES)
+    step = max(1, int(n * step_fraction))
     if check(n):
         hi, lo = n, lower - 1
         while hi > lower:  # walk down until a count fails (or the lower bound is reached)
-            down = max((hi + lo) // 2 if lo >= lower else hi // 2, lower)
-            if down >= hi:
-                break
+            down = max(hi - step, lower)
             if check(down):
-                hi = down
+                hi, step = down, step * 2
             else:
                 lo = down
                 break
@@ -404,10 +406,11 @@ def smallest_count(check, lower: int = 1, guess: int | None = None, growth: floa
         while True:
             if lo >= MAX_INSTANCES:
                 return None
-            hi = min(max(int(lo * growth), lo + 1), MAX_INSTANCES)
-            if check(hi):
+            up = min(lo + step, MAX_INSTANCES)
+            if check(up):
+                hi = up
                 break
-            lo = hi
+            lo, step = up, step * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if check(mid):

@@ -5,7 +5,10 @@ best co-located plan beside it, and the cost-vs-power frontier."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from splitplan.defaults import DEFAULT_ENGINE
 from splitplan.errors import InfeasibleError, SpecError, listed, with_details
@@ -19,6 +22,7 @@ from splitplan.search.bracket import plan_max_rate
 from splitplan.search.frontier import cost_power_frontier, nondominated
 from splitplan.search.plan import (
     MachineCap,
+    Option,
     Plan,
     Problem,
     as_simulated,
@@ -161,8 +165,9 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     # same (machine, TP) bounds its size from below, which shortens its search.
     lower = {(o.inst.hardware.name, o.inst.layout): o.instances for o in first if o.role == Role.PROMPT}
     mixed_names = hardware or sorted(set(prompt_hardware or []) | set(token_hardware or [])) or names
-    mixed = shaped(_size_all(problem, tasks(Role.MIXED, mixed_names, lower), jobs)) if with_colocated or not split else []
     simulated: dict = {}  # co-located options sized by the simulator (colocated_plan)
+    mixed = (_size_colocated(problem, tasks(Role.MIXED, mixed_names, lower), shaped, jobs, simulated if split else None)
+             if with_colocated or not split else [])
     if not split:
         plan = colocated_plan(problem, mixed, simulated)
         others = []
@@ -284,9 +289,60 @@ def _size_one(problem, task):
     return size_option(problem, *task)
 
 
-def _size_all(problem, tasks: list, jobs: int) -> list:
-    """Size every (role, instance, lower bound) task, in `jobs` processes."""
-    return run_units(_size_one, tasks, problem, jobs)
+def _size_all(problem, tasks: list, jobs: int, done: dict | None = None) -> list:
+    """Size every (role, instance, lower bound) task, in `jobs` processes, but those `done` (by
+    index) already. A prompt or co-located pool's size follows the prefill work it carries, so
+    each such role's count searches start from a sized one's count (the first of the role that
+    fits, sized first), scaled by their prefill work against its (a guess: the search still finds
+    the smallest count that holds)."""
+    done = dict(done or {})
+    work = {k: float(np.sum(inst.prefill_time_s(problem.trace.prompt_tokens)))
+            for k, (role, inst, _) in enumerate(tasks) if role != Role.TOKEN and inst.fit.fits}
+    pilots = {}
+    for role in (Role.PROMPT, Role.MIXED):
+        sized = [k for k in work if tasks[k][0] == role and k in done and done[k].instances]
+        first = sized[0] if sized else next((k for k in work if tasks[k][0] == role and k not in done), None)
+        if first is not None and first not in done:
+            done[first] = size_option(problem, *tasks[first])
+        if first is not None and done[first].instances:
+            pilots[role] = first
+    guesses = {k: max(tasks[k][2], math.ceil(done[pilot].instances * work[k] / work[pilot]))
+               for k in work if k not in done and (pilot := pilots.get(tasks[k][0])) is not None}
+    rest = [k for k in range(len(tasks)) if k not in done]
+    done.update(zip(rest, run_units(_size_one, [(*tasks[k], guesses.get(k)) for k in rest], problem, jobs)))
+    return [done[k] for k in range(len(tasks))]
+
+
+def _size_colocated(problem, tasks: list, shaped, jobs: int, simulated: dict | None = None) -> list:
+    """Co-located options sized (`_size_all`) and copied onto the smaller shapes of their machines
+    (`shaped`). With `simulated` (split plans are searched too, so only the best co-located plan is
+    compared): the option that could cost least, its prompt pool's count (a lower bound on its own)
+    on its cheapest shape, is sized and simulated first (`colocated_plan`, which keeps its
+    simulation in `simulated`), and an option whose least cost is above that plan's is not sized:
+    the plan it would give cannot be the best."""
+    if simulated is None:
+        return shaped(_size_all(problem, tasks, jobs))
+    least = [min(_objective(problem.objective, o) * o.machines_alone for o in shaped([Option(role, inst, lower, "")]))
+             if inst.fit.fits else math.inf for role, inst, lower in tasks]
+    order = sorted(range(len(tasks)), key=lambda k: least[k])
+    if not tasks or least[order[0]] == math.inf:
+        return shaped(_size_all(problem, tasks, jobs))
+    done = {order[0]: size_option(problem, *tasks[order[0]])}
+    try:
+        upper = objective_value(problem.objective, colocated_plan(problem, shaped([done[order[0]]]), simulated))
+    except InfeasibleError:  # (none within the budgets: nothing to compare against)
+        upper = math.inf
+    for k in order[1:]:
+        if upper + 1e-9 < least[k] < math.inf:
+            role, inst, lower = tasks[k]
+            done[k] = Option(role, inst, None, "", f"not sized: {lower}+ instances (its prompt pool's count) cost at least "
+                             f"{_objective_text(problem.objective, least[k])}, above the co-located plan found "
+                             f"({_objective_text(problem.objective, upper)})")
+    return shaped(_size_all(problem, tasks, jobs, done))
+
+
+def _objective_text(objective: str, value: float) -> str:
+    return f"${value:,.2f}/h" if objective == "cost" else f"{value:,.1f} kW"
 
 
 def objective_value(objective: str, plan) -> float:

@@ -324,9 +324,10 @@ def _busy_guess(inst: Instance, t: Trace) -> int:
     return max(1, min(len(t), math.ceil(work / max(t.span_s, work, 1e-9))))
 
 
-def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> Option:
+def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1, guess: int | None = None) -> Option:
     """n*(o) for one option alone, and the line that decided it. `lower` is a known
-    lower bound on n* (a co-located pool needs at least the prompt pool's count)."""
+    lower bound on n* (a co-located pool needs at least the prompt pool's count); `guess`, where
+    the count search starts (None: the instances the prefill work keeps busy)."""
     if not inst.fit.fits:
         return Option(role, inst, None, "", inst.fit.reason)
     t = problem.trace
@@ -367,7 +368,7 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1) -> 
                                                               problem.max_batch_tokens, memo, problem.chunked,
                                                               problem.max_num_seqs))
     failing = functools.cache(failing)  # (the bisection has usually tried n - 1, which names the binding line)
-    n = smallest_count(lambda k: failing(k) is None, lower, _busy_guess(inst, t) if role != Role.TOKEN else None)
+    n = smallest_count(lambda k: failing(k) is None, lower, guess or (_busy_guess(inst, t) if role != Role.TOKEN else None))
     if n is None:
         return Option(role, inst, None, "", "SLO not met at any size")
     binding = failing(n - 1) if n > 1 else None
@@ -407,7 +408,7 @@ def simulated_option(problem: Problem, option: Option, replays: dict | None = No
             if seen[n] is None and (kept[0] is None or n < kept[0]):
                 kept[:] = n, values  # (only these values: a replay's arrays are large)
         return seen[n]
-    n = smallest_count(lambda k: failing(k) is None, 1, option.instances, growth=1.25)  # (the estimate is optimistic)
+    n = smallest_count(lambda k: failing(k) is None, 1, option.instances)  # (the estimate is optimistic: steps up by 1/8)
     if n is None:
         return replace(option, instances=None, binding="", skipped="SLO not met at any size (simulated)")
     if replays is not None:
@@ -700,8 +701,9 @@ def colocated_plan(problem: Problem, options: list[Option], simulated: dict | No
 
     Options are ranked by their estimated size and simulated (`simulated_option`) in that
     order until the next one's estimate costs no less than the best simulated plan (the
-    estimate is optimistic, so a later option rarely wins). `simulated` (a dict by role, machine
-    type and layout, reused across calls) keeps the options simulated and gives them back."""
+    estimate is optimistic, so a later option rarely wins); options simulated by an earlier call
+    count first. `simulated` (a dict by role, machine type and layout, reused across calls) keeps
+    the options simulated, and the replay of each call's best, and gives them back."""
     simulated = {} if simulated is None else simulated
 
     def within(o: Option) -> bool:
@@ -716,8 +718,12 @@ def colocated_plan(problem: Problem, options: list[Option], simulated: dict | No
         return weight(o)[0] * o.machines_alone, weight(o)[1] * o.machines_alone, o.key
 
     mixed = [o for o in options if o.role == Role.MIXED]
-    best, best_replay = None, (None, None)  # (the replay of the best, where simulated here: (count, values))
-    for option in sorted((o for o in mixed if o.instances and within(o)), key=rank):
+    ranked = sorted((o for o in mixed if o.instances and within(o)), key=rank)
+    best, best_replay = None, (None, None)  # (the replay of the best: (count, values))
+    for found in (as_simulated(simulated, o) for o in ranked if _sized_as(o) in simulated):  # (simulated before: free)
+        if found.instances and within(found) and (best is None or rank(found) < rank(best)):
+            best, best_replay = found, simulated.get(("replay", found.key), (None, None))
+    for option in ranked:
         if best is not None and rank(option)[:2] >= rank(best)[:2]:
             break
         replays: dict = {}
@@ -726,6 +732,8 @@ def colocated_plan(problem: Problem, options: list[Option], simulated: dict | No
         found = as_simulated(simulated, option)
         if found.instances and within(found) and (best is None or rank(found) < rank(best)):
             best, best_replay = found, replays.get(found.key, (None, None))  # (only the best's replay is kept)
+    if best is not None and best_replay[0] is not None:
+        simulated[("replay", best.key)] = best_replay  # (for a later call: one replay per call at most)
     if best is None:
         shown = [as_simulated(simulated, o) for o in mixed]
         short, whole = listed([f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped or 'over budget'}"

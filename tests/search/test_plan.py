@@ -1,5 +1,6 @@
 """The ILP equals the exhaustive grid; plans hold on the trace; failures are precise."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +169,27 @@ def test_no_split_plan_is_the_colocated_one(small_trace):
     mixed = api.optimize(small_trace, "llama2-70b", "splitwise", ["a100-80gb", "h100-80gb"], tp=8, split=False)
     assert mixed.plan.mixed_pools and not mixed.plan.token_pools
     assert mixed.plan.cost_usd_per_hour == pytest.approx(split.colocated.cost_usd_per_hour)
+
+
+def test_colocated_options_that_cannot_be_the_best_are_not_sized(small_trace):
+    """With split plans searched, a co-located option whose prompt pool's count already costs more
+    than the first co-located plan found is not sized; the co-located plan is the one sizing every
+    option gives (--no-split sizes them all), and the least cost each option left out states is
+    above that plan's and a true bound: its size, on any shape, costs at least that much."""
+    machines = ["a100-80gb", "h100-80gb", "mi300x-192gb"]
+    split = api.optimize(small_trace, "llama2-70b", "chat", machines)
+    every = api.optimize(small_trace, "llama2-70b", "chat", machines, split=False)
+    best = every.plan.cost_usd_per_hour
+    assert split.colocated.cost_usd_per_hour == pytest.approx(best)
+    pruned = [o for o in split.options if o.role == "mixed" and o.skipped.startswith("not sized")]
+    sized = [o for o in split.options if o.role == "mixed" and o.instances]
+    assert pruned and sized
+    for option in pruned:
+        least = float(re.search(r"cost at least \$([\d.,]+)/h", option.skipped)[1].replace(",", ""))
+        assert least > best
+        assert all(o.price_usd_per_hour * o.machines_alone >= least - 0.01 for o in every.options
+                   if o.role == "mixed" and o.instances and (o.inst.hardware.family, o.inst.layout) == (option.inst.hardware.family, option.inst.layout))
+    assert not any(o.skipped.startswith("not sized") for o in split.options if not o.inst.fit.fits)
 
 
 def test_colocated_tbt_suffers_from_prefill_stalls():
