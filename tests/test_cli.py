@@ -1,6 +1,7 @@
 """Every command through typer's CliRunner, failures and exit codes included."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -825,3 +826,16 @@ def test_a_plan_on_shared_machines_reads_back_simulates_and_exports(tmp_path):
     bad.write_text(json.dumps(doc))
     refused = run("simulate", "--plan", str(bad))
     assert refused.exit_code == 2 and "shared 0: machines shared by one prompt and one token pool" in refused.stderr
+
+
+def test_optimize_says_which_colocated_options_it_left_unsized(tmp_path):
+    """Co-located options pruned by their cost bound are counted apart from those skipped, and
+    candidates.csv gives each its bound."""
+    out = tmp_path / "out"
+    result = run("optimize", "--hardware", "a100-80gb,h100-80gb,mi300x-192gb", "--rate", "4", "--duration", "120",
+                 "--output-dir", str(out))
+    assert result.exit_code == 0, result.output
+    said = re.search(r"(\d+) option\(s\) skipped and (\d+) co-located option\(s\) not sized", " ".join(result.stdout.split()))
+    rows = [line for line in (out / "candidates.csv").read_text().splitlines() if line.startswith("option,mixed,")]
+    pruned = [row for row in rows if "not sized:" in row and "above the co-located plan found" in row]
+    assert said and int(said[2]) == len(pruned) > 0

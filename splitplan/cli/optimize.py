@@ -12,6 +12,7 @@ import numpy as np
 import typer
 
 from splitplan import plan_document, report
+from splitplan.report import NOT_SIZED
 from splitplan.cli.common import (
     EXECUTOR_HELP,
     KV_CACHE,
@@ -373,9 +374,11 @@ def _render_plan(result, workload) -> None:
                   f"{u['min_prompt_tokens']:,}-{u['max_prompt_tokens']:,} tokens) cannot be served: {u['reason']}.")
     for warning in result.warnings:
         con.print(f"[bold]warning:[/bold] {warning}.")
-    skipped = sorted({f"{o.role} {o.inst.hardware.name} {o.inst.layout}: {o.skipped}" for o in result.options if o.skipped})
+    skipped = {f"{o.role} {o.inst.hardware.name} {o.inst.layout}": o.skipped for o in result.options if o.skipped}
+    pruned = sum(reason.startswith(NOT_SIZED) for reason in skipped.values())
     if skipped:
-        con.print(f"{len(skipped)} option(s) skipped; see candidates.csv (--output-dir) for the reasons.")
+        con.print(f"{len(skipped) - pruned} option(s) skipped" + (f" and {pruned} co-located option(s) not sized (they cannot "
+                  "cost less than the co-located plan found)" if pruned else "") + "; see candidates.csv (--output-dir) for the reasons.")
 
 
 def _rate_read(workload) -> str:

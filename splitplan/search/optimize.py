@@ -16,7 +16,7 @@ from splitplan.parallel import run_units
 from splitplan.perf.points import candidate_layouts, reference_instance, require_tp
 from splitplan.perf.roofline import Instance
 from splitplan.perf.table import load_perf_db
-from splitplan.report import optimize_json, plan_json, plans_csv
+from splitplan.report import NOT_SIZED, optimize_json, plan_json, plans_csv
 from splitplan.roles import SPLIT, Role
 from splitplan.search.bracket import plan_max_rate
 from splitplan.search.frontier import cost_power_frontier, nondominated
@@ -335,7 +335,7 @@ def _size_colocated(problem, tasks: list, shaped, jobs: int, simulated: dict | N
     for k in order[1:]:
         if upper + 1e-9 < least[k] < math.inf:
             role, inst, lower = tasks[k]
-            done[k] = Option(role, inst, None, "", f"not sized: {lower}+ instances (its prompt pool's count) cost at least "
+            done[k] = Option(role, inst, None, "", f"{NOT_SIZED}: {lower}+ instances (its prompt pool's count) cost at least "
                              f"{_objective_text(problem.objective, least[k])}, above the co-located plan found "
                              f"({_objective_text(problem.objective, upper)})")
     return shaped(_size_all(problem, tasks, jobs, done))
