@@ -316,25 +316,25 @@ def _size_all(problem, tasks: list, jobs: int, done: dict | None = None) -> list
 def _size_colocated(problem, tasks: list, shaped, jobs: int, simulated: dict | None = None) -> list:
     """Co-located options sized (`_size_all`) and copied onto the smaller shapes of their machines
     (`shaped`). With `simulated` (split plans are searched too, so only the best co-located plan is
-    compared): the option that could cost least, its prompt pool's count (a lower bound on its own)
-    on its cheapest shape, is sized and simulated first (`colocated_plan`, which keeps its
-    simulation in `simulated`), and an option whose least cost is above that plan's is not sized:
-    the plan it would give cannot be the best."""
+    compared), options are pruned by a lower bound on their cost, their prompt pool's count (a
+    lower bound on their own) on their cheapest shape: those that could cost at most twice the
+    least bound are sized first and the best co-located plan among them found (`colocated_plan`,
+    which keeps its simulations in `simulated`); an option whose bound is above that plan's cost
+    is not sized, as the plan it would give cannot be the best."""
     if simulated is None:
         return shaped(_size_all(problem, tasks, jobs))
     least = [min(_objective(problem.objective, o) * o.machines_alone for o in shaped([Option(role, inst, lower, "")]))
              if inst.fit.fits else math.inf for role, inst, lower in tasks]
-    order = sorted(range(len(tasks)), key=lambda k: least[k])
-    if not tasks or least[order[0]] == math.inf:
+    if min(least, default=math.inf) == math.inf:
         return shaped(_size_all(problem, tasks, jobs))
-    done = {order[0]: size_option(problem, *tasks[order[0]])}
+    first = [k for k in range(len(tasks)) if least[k] <= 2 * min(least)]
+    done = dict(zip(first, _size_all(problem, [tasks[k] for k in first], jobs)))
     try:
-        upper = objective_value(problem.objective, colocated_plan(problem, shaped([done[order[0]]]), simulated))
+        upper = objective_value(problem.objective, colocated_plan(problem, shaped(list(done.values())), simulated))
     except InfeasibleError:  # (none within the budgets: nothing to compare against)
         upper = math.inf
-    for k in order[1:]:
-        if upper + 1e-9 < least[k] < math.inf:
-            role, inst, lower = tasks[k]
+    for k, (role, inst, lower) in enumerate(tasks):
+        if k not in done and upper + 1e-9 < least[k] < math.inf:
             done[k] = Option(role, inst, None, "", f"{NOT_SIZED}: {lower}+ instances (its prompt pool's count) cost at least "
                              f"{_objective_text(problem.objective, least[k])}, above the co-located plan found "
                              f"({_objective_text(problem.objective, upper)})")

@@ -714,15 +714,15 @@ def colocated_plan(problem: Problem, options: list[Option], simulated: dict | No
 
     weight = (lambda o: (o.price_usd_per_hour, o.power_kw)) if problem.objective == "cost" else (lambda o: (o.power_kw, o.price_usd_per_hour))
 
-    def rank(o: Option) -> tuple:
-        return weight(o)[0] * o.machines_alone, weight(o)[1] * o.machines_alone, o.key
+    def rank(o: Option) -> tuple:  # (as plans rank: the objective, the other one, fewer machines, a fixed order)
+        return weight(o)[0] * o.machines_alone, weight(o)[1] * o.machines_alone, o.machines_alone, o.key
 
     mixed = [o for o in options if o.role == Role.MIXED]
     ranked = sorted((o for o in mixed if o.instances and within(o)), key=rank)
     best, best_replay = None, (None, None)  # (the replay of the best: (count, values))
     for found in (as_simulated(simulated, o) for o in ranked if _sized_as(o) in simulated):  # (simulated before: free)
         if found.instances and within(found) and (best is None or rank(found) < rank(best)):
-            best, best_replay = found, simulated.get(("replay", found.key), (None, None))
+            best, best_replay = found, simulated.get(("replay", *_sized_as(found)), (None, None))
     for option in ranked:
         if best is not None and rank(option)[:2] >= rank(best)[:2]:
             break
@@ -733,7 +733,7 @@ def colocated_plan(problem: Problem, options: list[Option], simulated: dict | No
         if found.instances and within(found) and (best is None or rank(found) < rank(best)):
             best, best_replay = found, replays.get(found.key, (None, None))  # (only the best's replay is kept)
     if best is not None and best_replay[0] is not None:
-        simulated[("replay", best.key)] = best_replay  # (for a later call: one replay per call at most)
+        simulated[("replay", *_sized_as(best))] = best_replay  # (for a later call, on any shape: one per call at most)
     if best is None:
         shown = [as_simulated(simulated, o) for o in mixed]
         short, whole = listed([f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped or 'over budget'}"
@@ -743,4 +743,7 @@ def colocated_plan(problem: Problem, options: list[Option], simulated: dict | No
     count, values = best_replay
     if count != held:  # (rounded up to whole machines, or simulated by an earlier call)
         values = evaluate(problem, counts, {best.key: best})
+    else:  # (the replay may be of another shape of its machine: the same instances, its pool's figures keyed anew)
+        values = {**values, **{name: {best.key: figure} for name in ("utilization", "prefix_hit_rate")
+                               for figure in values[name].values()}}
     return make_plan(problem, counts, {best.key: best}, 0, values, check(problem, values))
