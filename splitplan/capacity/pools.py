@@ -42,6 +42,7 @@ from splitplan.perf.roofline import Instance
 from splitplan.roles import Role
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.sim.metrics import pool_report
+from splitplan.sim import routing
 from splitplan.sim.prefix_cache import PrefixModel
 from splitplan.slo import Gaps
 
@@ -99,7 +100,7 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     finish_at = [0.0] * n_req
     times = times or [BatchTimes(inst, prompt_tokens) for inst, _ in pools]
     kind = [k for k, (_, count) in enumerate(pools) for _ in range(count)]
-    load = [0] * len(kind)  # pending prompt tokens per instance
+    load = routing.loads(len(kind))  # pending prompt tokens per instance
     queues = [deque() for _ in kind]
     running: list = [None] * len(kind)  # (requests, tokens) of the batch in flight
     heap: list = []  # (time, instance, -1): a batch ends; (time, instance, request): its prefix is loaded
@@ -234,7 +235,7 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
             costs = [load[k] + tokens[i] - caches[k].peek(node[i], tokens[i]) for k in range(len(kind))]
             j = costs.index(min(costs))
         else:
-            j = load.index(min(load)) if several else 0
+            j = routing.least_loaded(load) if several else 0
         queues[j].append(i)
         if deferring:
             tag[i] = launch[j] if running[j] is not None and fixed[j] else launch[j] - 1

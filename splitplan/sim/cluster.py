@@ -73,7 +73,7 @@ import numpy as np
 from splitplan import limits
 from splitplan.errors import SpecError
 from splitplan.roles import Role
-from splitplan.sim import gaps
+from splitplan.sim import gaps, routing
 from splitplan.perf.roofline import local_kv_bytes_per_s
 from splitplan.sim.prefix_cache import PrefixCache, PrefixModel
 from splitplan.sim.types import (  # noqa: F401  (re-exported)
@@ -171,8 +171,8 @@ class _Cluster:
         self.tokens_out = 0
         self.rr = [0, 0]
         self.events = 0
-        self.prompt_load = [0] * len(self.prompt_side)  # queued prompt tokens (+1 per request held: mixed)
-        self.token_load = [0] * len(self.token_side)  # output tokens assigned and not finished
+        self.prompt_load = routing.loads(len(self.prompt_side))  # queued prompt tokens (+1 per request held: mixed)
+        self.token_load = routing.loads(len(self.token_side))  # output tokens assigned and not finished
         self.p_pos = {inst.idx: k for k, inst in enumerate(self.prompt_side)}
         self.t_pos = {inst.idx: k for k, inst in enumerate(self.token_side)}
 
@@ -192,7 +192,7 @@ class _Cluster:
         if self.options.routing == "round-robin":
             self.rr[which] += 1
             return (self.rr[which] - 1) % len(loads)
-        return loads.index(min(loads))
+        return routing.least_loaded(loads)
 
     def _prefix_pick(self, i: int) -> InstanceState:
         """Prefix-aware routing, as KV-aware routers score instances (Dynamo's: the prompt

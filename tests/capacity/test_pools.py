@@ -111,3 +111,31 @@ def test_repair_grows_an_instance_over_two_machines_by_two_machines():
     assert line.metric == "ttft"
     counts, _ = best_move(problem, start, options, line, value)
     assert counts[K("prompt", "h100-80gb", Layout(8, pp=2))] == 4
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_routing_from_a_heap_is_the_scan(monkeypatch, held):
+    """Past routing.HEAP_ROUTING_INSTANCES the prompt replay picks the least-loaded instance from a heap; it
+    places every request where the scan does (ties to the lowest index) and gives the same TTFT."""
+    from splitplan.capacity import pools
+    from splitplan.sim import routing
+    from splitplan.perf.roofline import Instance
+    from splitplan.specs.engine import load_engine
+    from splitplan.specs.hardware import load_hardware
+    from splitplan.specs.model import load_model
+    rng = np.random.default_rng(4)
+    n = 3000
+    arrival = np.cumsum(rng.exponential(1 / 400, n))
+    prompt = rng.choice([100, 500, 500, 2000, 7000], n)  # (repeated sizes: equal loads, ties)
+    inst = Instance(load_model("llama3.1-8b"), load_hardware("h100-80gb"), load_engine("vllm"), Layout(1))
+    held_s = rng.uniform(0.5, 5.0, n) if held else None
+
+    def replay():
+        placed: list = []
+        ttft = pools.prompt_queue_ttft_s(arrival, prompt, [(inst, 24)], 8192, held_s=held_s, placed=placed, chunked=True)
+        return ttft, placed
+    heap_ttft, heap_placed = replay()
+    monkeypatch.setattr(routing, "HEAP_ROUTING_INSTANCES", 10_000)
+    scan_ttft, scan_placed = replay()
+    assert heap_placed == scan_placed and len(set(scan_placed)) == 24
+    np.testing.assert_array_equal(heap_ttft, scan_ttft)
