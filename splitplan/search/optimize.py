@@ -290,45 +290,56 @@ def _size_one(problem, task):
 
 
 def _size_all(problem, tasks: list, jobs: int, done: dict | None = None) -> list:
-    """Size every (role, instance, lower bound) task, in `jobs` processes, but those `done` (by
-    index) already. A prompt or co-located pool's size follows the prefill work it carries, so
-    each such role's count searches start from a sized one's count (the first of the role that
-    fits, sized first), scaled by their prefill work against its (a guess: the search still finds
-    the smallest count that holds)."""
-    done = dict(done or {})
-    work = {k: float(np.sum(inst.prefill_time_s(problem.trace.prompt_tokens)))
-            for k, (role, inst, _) in enumerate(tasks) if role != Role.TOKEN and inst.fit.fits}
+    """Every (role, instance, lower bound) task sized (`_size`), but those `done` (by index) already."""
+    done = _size(problem, tasks, jobs, dict(done or {}), range(len(tasks)))
+    return [done[k] for k in range(len(tasks))]
+
+
+def _size(problem, tasks: list, jobs: int, done: dict, ks) -> dict:
+    """`done` (options by task index) with the tasks `ks` sized too, in `jobs` processes. A prompt
+    or co-located pool's size follows the prefill work it carries, so each such role's count
+    searches start from a sized one's count (the first of the role sized, else the first of `ks`
+    that fits, sized first), scaled by their prefill work against its (a guess: the search still
+    finds the smallest count that holds)."""
+    ks = [k for k in ks if k not in done]
+    work = {k: float(np.sum(inst.prefill_time_s(problem.trace.prompt_tokens))) for k, (role, inst, _) in enumerate(tasks)
+            if (k in done or k in ks) and role != Role.TOKEN and inst.fit.fits}
     pilots = {}
     for role in (Role.PROMPT, Role.MIXED):
         sized = [k for k in work if tasks[k][0] == role and k in done and done[k].instances]
-        first = sized[0] if sized else next((k for k in work if tasks[k][0] == role and k not in done), None)
+        first = sized[0] if sized else next((k for k in ks if k in work and tasks[k][0] == role), None)
         if first is not None and first not in done:
             done[first] = size_option(problem, *tasks[first])
         if first is not None and done[first].instances:
             pilots[role] = first
+    rest = [k for k in ks if k not in done]
     guesses = {k: max(tasks[k][2], math.ceil(done[pilot].instances * work[k] / work[pilot]))
-               for k in work if k not in done and (pilot := pilots.get(tasks[k][0])) is not None}
-    rest = [k for k in range(len(tasks)) if k not in done]
+               for k in rest if k in work and (pilot := pilots.get(tasks[k][0])) is not None}
     done.update(zip(rest, run_units(_size_one, [(*tasks[k], guesses.get(k)) for k in rest], problem, jobs)))
-    return [done[k] for k in range(len(tasks))]
+    return done
 
 
 def _size_colocated(problem, tasks: list, shaped, jobs: int, simulated: dict | None = None) -> list:
     """Co-located options sized (`_size_all`) and copied onto the smaller shapes of their machines
     (`shaped`). With `simulated` (split plans are searched too, so only the best co-located plan is
     compared), options are pruned by a lower bound on their cost, their prompt pool's count (a
-    lower bound on their own) on their cheapest shape: those that could cost at most twice the
-    least bound are sized first and the best co-located plan among them found (`colocated_plan`,
-    which keeps its simulations in `simulated`); an option whose bound is above that plan's cost
-    is not sized, as the plan it would give cannot be the best."""
+    lower bound on their own) on their cheapest shape: they are sized in the order of their
+    bounds until the next bound is above the best size found, the best co-located plan among them
+    is found (`colocated_plan`, which keeps its simulations in `simulated`), and an option whose
+    bound is above that plan's cost is not sized, as the plan it would give cannot be the best."""
     if simulated is None:
         return shaped(_size_all(problem, tasks, jobs))
-    least = [min(_objective(problem.objective, o) * o.machines_alone for o in shaped([Option(role, inst, lower, "")]))
-             if inst.fit.fits else math.inf for role, inst, lower in tasks]
-    if min(least, default=math.inf) == math.inf:
-        return shaped(_size_all(problem, tasks, jobs))
-    first = [k for k in range(len(tasks)) if least[k] <= 2 * min(least)]
-    done = dict(zip(first, _size_all(problem, [tasks[k] for k in first], jobs)))
+
+    def cheapest(option) -> float:  # its objective on the cheapest shape of its machine
+        return min(_objective(problem.objective, o) * o.machines_alone for o in shaped([option]))
+    least = [cheapest(Option(role, inst, lower, "")) if inst.fit.fits else math.inf for role, inst, lower in tasks]
+    order = sorted((k for k in range(len(tasks)) if least[k] < math.inf), key=lambda k: (least[k], k))
+    done: dict = {}
+    best = math.inf
+    while order and least[order[0]] <= best + 1e-9:
+        batch, order = order[:max(jobs, 1)], order[max(jobs, 1):]
+        done = _size(problem, tasks, jobs, done, batch)
+        best = min([best, *(cheapest(done[k]) for k in batch if done[k].instances)])
     try:
         upper = objective_value(problem.objective, colocated_plan(problem, shaped(list(done.values())), simulated))
     except InfeasibleError:  # (none within the budgets: nothing to compare against)
