@@ -298,9 +298,9 @@ def _size_all(problem, tasks: list, jobs: int, done: dict | None = None) -> list
 def _size(problem, tasks: list, jobs: int, done: dict, ks) -> dict:
     """`done` (options by task index) with the tasks `ks` sized too, in `jobs` processes. A prompt
     or co-located pool's size follows the prefill work it carries, so each such role's count
-    searches start from a sized one's count (the first of the role sized, else the first of `ks`
-    that fits, sized first), scaled by their prefill work against its (a guess: the search still
-    finds the smallest count that holds)."""
+    searches start from a sized one's count (the first of the role sized, else, when there are
+    more tasks than processes, the first of `ks` that fits, sized first), scaled by their prefill
+    work against its (a guess: the search still finds the smallest count that holds)."""
     ks = [k for k in ks if k not in done]
     work = {k: float(np.sum(inst.prefill_time_s(problem.trace.prompt_tokens))) for k, (role, inst, _) in enumerate(tasks)
             if (k in done or k in ks) and role != Role.TOKEN and inst.fit.fits}
@@ -309,6 +309,8 @@ def _size(problem, tasks: list, jobs: int, done: dict, ks) -> dict:
         sized = [k for k in work if tasks[k][0] == role and k in done and done[k].instances]
         first = sized[0] if sized else next((k for k in ks if k in work and tasks[k][0] == role), None)
         if first is not None and first not in done:
+            if len(ks) <= jobs:  # (as many processes as tasks: sizing one first would only wait for it)
+                continue
             done[first] = size_option(problem, *tasks[first])
         if first is not None and done[first].instances:
             pilots[role] = first
