@@ -348,7 +348,7 @@ def _size_colocated(problem, tasks: list, shaped, jobs: int, simulated: dict | N
         upper = math.inf
     for k, (role, inst, lower) in enumerate(tasks):
         if k not in done and upper + 1e-9 < least[k] < math.inf:
-            done[k] = Option(role, inst, None, "", f"{NOT_SIZED}: {lower}+ instances (its prompt pool's count) cost at least "
+            done[k] = Option(role, inst, None, "", f"{NOT_SIZED}: {lower}+ instances (its prompt pool's count) need at least "
                              f"{_objective_text(problem.objective, least[k])}, above the co-located plan found "
                              f"({_objective_text(problem.objective, upper)})")
     return shaped(_size_all(problem, tasks, jobs, done))

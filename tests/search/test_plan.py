@@ -185,7 +185,7 @@ def test_colocated_options_that_cannot_be_the_best_are_not_sized(small_trace):
     sized = [o for o in split.options if o.role == "mixed" and o.instances]
     assert pruned and sized
     for option in pruned:
-        least = float(re.search(r"cost at least \$([\d.,]+)/h", option.skipped)[1].replace(",", ""))
+        least = float(re.search(r"need at least \$([\d.,]+)/h", option.skipped)[1].replace(",", ""))
         assert least > best
         assert all(o.price_usd_per_hour * o.machines_alone >= least - 0.01 for o in every.options
                    if o.role == "mixed" and o.instances and (o.inst.hardware.family, o.inst.layout) == (option.inst.hardware.family, option.inst.layout))
