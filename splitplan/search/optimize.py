@@ -289,6 +289,9 @@ def _size_one(problem, task):
     return size_option(problem, *task)
 
 
+PAIR = 2  # co-located options are sized a pair at a time, whatever `jobs` is (the output does not depend on it)
+
+
 def _size_all(problem, tasks: list, jobs: int, done: dict | None = None) -> list:
     """Every (role, instance, lower bound) task sized (`_size`), but those `done` (by index) already."""
     done = _size(problem, tasks, jobs, dict(done or {}), range(len(tasks)))
@@ -299,8 +302,9 @@ def _size(problem, tasks: list, jobs: int, done: dict, ks) -> dict:
     """`done` (options by task index) with the tasks `ks` sized too, in `jobs` processes. A prompt
     or co-located pool's size follows the prefill work it carries, so each such role's count
     searches start from a sized one's count (the first of the role sized, else, when there are
-    more tasks than processes, the first of `ks` that fits, sized first), scaled by their prefill
-    work against its (a guess: the search still finds the smallest count that holds)."""
+    more than a pair of tasks, the first of `ks` that fits, sized first), scaled by their prefill
+    work against its (a guess: the search still finds the smallest count that holds). What is
+    sized, and from which guess, does not depend on `jobs`."""
     ks = [k for k in ks if k not in done]
     work = {k: float(np.sum(inst.prefill_time_s(problem.trace.prompt_tokens))) for k, (role, inst, _) in enumerate(tasks)
             if (k in done or k in ks) and role != Role.TOKEN and inst.fit.fits}
@@ -309,7 +313,7 @@ def _size(problem, tasks: list, jobs: int, done: dict, ks) -> dict:
         sized = [k for k in work if tasks[k][0] == role and k in done and done[k].instances]
         first = sized[0] if sized else next((k for k in ks if k in work and tasks[k][0] == role), None)
         if first is not None and first not in done:
-            if len(ks) <= jobs:  # (as many processes as tasks: sizing one first would only wait for it)
+            if len(ks) <= PAIR:  # (a pair is sized in parallel where two processes run: sizing one first would wait)
                 continue
             done[first] = size_option(problem, *tasks[first])
         if first is not None and done[first].instances:
@@ -338,8 +342,8 @@ def _size_colocated(problem, tasks: list, shaped, jobs: int, simulated: dict | N
     order = sorted((k for k in range(len(tasks)) if least[k] < math.inf), key=lambda k: (least[k], k))
     done: dict = {}
     best = math.inf
-    while order and least[order[0]] <= best + 1e-9:
-        batch, order = order[:max(jobs, 1)], order[max(jobs, 1):]
+    while order and least[order[0]] <= best + 1e-9:  # (a pair at a time)
+        batch, order = order[:PAIR], order[PAIR:]
         done = _size(problem, tasks, jobs, done, batch)
         best = min([best, *(cheapest(done[k]) for k in batch if done[k].instances)])
     try:
