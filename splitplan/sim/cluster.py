@@ -94,6 +94,9 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
     return _Cluster(trace, pools, options).run()
 
 
+# Decode-only iterations before the cluster's next event are computed at once (_decode_stretch);
+# off only to check that it changes nothing.
+FUSE_DECODE_STRETCHES = True
 _KV_ARRIVED, _ITERATION_END, _PREFIX_LOADED = int(Event.KV_ARRIVED), int(Event.ITERATION_END), int(Event.PREFIX_LOADED)  # plain ints on the hot path
 
 
@@ -168,6 +171,9 @@ class _Cluster:
         self.refused = [False] * self.n
         self.heap: list = []
         self.seq = 0
+        self.next_arrival = 0  # the next request to arrive (run's)
+        self.fuse = FUSE_DECODE_STRETCHES and self.log is None  # (an event log has every iteration)
+        self.front = self.pools[0].perf.engine.frontend_latency_s  # a request reaches the engine this long after it is sent
         self.tokens_out = 0
         self.rr = [0, 0]
         self.events = 0
@@ -293,6 +299,10 @@ class _Cluster:
                 line = self.lines[inst.pool][inst.batch] = inst.perf.decode_line(inst.batch)
             attention = inst.ctx * line[1]
             duration = line[0] + attention + (line[2] - attention if line[2] > attention else 0.0)
+            if self.fuse and not (inst.queue or inst.waiting or inst.deferred or self.caches):
+                quiet = self._quiet_until()
+                if now + duration < quiet:
+                    now, duration = self._decode_stretch(inst, now, line, duration, quiet)
             inst.decode_s += duration
             if inst.steps is not None:
                 inst.steps.append((inst.batch, inst.ctx))
@@ -307,6 +317,55 @@ class _Cluster:
             inst.fixed = bool(inst.batch or inst.queue or inst.waiting or inst.deferred or (prefill and inst.role == MIXED))
         self.seq += 1
         heapq.heappush(self.heap, (now + duration, self.seq, _ITERATION_END, inst.idx, None))
+
+    def _quiet_until(self) -> float:
+        """The time of the next event of the cluster: no event before it can change an instance
+        that only decodes (a later one is made at or after the time of the event that makes it)."""
+        nxt = self.next_arrival
+        arrival = self.arrival[nxt] + self.front if nxt < self.n else math.inf
+        return min(self.heap[0][0], arrival) if self.heap else arrival
+
+    def _decode_stretch(self, inst: InstanceState, now: float, line: tuple, duration: float,
+                        quiet: float) -> tuple[float, float]:
+        """Decode-only iterations that end before the cluster's next event, at once: until the
+        next one in which a request finishes, or a co-located instance would preempt, the
+        iterations differ only in their context (`batch` more tokens each), so the ends and step
+        times are computed in one array, as the iteration-by-iteration loop adds them (the same
+        floating-point sums in the same order: results are identical), and their bookkeeping
+        done in bulk. Returns the last iteration's start and duration, which `_start` schedules
+        as usual; (now, duration) when no iteration can be skipped. (The event and launch
+        counters are only compared with later values of themselves: they need not count the
+        skipped iterations.)"""
+        b = inst.batch
+        k = min(inst.finishing) - inst.iters  # up to the next iteration in which one finishes
+        if inst.role == MIXED and b > 1:  # and while the KV holds a token more per request (no preemption)
+            k = min(k, int((inst.kv_cap - inst.kv_used - inst.ctx) // b))
+        if k < 2:
+            return now, duration
+        context = inst.ctx + b * np.arange(k)  # at each iteration's start
+        attention = context * line[1]
+        steps = line[0] + attention + np.where(line[2] > attention, line[2] - attention, 0.0)
+        ends = np.add.accumulate(np.concatenate(([now], steps)))[1:]
+        k = 1 + int(np.searchsorted(ends[:k - 1], quiet))  # the skipped ones end before the next event
+        if k < 2:
+            return now, duration
+        skipped = k - 1
+        inst.iters += skipped
+        self.iterations += skipped
+        if self.iterations > self.max_iterations:
+            raise self._too_many_iterations()
+        inst.ends.extend(ends[:skipped].tolist())
+        inst.ctx += skipped * b
+        inst.decode_s = float(np.add.accumulate(np.concatenate(([inst.decode_s], steps[:skipped])))[-1])
+        inst.batch_integral = float(np.add.accumulate(np.concatenate(([inst.batch_integral], b * steps[:skipped])))[-1])
+        if inst.steps is not None:
+            inst.steps.extend((b, int(c)) for c in context[:skipped])
+        return float(ends[skipped - 1]), float(steps[skipped])
+
+    def _too_many_iterations(self) -> SpecError:
+        return SpecError(f"the simulation passed {self.max_iterations:,} decode iterations (one a token of "
+                         "the requests decoding at once): simulate fewer requests (--max-requests, "
+                         "--num-requests) or shorter outputs (--osl)")
 
     def _ready(self, inst: InstanceState, now: float) -> bool:
         """Whether inst's prompt queue has a head to prefill now, its prefix looked up (`_lookup`)."""
@@ -492,12 +551,12 @@ class _Cluster:
         every request is done; then the result."""
         next_arrival, log, n, heap, arrival, insts = 0, self.log, self.n, self.heap, self.arrival, self.insts
         pop, kv_arrived, iteration_end = heapq.heappop, self._kv_arrived, self._iteration_end
-        front = self.pools[0].perf.engine.frontend_latency_s  # a request reaches the engine this long after it is sent
+        front = self.front
         events = 0
         while next_arrival < n or heap:
             if next_arrival < n and (not heap or arrival[next_arrival] + front < heap[0][0]):
                 i, now = next_arrival, arrival[next_arrival] + front
-                next_arrival += 1
+                next_arrival = self.next_arrival = next_arrival + 1
                 events += 1
                 inst = self._arrive(i, now)
                 if log is not None:
@@ -582,9 +641,7 @@ class _Cluster:
             inst.iters += 1
             self.iterations += 1
             if self.iterations > self.max_iterations:
-                raise SpecError(f"the simulation passed {self.max_iterations:,} decode iterations (one a token of "
-                                "the requests decoding at once): simulate fewer requests (--max-requests, "
-                                "--num-requests) or shorter outputs (--osl)")
+                raise self._too_many_iterations()
             inst.ends.append(now)
             inst.ctx += inst.batch
             for i in inst.finishing.pop(inst.iters, ()):
@@ -640,7 +697,8 @@ class _Cluster:
         warmup = np.zeros(self.n, bool)
         warmup[:min(self.options.warmup_requests, self.n)] = self.closed is not None  # (request order is send order)
         stint_tokens[warmup] = 0  # (no gaps of the warm-up)
-        itl = np.concatenate([gaps.all_gaps(self.insts, stint_tokens, self.t_inst, self.join_iter, stint), stall[(stall > 0) & ~warmup]])
+        itl = (np.concatenate([gaps.all_gaps(self.insts, stint_tokens, self.t_inst, self.join_iter, stint), stall[(stall > 0) & ~warmup]])
+               if self.options.inter_token_gaps else None)
         finished_at = self.trace.arrival_s + np.array(self.e2e)
         span = float(np.nanmax(finished_at) - self.arrival[0]) if self.tokens_out else 0.0
         return SimResult(

@@ -24,6 +24,7 @@ fitted on, which the cross-validation (folds by machine and by concurrency band)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -124,12 +125,20 @@ def replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUEST
     """Simulated mean TTFT and mean TPOT (ms) of one run under `profile`: `requests_per_client`
     requests per client (at least 8 in all), every client sending its first at once, and the
     means over all of them, as a benchmark reports them. NaN where an instance cannot hold
-    the model."""
+    the model.
+
+    An aggregated run's machine is replayed as one of its instances with its share of the
+    clients: identical instances fed identical requests by join-shortest-queue run in lockstep,
+    so each sees what one alone sees (the means agree to rounding; a test holds both to it),
+    at 1/instances of the cost."""
     pools, clients = run_pools(run, profile)
     if not all(p.perf.fit.fits for p in pools):
         return float("nan"), float("nan")
+    if len(pools) == 1 and pools[0].instances > 1:  # one instance of the machine's, with its clients (see below)
+        clients //= pools[0].instances
+        pools = [dataclasses.replace(pools[0], count=1)]
     work = closed_loop_workload(None, clients, max(requests_per_client * clients, 8), int(run["isl"]), int(run["osl"]))
-    result = simulate(work, pools, SimOptions(concurrency=clients))
+    result = simulate(work, pools, SimOptions(concurrency=clients, inter_token_gaps=False))
     return float(np.nanmean(result.ttft_s) * 1e3), float(np.nanmean(result.tpot_s) * 1e3)
 
 

@@ -73,6 +73,9 @@ class SimOptions:
     # With prefix caching, each prefilling instance also keeps prefixes in this much host memory (GB),
     # written through and loaded back over its GPUs' host links (hardware gpu.host_link_gbyte_per_s).
     kv_offload_gb: float = 0.0
+    # SimResult.itl_s, every gap between tokens (8 bytes a token); off where only means are read
+    # (sim.deployments' replays): itl_s is then None.
+    inter_token_gaps: bool = True
 
 
 class InstanceState:

@@ -113,3 +113,20 @@ def test_a_disaggregated_run_keeps_its_load_per_instance_on_whole_machines():
 def test_a_run_whose_instance_cannot_hold_the_model_is_not_predicted():
     run = {"model": "deepseek-v3", "machine": "h100-80gb", "concurrency": 4, "layout": "tp8", "isl": 512, "osl": 16}
     assert all(np.isnan(dep.replay(run, load_engine("sglang-fp8"))))
+
+
+@pytest.mark.parametrize("engine,tp,concurrency,isl,osl", [("lean-fp8", 1, 8, 512, 16), ("vllm-fp8", 2, 16, 3000, 24),
+                                                           ("sglang-fp8", 4, 5, 1024, 12)])
+def test_an_aggregated_run_replays_one_instance_as_its_whole_machine(engine, tp, concurrency, isl, osl):
+    """The replay simulates one of the machine's instances with its clients: the whole machine
+    (8 / TP instances, join-shortest-queue, every client at once) gives the same means."""
+    from splitplan.sim.cluster import SimOptions, simulate
+    from splitplan.workload.trace import closed_loop_workload
+    run = {"model": "llama3.1-8b", "machine": "h100-80gb", "tp": tp, "concurrency": concurrency, "isl": isl, "osl": osl}
+    profile = load_engine(engine)
+    pools, clients = dep.run_pools(run, profile)
+    assert pools[0].instances == 8 // tp and clients == concurrency * 8 // tp
+    work = closed_loop_workload(None, clients, dep.REQUESTS_PER_CLIENT * clients, isl, osl)
+    whole = simulate(work, pools, SimOptions(concurrency=clients))
+    expected = (np.nanmean(whole.ttft_s) * 1e3, np.nanmean(whole.tpot_s) * 1e3)
+    assert dep.replay(run, profile) == pytest.approx(expected, rel=1e-12)

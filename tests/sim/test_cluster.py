@@ -341,6 +341,55 @@ def test_gpu_energy_is_tdp_in_prefill_decode_power_in_decode_and_idle_otherwise(
     assert row2["energy_kwh"] == pytest.approx((joules + 8 * r2.span_s * hw.gpu.idle_w) / 3.6e6, rel=1e-9)
 
 
+def _results_equal(a, b) -> None:
+    import dataclasses
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name == "events":
+            assert x <= y
+        elif isinstance(x, np.ndarray):
+            assert np.array_equal(x, y, equal_nan=True), f.name
+        elif f.name == "trace":
+            assert np.array_equal(x.arrival_s, y.arrival_s)
+        else:
+            assert x == y, f.name
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 1000), st.sampled_from(["open", "closed"]), st.sampled_from(["split", "mixed", "small-kv"]),
+       st.sampled_from(["lean", "vllm"]), st.booleans())
+def test_decode_stretches_computed_at_once_change_nothing(seed, loop, pools, engine, measured):
+    """Decode-only iterations before the cluster's next event are computed in one array
+    (sim.cluster._decode_stretch): every result is the same, to the bit, as iteration by
+    iteration; open and closed loops, split and co-located pools, preemption (a small KV),
+    async scheduling (vllm), a measured table."""
+    import splitplan.sim.cluster as cluster
+    from splitplan.workload.trace import closed_loop_workload
+    from splitplan.perf.table import PerfDb
+
+    def run():
+        inst = api.instance("llama2-70b" if pools != "small-kv" else "bloom-176b", "a100-80gb", 8, engine)
+        inst = PerfDb(PERF_DB).require(inst) if measured and pools != "small-kv" else inst
+        spec = [PoolSpec("prompt", inst, 1), PoolSpec("token", inst, 1)] if pools == "split" else [PoolSpec("mixed", inst, 1)]
+        return simulate(work, spec, options), getattr(inst, "extrapolated", None)
+
+    if loop == "closed" and pools == "small-kv":  # BLOOM's 52k KV tokens on A100s: growth alone preempts
+        work, options = closed_loop_workload(None, 10, 20, 1000, 5000), SimOptions(concurrency=10)
+    elif loop == "closed":
+        work, options = closed_loop_workload(None, 12, 48, seed=seed), SimOptions(concurrency=12)
+    else:
+        work, options = resample_poisson(load_trace(default_trace_path()), 0.5, 60.0, np.random.default_rng(seed)), SimOptions()
+    fused, fused_extrapolated = run()
+    cluster.FUSE_DECODE_STRETCHES = False
+    try:
+        plain, plain_extrapolated = run()
+    finally:
+        cluster.FUSE_DECODE_STRETCHES = True
+    _results_equal(fused, plain)
+    assert fused_extrapolated == plain_extrapolated
+    assert fused.events < plain.events  # (it did skip some)
+
+
 def test_exact_event_sequence_of_one_request():
     """The event core on the smallest scenario, event by event (as SimPy tests its kernel):
     the arrival, the prefill's end, the KV's arrival (serialized: 300 < 512 tokens), then one
