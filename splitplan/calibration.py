@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
+
 from splitplan.defaults import CALIBRATION_START
 from splitplan.errors import SpecError
 from splitplan.parallel import run_units
@@ -107,12 +109,17 @@ def calibrate_deployments(path: str, backend: str, engine: str = "lean-fp8", fol
         raise SpecError(f"{path}: the {backend} runs are {', '.join(sorted(set(mine.precision)))} and --engine {engine} is "
                         f"{base.dtype}; start from a profile of that precision (e.g. --engine lean-fp8)")
     run = partial(run_units, jobs=jobs)
-    fitted = dep.fit_deployments(mine, base, run=run)
+    shared = dep.schedules(mine, base, run)  # (each run simulated once for every fit: sim.deployments.Schedule)
+    fitted = dep.fit_deployments(mine, base, run=run, shared=shared)
     if progress:
         progress()
-    predicted = dep.predict(mine, fitted, run)
+    predicted = dep.predict(mine, fitted, run)  # (simulated: the schedules' timing checked against it)
+    if not np.allclose(dep.predict(mine, fitted, run, shared), predicted, rtol=1e-9, equal_nan=True):
+        shared = [None] * len(mine)  # (a schedule the factors changed after all: every evaluation simulated)
+        fitted = dep.fit_deployments(mine, base, run=run, shared=shared)
+        predicted = dep.predict(mine, fitted, run)
     by = dep.fold_column(mine)
-    held = dep.cross_validate(mine, base, by, run, progress) if folds else None
+    held = dep.cross_validate(mine, base, by, run, progress, shared=shared) if folds else None
     table = dep.error_table(mine, predicted, held)
     overall = table.iloc[-1].to_dict()
     profile = fitted.model_copy(update={

@@ -398,17 +398,18 @@ class Instance(PassShortcuts):
         c, mem, net, ovh, _, _ = self._terms(prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens)
         return c + mem + net + ovh
 
-    def decode_line(self, batch: int) -> tuple[float, float, float]:
+    def decode_line(self, batch):
         """A decode step of `batch` requests as a function of their summed context C:
         `base + C * per_token + max(slack - C * per_token, 0)` seconds, exactly
         `pass_time_s(decode_seqs=batch, decode_context_tokens=C)` (the context enters
         only through decode attention, linear in C, and through the host-launch wait).
-        The simulator evaluates one step per iteration with this."""
+        The simulator evaluates one step per iteration with this. (base, per_token, slack):
+        floats for an int `batch`, arrays for an array of batches."""
         c = self._c
-        compute_s, memory_s, network_s, overhead_s, _, _ = self._terms(0.0, 0.0, 0.0, float(batch), 0.0)
+        compute_s, memory_s, network_s, overhead_s, _, _ = self._terms(0.0, 0.0, 0.0, _num(batch), 0.0)
         gpu_s = compute_s + memory_s + network_s + c.launch_s * c.pp  # (all pp stage times)
-        wait_s = max(c.host_s * c.pp - gpu_s, 0.0)
-        micro, groups = self._shares(0.0, float(batch), False)
+        wait_s = _max(c.host_s * c.pp - gpu_s, 0.0)
+        micro, groups = self._shares(0.0, _num(batch), False)
         per_token = c.L * max(c.decode_flops_per_ctx / (c.peak * c.eff), c.decode_bytes_per_ctx / c.bw) * micro / groups * c.pp
         return compute_s + memory_s + network_s + overhead_s - wait_s, per_token, c.host_s * c.pp - gpu_s
 

@@ -173,6 +173,7 @@ class _Cluster:
         self.seq = 0
         self.next_arrival = 0  # the next request to arrive (run's)
         self.fuse = FUSE_DECODE_STRETCHES and self.log is None  # (an event log has every iteration)
+        self.passes: list | None = [] if options.record_passes else None
         self.front = self.pools[0].perf.engine.frontend_latency_s  # a request reaches the engine this long after it is sent
         self.tokens_out = 0
         self.rr = [0, 0]
@@ -293,6 +294,8 @@ class _Cluster:
                 duration = float(inst.perf.pass_time_s(float(chunks), float(total), float(sq),
                                                        float(inst.batch), float(inst.ctx)))
             inst.prefill_s += duration
+            if self.passes is not None:
+                self.passes.append((chunks, total, sq, inst.batch, inst.ctx, 1, now + duration))
         elif inst.batch:
             line = self.lines[inst.pool].get(inst.batch)
             if line is None:
@@ -304,6 +307,8 @@ class _Cluster:
                 if now + duration < quiet:
                     now, duration = self._decode_stretch(inst, now, line, duration, quiet)
             inst.decode_s += duration
+            if self.passes is not None:
+                self.passes.append((0, 0, 0, inst.batch, inst.ctx, 1, now + duration))
             if inst.steps is not None:
                 inst.steps.append((inst.batch, inst.ctx))
         else:
@@ -355,6 +360,8 @@ class _Cluster:
         if self.iterations > self.max_iterations:
             raise self._too_many_iterations()
         inst.ends.extend(ends[:skipped].tolist())
+        if self.passes is not None:
+            self.passes.append((0, 0, 0, b, inst.ctx, skipped, float(ends[skipped - 1])))
         inst.ctx += skipped * b
         inst.decode_s = float(np.add.accumulate(np.concatenate(([inst.decode_s], steps[:skipped])))[-1])
         inst.batch_integral = float(np.add.accumulate(np.concatenate(([inst.batch_integral], b * steps[:skipped])))[-1])
@@ -710,4 +717,5 @@ class _Cluster:
              for x in self.insts], self.events,
             [f"{x.role}:{x.perf.hardware.name}:{x.perf.layout.spec}:{x.idx}" for x in self.insts], self.preemptions, self.log,
             np.array(self.refused), itl, warmup,
+            None if self.passes is None else np.array(self.passes, float).reshape(-1, 7),
         )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -131,24 +132,124 @@ def replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUEST
     clients: identical instances fed identical requests by join-shortest-queue run in lockstep,
     so each sees what one alone sees (the means agree to rounding; a test holds both to it),
     at 1/instances of the cost."""
+    replayed = _replay(run, profile, requests_per_client)
+    if replayed is None:
+        return float("nan"), float("nan")
+    result = replayed[0]
+    return float(np.nanmean(result.ttft_s) * 1e3), float(np.nanmean(result.tpot_s) * 1e3)
+
+
+def _replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUESTS_PER_CLIENT,
+            record_passes: bool = False):
+    """(the simulation's result, its pools) of `replay`; None where an instance cannot hold the model."""
     pools, clients = run_pools(run, profile)
     if not all(p.perf.fit.fits for p in pools):
-        return float("nan"), float("nan")
+        return None
     if len(pools) == 1 and pools[0].instances > 1:  # one instance of the machine's, with its clients (see below)
         clients //= pools[0].instances
         pools = [dataclasses.replace(pools[0], count=1)]
     work = closed_loop_workload(None, clients, max(requests_per_client * clients, 8), int(run["isl"]), int(run["osl"]))
-    result = simulate(work, pools, SimOptions(concurrency=clients, inter_token_gaps=False))
-    return float(np.nanmean(result.ttft_s) * 1e3), float(np.nanmean(result.tpot_s) * 1e3)
+    options = SimOptions(concurrency=clients, inter_token_gaps=False, record_passes=record_passes)
+    return simulate(work, pools, options), pools
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A replay's iterations, which the fitted factors do not change, so that a fit simulates
+    each run once (`record`) and times its iterations under each trial profile (`means`).
+
+    With one instance and no front-end latency, every decision of the simulator is made at an
+    iteration's end from counts alone (requests, tokens, KV blocks; a closed loop's client
+    sends its next request the moment the last finishes), never from how long an iteration
+    took; the factors (DEPLOYMENT_FACTORS) change the iterations' durations only. The means
+    agree with `replay`'s to rounding (a test holds them to it for random factors); runs
+    that are not so (several pools, front-end latency, a prefix cache) have no schedule and
+    are simulated at every evaluation."""
+
+    prefill: np.ndarray  # (n, 5): the iterations with prompt work, as pass_time_s's arguments
+    decode: np.ndarray  # (m, 3): decode-only stretches: batch, summed context at the first's start, iterations
+    is_prefill: np.ndarray  # per step (a prompt iteration or a decode stretch), in order
+    sent: np.ndarray  # per request: the step at whose end it was sent (-1: at the start)
+    first: np.ndarray  # the step at whose end its first token came
+    finish: np.ndarray  # the step at whose end it finished
+    outputs: np.ndarray
+
+    def means(self, inst: Instance) -> tuple[float, float]:
+        """Mean TTFT and mean TPOT (ms) of the run when `inst` times the iterations."""
+        steps = np.empty(len(self.is_prefill))
+        steps[self.is_prefill] = inst.pass_time_s(*self.prefill.T)
+        batch, context, k = self.decode.T
+        steps[~self.is_prefill] = stretch_s(*inst.decode_line(batch), batch, context, k)
+        ends = np.concatenate(([0.0], np.cumsum(steps)))  # (index 0: the start)
+        start = ends[self.sent + 1]
+        ttft, e2e = ends[self.first + 1] - start, ends[self.finish + 1] - start
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tpot = np.where(self.outputs > 1, (e2e - ttft) / (self.outputs - 1), np.nan)
+        return float(np.mean(ttft) * 1e3), float(np.nanmean(tpot) * 1e3)
+
+
+def stretch_s(base, per_token, slack, batch, context, iterations):
+    """Seconds of `iterations` decode steps of `batch` requests from a summed `context`, each
+    `base + max(context x per_token, slack)` (Instance.decode_line) with the context `batch`
+    more each step: the first `waiting` steps are at the slack (the host launches bound them),
+    the rest grow linearly; in closed form, elementwise."""
+    waiting = np.clip(np.ceil((slack / per_token - context) / batch), 0, iterations)
+    growing = iterations * (iterations - 1) - waiting * (waiting - 1)  # twice the sum of j over the rest
+    return iterations * base + waiting * slack + per_token * ((iterations - waiting) * context + batch * growing / 2)
+
+
+def record(run: dict, profile: EngineProfile) -> Schedule | None:
+    """The run's `Schedule`, replayed under `profile`; None where it has none (see Schedule)."""
+    replayed = _replay(run, profile, record_passes=True)
+    if replayed is None:
+        return None
+    result, pools = replayed
+    if len(pools) > 1 or pools[0].instances > 1 or pools[0].perf.engine.frontend_latency_s or result.rejected.any() \
+            or any(s.prefix_lookup_tokens for s in result.instances):
+        return None
+    passes = result.passes
+    ends = passes[:, 6]
+    arrival = result.trace.arrival_s
+
+    def step(times: np.ndarray) -> np.ndarray | None:  # the step whose end each time is, -1 for 0
+        at = np.clip(np.searchsorted(ends, times), 1, len(ends) - 1)
+        at -= np.abs(ends[at - 1] - times) < np.abs(ends[at] - times)  # (the nearer: a time may be an ulp off)
+        near = np.abs(ends[at] - times) <= 1e-9 * np.maximum(1.0, np.abs(times))
+        at = np.where(times == 0, -1, at)
+        return at if (near | (times == 0)).all() else None
+
+    sent, first, finish = step(arrival), step(arrival + result.ttft_s), step(arrival + result.e2e_s)
+    if sent is None or first is None or finish is None:
+        return None
+    prompt = passes[:, 0] > 0
+    decode = passes[~prompt]
+    return Schedule(passes[prompt, :5], decode[:, [3, 4, 5]], prompt, sent, first, finish,
+                    result.trace.output_tokens.astype(float))
+
+
+def _record_unit(profile, run):
+    return record(run, profile)
 
 
 def _replay_unit(profile, run):
     return replay(run, profile)
 
 
-def predict(runs: pd.DataFrame, profile: EngineProfile, run: Runner = serial) -> np.ndarray:
-    """(n, 2) array of simulated mean TTFT and TPOT (ms), in `runs` order; each run a work unit for `run`."""
-    return np.array(run(_replay_unit, runs.to_dict("records"), profile), float).reshape(-1, 2)
+def predict(runs: pd.DataFrame, profile: EngineProfile, run: Runner = serial,
+            schedules: list[Schedule | None] | None = None) -> np.ndarray:
+    """(n, 2) array of simulated mean TTFT and TPOT (ms), in `runs` order; each run a work unit for
+    `run`, or, with `schedules` (one per row, `record`ed under a profile that differs from this
+    one in DEPLOYMENT_FACTORS only), its schedule timed under `profile`."""
+    records = runs.to_dict("records")
+    schedules = schedules or [None] * len(records)
+    out = np.full((len(records), 2), np.nan)
+    rest = [k for k, s in enumerate(schedules) if s is None]
+    if rest:
+        out[rest] = np.array(run(_replay_unit, [records[k] for k in rest], profile), float).reshape(-1, 2)
+    for k, schedule in enumerate(schedules):
+        if schedule is not None:
+            out[k] = schedule.means(run_pools(records[k], profile)[0][0].perf)
+    return out
 
 
 def with_factors(base: EngineProfile, values: dict) -> EngineProfile:
@@ -156,20 +257,34 @@ def with_factors(base: EngineProfile, values: dict) -> EngineProfile:
                                    "efficiency_sources": {}})
 
 
+def start_profile(base: EngineProfile, factors: tuple[str, ...] = tuple(DEPLOYMENT_FACTORS)) -> EngineProfile:
+    """The fit's first trial: `base`'s factors within their bounds."""
+    return with_factors(base, {k: float(np.clip(getattr(base.defaults, k), *DEPLOYMENT_FACTORS[k][:2])) for k in factors})
+
+
+def schedules(runs: pd.DataFrame, base: EngineProfile, run: Runner = serial) -> list[Schedule | None]:
+    """Every run's `Schedule` (or None), recorded once for every fit from `base`."""
+    return run(_record_unit, runs.to_dict("records"), start_profile(base))
+
+
 def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: int = 25, run: Runner = serial,
-                    factors: tuple[str, ...] = tuple(DEPLOYMENT_FACTORS)) -> EngineProfile:
+                    factors: tuple[str, ...] = tuple(DEPLOYMENT_FACTORS),
+                    shared: list[Schedule | None] | None = None) -> EngineProfile:
     """`base` with `factors` (of DEPLOYMENT_FACTORS) refitted to the runs (engine-wide defaults;
-    the base's per-machine overrides are dropped, they came from other data)."""
+    the base's per-machine overrides are dropped, they came from other data). Each run is
+    simulated once and its schedule timed at every evaluation where it has one (`shared`:
+    `schedules(runs, base)`, recorded here when not given)."""
     names = list(factors)
     lower = np.array([DEPLOYMENT_FACTORS[k][0] for k in names])
     upper = np.array([DEPLOYMENT_FACTORS[k][1] for k in names])
     scale = np.array([DEPLOYMENT_FACTORS[k][2] for k in names])
     start = np.clip([getattr(base.defaults, k) for k in names], lower, upper)
     measured = np.log(runs[["ttft_ms", "tpot_ms"]].to_numpy(float))
+    shared = schedules(runs, base, run) if shared is None else shared
 
     def residuals(x):
         profile = with_factors(base, dict(zip(names, (float(v) for v in x))))
-        return (np.log(predict(runs, profile, run)) - measured).ravel()
+        return (np.log(predict(runs, profile, run, shared)) - measured).ravel()
 
     from scipy.optimize import least_squares  # (on first use: every command loads this module, few fit)
     result = least_squares(residuals, start, bounds=(lower, upper), x_scale=scale, loss="soft_l1", f_scale=0.1,
@@ -184,16 +299,18 @@ def fold_column(runs: pd.DataFrame) -> str:
 
 
 def cross_validate(runs: pd.DataFrame, base: EngineProfile, by: str, run: Runner = serial, progress=None,
-                   max_evaluations: int = 25) -> np.ndarray:
+                   max_evaluations: int = 25, shared: list[Schedule | None] | None = None) -> np.ndarray:
     """Held-out predictions (n, 2): each value of `by` is predicted by a profile fitted
-    without its runs."""
+    without its runs (`shared`: `schedules(runs, base)`, recorded here when not given)."""
     out = np.full((len(runs), 2), np.nan)
+    shared = schedules(runs, base, run) if shared is None else shared
     for value in sorted(runs[by].unique()):
         held = (runs[by] == value).to_numpy()
         if held.all():
             break
-        fitted = fit_deployments(runs[~held], base, max_evaluations, run)
-        out[held] = predict(runs[held], fitted, run)
+        fitted = fit_deployments(runs[~held], base, max_evaluations, run,
+                                 shared=[s for s, h in zip(shared, held) if not h])
+        out[held] = predict(runs[held], fitted, run, [s for s, h in zip(shared, held) if h])
         if progress:
             progress()
     return out

@@ -76,6 +76,8 @@ class SimOptions:
     # SimResult.itl_s, every gap between tokens (8 bytes a token); off where only means are read
     # (sim.deployments' replays): itl_s is then None.
     inter_token_gaps: bool = True
+    # SimResult.passes: every iteration as it ran (sim.deployments shares a replay's across a fit).
+    record_passes: bool = False
 
 
 class InstanceState:
@@ -156,6 +158,11 @@ class SimResult:
     refused: np.ndarray | None = None  # bool: longer than SimOptions.max_model_len, refused at arrival (also rejected)
     itl_s: np.ndarray | None = None  # every gap between consecutive tokens of every request (inter-token latency)
     warmup: np.ndarray | None = None  # bool: a closed loop's warm-up requests, left out of the statistics
+    # With SimOptions.record_passes, per iteration in the order they began (of every instance):
+    # prompt sequences, prompt tokens, their squares' sum (pass_time_s's arguments), decode batch,
+    # its summed context, iterations (more than 1: decode-only iterations computed at once, the
+    # context that of the first), end time of the last.
+    passes: np.ndarray | None = None
 
     @property
     def measured(self) -> np.ndarray:

@@ -1,8 +1,12 @@
 """Whole-deployment calibration: closed-loop runs replayed, a known engine recovered, bad files refused."""
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from splitplan import api
@@ -130,3 +134,50 @@ def test_an_aggregated_run_replays_one_instance_as_its_whole_machine(engine, tp,
     whole = simulate(work, pools, SimOptions(concurrency=clients))
     expected = (np.nanmean(whole.ttft_s) * 1e3, np.nanmean(whole.tpot_s) * 1e3)
     assert dep.replay(run, profile) == pytest.approx(expected, rel=1e-12)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from([("llama3.1-8b", "h100-80gb", 1), ("llama3.1-70b", "h200-141gb", 4), ("qwen3-32b", "b200-180gb", 2)]),
+       st.integers(1, 48), st.sampled_from([256, 1024, 3000]), st.sampled_from([2, 40, 300]),
+       st.sampled_from(["lean-fp8", "chunked-async"]), st.fixed_dictionaries(
+           {k: st.floats(lo, hi) for k, (lo, hi, _) in dep.DEPLOYMENT_FACTORS.items()}))
+def test_a_recorded_schedule_times_a_run_as_its_replay_does_under_any_factors(where, concurrency, isl, osl, engine, factors):
+    """A run simulated once (sim.deployments.record) and timed under other factors gives the
+    replay's means under those factors: the scheduler's decisions depend on counts alone."""
+    model, machine, tp = where
+    base = load_engine("lean-fp8")
+    if engine == "chunked-async":  # (vLLM's scheduling, without its front-end latency; small decodes wait on the host)
+        base = base.model_copy(update={"scheduler": "chunked", "async_scheduling": True, "max_num_seqs": 16,
+                                       "defaults": base.defaults.model_copy(update={"host_launch_s_per_layer": 3e-4})})
+    run = {"model": model, "machine": machine, "tp": tp, "concurrency": concurrency, "isl": isl, "osl": osl}
+    schedule = dep.record(run, dep.start_profile(base))
+    assert schedule is not None
+    trial = dep.with_factors(base, factors)
+    timed = schedule.means(dep.run_pools(run, trial)[0][0].perf)
+    assert timed == pytest.approx(dep.replay(run, trial), rel=1e-9)
+
+
+def test_runs_whose_timing_changes_their_schedule_have_none():
+    """A front-end latency puts arrivals inside iterations: how long those take decides what
+    joins which one, so such a run is simulated at every evaluation."""
+    run = {"model": "llama3.1-8b", "machine": "h100-80gb", "tp": 1, "concurrency": 8, "isl": 512, "osl": 16}
+    assert dep.record(run, load_engine("lean-fp8")) is not None
+    assert dep.record(run, load_engine("vllm-fp8")) is None  # (9 ms of front-end latency)
+    assert dep.record({**run, "model": "deepseek-v3", "tp": 8}, load_engine("sglang-fp8")) is None  # (does not fit)
+
+
+def test_calibration_falls_back_to_simulating_every_evaluation_if_a_schedule_disagrees(tmp_path, monkeypatch):
+    path = _synthetic(tmp_path)
+    honest = api.calibrate_deployments(str(path), "vllm", "lean-fp8", folds=False)
+    monkeypatch.setattr(dep.Schedule, "means", lambda self, inst: (1.0, 1.0))
+    checked = api.calibrate_deployments(str(path), "vllm", "lean-fp8", folds=False)
+    for name in dep.DEPLOYMENT_FACTORS:  # (as fitted on the schedules, to their rounding)
+        assert getattr(checked.profile.defaults, name) == pytest.approx(getattr(honest.profile.defaults, name), rel=1e-6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(1e-4, 0.05), st.floats(1e-9, 1e-6), st.floats(-0.01, 0.05), st.integers(1, 256), st.integers(0, 10**6),
+       st.integers(1, 3000))
+def test_a_decode_stretch_in_closed_form_is_the_sum_of_its_steps(base, per_token, slack, batch, context, iterations):
+    steps = [base + max((context + j * batch) * per_token, slack) for j in range(iterations)]
+    assert float(dep.stretch_s(base, per_token, slack, batch, context, iterations)) == pytest.approx(math.fsum(steps), rel=1e-12)
