@@ -11,10 +11,7 @@ import numpy as np
 from splitplan.defaults import CALIBRATION_START
 from splitplan.errors import SpecError
 from splitplan.parallel import run_units
-from splitplan.perf import calibrate as cal
-from splitplan.perf.measurements import flag_anomalies, read_measurements
 from splitplan.perf.roofline import Instance
-from splitplan.sim import deployments as dep
 from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
@@ -41,9 +38,10 @@ def calibrate(perf_db: str, engine: str = CALIBRATION_START, folds: int = 5, max
     fitted and k-fold cross-validated. Non-physical points (see
     `measurements.flag_anomalies`) and, with `max_prefill_batch_tokens`, batched
     prefills beyond that size are left out and listed."""
-    import pandas as pd
+    import pandas as pd  # (these on first use: `import splitplan` does not load pandas)
 
-
+    from splitplan.perf import calibrate as cal
+    from splitplan.perf.measurements import flag_anomalies, read_measurements
     if folds < 0 or folds == 1:
         raise SpecError(f"--folds {folds}: use 0 (no cross-validation) or k >= 2")
     base = load_engine(engine)
@@ -98,7 +96,7 @@ def calibrate_deployments(path: str, backend: str, engine: str = "lean-fp8", fol
     engine (`backend`), each run replayed as a closed loop (sim.deployments); report
     TTFT and TPOT error per machine and concurrency band, fitted and held out (folds by
     machine, or by concurrency band when the runs hold one machine)."""
-
+    from splitplan.sim import deployments as dep  # (on first use: it loads pandas)
     runs, dropped = dep.read_deployments(path)
     mine = runs[runs.engine == backend].reset_index(drop=True)
     if mine.empty:

@@ -268,32 +268,27 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
     Parsed a block of lines at a time (TRACE_BLOCK_BYTES), so a trace of ten million requests
     needs little more memory than its three numeric columns; every bound of `splitplan.limits`
     (requests, tokens, span) is checked as it is read."""
-    import pandas as pd  # on first use: the CLI starts without it
     path = Path(path)
     arrivals, prompts, outputs = [], [], []
     extra = _PrefixColumns(path)
     origin_ns = origin = previous = None
     rows = 0
-    for cols, wall_clock, first, chunk in _chunks(path, columns):
-        if chunk.empty:
+    for cols, wall_clock, first, chunk in _plain_chunks(path, columns) or _chunks(path, columns):
+        if not len(chunk):
             continue
         rows += len(chunk)
         if rows > MAX_TRACE_REQUESTS:
             raise TraceError(f"{path}: more than {MAX_TRACE_REQUESTS:,} requests; cut the trace to the period to plan "
                              "(optimize sizes its busiest 100,000 consecutive requests anyway)")
-        if wall_clock:
-            stamps = pd.to_datetime(chunk[cols.time], format="ISO8601", errors="coerce", utc=True)
-            bad = stamps.isna().to_numpy()
-            if bad.any():
-                row = int(np.argmax(bad))
-                raise TraceError(f"{path}: line {first + row}: TIMESTAMP '{excerpt(chunk[cols.time].iloc[row])}' is not a date-time")
-            ns = stamps.dt.tz_localize(None).to_numpy("datetime64[ns]").astype(np.int64)
-            origin_ns = ns[0] if origin_ns is None else origin_ns
-            arrival = (ns - origin_ns) / 1e9
+        if isinstance(chunk, _Plain):
+            time, prompt, output = chunk.time, chunk.prompt, chunk.output
         else:
-            arrival = _numbers(path, chunk[cols.time], cols.time, first) * cols.time_unit_s
-        prompt = _numbers(path, chunk[cols.prompt], cols.prompt, first)
-        output = _numbers(path, chunk[cols.output], cols.output, first)
+            time, prompt, output = _frame_columns(path, cols, wall_clock, first, chunk)
+        if wall_clock:
+            origin_ns = time[0] if origin_ns is None else origin_ns
+            arrival = (time - origin_ns) / 1e9
+        else:
+            arrival = time * cols.time_unit_s
         for name, values in ((cols.prompt, prompt), (cols.output, output)):
             bad = (values < 1) | (values != np.floor(values)) | (values > MAX_REQUEST_TOKENS)
             if bad.any():
@@ -310,7 +305,7 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
         far = arrival - origin > MAX_TRACE_SPAN_S
         if far.any():
             row = int(np.argmax(far))
-            raise TraceError(f"{path}: line {first + row}: arrival {excerpt(chunk[cols.time].iloc[row])} is more than "
+            raise TraceError(f"{path}: line {first + row}: arrival {excerpt(_cell(chunk, cols.time, row))} is more than "
                              f"{MAX_TRACE_SPAN_S / 86400:.0f} days after the first; are the times in ms, us or ns? (--time-unit)")
         previous = arrival[-1]
         extra.read(chunk, first, prompt)
@@ -322,6 +317,91 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
     arrival = np.concatenate(arrivals)
     prompt, output = np.concatenate(prompts), np.concatenate(outputs)
     return Trace(arrival - arrival[0], prompt, output, str(path), prefix=extra.tree(prompt, output))
+
+
+def _frame_columns(path: Path, cols: Columns, wall_clock: bool, first: int, chunk: "pd.DataFrame"):
+    """A block's times (seconds in the file's unit, or ns since the epoch for date-times), prompt
+    and output tokens, as floats; a cell that is not one is an error naming its line."""
+    import pandas as pd  # on first use: the CLI starts without it
+    if wall_clock:
+        stamps = pd.to_datetime(chunk[cols.time], format="ISO8601", errors="coerce", utc=True)
+        bad = stamps.isna().to_numpy()
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise TraceError(f"{path}: line {first + row}: TIMESTAMP '{excerpt(chunk[cols.time].iloc[row])}' is not a date-time")
+        time = stamps.dt.tz_localize(None).to_numpy("datetime64[ns]").astype(np.int64)
+    else:
+        time = _numbers(path, chunk[cols.time], cols.time, first)
+    return time, _numbers(path, chunk[cols.prompt], cols.prompt, first), _numbers(path, chunk[cols.output], cols.output, first)
+
+
+def _cell(chunk, column: str, row: int):
+    return chunk.raw_time[row] if isinstance(chunk, _Plain) else chunk[column].iloc[row]
+
+
+@dataclass(frozen=True)
+class _Plain:
+    """A block of a plain CSV trace read without pandas (`_plain_chunks`)."""
+
+    columns: list
+    raw_time: list  # the time column's cells, for messages
+    time: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.prompt)
+
+
+PREFIX_COLUMNS = ("prefix_id", "prefix_tokens", "session_id", "hash_ids")
+
+
+def _plain_chunks(path: Path, columns: Columns | None) -> list | None:
+    """The blocks of a plain CSV trace (a header, then rows of exactly its fields:
+    numbers, or ISO 8601 date-times without a zone for Azure's TIMESTAMP; no prefix columns),
+    read with the csv module and numpy, as `_chunks` yields them: pandas takes about half a
+    second to import, more than reading such a trace takes. None for anything else (JSON
+    lines, a quoted or odd cell, a short row, a bad number...): `_chunks` reads it then, and
+    its messages name what is wrong."""
+    import csv
+    import re
+    number = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?").fullmatch
+    stamp = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:\.\d{1,9})?)?").fullmatch
+    raw, stream, is_json = _open(path)
+    if is_json:
+        raw.close()
+        return None
+    out, header, cols, wall_clock = [], None, columns or MOONCAKE, False
+    with raw:
+        for first, block in _blocks(path, stream):
+            try:
+                lines = list(csv.reader(io.StringIO(block.decode("utf-8"), newline=""), skipinitialspace=True))
+            except (UnicodeDecodeError, csv.Error):
+                return None
+            if header is None:
+                header, lines, first = lines[0], lines[1:], first + 1
+                if set(PREFIX_COLUMNS) & set(header):
+                    return None
+                if columns is None:
+                    cols = next((k for k in (AZURE, SPLITWISE) if {k.time, k.prompt, k.output} <= set(header)), None) \
+                        or detect_columns(header) or Columns()
+                    wall_clock = cols is AZURE
+                if not {cols.time, cols.prompt, cols.output} <= set(header):
+                    return None
+            if any(len(row) != len(header) for row in lines):
+                return None  # (a short or long row, or a blank line: pandas' rules)
+            at = [header.index(c) for c in (cols.time, cols.prompt, cols.output)]
+            cells = [[row[k] for row in lines] for k in at]
+            if not all(all(map(number, column)) for column in cells[1:]) or \
+                    not all(map(stamp if wall_clock else number, cells[0])):
+                return None
+            time = (np.array(cells[0], dtype="datetime64[ns]").astype(np.int64) if wall_clock
+                    else np.array(cells[0], dtype=float))
+            prompt, output = np.array(cells[1], dtype=float), np.array(cells[2], dtype=float)
+            if not (np.isfinite(prompt).all() and np.isfinite(output).all() and np.isfinite(time).all()):
+                return None
+            out.append((cols, wall_clock, first, _Plain(header, cells[0], time, prompt, output)))
+    return out if header is not None else None
 
 
 class _PrefixColumns:

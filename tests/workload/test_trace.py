@@ -125,3 +125,55 @@ def test_peak_window_is_the_busiest_stretch():
     window, info = peak_window(t, 3)
     assert window.arrival_s.tolist() == [0.0, 0.5, 1.0] and info["start_s"] == 20.0 and info["of"] == 6
     assert peak_window(t, 10) == (t, None)
+
+
+def _both(path):
+    """load_trace's result (or error) with and without the plain-CSV reader."""
+    import importlib
+    trace_module = importlib.import_module("splitplan.workload.trace")
+    out = []
+    for plain in (trace_module._plain_chunks, lambda *a: None):
+        original, trace_module._plain_chunks = trace_module._plain_chunks, plain
+        try:
+            t = load_trace(path)
+            out.append((t.arrival_s.tolist(), t.prompt_tokens.tolist(), t.output_tokens.tolist(), t.prompt_tokens.dtype))
+        except TraceError as exc:
+            out.append(str(exc))
+        finally:
+            trace_module._plain_chunks = original
+    return out
+
+
+CELLS = st.sampled_from(["1", "7", "12.0", "1e2", "+3", " 4", '"6"', ".5", "2."] * 5
+                        + ["0", "5 ", "", "1_0", "nan", "inf", "0x10", "-2", '"1,0"'])
+STAMPS = st.sampled_from(["2023-11-16 18:17:03.9799600", "2023-11-16T18:17:04", "2023-11-16 18:17:05.5", " 2023-11-16 18:17:09"] * 5
+                         + ["2023-11-16 18:17:06Z", "2023-11-16 18:17:07+01:00", "2023-11-16", "12345", "2023-11-16 18:17:08.1234567891"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["arrival_timestamp,prompt_size,token_size", "TIMESTAMP,ContextTokens,GeneratedTokens",
+                        "arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens", "arrival_s, prompt_tokens ,output_tokens",
+                        "arrival_s,arrival_s,prompt_tokens,output_tokens"]),
+       st.lists(st.tuples(st.integers(0, 3), CELLS, CELLS, STAMPS, st.booleans()), min_size=1, max_size=6))
+def test_plain_csv_reading_is_pandas_reading(tmp_path_factory, header, rows):
+    """Traces read without pandas (the common plain CSV) give what the pandas reader gives,
+    trace or error, whatever the cells; anything odd goes to the pandas reader."""
+    lines, t = [header], 0
+    for step, prompt, output, stamp, blank in rows:
+        t += step
+        first = stamp if header.startswith("TIMESTAMP") else str(t)
+        width = header.count(",") + 1
+        cells = [first, prompt, output, "", ""][:width] if "arrival_s,arrival_s" not in header else [first, first, prompt, output]
+        lines.append(",".join(cells) if not blank else "")
+    path = tmp_path_factory.mktemp("plain") / "t.csv"
+    path.write_text("\n".join(lines) + "\n")
+    plain, frames = _both(path)
+    assert plain == frames
+
+
+def test_a_plain_csv_trace_is_read_without_pandas():
+    import subprocess
+    import sys
+    code = ("import sys; from splitplan.workload.trace import load_trace, default_trace_path; t = load_trace(default_trace_path()); "
+            "print(len(t), 'pandas' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == ["8819", "False"]
