@@ -17,7 +17,7 @@ predicted by a fit without it (SGLang, one machine: each concurrency band by a f
 without it). Beside it, the uncalibrated default (`--default`, lean-fp8), fitted to
 nothing here. Prints MAPE % and median signed error % of TTFT and TPOT per engine and
 concurrency band (the targets of issue 13: held-out MAPE <= 15 % in every band, no
-median bias beyond +-10 %), then per engine, machine and band. About 20 minutes on 2 cores.
+median bias beyond +-10 %), then per engine, machine and band. About 2 minutes on 2 cores.
 """
 
 from __future__ import annotations
