@@ -64,6 +64,7 @@ belongs to the run, so equal times resolve the same way every run.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 import math
@@ -174,6 +175,7 @@ class _Cluster:
         self.next_arrival = 0  # the next request to arrive (run's)
         self.fuse = FUSE_DECODE_STRETCHES and self.log is None  # (an event log has every iteration)
         self.passes: list | None = [] if options.record_passes else None
+        self.isolated = self.closed is None and all(x.role == MIXED for x in self.insts)  # (see _quiet_until)
         self.front = self.pools[0].perf.engine.frontend_latency_s  # a request reaches the engine this long after it is sent
         self.tokens_out = 0
         self.rr = [0, 0]
@@ -324,50 +326,69 @@ class _Cluster:
         heapq.heappush(self.heap, (now + duration, self.seq, _ITERATION_END, inst.idx, None))
 
     def _quiet_until(self) -> float:
-        """The time of the next event of the cluster: no event before it can change an instance
-        that only decodes (a later one is made at or after the time of the event that makes it)."""
+        """A time before which no event can change an instance that only decodes: the next
+        arrival when every instance is co-located in an open loop (an instance's events touch
+        only itself and its own load, and only an arrival is routed to it), else the next event
+        of the cluster (a later one is made at or after the time of the event that makes it: a
+        KV transfer, a closed loop's next request)."""
         nxt = self.next_arrival
         arrival = self.arrival[nxt] + self.front if nxt < self.n else math.inf
-        return min(self.heap[0][0], arrival) if self.heap else arrival
+        if self.isolated or not self.heap:
+            return arrival
+        return min(self.heap[0][0], arrival)
 
     def _decode_stretch(self, inst: InstanceState, now: float, line: tuple, duration: float,
                         quiet: float) -> tuple[float, float]:
         """Decode-only iterations that end before the cluster's next event, at once: until the
         next one in which a request finishes, or a co-located instance would preempt, the
         iterations differ only in their context (`batch` more tokens each), so the ends and step
-        times are computed in one array, as the iteration-by-iteration loop adds them (the same
-        floating-point sums in the same order: results are identical), and their bookkeeping
-        done in bulk. Returns the last iteration's start and duration, which `_start` schedules
+        times are computed at once (a short loop, or arrays), as the iteration-by-iteration loop
+        adds them (the same floating-point sums in the same order: results are identical), and
+        their bookkeeping done in bulk. Returns the last iteration's start and duration, which `_start` schedules
         as usual; (now, duration) when no iteration can be skipped. (The event and launch
         counters are only compared with later values of themselves: they need not count the
         skipped iterations.)"""
         b = inst.batch
+        reach = (quiet - now) / duration + 1  # (each step takes at least the first's time: no more end before `quiet`)
+        if reach < 2:
+            return now, duration
         k = min(inst.finishing) - inst.iters  # up to the next iteration in which one finishes
         if inst.role == MIXED and b > 1:  # and while the KV holds a token more per request (no preemption)
             k = min(k, int((inst.kv_cap - inst.kv_used - inst.ctx) // b))
+        k = min(k, int(min(reach, k)))
         if k < 2:
             return now, duration
-        context = inst.ctx + b * np.arange(k)  # at each iteration's start
-        attention = context * line[1]
-        steps = line[0] + attention + np.where(line[2] > attention, line[2] - attention, 0.0)
-        ends = np.add.accumulate(np.concatenate(([now], steps)))[1:]
-        k = 1 + int(np.searchsorted(ends[:k - 1], quiet))  # the skipped ones end before the next event
-        if k < 2:
+        base, per_token, slack = line
+        if k <= 64:  # (a loop is faster than numpy for a few)
+            steps, ends, t = [], [], now
+            for c in range(inst.ctx, inst.ctx + b * k, b):
+                attention = c * per_token
+                steps.append(base + attention + (slack - attention if slack > attention else 0.0))
+                t += steps[-1]
+                ends.append(t)
+        else:
+            attention = (inst.ctx + b * np.arange(k)) * per_token
+            step_array = base + attention + np.where(slack > attention, slack - attention, 0.0)
+            steps, ends = step_array.tolist(), np.add.accumulate(np.concatenate(([now], step_array)))[1:].tolist()
+        skipped = bisect.bisect_left(ends, quiet, 0, k - 1)  # the skipped ones end before the next event
+        if skipped < 1:
             return now, duration
-        skipped = k - 1
         inst.iters += skipped
         self.iterations += skipped
         if self.iterations > self.max_iterations:
             raise self._too_many_iterations()
-        inst.ends.extend(ends[:skipped].tolist())
+        inst.ends.extend(ends[:skipped])
         if self.passes is not None:
-            self.passes.append((0, 0, 0, b, inst.ctx, skipped, float(ends[skipped - 1])))
-        inst.ctx += skipped * b
-        inst.decode_s = float(np.add.accumulate(np.concatenate(([inst.decode_s], steps[:skipped])))[-1])
-        inst.batch_integral = float(np.add.accumulate(np.concatenate(([inst.batch_integral], b * steps[:skipped])))[-1])
+            self.passes.append((0, 0, 0, b, inst.ctx, skipped, ends[skipped - 1]))
         if inst.steps is not None:
-            inst.steps.extend((b, int(c)) for c in context[:skipped])
-        return float(ends[skipped - 1]), float(steps[skipped])
+            inst.steps.extend((b, inst.ctx + b * j) for j in range(skipped))
+        inst.ctx += skipped * b
+        decode_s, integral = inst.decode_s, inst.batch_integral
+        for step in steps[:skipped]:
+            decode_s += step
+            integral += b * step
+        inst.decode_s, inst.batch_integral = decode_s, integral
+        return ends[skipped - 1], steps[skipped]
 
     def _too_many_iterations(self) -> SpecError:
         return SpecError(f"the simulation passed {self.max_iterations:,} decode iterations (one a token of "

@@ -361,7 +361,8 @@ def _results_equal(a, b) -> None:
 def test_decode_stretches_computed_at_once_change_nothing(seed, loop, pools, engine, measured):
     """Decode-only iterations before the cluster's next event are computed in one array
     (sim.cluster._decode_stretch): every result is the same, to the bit, as iteration by
-    iteration; open and closed loops, split and co-located pools, preemption (a small KV),
+    iteration; open and closed loops, split and co-located pools of several instances
+    (co-located ones run ahead of the others' events: only an arrival reaches them), preemption (a small KV),
     async scheduling (vllm), a measured table."""
     import splitplan.sim.cluster as cluster
     from splitplan.workload.trace import closed_loop_workload
@@ -370,7 +371,8 @@ def test_decode_stretches_computed_at_once_change_nothing(seed, loop, pools, eng
     def run():
         inst = api.instance("llama2-70b" if pools != "small-kv" else "bloom-176b", "a100-80gb", 8, engine)
         inst = PerfDb(PERF_DB).require(inst) if measured and pools != "small-kv" else inst
-        spec = [PoolSpec("prompt", inst, 1), PoolSpec("token", inst, 1)] if pools == "split" else [PoolSpec("mixed", inst, 1)]
+        spec = ([PoolSpec("prompt", inst, 2), PoolSpec("token", inst, 2)] if pools == "split"
+                else [PoolSpec("mixed", inst, 3 if pools == "mixed" else 1)])
         return simulate(work, spec, options), getattr(inst, "extrapolated", None)
 
     if loop == "closed" and pools == "small-kv":  # BLOOM's 52k KV tokens on A100s: growth alone preempts
@@ -378,7 +380,7 @@ def test_decode_stretches_computed_at_once_change_nothing(seed, loop, pools, eng
     elif loop == "closed":
         work, options = closed_loop_workload(None, 12, 48, seed=seed), SimOptions(concurrency=12)
     else:
-        work, options = resample_poisson(load_trace(default_trace_path()), 0.5, 60.0, np.random.default_rng(seed)), SimOptions()
+        work, options = resample_poisson(load_trace(default_trace_path()), 1.5, 60.0, np.random.default_rng(seed)), SimOptions()
     fused, fused_extrapolated = run()
     cluster.FUSE_DECODE_STRETCHES = False
     try:
