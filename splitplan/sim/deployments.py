@@ -236,17 +236,17 @@ def _replay_unit(profile, run):
 
 
 def predict(runs: pd.DataFrame, profile: EngineProfile, run: Runner = serial,
-            schedules: list[Schedule | None] | None = None) -> np.ndarray:
+            shared: list[Schedule | None] | None = None) -> np.ndarray:
     """(n, 2) array of simulated mean TTFT and TPOT (ms), in `runs` order; each run a work unit for
-    `run`, or, with `schedules` (one per row, `record`ed under a profile that differs from this
-    one in DEPLOYMENT_FACTORS only), its schedule timed under `profile`."""
+    `run`, or, with `shared` (a schedule or None per row, `record`ed under a profile that differs
+    from this one in DEPLOYMENT_FACTORS only), its schedule timed under `profile`."""
     records = runs.to_dict("records")
-    schedules = schedules or [None] * len(records)
+    shared = shared or [None] * len(records)
     out = np.full((len(records), 2), np.nan)
-    rest = [k for k, s in enumerate(schedules) if s is None]
+    rest = [k for k, s in enumerate(shared) if s is None]
     if rest:
         out[rest] = np.array(run(_replay_unit, [records[k] for k in rest], profile), float).reshape(-1, 2)
-    for k, schedule in enumerate(schedules):
+    for k, schedule in enumerate(shared):
         if schedule is not None:
             out[k] = schedule.means(run_pools(records[k], profile)[0][0].perf)
     return out
