@@ -95,7 +95,7 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
     return _Cluster(trace, pools, options).run()
 
 
-# Decode-only iterations before the cluster's next event are computed at once (_decode_stretch);
+# Decode-only iterations that nothing can interrupt are computed at once (_decode_stretch);
 # off only to check that it changes nothing.
 FUSE_DECODE_STRETCHES = True
 _KV_ARRIVED, _ITERATION_END, _PREFIX_LOADED = int(Event.KV_ARRIVED), int(Event.ITERATION_END), int(Event.PREFIX_LOADED)  # plain ints on the hot path
@@ -339,13 +339,13 @@ class _Cluster:
 
     def _decode_stretch(self, inst: InstanceState, now: float, line: tuple, duration: float,
                         quiet: float) -> tuple[float, float]:
-        """Decode-only iterations that end before the cluster's next event, at once: until the
+        """Decode-only iterations that end before `quiet` (_quiet_until), at once: until the
         next one in which a request finishes, or a co-located instance would preempt, the
         iterations differ only in their context (`batch` more tokens each), so the ends and step
         times are computed at once (a short loop, or arrays), as the iteration-by-iteration loop
         adds them (the same floating-point sums in the same order: results are identical), and
-        their bookkeeping done in bulk. Returns the last iteration's start and duration, which `_start` schedules
-        as usual; (now, duration) when no iteration can be skipped. (The event and launch
+        their bookkeeping done in bulk. Returns the last iteration's start and duration, which
+        `_start` schedules as usual; (now, duration) when no iteration can be skipped. (The event and launch
         counters are only compared with later values of themselves: they need not count the
         skipped iterations.)"""
         b = inst.batch
@@ -355,7 +355,8 @@ class _Cluster:
         k = min(inst.finishing) - inst.iters  # up to the next iteration in which one finishes
         if inst.role == MIXED and b > 1:  # and while the KV holds a token more per request (no preemption)
             k = min(k, int((inst.kv_cap - inst.kv_used - inst.ctx) // b))
-        k = min(k, int(min(reach, k)))
+        if reach < k:
+            k = int(reach)
         if k < 2:
             return now, duration
         base, per_token, slack = line
