@@ -17,6 +17,7 @@ from splitplan.defaults import (
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.parallel import run_units
 from splitplan.perf.points import instance, reference_instance
+from splitplan.perf.table import load_perf_db
 from splitplan.report import SCHEMA_VERSION
 from splitplan.roles import SPLIT, Role
 from splitplan.search.plan import Plan, Pool, bought, predict
@@ -100,10 +101,7 @@ def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGIN
                perf_interp: str = "splitplan"):
     """(role, hardware, layout, machines) -> PoolSpecs with analytic or measured instances
     (`perf_interp`: how the measured table is read, see perf.table.INTERPOLATIONS)."""
-    db = None
-    if perf_db:  # (perf.table loads pandas: on first use)
-        from splitplan.perf.table import load_perf_db
-        db = load_perf_db(perf_db)
+    db = load_perf_db(perf_db) if perf_db else None
     out = []
     for role, hw, layout, machines, count, shared in map(lambda p: PoolRequest(*p), pools):
         layout = as_layout(layout, f"{role} pool {hw}")
@@ -148,10 +146,7 @@ def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str 
     specs = pool_specs(pools, model, engine, perf_db, perf_interp)
     eng = specs[0].perf.engine
     prefix_caching = eng.caches_prefixes(prefix_caching, routing, kv_offload_gb)
-    db = None
-    if perf_db:  # (perf.table loads pandas: on first use)
-        from splitplan.perf.table import load_perf_db
-        db = load_perf_db(perf_db)
+    db = load_perf_db(perf_db) if perf_db else None
     reference = reference_for(profile, lambda hw, t: reference_instance(model, hw, t, engine, db, perf_interp),
                               trace.prompt_tokens, trace.output_tokens)
     result = run(trace, specs, SimOptions(eng.batch_tokens(max_batch_tokens), routing, borrow_threshold_tokens, concurrency,

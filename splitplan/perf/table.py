@@ -29,16 +29,18 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from splitplan.errors import SpecError
-from splitplan.perf.measurements import batch_token_medians, read_measurements
 from splitplan.perf.roofline import Fit, Instance, Latency, PassShortcuts
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.layout import Layout
 from splitplan.specs.model import load_model
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _interp(x, xs: np.ndarray, ys: np.ndarray):
@@ -230,6 +232,7 @@ class PerfDb:
     """A measurement file, read once, giving a MeasuredInstance per (model, machine, TP)."""
 
     def __init__(self, path: str | Path):
+        from splitplan.perf.measurements import read_measurements  # (pandas, on first use: `import splitplan` skips it)
         self.path = str(path)
         points = read_measurements(path)
         # Rows may name catalog entries or spec files; instances are matched by spec name.
@@ -241,6 +244,7 @@ class PerfDb:
 
     @functools.cached_property
     def batch_tokens(self) -> pd.DataFrame:
+        from splitplan.perf.measurements import batch_token_medians
         table = batch_token_medians(self.path)
         return table.assign(hardware=_spec_names(table.hardware, load_hardware), model=_spec_names(table.model, load_model))
 

@@ -15,6 +15,7 @@ from splitplan.errors import InfeasibleError, SpecError, listed, with_details
 from splitplan.parallel import run_units
 from splitplan.perf.points import candidate_layouts, reference_instance, require_tp
 from splitplan.perf.roofline import Instance
+from splitplan.perf.table import load_perf_db
 from splitplan.report import NOT_SIZED, optimize_json, plan_json, plans_csv
 from splitplan.roles import SPLIT, Role
 from splitplan.search.bracket import plan_max_rate
@@ -118,10 +119,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
 
 
     m, eng, profile = load_model(model), load_engine(engine), load_slo(slo)
-    db = None
-    if perf_db:  # (perf.table loads pandas: on first use)
-        from splitplan.perf.table import load_perf_db
-        db = load_perf_db(perf_db)
+    db = load_perf_db(perf_db) if perf_db else None
     if objective not in ("cost", "power"):
         raise SpecError(f"--objective {objective}: choose cost or power")
     names = hardware or [h.name for h in hardware_catalog()]

@@ -350,8 +350,6 @@ class _Cluster:
         skipped iterations.)"""
         b = inst.batch
         reach = (quiet - now) / duration + 1  # (each step takes at least the first's time: no more end before `quiet`)
-        if reach < 2:
-            return now, duration
         k = min(inst.finishing) - inst.iters  # up to the next iteration in which one finishes
         if inst.role == MIXED and b > 1:  # and while the KV holds a token more per request (no preemption)
             k = min(k, int((inst.kv_cap - inst.kv_used - inst.ctx) // b))

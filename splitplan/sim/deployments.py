@@ -204,7 +204,7 @@ def record(run: dict, profile: EngineProfile) -> Schedule | None:
     if replayed is None:
         return None
     result, pools = replayed
-    if len(pools) > 1 or pools[0].instances > 1 or pools[0].perf.engine.frontend_latency_s or result.rejected.any() \
+    if len(pools) > 1 or pools[0].perf.engine.frontend_latency_s or result.rejected.any() \
             or any(s.prefix_lookup_tokens for s in result.instances):
         return None
     passes = result.passes
@@ -257,14 +257,10 @@ def with_factors(base: EngineProfile, values: dict) -> EngineProfile:
                                    "efficiency_sources": {}})
 
 
-def start_profile(base: EngineProfile, factors: tuple[str, ...] = tuple(DEPLOYMENT_FACTORS)) -> EngineProfile:
-    """The fit's first trial: `base`'s factors within their bounds."""
-    return with_factors(base, {k: float(np.clip(getattr(base.defaults, k), *DEPLOYMENT_FACTORS[k][:2])) for k in factors})
-
-
 def schedules(runs: pd.DataFrame, base: EngineProfile, run: Runner = serial) -> list[Schedule | None]:
-    """Every run's `Schedule` (or None), recorded once for every fit from `base`."""
-    return run(_record_unit, runs.to_dict("records"), start_profile(base))
+    """Every run's `Schedule` (or None), recorded once for every fit from `base` (as its trials
+    are, without its per-machine overrides: they too change durations only)."""
+    return run(_record_unit, runs.to_dict("records"), with_factors(base, {}))
 
 
 def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: int = 25, run: Runner = serial,

@@ -220,6 +220,12 @@ def _parse_error(path: Path, exc: Exception, first: int, block: bytes, is_json: 
     return TraceError(f"{path}: not a readable CSV near line {first} ({reason(exc, 60)})")
 
 
+def _known_columns(header: list) -> Columns:
+    """A CSV's columns by its header: Azure's or splitwise-sim's, else by their names, else the defaults."""
+    return next((k for k in (AZURE, SPLITWISE) if {k.time, k.prompt, k.output} <= set(header)), None) \
+        or detect_columns(header) or Columns()
+
+
 def _chunks(path: Path, columns: Columns | None):
     """(column mapping, wall-clock?, first line number of the chunk's first row, frame) per block."""
     import pandas as pd  # on first use: the CLI starts without it
@@ -235,8 +241,7 @@ def _chunks(path: Path, columns: Columns | None):
                 except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
                     raise _parse_error(path, exc, first, block, False) from None
                 if columns is None:
-                    cols = next((k for k in (AZURE, SPLITWISE) if {k.time, k.prompt, k.output} <= set(header)), None) \
-                        or detect_columns(header) or Columns()
+                    cols = _known_columns(header)
                     wall_clock = cols is AZURE
                 _require(path, cols, header)
                 block, first = block[end:], first + 1
@@ -383,8 +388,7 @@ def _plain_chunks(path: Path, columns: Columns | None) -> list | None:
                 if set(PREFIX_COLUMNS) & set(header):
                     return None
                 if columns is None:
-                    cols = next((k for k in (AZURE, SPLITWISE) if {k.time, k.prompt, k.output} <= set(header)), None) \
-                        or detect_columns(header) or Columns()
+                    cols = _known_columns(header)
                     wall_clock = cols is AZURE
                 if not {cols.time, cols.prompt, cols.output} <= set(header):
                     return None
