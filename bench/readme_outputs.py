@@ -1,9 +1,9 @@
-"""Fingerprint every output of the README's commands, to show a change altered none of them.
+"""Fingerprint every output of the README's and docs' commands, to show a change altered none of them.
 
     python bench/readme_outputs.py --repo DIR --save before.json
     python bench/readme_outputs.py --repo DIR --save after.json --compare before.json
 
-Runs each `splitplan ...` line of the README's bash blocks with the code and data of
+Runs each `splitplan ...` line of the bash blocks of README.md and docs/*.md (each once) with the code and data of
 `--repo` (PYTHONPATH and working directory), in JSON form where the command has one
 (`--format json` added when the line sets no format; the table form is run as written
 too), and files written by `--output-dir`, `--output`, `--residuals` redirected to a
@@ -29,9 +29,13 @@ from pathlib import Path
 FILE_FLAGS = ("--output-dir", "--output", "--residuals")
 
 
-def readme_commands(readme: Path) -> list[str]:
-    blocks = re.findall(r"```(\w*)\n(.*?)```", readme.read_text(), flags=re.S)
-    return [line for lang, body in blocks if lang == "bash" for line in body.splitlines() if line.startswith("splitplan ")]
+def readme_commands(repo: Path) -> list[str]:
+    """The commands of the README and docs/ (docs/ holds them since the README was split; an older
+    checkout's README held them all)."""
+    docs = [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
+    blocks = [b for doc in docs for b in re.findall(r"```(\w*)\n(.*?)```", doc.read_text(), flags=re.S)]
+    return list(dict.fromkeys(line for lang, body in blocks if lang == "bash"
+                              for line in body.splitlines() if line.startswith("splitplan ")))
 
 
 def fingerprint(repo: Path, line: str, scratch: Path) -> dict:
@@ -70,7 +74,7 @@ def main() -> None:
     args = parser.parse_args()
     repo = args.repo.resolve()
     scratch = Path(tempfile.gettempdir()) / "splitplan-readme-outputs"
-    prints = {line: fingerprint(repo, line, scratch) for line in readme_commands(repo / "README.md")}
+    prints = {line: fingerprint(repo, line, scratch) for line in readme_commands(repo)}
     args.save.write_text(json.dumps(prints, indent=1, sort_keys=True))
     print(f"{len(prints)} README commands fingerprinted into {args.save}")
     if args.compare:

@@ -1,4 +1,4 @@
-"""Every bound on what a user may hand splitplan, in one place (README: "Failing precisely").
+"""Every bound on what a user may hand splitplan, in one place (docs/robustness.md).
 
 A value outside its bound is bad input (exit 2) with a message naming the option, file or line,
 never a wrap-around, a traceback or a read until memory runs out. The bounds are far beyond any

@@ -1,4 +1,5 @@
-"""The README's commands and code actually run, and every command is documented."""
+"""The commands and code of the README and docs/ actually run, every command is documented, the
+README stays short and every link between the documents leads somewhere."""
 
 import re
 import shlex
@@ -10,9 +11,13 @@ from typer.testing import CliRunner
 from splitplan.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
-BLOCKS = re.findall(r"```(\w+)\n(.*?)```", README, re.S)
-COMMANDS = [line for lang, body in BLOCKS if lang == "bash" for line in body.splitlines() if line.startswith("splitplan ")]
+DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+README = DOCS[0].read_text()
+CLI_DOC = (ROOT / "docs" / "cli.md").read_text()
+BLOCKS = [block for doc in DOCS for block in re.findall(r"```(\w+)\n(.*?)```", doc.read_text(), re.S)]
+# Each command once (the README's examples are also in docs/cli.md).
+COMMANDS = list(dict.fromkeys(line for lang, body in BLOCKS if lang == "bash"
+                              for line in body.splitlines() if line.startswith("splitplan ")))
 
 
 # Whole studies, Ray start-ups and the calibration run in the slow suite (pytest -m slow).
@@ -75,6 +80,7 @@ def test_every_command_is_documented():
         names += [f"{name} {s}" for s in sub] if sub else [name]
     for name in names:
         assert f"splitplan {name}" in README, f"README lacks `splitplan {name}`"
+        assert f"## `splitplan {name}" in CLI_DOC, f"docs/cli.md has no section on `splitplan {name}`"
 
 
 def test_quickstart_has_the_two_setup_commands():
@@ -86,3 +92,30 @@ def test_the_readme_hardware_table_is_what_the_command_prints():
     shown = next(body for lang, body in BLOCKS if lang == "text" and body.startswith("Hardware catalog"))
     printed = CliRunner().invoke(app, ["hardware", "list"]).stdout
     assert [line.rstrip() for line in shown.splitlines()] == [line.rstrip() for line in printed.splitlines()]
+
+
+def test_the_readme_is_short():
+    """Issue 32, item 7: the README is what splitplan is, the quickstart, one example per command,
+    the headline tables and links; the rest lives in docs/."""
+    assert len(README.splitlines()) <= 300
+    prose = re.sub(r"```.*?```", "", README, flags=re.S).splitlines()
+    assert max(len(line) for line in prose if not line.startswith("|")) <= 120
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_between_the_documents_leads_somewhere():
+    for doc in DOCS:
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (doc.parent / path).resolve() if path else doc
+            assert linked.exists(), f"{doc.name}: link to {target}: no such file"
+            if anchor:
+                headings = re.findall(r"^#+ (.*)$", re.sub(r"```.*?```", "", linked.read_text(), flags=re.S), re.M)
+                assert anchor in {_slug(h) for h in headings}, f"{doc.name}: link to {target}: no such heading"
