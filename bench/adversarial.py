@@ -60,7 +60,8 @@ def _files(d: Path) -> dict[str, str]:
     os.mkfifo(fifo)
     f["fifo"] = str(fifo)
     spec = (ROOT / "hardware_specs" / "h100-80gb.yaml").read_text()
-    put("my-h100.yaml", spec.replace("description:", "name: h100-80gb\ndescription:", 1).replace("price_usd_per_hour: 38.0", "price_usd_per_hour: 30.0"))
+    put("my-h100.yaml", spec.replace("description:", "name: h100-80gb\ndescription:", 1).replace("price_usd_per_hour: 38.0",
+                                                                                                 "price_usd_per_hour: 30.0"))
     put("seven.yaml", spec.replace("gpus_per_machine: 8", "gpus_per_machine: 7"))
     put("dup.yaml", spec + "price_usd_per_hour: 1.0\n")
     put("deep.yaml", "description: x\nttft: " + "[" * 100_000 + "]" * 100_000 + "\n")

@@ -33,7 +33,8 @@ def main() -> None:
     print("| engine | runs | wall s | CPU s | peak RSS MB |\n|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
         for backend in args.backend:
-            cmd = ["splitplan", "calibrate", "--deployments", args.data, "--backend", backend, "--jobs", str(args.jobs), "--output", str(Path(folder) / f"{backend}.yaml")]
+            cmd = ["splitplan", "calibrate", "--deployments", args.data, "--backend", backend, "--jobs", str(args.jobs),
+                   "--output", str(Path(folder) / f"{backend}.yaml")]
             wall, cpu, rss = run(cmd)
             print(f"| {backend} | {int((runs.engine == backend).sum())} | {wall:.0f} | {cpu:.0f} | {rss:.0f} |")
             sys.stdout.flush()

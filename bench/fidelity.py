@@ -23,17 +23,17 @@ median bias beyond +-10 %), then per engine, machine and band. About 2 minutes o
 from __future__ import annotations
 
 import argparse
-from functools import partial
 import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 
-from splitplan.sim import deployments as dep
 from splitplan.parallel import run_units
+from splitplan.sim import deployments as dep
 from splitplan.specs.engine import load_engine
 
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "perf" / "aiconfigurator_silicon_sample.csv"
@@ -46,7 +46,7 @@ def errors(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     rows = []
     for engine, mine in frame.groupby("engine"):
         for key, g in list(mine.groupby(keys)) + [(("all",) * len(keys), mine)]:
-            row = dict(engine=engine, **dict(zip(keys, key)), runs=len(g))
+            row = dict(engine=engine, **dict(zip(keys, key, strict=True)), runs=len(g))
             for tag in ("cv", "default"):
                 for metric in ("ttft", "tpot"):
                     e = (g[f"{tag}_{metric}_ms"] / g[f"{metric}_ms"] - 1) * 100
@@ -81,7 +81,8 @@ def main() -> None:
     for backend in sorted(runs.engine.unique()):
         start = time.perf_counter()
         profile, residuals = out_dir / f"{backend}-fp8.yaml", scratch / f"{backend}-runs.csv"
-        subprocess.run([sys.executable, "-c", "from splitplan.cli import main; main()", "calibrate", "--deployments", str(args.data), "--backend", backend,
+        subprocess.run([sys.executable, "-c", "from splitplan.cli import main; main()", "calibrate", "--deployments",
+                        str(args.data), "--backend", backend,
                         "--output", str(profile), "--residuals", str(residuals), "--jobs", str(args.jobs), "--format", "json"],
                        check=True, stdout=subprocess.DEVNULL)
         mine = pd.read_csv(residuals)

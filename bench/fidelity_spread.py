@@ -21,12 +21,11 @@ import argparse
 from functools import partial
 
 import numpy as np
-
-from splitplan.sim import deployments as dep
-from splitplan.parallel import run_units
-from splitplan.specs.engine import load_engine
-
 from fidelity import DEFAULT
+
+from splitplan.parallel import run_units
+from splitplan.sim import deployments as dep
+from splitplan.specs.engine import load_engine
 
 
 def main() -> None:

@@ -116,13 +116,13 @@ def fit(profile, stages: pd.DataFrame, data: Path, jobs: int, evaluations: int):
     target = np.log(measured(stages)[:, :len(METRICS)])
 
     def residuals(x):
-        p = predict(with_values(profile, dict(zip(names, map(float, x)))), stages, data, jobs)
+        p = predict(with_values(profile, dict(zip(names, map(float, x), strict=True))), stages, data, jobs)
         return (np.log(p[:, :len(METRICS)]) - target).ravel()
 
     start = np.clip([value(profile, n) for n in names], lower, upper)
     result = least_squares(residuals, start, bounds=(lower, upper), x_scale=scale, loss="soft_l1", f_scale=0.1,
                            diff_step=1e-2, max_nfev=evaluations)
-    return with_values(profile, dict(zip(names, map(float, result.x))))
+    return with_values(profile, dict(zip(names, map(float, result.x), strict=True)))
 
 
 def table(stages: pd.DataFrame, columns: dict[str, np.ndarray]) -> pd.DataFrame:

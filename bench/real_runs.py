@@ -92,7 +92,7 @@ def _prompt_tree(prompt_id: np.ndarray, prompt: np.ndarray, groups: int, system_
     blocks), below it a node per distinct prompt (the rest of its full blocks, as the stage's
     first request of that prompt has it)."""
     distinct = int(prompt_id.max()) + 1
-    first = {int(p): int(t) for p, t in zip(prompt_id[::-1], prompt[::-1])}  # (the first occurrence wins)
+    first = {int(p): int(t) for p, t in zip(prompt_id[::-1], prompt[::-1], strict=True)}  # (the first occurrence wins)
     rest = [max((first.get(d, system_tokens) - 1) // BLOCK_TOKENS * BLOCK_TOKENS - system_tokens, 1) for d in range(distinct)]
     parent = np.concatenate([np.full(groups, -1), np.arange(distinct) % groups])
     tokens = np.concatenate([np.full(groups, system_tokens), rest])
@@ -121,7 +121,8 @@ def replay(profile, data: Path, row: pd.Series, prefix_cache: str = "prompts", p
     predicted["tpot_mean"] = (predicted["e2e_mean"] - predicted["ttft_mean"]) / max(o - 1, 1)
     rate = row.achieved_rate_rps if pd.notna(row.achieved_rate_rps) else row.stage_rate_rps  # (not recorded in some runs)
     in_flight = float(rate) * float(row.e2e_mean_ms) / 1e3
-    return {"profile": profile if isinstance(profile, str) else profile.name, "run": row.run_id, "model": row.model_arg, "tp": int(row.tp), "workload": row.workload,
+    return {"profile": profile if isinstance(profile, str) else profile.name, "run": row.run_id, "model": row.model_arg,
+            "tp": int(row.tp), "workload": row.workload,
             "stage": int(row.stage_index), "rate_rps": float(row.stage_rate_rps), "in_flight": in_flight,
             "band": next(label for lo, hi, label in BANDS if lo <= in_flight < hi),
             "collapsed": bool(np.percentile(ttft[done], 50) > COLLAPSE_S * 1e3) and not bool(row.overloaded),
@@ -139,7 +140,7 @@ def errors(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     rows = []
     for key, g in list(frame.groupby(keys, sort=False)) + [(("all",) * len(keys), frame)]:
         key = key if isinstance(key, tuple) else (key,)
-        row = dict(zip(keys, key), stages=len(g))
+        row = dict(zip(keys, key, strict=True), stages=len(g))
         for m in METRICS:
             e = (g[f"predicted_{m}"] / g[f"measured_{m}"] - 1) * 100
             row[m] = f"{e.abs().mean():.0f} / {e.median():+.0f}"
@@ -166,7 +167,8 @@ def main() -> None:
     runs = pd.read_csv(args.data / "runs.csv")
     runs = runs[runs.include == 1]
     items = [(p, row) for p in args.profiles.split(",") for _, row in runs.iterrows()]
-    rows = run_units(_unit, items, (args.data, args.prefix_cache, args.prompts_per_system_prompt), args.jobs, describe=lambda item: f"{item[0]} {item[1].run_id}")
+    rows = run_units(_unit, items, (args.data, args.prefix_cache, args.prompts_per_system_prompt), args.jobs,
+                     describe=lambda item: f"{item[0]} {item[1].run_id}")
     frame = pd.DataFrame(rows)
     print(f"{len(runs)} stages of {runs.run_id.str.rsplit('-s', n=1).str[0].nunique()} runs; cells: MAPE % / median signed error %\n")
     for profile, mine in frame.groupby("profile", sort=False):
@@ -174,7 +176,8 @@ def main() -> None:
         print(markdown(errors(mine, ["model", "band"])))
         print()
         if args.stages:
-            cols = ["run", "stage", "rate_rps", "in_flight"] + [f"{w}_{m}" for m in ("ttft_mean", "tpot_mean") for w in ("measured", "predicted")]
+            measures = [f"{w}_{m}" for m in ("ttft_mean", "tpot_mean") for w in ("measured", "predicted")]
+            cols = ["run", "stage", "rate_rps", "in_flight", *measures]
             print(markdown(mine[cols]))
             print()
 

@@ -21,8 +21,8 @@ from splitplan.specs.model import load_model
 class CalibrateResult:
     profile: EngineProfile
     report: dict  # {"groups": [...], "overall": {...}}
-    points: "object"  # DataFrame: every point used, with before_ms, fit_ms, cv_ms
-    excluded: "object"  # DataFrame: points left out, with the reason
+    points: object  # DataFrame: every point used, with before_ms, fit_ms, cv_ms
+    excluded: object  # DataFrame: points left out, with the reason
 
     def to_json(self) -> dict:
         return self.report
@@ -48,7 +48,7 @@ def calibrate(perf_db: str, engine: str = CALIBRATION_START, folds: int = 5, max
     points = read_measurements(perf_db)
     if points.empty:
         raise SpecError(f"{perf_db}: no measurement rows; add rows under the header")
-    for model, hardware, tp in sorted(set(zip(points.model, points.hardware, points.tp))):
+    for model, hardware, tp in sorted(set(zip(points.model, points.hardware, points.tp, strict=True))):
         fit = Instance(load_model(model), load_hardware(hardware), base, int(tp)).fit  # unknown names fail here, with a suggestion
         if not fit.fits:
             raise SpecError(f"{perf_db}: rows of {model} on {hardware} at TP {tp}: {fit.reason}; fix or remove those rows"
@@ -82,8 +82,8 @@ def calibrate(perf_db: str, engine: str = CALIBRATION_START, folds: int = 5, max
 @dataclass(frozen=True)
 class DeploymentCalibration:
     profile: EngineProfile
-    table: "object"  # DataFrame: per (machine, concurrency band) and overall, MAPE and median error %
-    runs: "object"  # DataFrame: every run used, with fit and held-out predictions (ms)
+    table: object  # DataFrame: per (machine, concurrency band) and overall, MAPE and median error %
+    runs: object  # DataFrame: every run used, with fit and held-out predictions (ms)
     dropped: dict  # rows of the file left out, by reason
 
     def to_json(self) -> dict:

@@ -20,7 +20,6 @@ import yaml
 from splitplan.errors import SpecError, SplitplanError
 from splitplan.limits import EXCERPT_CHARS, MAX_NESTING, MAX_TABLE_BYTES
 
-
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
 
 

@@ -26,8 +26,9 @@ import sys
 import tempfile
 import threading
 import traceback
+from collections.abc import Callable, Sequence
 from concurrent.futures import InvalidStateError, ProcessPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from splitplan.errors import SpecError, SplitplanError
 from splitplan.inputs import reason
@@ -76,10 +77,8 @@ def run_units(fn: Callable[[Any, Any], Any], items: Sequence, shared: Any = None
     if executor not in EXECUTORS:
         raise SpecError(f"--executor {executor}: choose local or ray")
     tick = progress or (lambda: None)
-    if executor == "ray":
-        outcomes = _ray_map(fn, items, shared, jobs, ray_address, tick)
-    else:
-        outcomes = _local_map(fn, items, shared, jobs, tick)
+    outcomes = (_ray_map(fn, items, shared, jobs, ray_address, tick) if executor == "ray"
+                else _local_map(fn, items, shared, jobs, tick))
     return [_unwrap(o, k, len(items), items, describe) for k, o in enumerate(outcomes)]
 
 

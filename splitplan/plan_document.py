@@ -58,7 +58,7 @@ class PlanPool(BaseModel):
         return Layout(self.tp, self.dp, self.ep, self.pp)
 
     @model_validator(mode="after")
-    def _agree(self) -> "PlanPool":
+    def _agree(self) -> PlanPool:
         layout = self.parallel
         if layout.problem():
             raise ValueError(f"layout {layout.spec}: {layout.problem()}")
@@ -110,7 +110,7 @@ class PlanBody(BaseModel):
         return [(role, p) for role in ROLES for p in getattr(self, f"{role}_pools")]
 
     @model_validator(mode="after")
-    def _one_plan(self) -> "PlanBody":
+    def _one_plan(self) -> PlanBody:
         split, mixed = bool(self.prompt_pools) or bool(self.token_pools), bool(self.mixed_pools)
         if split and mixed:
             raise ValueError("a plan is split (prompt_pools and token_pools) or co-located (mixed_pools), not both")
@@ -196,7 +196,7 @@ class PlanDocument(BaseModel):
     specs: Specs | None = None
 
     @model_validator(mode="after")
-    def _carries_specs(self) -> "PlanDocument":
+    def _carries_specs(self) -> PlanDocument:
         if self.schema_version >= 3 and self.specs is None:
             raise ValueError("a plan of schema version 3 carries its specs ('specs'); run `splitplan optimize "
                              "--output-dir` again")

@@ -11,8 +11,9 @@ import math
 import os
 import re
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -20,7 +21,6 @@ from rich.text import Text
 
 from splitplan.errors import SpecError
 from splitplan.inputs import printable
-
 from splitplan.plan_document import SCHEMA_VERSION  # noqa: E402,F401 - (one version for every document)
 
 
@@ -100,7 +100,7 @@ def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], caption
     console is narrower than the table (see `console`)."""
     rows = [list(row) for row in rows]
     formats = [_column_format([r[i] for r in rows]) for i in range(len(columns))]
-    cells = [[f(v) for f, v in zip(formats, row)] for row in rows]
+    cells = [[f(v) for f, v in zip(formats, row, strict=True)] for row in rows]
     t = _Table()
     t.heading, t.footnote = title, caption or ""
     for i, col in enumerate(columns):
@@ -336,7 +336,7 @@ def optimize_json(result, inputs: dict) -> dict:
         body["closed_loop"] = result.closed_loop
     if result.simulated is not None:
         body["simulated"] = result.simulated
-        for alternative, outcome in zip(body["alternatives"], result.alternatives_simulated):
+        for alternative, outcome in zip(body["alternatives"], result.alternatives_simulated, strict=True):
             alternative["simulated"] = outcome
     return {"schema_version": SCHEMA_VERSION, "inputs": inputs, "plan": body, "warnings": result.warnings}
 
@@ -350,7 +350,8 @@ def plans_csv(plans) -> str:
                 "ttft_p99_ms", "tbt_p99_ms", "e2e_p99_ms", "all_slo_met", "binding", "max_rate_rps", "gpus",
                 "cost_usd_per_million_tokens", "cost_usd_per_million_output_tokens"])
     for i, p in enumerate(plans):
-        w.writerow([i, pools_text(p.prompt_pools), pools_text(p.token_pools), pools_text(p.mixed_pools), p.machines, f"{p.cost_usd_per_hour:.4f}",
+        w.writerow([i, pools_text(p.prompt_pools), pools_text(p.token_pools), pools_text(p.mixed_pools), p.machines,
+                    f"{p.cost_usd_per_hour:.4f}",
                     f"{p.power_kw:.4f}", f"{p.predicted['ttft']['p99']:.3f}", f"{p.predicted['tbt']['p99']:.3f}",
                     f"{p.predicted['e2e']['p99']:.3f}", all(ok for _, _, ok in p.slo), p.binding,
                     "" if p.max_rate_rps is None else f"{p.max_rate_rps:.4f}", p.gpus,

@@ -48,7 +48,7 @@ class PoolRequest(NamedTuple):
 
 @dataclass(frozen=True)
 class SimulateResult:
-    result: "SimResult"
+    result: SimResult
     summary: dict
     pools: tuple
 
@@ -117,7 +117,8 @@ def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGIN
         held = sum(p.count * p.perf.layout.gpus for p in parts)
         machine = parts[0].perf.hardware
         if any(p.count % p.machines for p in parts) or held > parts[0].machines * machine.gpus_per_machine:
-            raise SpecError(f"shared machines {number}: {' and '.join(f'{p.count} {p.role} instance(s) in {p.perf.layout}' for p in parts)} "
+            held_text = " and ".join(f"{p.count} {p.role} instance(s) in {p.perf.layout}" for p in parts)
+            raise SpecError(f"shared machines {number}: {held_text} "
                             f"do not fill {parts[0].machines} {machine.name} machine(s) alike ({machine.gpus_per_machine} GPUs each)")
     return out
 
@@ -157,7 +158,7 @@ def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str 
     return SimulateResult(result, summarize_result(result, specs, profile, reference), tuple(specs))
 
 
-def plan_from_pools(pools: list[PoolRequest], **fields) -> "Plan":
+def plan_from_pools(pools: list[PoolRequest], **fields) -> Plan:
     """A Plan holding these (role, hardware, layout, machines) pools, priced from the catalog."""
     pools = [PoolRequest(*p) for p in pools]
 
@@ -179,7 +180,7 @@ def plan_pools(plan) -> list[PoolRequest]:
 
 
 def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
-             max_batch_tokens: int | None = None, limit: int = 30, planned: "OptimizeResult | None" = None,
+             max_batch_tokens: int | None = None, limit: int = 30, planned: OptimizeResult | None = None,
              setup: Setup | None = None):
     """Simulate the plan; while a line fails, grow the pool that binds (TTFT: prompt;
     TBT: token; E2E: the side with the larger median share; co-located: the mixed
@@ -259,8 +260,8 @@ def _simulate_unit(shared, pools):
     return setup.simulate(trace, pools).outcome()
 
 
-def validate_result(result: "OptimizeResult", trace, setup: Setup, jobs: int = 1, executor: str = "local",
-                    ray_address: str | None = None, progress=None) -> "OptimizeResult":
+def validate_result(result: OptimizeResult, trace, setup: Setup, jobs: int = 1, executor: str = "local",
+                    ray_address: str | None = None, progress=None) -> OptimizeResult:
     """`optimize --validate`: every runner-up simulated (a work unit each), then the plan
     grown until its simulation meets the SLO (`validate`); the result carries both.
     `progress()` is called per runner-up and once for the plan."""

@@ -32,7 +32,7 @@ SCENARIOS = ("iso-power", "iso-cost", "iso-throughput-cost", "iso-throughput-pow
 @dataclass(frozen=True)
 class DesignResult:
     design: str
-    plan: "Plan | None"
+    plan: Plan | None
     max_rate_rps: float | None
     error: str = ""
     simulated: dict | None = None
@@ -152,7 +152,8 @@ def compare(trace, designs: str, scenario: str, model: str = DEFAULT_MODEL, slo:
     if scenario in ("iso-power", "iso-cost"):
         given = [x for x in (budget_machines, max_power_kw, max_cost_per_hour) if x]
         if len(given) != 1:
-            raise SpecError(f"--scenario {scenario} needs exactly one budget: --budget-machines TYPE=N, --max-power-kw or --max-cost-per-hour")
+            raise SpecError(f"--scenario {scenario} needs exactly one budget: --budget-machines TYPE=N, --max-power-kw or "
+                            "--max-cost-per-hour")
         if budget_machines:
             if len(budget_machines) != 1:
                 raise SpecError("--budget-machines takes one TYPE=N (the budget is the power or cost of N such machines)")
@@ -163,7 +164,8 @@ def compare(trace, designs: str, scenario: str, model: str = DEFAULT_MODEL, slo:
             else:
                 max_cost_per_hour = n * spec_hw.price_usd_per_hour
         if scenario == "iso-power" and max_power_kw is None or scenario == "iso-cost" and max_cost_per_hour is None:
-            raise SpecError(f"--scenario {scenario}: give the budget as {'--max-power-kw' if scenario == 'iso-power' else '--max-cost-per-hour'} or --budget-machines")
+            option = "--max-power-kw" if scenario == "iso-power" else "--max-cost-per-hour"
+            raise SpecError(f"--scenario {scenario}: give the budget as {option} or --budget-machines")
         budget = {"max_power_kw": max_power_kw} if scenario == "iso-power" else {"max_cost_per_hour": max_cost_per_hour}
     kwargs = dict(engine=engine, perf_db=perf_db, max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs, **budget)
     base_rate = rate or trace.mean_rate_rps

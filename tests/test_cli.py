@@ -2,6 +2,7 @@
 
 import json
 import re
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -239,7 +240,8 @@ def test_simulate_mixed_pool_and_round_robin():
     (["simulate", "--prompt-pool", "h100-80gb:8:1"], "give prompt and token pools"),
     (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "h100-80gb:8:0"], "0 machines; a pool has 1 to"),
     (["simulate", "--plan", "/nonexistent/plan.json"], "no such file"),
-    (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "h100-80gb:8:1", "--routing", "random"], "choose jsq, round-robin or prefix-aware"),
+    (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "h100-80gb:8:1", "--routing", "random"],
+     "choose jsq, round-robin or prefix-aware"),
     (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "b200-180gb:8:1", "--perf-db",
       "tests/data/splitwise_perf_model.csv"], "no measurements for llama2-70b on b200-180gb TP 8"),
     (["simulate", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "h100-80gb:8:1", "--perf-db",
@@ -381,7 +383,7 @@ def test_optimize_closed_loop_plans_the_rate_the_loop_runs_at():
     rounds = loop["rounds"]
     # the first round plans the fastest rate the loop could run at; later ones the rate the last plan's loop ran at
     assert rounds[0]["planned_rate_rps"] > rounds[0]["simulated_rate_rps"]
-    assert all(b["planned_rate_rps"] == pytest.approx(a["simulated_rate_rps"], rel=0.05) for a, b in zip(rounds, rounds[1:]))
+    assert all(b["planned_rate_rps"] == pytest.approx(a["simulated_rate_rps"], rel=0.05) for a, b in pairwise(rounds))
     assert all(line["met"] for line in loop["slo"]) and loop["concurrency"] == 32
     chosen = [r for r in rounds if r["slo_met"] and r["cost_usd_per_hour"] == plan["cost_usd_per_hour"]]
     assert chosen and plan["cost_usd_per_hour"] == min(r["cost_usd_per_hour"] for r in rounds if r["slo_met"])
@@ -506,7 +508,8 @@ def test_every_command_reading_a_trace_takes_common_and_named_columns(tmp_path, 
 def test_one_notation_for_a_pool_in_text():
     from splitplan import report
     from splitplan.search.plan import Pool
-    assert report.pools_text((Pool.of("h100-80gb", 8, Layout(8), 3), Pool.of("a100-80gb", 8, Layout(4), 2))) == "3x h100-80gb TP 8 + 2x a100-80gb TP 4"
+    assert report.pools_text((Pool.of("h100-80gb", 8, Layout(8), 3), Pool.of("a100-80gb", 8, Layout(4),
+                                                                             2))) == "3x h100-80gb TP 8 + 2x a100-80gb TP 4"
 
 
 def test_long_work_reports_progress_in_a_log(monkeypatch, capsys):
@@ -595,7 +598,7 @@ def test_a_caption_breaks_between_clauses_never_inside_a_figure(width):
 def _sweep_rows(ttft_ms):
     from splitplan.studies import SweepResult
     rows = [{"design": "plan", "rate_rps": r, "ttft_p99_ms": t, "tbt_p99_ms": 20.0, "slo_met": t < 2000}
-            for r, t in zip((1.0, 2.0, 4.0), ttft_ms)]
+            for r, t in zip((1.0, 2.0, 4.0), ttft_ms, strict=True)]
     return SweepResult(tuple(rows), "plan")
 
 
@@ -618,7 +621,8 @@ def test_pareto_plot_numbers_its_points_and_lists_them_with_a_title():
     from splitplan.cli.optimize import pareto_figure
     from splitplan.search.optimize import OptimizeResult
     from splitplan.search.plan import Plan, Pool
-    plans = [Plan((Pool.of("h100-80gb", 8, Layout(8), k),), (Pool.of("a100-80gb", 8, Layout(8), 1),), (), 30.0 + k, 20.0 - k, max_rate_rps=5.0) for k in (1, 2, 3)]
+    plans = [Plan((Pool.of("h100-80gb", 8, Layout(8), k),), (Pool.of("a100-80gb", 8, Layout(8), 1),), (), 30.0 + k, 20.0 - k,
+                  max_rate_rps=5.0) for k in (1, 2, 3)]
     fig = pareto_figure(OptimizeResult(plans[0], tuple(plans[1:]), (), pareto=tuple(plans)), "llama2-70b at 6 req/s")
     ax = fig.axes[0]
     assert sorted(t.get_text() for t in ax.texts) == ["1", "2", "3"]  # short labels beside the points

@@ -4,13 +4,13 @@ failure: silent wrong answers, tracebacks, unbounded reads, output sets that are
 processes under a memory cap."""
 
 import gzip
+import inspect
 import json
 import os
 import threading
+import typing
 from pathlib import Path
 
-import inspect
-import typing
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,7 +25,6 @@ from splitplan.perf.measurements import read_measurements
 from splitplan.specs.slo import load_slo
 from splitplan.workload import trace as trace_module
 from splitplan.workload.trace import load_trace
-
 from tests.conftest import PERF_DB
 
 HEAD = "arrival_timestamp,prompt_size,token_size\n"

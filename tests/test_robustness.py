@@ -1,8 +1,8 @@
 """The extreme but valid, and properties that must hold for any input (issue 7)."""
 
-from pathlib import Path
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,7 +91,8 @@ def test_slo_only_one_machine_type_meets(tmp_path):
 
 
 def test_model_that_fits_nowhere_exits_3():
-    result = CliRunner().invoke(app, ["optimize", "--model", "llama3.1-405b", "--hardware", "a100-40gb,l40s-48gb", "--tp", "8", "--slo", "chat"])
+    result = CliRunner().invoke(app, ["optimize", "--model", "llama3.1-405b", "--hardware", "a100-40gb,l40s-48gb", "--tp", "8",
+                                      "--slo", "chat"])
     assert result.exit_code == 3 and "fits no prompt hardware" in result.stderr
 
 

@@ -40,9 +40,9 @@ import numpy as np
 
 from splitplan.perf.roofline import Instance
 from splitplan.roles import Role
+from splitplan.sim import routing
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.sim.metrics import pool_report
-from splitplan.sim import routing
 from splitplan.sim.prefix_cache import PrefixModel
 from splitplan.slo import Gaps
 
@@ -159,10 +159,8 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
                 whole += size
             if not seqs:  # (every head went to load its prefix)
                 return idle(j, now)
-            if seqs == 1 and total == whole:  # one whole prompt: its time is known
-                duration = times[kind[j]].single[members[0]]
-            else:
-                duration = times[kind[j]].pass_s(seqs, total, sq)
+            one_whole_prompt = seqs == 1 and total == whole  # (its time is known)
+            duration = times[kind[j]].single[members[0]] if one_whole_prompt else times[kind[j]].pass_s(seqs, total, sq)
             total = whole  # pending on the instance until prefilled
         else:  # whole prompts (less what a cache holds), as the simulator batches them
             members, total, sq, whole = [], 0, 0, 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -26,17 +25,22 @@ from splitplan.errors import SpecError
 @app.command()
 @user_errors
 def calibrate(
-    perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies: splitwise perf_model.csv or the generic CSV."),
-    deployments: Optional[Path] = typer.Option(None, "--deployments", help="Measured whole deployments (aiconfigurator silicon CSV: TTFT and TPOT of closed-loop runs), replayed by the simulator."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="With --deployments: the serving engine whose runs to fit (vllm, sglang, trtllm)."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Write the fitted engine profile (YAML) here."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Starting profile (and the 'before' reference); default lean, lean-fp8 with --deployments."),
-    folds: int = typer.Option(5, "--folds", help="k of the k-fold cross-validation (0: none); with --deployments any k > 0 means held-out folds by machine (or band)."),
-    max_prefill_batch_tokens: Optional[int] = typer.Option(None, "--max-prefill-batch-tokens", help="Leave out batched prefills above this many tokens."),
+    perf_db: Path | None = typer.Option(None, "--perf-db", help="Measured latencies: splitwise perf_model.csv or the generic CSV."),
+    deployments: Path | None = typer.Option(None, "--deployments",
+        help="Measured whole deployments (aiconfigurator silicon CSV: TTFT and TPOT of closed-loop runs), replayed by the simulator."),
+    backend: str | None = typer.Option(None, "--backend",
+        help="With --deployments: the serving engine whose runs to fit (vllm, sglang, trtllm)."),
+    output: Path | None = typer.Option(None, "--output", help="Write the fitted engine profile (YAML) here."),
+    engine: str | None = typer.Option(None, "--engine",
+        help="Starting profile (and the 'before' reference); default lean, lean-fp8 with --deployments."),
+    folds: int = typer.Option(5, "--folds",
+        help="k of the k-fold cross-validation (0: none); with --deployments any k > 0 means held-out folds by machine (or band)."),
+    max_prefill_batch_tokens: int | None = typer.Option(None, "--max-prefill-batch-tokens",
+        help="Leave out batched prefills above this many tokens."),
     keep_anomalies: bool = typer.Option(False, "--keep-anomalies", help="Fit points that are faster than a smaller batch too."),
-    description: Optional[str] = typer.Option(None, "--description", help="Description written into the profile."),
-    residuals: Optional[Path] = typer.Option(None, "--residuals", help="Write every point with its predictions (CSV)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Predicted vs measured (PNG; needs the plot extra)."),
+    description: str | None = typer.Option(None, "--description", help="Description written into the profile."),
+    residuals: Path | None = typer.Option(None, "--residuals", help="Write every point with its predictions (CSV)."),
+    plot: Path | None = typer.Option(None, "--plot", help="Predicted vs measured (PNG; needs the plot extra)."),
     jobs: int = typer.Option(0, "--jobs", help="Processes for the cross-validation fits (0: one per core)."),
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
 ) -> None:
@@ -124,7 +128,8 @@ def _calibrate_deployments(path: Path, backend: str | None, engine: str, folds: 
         columns += ["TTFT MAPE held out", "TTFT median err held out", "TPOT MAPE held out", "TPOT median err held out"]
     rows = []
     for r in t.to_dict("records"):
-        row = [r["machine"], r["band"], r["runs"], r["ttft_mape_fit_pct"], r["ttft_bias_fit_pct"], r["tpot_mape_fit_pct"], r["tpot_bias_fit_pct"]]
+        row = [r["machine"], r["band"], r["runs"], r["ttft_mape_fit_pct"], r["ttft_bias_fit_pct"], r["tpot_mape_fit_pct"],
+               r["tpot_bias_fit_pct"]]
         if held:
             row += [r["ttft_mape_cv_pct"], r["ttft_bias_cv_pct"], r["tpot_mape_cv_pct"], r["tpot_bias_cv_pct"]]
         rows.append(row)
@@ -143,7 +148,7 @@ def _calibration_plot(points) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
-    for ax, phase in zip(axes, ("prefill", "decode")):
+    for ax, phase in zip(axes, ("prefill", "decode"), strict=True):
         rows = points[points.phase == phase]
         for hw, part in rows.groupby("hardware"):
             ax.scatter(part.latency_ms, part.fit_ms, s=12, label=f"{hw} (fitted)")

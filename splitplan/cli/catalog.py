@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -36,8 +35,8 @@ from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL
 from splitplan.errors import SpecError
 from splitplan.inputs import excerpt
 from splitplan.limits import MAX_BATCH, MAX_REQUEST_TOKENS
-from splitplan.specs.layout import parse_layout
 from splitplan.specs.hardware import hardware_catalog
+from splitplan.specs.layout import parse_layout
 from splitplan.specs.model import model_catalog
 from splitplan.workload.trace import EMBEDDED_HELP, load_workload, summarize
 
@@ -58,7 +57,9 @@ def hardware_list(format: Format = typer.Option(Format.table, "--format", help="
         for m in machines
     ]
     cols = ["name", "GPUs", "bf16\nTFLOP/s", "fp8\nTFLOP/s", "GB", "TB/s", "link\nGB/s", "net\nGbit/s", "$/h", "kW", "price\ndate"]
-    report.console().print(report.table("Hardware catalog (per-GPU figures; price and power per whole machine; (or 1, 2): also rented as NAME@1, NAME@2; sources: --format json)", cols, rows))
+    title = ("Hardware catalog (per-GPU figures; price and power per whole machine; (or 1, 2): also rented as NAME@1, NAME@2; "
+             "sources: --format json)")
+    report.console().print(report.table(title, cols, rows))
 
 
 @models_app.command("list")
@@ -90,15 +91,15 @@ def models_list(format: Format = typer.Option(Format.table, "--format", help="ta
 def trace_summarize(
     path: Path = typer.Argument(..., help="Azure 2023 CSV, splitwise-sim CSV, Mooncake JSONL, or a generic CSV (.gz ok); "
                                 f"or {EMBEDDED_HELP}."),
-    rate: Optional[float] = typer.Option(None, "--rate", help="Resample: Poisson arrivals at this many requests/s."),
+    rate: float | None = typer.Option(None, "--rate", help="Resample: Poisson arrivals at this many requests/s."),
     duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
     seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
-    time_column: Optional[str] = TIME_COLUMN,
-    prompt_column: Optional[str] = PROMPT_COLUMN,
-    output_column: Optional[str] = OUTPUT_COLUMN,
-    time_unit: Optional[str] = TIME_UNIT,
-    shared_prefix_tokens: Optional[int] = SHARED_PREFIX_TOKENS,
-    prefix_groups: Optional[int] = PREFIX_GROUPS,
+    time_column: str | None = TIME_COLUMN,
+    prompt_column: str | None = PROMPT_COLUMN,
+    output_column: str | None = OUTPUT_COLUMN,
+    time_unit: str | None = TIME_UNIT,
+    shared_prefix_tokens: int | None = SHARED_PREFIX_TOKENS,
+    prefix_groups: int | None = PREFIX_GROUPS,
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
 ) -> None:
     """Rows, span, rates, burstiness and token percentiles of a trace, and the prefix reuse a cache
@@ -114,7 +115,8 @@ def trace_summarize(
     ]
     for key in ("prompt_tokens", "output_tokens"):
         p = s[key]
-        rows.append((f"{key.replace('_', ' ')} p50 / p90 / p99 / max", f"{p['p50']:,.0f} / {p['p90']:,.0f} / {p['p99']:,.0f} / {p['max']:,}"))
+        rows.append((f"{key.replace('_', ' ')} p50 / p90 / p99 / max",
+                     f"{p['p50']:,.0f} / {p['p90']:,.0f} / {p['p99']:,.0f} / {p['max']:,}"))
     if (reuse := s["prefix_reuse"]) is not None:
         rows += [("prefix hit rate, cache never evicting", f"{reuse['infinite_cache_hit_rate']:.1%} of prompt tokens"),
                  ("requests with a hit", f"{reuse['requests_with_a_hit']:.1%}"),
@@ -143,15 +145,16 @@ def parse_points(text: str, option: str) -> list[tuple[int, int]]:
 def perf(
     model: str = typer.Option(DEFAULT_MODEL, "--model", help="Catalog name or path to a Hugging Face config.json / YAML."),
     hardware: str = typer.Option("h100-80gb", "--hardware", help="Catalog name or path to a hardware YAML."),
-    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel degree (default: the smallest that fits)."),
-    layout: Optional[str] = typer.Option(None, "--layout", help="A whole parallel layout instead of --tp: tp8, dp16ep16, "
+    tp: int | None = typer.Option(None, "--tp", help="Tensor-parallel degree (default: the smallest that fits)."),
+    layout: str | None = typer.Option(None, "--layout", help="A whole parallel layout instead of --tp: tp8, dp16ep16, "
                                          "tp8dp2ep16, tp8pp2 (TP, data-parallel attention, EP, PP; may span machines)."),
     prefill: str = typer.Option("512,2048", "--prefill", help="Prefill batches: T (one prompt) or BxT (B prompts of T tokens)."),
     decode: str = typer.Option("1x512,64x2048", "--decode", help="Decode steps: BxC (B requests, C context tokens each)."),
     engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help="Engine profile name or path (vllm, lean, splitwise-vllm, ...)."),
-    weights: Optional[Weights] = WEIGHTS,
-    kv_cache: Optional[KvCache] = KV_CACHE,
-    perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies (splitwise perf_model.csv or generic CSV) instead of the analytic model."),
+    weights: Weights | None = WEIGHTS,
+    kv_cache: KvCache | None = KV_CACHE,
+    perf_db: Path | None = typer.Option(None, "--perf-db",
+        help="Measured latencies (splitwise perf_model.csv or generic CSV) instead of the analytic model."),
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
 ) -> None:
     """Predicted prefill and decode-step latency of one model instance, and what bounds it."""

@@ -8,9 +8,10 @@ import inspect
 import math
 import re
 import sys
-from enum import Enum
+from collections.abc import Callable
+from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 import typer
@@ -59,29 +60,29 @@ app.add_typer(models_app, name="models")
 app.add_typer(trace_app, name="trace")
 
 
-class Format(str, Enum):
+class Format(StrEnum):
     table = "table"
     json = "json"
 
 
-class PlanFormat(str, Enum):
+class PlanFormat(StrEnum):
     table = "table"
     json = "json"
     csv = "csv"
 
 
-class Objective(str, Enum):
+class Objective(StrEnum):
     cost = "cost"
     power = "power"
     throughput = "throughput"
 
 
-class Search(str, Enum):
+class Search(StrEnum):
     ilp = "ilp"
     grid = "grid"
 
 
-class Executor(str, Enum):
+class Executor(StrEnum):
     local = "local"
     ray = "ray"
 
@@ -113,7 +114,8 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for
           catalog: list[str] = typer.Option([], "--catalog", help="A folder of your own catalog entries "
                                             "(hardware_specs/, model_specs/, engine_profiles/, slo_profiles/, designs/), "
                                             "searched before SPLITPLAN_PATH's and the shipped ones (repeatable)."),
-          wide: bool = typer.Option(False, "--wide", help="Tables at full width (default: at most 120 columns, text cells wrapped).")) -> None:
+          wide: bool = typer.Option(False, "--wide",
+              help="Tables at full width (default: at most 120 columns, text cells wrapped).")) -> None:
     _DEBUG["on"] = debug
     report.set_wide(wide)
     from splitplan.specs.catalog import set_user_catalogs, unpin_all
@@ -326,7 +328,7 @@ def _periodic(title: str, total: int | None):
     return step
 
 
-def _names(text: Optional[str], option: str) -> list[str] | None:
+def _names(text: str | None, option: str) -> list[str] | None:
     """A comma-separated list of names, in order, each once; None when the option is not given.
     Given but empty (`--hardware ''`) is an error, not "everything"."""
     if text is None:
@@ -422,7 +424,7 @@ def read_plan(path: Path, option: str = "--plan") -> tuple[list[tuple[str, str, 
     return plan.pools, plan.inputs
 
 
-def plan_input(plan: Optional[Path], prompt_pool: list[str], token_pool: list[str],
+def plan_input(plan: Path | None, prompt_pool: list[str], token_pool: list[str],
                mixed_pool: list[str]) -> tuple[list[tuple[str, str, int, int]], dict]:
     """The pools of `--plan plan.json` (with its input echo) or of the inline pool options."""
     pools = [parse_pool(x, "prompt") for x in prompt_pool] + [parse_pool(x, "token") for x in token_pool] \
@@ -463,16 +465,19 @@ def scheduler_settings(engine: str, max_num_batched_tokens: int | None, max_num_
     return budget, cap
 
 
-def with_precision(engine: str, weights: "Weights | None", kv_cache: "KvCache | None") -> str:
+def with_precision(engine: str, weights: Weights | None, kv_cache: KvCache | None) -> str:
     """The engine profile with --weights and --kv-cache applied (`lean@weights=fp4`)."""
     return engine_spec(engine, weights.value if weights else None, kv_cache.value if kv_cache else None)
 
 
 # The trace-column options of every command that reads a trace (one declaration, shared).
-TIME_COLUMN = typer.Option(None, "--time-column", help="Trace CSV: the arrival time column (default: detected from common names such as arrival_time).")
+TIME_COLUMN = typer.Option(None, "--time-column",
+                           help="Trace CSV: the arrival time column (default: detected from common names such as arrival_time).")
 PROMPT_COLUMN = typer.Option(None, "--prompt-column", help="Trace CSV: the prompt tokens column (default: detected, e.g. input_length).")
 OUTPUT_COLUMN = typer.Option(None, "--output-column", help="Trace CSV: the output tokens column (default: detected, e.g. output_length).")
-TIME_UNIT = typer.Option(None, "--time-unit", help="Trace CSV: unit of the time column (s, ms, us, ns; default: the column name's suffix, _ms, _us or _ns, else s).")
+TIME_UNIT = typer.Option(None, "--time-unit",
+                         help="Trace CSV: unit of the time column (s, ms, us, ns; default: the column name's suffix, _ms, _us or _ns, "
+                              "else s).")
 
 
 SHARED_PREFIX_TOKENS = typer.Option(None, "--shared-prefix-tokens", help="Give every prompt one of --prefix-groups shared "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -19,17 +18,17 @@ def export_command(
     plan: Path = typer.Argument(..., help="A plan.json written by `splitplan optimize --output-dir DIR`."),
     to: str = typer.Option(..., "--to", help="dynamo (a DynamoGraphDeployment), llm-d (Kubernetes manifests and "
                            "router values), vllm or sglang (launch.sh and docker-compose.yaml)."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Folder for the files and EXPORT.md (the mapping); "
+    output: Path | None = typer.Option(None, "--output", help="Folder for the files and EXPORT.md (the mapping); "
                                           "without it the main file goes to stdout and the notes to stderr."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="Dynamo's backend, vllm or sglang (default: the "
+    backend: str | None = typer.Option(None, "--backend", help="Dynamo's backend, vllm or sglang (default: the "
                                           "plan's engine, when it is one of them)."),
-    model_id: Optional[str] = typer.Option(None, "--model-id", help="The Hugging Face repository to serve (default: "
+    model_id: str | None = typer.Option(None, "--model-id", help="The Hugging Face repository to serve (default: "
                                            "the model spec's hf_repo), e.g. an fp8 or fp4 checkpoint."),
-    image: Optional[str] = typer.Option(None, "--image", help="Container image instead of the target's default."),
-    node_selector: Optional[list[str]] = typer.Option(None, "--node-selector", help="KEY=VALUE (repeat for more): the "
+    image: str | None = typer.Option(None, "--image", help="Container image instead of the target's default."),
+    node_selector: list[str] | None = typer.Option(None, "--node-selector", help="KEY=VALUE (repeat for more): the "
                                                       "node labels every serving pod is placed by, in place of the "
                                                       "hardware files' kubernetes_node_labels (dynamo, llm-d)."),
-    model_cache_pvc: Optional[str] = typer.Option(None, "--model-cache-pvc", help="A PersistentVolumeClaim (ReadWriteMany) "
+    model_cache_pvc: str | None = typer.Option(None, "--model-cache-pvc", help="A PersistentVolumeClaim (ReadWriteMany) "
                                                   "every serving pod reads and caches the weights in, so that pods do "
                                                   "not each download them (dynamo, llm-d)."),
 ) -> None:

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import os
-import textwrap
 import sys
+import textwrap
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import typer
 
 from splitplan import plan_document, report
-from splitplan.report import NOT_SIZED
 from splitplan.cli.common import (
     EXECUTOR_HELP,
     KV_CACHE,
@@ -55,6 +53,7 @@ from splitplan.defaults import (
     DEFAULT_SLO,
 )
 from splitplan.errors import SpecError
+from splitplan.report import NOT_SIZED
 from splitplan.specs.engine import load_engine
 from splitplan.workload.trace import (
     EMBEDDED_HELP,
@@ -68,53 +67,67 @@ from splitplan.workload.trace import (
 @app.command()
 @user_errors
 def optimize(
-    trace: Optional[Path] = typer.Option(None, "--trace", help=f"Request trace file, or {EMBEDDED_HELP}."),
-    time_column: Optional[str] = TIME_COLUMN,
-    prompt_column: Optional[str] = PROMPT_COLUMN,
-    output_column: Optional[str] = OUTPUT_COLUMN,
-    time_unit: Optional[str] = TIME_UNIT,
-    rate: Optional[float] = typer.Option(None, "--rate", help="Poisson resample of the trace's sizes at this rate (req/s)."),
+    trace: Path | None = typer.Option(None, "--trace", help=f"Request trace file, or {EMBEDDED_HELP}."),
+    time_column: str | None = TIME_COLUMN,
+    prompt_column: str | None = PROMPT_COLUMN,
+    output_column: str | None = OUTPUT_COLUMN,
+    time_unit: str | None = TIME_UNIT,
+    rate: float | None = typer.Option(None, "--rate", help="Poisson resample of the trace's sizes at this rate (req/s)."),
     duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
     seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", help="Catalog name or path to a config.json / YAML."),
-    slo: str = typer.Option(DEFAULT_SLO, "--slo", help="SLO profile name or path (chat, code-completion, batch: absolute ms; splitwise: slowdown against A100 TP 8)."),
-    hardware: Optional[str] = typer.Option(None, "--hardware", help="Machine types to consider, comma-separated (default: all)."),
-    prompt_hardware: Optional[str] = typer.Option(None, "--prompt-hardware", help="Restrict prompt machines to these types."),
-    token_hardware: Optional[str] = typer.Option(None, "--token-hardware", help="Restrict token machines to these types."),
-    tp: Optional[int] = typer.Option(None, "--tp", help="Only this TP degree (default: every degree that fits)."),
+    slo: str = typer.Option(DEFAULT_SLO, "--slo",
+        help="SLO profile name or path (chat, code-completion, batch: absolute ms; splitwise: slowdown against A100 TP 8)."),
+    hardware: str | None = typer.Option(None, "--hardware", help="Machine types to consider, comma-separated (default: all)."),
+    prompt_hardware: str | None = typer.Option(None, "--prompt-hardware", help="Restrict prompt machines to these types."),
+    token_hardware: str | None = typer.Option(None, "--token-hardware", help="Restrict token machines to these types."),
+    tp: int | None = typer.Option(None, "--tp", help="Only this TP degree (default: every degree that fits)."),
     objective: Objective = typer.Option(Objective.cost, "--objective", help="Minimize cost (USD/h) or power (provisioned kW)."),
     engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
-    weights: Optional[Weights] = WEIGHTS,
-    kv_cache: Optional[KvCache] = KV_CACHE,
+    weights: Weights | None = WEIGHTS,
+    kv_cache: KvCache | None = KV_CACHE,
     search: Search = typer.Option(Search.ilp, "--search", help="ilp (integer program) or grid (exhaustive)."),
     solver: str = typer.Option("highs", "--solver", help="The integer program's solver: highs (HiGHS, default) or cbc."),
-    max_cost_per_hour: Optional[float] = typer.Option(None, "--max-cost-per-hour", help="Budget in USD per hour."),
-    max_power_kw: Optional[float] = typer.Option(None, "--max-power-kw", help="Budget in provisioned kW."),
+    max_cost_per_hour: float | None = typer.Option(None, "--max-cost-per-hour", help="Budget in USD per hour."),
+    max_power_kw: float | None = typer.Option(None, "--max-power-kw", help="Budget in provisioned kW."),
     max_machines: list[str] = typer.Option([], "--max-machines", help="Availability, TYPE=N (repeatable)."),
-    max_batch_tokens: Optional[int] = MAX_NUM_BATCHED_TOKENS,
-    max_num_seqs: Optional[int] = MAX_NUM_SEQS,
-    prefix_caching: Optional[str] = PREFIX_CACHING,
-    routing: str = typer.Option("jsq", "--routing", help="How prompts are routed: jsq (join-shortest-queue on pending prompt tokens) or prefix-aware (with prefix caching: the instance with the fewest prompt tokens to compute, as KV-aware routers route)."),
-    kv_offload_gb: Optional[float] = KV_OFFLOAD_GB,
+    max_batch_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int | None = MAX_NUM_SEQS,
+    prefix_caching: str | None = PREFIX_CACHING,
+    routing: str = typer.Option("jsq", "--routing",
+        help="How prompts are routed: jsq (join-shortest-queue on pending prompt tokens) or prefix-aware (with prefix caching: the "
+             "instance with the fewest prompt tokens to compute, as KV-aware routers route)."),
+    kv_offload_gb: float | None = KV_OFFLOAD_GB,
     no_split: bool = typer.Option(False, "--no-split", help="Plan co-located machines (mixed batching), not split pools."),
-    split_only: bool = typer.Option(False, "--split-only", help="Recommend the best split plan even where a co-located one is better under the objective (it is still compared)."),
+    split_only: bool = typer.Option(False, "--split-only",
+        help="Recommend the best split plan even where a co-located one is better under the objective (it is still compared)."),
     jobs: int = typer.Option(0, "--jobs", help="Processes for sizing pool options (0: one per core)."),
     validate: bool = typer.Option(False, "--validate", help="Simulate the plan; grow the binding pool until the simulation meets the SLO."),
     pareto: bool = typer.Option(False, "--pareto", help="Also find the cost-vs-power Pareto frontier across hardware mixes."),
-    max_requests: int = typer.Option(100_000, "--max-requests", help="Longer traces are sized on their busiest stretch of this many requests."),
-    window: Optional[str] = typer.Option(None, "--window", help="Plan each window of the trace (e.g. 10m, 1h) and the peak one."),
+    max_requests: int = typer.Option(100_000, "--max-requests",
+        help="Longer traces are sized on their busiest stretch of this many requests."),
+    window: str | None = typer.Option(None, "--window", help="Plan each window of the trace (e.g. 10m, 1h) and the peak one."),
     executor: Executor = typer.Option(Executor.local, "--executor", help=EXECUTOR_HELP + " Used by --window and --validate."),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help=RAY_HELP),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="With --pareto: the frontier (PNG; needs the plot extra)."),
-    perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Plan from measured latencies (options without measurements are skipped)."),
-    perf_interp: str = typer.Option("splitplan", "--perf-interp", help="How --perf-db is read: splitplan (monotone batch and context curves) or splitwise-sim (its one batch-tokens axis, to plan as that simulator times)."),
-    borrow_threshold: Optional[int] = typer.Option(None, "--mixed-pool-threshold", help="With --validate: simulate Splitwise's mixed pool (prefill on a token machine when every prompt queue holds more than this many tokens; decode on a prompt machine when the token machines' KV is spoken for) and trim the plan while it still meets the SLO."),
-    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Plan for a closed loop, as serving benchmarks load a deployment: this many clients, each sending its next request when the last one finishes (checked by simulation)."),
-    isl: Optional[int] = typer.Option(None, "--isl", help="With --concurrency: every request's input tokens (default: drawn from the trace)."),
-    osl: Optional[int] = typer.Option(None, "--osl", help="With --concurrency: every request's output tokens (default: drawn from the trace)."),
-    num_requests: Optional[int] = typer.Option(None, "--num-requests", help="With --concurrency: requests in the run (default 10 per client, at least 100)."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help=RAY_HELP),
+    plot: Path | None = typer.Option(None, "--plot", help="With --pareto: the frontier (PNG; needs the plot extra)."),
+    perf_db: Path | None = typer.Option(None, "--perf-db", help="Plan from measured latencies (options without measurements are skipped)."),
+    perf_interp: str = typer.Option("splitplan", "--perf-interp",
+        help="How --perf-db is read: splitplan (monotone batch and context curves) or splitwise-sim (its one batch-tokens axis, to "
+             "plan as that simulator times)."),
+    borrow_threshold: int | None = typer.Option(None, "--mixed-pool-threshold",
+        help="With --validate: simulate Splitwise's mixed pool (prefill on a token machine when every prompt queue holds more than "
+             "this many tokens; decode on a prompt machine when the token machines' KV is spoken for) and trim the plan while it "
+             "still meets the SLO."),
+    concurrency: int | None = typer.Option(None, "--concurrency",
+        help="Plan for a closed loop, as serving benchmarks load a deployment: this many clients, each sending its next request "
+             "when the last one finishes (checked by simulation)."),
+    isl: int | None = typer.Option(None, "--isl", help="With --concurrency: every request's input tokens (default: drawn from the trace)."),
+    osl: int | None = typer.Option(None, "--osl",
+        help="With --concurrency: every request's output tokens (default: drawn from the trace)."),
+    num_requests: int | None = typer.Option(None, "--num-requests",
+        help="With --concurrency: requests in the run (default 10 per client, at least 100)."),
     format: PlanFormat = typer.Option(PlanFormat.table, "--format", help="table, json or csv"),
-    output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write plan.json, candidates.csv, pareto.csv here."),
+    output_dir: Path | None = typer.Option(None, "--output-dir", help="Write plan.json, candidates.csv, pareto.csv here."),
 ) -> None:
     """The cheapest (or lowest-power) prompt/token machine plan meeting every SLO line on the trace."""
     if split_only and no_split:

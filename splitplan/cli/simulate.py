@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -32,10 +31,10 @@ from splitplan.cli.common import (
     check_request_sizes,
     plan_input,
     plan_settings,
-    trace_columns,
-    user_errors,
     scheduler_settings,
     shared_prefix,
+    trace_columns,
+    user_errors,
     with_precision,
 )
 from splitplan.errors import SpecError
@@ -46,40 +45,51 @@ from splitplan.workload.trace import EMBEDDED_HELP, closed_loop_workload, load_w
 @app.command()
 @user_errors
 def simulate(
-    plan: Optional[Path] = typer.Option(None, "--plan", help="A plan.json from optimize --output-dir."),
+    plan: Path | None = typer.Option(None, "--plan", help="A plan.json from optimize --output-dir."),
     prompt_pool: list[str] = typer.Option([], "--prompt-pool", help="HARDWARE:LAYOUT:MACHINES (repeatable)."),
     token_pool: list[str] = typer.Option([], "--token-pool", help="HARDWARE:LAYOUT:MACHINES (repeatable)."),
     mixed_pool: list[str] = typer.Option([], "--mixed-pool", help="Co-located HARDWARE:LAYOUT:MACHINES (repeatable)."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help=f"Request trace file, or {EMBEDDED_HELP}."),
-    time_column: Optional[str] = TIME_COLUMN,
-    prompt_column: Optional[str] = PROMPT_COLUMN,
-    output_column: Optional[str] = OUTPUT_COLUMN,
-    time_unit: Optional[str] = TIME_UNIT,
-    rate: Optional[float] = typer.Option(None, "--rate", help="Poisson resample of the trace's sizes at this rate (req/s)."),
+    trace: Path | None = typer.Option(None, "--trace", help=f"Request trace file, or {EMBEDDED_HELP}."),
+    time_column: str | None = TIME_COLUMN,
+    prompt_column: str | None = PROMPT_COLUMN,
+    output_column: str | None = OUTPUT_COLUMN,
+    time_unit: str | None = TIME_UNIT,
+    rate: float | None = typer.Option(None, "--rate", help="Poisson resample of the trace's sizes at this rate (req/s)."),
     duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
     seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model (default: the plan's, else llama2-70b)."),
-    slo: Optional[str] = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else chat)."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else vllm)."),
-    weights: Optional[Weights] = WEIGHTS,
-    kv_cache: Optional[KvCache] = KV_CACHE,
-    perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
-    perf_interp: str = typer.Option("splitplan", "--perf-interp", help="How --perf-db is read: splitplan (monotone batch and context curves) or splitwise-sim (its one batch-tokens axis, to compare with that simulator)."),
-    max_batch_tokens: Optional[int] = MAX_NUM_BATCHED_TOKENS,
-    max_num_seqs: Optional[int] = MAX_NUM_SEQS,
-    routing: Optional[str] = typer.Option(None, "--routing", help="jsq (join-shortest-queue on pending tokens; the default, or the plan's), round-robin, or prefix-aware (with --prefix-caching on: the instance with the fewest prompt tokens to compute, pending ones plus the request's less what its cache holds)."),
-    borrow_threshold: Optional[int] = typer.Option(None, "--mixed-pool-threshold", help="Splitwise's mixed pool, both ways: prefill on a token machine when every prompt queue holds more than this many tokens; decode on a prompt machine when the token machine's KV is spoken for."),
-    max_requests: int = typer.Option(1_000_000, "--max-requests", help="Longer traces are simulated on their busiest stretch of this many requests."),
-    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Closed loop, as serving benchmarks run: this many clients, each sending its next request when the last one finishes."),
-    isl: Optional[int] = typer.Option(None, "--isl", help="With --concurrency: every request's input tokens (default: drawn from the trace)."),
-    osl: Optional[int] = typer.Option(None, "--osl", help="With --concurrency: every request's output tokens (default: drawn from the trace)."),
-    num_requests: Optional[int] = typer.Option(None, "--num-requests", help="With --concurrency: requests in the run (default 10 per client, at least 100)."),
-    prefix_caching: Optional[str] = PREFIX_CACHING,
-    kv_offload_gb: Optional[float] = KV_OFFLOAD_GB,
-    shared_prefix_tokens: Optional[int] = SHARED_PREFIX_TOKENS,
-    prefix_groups: Optional[int] = PREFIX_GROUPS,
+    model: str | None = typer.Option(None, "--model", help="Model (default: the plan's, else llama2-70b)."),
+    slo: str | None = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else chat)."),
+    engine: str | None = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else vllm)."),
+    weights: Weights | None = WEIGHTS,
+    kv_cache: KvCache | None = KV_CACHE,
+    perf_db: Path | None = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
+    perf_interp: str = typer.Option("splitplan", "--perf-interp",
+        help="How --perf-db is read: splitplan (monotone batch and context curves) or splitwise-sim (its one batch-tokens axis, to "
+             "compare with that simulator)."),
+    max_batch_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int | None = MAX_NUM_SEQS,
+    routing: str | None = typer.Option(None, "--routing",
+        help="jsq (join-shortest-queue on pending tokens; the default, or the plan's), round-robin, or prefix-aware (with "
+             "--prefix-caching on: the instance with the fewest prompt tokens to compute, pending ones plus the request's less what"
+             " its cache holds)."),
+    borrow_threshold: int | None = typer.Option(None, "--mixed-pool-threshold",
+        help="Splitwise's mixed pool, both ways: prefill on a token machine when every prompt queue holds more than this many "
+             "tokens; decode on a prompt machine when the token machine's KV is spoken for."),
+    max_requests: int = typer.Option(1_000_000, "--max-requests",
+        help="Longer traces are simulated on their busiest stretch of this many requests."),
+    concurrency: int | None = typer.Option(None, "--concurrency",
+        help="Closed loop, as serving benchmarks run: this many clients, each sending its next request when the last one finishes."),
+    isl: int | None = typer.Option(None, "--isl", help="With --concurrency: every request's input tokens (default: drawn from the trace)."),
+    osl: int | None = typer.Option(None, "--osl",
+        help="With --concurrency: every request's output tokens (default: drawn from the trace)."),
+    num_requests: int | None = typer.Option(None, "--num-requests",
+        help="With --concurrency: requests in the run (default 10 per client, at least 100)."),
+    prefix_caching: str | None = PREFIX_CACHING,
+    kv_offload_gb: float | None = KV_OFFLOAD_GB,
+    shared_prefix_tokens: int | None = SHARED_PREFIX_TOKENS,
+    prefix_groups: int | None = PREFIX_GROUPS,
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
-    output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Write requests.csv and summary.json here."),
+    output_dir: Path | None = typer.Option(None, "--output-dir", help="Write requests.csv and summary.json here."),
 ) -> None:
     """Replay a trace through a plan's machines request by request and check the SLO."""
     pools, echo = plan_input(plan, prompt_pool, token_pool, mixed_pool)
@@ -106,7 +116,8 @@ def simulate(
     workload = sim.result.trace
     inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
               "seed": seed, "model": model, "slo": slo, "engine": engine, "perf_db": str(perf_db) if perf_db else None,
-              "perf_interp": perf_interp if perf_db else None, "pools": [{"role": r, "hardware": h, **lay._asdict(), "layout": lay.spec, "machines": m,
+              "perf_interp": perf_interp if perf_db else None, "pools": [{"role": r, "hardware": h, **lay._asdict(),
+                                                                          "layout": lay.spec, "machines": m,
                          **({"instances": shared[0], "shared": shared[1]} if shared else {})}
                         for r, h, t, m, *shared in pools for lay in [as_layout(t, h)]],
               "routing": routing, "max_batch_tokens": max_batch_tokens, "max_num_seqs": max_num_seqs,
@@ -162,4 +173,5 @@ def _render_simulation(summary: dict, workload) -> None:
                   f"{moved['decodes_on_prompt_machines']:,} decode(s) on prompt machines")
     if "extrapolated_pct" in summary:
         e = summary["extrapolated_pct"]
-        con.print(f"perf-db: {e['prefill']:.1f} % of prefill and {e['decode']:.1f} % of decode lookups extrapolated beyond the measurements")
+        con.print(f"perf-db: {e['prefill']:.1f} % of prefill and {e['decode']:.1f} % of decode lookups extrapolated "
+                  "beyond the measurements")

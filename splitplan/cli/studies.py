@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -48,7 +47,7 @@ from splitplan.errors import SpecError
 from splitplan.workload.trace import EMBEDDED_HELP, load_workload
 
 
-class Scenario(str, Enum):
+class Scenario(StrEnum):
     iso_power = "iso-power"
     iso_cost = "iso-cost"
     iso_throughput_cost = "iso-throughput-cost"
@@ -60,31 +59,33 @@ class Scenario(str, Enum):
 def compare(
     designs: str = typer.Option("splitwise-designs", "--designs", help="Designs YAML: a name from designs/ or a path."),
     scenario: Scenario = typer.Option(..., "--scenario", help="iso-power, iso-cost, iso-throughput-cost or iso-throughput-power."),
-    budget_machines: list[str] = typer.Option([], "--budget-machines", help="Budget as the power (iso-power) or cost (iso-cost) of TYPE=N machines."),
-    max_power_kw: Optional[float] = typer.Option(None, "--max-power-kw", help="iso-power budget in provisioned kW."),
-    max_cost_per_hour: Optional[float] = typer.Option(None, "--max-cost-per-hour", help="iso-cost budget in USD per hour."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", help="Design the ratios are taken against (default: the first)."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help=f"Request trace file, or {EMBEDDED_HELP}."),
-    time_column: Optional[str] = TIME_COLUMN,
-    prompt_column: Optional[str] = PROMPT_COLUMN,
-    output_column: Optional[str] = OUTPUT_COLUMN,
-    time_unit: Optional[str] = TIME_UNIT,
-    rate: Optional[float] = typer.Option(None, "--rate", help="iso-throughput: resample at this rate; iso-power/cost: where the rate search starts."),
+    budget_machines: list[str] = typer.Option([], "--budget-machines",
+        help="Budget as the power (iso-power) or cost (iso-cost) of TYPE=N machines."),
+    max_power_kw: float | None = typer.Option(None, "--max-power-kw", help="iso-power budget in provisioned kW."),
+    max_cost_per_hour: float | None = typer.Option(None, "--max-cost-per-hour", help="iso-cost budget in USD per hour."),
+    baseline: str | None = typer.Option(None, "--baseline", help="Design the ratios are taken against (default: the first)."),
+    trace: Path | None = typer.Option(None, "--trace", help=f"Request trace file, or {EMBEDDED_HELP}."),
+    time_column: str | None = TIME_COLUMN,
+    prompt_column: str | None = PROMPT_COLUMN,
+    output_column: str | None = OUTPUT_COLUMN,
+    time_unit: str | None = TIME_UNIT,
+    rate: float | None = typer.Option(None, "--rate",
+        help="iso-throughput: resample at this rate; iso-power/cost: where the rate search starts."),
     duration: float = typer.Option(120.0, "--duration", help="Length in seconds of every Poisson resample."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the resamples."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", help="Catalog name or path to a config.json / YAML."),
     slo: str = typer.Option(STUDY_SLO, "--slo", help="SLO profile name or path (default: splitwise, the paper's slowdown profile)."),
     engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help="Engine profile name or path."),
-    weights: Optional[Weights] = WEIGHTS,
-    kv_cache: Optional[KvCache] = KV_CACHE,
-    perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
-    max_batch_tokens: Optional[int] = MAX_NUM_BATCHED_TOKENS,
-    max_num_seqs: Optional[int] = MAX_NUM_SEQS,
+    weights: Weights | None = WEIGHTS,
+    kv_cache: KvCache | None = KV_CACHE,
+    perf_db: Path | None = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
+    max_batch_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int | None = MAX_NUM_SEQS,
     validate: bool = typer.Option(False, "--validate", help="Simulate each design's plan and report whether it holds."),
     jobs: int = typer.Option(0, "--jobs", help="Processes (or local Ray CPUs), one design each (0: one per core)."),
     executor: Executor = typer.Option(Executor.local, "--executor", help=EXECUTOR_HELP),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help=RAY_HELP),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Bar chart of the designs (PNG; needs the plot extra)."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help=RAY_HELP),
+    plot: Path | None = typer.Option(None, "--plot", help="Bar chart of the designs (PNG; needs the plot extra)."),
     format: PlanFormat = typer.Option(PlanFormat.table, "--format", help="table, json or csv"),
 ) -> None:
     """Splitwise's design study: every design of a designs file in one provisioning scenario."""
@@ -130,7 +131,7 @@ def _compare_plot(result, subtitle: str) -> bytes:
                      "iso-throughput-power": ("power_kw", "provisioned power (kW)")}[result.scenario]
     fig, ax = plt.subplots(figsize=(8, 4))
     bars = ax.bar(frame.design, frame[column].fillna(0), color=["#999999" if m else "#3b75af" for m in frame.mixed_machines.fillna(0)])
-    for bar, ratio in zip(bars, frame.ratio_to_baseline):
+    for bar, ratio in zip(bars, frame.ratio_to_baseline, strict=True):
         if ratio == ratio and ratio is not None:
             ax.annotate(f"{ratio:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
     ax.set(ylabel=label, title=f"{result.scenario} (grey: co-located; ratios against {result.baseline})\n{subtitle}")
@@ -145,33 +146,34 @@ def _compare_plot(result, subtitle: str) -> bytes:
 @user_errors
 def sweep(
     rates: str = typer.Option(..., "--rates", help="Request rates: 5,10,20 or START:STOP:COUNT."),
-    designs: Optional[str] = typer.Option(None, "--designs", help="Designs YAML (name or path): cheapest plan per design and rate."),
+    designs: str | None = typer.Option(None, "--designs", help="Designs YAML (name or path): cheapest plan per design and rate."),
     design: list[str] = typer.Option([], "--design", help="Only these designs of the file (repeatable)."),
-    plan: Optional[Path] = typer.Option(None, "--plan", help="A plan.json: simulate this fixed plan at every rate (with the plan's model, SLO and engine unless given)."),
+    plan: Path | None = typer.Option(None, "--plan",
+        help="A plan.json: simulate this fixed plan at every rate (with the plan's model, SLO and engine unless given)."),
     prompt_pool: list[str] = typer.Option([], "--prompt-pool", help="Fixed plan, HARDWARE:LAYOUT:MACHINES (repeatable)."),
     token_pool: list[str] = typer.Option([], "--token-pool", help="Fixed plan, HARDWARE:LAYOUT:MACHINES (repeatable)."),
     mixed_pool: list[str] = typer.Option([], "--mixed-pool", help="Fixed co-located plan, HARDWARE:LAYOUT:MACHINES."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Request trace whose sizes are resampled."),
-    time_column: Optional[str] = TIME_COLUMN,
-    prompt_column: Optional[str] = PROMPT_COLUMN,
-    output_column: Optional[str] = OUTPUT_COLUMN,
-    time_unit: Optional[str] = TIME_UNIT,
+    trace: Path | None = typer.Option(None, "--trace", help="Request trace whose sizes are resampled."),
+    time_column: str | None = TIME_COLUMN,
+    prompt_column: str | None = PROMPT_COLUMN,
+    output_column: str | None = OUTPUT_COLUMN,
+    time_unit: str | None = TIME_UNIT,
     duration: float = typer.Option(120.0, "--duration", help="Length in seconds of every resample."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the resamples."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model (default: the plan's, else llama2-70b)."),
-    slo: Optional[str] = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else chat)."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else vllm)."),
-    weights: Optional[Weights] = WEIGHTS,
-    kv_cache: Optional[KvCache] = KV_CACHE,
+    model: str | None = typer.Option(None, "--model", help="Model (default: the plan's, else llama2-70b)."),
+    slo: str | None = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else chat)."),
+    engine: str | None = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else vllm)."),
+    weights: Weights | None = WEIGHTS,
+    kv_cache: KvCache | None = KV_CACHE,
     objective: Objective = typer.Option(Objective.cost, "--objective", help="Designs mode: minimize cost or power."),
-    perf_db: Optional[Path] = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
-    max_batch_tokens: Optional[int] = MAX_NUM_BATCHED_TOKENS,
-    max_num_seqs: Optional[int] = MAX_NUM_SEQS,
+    perf_db: Path | None = typer.Option(None, "--perf-db", help="Measured latencies instead of the analytic model."),
+    max_batch_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int | None = MAX_NUM_SEQS,
     jobs: int = typer.Option(0, "--jobs", help="Processes (or local Ray CPUs), one (design, rate) each (0: one per core)."),
     executor: Executor = typer.Option(Executor.local, "--executor", help=EXECUTOR_HELP),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help=RAY_HELP),
-    output: Optional[Path] = typer.Option(None, "--output", help="Write the CSV here instead of standard output."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Latency against load with the SLO lines (PNG)."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help=RAY_HELP),
+    output: Path | None = typer.Option(None, "--output", help="Write the CSV here instead of standard output."),
+    plot: Path | None = typer.Option(None, "--plot", help="Latency against load with the SLO lines (PNG)."),
 ) -> None:
     """A load sweep as CSV: throughput against TTFT/TBT/E2E percentiles and cost per million tokens."""
     if plot is not None:
@@ -217,9 +219,11 @@ def sweep_figure(result, slo: str, title: str):
     from splitplan.specs.slo import load_slo
     lines = load_slo(slo).lines()
     frame = result.to_frame()
-    panels = [("ttft", "TTFT p99 (ms)"), ("tbt", "TBT p99 (ms)")] + ([("cost", "cost per million tokens (USD)")] if result.mode == "designs" else [])
+    panels = [("ttft", "TTFT p99 (ms)"), ("tbt", "TBT p99 (ms)")]
+    if result.mode == "designs":
+        panels.append(("cost", "cost per million tokens (USD)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.9))
-    for ax, (metric, label) in zip(axes, panels):
+    for ax, (metric, label) in zip(axes, panels, strict=True):
         column = "cost_per_million_tokens_usd" if metric == "cost" else f"{metric}_p99_ms"
         for name, part in frame.groupby("design", sort=False):
             ax.plot(part.rate_rps, part[column], marker="o", ms=3, label=name)

@@ -45,7 +45,8 @@ _HF_REPO = re.compile(rf"^(?:{_SEGMENT}/)?{_SEGMENT}$")
 _LOCAL_MODEL = re.compile(r"^/[A-Za-z0-9_./-]{1,1023}$")
 _DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]{1,5})?"
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_IMAGE = re.compile(rf"^(?:(?=[^/]*[.:])(?:{_DOMAIN})/|localhost(?::[0-9]{{1,5}})?/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+_IMAGE = re.compile(rf"^(?:(?=[^/]*[.:])(?:{_DOMAIN})/|localhost(?::[0-9]{{1,5}})?/)?"
+                    rf"{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
                     r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
 
 
@@ -156,12 +157,12 @@ class Deployment:
     def split(self) -> bool:
         return any(g.role != "mixed" for g in self.groups)
 
-    def node_labels(self, g: "Group") -> dict[str, str]:
+    def node_labels(self, g: Group) -> dict[str, str]:
         """The labels that place `g`'s pods on its machines: --node-selector, else its machine type's
         (and shape's) `kubernetes_node_labels`."""
         return dict(self.node_selector) if self.node_selector is not None else dict(g.hardware.kubernetes_node_labels)
 
-    def pod_spec(self, g: "Group") -> dict:
+    def pod_spec(self, g: Group) -> dict:
         """What every pod of `g` adds to its spec (Kubernetes targets): its node selector, the
         toleration of its GPUs' taint (GPU node pools are tainted with the GPU resource's name, as
         GKE's are), and the model-cache volume."""

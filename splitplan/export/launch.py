@@ -21,9 +21,17 @@ import yaml
 from splitplan import limits
 from splitplan.errors import SpecError
 from splitplan.export import VERSIONS, Deployment, Expand, Export, common_mapping, shell_words
+from splitplan.export.engines import (
+    BATCH_TOKENS_FLAG,
+    SEQS_FLAG,
+    dp_ranks_per_node,
+    model_args,
+    parallel_args,
+    pool_flags,
+    role_args,
+    setting_args,
+)
 from splitplan.inputs import printable
-from splitplan.export.engines import (BATCH_TOKENS_FLAG, SEQS_FLAG, dp_ranks_per_node, model_args, parallel_args, pool_flags,
-                                      role_args, setting_args)
 
 PORT = 8100  # a worker's HTTP port (the router listens on 8000)
 IMAGES = {"vllm": f"vllm/vllm-openai:v{VERSIONS['vllm']}", "sglang": f"lmsysorg/sglang:v{VERSIONS['sglang']}"}

@@ -92,12 +92,12 @@ def _fit(points: pd.DataFrame, base: EngineProfile, start: EngineFactors, names)
     plain = base.model_copy(update={"hardware_overrides": {}})
 
     def residuals(x):
-        factors = start.model_copy(update=dict(zip(names, map(float, x))))
+        factors = start.model_copy(update=dict(zip(names, map(float, x), strict=True)))
         return np.log(predict_ms(points, plain.model_copy(update={"defaults": factors})) / measured)
 
     from scipy.optimize import least_squares  # (on first use: every command loads this module, few fit)
     result = least_squares(residuals, x0, bounds=(lo, hi), x_scale=scale, loss="soft_l1", f_scale=0.05, max_nfev=300)
-    return EngineFactors(**{**start.model_dump(), **dict(zip(names, map(float, result.x)))})  # every field explicit
+    return EngineFactors(**{**start.model_dump(), **dict(zip(names, map(float, result.x), strict=True))})  # every field explicit
 
 
 def fit_profile(points: pd.DataFrame, base: EngineProfile) -> EngineProfile:
@@ -187,7 +187,7 @@ def calibrate(points: pd.DataFrame, base: EngineProfile, k: int = 5, progress=No
     if k >= 2:
         fold = folds(points, k)
         masks = [fold == f for f in range(k) if (fold == f).any() and (fold != f).any()]
-        for held, predicted in zip(masks, run(_fold_fit, masks, (points, base))):
+        for held, predicted in zip(masks, run(_fold_fit, masks, (points, base)), strict=True):
             cv[held] = predicted
     table = points.assign(before_ms=predict_ms(points, base), fit_ms=predict_ms(points, fitted), cv_ms=cv)
     return Calibration(fitted, table, k)

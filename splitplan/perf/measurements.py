@@ -92,7 +92,7 @@ def flag_anomalies(points: pd.DataFrame, drop_pct: float = 5.0) -> pd.Series:
     for _, sweep in points.groupby(keys, sort=False):
         sweep = sweep.sort_values("batch")
         best = None
-        for idx, latency in zip(sweep.index, sweep["latency_ms"]):
+        for idx, latency in zip(sweep.index, sweep["latency_ms"], strict=True):
             if best is not None and latency < best * (1 - drop_pct / 100):
                 flagged[idx] = True
             else:

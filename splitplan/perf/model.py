@@ -19,19 +19,19 @@ class PerfModel(Protocol):
     """One model instance (a model in a parallel layout on `layout.gpus` GPUs, of one machine
     or several): its memory facts and the time of any forward pass. Times take numpy arrays."""
 
-    model: "ModelSpec"
-    hardware: "HardwareSpec"
-    engine: "EngineProfile"
+    model: ModelSpec
+    hardware: HardwareSpec
+    engine: EngineProfile
     tp: int
     measured: bool  # timing from measurements: lookups outside them are counted
 
     @property
-    def fit(self) -> "Fit": ...
+    def fit(self) -> Fit: ...
 
     @property
-    def factors(self) -> "EngineFactors": ...
+    def factors(self) -> EngineFactors: ...
 
-    layout: "Layout"
+    layout: Layout
 
     @property
     def instances_per_machine(self) -> float: ...
@@ -60,6 +60,6 @@ class PerfModel(Protocol):
 
     def decode_line(self, batch: int) -> tuple[float, float, float]: ...
 
-    def explain(self, prompt_tokens=None, decode_batch: int = 0, decode_context_tokens: int = 0) -> "Latency": ...
+    def explain(self, prompt_tokens=None, decode_batch: int = 0, decode_context_tokens: int = 0) -> Latency: ...
 
     def record_decode_steps(self, batch, context_total) -> None: ...

@@ -353,7 +353,8 @@ class Instance(PassShortcuts):
         group_pre = pre_tok / groups
         pre_sq = group_pre**2 if c.packed else _num(prefill_sq_tokens) * micro / groups
         ctx = _num(decode_context_tokens) * micro / groups
-        classes.append((pre_sq * c.prefill_attn_flops, group_pre * (2 * c.q_dim_gpu + 2 * c.kv_dim_gpu) * c.bpe, peak * f.attention_efficiency))
+        classes.append((pre_sq * c.prefill_attn_flops, group_pre * (2 * c.q_dim_gpu + 2 * c.kv_dim_gpu) * c.bpe,
+                        peak * f.attention_efficiency))
         classes.append((ctx * c.decode_flops_per_ctx, ctx * c.decode_bytes_per_ctx, peak * c.eff))
         # LM head: one row per sequence (the last prompt token, or the decoded token).
         classes.append((2 * n_seq * c.head_params / L, c.head_params * c.wbpe / L, gemm_peak * gemm_eff(_max(n_seq, 1.0))))
@@ -418,7 +419,7 @@ class Instance(PassShortcuts):
         prompts = np.asarray(prompt_tokens or [], float)
         terms = self._terms(len(prompts), prompts.sum(), (prompts**2).sum(), decode_batch, decode_batch * decode_context_tokens)
         c, mem, net, ovh, flops, nbytes = (float(x) for x in terms)
-        parts = dict(zip(BOUNDS, (c, mem, net, ovh)))
+        parts = dict(zip(BOUNDS, (c, mem, net, ovh), strict=True))
         return Latency(c + mem + net + ovh, max(parts, key=parts.get), c, mem, net, ovh, flops, nbytes)
 
 

@@ -222,7 +222,7 @@ def _spec_names(column: pd.Series, load) -> pd.Series:
 
 
 @functools.lru_cache(maxsize=8)
-def load_perf_db(path: str) -> "PerfDb":
+def load_perf_db(path: str) -> PerfDb:
     """The measurement file at `path`, read and reduced to medians once per process
     (a validation loop or a sweep simulates many times against the same file)."""
     return PerfDb(path)

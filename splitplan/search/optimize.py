@@ -26,9 +26,9 @@ from splitplan.search.plan import (
     Plan,
     Problem,
     as_simulated,
+    closest_fit,
     colocated_plan,
     combos,
-    closest_fit,
     make_plan,
     repair,
     size_option,
@@ -44,18 +44,18 @@ from splitplan.specs.slo import load_slo
 
 @dataclass(frozen=True)
 class OptimizeResult:
-    plan: "Plan"  # the best plan under the objective, split or co-located
+    plan: Plan  # the best plan under the objective, split or co-located
     alternatives: tuple  # runner-ups, the best co-located (or split) plan among them
     options: tuple  # every evaluated Option, sized or skipped
-    colocated: "Plan | None" = None  # the best co-located plan (None if none meets the SLO)
+    colocated: Plan | None = None  # the best co-located plan (None if none meets the SLO)
     max_rate_rps: float | None = None  # objective throughput: the highest rate served
     pareto: tuple = ()  # with pareto=True: plans no other plan beats on both cost and power
     unservable: dict | None = None  # requests no token instance can hold, left out of the sizing
-    problem: "Problem | None" = field(default=None, repr=False, compare=False)  # what was solved (trace, SLO, budgets)
+    problem: Problem | None = field(default=None, repr=False, compare=False)  # what was solved (trace, SLO, budgets)
     closed_loop: dict | None = None  # optimize_closed_loop: the rounds, and the plan's simulated closed loop
     simulated: dict | None = None  # simulation.validate_result: the plan's simulation and the machines it added
     alternatives_simulated: tuple = ()  # simulation.validate_result: each runner-up's simulated outcome
-    split: "Plan | None" = None  # the best split plan (None when none was planned or none meets the SLO)
+    split: Plan | None = None  # the best split plan (None when none was planned or none meets the SLO)
     objective: str = "cost"  # what `plan` minimizes: cost or power
     notes: tuple = ()  # what else the reader should know (why no split plan was found)
 
@@ -321,7 +321,7 @@ def _size(problem, tasks: list, jobs: int, done: dict, ks) -> dict:
     rest = [k for k in ks if k not in done]
     guesses = {k: max(tasks[k][2], math.ceil(done[pilot].instances * work[k] / work[pilot]))
                for k in rest if k in work and (pilot := pilots.get(tasks[k][0])) is not None}
-    done.update(zip(rest, run_units(_size_one, [(*tasks[k], guesses.get(k)) for k in rest], problem, jobs)))
+    done.update(zip(rest, run_units(_size_one, [(*tasks[k], guesses.get(k)) for k in rest], problem, jobs), strict=True))
     return done
 
 

@@ -180,13 +180,13 @@ class Pool:
 
     @classmethod
     def of(cls, hardware: str, gpus_per_machine: int, layout: Layout, machines: int,
-           utilization: float | None = None, prefix_hit_rate: float | None = None) -> "Pool":
+           utilization: float | None = None, prefix_hit_rate: float | None = None) -> Pool:
         return cls(hardware, layout, machines, layout.instances_on(machines, gpus_per_machine),
                    machines * gpus_per_machine, utilization, prefix_hit_rate)
 
     @classmethod
     def part(cls, hardware: str, layout: Layout, machines: int, instances: int, shared: int,
-             utilization: float | None = None, prefix_hit_rate: float | None = None) -> "Pool":
+             utilization: float | None = None, prefix_hit_rate: float | None = None) -> Pool:
         """One role's part of `machines` shared machines: `instances` instances in `layout`."""
         return cls(hardware, layout, machines, instances, instances * layout.gpus, utilization, prefix_hit_rate, shared)
 
@@ -440,7 +440,7 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     same = tuple((o.inst.hardware.family, o.inst.layout, n) for _, o, n, _ in prompt_parts)
     replayed = memo.get(("ttft", same))
     if replayed is None:
-        for (family, layout, _), (_, o, _, _) in zip(same, prompt_parts):
+        for (family, layout, _), (_, o, _, _) in zip(same, prompt_parts, strict=True):
             if ("batch", family, layout) not in memo:
                 memo["batch", family, layout] = BatchTimes(o.inst, t.prompt_tokens)
         batches = [memo["batch", family, layout] for family, layout, _ in same]
@@ -457,7 +457,7 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
             rates = [float(np.sum(hit[pool_of == m]) / max(np.sum(looked[pool_of == m]), 1.0)) for m in range(len(prompt))]
         replayed = memo[("ttft", same)] = ttft, np.bincount(pool_of[where.astype(int)], durations, len(prompt)), rates
     ttft, prompt_busy_s, rates = replayed
-    hits = dict(zip(prompt_keys, rates))
+    hits = dict(zip(prompt_keys, rates, strict=True)) if rates else {}  # (rates: with a prefix cache)
     src = max(prompt, key=lambda pair: pair[1])[0]
     # Requests go to token types in proportion to their capacity (a deterministic interleave).
     share = np.array([n / o.instances for _, o, n, _ in token_parts])
@@ -482,7 +482,8 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     e2e = ttft + decode_s
     span_s = max(float(np.max(t.arrival_s + e2e) - t.arrival_s[0]), 1e-9)  # as the simulator's utilization
     keys = prompt_keys + token_keys
-    utilization = {k: min(b / (span_s * n), 1.0) for k, b, (_, n) in zip(keys, [*prompt_busy_s, *token_busy_s], prompt + token)}
+    pool_busy_s = [*prompt_busy_s, *token_busy_s]
+    utilization = {k: min(b / (span_s * n), 1.0) for k, b, (_, n) in zip(keys, pool_busy_s, prompt + token, strict=True)}
     busy = np.array([utilization[k] for k in token_keys])[kind]  # each request's token instance's
     itl, tpot = _decode_gaps(t.output_tokens, decode_s, step_s, busy, src.engine.async_scheduling)
     return {"ttft": ttft, "tbt": tbt, "itl": itl, "tpot": tpot, "e2e": e2e, "kv_peak_fraction": kv_peak,
@@ -595,7 +596,8 @@ def _pools(counts: dict[OptionKey, int], options: dict[OptionKey, Option], value
     out = {role: [Pool.of(k.hardware, options[k].inst.hardware.gpus_per_machine, k.layout, c, busy.get(k), hits.get(k))
                   for k, c in sorted(counts.items()) if k.role == role] for role in Role}
     for number, (k, c) in enumerate(sorted((k, c) for k, c in counts.items() if k.role == SHARED)):
-        for role, layout, per_machine in ((Role.PROMPT, k.prompt_layout, k.prompt_instances), (Role.TOKEN, k.token_layout, k.token_instances)):
+        for role, layout, per_machine in ((Role.PROMPT, k.prompt_layout, k.prompt_instances),
+                                          (Role.TOKEN, k.token_layout, k.token_instances)):
             out[role].append(Pool.part(k.hardware, layout, c, c * per_machine, number, busy.get((k, role)), hits.get((k, role))))
     return {role: tuple(pools) for role, pools in out.items()}
 
@@ -712,7 +714,12 @@ def colocated_plan(problem: Problem, options: list[Option], simulated: dict | No
                 and (problem.max_power_kw is None or o.power_kw * m <= problem.max_power_kw + 1e-9)
                 and all(m * cap.share(o.inst.hardware) <= cap.machines + 1e-9 for cap in problem.max_machines))
 
-    weight = (lambda o: (o.price_usd_per_hour, o.power_kw)) if problem.objective == "cost" else (lambda o: (o.power_kw, o.price_usd_per_hour))
+    if problem.objective == "cost":
+        def weight(o):
+            return o.price_usd_per_hour, o.power_kw
+    else:
+        def weight(o):
+            return o.power_kw, o.price_usd_per_hour
 
     def rank(o: Option) -> tuple:  # (as plans rank: the objective, the other one, fewer machines, a fixed order)
         return weight(o)[0] * o.machines_alone, weight(o)[1] * o.machines_alone, o.machines_alone, o.key

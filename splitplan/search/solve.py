@@ -40,7 +40,7 @@ SOLVERS = ("highs", "cbc")
 COVER_TOLERANCE = 1e-9  # a role's load counts as covered at 1 - this (float shares: 3 x 1/3 < 1)
 
 
-def _solve_highs(lp: "pulp.LpProblem") -> str:
+def _solve_highs(lp: pulp.LpProblem) -> str:
     """The PuLP model solved by HiGHS, as SciPy ships it (scipy.optimize.milp): no separate
     binary or package, nothing printed on stdout (highspy prints a banner there, which would
     break JSON output), no solver threads left behind in a process that forks workers."""
@@ -65,13 +65,13 @@ def _solve_highs(lp: "pulp.LpProblem") -> str:
     result = milp(c, constraints=LinearConstraint(np.array(rows), lower, upper) if rows else (),
                   integrality=np.array([v.cat == pulp.LpInteger for v in variables], int), bounds=bounds)
     if result.status == 0:
-        for v, value in zip(variables, result.x):
+        for v, value in zip(variables, result.x, strict=True):
             v.varValue = float(value)
         return "Optimal"
     return "Infeasible" if result.status == 2 else result.message
 
 
-def _solve_cbc(lp: "pulp.LpProblem") -> str:
+def _solve_cbc(lp: pulp.LpProblem) -> str:
     """The CBC binary PuLP 3 bundles (PuLP 4 does not: there `cbc` needs a CBC on the PATH)."""
     solver = pulp.PULP_CBC_CMD(msg=False)
     if not solver.available():
@@ -97,7 +97,7 @@ def _solver(name: str):
     return solver
 
 
-def ilp_model(problem: Problem, usable: list[Option]) -> tuple["pulp.LpProblem", dict]:
+def ilp_model(problem: Problem, usable: list[Option]) -> tuple[pulp.LpProblem, dict]:
     """The integer program: units x_o per option (a unit: one machine, or the machines one
     instance spans; a shared machine, holding both roles, is an option too), at most as many as
     the option needs alone; minimize the objective (the other one, scaled by 1e-6, breaks ties);
@@ -153,14 +153,18 @@ def _grid(problem: Problem, usable: list[Option], primary, secondary) -> dict[Op
     ranges = [range(0, o.machines_alone + 1, o.inst.unit_machines) for o in usable]  # machines, in whole units
     best, best_key = None, None
     for counts in itertools.product(*ranges):
-        ok = all(sum(c // o.inst.unit_machines * _cover(o, r) for c, o in zip(counts, usable)) >= 1 - COVER_TOLERANCE for r in SPLIT)
+        ok = all(sum(c // o.inst.unit_machines * _cover(o, r) for c, o in zip(counts, usable,
+                                                                              strict=True)) >= 1 - COVER_TOLERANCE for r in SPLIT)
         if not ok:
             continue
-        if not all(sum(terms) <= limit + 1e-9 for _, terms, limit in _budgets(problem, usable, lambda o: counts[usable.index(o)])):
+        if not all(sum(terms) <= limit + 1e-9 for _, terms, limit in _budgets(problem, usable, lambda o,
+                                                                              counts=counts: counts[usable.index(o)])):
             continue
-        key = (round(sum(c * primary(o) for c, o in zip(counts, usable)), 9), round(sum(c * secondary(o) for c, o in zip(counts, usable)), 9))
+        key = (round(sum(c * primary(o) for c, o in zip(counts, usable, strict=True)), 9), round(sum(c * secondary(o) for c,
+                                                                                                     o in zip(counts, usable,
+                                                                                                              strict=True)), 9))
         if best is None or key < best:
             best, best_key = key, counts
     if best_key is None:
         raise InfeasibleError(_budget_message(problem, usable))
-    return {o.key: c for o, c in zip(usable, best_key) if c > 0}
+    return {o.key: c for o, c in zip(usable, best_key, strict=True) if c > 0}

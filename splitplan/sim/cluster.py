@@ -73,9 +73,9 @@ import numpy as np
 
 from splitplan import limits
 from splitplan.errors import SpecError
+from splitplan.perf.roofline import local_kv_bytes_per_s
 from splitplan.roles import Role
 from splitplan.sim import gaps, routing
-from splitplan.perf.roofline import local_kv_bytes_per_s
 from splitplan.sim.prefix_cache import PrefixCache, PrefixModel
 from splitplan.sim.types import (  # noqa: F401  (re-exported)
     MIXED,
@@ -98,7 +98,8 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
 # Decode-only iterations that nothing can interrupt are computed at once (_decode_stretch);
 # off only to check that it changes nothing.
 FUSE_DECODE_STRETCHES = True
-_KV_ARRIVED, _ITERATION_END, _PREFIX_LOADED = int(Event.KV_ARRIVED), int(Event.ITERATION_END), int(Event.PREFIX_LOADED)  # plain ints on the hot path
+# plain ints on the hot path
+_KV_ARRIVED, _ITERATION_END, _PREFIX_LOADED = int(Event.KV_ARRIVED), int(Event.ITERATION_END), int(Event.PREFIX_LOADED)
 
 
 class _Cluster:
@@ -112,7 +113,8 @@ class _Cluster:
         if self.closed is not None and self.closed < 1:
             raise ValueError("concurrency must be >= 1")
         # closed loop: the first `closed` requests start at once; each later one when a client frees
-        self.arrival = self.trace.arrival_s.tolist() if self.closed is None else [0.0] * min(self.closed, self.n) + [math.inf] * max(self.n - self.closed, 0)
+        self.arrival = (self.trace.arrival_s.tolist() if self.closed is None
+                        else [0.0] * min(self.closed, self.n) + [math.inf] * max(self.n - self.closed, 0))
         self.released = min(self.closed or self.n, self.n)  # requests whose arrival time is known
         self.p = self.trace.prompt_tokens.tolist()
         self.o = self.trace.output_tokens.tolist()
@@ -261,8 +263,9 @@ class _Cluster:
         if inst.can_prefill and inst.queue:
             total = sq = 0
             if budget is None:  # whole prompts (less what the prefix cache holds), batched up to max_tokens
-                while (self._ready(inst, now) if self.caches else inst.queue) and (not prefill or (total + self.plen[inst.queue[0]] - self.done[inst.queue[0]]
-                                                                  <= self.max_tokens and len(prefill) < self.cap)):
+                while (self._ready(inst, now) if self.caches else inst.queue) and (
+                        not prefill or (total + self.plen[inst.queue[0]] - self.done[inst.queue[0]] <= self.max_tokens
+                                        and len(prefill) < self.cap)):
                     i = inst.queue.popleft()
                     prefill.append(i)
                     d = self.done[i]
@@ -714,7 +717,8 @@ class _Cluster:
                 batch, context = np.array(inst.steps, float).T
                 inst.perf.record_decode_steps(batch, context)
         if self.closed is not None:  # the arrival times the clients produced
-            self.trace = dataclasses.replace(self.trace, arrival_s=np.array(self.arrival), source=f"{self.trace.source} (closed loop, {self.closed} clients)")
+            self.trace = dataclasses.replace(self.trace, arrival_s=np.array(self.arrival),
+                                             source=f"{self.trace.source} (closed loop, {self.closed} clients)")
         first_token = np.array(self.arrival) + np.array(self.ttft)
         stint = np.where(np.array(self.base) > 1, np.array(self.rejoined), first_token)  # a resumed request: from its rejoining
         stint_tokens = np.array(self.o) - np.array(self.base) + 1

@@ -279,13 +279,13 @@ def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: in
     shared = schedules(runs, base, run) if shared is None else shared
 
     def residuals(x):
-        profile = with_factors(base, dict(zip(names, (float(v) for v in x))))
+        profile = with_factors(base, dict(zip(names, (float(v) for v in x), strict=True)))
         return (np.log(predict(runs, profile, run, shared)) - measured).ravel()
 
     from scipy.optimize import least_squares  # (on first use: every command loads this module, few fit)
     result = least_squares(residuals, start, bounds=(lower, upper), x_scale=scale, loss="soft_l1", f_scale=0.1,
                            diff_step=1e-2, max_nfev=max_evaluations)
-    return with_factors(base, dict(zip(names, (float(v) for v in result.x))))
+    return with_factors(base, dict(zip(names, (float(v) for v in result.x), strict=True)))
 
 
 def fold_column(runs: pd.DataFrame) -> str:
@@ -305,8 +305,8 @@ def cross_validate(runs: pd.DataFrame, base: EngineProfile, by: str, run: Runner
         if held.all():
             break
         fitted = fit_deployments(runs[~held], base, max_evaluations, run,
-                                 shared=[s for s, h in zip(shared, held) if not h])
-        out[held] = predict(runs[held], fitted, run, [s for s, h in zip(shared, held) if h])
+                                 shared=[s for s, h in zip(shared, held, strict=True) if not h])
+        out[held] = predict(runs[held], fitted, run, [s for s, h in zip(shared, held, strict=True) if h])
         if progress:
             progress()
     return out

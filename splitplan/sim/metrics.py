@@ -55,7 +55,8 @@ def slo_report(result: SimResult, slo: SloProfile, reference: Reference | None) 
     for line in slo.lines():
         keep = None if line.metric == "itl" else served  # (gaps, not requests)
         value = achieved(line, values[line.metric], reference, keep)
-        out.append({"line": line.label, "metric": line.metric, "percentile": line.percentile, "target": line.limit, "unit": line.unit, "achieved": value if np.isfinite(value) else None,
+        out.append({"line": line.label, "metric": line.metric, "percentile": line.percentile, "target": line.limit,
+                    "unit": line.unit, "achieved": value if np.isfinite(value) else None,
                     "met": meets(line, value), "attainment_pct": attainment_pct(line, values[line.metric], reference, keep)})
     return out
 
@@ -149,7 +150,7 @@ def requests_csv(result: SimResult, names: list[str]) -> str:
                label[result.prompt_instance], label[result.token_instance], integers(result.rejected.astype(int))]
     head = ("request,arrival_s,prompt_tokens,output_tokens,ttft_ms,tbt_ms,tbt_max_ms,e2e_ms,prompt_queue_ms,"
             "transfer_ms,decode_queue_ms,prompt_instance,token_instance,rejected_kv\n")
-    return head + "".join(f"{','.join(row)}\n" for row in zip(*columns))
+    return head + "".join(f"{','.join(row)}\n" for row in zip(*columns, strict=True))
 
 
 def _fixed(values, digits: int, scale: float = 1.0) -> np.ndarray:

@@ -46,7 +46,7 @@ class PrefixModel:
     offload_gb: float = 0.0
     prefix_aware: bool = False
 
-    def cache(self, inst, host: bool = True) -> "PrefixCache":
+    def cache(self, inst, host: bool = True) -> PrefixCache:
         """A cache for one instance (`inst`: perf.roofline.Instance); `host`: with the host tier."""
         offload = self.offload_gb * 1e9 / self.kv_bytes(inst) if host and self.offload_gb else 0.0
         if offload:

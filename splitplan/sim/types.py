@@ -84,7 +84,8 @@ class InstanceState:
     """One model instance's state during a run (the simulator's, mutable; slots for speed)."""
 
     __slots__ = ("idx", "pool", "role", "perf", "can_prefill", "queue", "node",
-                 "waiting", "kv_cap", "max_request", "kv_used", "kv_committed", "members", "batch", "ctx", "iters", "ends", "finishing", "running", "link_free",
+                 "waiting", "kv_cap", "max_request", "kv_used", "kv_committed", "members", "batch", "ctx", "iters", "ends", "finishing",
+                 "running", "link_free",
                  "host_free", "bw", "prefill_s", "decode_s", "batch_integral", "run_prefill", "steps", "launch", "fixed", "deferred")
 
     def __init__(self, idx, pool, role, perf, bw, node=None):

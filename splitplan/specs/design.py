@@ -26,7 +26,7 @@ class Design(BaseModel):
     tp: Annotated[int, Field(ge=1, le=72)] | None = None
 
     @model_validator(mode="after")
-    def _shape(self) -> "Design":
+    def _shape(self) -> Design:
         if self.mixed is not None and (self.prompt or self.token):
             raise ValueError(f"design {self.name}: give mixed, or prompt and token, not both")
         if self.mixed is None and not (self.prompt and self.token):
@@ -49,7 +49,7 @@ class Designs(BaseModel):
     designs: Annotated[list[Design], Field(min_length=1)]
 
     @model_validator(mode="after")
-    def _unique(self) -> "Designs":
+    def _unique(self) -> Designs:
         names = [d.name for d in self.designs]
         if len(set(names)) != len(names):
             raise ValueError("design names must be unique")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+from itertools import pairwise
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -54,7 +55,7 @@ class GpuSpec(BaseModel):
     clock_source: str = "none: datasheet clock assumed sustained"
 
     @model_validator(mode="after")
-    def _power_order(self) -> "GpuSpec":
+    def _power_order(self) -> GpuSpec:
         if self.idle_w >= self.tdp_w:
             raise ValueError(f"idle_w ({self.idle_w}) must be below tdp_w ({self.tdp_w})")
         if self.decode_w is not None and not self.idle_w <= self.decode_w <= self.tdp_w:
@@ -102,7 +103,7 @@ class HardwareSpec(BaseModel):
     kubernetes_gpu_resource: str = "nvidia.com/gpu"
 
     @model_validator(mode="after")
-    def _shapes_tile(self) -> "HardwareSpec":
+    def _shapes_tile(self) -> HardwareSpec:
         """Each shape a divisor of the machine's GPUs, one per GPU count, every count dividing
         the next (so that instances of the layouts one shape takes also tile the larger ones)."""
         gpm, seen = self.gpus_per_machine, {}
@@ -116,7 +117,7 @@ class HardwareSpec(BaseModel):
                                  f"is a part of it that whole instances fill (choose from {_divisors(gpm)[:-1]})")
             seen[shape.gpus] = i
         counts = sorted(seen)
-        for small, large in zip(counts, counts[1:]):
+        for small, large in pairwise(counts):
             if large % small:
                 raise ValueError(f"shapes: machines of {small} and {large} GPUs; each shape's GPU count must divide the "
                                  "next larger one's (1, 2, 4, 8 do), or instances would not pack")
@@ -137,7 +138,7 @@ class HardwareSpec(BaseModel):
         and measurements apply to every shape of it."""
         return self.name.partition("@")[0]
 
-    def shape(self, gpus: int) -> "HardwareSpec":
+    def shape(self, gpus: int) -> HardwareSpec:
         """The machine of `gpus` of this type's GPUs, named `name@gpus`, with its price and its
         share of the NICs and provisioned power (the whole machine itself for gpus_per_machine)."""
         if gpus == self.gpus_per_machine:
@@ -161,12 +162,12 @@ class HardwareSpec(BaseModel):
         """The GPU counts this machine type is rented in, the whole machine's included."""
         return sorted([s.gpus for s in self.shapes] + [self.gpus_per_machine])
 
-    def shaped(self) -> list["HardwareSpec"]:
+    def shaped(self) -> list[HardwareSpec]:
         """The machine and each of its shapes, the whole machine first."""
         return [self] + [self.shape(g) for g in self.shape_gpus if g != self.gpus_per_machine]
 
     @model_validator(mode="after")
-    def _cap_consistent(self) -> "HardwareSpec":
+    def _cap_consistent(self) -> HardwareSpec:
         if self.nvlink_domain_gpus is not None and self.nvlink_domain_gpus % self.gpus_per_machine:
             raise ValueError(f"nvlink_domain_gpus must be a multiple of gpus_per_machine ({self.gpus_per_machine})")
         if self.gpu_power_cap_w is not None and not self.gpu.idle_w < self.gpu_power_cap_w <= self.gpu.tdp_w:

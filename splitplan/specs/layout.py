@@ -48,7 +48,7 @@ class Layout(NamedTuple):
 
     def _shown(self) -> list[tuple[str, int]]:
         """The degrees above 1, and TP whenever DP does not replace it."""
-        return [(k, v) for k, v in zip(self._fields, self) if v > 1 or (k == "tp" and self.dp == 1)]
+        return [(k, v) for k, v in zip(self._fields, self, strict=True) if v > 1 or (k == "tp" and self.dp == 1)]
 
     @property
     def spec(self) -> str:

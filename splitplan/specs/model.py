@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from splitplan.errors import SpecError
@@ -75,7 +74,7 @@ class ModelSpec(BaseModel):
     hf_repo_weights: Literal["bf16", "fp8", "fp4"] = "bf16"  # (splitplan's key) the precision of that repository's weights
 
     @model_validator(mode="after")
-    def _shapes(self) -> "ModelSpec":
+    def _shapes(self) -> ModelSpec:
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) does not divide hidden_size "

@@ -29,7 +29,7 @@ class Limit(BaseModel):
     slowdown: Annotated[float, Field(ge=1)] | None = None
 
     @model_validator(mode="after")
-    def _one(self) -> "Limit":
+    def _one(self) -> Limit:
         if (self.max_ms is None) == (self.slowdown is None):
             raise ValueError("give exactly one of max_ms or slowdown")
         return self
@@ -66,7 +66,7 @@ class SloProfile(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _percentiles(self) -> "SloProfile":
+    def _percentiles(self) -> SloProfile:
         for metric in METRICS:
             for key, limit in getattr(self, metric).items():
                 match = _PCT.match(key)
@@ -80,7 +80,7 @@ class SloProfile(BaseModel):
             raise ValueError("no limits: give at least one of ttft, tbt, itl, tpot, e2e")
         return self
 
-    def lines(self) -> list["SloLine"]:
+    def lines(self) -> list[SloLine]:
         out = []
         for metric in METRICS:
             for key, limit in getattr(self, metric).items():
@@ -116,7 +116,7 @@ class SloLine:
         return f"<= {self.limit:g} ms" if self.unit == "ms" else f"<= {self.limit:g}x"
 
     @classmethod
-    def from_json(cls, entry: dict) -> "SloLine":
+    def from_json(cls, entry: dict) -> SloLine:
         """The line of a JSON SLO entry (`metric`, `percentile`, `target`, `unit`)."""
         ms = entry["unit"] == "ms"
         return cls(entry["metric"], entry["percentile"], entry["target"] if ms else None, None if ms else entry["target"])

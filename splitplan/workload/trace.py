@@ -71,14 +71,14 @@ class Trace:
     def mean_rate_rps(self) -> float:
         return len(self) / self.span_s if self.span_s > 0 else float("inf")
 
-    def take(self, index, source: str | None = None) -> "Trace":
+    def take(self, index, source: str | None = None) -> Trace:
         """The requests `index` picks (a mask, a slice or indices, in arrival order), every
         per-request field with them (cached tokens, prefixes), timed from the first one's arrival."""
         arrival = self.arrival_s[index]
         return Trace(arrival - arrival[0], self.prompt_tokens[index], self.output_tokens[index], source or self.source,
                      None if self.cached_tokens is None else self.cached_tokens[index], _take(self.prefix, index))
 
-    def at_rate(self, rate_rps: float) -> "Trace":
+    def at_rate(self, rate_rps: float) -> Trace:
         """The same requests with the timestamps compressed (or stretched) to `rate_rps` on average."""
         return dataclasses.replace(self, arrival_s=self.arrival_s * (self.mean_rate_rps / rate_rps),
                                    source=f"{self.source} (timestamps scaled to {rate_rps:.3g} req/s)")
@@ -165,7 +165,7 @@ def _open(path: Path):
     return raw, stream, head.lstrip()[:1] in (b"{", b"[")
 
 
-def _numbers(path: Path, series: "pd.Series", name: str, first_line: int) -> np.ndarray:
+def _numbers(path: Path, series: pd.Series, name: str, first_line: int) -> np.ndarray:
     """A column as floats; a cell that is not a finite number is an error naming its line."""
     import pandas as pd  # on first use: the CLI starts without it
     values = series.to_numpy(float) if pd.api.types.is_numeric_dtype(series) else \
@@ -324,7 +324,7 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
     return Trace(arrival - arrival[0], prompt, output, str(path), prefix=extra.tree(prompt, output))
 
 
-def _frame_columns(path: Path, cols: Columns, wall_clock: bool, first: int, chunk: "pd.DataFrame"):
+def _frame_columns(path: Path, cols: Columns, wall_clock: bool, first: int, chunk: pd.DataFrame):
     """A block's times (seconds in the file's unit, or ns since the epoch for date-times), prompt
     and output tokens, as floats; a cell that is not one is an error naming its line."""
     import pandas as pd  # on first use: the CLI starts without it
@@ -422,7 +422,7 @@ class _PrefixColumns:
     def _fail(self, line: int, text: str):
         raise TraceError(f"{self.path}: line {line}: {text}")
 
-    def read(self, chunk: "pd.DataFrame", first: int, prompt: np.ndarray) -> None:
+    def read(self, chunk: pd.DataFrame, first: int, prompt: np.ndarray) -> None:
         columns = set(chunk.columns)
         if "prefix_tokens" in columns and "prefix_id" not in columns:
             raise TraceError(f"{self.path}: column prefix_tokens without a prefix_id column; add prefix_id (requests "
@@ -433,7 +433,7 @@ class _PrefixColumns:
                                  "(how many leading prompt tokens the requests of an id share)")
             self.ids = self.ids if self.ids is not None else []
             self.tokens = self.tokens if self.tokens is not None else []
-            for k, (key, count) in enumerate(zip(chunk["prefix_id"].tolist(), chunk["prefix_tokens"].tolist())):
+            for k, (key, count) in enumerate(zip(chunk["prefix_id"].tolist(), chunk["prefix_tokens"].tolist(), strict=True)):
                 line = first + k
                 key, count = _key(key), _key(count)
                 if key is None and count is None:
@@ -489,7 +489,7 @@ def _key(value):
     return text or None
 
 
-def load_workload(trace: "str | Path | Trace | None" = None, rate: float | None = None, duration_s: float = 120.0,
+def load_workload(trace: str | Path | Trace | None = None, rate: float | None = None, duration_s: float = 120.0,
                   seed: int = 0, columns: Columns | None = None) -> Trace:
     """A trace (a path, a Trace, an embedded trace's short name, or None for the embedded Azure
     code trace), or its Poisson resample at `rate` req/s for `duration_s` seconds."""
@@ -508,7 +508,7 @@ def load_workload(trace: "str | Path | Trace | None" = None, rate: float | None 
     return resample_poisson(loaded, rate, duration_s, np.random.default_rng(seed))
 
 
-def closed_loop_workload(trace: "str | Path | Trace | None", concurrency: int, num_requests: int | None = None,
+def closed_loop_workload(trace: str | Path | Trace | None, concurrency: int, num_requests: int | None = None,
                          isl: int | None = None, osl: int | None = None, seed: int = 0,
                          columns: Columns | None = None) -> Trace:
     """The requests of a closed-loop run (`concurrency` clients, as serving benchmarks

@@ -9,9 +9,9 @@ from splitplan.capacity.pools import decode_pool
 from splitplan.perf.roofline import kv_transfer_time_s
 from splitplan.search.plan import Option, Problem, _decode_values, evaluate
 from splitplan.search.plan import OptionKey as K
+from splitplan.specs.layout import Layout
 from splitplan.specs.slo import load_slo
 from splitplan.workload.trace import Trace
-from splitplan.specs.layout import Layout
 
 H100 = api.instance("llama2-70b", "h100-80gb", 8, "lean")
 A100 = api.instance("llama2-70b", "a100-80gb", 8, "lean")
@@ -118,8 +118,8 @@ def test_routing_from_a_heap_is_the_scan(monkeypatch, held):
     """Past routing.HEAP_ROUTING_INSTANCES the prompt replay picks the least-loaded instance from a heap; it
     places every request where the scan does (ties to the lowest index) and gives the same TTFT."""
     from splitplan.capacity import pools
-    from splitplan.sim import routing
     from splitplan.perf.roofline import Instance
+    from splitplan.sim import routing
     from splitplan.specs.engine import load_engine
     from splitplan.specs.hardware import load_hardware
     from splitplan.specs.model import load_model

@@ -2,8 +2,8 @@
 Dynamo manifest against the vendored Dynamo 1.6.1 templates, the llm-d manifests against the
 Kubernetes API's schema (kubernetes-validate, strict), the files parsed, and bad input."""
 
-import json
 import importlib
+import json
 import os
 import shlex
 import subprocess

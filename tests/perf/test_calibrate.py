@@ -62,7 +62,7 @@ def test_fitted_factors_stay_within_physical_bounds(tmp_path):
 def test_anomalies_are_the_failed_runs():
     points = read_measurements(PERF_DB)
     flagged = points[flag_anomalies(points)]
-    assert set(zip(flagged.model, flagged.tp, flagged.batch)) == {("llama2-70b", 2, 64)}
+    assert set(zip(flagged.model, flagged.tp, flagged.batch, strict=True)) == {("llama2-70b", 2, 64)}
 
 
 @pytest.mark.slow
@@ -147,7 +147,8 @@ def test_machines_and_models_given_as_files(tmp_path):
     rows += [(str(gpu), str(llm), tp, "decode", b, 0, 1024, float(inst.decode_step_time_s(b, 1024)) * 1e3 * slower[tp])
              for tp, inst in truth.items() for b in (1, 8, 64)]
     path = tmp_path / "measured.csv"
-    pd.DataFrame(rows, columns=["hardware", "model", "tp", "phase", "batch", "prompt_tokens", "context_tokens", "latency_ms"]).to_csv(path, index=False)
+    pd.DataFrame(rows, columns=["hardware", "model", "tp", "phase", "batch", "prompt_tokens", "context_tokens",
+                                "latency_ms"]).to_csv(path, index=False)
     result = api.calibrate(str(path), folds=0)
     assert "my-gpu/tp8/my-llama" in result.profile.hardware_overrides
     assert result.report["overall"]["prefill"]["mape_fit_pct"] < 3

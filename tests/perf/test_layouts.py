@@ -8,8 +8,8 @@ from typer.testing import CliRunner
 
 from splitplan.cli import app
 from splitplan.errors import SpecError
-from splitplan.perf.roofline import Instance
 from splitplan.perf.points import candidate_layouts
+from splitplan.perf.roofline import Instance
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.layout import Layout, parse_layout
@@ -87,7 +87,7 @@ def test_decode_line_is_exact_and_arrays_match_scalars(layout):
             c = batch * ctx
             assert base + c * per_token + max(slack - c * per_token, 0) == pytest.approx(inst.decode_step_time_s(batch, ctx), rel=1e-12)
     args = [np.array(x, float) for x in ([0, 1, 4], [0, 1000, 4000], [0, 1e6, 4e6], [5, 3, 0], [5000, 3000, 0])]
-    assert np.allclose(inst.pass_time_s(*args), [inst.pass_time_s(*map(float, row)) for row in zip(*args)])
+    assert np.allclose(inst.pass_time_s(*args), [inst.pass_time_s(*map(float, row)) for row in zip(*args, strict=True)])
 
 
 def test_expert_parallel_exchange_crosses_machines_over_the_scale_out_network():
@@ -113,7 +113,8 @@ def test_pipeline_decode_takes_pp_stage_times_of_a_micro_batch():
     assert pp2.decode_step_time_s(256, 1000) < tp8.decode_step_time_s(256, 1000)
     # one request is one micro-batch: each GPU reads its stage's weights once per step, not twice
     one = pp2.explain(decode_batch=1, decode_context_tokens=1000)
-    assert 0.95 * pp2.fit.weights_bytes_per_gpu < one.bytes_per_gpu < 1.1 * pp2.fit.weights_bytes_per_gpu  # (the input embedding is not read)
+    # (the input embedding is not read)
+    assert 0.95 * pp2.fit.weights_bytes_per_gpu < one.bytes_per_gpu < 1.1 * pp2.fit.weights_bytes_per_gpu
 
 
 def test_search_adds_wide_ep_for_moe_and_pipelines_when_nothing_fits_one_machine():

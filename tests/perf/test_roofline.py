@@ -205,4 +205,5 @@ def test_moe_efficiency_slows_the_expert_gemms_of_a_prefill_not_a_decode():
     expert_s = 8192 * 2 * m.num_experts_per_tok * m.expert_params * m.num_hidden_layers / 2 / H100.peak_flops_per_s("bf16")
     pre = ideal.explain([8192]), quarter.explain([8192])
     assert pre[1].compute_s - pre[0].compute_s == pytest.approx(3 * expert_s / H100.prefill_clock_fraction, rel=1e-6)
-    assert quarter.explain(decode_batch=1, decode_context_tokens=100).time_s == ideal.explain(decode_batch=1, decode_context_tokens=100).time_s
+    assert quarter.explain(decode_batch=1, decode_context_tokens=100).time_s == ideal.explain(decode_batch=1,
+                                                                                              decode_context_tokens=100).time_s

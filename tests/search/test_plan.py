@@ -15,9 +15,9 @@ from splitplan.search.plan import MachineCap, Option, Problem
 from splitplan.search.solve import solve_counts
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
+from splitplan.specs.layout import Layout
 from splitplan.specs.model import load_model
 from splitplan.workload.trace import Trace, default_trace_path, load_trace, resample_poisson
-from splitplan.specs.layout import Layout
 
 MODEL, ENGINE = load_model("llama2-70b"), load_engine("lean")
 CHOICES = [("a100-80gb", 8), ("h100-80gb", 4), ("h100-80gb", 8), ("mi300x-192gb", 2), ("h200-141gb", 4),
@@ -188,7 +188,8 @@ def test_colocated_options_that_cannot_be_the_best_are_not_sized(small_trace):
         least = float(re.search(r"need at least \$([\d.,]+)/h", option.skipped)[1].replace(",", ""))
         assert least > best
         assert all(o.price_usd_per_hour * o.machines_alone >= least - 0.01 for o in every.options
-                   if o.role == "mixed" and o.instances and (o.inst.hardware.family, o.inst.layout) == (option.inst.hardware.family, option.inst.layout))
+                   if o.role == "mixed" and o.instances and (o.inst.hardware.family,
+                                                             o.inst.layout) == (option.inst.hardware.family, option.inst.layout))
     assert not any(o.skipped.startswith("not sized") for o in split.options if not o.inst.fit.fits)
 
 
@@ -345,7 +346,7 @@ def test_a_plan_says_what_it_buys(small_trace):
     for model, result, tolerance in (("llama2-70b", split, 0.05), ("llama3.1-8b", colocated, 1e-9)):
         plan, trace = result.plan, result.problem.trace
         simulated = Setup(model, "chat").simulate(trace, plan_pools(plan))
-        for pool, row in zip(plan.pools, simulated.summary["pools"]):
+        for pool, row in zip(plan.pools, simulated.summary["pools"], strict=True):
             gpus_per_machine = load_hardware(pool.hardware).gpus_per_machine
             assert pool.gpus == pool.machines * gpus_per_machine
             assert pool.instances == row["instances"] == pool.machines * gpus_per_machine // pool.layout.gpus
@@ -425,6 +426,7 @@ def test_kv_between_instances_on_one_machine_moves_over_its_gpu_links(small_trac
     not the NIC share (50 GB/s per GPU on an H100 machine): the first token gap shrinks by the
     difference, the simulator's as the planner's formula."""
     import numpy as np
+
     from splitplan.perf.roofline import kv_transfer_time_s
     from splitplan.simulation import PoolRequest, Setup
     setup = Setup("llama3.1-70b", "chat", "vllm")
@@ -447,6 +449,7 @@ def test_the_planner_sends_its_local_share_of_kv_over_gpu_links(small_trace, sha
     """The planner's decode side on shared machines: that share of the requests (spread evenly)
     have their KV over the machine's GPU links, the rest over the NICs; nothing else changes."""
     import numpy as np
+
     from splitplan.perf.roofline import kv_transfer_time_s
     from splitplan.search.plan import _decode_values
     inst = Instance(load_model("llama3.1-70b"), load_hardware("h100-80gb"), load_engine("vllm"), Layout(4))
@@ -467,6 +470,7 @@ def test_a_plan_on_shared_machines_is_the_same_plan_with_its_kv_local(small_trac
     same instances on two 4-GPU machines do, but every request's KV over the machine's GPU links
     (its prompt instance is always on its token instance's machine)."""
     import numpy as np
+
     from splitplan.perf.roofline import kv_transfer_time_s
     from splitplan.search.plan import Combo, OptionKey, evaluate
     model, engine = load_model("llama3.1-70b"), load_engine("vllm")

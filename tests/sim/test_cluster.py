@@ -365,8 +365,8 @@ def test_decode_stretches_computed_at_once_change_nothing(seed, loop, pools, eng
     (co-located ones run ahead of the others' events: only an arrival reaches them), preemption (a small KV),
     async scheduling (vllm), a measured table."""
     import splitplan.sim.cluster as cluster
-    from splitplan.workload.trace import closed_loop_workload
     from splitplan.perf.table import PerfDb
+    from splitplan.workload.trace import closed_loop_workload
 
     def run():
         inst = api.instance("llama2-70b" if pools != "small-kv" else "bloom-176b", "a100-80gb", 8, engine)

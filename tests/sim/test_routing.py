@@ -38,5 +38,5 @@ def test_the_simulator_routes_from_a_heap_as_it_scans(monkeypatch, colocated):
     monkeypatch.setattr(routing, "HEAP_ROUTING_INSTANCES", 10_000)
     scan = run()
     assert len(set(scan[0].tolist())) > 8  # (the light load leaves the highest indices idle)
-    for a, b in zip(heap, scan):
+    for a, b in zip(heap, scan, strict=True):
         np.testing.assert_array_equal(a, b)

@@ -1,5 +1,6 @@
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -81,7 +82,7 @@ def _write(tmp_path, name, text):
 
 
 def test_unknown_hardware_key_suggests(tmp_path):
-    text = open(catalog_path("h100-80gb")).read().replace("price_usd_per_hour", "price_usd_per_hr", 1)
+    text = Path(catalog_path("h100-80gb")).read_text().replace("price_usd_per_hour", "price_usd_per_hr", 1)
     with pytest.raises(SpecError, match=r"unknown key 'price_usd_per_hr'; did you mean 'price_usd_per_hour'"):
         load_hardware(_write(tmp_path, "x.yaml", text))
 
@@ -92,7 +93,7 @@ def catalog_path(name):
 
 
 def test_missing_and_negative_hardware_values(tmp_path):
-    text = open(catalog_path("a100-80gb")).read()
+    text = Path(catalog_path("a100-80gb")).read_text()
     with pytest.raises(SpecError, match="missing key 'price_source'"):
         load_hardware(_write(tmp_path, "a.yaml", "\n".join(x for x in text.splitlines() if not x.startswith("price_source"))))
     with pytest.raises(SpecError, match=r"gpu.memory_gb"):
@@ -199,7 +200,7 @@ def test_bad_shapes_name_the_file_and_key(tmp_path, shapes, needle):
     """Bad input (issue 30): a shape whose GPU count does not divide the machine's, two shapes of
     one GPU count (the whole machine's included), a shape without a price: SpecError (exit 2)
     naming the file and the key."""
-    text = "\n".join(x for x in open(catalog_path("h100-80gb")).read().split("\nshapes:")[0].splitlines())
+    text = "\n".join(x for x in Path(catalog_path("h100-80gb")).read_text().split("\nshapes:")[0].splitlines())
     if shapes == "no price":
         block = SHAPE.format(gpus=1).replace("    price_usd_per_hour: 9.5\n", "")
     else:
@@ -211,10 +212,10 @@ def test_bad_shapes_name_the_file_and_key(tmp_path, shapes, needle):
 
 def test_shape_counts_must_pack(tmp_path):
     """Shapes of 2 and 3 GPUs on a 6-GPU machine: instances of one would not tile the other."""
-    text = open(catalog_path("h100-80gb")).read().split("\nshapes:")[0].replace("gpus_per_machine: 8", "gpus_per_machine: 6")
+    text = Path(catalog_path("h100-80gb")).read_text().split("\nshapes:")[0].replace("gpus_per_machine: 8", "gpus_per_machine: 6")
     path = _write(tmp_path, "six.yaml", text + "\nshapes:\n" + SHAPE.format(gpus=2) + SHAPE.format(gpus=3))
     with pytest.raises(SpecError, match="six.yaml: shapes: machines of 2 and 3 GPUs; each shape's GPU count must divide"):
         load_hardware(path)
-    text = open(catalog_path("gb200-nvl72")).read()
+    text = Path(catalog_path("gb200-nvl72")).read_text()
     with pytest.raises(SpecError, match="rack-scale machine"):
         load_hardware(_write(tmp_path, "rack.yaml", text + "\nshapes:\n" + SHAPE.format(gpus=2)))

@@ -10,8 +10,8 @@ from splitplan import api
 from splitplan.cli import app
 from splitplan.errors import SpecError
 from splitplan.specs.design import load_designs
-from splitplan.workload.trace import default_trace_path, load_trace
 from splitplan.specs.layout import Layout
+from splitplan.workload.trace import default_trace_path, load_trace
 
 DESIGNS = """description: small study
 designs:
@@ -62,7 +62,7 @@ def test_iso_throughput_cost_reports_the_traces_rate_and_a_bigger_budget_never_l
     assert all(r.max_rate_rps == 8.0 and r.plan is not None for r in result.designs)
     small = api.compare(trace, designs, "iso-cost", max_cost_per_hour=120, duration_s=30)
     big = api.compare(trace, designs, "iso-cost", max_cost_per_hour=240, duration_s=30)
-    for a, b in zip(small.designs, big.designs):
+    for a, b in zip(small.designs, big.designs, strict=True):
         assert b.max_rate_rps >= a.max_rate_rps
 
 

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from splitplan.cli import app
+from splitplan.errors import TraceError
 from splitplan.workload.prefix import MOONCAKE_BLOCK_TOKENS, infinite_cache_reuse
 from splitplan.workload.trace import load_trace, peak_window, resample_poisson, summarize
 from tests.conftest import DATA
@@ -23,10 +24,10 @@ def test_prefix_id_rows_share_their_prefix_after_its_first_use(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n"
                     "0,500,10,sys-a,100\n1,600,10,sys-b,200\n2,700,10,sys-a,100\n3,800,10,,\n4,150,10,sys-b,150\n")
-    with pytest.raises(Exception):  # (one id, two lengths: see the error test below)
+    with pytest.raises(TraceError):  # (one id, two lengths: see the error test below)
         load_trace(path)
     path.write_text(path.read_text().replace("4,150,10,sys-b,150", "4,150,10,sys-b,200"))
-    with pytest.raises(Exception):  # 200 shared tokens in a 150-token prompt
+    with pytest.raises(TraceError):  # 200 shared tokens in a 150-token prompt
         load_trace(path)
     path.write_text(path.read_text().replace("4,150,10,sys-b,200", "4,250,10,sys-b,200"))
     trace = load_trace(path)
@@ -76,7 +77,8 @@ def test_mooncake_reuse_agrees_with_a_brute_force_replay():
     """The issue's figure: 37 % of the Mooncake conversation trace's prompt blocks could come
     from an unbounded cache (leading-block chains); by tokens (each request's last token always
     computed) within a point."""
-    rows = [json.loads(line) for line in gzip.open(DATA / "mooncake_conversation.jsonl.gz")]
+    with gzip.open(DATA / "mooncake_conversation.jsonl.gz") as f:
+        rows = [json.loads(line) for line in f]
     reuse = summarize(load_trace(DATA / "mooncake_conversation.jsonl.gz"))["prefix_reuse"]
     assert _leading_block_hits(rows) == pytest.approx(0.37, abs=0.01)
     assert reuse["infinite_cache_hit_rate"] == pytest.approx(_leading_block_hits(rows), abs=0.01)
@@ -85,10 +87,10 @@ def test_mooncake_reuse_agrees_with_a_brute_force_replay():
 
 def test_resampling_and_windows_keep_each_requests_prefix():
     trace = load_trace(DATA / "mooncake_conversation.jsonl.gz")
-    rows = set(zip(trace.prompt_tokens.tolist(), trace.output_tokens.tolist(), trace.prefix.request_node.tolist()))
+    rows = set(zip(trace.prompt_tokens.tolist(), trace.output_tokens.tolist(), trace.prefix.request_node.tolist(), strict=True))
     resampled = resample_poisson(trace, 5.0, 60.0, np.random.default_rng(1))
     assert len(resampled) > 200 and set(zip(resampled.prompt_tokens.tolist(), resampled.output_tokens.tolist(),
-                                            resampled.prefix.request_node.tolist())) <= rows
+                                            resampled.prefix.request_node.tolist(), strict=True)) <= rows
     window, info = peak_window(trace, 100)
     start = int(np.searchsorted(trace.arrival_s, info["start_s"]))
     assert window.prefix.request_node.tolist() == trace.prefix.request_node[start:start + 100].tolist()
