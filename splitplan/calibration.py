@@ -14,6 +14,7 @@ from splitplan.parallel import run_units
 from splitplan.perf.roofline import Instance
 from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.hardware import load_hardware
+from splitplan.specs.layout import Layout
 from splitplan.specs.model import load_model
 
 
@@ -49,7 +50,7 @@ def calibrate(perf_db: str, engine: str = CALIBRATION_START, folds: int = 5, max
     if points.empty:
         raise SpecError(f"{perf_db}: no measurement rows; add rows under the header")
     for model, hardware, tp in sorted(set(zip(points.model, points.hardware, points.tp, strict=True))):
-        fit = Instance(load_model(model), load_hardware(hardware), base, int(tp)).fit  # unknown names fail here, with a suggestion
+        fit = Instance(load_model(model), load_hardware(hardware), base, Layout(int(tp))).fit  # unknown names fail here, with a suggestion
         if not fit.fits:
             raise SpecError(f"{perf_db}: rows of {model} on {hardware} at TP {tp}: {fit.reason}; fix or remove those rows"
                              + (", or start from an fp8 engine if the runs used fp8 (--engine lean-fp8)"

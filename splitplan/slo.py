@@ -42,8 +42,8 @@ class Reference:
 
 def alone_latencies(inst: PerfModel, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> Reference:
     p, o = np.asarray(prompt_tokens), np.asarray(output_tokens)
-    ttft = inst.prefill_time_s(p)
-    step = inst.decode_step_time_s(1, p + o // 2)
+    ttft = np.asarray(inst.prefill_time_s(p))
+    step = np.asarray(inst.decode_step_time_s(1, p + o // 2))
     return Reference(ttft, step, ttft + step * np.maximum(o - 1, 0), o)
 
 
@@ -103,7 +103,7 @@ def _kept(line: SloLine, values_s: np.ndarray, reference: Reference | None, keep
     return values if keep is None else values[keep]
 
 
-def achieved(line: SloLine, values_s: np.ndarray, reference: Reference | None, keep: np.ndarray | None = None) -> float:
+def achieved(line: SloLine, values_s: np.ndarray | Gaps, reference: Reference | None, keep: np.ndarray | None = None) -> float:
     """The line's percentile, in its unit (infinite when that percentile has no value), over the
     requests `keep` marks (all by default); over every gap for an inter-token line (`Gaps`, or
     the gaps as an array)."""
@@ -122,7 +122,7 @@ def meets(line: SloLine, value: float) -> bool:
     return bool(np.isfinite(value)) and value <= line.limit * (1 + 1e-9)
 
 
-def attainment_pct(line: SloLine, values_s: np.ndarray, reference: Reference | None, keep: np.ndarray | None = None) -> float:
+def attainment_pct(line: SloLine, values_s: np.ndarray | Gaps, reference: Reference | None, keep: np.ndarray | None = None) -> float:
     """The share of requests (of those `keep` marks) within the line's limit, in %; of gaps for
     an inter-token line."""
     if isinstance(values_s, Gaps):

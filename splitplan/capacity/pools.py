@@ -43,7 +43,7 @@ from splitplan.roles import Role
 from splitplan.sim import routing
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.sim.metrics import pool_report
-from splitplan.sim.prefix_cache import PrefixModel
+from splitplan.sim.prefix_cache import PrefixCache, PrefixModel
 from splitplan.slo import Gaps
 
 MAX_INSTANCES = 4096
@@ -61,7 +61,7 @@ class BatchTimes:
         self.inst = inst
         self.decode = (float(decode_batch), float(decode_batch * decode_context_tokens))
         p = prompt_tokens.astype(float)
-        self.single = inst.pass_time_s(1.0, p, p * p, *self.decode).tolist()
+        self.single = np.asarray(inst.pass_time_s(1.0, p, p * p, *self.decode)).tolist()
         self.cache: dict = {}
 
     def pass_s(self, seqs: int, tokens: float, sq_tokens: float) -> float:
@@ -101,7 +101,7 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     times = times or [BatchTimes(inst, prompt_tokens) for inst, _ in pools]
     kind = [k for k, (_, count) in enumerate(pools) for _ in range(count)]
     load = routing.loads(len(kind))  # pending prompt tokens per instance
-    queues = [deque() for _ in kind]
+    queues: list[deque[int]] = [deque() for _ in kind]
     running: list = [None] * len(kind)  # (requests, tokens) of the batch in flight
     heap: list = []  # (time, instance, -1): a batch ends; (time, instance, request): its prefix is loaded
     arrival = arrival_s.tolist()
@@ -114,8 +114,8 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     launch = [0] * len(kind)  # async scheduling: batches begun per instance
     fixed = [False] * len(kind)  # whether the next batch was scheduled when the running one began
     tag = [-1] * n_req  # the batch a request arrived in when that one's successor was scheduled
-    caches = [prefix.cache(pools[k][0]) for k in kind] if prefix is not None else None
-    node = prefix.tree.request_node.tolist() if prefix is not None else None
+    caches: list[PrefixCache] = [prefix.cache(pools[k][0]) for k in kind] if prefix is not None else []
+    node: list[int] = prefix.tree.request_node.tolist() if prefix is not None else []
     looked = [False] * n_req
     host_free = [0.0] * len(kind)  # when the instance's host link is free (loads from host memory)
     kv_cap = [pools[k][0].fit.kv_capacity_tokens for k in kind]
@@ -124,6 +124,7 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
         """Request i's prefill comes up on instance j: its cache's hit counts as prefilled (pinned).
         False when part of it is in host memory: it leaves the queue until that is loaded."""
         looked[i] = True
+        assert prefix is not None  # (called with caches only)
         if node[i] < 0:
             return True
         done[i], loaded = caches[j].match(node[i], tokens[i])
@@ -144,7 +145,7 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
             members, total, sq, seqs, room, whole = [], 0, 0, 0, max_batch_tokens, 0
             while queue and room > 0 and seqs < cap and tag[queue[0]] < launch[j]:
                 i = queue[0]
-                if caches is not None and not looked[i] and not ready(j, i, now):
+                if caches and not looked[i] and not ready(j, i, now):
                     continue
                 d, size = done[i], tokens[i]
                 c = min(size - d, room)
@@ -168,7 +169,7 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
                 i = queue[0]
                 if members and tag[i] >= launch[j]:  # (not yet in the simulator's queue)
                     break
-                if caches is not None and not looked[i] and not ready(j, i, now):
+                if caches and not looked[i] and not ready(j, i, now):
                     continue
                 if members and not (total + tokens[i] - done[i] <= max_batch_tokens and len(members) < cap):
                     break
@@ -206,7 +207,7 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
             members, total = running[j]
             for i in members:
                 finish_at[i] = end
-            if caches is not None:  # computed: kept, and no longer in use (its KV leaves for its token instance)
+            if caches:  # computed: kept, and no longer in use (its KV leaves for its token instance)
                 cache = caches[j]
                 for i in members:
                     if node[i] >= 0:
@@ -246,7 +247,7 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
         if running[j] is None:
             start(j, now)
     finish_until(float("inf"))
-    if cache_stats is not None and caches is not None:
+    if cache_stats is not None and caches:
         cache_stats.extend((c.hit_tokens, c.lookup_tokens) for c in caches)
     return np.asarray(finish_at) - arrival_s + engine.frontend_latency_s
 
@@ -267,7 +268,7 @@ def decode_pool(start_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: n
     p = prompt_tokens.astype(float)
     o = output_tokens.astype(float)
     order_start = np.sort(start_s)
-    step = inst.decode_step_time_s(1, p + o / 2)
+    step = np.asarray(inst.decode_step_time_s(1, p + o / 2))
     for _ in range(max_iterations):
         end = start_s + o * step
         mid = (start_s + end) / 2
@@ -275,7 +276,7 @@ def decode_pool(start_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: n
         batch = np.maximum(active / instances, 1.0)
         duration = end - start_s
         context = float(np.sum((p + o / 2) * duration) / max(np.sum(duration), 1e-12))
-        previous, step = step, inst.decode_step_time_s(batch, context)
+        previous, step = step, np.asarray(inst.decode_step_time_s(batch, context))
         if np.max(np.abs(step - previous) / previous) < tolerance:
             break
     end = start_s + o * step
@@ -301,10 +302,10 @@ def colocated_pool(trace, inst: Instance, instances: int, max_batch_tokens: int,
     iterates on its own). KV memory is the replay's to enforce (admission, preemption), so it
     shows in the latencies and `kv_peak_fraction` is 0. With `prefix`, the simulator's prefix caches."""
     pool = PoolSpec(Role.MIXED, inst, inst.machines_for(instances), instances)
-    cached = prefix is not None
     result = simulate(trace, [pool], SimOptions(max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs,
-                                                routing="prefix-aware" if cached and prefix.prefix_aware else "jsq",
-                                                prefix_caching=cached, kv_offload_gb=prefix.offload_gb if cached else 0.0))
+                                                routing="prefix-aware" if prefix is not None and prefix.prefix_aware else "jsq",
+                                                prefix_caching=prefix is not None,
+                                                kv_offload_gb=prefix.offload_gb if prefix is not None else 0.0))
     row = pool_report(result, [pool])[0]
     return {"ttft": result.ttft_s, "tbt": result.tbt_s, "itl": result.itl_s, "tpot": result.tpot_s, "e2e": result.e2e_s,
             "kv_peak_fraction": 0.0, "utilization": row["utilization"], "prefix_hit_rate": row["prefix_hit_rate"]}

@@ -28,6 +28,7 @@ from splitplan.perf.roofline import Instance
 from splitplan.runner import Runner, serial
 from splitplan.specs.engine import EngineFactors, EngineProfile
 from splitplan.specs.hardware import load_hardware
+from splitplan.specs.layout import Layout
 from splitplan.specs.model import load_model
 
 # name: (lower, upper, scale) -- the scale keeps the optimizer's steps comparable.
@@ -61,7 +62,7 @@ def predict_ms(points: pd.DataFrame, profile: EngineProfile) -> np.ndarray:
     out = np.empty(len(points))
     positions = np.arange(len(points))
     for (model, hardware, tp), idx in points.groupby(GROUP, sort=False).indices.items():
-        inst = Instance(load_model(model), load_hardware(hardware), profile, int(tp))
+        inst = Instance(load_model(model), load_hardware(hardware), profile, Layout(int(tp)))
         rows = points.iloc[idx]
         pre = rows["phase"].to_numpy() == "prefill"
         b = rows["batch"].to_numpy(float)

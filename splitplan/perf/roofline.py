@@ -58,14 +58,17 @@ simulator can evaluate thousands of passes at once.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from types import SimpleNamespace
-from typing import ClassVar
+from types import MappingProxyType, SimpleNamespace
+from typing import ClassVar, overload
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from splitplan.errors import SpecError
+from splitplan.perf.model import FloatArray, PerfModel, Seconds
 from splitplan.specs.engine import EngineFactors, EngineProfile
 from splitplan.specs.hardware import HardwareSpec
 from splitplan.specs.layout import Layout
@@ -115,12 +118,12 @@ class PassShortcuts:
     """Single-prompt prefill and uniform decode steps, in terms of `pass_time_s`
     (shared by the analytic and the measured instance)."""
 
-    def prefill_time_s(self, prompt_tokens):
+    def prefill_time_s(self: PerfModel, prompt_tokens: ArrayLike) -> Seconds:
         """One prompt per element of `prompt_tokens`, each prefilled alone."""
         tokens = np.asarray(prompt_tokens, float)
         return self.pass_time_s(1, tokens, tokens**2)
 
-    def decode_step_time_s(self, batch, context_tokens_per_request):
+    def decode_step_time_s(self: PerfModel, batch: ArrayLike, context_tokens_per_request: ArrayLike) -> Seconds:
         """One decode iteration of `batch` requests each holding that many context tokens."""
         b = np.asarray(batch, float)
         return self.pass_time_s(decode_seqs=b, decode_context_tokens=b * np.asarray(context_tokens_per_request, float))
@@ -136,12 +139,14 @@ class Instance(PassShortcuts):
     engine: EngineProfile
     layout: Layout
     measured: ClassVar[bool] = False  # perf.model.PerfModel: analytic timing, nothing to count
+    queries: ClassVar[Mapping[str, int]] = MappingProxyType({"prefill": 0, "decode": 0})
+    extrapolated: ClassVar[Mapping[str, int]] = queries
 
     def __post_init__(self):
         if not isinstance(self.layout, Layout):
             object.__setattr__(self, "layout", Layout(int(self.layout)))
 
-    def record_decode_steps(self, batch, context_total) -> None:
+    def record_decode_steps(self, batch: ArrayLike, context_total: ArrayLike) -> None:
         """Nothing to count: every step is computed (PerfModel)."""
 
     @property
@@ -175,7 +180,7 @@ class Instance(PassShortcuts):
         hw = self.hardware
         return hw.scale_out_bytes_per_s * self.layout.tp * self.layout.pp / hw.gpus_per_machine
 
-    def instances_on(self, machines) -> int:
+    def instances_on(self, machines: int) -> int:
         """Whole instances on `machines` machines."""
         return self.layout.instances_on(machines, self.hardware.gpus_per_machine)
 
@@ -276,6 +281,7 @@ class Instance(PassShortcuts):
         heads_gpu = m.num_attention_heads / t
         if m.is_mla:  # prefill expands the latent per head; decode attends over the latent itself (absorbed)
             prefill_attn_flops = heads_gpu * (m.qk_head_dim + m.v_head_dim_eff)
+            assert m.kv_lora_rank is not None  # (an MLA config has every MLA key: specs.model)
             decode_flops = 2 * heads_gpu * (m.kv_cache_elements_per_layer + m.kv_lora_rank)
             decode_bytes = m.kv_cache_elements_per_layer * kvbpe
         else:
@@ -394,10 +400,17 @@ class Instance(PassShortcuts):
         groups = 1.0 if dp == 1 else _min(dp, _max((prefill_seqs + decode_seqs) * micro, 1.0))
         return micro, groups
 
-    def pass_time_s(self, prefill_seqs=0, prefill_tokens=0, prefill_sq_tokens=0, decode_seqs=0, decode_context_tokens=0):
+    def pass_time_s(self, prefill_seqs: ArrayLike = 0, prefill_tokens: ArrayLike = 0, prefill_sq_tokens: ArrayLike = 0,
+                    decode_seqs: ArrayLike = 0, decode_context_tokens: ArrayLike = 0) -> Seconds:
         """Seconds for one forward pass (vectorized over numpy arrays)."""
         c, mem, net, ovh, _, _ = self._terms(prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens)
         return c + mem + net + ovh
+
+    @overload
+    def decode_line(self, batch: int) -> tuple[float, float, float]: ...
+
+    @overload
+    def decode_line(self, batch: np.ndarray) -> tuple[FloatArray, float, FloatArray]: ...
 
     def decode_line(self, batch):
         """A decode step of `batch` requests as a function of their summed context C:
@@ -420,7 +433,7 @@ class Instance(PassShortcuts):
         terms = self._terms(len(prompts), prompts.sum(), (prompts**2).sum(), decode_batch, decode_batch * decode_context_tokens)
         c, mem, net, ovh, flops, nbytes = (float(x) for x in terms)
         parts = dict(zip(BOUNDS, (c, mem, net, ovh), strict=True))
-        return Latency(c + mem + net + ovh, max(parts, key=parts.get), c, mem, net, ovh, flops, nbytes)
+        return Latency(c + mem + net + ovh, max(parts, key=lambda bound: parts[bound]), c, mem, net, ovh, flops, nbytes)
 
 
 def local_kv_bytes_per_s(src: Instance, dst: Instance) -> float:

@@ -37,6 +37,7 @@ def bracket_bisect(attempt, start: float, known=None, span: float = SPAN, tolera
                 lo, lo_result = x, result
         if lo is None:
             return None, None, x
+    assert lo is not None  # (bracketed above)
     while hi is not None and hi / lo > tolerance:
         mid = (lo * hi) ** 0.5
         result = attempt(mid)

@@ -32,7 +32,8 @@ def cost_power_frontier(problem, options, seeds: list) -> tuple:
     plans no other beats on both. `seeds` (plans already found, the co-located
     one among them) join the set."""
     by_key = {o.key: o for o in options}
-    plans, memo = list(seeds), {}
+    plans: list = list(seeds)
+    memo: dict = {}
     cost_problem = replace(problem, objective="cost")
     cap = None
     for _ in range(50):

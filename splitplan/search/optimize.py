@@ -185,12 +185,12 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
     options += combos(options)  # prefill and decode instances on one machine
     try:
         _raise_if_unreachable(problem, options)
-        plan, alts = _best_split(problem, options, search, alternatives)
+        split_plan, alts = _best_split(problem, options, search, alternatives)
         no_split = None
     except InfeasibleError as exc:  # a co-located plan may still serve the trace
         if split_only or not mixed:
             raise
-        plan, alts, no_split = None, [], exc
+        split_plan, alts, no_split = None, [], exc
     try:
         colocated = colocated_plan(problem, mixed, simulated) if mixed else None
     except InfeasibleError:
@@ -198,17 +198,18 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
             raise no_split from None
         colocated = None
     mixed = [as_simulated(simulated, o) for o in mixed]
-    best = plan if plan is not None and (split_only or colocated is None or
-                                         _plan_key(objective, plan) <= _plan_key(objective, colocated)) else colocated
-    shown = alts[: alternatives - 1] + [p for p in (plan, colocated) if p is not None and p is not best]
+    best = split_plan if split_plan is not None and (split_only or colocated is None or
+                                                     _plan_key(objective, split_plan) <= _plan_key(objective, colocated)) else colocated
+    shown = alts[: alternatives - 1] + [p for p in (split_plan, colocated) if p is not None and p is not best]
     front = ()
     if pareto:
         by_key = {o.key: o for o in options + mixed}
         front = tuple(dataclasses.replace(p, max_rate_rps=plan_max_rate(problem, p, by_key))
-                      for p in cost_power_frontier(problem, options, [*alts, *(p for p in (plan, colocated) if p is not None)]))
+                      for p in cost_power_frontier(problem, options, [*alts, *(p for p in (split_plan, colocated) if p)]))
     notes = () if no_split is None else (f"no split plan: {no_split}; the plan is co-located",)
+    assert best is not None  # (with neither a split nor a co-located plan, one of them raised above)
     return OptimizeResult(best, tuple(sorted(shown, key=lambda p: _plan_key(objective, p))), tuple(options + mixed),
-                          colocated, pareto=front, unservable=unservable, problem=problem, split=plan, objective=objective,
+                          colocated, pareto=front, unservable=unservable, problem=problem, split=split_plan, objective=objective,
                           notes=notes)
 
 
@@ -387,13 +388,15 @@ def _best_split(problem, options, search: str, alternatives: int):
         key=lambda pt: (_objective(problem.objective, pt[0]) * pt[0].machines_alone
                         + _objective(problem.objective, pt[1]) * pt[1].machines_alone, pt[0].key, pt[1].key),
     )
-    seen_pairs = set()
+    seen_pairs: set[tuple[str, str]] = set()
     for p, t in pairs:
         pair = (p.inst.hardware.family, t.inst.hardware.family)  # (its cheapest shapes)
         if pair not in seen_pairs and len(seen_pairs) < alternatives + 1:
             seen_pairs.add(pair)
             candidates.append({p.key: p.machines_alone, t.key: t.machines_alone})
-    plans, memo, failures = [], {}, []
+    plans: list[Plan] = []
+    memo: dict = {}
+    failures: list = []
     for counts in candidates:
         try:
             counts, values, lines, repairs = repair(problem, counts, by_key, memo=memo)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -68,8 +68,15 @@ class Option:
         return OptionKey(self.role, self.inst.hardware.name, self.inst.layout)
 
     @property
+    def needed(self) -> int:
+        """n*, for an option that meets the SLO at some size (the only ones a plan uses)."""
+        if self.instances is None:
+            raise ValueError(f"{self.key} has no size: {self.skipped}")
+        return self.instances
+
+    @property
     def machines_alone(self) -> int:
-        return self.inst.machines_for(self.instances)
+        return self.inst.machines_for(self.needed)
 
     @property
     def price_usd_per_hour(self) -> float:
@@ -111,7 +118,7 @@ class Combo:
     skipped = ""
     simulated = False
 
-    def part(self, role: str) -> tuple[Option, int]:
+    def part(self, role: Role) -> tuple[Option, int]:
         """The option of `role` (prompt or token) and its instances on one machine."""
         return (self.prompt, self.prompt_instances) if role == Role.PROMPT else (self.token, self.token_instances)
 
@@ -132,8 +139,8 @@ class Combo:
     @property
     def machines_alone(self) -> int:
         """The most machines a plan could want: enough for either role alone."""
-        return max(math.ceil(self.prompt.instances / self.prompt_instances),
-                   math.ceil(self.token.instances / self.token_instances))
+        return max(math.ceil(self.prompt.needed / self.prompt_instances),
+                   math.ceil(self.token.needed / self.token_instances))
 
     @property
     def price_usd_per_hour(self) -> float:
@@ -142,6 +149,10 @@ class Combo:
     @property
     def power_kw(self) -> float:
         return self.prompt.power_kw
+
+
+AnyKey = OptionKey | ComboKey  # a pool option's key, or a shared machine's
+AnyOption = Option | Combo  # what the ILP counts machines of
 
 
 def combos(options: list[Option]) -> list[Combo]:
@@ -265,7 +276,7 @@ def _lines(problem: Problem, metric: str) -> list[SloLine]:
     return [x for x in problem.slo.lines() if x.metric == metric]
 
 
-def _first_failing(problem: Problem, metric: str, values: np.ndarray) -> SloLine | None:
+def _first_failing(problem: Problem, metric: str, values: np.ndarray | Gaps) -> SloLine | None:
     for line in _lines(problem, metric):
         if not meets(line, achieved(line, values, problem.reference)):
             return line
@@ -307,7 +318,7 @@ def _decode_gaps(o: np.ndarray, decode_s: np.ndarray, step_s: np.ndarray, busy: 
         return gaps, np.where(many, decode_s / (o - 1), np.nan)
 
 
-def _fails_alone(problem: Problem, role: str, inst: Instance) -> SloLine | None:
+def _fails_alone(problem: Problem, role: Role, inst: Instance) -> SloLine | None:
     """The first line an option misses even running requests alone."""
     alone = alone_latencies(inst, problem.trace.prompt_tokens, problem.trace.output_tokens)  # more instances only approach these
     for metric in ("tbt",) if role == Role.TOKEN else ("ttft", "tbt", "e2e"):
@@ -324,7 +335,7 @@ def _busy_guess(inst: Instance, t: Trace) -> int:
     return max(1, min(len(t), math.ceil(work / max(t.span_s, work, 1e-9))))
 
 
-def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1, guess: int | None = None) -> Option:
+def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, guess: int | None = None) -> Option:
     """n*(o) for one option alone, and the line that decided it. `lower` is a known
     lower bound on n* (a co-located pool needs at least the prompt pool's count); `guess`, where
     the count search starts (None: the instances the prefill work keeps busy)."""
@@ -335,13 +346,13 @@ def size_option(problem: Problem, role: str, inst: Instance, lower: int = 1, gue
         return Option(role, inst, None, "KV memory", "the longest prompt's KV exceeds one instance's KV capacity"
                       + (" (of one attention DP group)" if inst.layout.dp > 1 else ""))
     if role == Role.PROMPT:
-        memo = [BatchTimes(inst, t.prompt_tokens)]
+        batch_times = [BatchTimes(inst, t.prompt_tokens)]
 
         def failing(n):
-            ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, [(inst, n)], problem.max_batch_tokens, memo,
+            ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, [(inst, n)], problem.max_batch_tokens, batch_times,
                                        chunked=problem.chunked, max_seqs=problem.max_num_seqs, prefix=problem.prefix)
             return _first_failing(problem, "ttft", ttft)
-        alone = _first_failing(problem, "ttft", inst.prefill_time_s(t.prompt_tokens) + inst.engine.frontend_latency_s)
+        alone = _first_failing(problem, "ttft", np.asarray(inst.prefill_time_s(t.prompt_tokens)) + inst.engine.frontend_latency_s)
         if alone is not None:
             return Option(role, inst, None, alone.label, f"{alone.label} not met even without queueing")
     elif int(np.max(t.prompt_tokens + t.output_tokens)) > inst.max_request_tokens:
@@ -418,14 +429,14 @@ def simulated_option(problem: Problem, option: Option, replays: dict | None = No
                    simulated=True)
 
 
-def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[OptionKey, Option], memo: dict | None = None) -> dict:
+def evaluate(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], memo: dict | None = None) -> dict:
     """Per-request TTFT, TBT and E2E (seconds) of a plan on the trace: split pools,
     or one co-located (mixed) pool.
 
     `memo` (any dict, reused across calls on the same problem) keeps the prompt
     replay of each prompt-pool configuration and each option's batch times."""
     t = problem.trace
-    mixed = [(k, c) for k, c in counts.items() if k.role == Role.MIXED]
+    mixed = [(k, c) for k, c in counts.items() if isinstance(k, OptionKey) and k.role == Role.MIXED]
     if mixed:
         (key, machines), = mixed  # a co-located plan is one homogeneous pool
         inst = options[key].inst
@@ -472,7 +483,8 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
         inst, idx = option.inst, np.flatnonzero(kind == j)
         # on shared machines, a request's prompt instance is on its token instance's machine as
         # often as that machine's share of the prompt instances
-        local = None if combo is None else (options[combo].prompt.inst, options[combo].prompt_instances / prompt_instances)
+        shared = None if combo is None else cast(Combo, options[combo])
+        local = None if shared is None else (shared.prompt.inst, shared.prompt_instances / prompt_instances)
         if len(idx):
             tbt[idx], decode_s[idx], res = _decode_values(problem, inst, n, src, start[idx], idx, local)
             step_s[idx] = res.step_s
@@ -484,8 +496,8 @@ def evaluate(problem: Problem, counts: dict[OptionKey, int], options: dict[Optio
     keys = prompt_keys + token_keys
     pool_busy_s = [*prompt_busy_s, *token_busy_s]
     utilization = {k: min(b / (span_s * n), 1.0) for k, b, (_, n) in zip(keys, pool_busy_s, prompt + token, strict=True)}
-    busy = np.array([utilization[k] for k in token_keys])[kind]  # each request's token instance's
-    itl, tpot = _decode_gaps(t.output_tokens, decode_s, step_s, busy, src.engine.async_scheduling)
+    token_busy = np.array([utilization[k] for k in token_keys])[kind]  # each request's token instance's
+    itl, tpot = _decode_gaps(t.output_tokens, decode_s, step_s, token_busy, src.engine.async_scheduling)
     return {"ttft": ttft, "tbt": tbt, "itl": itl, "tpot": tpot, "e2e": e2e, "kv_peak_fraction": kv_peak,
             "utilization": utilization, "prefix_hit_rate": hits}
 
@@ -512,7 +524,7 @@ def check(problem: Problem, values: dict) -> list[tuple[SloLine, float, bool]]:
     return out
 
 
-def repair(problem: Problem, counts: dict[OptionKey, int], options: dict[OptionKey, Option], limit: int = 100, memo: dict | None = None):
+def repair(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], limit: int = 100, memo: dict | None = None):
     """Grow the plan until every line holds on the whole-trace evaluation.
 
     Greedy: for the first failing line, try one more machine of each option of the
@@ -566,7 +578,7 @@ def best_move(problem: Problem, counts: dict, options: dict, line: SloLine | Non
     return None if best is None else best[1:]
 
 
-def _repair_moves(counts: dict, options: dict, roles: tuple, weight, extra: int = 3) -> list[Option]:
+def _repair_moves(counts: dict, options: dict, roles: tuple, weight, extra: int = 3) -> list[AnyOption]:
     """Options worth one more machine: those already in the plan, and per role the
     `extra` with the lowest weight (cost or power) per unit of capacity."""
     moves = {k: options[k] for k in counts if k.role in roles}
@@ -589,28 +601,29 @@ def usd_per_million_tokens(cost_usd_per_hour: float, trace: Trace) -> dict:
             "cost_usd_per_million_output_tokens": usd / max(output, 1.0)}
 
 
-def _pools(counts: dict[OptionKey, int], options: dict[OptionKey, Option], values: dict) -> dict[Role, tuple[Pool, ...]]:
+def _pools(counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], values: dict) -> dict[Role, tuple[Pool, ...]]:
     """The plan's pools per role, each with its instances, GPUs and predicted utilization; a group
     of shared machines is a part in each role's pools, numbered alike."""
     hits, busy = values.get("prefix_hit_rate", {}), values["utilization"]
     out = {role: [Pool.of(k.hardware, options[k].inst.hardware.gpus_per_machine, k.layout, c, busy.get(k), hits.get(k))
-                  for k, c in sorted(counts.items()) if k.role == role] for role in Role}
-    for number, (k, c) in enumerate(sorted((k, c) for k, c in counts.items() if k.role == SHARED)):
+                  for k, c in sorted(counts.items()) if isinstance(k, OptionKey) and k.role == role] for role in Role}
+    for number, (k, c) in enumerate(sorted((k, c) for k, c in counts.items() if isinstance(k, ComboKey))):
         for role, layout, per_machine in ((Role.PROMPT, k.prompt_layout, k.prompt_instances),
                                           (Role.TOKEN, k.token_layout, k.token_instances)):
             out[role].append(Pool.part(k.hardware, layout, c, c * per_machine, number, busy.get((k, role)), hits.get((k, role))))
     return {role: tuple(pools) for role, pools in out.items()}
 
 
-def make_plan(problem: Problem, counts: dict[OptionKey, int], options: dict[OptionKey, Option], repairs: int,
+def make_plan(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], repairs: int,
               values: dict, lines) -> Plan:
     cost = sum(options[k].price_usd_per_hour * c for k, c in counts.items())
     power = sum(options[k].power_kw * c for k, c in counts.items())
     predicted = _percentiles_ms(values)
     bindings = []
     for role in (Role.PROMPT, Role.TOKEN, Role.MIXED):
-        used = [(options[k], c) for k, c in counts.items() if k.role == role]
-        used += [(options[k].part(role)[0], None) for k in counts if k.role == SHARED and role in SPLIT]
+        used: list[tuple[Option, int | None]] = [(o, c) for k, c in counts.items()
+                                                 if isinstance(o := options[k], Option) and o.role == role]
+        used += [(o.part(role)[0], None) for k in counts if isinstance(o := options[k], Combo) and role in SPLIT]
         if used:
             bindings.append(f"{role}: {', '.join(sorted({_binding_text(o, c) for o, c in used}))}")
     if repairs:
@@ -641,9 +654,9 @@ def _percentiles_ms(values: dict) -> dict:
             if m in values}
 
 
-def plan_counts(plan: Plan) -> dict[OptionKey, int]:
+def plan_counts(plan: Plan) -> dict[AnyKey, int]:
     """The plan's machine counts keyed as options are (shared machines by their combo key)."""
-    counts = {OptionKey(role, p.hardware, p.layout): p.machines for role, pools in
+    counts: dict[AnyKey, int] = {OptionKey(role, p.hardware, p.layout): p.machines for role, pools in
               ((Role.PROMPT, plan.prompt_pools), (Role.TOKEN, plan.token_pools), (Role.MIXED, plan.mixed_pools))
               for p in pools if p.shared is None}
     for group in (g for g in bought(plan.pools) if g.shared is not None):
@@ -653,7 +666,7 @@ def plan_counts(plan: Plan) -> dict[OptionKey, int]:
     return counts
 
 
-def predict(problem: Problem, plan: Plan, options: dict[OptionKey, Option]) -> Plan:
+def predict(problem: Problem, plan: Plan, options: dict[AnyKey, AnyOption]) -> Plan:
     """The plan with the planner's whole-trace prediction of its own machines (after
     machines were added to it, e.g. by a simulation)."""
     counts = plan_counts(plan)
@@ -664,7 +677,7 @@ def predict(problem: Problem, plan: Plan, options: dict[OptionKey, Option]) -> P
                    **usd_per_million_tokens(plan.cost_usd_per_hour, problem.trace))
 
 
-def _tight_budgets(problem: Problem, counts: dict[OptionKey, int], options: dict[OptionKey, Option], cost: float,
+def _tight_budgets(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], cost: float,
                    power: float) -> list[str]:
     """Budget and availability limits the plan reaches: they, not the SLO, shape it."""
     tight = []
@@ -746,7 +759,8 @@ def colocated_plan(problem: Problem, options: list[Option], simulated: dict | No
         short, whole = listed([f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped or 'over budget'}"
                                for o in sorted(shown, key=closest_fit)])
         raise with_details(InfeasibleError(f"no co-located plan meets the SLO within the budget: {short}"), whole)
-    counts, held = {best.key: best.machines_alone}, best.inst.instances_on(best.machines_alone)
+    counts: dict[AnyKey, int] = {best.key: best.machines_alone}
+    held = best.inst.instances_on(best.machines_alone)
     count, values = best_replay
     if count != held:  # (rounded up to whole machines, or simulated by an earlier call)
         values = evaluate(problem, counts, {best.key: best})

@@ -18,6 +18,7 @@ from splitplan.simulation import Setup, plan_from_pools, plan_pools, trim
 from splitplan.slo import alone_latencies
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import hardware_catalog, load_hardware
+from splitplan.specs.layout import Layout
 from splitplan.specs.model import load_model
 
 
@@ -69,7 +70,7 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
     names = kwargs.get("hardware") or [h.name for h in hardware_catalog()]
     alone = [float(np.mean(alone_latencies(inst, workload.prompt_tokens, workload.output_tokens).e2e_s))
              for hw in map(load_hardware, names) for t in hw.tp_degrees()
-             for inst in [Instance(m, hw, eng, t)] if inst.fit.fits]
+             for inst in [Instance(m, hw, eng, Layout(t))] if inst.fit.fits]
     if not alone:
         raise InfeasibleError(f"{m.name} fits no instance of {', '.join(names)}")
     rate, rounds_out, best = concurrency / min(alone), [], None
@@ -105,6 +106,7 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
     # closed loop still meets every line, so the plan is the cheapest the loop accepts this way.
     pools, sim, removed = trim(workload, plan_pools(result.plan), sim, setup, 30, concurrency)
     if removed:
+        assert result.problem is not None  # (optimize's results carry their problem)
         plan = plan_from_pools(pools, predicted=result.plan.predicted, slo=result.plan.slo, repairs=result.plan.repairs,
                                binding=f"{result.plan.binding}; closed loop: {removed} machine(s) removed by simulation")
         result = dataclasses.replace(result, plan=predict(result.problem, plan, {o.key: o for o in result.options}))

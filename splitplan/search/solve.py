@@ -12,10 +12,10 @@ import pulp
 
 from splitplan.errors import InfeasibleError, SolverError, SpecError
 from splitplan.roles import SPLIT, Role
-from splitplan.search.plan import SHARED, Option, OptionKey, Problem
+from splitplan.search.plan import SHARED, AnyKey, AnyOption, Problem
 
 
-def solve_counts(problem: Problem, options: list[Option], method: str = "ilp") -> dict[OptionKey, int]:
+def solve_counts(problem: Problem, options: list[AnyOption], method: str = "ilp") -> dict[AnyKey, int]:
     """Machine counts per option key minimizing the objective under the linear model."""
     usable = [o for o in options if o.instances and o.role in SPLIT]
     for role in SPLIT:
@@ -97,7 +97,7 @@ def _solver(name: str):
     return solver
 
 
-def ilp_model(problem: Problem, usable: list[Option]) -> tuple[pulp.LpProblem, dict]:
+def ilp_model(problem: Problem, usable: list[AnyOption]) -> tuple[pulp.LpProblem, dict]:
     """The integer program: units x_o per option (a unit: one machine, or the machines one
     instance spans; a shared machine, holding both roles, is an option too), at most as many as
     the option needs alone; minimize the objective (the other one, scaled by 1e-6, breaks ties);
@@ -127,7 +127,7 @@ def _cover(option, role: str) -> float:
     return option.inst.unit_instances / option.instances if option.role == role else 0.0
 
 
-def _budgets(problem: Problem, usable: list[Option], var) -> list[tuple[str, list, float]]:
+def _budgets(problem: Problem, usable: list[AnyOption], var) -> list[tuple[str, list, float]]:
     """(name, terms summing to the budgeted quantity, limit) of each budget the problem sets."""
     out = []
     if problem.max_cost_per_hour is not None:
@@ -140,7 +140,7 @@ def _budgets(problem: Problem, usable: list[Option], var) -> list[tuple[str, lis
     return out
 
 
-def _budget_message(problem: Problem, usable: list[Option]) -> str:
+def _budget_message(problem: Problem, usable: list[AnyOption]) -> str:
     cheapest = min(o.price_usd_per_hour * o.machines_alone for o in usable if o.role == Role.PROMPT) + \
         min(o.price_usd_per_hour * o.machines_alone for o in usable if o.role == Role.TOKEN)
     return (f"no plan meets the SLO within the budget (--max-cost-per-hour {problem.max_cost_per_hour}, "
@@ -148,7 +148,7 @@ def _budget_message(problem: Problem, usable: list[Option]) -> str:
             f"the cheapest homogeneous plan needs about ${cheapest:,.1f}/h: raise the budget or loosen the SLO")
 
 
-def _grid(problem: Problem, usable: list[Option], primary, secondary) -> dict[OptionKey, int]:
+def _grid(problem: Problem, usable: list[AnyOption], primary, secondary) -> dict[AnyKey, int]:
     """Exhaustive enumeration of the same integer space as the ILP."""
     ranges = [range(0, o.machines_alone + 1, o.inst.unit_machines) for o in usable]  # machines, in whole units
     best, best_key = None, None

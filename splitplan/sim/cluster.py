@@ -131,7 +131,7 @@ class _Cluster:
         self.token_side = [i for i in self.insts if i.role in (TOKEN, MIXED)]
         if not self.prompt_side or not self.token_side:
             raise ValueError("a cluster needs prompt and token instances, or mixed ones")
-        self.single = {k: pool.perf.prefill_time_s(self.trace.prompt_tokens).tolist() for k, pool in enumerate(self.pools)}
+        self.single = {k: np.asarray(pool.perf.prefill_time_s(self.trace.prompt_tokens)).tolist() for k, pool in enumerate(self.pools)}
         self.lines: dict[int, dict[int, tuple]] = {k: {} for k in range(len(self.pools))}  # decode steps per batch size
         self.model = self.pools[0].perf.model
         self.context = self.options.max_model_len  # a longer request is refused at arrival (None: no limit)
@@ -214,6 +214,7 @@ class _Cluster:
             cost = self.prompt_load[k] + self.p[i] - self.caches[inst.idx].peek(self.node[i], self.p[i])
             if cost < best_cost:
                 best, best_cost = inst, cost
+        assert best is not None  # (a cluster has prompt instances: checked at the start)
         return best
 
     def _long_queue(self, inst: InstanceState, i: int) -> bool:
@@ -229,6 +230,7 @@ class _Cluster:
             other = min(lent, key=lambda x: self.prompt_load[self.p_pos[x.idx]]) if lent else None
             if other is not None and (best is None or not self._long_queue(other, i)):
                 best = other
+        assert best is not None  # (own or lent: a cluster has prompt instances)
         return best
 
     def _lend_prompt(self, need: int) -> InstanceState | None:
@@ -257,7 +259,7 @@ class _Cluster:
         if inst.role == MIXED:
             while inst.batch > 1 and inst.kv_used + inst.ctx + inst.batch > inst.kv_cap:
                 self._preempt(inst, now)
-        prefill = []  # requests whose prefill ends with this iteration
+        prefill: list[int] = []  # requests whose prefill ends with this iteration
         chunks = 0  # prompts (whole or in part) in it
         budget = self.chunked[inst.pool]
         if inst.can_prefill and inst.queue:

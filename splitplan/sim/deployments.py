@@ -28,6 +28,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -104,6 +105,13 @@ def _layout(run: dict, key: str) -> Layout | None:
     return parse_layout(value, key) if isinstance(value, str) and value else None
 
 
+def _required_layout(run: dict, key: str) -> Layout:
+    layout = _layout(run, key)
+    if layout is None:
+        raise TraceError(f"a disaggregated run without its {key}: {run.get('model')} on {run.get('machine')}")
+    return layout
+
+
 def run_pools(run: dict, profile: EngineProfile) -> tuple[list[PoolSpec], int]:
     """The pools a run had, and its clients, at the same load per instance: an aggregated run
     (`layout`, or `tp`) as one co-located unit (one machine or the machines one instance spans,
@@ -115,7 +123,7 @@ def run_pools(run: dict, profile: EngineProfile) -> tuple[list[PoolSpec], int]:
     if decode is None:
         inst = Instance(model, hw, profile, _layout(run, "layout") or Layout(int(run["tp"])))
         return [PoolSpec(Role.MIXED, inst, inst.unit_machines)], int(run["concurrency"]) * inst.unit_instances
-    sides = [(Role.PROMPT, Instance(model, hw, profile, _layout(run, "prefill_layout")), int(run["prefill_workers"])),
+    sides = [(Role.PROMPT, Instance(model, hw, profile, _required_layout(run, "prefill_layout")), int(run["prefill_workers"])),
              (Role.TOKEN, Instance(model, hw, profile, decode), int(run["decode_workers"]))]
     scale = math.lcm(*(inst.unit_instances // math.gcd(workers, inst.unit_instances) for _, inst, workers in sides))
     pools = [PoolSpec(role, inst, workers * scale // inst.unit_instances * inst.unit_machines) for role, inst, workers in sides]
@@ -179,7 +187,8 @@ class Schedule:
         steps = np.empty(len(self.is_prefill))
         steps[self.is_prefill] = inst.pass_time_s(*self.prefill.T)
         batch, context, k = self.decode.T
-        steps[~self.is_prefill] = stretch_s(*inst.decode_line(batch), batch, context, k)
+        base, per_token, slack = inst.decode_line(batch)
+        steps[~self.is_prefill] = stretch_s(base, per_token, slack, batch, context, k)
         ends = np.concatenate(([0.0], np.cumsum(steps)))  # (index 0: the start)
         start = ends[self.sent + 1]
         ttft, e2e = ends[self.first + 1] - start, ends[self.finish + 1] - start
@@ -248,7 +257,7 @@ def predict(runs: pd.DataFrame, profile: EngineProfile, run: Runner = serial,
         out[rest] = np.array(run(_replay_unit, [records[k] for k in rest], profile), float).reshape(-1, 2)
     for k, schedule in enumerate(shared):
         if schedule is not None:
-            out[k] = schedule.means(run_pools(records[k], profile)[0][0].perf)
+            out[k] = schedule.means(cast(Instance, run_pools(records[k], profile)[0][0].perf))  # (analytic: shared)
     return out
 
 

@@ -49,7 +49,7 @@ def slo_report(result: SimResult, slo: SloProfile, reference: Reference | None) 
     """Per SLO line: target, achieved percentile, met, and the share of requests within it, over
     the requests the engine takes (those over its max_model_len are refused and reported apart,
     as the planner leaves them out). Rejected requests (KV never fits) count as misses."""
-    values = {"ttft": result.ttft_s, "tbt": result.tbt_s, "itl": result.itl_s, "tpot": result.tpot_s, "e2e": result.e2e_s}
+    values = {"ttft": result.ttft_s, "tbt": result.tbt_s, "itl": result.gaps_s, "tpot": result.tpot_s, "e2e": result.e2e_s}
     served = result.measured  # (past a closed loop's warm-up)
     out = []
     for line in slo.lines():
@@ -112,7 +112,7 @@ def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, 
         "ttft_ms": percentiles_ms(result.ttft_s[m]),
         "tbt_ms": percentiles_ms(result.tbt_s[m]),
         "tbt_max_ms": percentiles_ms(result.tbt_max_s[m]),
-        "itl_ms": percentiles_ms(result.itl_s),  # every gap between consecutive tokens, all requests
+        "itl_ms": percentiles_ms(result.gaps_s),  # every gap between consecutive tokens, all requests
         "tpot_ms": percentiles_ms(result.tpot_s[m]),  # per request: (E2E - TTFT) / (output - 1)
         "e2e_ms": percentiles_ms(result.e2e_s[m]),
         "prompt_queue_ms": percentiles_ms(result.prompt_queue_s[m]),

@@ -166,6 +166,13 @@ class SimResult:
     passes: np.ndarray | None = None
 
     @property
+    def gaps_s(self) -> np.ndarray:
+        """`itl_s`, which the reports read: a run that did not record the gaps cannot be reported."""
+        if self.itl_s is None:
+            raise ValueError("this run did not record its inter-token gaps (SimOptions.inter_token_gaps)")
+        return self.itl_s
+
+    @property
     def measured(self) -> np.ndarray:
         """The requests the statistics cover: those served, past the warm-up."""
         return self.served & ~self.warmup if self.warmup is not None else self.served

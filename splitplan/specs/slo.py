@@ -102,7 +102,9 @@ class SloLine:
     @property
     def limit(self) -> float:
         """The limit in the line's unit: milliseconds, or a factor of the reference."""
-        return self.max_ms if self.max_ms is not None else self.slowdown
+        limit = self.max_ms if self.max_ms is not None else self.slowdown
+        assert limit is not None  # (a line sets exactly one of the two: checked when it is read)
+        return limit
 
     @property
     def unit(self) -> str:
