@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -83,8 +84,8 @@ def calibrate(perf_db: str, engine: str = CALIBRATION_START, folds: int = 5, max
 @dataclass(frozen=True)
 class DeploymentCalibration:
     profile: EngineProfile
-    table: object  # DataFrame: per (machine, concurrency band) and overall, MAPE and median error %
-    runs: object  # DataFrame: every run used, with fit and held-out predictions (ms)
+    table: Any  # a DataFrame: per (machine, concurrency band) and overall, MAPE and median error %
+    runs: Any  # a DataFrame: every run used, with fit and held-out predictions (ms)
     dropped: dict  # rows of the file left out, by reason
 
     def to_json(self) -> dict:

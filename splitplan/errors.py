@@ -11,6 +11,7 @@ class SplitplanError(Exception):
     """Base of every error a user can cause; `exit_code` is what the CLI returns."""
 
     exit_code = 2
+    details = ""  # the whole story behind a short message (`--debug` prints it; with_details sets it)
 
 
 class SpecError(SplitplanError):

@@ -7,13 +7,14 @@ bounds are in `splitplan.limits`."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import stat
 import warnings
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import yaml
 
@@ -43,7 +44,7 @@ def reason(exc: BaseException, limit: int = 120) -> str:
     return excerpt(text.splitlines()[0] if text else type(exc).__name__, limit)
 
 
-def open_regular(path: Path, what: str, error: type[SplitplanError] = SpecError) -> BinaryIO:
+def open_regular(path: Path, what: str, error: type[SplitplanError] = SpecError) -> io.BufferedReader:
     """`path` opened for binary reading, if it is a regular file; else `error` naming it.
     Opened without blocking, so a FIFO with no writer is refused at once instead of hanging."""
     try:
@@ -84,7 +85,13 @@ class _Refused(Exception):
     """A document that parses but that a spec may not be: the message says why."""
 
 
-class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser: 7x faster than PyYAML's
+try:  # libyaml's parser: 7x faster than PyYAML's
+    from yaml import CSafeLoader as _SafeLoader
+except ImportError:  # (PyYAML built without libyaml)
+    from yaml import SafeLoader as _SafeLoader  # type: ignore[assignment]
+
+
+class _StrictLoader(_SafeLoader):
     """Safe YAML, refusing duplicate keys (YAML lets the last win: silently wrong). Aliases are
     refused after loading, where they show as shared objects (`_shape`)."""
 
@@ -187,9 +194,9 @@ def csv_rows(block: bytes, header: list, first: int, path: Path, error: type[Spl
     except pd.errors.EmptyDataError:
         return pd.DataFrame(columns=header)
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
-        fields = re.search(r"fields in line (\d+), saw (\d+)", str(exc))
-        if fields:
-            raise error(f"{path}: line {first + int(fields.group(1)) - 1}: {fields.group(2)} fields, the header has "
+        counted = re.search(r"fields in line (\d+), saw (\d+)", str(exc))
+        if counted:
+            raise error(f"{path}: line {first + int(counted.group(1)) - 1}: {counted.group(2)} fields, the header has "
                         f"{width}; fix or remove the row") from None
         raise error(f"{path}: not a readable CSV near line {first} ({reason(exc)})") from None
     longer = chunk[width].notna().to_numpy()

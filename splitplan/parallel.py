@@ -54,6 +54,7 @@ def _guarded(fn, shared, item):
 
 
 def _run(item):
+    assert _SHARED is not None  # (set before the workers fork)
     fn, shared = _SHARED
     return _guarded(fn, shared, item)
 
@@ -157,7 +158,7 @@ def _ray_map(fn, items, shared, jobs, address, tick) -> list:
         raise SpecError("--executor ray needs Ray: pip install '.[ray]' (or pip install 'ray>=2.9')") from None
     started = not ray.is_initialized()
     if started:
-        options = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        options: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
         try:
             with _folded_stderr():  # Ray's start-up notices (token auth, ...): a command's stderr is its own
                 if address:

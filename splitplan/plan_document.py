@@ -23,6 +23,7 @@ from splitplan import limits
 from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.errors import SpecError, SplitplanError
 from splitplan.inputs import excerpt, parse_document, read_text
+from splitplan.roles import PoolRequest, Role
 from splitplan.specs.layout import MAX_GPUS, Layout, parse_layout
 
 SCHEMA_VERSION = 3  # 3: plans carry their specs; 2: SLO targets are numbers with a unit (plans of 2 still read)
@@ -141,8 +142,8 @@ class PlanBody(BaseModel):
             raise ValueError(f"{total:,} machines; a plan has at most {limits.MAX_MACHINES:,}")
         if total != self.machines:
             raise ValueError(f"machines is {self.machines:,} but its pools hold {total:,}")
-        gpus = [p.gpus for _, p in self.pools()]
-        if self.gpus is not None and None not in gpus and sum(gpus) != self.gpus:
+        gpus = [p.gpus for _, p in self.pools() if p.gpus is not None]
+        if self.gpus is not None and len(gpus) == len(self.pools()) and sum(gpus) != self.gpus:
             raise ValueError(f"gpus is {self.gpus:,} but its pools hold {sum(gpus):,}")
         return self
 
@@ -280,7 +281,8 @@ class Plan:
 
     def __init__(self, doc: PlanDocument, notes: list[str]):
         self.document = doc
-        self.pools = [(role, p.hardware, p.parallel, p.machines) + ((p.instances, p.shared) if p.shared is not None else ())
+        self.pools = [PoolRequest(Role(role), p.hardware, p.parallel, p.machines,
+                                  *((p.instances, p.shared) if p.shared is not None else ()))
                       for role, p in doc.plan.pools()]
         self.inputs = doc.inputs.model_dump()
         self.notes = notes
@@ -308,15 +310,15 @@ def read(path: Path, option: str = "--plan") -> Plan:
         doc = PlanDocument.model_validate(raw)
     except ValidationError as exc:
         raise SpecError(f"{where}: {validation_message(PlanDocument, exc)}") from None
-    return Plan(doc, _pin(doc, where) if doc.specs else [])
+    return Plan(doc, _pin(doc.specs, where) if doc.specs else [])
 
 
-def _pin(doc: PlanDocument, where: str) -> list[str]:
+def _pin(specs: Specs, where: str) -> list[str]:
     """Check each carried spec (its SHA-256, that it loads), note where the catalog's entry of
     that name differs, and pin the copies."""
     from splitplan.specs import catalog
     notes, held = [], []
-    for kind, copies in doc.specs.model_dump().items():
+    for kind, copies in specs.model_dump().items():
         for name, copy in copies.items():
             key = f"specs.{kind}.{excerpt(name)}"
             if digest(copy["spec"]) != copy["sha256"]:

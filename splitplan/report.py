@@ -98,9 +98,9 @@ def _write_temp(path: Path, content: str | bytes, executable: bool = False) -> s
 def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], caption: str | None = None) -> Table:
     """A table: numbers right-aligned (never wrapped), text left-aligned and wrapped when the
     console is narrower than the table (see `console`)."""
-    rows = [list(row) for row in rows]
-    formats = [_column_format([r[i] for r in rows]) for i in range(len(columns))]
-    cells = [[f(v) for f, v in zip(formats, row, strict=True)] for row in rows]
+    table_rows = [list(row) for row in rows]
+    formats = [_column_format([r[i] for r in table_rows]) for i in range(len(columns))]
+    cells = [[f(v) for f, v in zip(formats, row, strict=True)] for row in table_rows]
     t = _Table()
     t.heading, t.footnote = title, caption or ""
     for i, col in enumerate(columns):

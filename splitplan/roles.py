@@ -1,8 +1,11 @@
-"""What a pool of machines does in a plan, a simulation or a report."""
+"""What a pool of machines does in a plan, a simulation or a report, and a pool as a user or a plan names it."""
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import NamedTuple
+
+from splitplan.specs.layout import Layout
 
 
 class Role(StrEnum):
@@ -15,3 +18,15 @@ class Role(StrEnum):
 
 
 SPLIT = (Role.PROMPT, Role.TOKEN)
+
+
+class PoolRequest(NamedTuple):
+    """A pool as a user or a plan gives it: `machines` machines of `hardware`, instances in `layout`;
+    on machines shared with the other role's pool of the same `shared` number, `instances` of them."""
+
+    role: Role
+    hardware: str
+    layout: Layout
+    machines: int
+    instances: int | None = None
+    shared: int | None = None

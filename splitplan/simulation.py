@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,31 +19,19 @@ from splitplan.parallel import run_units
 from splitplan.perf.points import instance, reference_instance
 from splitplan.perf.table import load_perf_db
 from splitplan.report import SCHEMA_VERSION
-from splitplan.roles import SPLIT, Role
+from splitplan.roles import SPLIT, PoolRequest, Role
 from splitplan.search.plan import Plan, Pool, bought, predict
 from splitplan.sim.cluster import PoolSpec, SimOptions
 from splitplan.sim.cluster import simulate as run
 from splitplan.sim.metrics import requests_csv, summarize_result
 from splitplan.slo import reference_for
 from splitplan.specs.hardware import load_hardware
-from splitplan.specs.layout import Layout, as_layout
+from splitplan.specs.layout import as_layout
 from splitplan.specs.slo import load_slo
 
 if TYPE_CHECKING:
     from splitplan.search.optimize import OptimizeResult
     from splitplan.sim.cluster import SimResult
-
-
-class PoolRequest(NamedTuple):
-    """A pool as a user or a plan gives it: `machines` machines of `hardware`, instances in `layout`;
-    on machines shared with the other role's pool of the same `shared` number, `instances` of them."""
-
-    role: Role
-    hardware: str
-    layout: Layout
-    machines: int
-    instances: int | None = None
-    shared: int | None = None
 
 
 @dataclass(frozen=True)
@@ -114,10 +102,10 @@ def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGIN
         out.append(PoolSpec(Role(role), db.require(inst, perf_interp) if db else inst, machines, count, shared))
     for number in {p.shared for p in out if p.shared is not None}:
         parts = [p for p in out if p.shared == number]
-        held = sum(p.count * p.perf.layout.gpus for p in parts)
+        held = sum(p.instances * p.perf.layout.gpus for p in parts)
         machine = parts[0].perf.hardware
-        if any(p.count % p.machines for p in parts) or held > parts[0].machines * machine.gpus_per_machine:
-            held_text = " and ".join(f"{p.count} {p.role} instance(s) in {p.perf.layout}" for p in parts)
+        if any(p.instances % p.machines for p in parts) or held > parts[0].machines * machine.gpus_per_machine:
+            held_text = " and ".join(f"{p.instances} {p.role} instance(s) in {p.perf.layout}" for p in parts)
             raise SpecError(f"shared machines {number}: {held_text} "
                             f"do not fill {parts[0].machines} {machine.name} machine(s) alike ({machine.gpus_per_machine} GPUs each)")
     return out
@@ -165,6 +153,8 @@ def plan_from_pools(pools: list[PoolRequest], **fields) -> Plan:
     def pool(p: PoolRequest) -> Pool:
         layout = as_layout(p.layout, f"{p.role} pool {p.hardware}")
         if p.shared is not None:
+            if p.instances is None:
+                raise SpecError(f"{p.role} pool {p.hardware} on shared machines {p.shared}: give its instances")
             return Pool.part(p.hardware, layout, p.machines, p.instances, p.shared)
         return Pool.of(p.hardware, load_hardware(p.hardware).gpus_per_machine, layout, p.machines)
     by_role = {role: tuple(pool(p) for p in pools if p.role == role) for role in Role}
@@ -272,8 +262,10 @@ def validate_result(result: OptimizeResult, trace, setup: Setup, jobs: int = 1, 
         progress()
     simulated = {**{k: sim.summary[k] for k in ("ttft_ms", "tbt_ms", "itl_ms", "tpot_ms", "e2e_ms", "slo")},
                  "machines_added": added}
+    problem = result.problem
+    assert problem is not None  # (optimize's results carry their problem)
     return dataclasses.replace(result, plan=plan, simulated=simulated, alternatives_simulated=tuple(runner_ups),
-                               pareto=tuple(_at_max_rate(p, result.problem.trace, setup) for p in result.pareto))
+                               pareto=tuple(_at_max_rate(p, problem.trace, setup) for p in result.pareto))
 
 
 def _at_max_rate(plan, trace, setup: Setup):

@@ -18,11 +18,12 @@ from splitplan.defaults import (
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.parallel import run_units
 from splitplan.report import SCHEMA_VERSION, plan_json, pools_text
+from splitplan.roles import PoolRequest
 from splitplan.search.optimize import optimize
 from splitplan.search.plan import Plan, usd_per_million_tokens
 from splitplan.search.rate import max_rate
 from splitplan.simulation import Setup, plan_from_pools, plan_pools, pool_specs
-from splitplan.specs.design import load_designs
+from splitplan.specs.design import Design, load_designs
 from splitplan.specs.hardware import load_hardware, price_date_warning
 from splitplan.workload.trace import Trace, resample_poisson
 
@@ -117,7 +118,9 @@ def _design_unit(job: _CompareJob, design):
     try:
         if scenario in ("iso-power", "iso-cost"):
             result = max_rate(workload_at, base_rate, model, slo, **common)
-            rate, trace = result.max_rate_rps, workload_at(result.max_rate_rps)
+            rate = result.max_rate_rps
+            assert rate is not None  # (max_rate's results carry it)
+            trace = workload_at(rate)
         else:
             objective = "cost" if scenario == "iso-throughput-cost" else "power"
             result = optimize(workload, model, slo, objective=objective, alternatives=0, with_colocated=False, **common)
@@ -247,7 +250,7 @@ def _sweep_unit(job: _SweepJob, unit):
 
 
 def sweep(trace, rates: list[float], model: str = DEFAULT_MODEL, slo: str = DEFAULT_SLO, designs: str | None = None,
-          only: list[str] | None = None, pools: list[tuple[str, str, int, int]] | None = None,
+          only: list[str] | None = None, pools: list[PoolRequest] | None = None,
           engine: str = DEFAULT_ENGINE, objective: str = "cost", duration_s: float = 120.0, seed: int = 0,
           perf_db: str | None = None, max_batch_tokens: int | None = None, jobs: int = 1, progress=None,
           executor: str = "local", ray_address: str | None = None, max_num_seqs: int | None = None) -> SweepResult:
@@ -263,10 +266,11 @@ def sweep(trace, rates: list[float], model: str = DEFAULT_MODEL, slo: str = DEFA
     if designs is not None:
         spec = load_designs(designs)
         chosen = [spec.get(n) for n in only] if only else list(spec.designs)
-        units = [(d.name, d, r) for d in chosen for r in rates]
+        units: list[tuple[str, Design | None, float]] = [(d.name, d, r) for d in chosen for r in rates]
         kwargs["objective"] = objective
         mode = "designs"
     else:
+        assert pools is not None  # (one of the two: checked above)
         pool_specs(pools, model, engine, perf_db)  # validate before forking
         units = [("plan", None, r) for r in rates]
         mode = "plan"
@@ -329,7 +333,7 @@ def plan_windows(trace, window_s: float, model: str, slo: str, jobs: int = 1, ex
     if window_s <= 0:
         raise SpecError(f"--window {window_s:g} s: must be > 0")
     index = np.floor(trace.arrival_s / window_s).astype(np.int64)
-    units = []
+    units: list = []
     for k in np.unique(index):
         mask = index == k
         units.append((len(units), float(k * window_s), trace.take(mask, f"{trace.source} [window {k}]")))

@@ -793,6 +793,7 @@ def test_the_engines_scheduler_settings_on_the_command_line(tmp_path):
     assert (default["max_batch_tokens"], default["max_num_seqs"]) == (8192, 256)  # the profile's
 
 
+@pytest.mark.integration
 def test_a_plan_on_shared_machines_reads_back_simulates_and_exports(tmp_path):
     """Issue 30, items 2-5: plan.json gives each role's part of shared machines (`shared`, its
     `instances`), counts the machines once, and simulate --plan and export run it as planned (the
@@ -819,7 +820,7 @@ def test_a_plan_on_shared_machines_reads_back_simulates_and_exports(tmp_path):
     import yaml
     pods = {d["metadata"]["name"]: d["spec"]["template"] for d in yaml.safe_load_all(exported.stdout) if d["kind"] == "Deployment"}
     assert len(pods) == 2
-    import kubernetes_validate
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="needs the integration extra")
     for name, pod in pods.items():  # each role's pods prefer the node of the other's (a valid pod template)
         kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": pod},
                                      "1.34.0", strict=True)
@@ -846,3 +847,10 @@ def test_optimize_says_which_colocated_options_it_left_unsized(tmp_path):
     assert run(*common, "--jobs", "2", "--output-dir", str(tmp_path / "two")).exit_code == 0
     for name in ("candidates.csv", "plan.json"):
         assert (tmp_path / "one" / name).read_text() == (tmp_path / "two" / name).read_text()
+
+
+def test_the_precision_choices_are_the_engines():
+    """`--weights` and `--kv-cache` offer exactly the precisions an engine profile takes."""
+    from splitplan.cli.common import KvCache, Weights
+    from splitplan.specs.engine import KV_PRECISIONS, WEIGHT_PRECISIONS
+    assert tuple(Weights) == WEIGHT_PRECISIONS and tuple(KvCache) == KV_PRECISIONS

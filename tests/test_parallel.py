@@ -18,18 +18,24 @@ from splitplan.parallel import WorkUnitError, run_units
 from splitplan.simulation import Setup, _simulate_unit
 from splitplan.workload.trace import default_trace_path, load_trace
 
-ray = pytest.importorskip("ray")
 TRACE = load_trace(default_trace_path())
+
+
+def _ray():
+    """Ray (the integration extra; CI installs it), or the test is skipped."""
+    return pytest.importorskip("ray", reason="needs the integration extra: pip install '.[integration]'")
 
 
 @pytest.fixture(scope="module")
 def local_ray():
+    ray = _ray()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_compare_and_sweep_same_json_on_ray_and_local(local_ray):
     runner = CliRunner()
     compare = ["compare", "--scenario", "iso-throughput-cost", "--rate", "6", "--duration", "30", "--format", "json"]
@@ -42,6 +48,7 @@ def test_compare_and_sweep_same_json_on_ray_and_local(local_ray):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_windows_same_on_ray_and_local(local_ray):
     options = dict(hardware=["h100-80gb"], tp=8)
     a = api.plan_windows(TRACE, 1200, "llama2-70b", "splitwise", jobs=2, **options).to_json()
@@ -49,7 +56,7 @@ def test_windows_same_on_ray_and_local(local_ray):
     assert a == b and len(a["windows"]) == 3
 
 
-@pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=[pytest.mark.slow, pytest.mark.integration])])
 def test_failing_unit_is_named(executor, request):
     if executor == "ray":
         request.getfixturevalue("local_ray")
@@ -73,7 +80,9 @@ def test_missing_ray_exits_2_with_install_hint(monkeypatch):
     assert result.exit_code == 2 and "pip install '.[ray]'" in result.stderr
 
 
+@pytest.mark.integration
 def test_unreachable_ray_cluster_is_a_clean_error():
+    ray = _ray()
     if ray.is_initialized():
         ray.shutdown()
     result = CliRunner().invoke(app, ["compare", "--scenario", "iso-throughput-cost", "--rate", "3", "--duration", "20",
@@ -81,8 +90,10 @@ def test_unreachable_ray_cluster_is_a_clean_error():
     assert result.exit_code == 2 and "cannot start or reach --ray-address auto" in result.stderr, result.output
 
 
+@pytest.mark.integration
 def test_ray_that_cannot_start_is_a_clean_error(monkeypatch):
     """However ray.init fails (here a timeout, as when its processes cannot start), exit 2 at once."""
+    ray = _ray()
     def fails(**kwargs):
         raise TimeoutError("Timed out after 30 seconds waiting for the raylet")
     monkeypatch.setattr(ray, "init", fails)

@@ -27,6 +27,8 @@ SLOW = ("iso-power", "--executor ray", "splitplan calibrate", "--validate --mixe
 @pytest.mark.parametrize("line", [pytest.param(c, marks=pytest.mark.slow) if any(s in c for s in SLOW) else c
                                   for c in COMMANDS])
 def test_readme_command_runs(line, monkeypatch, tmp_path):
+    if "--executor ray" in line:
+        pytest.importorskip("ray", reason="needs the integration extra: pip install '.[integration]'")
     monkeypatch.chdir(ROOT)
     args = shlex.split(line)[1:]
     shipped = None

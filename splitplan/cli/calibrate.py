@@ -52,6 +52,7 @@ def calibrate(
         return
     if backend is not None:
         raise SpecError("--backend goes with --deployments")
+    assert perf_db is not None  # (one of the two: checked above)
     engine = engine or CALIBRATION_START
     if plot is not None:
         _require_matplotlib()

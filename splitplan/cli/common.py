@@ -9,9 +9,9 @@ import math
 import re
 import sys
 from collections.abc import Callable
-from enum import Enum, StrEnum
+from enum import StrEnum
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import typer
@@ -20,7 +20,8 @@ from splitplan import limits, report
 from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO
 from splitplan.errors import SpecError, SplitplanError
 from splitplan.inputs import excerpt, printable
-from splitplan.specs.engine import KV_PRECISIONS, WEIGHT_PRECISIONS, engine_spec
+from splitplan.roles import PoolRequest, Role
+from splitplan.specs.engine import engine_spec
 from splitplan.specs.layout import Layout, parse_layout
 
 
@@ -87,8 +88,15 @@ class Executor(StrEnum):
     ray = "ray"
 
 
-Weights = Enum("Weights", {p: p for p in WEIGHT_PRECISIONS}, type=str)
-KvCache = Enum("KvCache", {p: p for p in KV_PRECISIONS}, type=str)
+class Weights(StrEnum):  # (specs.engine.WEIGHT_PRECISIONS: a test keeps them the same)
+    bf16 = "bf16"
+    fp8 = "fp8"
+    fp4 = "fp4"
+
+
+class KvCache(StrEnum):  # (specs.engine.KV_PRECISIONS)
+    bf16 = "bf16"
+    fp8 = "fp8"
 
 
 EXECUTOR_HELP = "Where work units run: local (forked processes, --jobs) or ray (--ray-address, or a local Ray instance)."
@@ -403,18 +411,18 @@ def check_pool(where: str, layout: Layout, machines: int) -> None:
         raise SpecError(f"{where}: {machines} machines; a pool has 1 to {limits.MAX_MACHINES:,}")
 
 
-def parse_pool(text: str, role: str) -> tuple[str, str, Layout, int]:
+def parse_pool(text: str, role: str) -> PoolRequest:
     match = _POOL.match(text.strip())
     where = f"--{role}-pool {excerpt(text)}"
     if not match:
         raise SpecError(f"--{role}-pool '{excerpt(text)}': expected HARDWARE:LAYOUT:MACHINES, e.g. h100-80gb:8:35 "
                         "(TP 8) or h200-141gb:dp16ep16:4")
-    pool = role, match.group(1), parse_layout(match.group(2), where), int(match.group(3))
-    check_pool(where, pool[2], pool[3])
+    pool = PoolRequest(Role(role), match.group(1), parse_layout(match.group(2), where), int(match.group(3)))
+    check_pool(where, pool.layout, pool.machines)
     return pool
 
 
-def read_plan(path: Path, option: str = "--plan") -> tuple[list[tuple[str, str, Layout, int]], dict]:
+def read_plan(path: Path, option: str = "--plan") -> tuple[list[PoolRequest], dict]:
     """Pools and inputs of a plan.json (plan_document.read: checked whole, its specs pinned);
     its notes (a catalog entry that changed since the plan was made) on stderr."""
     from splitplan import plan_document
@@ -425,7 +433,7 @@ def read_plan(path: Path, option: str = "--plan") -> tuple[list[tuple[str, str, 
 
 
 def plan_input(plan: Path | None, prompt_pool: list[str], token_pool: list[str],
-               mixed_pool: list[str]) -> tuple[list[tuple[str, str, int, int]], dict]:
+               mixed_pool: list[str]) -> tuple[list[PoolRequest], dict]:
     """The pools of `--plan plan.json` (with its input echo) or of the inline pool options."""
     pools = [parse_pool(x, "prompt") for x in prompt_pool] + [parse_pool(x, "token") for x in token_pool] \
         + [parse_pool(x, "mixed") for x in mixed_pool]
@@ -585,7 +593,7 @@ def main() -> None:
     """The console script: like `app()`, but a usage error (a bad option value, an
     unknown option) is one `error: ...` line too, with exit code 2."""
     # typer ships click (or vendors it); its UsageError is a base of the public BadParameter.
-    usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+    usage_error: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")  # (its class: not public)
     try:
         code = app(standalone_mode=False)
     except usage_error as exc:

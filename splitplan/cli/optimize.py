@@ -6,6 +6,7 @@ import os
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import typer
@@ -141,7 +142,7 @@ def optimize(
     loaded = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))  # read once
     engine = with_precision(engine, weights, kv_cache)
     max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs)
-    common = dict(hardware=_names(hardware, "--hardware"), prompt_hardware=_names(prompt_hardware, "--prompt-hardware"),
+    common: dict[str, Any] = dict(hardware=_names(hardware, "--hardware"), prompt_hardware=_names(prompt_hardware, "--prompt-hardware"),
                   token_hardware=_names(token_hardware, "--token-hardware"),
                   tp=tp, engine=engine, search=search.value, solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
                   max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs,
@@ -241,7 +242,7 @@ def _emit_plan(result, workload, inputs: dict, format, output_dir, plot, pareto:
     """An optimize result as JSON, CSV or tables, and its files."""
     document = result.to_json(inputs)
     plans = [result.plan, *result.alternatives]
-    files = {}
+    files: dict[Path, str | bytes] = {}
     if output_dir is not None:
         files = {output_dir / "plan.json": report.to_json(plan_document.with_specs(document)),
                  output_dir / "candidates.csv": report.candidates_csv(result),
@@ -355,12 +356,12 @@ def _render_plan(result, workload) -> None:
                            [(line.label, line.target, line.text(v), "yes" if ok else "NO") for line, v, ok in plan.slo]))
     simulated = result.simulated
     if simulated is not None:
-        rows = [(f"{m.upper()} {q}", plan.predicted[m][q], simulated[f"{m}_ms"][q])
-                for m in ("ttft", "tbt", "itl", "tpot", "e2e") for q in ("p50", "p90", "p99")]
+        compared = [(f"{m.upper()} {q}", plan.predicted[m][q], simulated[f"{m}_ms"][q])
+                    for m in ("ttft", "tbt", "itl", "tpot", "e2e") for q in ("p50", "p90", "p99")]
         changed = simulated["machines_added"]
         what = f"{changed} machine(s) added" if changed >= 0 else f"{-changed} machine(s) removed (mixed pool)"
         con.print(report.table(f"Predicted vs simulated, ms ({what} by validation)",
-                               ["percentile", "predicted", "simulated"], rows))
+                               ["percentile", "predicted", "simulated"], compared))
         con.print(report.table("Simulated against the SLO", ["line", "target", "achieved", "attainment %", "met"],
                                report.slo_rows(simulated["slo"])))
     if result.closed_loop is not None:

@@ -38,7 +38,8 @@ from splitplan.cli.common import (
     with_precision,
 )
 from splitplan.errors import SpecError
-from splitplan.specs.layout import Layout, as_layout
+from splitplan.roles import PoolRequest
+from splitplan.specs.layout import Layout
 from splitplan.workload.trace import EMBEDDED_HELP, closed_loop_workload, load_workload, peak_window
 
 
@@ -99,16 +100,16 @@ def simulate(
     engine = with_precision(engine, weights, kv_cache)
     max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs, echo)
     caching, routing, kv_offload_gb = cache_settings(echo, prefix_caching, routing, kv_offload_gb)
-    trace = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
+    loaded = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
     if concurrency is None:
         if isl is not None or osl is not None or num_requests is not None:
             raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
-        workload, window = peak_window(load_workload(trace, rate, duration, seed), max_requests)
+        workload, window = peak_window(load_workload(loaded, rate, duration, seed), max_requests)
     else:
         if rate is not None:
             raise SpecError("--concurrency runs a closed loop (clients send as requests finish); drop --rate")
         check_request_sizes(model, engine, isl, osl)
-        workload, window = closed_loop_workload(trace, concurrency, num_requests, isl, osl, seed), None
+        workload, window = closed_loop_workload(loaded, concurrency, num_requests, isl, osl, seed), None
     workload = shared_prefix(workload, shared_prefix_tokens, prefix_groups)
     sim = api.simulate(workload, pools, model, slo, engine, str(perf_db) if perf_db else None, max_batch_tokens,
                        routing, borrow_threshold, perf_interp, concurrency, max_num_seqs,
@@ -116,10 +117,7 @@ def simulate(
     workload = sim.result.trace
     inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
               "seed": seed, "model": model, "slo": slo, "engine": engine, "perf_db": str(perf_db) if perf_db else None,
-              "perf_interp": perf_interp if perf_db else None, "pools": [{"role": r, "hardware": h, **lay._asdict(),
-                                                                          "layout": lay.spec, "machines": m,
-                         **({"instances": shared[0], "shared": shared[1]} if shared else {})}
-                        for r, h, t, m, *shared in pools for lay in [as_layout(t, h)]],
+              "perf_interp": perf_interp if perf_db else None, "pools": [_pool_echo(p) for p in pools],
               "routing": routing, "max_batch_tokens": max_batch_tokens, "max_num_seqs": max_num_seqs,
               "mixed_pool_threshold": borrow_threshold,
               "window": window, "concurrency": concurrency, "isl": isl, "osl": osl,
@@ -175,3 +173,10 @@ def _render_simulation(summary: dict, workload) -> None:
         e = summary["extrapolated_pct"]
         con.print(f"perf-db: {e['prefill']:.1f} % of prefill and {e['decode']:.1f} % of decode lookups extrapolated "
                   "beyond the measurements")
+
+
+def _pool_echo(pool: PoolRequest) -> dict:
+    """A pool as the JSON's inputs echo it (instances and shared number on shared machines only)."""
+    echo = {"role": pool.role, "hardware": pool.hardware, **pool.layout._asdict(), "layout": pool.layout.spec,
+            "machines": pool.machines}
+    return echo | ({"instances": pool.instances, "shared": pool.shared} if pool.shared is not None else {})

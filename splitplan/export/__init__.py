@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.errors import SpecError
 from splitplan.inputs import excerpt, printable
+from splitplan.roles import PoolRequest, Role
 from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.hardware import HardwareSpec, label_key_ok, label_value_ok, load_hardware
 from splitplan.specs.layout import Layout
@@ -100,7 +101,7 @@ class Group:
     shared with the other role (`shared`), `count` instances, `count / machines` on each after the
     first `first_gpu` GPUs and `first_slot` workers of the pool before it."""
 
-    role: str  # prompt, token or mixed
+    role: Role
     hardware: HardwareSpec
     layout: Layout
     machines: int
@@ -229,7 +230,7 @@ def claim_name(value: str | None) -> str | None:
     return value
 
 
-def deployment(pools, inputs: dict, source: str, model_id_option: str | None = None,
+def deployment(pools: list[PoolRequest], inputs: dict, source: str, model_id_option: str | None = None,
                node_labels: list[str] | None = None, model_cache_pvc: str | None = None) -> Deployment:
     """The Deployment of a plan's pools (role, hardware, layout, machines) and inputs (as
     plan_document.read gives them), with --node-selector and --model-cache-pvc; SpecError when the
@@ -244,18 +245,19 @@ def deployment(pools, inputs: dict, source: str, model_id_option: str | None = N
         raise SpecError(f"{printable(source)}: model {excerpt(model.name)} names no Hugging Face repository (hf_repo); "
                         "give --model-id ORG/NAME")
     engine = load_engine(str(inputs["engine"]))
-    roles = {role for role, *_ in pools}
+    roles = {p.role for p in pools}
     if roles not in ({"prompt", "token"}, {"mixed"}):
         raise SpecError(f"{printable(source)}: pools of roles {', '.join(sorted(roles)) or 'none'}; a plan is split "
                         "(prompt and token pools) or co-located (mixed pools)")
-    groups, first = [], {}  # (a shared machine's token instances take the GPUs after its prompt instances)
-    for role, hw, layout, machines, *shared in sorted(pools, key=lambda p: (p[0] != "prompt", p[0])):
-        count, number = shared or (None, None)
+    # (a shared machine's token instances take the GPUs after its prompt instances)
+    built: list[Group] = []
+    first: dict[int | None, tuple[int, int]] = {}
+    for role, hw, layout, machines, count, number in sorted(pools, key=lambda p: (p.role != Role.PROMPT, p.role)):
         gpu, slot = first.get(number, (0, 0))
-        groups.append(Group(role, load_hardware(hw), layout, machines, count, number, gpu, slot))
-        if number is not None:
+        built.append(Group(role, load_hardware(hw), layout, machines, count, number, gpu, slot))
+        if number is not None and count is not None:  # (a plan's shared pools carry their instances)
             first[number] = (gpu + count // machines * layout.gpus, slot + count // machines)
-    groups = tuple(groups)
+    groups = tuple(built)
     for g in groups:
         g.layout.require_whole(g.machines, g.hardware.gpus_per_machine, f"{printable(source)}: {g.role} pool "
                                f"{excerpt(g.hardware.name)}:{g.layout.spec}:{g.machines}")

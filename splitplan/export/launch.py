@@ -20,7 +20,7 @@ import yaml
 
 from splitplan import limits
 from splitplan.errors import SpecError
-from splitplan.export import VERSIONS, Deployment, Expand, Export, common_mapping, shell_words
+from splitplan.export import VERSIONS, Deployment, Expand, Export, Group, common_mapping, shell_words
 from splitplan.export.engines import (
     BATCH_TOKENS_FLAG,
     SEQS_FLAG,
@@ -43,9 +43,10 @@ def _host_var(worker: str) -> str:
     return re.sub(r"[^A-Z0-9]+", "_", worker.upper()) + "_HOST"
 
 
-def _node_commands(engine: str, dep: Deployment, g, worker: str, slot: int) -> list[list[str]]:
-    """One command per node of one worker; `slot` numbers the workers that share a machine (their
-    GPUs, HTTP port and bootstrap port)."""
+def _node_commands(engine: str, dep: Deployment, g: Group, worker: str, slot: int) -> list[list[list[str]]]:
+    """Per node of one worker, the commands it runs in order (one, or a Ray node's start and then
+    vLLM on the head); `slot` numbers the workers that share a machine (their GPUs, HTTP port and
+    bootstrap port)."""
     base = (model_args(engine, dep.model_id) + parallel_args(engine, g.layout, f"{g.role} pool {g.hardware.name}")
             + role_args(engine, g.role) + setting_args(engine, dep.engine.kv, dep.max_batch_tokens, dep.max_num_seqs))
     head = f"${{{_host_var(worker)}}}"  # (a name of [A-Z0-9_]: the worker's name is a slug)
@@ -55,19 +56,20 @@ def _node_commands(engine: str, dep: Deployment, g, worker: str, slot: int) -> l
         if g.role != "mixed":
             cmd += ["--disaggregation-bootstrap-port", str(SGLANG_BOOTSTRAP_PORT + slot)]
         if nodes == 1:
-            return [cmd]
-        return [cmd + ["--nnodes", str(nodes), "--node-rank", str(r), "--dist-init-addr", Expand(f"{head}:5000")]
+            return [[cmd]]
+        return [[cmd + ["--nnodes", str(nodes), "--node-rank", str(r), "--dist-init-addr", Expand(f"{head}:5000")]]
                 for r in range(nodes)]
     cmd = ["vllm", "serve", dep.model_id, *base[2:], "--host", "0.0.0.0", "--port", str(PORT + slot)]  # (the model first, not --model)
     if nodes == 1:
-        return [cmd]
+        return [[cmd]]
     ranks_per_node = dp_ranks_per_node(g.layout, g.gpus_per_node)
     if ranks_per_node:
         dp = ["--data-parallel-size-local", str(ranks_per_node), "--data-parallel-address", Expand(head),
               "--data-parallel-rpc-port", "13345"]
-        return [cmd + dp] + [cmd + dp + ["--headless", "--data-parallel-start-rank", str(r * ranks_per_node)] for r in range(1, nodes)]
-    return ([["ray", "start", "--head", "--port", "6379"], cmd + ["--distributed-executor-backend", "ray"]],
-            *([["ray", "start", "--address", Expand(f"{head}:6379"), "--block"]] for _ in range(1, nodes)))
+        return [[cmd + dp]] + [[cmd + dp + ["--headless", "--data-parallel-start-rank", str(r * ranks_per_node)]]
+                               for r in range(1, nodes)]
+    return [[["ray", "start", "--head", "--port", "6379"], cmd + ["--distributed-executor-backend", "ray"]],
+            *([["ray", "start", "--address", Expand(f"{head}:6379"), "--block"]] for _ in range(1, nodes))]
 
 
 def _router(engine: str, dep: Deployment, workers: dict) -> list[str]:
@@ -107,8 +109,7 @@ def launch(dep: Deployment, engine: str, image: str | None) -> Export:
         nodes = _node_commands(engine, dep, g, worker, slot)
         first = g.first_gpu + (slot - g.first_slot) * g.gpus_per_node
         gpus = [str(k) for k in range(first, first + g.gpus_per_node)]
-        for r, node in enumerate(nodes):
-            cmds = node if isinstance(node[0], list) else [node]
+        for r, cmds in enumerate(nodes):
             entries[worker if len(nodes) == 1 else f"{worker}-node{r}"] = (cmds, gpus, worker)
     router = _router(engine, dep, workers)
     image = image or IMAGES[engine]

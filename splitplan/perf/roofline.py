@@ -281,8 +281,7 @@ class Instance(PassShortcuts):
         heads_gpu = m.num_attention_heads / t
         if m.is_mla:  # prefill expands the latent per head; decode attends over the latent itself (absorbed)
             prefill_attn_flops = heads_gpu * (m.qk_head_dim + m.v_head_dim_eff)
-            assert m.kv_lora_rank is not None  # (an MLA config has every MLA key: specs.model)
-            decode_flops = 2 * heads_gpu * (m.kv_cache_elements_per_layer + m.kv_lora_rank)
+            decode_flops = 2 * heads_gpu * (m.kv_cache_elements_per_layer + m.mla.kv_lora_rank)
             decode_bytes = m.kv_cache_elements_per_layer * kvbpe
         else:
             prefill_attn_flops, decode_flops, decode_bytes = 2 * m.q_dim / t, 4 * m.q_dim / t, 2 * kv_dim_gpu * kvbpe

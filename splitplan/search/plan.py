@@ -3,7 +3,7 @@
 1. Options are (machine type, parallel layout, role); those the model does not fit are kept
    with the reason. Each option is sized alone on the trace (capacity.pools):
    n*(o) instances, and the SLO line that decided n*.
-2. The ILP (PuLP + CBC) picks integer unit counts x_o (a unit: one machine, or the machines
+2. The ILP (modelled in PuLP, solved by HiGHS or CBC) picks integer unit counts x_o (a unit: one machine, or the machines
    one instance spans): minimize cost or power
    subject to sum_o x_o * instances_per_unit_o / n*(o) >= 1 for the prompt and
    the token role (mixes within a pool allowed), budgets and availability.
@@ -266,7 +266,7 @@ class Problem:
     max_cost_per_hour: float | None = None
     max_power_kw: float | None = None
     max_machines: tuple[MachineCap, ...] = ()
-    solver: str = "highs"  # the ILP's solver: highs (HiGHS via highspy) or cbc (the CBC PuLP 3 bundles)
+    solver: str = "highs"  # the ILP's solver: highs (HiGHS as SciPy ships it) or cbc (the CBC PuLP 3 bundles)
     max_num_seqs: int | None = None  # requests running on one instance at once (None: no cap)
     chunked: bool = False  # the engine's scheduler: chunked prefill (else whole prompts first)
     prefix: PrefixModel | None = None  # the engine's prefix caching over the trace's prefixes (None: off, or none recorded)

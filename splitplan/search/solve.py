@@ -42,8 +42,8 @@ COVER_TOLERANCE = 1e-9  # a role's load counts as covered at 1 - this (float sha
 
 def _solve_highs(lp: pulp.LpProblem) -> str:
     """The PuLP model solved by HiGHS, as SciPy ships it (scipy.optimize.milp): no separate
-    binary or package, nothing printed on stdout (highspy prints a banner there, which would
-    break JSON output), no solver threads left behind in a process that forks workers."""
+    binary or package, nothing printed on stdout (the highspy package prints a banner there, which
+    would break JSON output), no solver threads left behind in a process that forks workers."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     variables = lp.variables()
@@ -83,18 +83,6 @@ def _objectives(problem: Problem):
     """Per option: the objective's unit per machine, and the other objective's (the tie-break)."""
     cost, power = (lambda o: o.price_usd_per_hour), (lambda o: o.power_kw)
     return (cost, power) if problem.objective == "cost" else (power, cost)
-
-
-def _solver(name: str):
-    """HiGHS through highspy (the default), or the CBC binary PuLP 3 bundles (PuLP 4 does not:
-    there `cbc` needs a CBC on the PATH)."""
-    if name not in SOLVERS:
-        raise SpecError(f"--solver {name}: choose {' or '.join(SOLVERS)}")
-    solver = pulp.HiGHS(msg=False) if name == "highs" else pulp.PULP_CBC_CMD(msg=False)
-    if not solver.available():
-        raise SolverError(f"the {name} solver is not available here ({'pip install highspy' if name == 'highs' else 'install CBC'}); "
-                          f"try --solver {'cbc' if name == 'highs' else 'highs'}")
-    return solver
 
 
 def ilp_model(problem: Problem, usable: list[AnyOption]) -> tuple[pulp.LpProblem, dict]:

@@ -92,8 +92,8 @@ class InstanceState:
         self.idx, self.pool, self.role, self.perf = idx, pool, role, perf
         self.node = node  # (shared number, machine) on machines shared with the other role, else None
         self.can_prefill = role in (PROMPT, MIXED)
-        self.queue = deque()
-        self.waiting = deque()
+        self.queue: deque[int] = deque()
+        self.waiting: deque[int] = deque()
         self.kv_cap = perf.fit.kv_capacity_tokens
         self.max_request = perf.max_request_tokens  # the longest request one instance holds (in one DP group), as the planner's
         self.kv_used = 0  # token: KV reserved whole; mixed: KV of the admitted requests not yet decoding

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import os
 import stat
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def data_dir(kind: str) -> Path:
 _USER_DIRS: list[Path] = []  # from --catalog
 
 
-def set_user_catalogs(dirs: list[str | Path]) -> None:
+def set_user_catalogs(dirs: Sequence[str | Path]) -> None:
     """Catalog folders searched before SPLITPLAN_PATH's and the shipped ones (`--catalog`)."""
     for d in dirs:
         if not Path(d).is_dir():

@@ -11,7 +11,7 @@ override use the profile's defaults.
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,8 +22,10 @@ from splitplan.specs._load import load_named
 from splitplan.specs.catalog import catalog_names
 
 # The precisions weights and the KV cache may be stored in (--weights, --kv-cache).
-WEIGHT_PRECISIONS = ("bf16", "fp8", "fp4")
-KV_PRECISIONS = ("bf16", "fp8")
+WeightPrecision = Literal["bf16", "fp8", "fp4"]
+KvPrecision = Literal["bf16", "fp8"]
+WEIGHT_PRECISIONS: tuple[str, ...] = get_args(WeightPrecision)
+KV_PRECISIONS: tuple[str, ...] = get_args(KvPrecision)
 
 Frac = Annotated[float, Field(gt=0, le=1)]
 Secs = Annotated[float, Field(ge=0, le=10)]
@@ -64,8 +66,8 @@ class EngineProfile(BaseModel):
     description: str
     source: str
     dtype: Literal["bf16", "fp8"] = "bf16"  # activations, and weights and KV unless set below
-    weights_dtype: Literal[*WEIGHT_PRECISIONS] | None = None
-    kv_dtype: Literal[*KV_PRECISIONS] | None = None
+    weights_dtype: WeightPrecision | None = None
+    kv_dtype: KvPrecision | None = None
     memory_usable_fraction: Frac = 0.9
     activation_reserve_gb_per_gpu: Annotated[float, Field(ge=0, le=1000)] = 2.0
     layerwise_transfer_min_tokens: Annotated[int, Field(ge=0)] = 512

@@ -106,7 +106,8 @@ class HardwareSpec(BaseModel):
     def _shapes_tile(self) -> HardwareSpec:
         """Each shape a divisor of the machine's GPUs, one per GPU count, every count dividing
         the next (so that instances of the layouts one shape takes also tile the larger ones)."""
-        gpm, seen = self.gpus_per_machine, {}
+        gpm = self.gpus_per_machine
+        seen: dict[int, int] = {}  # GPU count -> the shape's index
         for i, shape in enumerate(self.shapes):
             if shape.gpus == gpm or shape.gpus in seen:
                 first = f"shapes[{seen[shape.gpus]}]" if shape.gpus in seen else "gpus_per_machine"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -35,6 +35,15 @@ _ALIASES = {
 _GATED_ACTS = {"silu", "swish", "swiglu", "geglu", "gelu_pytorch_tanh_gated"}
 
 PosInt = Annotated[int, Field(ge=1, le=10_000_000)]
+
+
+class MlaDims(NamedTuple):
+    """Multi-head latent attention's widths (DeepSeek's config keys)."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
 
 
 class ModelSpec(BaseModel):
@@ -100,6 +109,14 @@ class ModelSpec(BaseModel):
         return self.kv_lora_rank is not None
 
     @property
+    def mla(self) -> MlaDims:
+        """An MLA model's dimensions (all given: checked when the spec is read)."""
+        rank, nope, v = self.kv_lora_rank, self.qk_nope_head_dim, self.v_head_dim
+        if rank is None or nope is None or v is None:
+            raise ValueError(f"{self.name} has no multi-head latent attention")
+        return MlaDims(rank, nope, self.qk_rope_head_dim, v)
+
+    @property
     def kv_heads(self) -> int:
         return self.num_key_value_heads or self.num_attention_heads
 
@@ -110,11 +127,11 @@ class ModelSpec(BaseModel):
     @property
     def qk_head_dim(self) -> int:
         """Per-head width of queries and keys (MLA: the no-RoPE part plus the RoPE part)."""
-        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim_eff
+        return self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim if self.is_mla else self.head_dim_eff
 
     @property
     def v_head_dim_eff(self) -> int:
-        return self.v_head_dim if self.is_mla else self.head_dim_eff
+        return self.mla.v_head_dim if self.is_mla else self.head_dim_eff
 
     @property
     def q_dim(self) -> int:
@@ -131,7 +148,7 @@ class ModelSpec(BaseModel):
     def kv_cache_elements_per_layer(self) -> int:
         """Elements one token keeps in the KV cache per layer: keys and values of its KV heads, or
         (MLA) the compressed latent and the shared RoPE key."""
-        return self.kv_lora_rank + self.qk_rope_head_dim if self.is_mla else 2 * self.kv_dim
+        return self.mla.kv_lora_rank + self.mla.qk_rope_head_dim if self.is_mla else 2 * self.kv_dim
 
     @property
     def sliding_layers(self) -> int:
@@ -175,8 +192,9 @@ class ModelSpec(BaseModel):
         if not self.is_mla:
             return h * (2 * self.q_dim + 2 * self.kv_dim)
         q = h * self.q_dim if self.q_lora_rank is None else h * self.q_lora_rank + self.q_lora_rank * self.q_dim
-        kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
-        return q + kv + heads * self.v_head_dim * h
+        mla = self.mla
+        kv = h * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+        return q + kv + heads * mla.v_head_dim * h
 
     @property
     def dense_ffn_params(self) -> int:
@@ -238,7 +256,8 @@ def load_model(name_or_path: str) -> ModelSpec:
         path, raw = Path(held[1]), dict(held[0])
     else:
         path, raw = model_entry(name_or_path)
-    _consistent_keys(path, raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw)
+    text = raw.get("text_config")
+    _consistent_keys(path, text if isinstance(text, dict) else raw)
     data = _canonical(raw)
     of_kind(ModelSpec, path, data, "model")
     _misspelt(path, data)

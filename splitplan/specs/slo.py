@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from splitplan.errors import SpecError
 from splitplan.specs._load import load_named
-from splitplan.specs.catalog import catalog_names
 from splitplan.specs.hardware import load_hardware
 
 _PCT = re.compile(r"^p(\d+(?:\.\d+)?)$")
@@ -141,6 +140,3 @@ def load_slo(name_or_path: str) -> SloProfile:
             raise SpecError(f"{path}: reference.hardware: {exc}") from None
     return profile
 
-
-def slo_names() -> list[str]:
-    return catalog_names("slo_profiles")

@@ -23,7 +23,7 @@ import json
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -111,10 +111,10 @@ def detect_columns(header) -> Columns | None:
     """A generic CSV's columns from their names (case-insensitive; see TIME_NAMES, ...), or
     None when a role has no known name."""
     lower = {str(h).strip().lower(): str(h) for h in header}
-    found = [next((lower[n] for n in names if n in lower), None) for names in (TIME_NAMES, PROMPT_NAMES, OUTPUT_NAMES)]
-    if None in found:
+    time, prompt, output = (next((lower[n] for n in names if n in lower), None) for names in (TIME_NAMES, PROMPT_NAMES, OUTPUT_NAMES))
+    if time is None or prompt is None or output is None:
         return None
-    return Columns(found[0], found[1], found[2], time_unit_of(found[0]))
+    return Columns(time, prompt, output, time_unit_of(time))
 
 
 TIME_SUFFIXES = {"_ms": 1e-3, "_us": 1e-6, "_ns": 1e-9}
@@ -252,6 +252,7 @@ def _chunks(path: Path, columns: Columns | None):
                     chunk = pd.read_json(io.BytesIO(block), lines=True, dtype=False)
                     _require(path, cols, chunk.columns)
                 else:
+                    assert header is not None  # (read from the first block)
                     chunk = csv_rows(block, header, first, path, TraceError, cols.time if wall_clock else None)
             except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
                 raise _parse_error(path, exc, first, block, is_json) from None
@@ -502,7 +503,7 @@ def load_workload(trace: str | Path | Trace | None = None, rate: float | None = 
     elif (path := default_trace_path() if trace is None else embedded(trace)) is not None:
         loaded = dataclasses.replace(load_trace(path, columns), source=f"{path.name} (embedded)")
     else:
-        loaded = load_trace(trace, columns)
+        loaded = load_trace(cast(str | Path, trace), columns)  # (a file: not None, or it would be the embedded trace)
     if rate is None:
         return loaded
     return resample_poisson(loaded, rate, duration_s, np.random.default_rng(seed))
@@ -613,6 +614,8 @@ def summarize(trace: Trace) -> dict:
 
 def prefix_reuse(trace: Trace) -> dict:
     """The reuse a prefix cache that never evicts would see on the trace (workload.prefix)."""
+    if trace.prefix is None:
+        raise ValueError(f"{trace.source} records no prefixes")
     reuse = prefixes.infinite_cache_reuse(trace.prefix, trace.prompt_tokens, trace.output_tokens)
     hit = reuse["hit_tokens"]
     return {"infinite_cache_hit_rate": reuse["infinite_cache_hit_rate"], "requests_with_a_hit": reuse["requests_with_a_hit"],

@@ -2,14 +2,12 @@
 Dynamo manifest against the vendored Dynamo 1.6.1 templates, the llm-d manifests against the
 Kubernetes API's schema (kubernetes-validate, strict), the files parsed, and bad input."""
 
-import importlib
 import json
 import os
 import shlex
 import subprocess
 from pathlib import Path
 
-import kubernetes_validate
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -17,7 +15,13 @@ from typer.testing import CliRunner
 from splitplan.cli import app
 from splitplan.export import deployment, export
 from splitplan.export.dynamo import template
+from splitplan.roles import PoolRequest, Role
 from splitplan.specs.layout import Layout
+
+
+def _kubernetes():
+    """kubernetes-validate (the integration extra; CI installs it), or the test is skipped."""
+    return pytest.importorskip("kubernetes_validate", reason="needs the integration extra: pip install '.[integration]'")
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "export"
 runner = CliRunner()
@@ -74,10 +78,12 @@ def _paths(node, prefix=""):
     return set()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])
 @pytest.mark.parametrize("pools", [SPLIT, COLOCATED])
 def test_dynamo_manifest_has_the_structure_of_the_dynamo_templates(tmp_path, backend, pools):
-    dep = deployment([(role, hw, lay, m) for role, items in pools.items() for hw, lay, m in items],
+    kubernetes_validate = _kubernetes()
+    dep = deployment([PoolRequest(Role(role), hw, lay, m) for role, items in pools.items() for hw, lay, m in items],
                      {"model": "deepseek-v3", "engine": f"{backend}-fp8"}, "plan.json")
     doc = yaml.safe_load(export(dep, "dynamo", backend).files["dynamo.yaml"])
     reference = template(backend, pools is SPLIT)
@@ -125,11 +131,12 @@ def _router_command(script: str) -> list[str]:
     return shlex.split(lines[lines.index("  router)") + 1])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("engine, pools", [("vllm", SPLIT), ("sglang", SPLIT), ("vllm", COLOCATED), ("sglang", COLOCATED)])
 def test_the_router_commands_parse_with_the_routers_own_parsers(tmp_path, engine, pools):
     """launch.sh's router command through the argument parser and checks of the router version it
     names (vllm-router 0.1.17, sglang-router 0.3.2: test dependencies at those versions)."""
-    router = importlib.import_module(f"{engine}_router.launch_router")
+    router = pytest.importorskip(f"{engine}_router.launch_router", reason="needs the integration extra: pip install '.[integration]'")
     from importlib.metadata import version
     assert version(f"{engine}-router") == {"vllm": "0.1.17", "sglang": "0.3.2"}[engine]
     cmd = _router_command(_files(tmp_path, engine, pools, model="llama3.1-70b", engine=f"{engine}-fp8")["launch.sh"])
@@ -211,8 +218,10 @@ def _pod_templates(doc):
     return {k: group[k] for k in ("leaderTemplate", "workerTemplate") if k in group}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("pools", [SPLIT, COLOCATED, LLMD])
 def test_llmd_manifests_are_valid_kubernetes_objects(tmp_path, pools):
+    kubernetes_validate = _kubernetes()
     docs, _ = _llmd(tmp_path, pools)
     assert [d["kind"] for d in docs][0] == "ServiceAccount"
     for doc in docs:
@@ -231,7 +240,9 @@ def test_llmd_manifests_are_valid_kubernetes_objects(tmp_path, pools):
                 subprocess.run(["bash", "-n"], input=c["args"][0], text=True, check=True)
 
 
+@pytest.mark.integration
 def test_the_kubernetes_schema_check_catches_a_misspelt_field(tmp_path):
+    kubernetes_validate = _kubernetes()
     deployment_doc = _llmd(tmp_path, SPLIT)[0][1]
     deployment_doc["spec"]["replica"] = deployment_doc["spec"].pop("replicas")
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -297,12 +308,14 @@ def test_the_export_names_the_repository_it_serves_and_asks_for_a_checkpoint_onl
     assert "vllm serve meta-llama/Llama-3.1-70B-Instruct " in script
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("target", ["llm-d", "dynamo"])
 def test_pods_land_on_the_machines_the_plan_bought_and_share_one_copy_of_the_weights(tmp_path, target):
     """Issue 30, item 5: each serving pod is selected onto its machine type and shape (the hardware
     file's GPU Feature Discovery labels, the shape's GPU count; or --node-selector in their place),
     tolerates its GPUs' taint, requests the GPU resource of its hardware (amd.com/gpu on MI300X),
     and with --model-cache-pvc reads the weights from one claim (HF_HOME); a valid pod template."""
+    kubernetes_validate = _kubernetes()
     pools = {"prompt": [("h100-80gb@2", Layout(2), 3)], "token": [("mi300x-192gb@1", Layout(1), 2)]}
     plan = _plan(tmp_path, pools, model="llama3.1-8b", engine="vllm-fp8")
 
