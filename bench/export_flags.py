@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from splitplan.export import deployment, export
+from splitplan.deploy import deployment, export
 from splitplan.specs.layout import Layout
 
 # where vLLM 0.31.0 defines the flags of `vllm serve` (the engine's, and the API server's)

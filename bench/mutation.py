@@ -115,17 +115,17 @@ HARDENING = [
 # The guards of issue 26 (plans, exports, catalogs, bounds), judged by their tests.
 ISSUE_26_TESTS = ["tests/test_plan_document.py", "tests/test_hostile_inputs.py", "tests/export", "tests/test_robustness.py"]
 ISSUE_26 = [
-    ("a shell word holding $ left to the shell", "splitplan/export/__init__.py",
+    ("a shell word holding $ left to the shell", "splitplan/deploy/__init__.py",
      "    return \" \".join(f'\"{w}\"' if isinstance(w, Expand) else literal(w) for w in cmd)",
      "    return \" \".join(f'\"{w}\"' if \"$\" in w else literal(w) for w in cmd)"),
-    ("any text served as the model", "splitplan/export/__init__.py", "    if not ok:\n        raise SpecError(f\"{field}",
+    ("any text served as the model", "splitplan/deploy/__init__.py", "    if not ok:\n        raise SpecError(f\"{field}",
      "    if False:\n        raise SpecError(f\"{field}"),
-    ("any text as the image", "splitplan/export/__init__.py", "    if len(value) > 255 or not _IMAGE.match(value):",
+    ("any text as the image", "splitplan/deploy/__init__.py", "    if len(value) > 255 or not _IMAGE.match(value):",
      "    if False:"),
-    ("names not slugged", "splitplan/export/__init__.py",
+    ("names not slugged", "splitplan/deploy/__init__.py",
      '        return slug(f"{ROLE_NAMES[self.role]}-{self.hardware.name}-{self.layout.spec}")',
      '        return f"{ROLE_NAMES[self.role]}-{self.hardware.name}-{self.layout.spec}"'),
-    ("slugs without their hash", "splitplan/export/__init__.py",
+    ("slugs without their hash", "splitplan/deploy/__init__.py",
      "    if base and base == text and len(base) <= limit:", "    if base:"),
     ("launch.sh not executable", "splitplan/cli/export.py", 'executable=frozenset({"launch.sh"})', "executable=frozenset()"),
     ("plan integers truncated", "splitplan/plan_document.py",

@@ -10,6 +10,7 @@ or file paths (or loaded objects), and returns a typed result with `.to_frame()`
     splitplan.simulate(result.plan, rate=20).to_json()["summary"]["ttft_ms"]
     splitplan.compare("splitwise-designs", "iso-power", budget_machines={"h100-80gb": 40})
     splitplan.sweep([5, 10, 20], designs="splitwise-designs")
+    splitplan.export("out/plan.json", "llm-d", output="deploy")  # a plan.json as a deployment
 
 See docs/API.md.
 """
@@ -34,10 +35,11 @@ if TYPE_CHECKING:
         SimulateResult,
         SweepResult,
     )
+    from splitplan.deploy import Export
 
 # Imported on first use, so `import splitplan` (and the CLI's --help) stays fast.
 _LAZY = {"CalibrateResult": "splitplan.api", "CompareResult": "splitplan.api", "OptimizeResult": "splitplan.api",
-         "SimulateResult": "splitplan.api", "SweepResult": "splitplan.api"}
+         "SimulateResult": "splitplan.api", "SweepResult": "splitplan.api", "Export": "splitplan.deploy"}
 
 
 def __getattr__(name: str):
@@ -46,8 +48,8 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'splitplan' has no attribute {name!r}")
 
-__all__ = ["plan", "simulate", "compare", "sweep", "calibrate", "plan_windows", "workload", "Trace", "load_trace", "resample_poisson",
-           "OptimizeResult", "SimulateResult", "CompareResult", "SweepResult", "CalibrateResult"]
+__all__ = ["plan", "simulate", "compare", "sweep", "calibrate", "export", "plan_windows", "workload", "Trace", "load_trace",
+           "resample_poisson", "OptimizeResult", "SimulateResult", "CompareResult", "SweepResult", "CalibrateResult", "Export"]
 
 
 def workload(trace=None, rate: float | None = None, duration_s: float = 120.0, seed: int = 0) -> Trace:
@@ -97,3 +99,22 @@ def calibrate(perf_db: str, **options) -> CalibrateResult:
     """Fit an engine profile to measurements; options as `splitplan.api.calibrate`."""
     from splitplan import api
     return api.calibrate(perf_db, **options)
+
+
+def export(plan, to: str, output=None, **options) -> Export:
+    """A plan.json (as `optimize --output-dir` writes it) as a deployment for `to`: dynamo, llm-d,
+    vllm or sglang (`splitplan export`). Returns the Export: `.files` (name -> text, the main one
+    first), `.report()` (EXPORT.md: the mapping), `.unexpressed` (what the target cannot say);
+    with `output`, written into that folder as one set. Options: backend, model_id, image,
+    node_selector (["KEY=VALUE", ...]), model_cache_pvc. A catalog entry that changed since the
+    plan was made is a warning (the plan's copy is used)."""
+    import warnings
+    from pathlib import Path
+
+    from splitplan.deploy import export_plan
+    result, notes = export_plan(plan, to, option="plan", **options)
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+    if output is not None:
+        result.write(Path(output))
+    return result

@@ -21,10 +21,11 @@ from splitplan.defaults import (
 )
 from splitplan.perf.points import instance, instance_facts, perf_points
 from splitplan.search.optimize import OptimizeResult, objective_value, optimize
-from splitplan.search.rate import max_rate, optimize_closed_loop
+from splitplan.search.rate import max_rate
 from splitplan.simulation import (
     Setup,
     SimulateResult,
+    optimize_closed_loop,
     plan_from_pools,
     plan_pools,
     pool_specs,

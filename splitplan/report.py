@@ -151,7 +151,6 @@ def _clause_lines(text: str, width: int) -> list[str]:
     return lines
 
 
-NOT_SIZED = "not sized"  # the reason a co-located option left out by its cost bound starts with (search.optimize)
 _NUMBER = re.compile(r"^(-|[+-]?[\d,]*\.?\d+(e[+-]?\d+)?%?)$")
 
 

@@ -49,3 +49,20 @@ def test_optimize_closed_loop_keeps_only_plans_whose_closed_loop_met_the_slo(mon
     monkeypatch.setattr(simulation, "simulate", missing)
     with pytest.raises(InfeasibleError, match="no plan met the SLO in a closed loop of 8 clients.*missed TTFT p50"):
         api.optimize_closed_loop(work, 8, "llama3.1-70b", "chat", **kwargs)
+
+
+def test_export_writes_a_plan_as_the_cli_does(tmp_path):
+    """Issue 32, item 6: splitplan.export is `splitplan export`: the same files, written as one set."""
+    from typer.testing import CliRunner
+
+    from splitplan.cli import app
+    plan = ROOT / "examples" / "plans" / "deepseek-v3-h200.json"
+    result = splitplan.export(plan, "vllm", output=tmp_path / "api")
+    assert CliRunner().invoke(app, ["export", str(plan), "--to", "vllm", "--output", str(tmp_path / "cli")]).exit_code == 0
+    written = sorted(p.name for p in (tmp_path / "api").iterdir())
+    assert written == sorted([*result.files, "EXPORT.md"]) == sorted(p.name for p in (tmp_path / "cli").iterdir())
+    for name in written:
+        assert (tmp_path / "api" / name).read_text() == (tmp_path / "cli" / name).read_text()
+    assert list(splitplan.export(plan, "dynamo").files) == ["dynamo.yaml"]
+    with pytest.raises(splitplan.errors.SpecError, match="--to k8s: choose"):
+        splitplan.export(plan, "k8s")

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import typer
 
-from splitplan import report
-from splitplan.cli.common import app, read_plan, user_errors
+from splitplan.cli.common import app, user_errors
 from splitplan.inputs import printable
 
 
@@ -34,10 +33,11 @@ def export_command(
 ) -> None:
     """Write a plan as a deployment for Dynamo, llm-d, vLLM or SGLang: every worker group with its replicas,
     GPUs and parallel flags; what the target cannot express is listed."""
-    from splitplan.export import deployment, export
+    from splitplan.deploy import export_plan
 
-    pools, inputs = read_plan(plan, option="PLAN")
-    result = export(deployment(pools, inputs, str(plan), model_id, node_selector, model_cache_pvc), to, backend, image)
+    result, notes = export_plan(plan, to, backend, model_id, image, node_selector, model_cache_pvc)
+    for note in notes:
+        typer.echo(f"note: {printable(note)}", err=True)
     if output is None:
         sys.stdout.write(next(iter(result.files.values())))
         others = list(result.files)[1:]
@@ -46,8 +46,7 @@ def export_command(
         for line in notes:
             typer.echo(f"note: {printable(line)}", err=True)
         return
-    report.write_set({output / name: text for name, text in {**result.files, "EXPORT.md": result.report()}.items()},
-                     executable=frozenset({"launch.sh"}))
-    typer.echo(printable(f"wrote {', '.join(str(output / n) for n in [*result.files, 'EXPORT.md'])} for {result.version}"))
+    written = result.write(output)
+    typer.echo(printable(f"wrote {', '.join(str(p) for p in written)} for {result.version}"))
     for line in result.unexpressed:
         typer.echo(f"not expressed: {printable(line)}")

@@ -54,7 +54,6 @@ from splitplan.defaults import (
     DEFAULT_SLO,
 )
 from splitplan.errors import SpecError
-from splitplan.report import NOT_SIZED
 from splitplan.specs.engine import load_engine
 from splitplan.workload.trace import (
     EMBEDDED_HELP,
@@ -388,6 +387,7 @@ def _render_plan(result, workload) -> None:
                   f"{u['min_prompt_tokens']:,}-{u['max_prompt_tokens']:,} tokens) cannot be served: {u['reason']}.")
     for warning in result.warnings:
         con.print(f"[bold]warning:[/bold] {warning}.")
+    from splitplan.search.optimize import NOT_SIZED  # (loaded with the search it ran)
     skipped = {f"{o.role} {o.inst.hardware.name} {o.inst.layout}": o.skipped for o in result.options if o.skipped}
     pruned = sum(reason.startswith(NOT_SIZED) for reason in skipped.values())
     if skipped:

@@ -16,7 +16,7 @@ from splitplan.parallel import run_units
 from splitplan.perf.points import candidate_layouts, reference_instance, require_tp
 from splitplan.perf.roofline import Instance
 from splitplan.perf.table import load_perf_db
-from splitplan.report import NOT_SIZED, optimize_json, plan_json, plans_csv
+from splitplan.report import optimize_json, plan_json, plans_csv
 from splitplan.roles import SPLIT, Role
 from splitplan.search.bracket import plan_max_rate
 from splitplan.search.frontier import cost_power_frontier, nondominated
@@ -40,6 +40,8 @@ from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import hardware_catalog, load_hardware, load_machines, price_date_warning
 from splitplan.specs.model import load_model
 from splitplan.specs.slo import load_slo
+
+NOT_SIZED = "not sized"  # the reason a co-located option left out by its cost bound starts with
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
                 others.append(colocated_plan(problem, [o for o in mixed if o.inst.hardware.family == family], simulated))
             except InfeasibleError:
                 continue
-        others.sort(key=lambda p: _plan_key(objective, p))
+        others.sort(key=lambda p: plan_key(objective, p))
         return OptimizeResult(plan, tuple(others[:alternatives]), tuple(as_simulated(simulated, o) for o in mixed), plan,
                               unservable=unservable, problem=problem, objective=objective)
     prompt_types = {machines[n].name for n in prompt_names}  # names may be paths: compare the loaded names
@@ -199,7 +201,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
         colocated = None
     mixed = [as_simulated(simulated, o) for o in mixed]
     best = split_plan if split_plan is not None and (split_only or colocated is None or
-                                                     _plan_key(objective, split_plan) <= _plan_key(objective, colocated)) else colocated
+                                                     plan_key(objective, split_plan) <= plan_key(objective, colocated)) else colocated
     shown = alts[: alternatives - 1] + [p for p in (split_plan, colocated) if p is not None and p is not best]
     front = ()
     if pareto:
@@ -208,7 +210,7 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
                       for p in cost_power_frontier(problem, options, [*alts, *(p for p in (split_plan, colocated) if p)]))
     notes = () if no_split is None else (f"no split plan: {no_split}; the plan is co-located",)
     assert best is not None  # (with neither a split nor a co-located plan, one of them raised above)
-    return OptimizeResult(best, tuple(sorted(shown, key=lambda p: _plan_key(objective, p))), tuple(options + mixed),
+    return OptimizeResult(best, tuple(sorted(shown, key=lambda p: plan_key(objective, p))), tuple(options + mixed),
                           colocated, pareto=front, unservable=unservable, problem=problem, split=split_plan, objective=objective,
                           notes=notes)
 
@@ -368,7 +370,7 @@ def objective_value(objective: str, plan) -> float:
     return plan.cost_usd_per_hour if objective == "cost" else plan.power_kw
 
 
-def _plan_key(objective: str, plan) -> tuple:
+def plan_key(objective: str, plan) -> tuple:
     """Best first: the objective, then the other one, then fewer machines, then a fixed order."""
     other = "power" if objective == "cost" else "cost"
     return (objective_value(objective, plan), objective_value(other, plan), plan.machines,
@@ -405,7 +407,7 @@ def _best_split(problem, options, search: str, alternatives: int):
             failures.append(exc)
     if not plans:
         raise failures[0]
-    plans.sort(key=lambda p: _plan_key(problem.objective, p))
+    plans.sort(key=lambda p: plan_key(problem.objective, p))
     plan, alts = plans[0], []
     for other in plans[1:]:
         if other.prompt_pools + other.token_pools != plan.prompt_pools + plan.token_pools and other not in alts:

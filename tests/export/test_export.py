@@ -13,8 +13,8 @@ import yaml
 from typer.testing import CliRunner
 
 from splitplan.cli import app
-from splitplan.export import deployment, export
-from splitplan.export.dynamo import template
+from splitplan.deploy import deployment, export
+from splitplan.deploy.dynamo import template
 from splitplan.roles import PoolRequest, Role
 from splitplan.specs.layout import Layout
 

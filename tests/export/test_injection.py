@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from splitplan.cli import app
-from splitplan.export import RFC1123_LABEL, image_ref, model_id, slug
+from splitplan.deploy import RFC1123_LABEL, image_ref, model_id, slug
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
@@ -263,7 +263,7 @@ def test_a_plan_file_name_never_leaves_its_comment(tmp_path, sandbox, value, tar
 def test_shell_words_reach_the_program_unchanged_whatever_they_hold(words):
     """Defence in depth: whatever a word holds ($, backticks, quotes, newlines), bash passes it on
     as one argument, as written (the fields' checks refuse most of these before they get here)."""
-    from splitplan.export import shell_words
+    from splitplan.deploy import shell_words
     out = subprocess.run(["/bin/bash", "-c", "printf '%s\\0' " + shell_words(words)], capture_output=True, timeout=10,
                          env={"PATH": "/nonexistent"})
     assert out.stdout.decode("utf-8", "surrogateescape").split("\0")[:-1] == words

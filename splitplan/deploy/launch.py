@@ -19,9 +19,8 @@ import shlex
 import yaml
 
 from splitplan import limits
-from splitplan.errors import SpecError
-from splitplan.export import VERSIONS, Deployment, Expand, Export, Group, common_mapping, shell_words
-from splitplan.export.engines import (
+from splitplan.deploy import VERSIONS, Deployment, Expand, Export, Group, common_mapping, shell_words
+from splitplan.deploy.engines import (
     BATCH_TOKENS_FLAG,
     SEQS_FLAG,
     dp_ranks_per_node,
@@ -31,6 +30,7 @@ from splitplan.export.engines import (
     role_args,
     setting_args,
 )
+from splitplan.errors import SpecError
 from splitplan.inputs import printable
 
 PORT = 8100  # a worker's HTTP port (the router listens on 8000)

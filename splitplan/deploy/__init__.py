@@ -16,6 +16,7 @@ import hashlib
 import re
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.errors import SpecError
@@ -203,6 +204,14 @@ class Export:
             lines += ["", "To apply:", "", "```bash", self.apply, "```"]
         return "\n".join(lines) + "\n"
 
+    def write(self, folder: Path) -> list[Path]:
+        """The files and EXPORT.md written into `folder` as one set (all or none; launch.sh
+        executable); the paths written."""
+        from splitplan import report
+        files = {folder / name: text for name, text in {**self.files, "EXPORT.md": self.report()}.items()}
+        report.write_set(dict(files), executable=frozenset({"launch.sh"}))
+        return list(files)
+
 
 def node_selector(values: list[str] | None) -> tuple[tuple[str, str], ...] | None:
     """--node-selector KEY=VALUE (repeated) as label pairs, each checked as a Kubernetes label;
@@ -270,6 +279,17 @@ def deployment(pools: list[PoolRequest], inputs: dict, source: str, model_id_opt
                       node_selector=node_selector(node_labels), model_cache_pvc=claim_name(model_cache_pvc))
 
 
+def export_plan(plan: str | Path, target: str, backend: str | None = None, model_id: str | None = None,
+                image: str | None = None, node_selector: list[str] | None = None,
+                model_cache_pvc: str | None = None, option: str = "PLAN") -> tuple[Export, list[str]]:
+    """A plan.json as `target`'s files (`splitplan export`), with the plan's notes (a catalog entry
+    that changed since the plan was made). SpecError naming `option` for a plan that is not one."""
+    from splitplan import plan_document
+    read = plan_document.read(Path(plan), option)
+    dep = deployment(read.pools, read.inputs, str(plan), model_id, node_selector, model_cache_pvc)
+    return export(dep, target, backend, image), read.notes
+
+
 def export(dep: Deployment, target: str, backend: str | None = None, image: str | None = None) -> Export:
     """The files of `target` for the deployment. `backend` (dynamo: vllm or sglang) defaults to the
     plan's engine where it is one of them; `image` replaces the target's container image."""
@@ -278,7 +298,7 @@ def export(dep: Deployment, target: str, backend: str | None = None, image: str 
     if image is not None:
         image_ref(image)
     if target == "dynamo":
-        from splitplan.export.dynamo import dynamo
+        from splitplan.deploy.dynamo import dynamo
         return dynamo(dep, backend or _backend_of(dep), image)
     if target not in KUBERNETES_TARGETS and (dep.node_selector is not None or dep.model_cache_pvc):
         flag = "--node-selector" if dep.node_selector is not None else "--model-cache-pvc"
@@ -288,9 +308,9 @@ def export(dep: Deployment, target: str, backend: str | None = None, image: str 
     if backend not in (None, runs):
         raise SpecError(f"--backend {excerpt(backend)}: --to {target} runs {runs}; --backend is for --to dynamo")
     if target == "llm-d":
-        from splitplan.export.llmd import llmd
+        from splitplan.deploy.llmd import llmd
         return llmd(dep, image)
-    from splitplan.export.launch import launch
+    from splitplan.deploy.launch import launch
     return launch(dep, target, image)
 
 

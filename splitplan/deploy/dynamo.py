@@ -15,8 +15,8 @@ from importlib import resources
 
 import yaml
 
-from splitplan.export import ROLE_NAMES, VERSIONS, Deployment, Export, common_mapping
-from splitplan.export.engines import BATCH_TOKENS_FLAG, SEQS_FLAG, model_args, parallel_args, pool_flags, role_args, setting_args
+from splitplan.deploy import ROLE_NAMES, VERSIONS, Deployment, Export, common_mapping
+from splitplan.deploy.engines import BATCH_TOKENS_FLAG, SEQS_FLAG, model_args, parallel_args, pool_flags, role_args, setting_args
 
 # The template flags splitplan sets itself (each takes a value), removed before its own are added.
 _OURS = {"--model", "--model-path", "--served-model-name", "--tp", "--tp-size", "--tensor-parallel-size", "--dp",
@@ -27,7 +27,7 @@ _OURS = {"--model", "--model-path", "--served-model-name", "--tp", "--tp-size", 
 def template(backend: str, split: bool) -> dict:
     """The vendored Dynamo 1.6.1 DGD template of `backend`, disaggregated or aggregated."""
     name = f"{backend}-{'disagg' if split else 'agg'}.yaml"
-    return yaml.safe_load(resources.files("splitplan.export").joinpath("reference", "dynamo-1.6.1", name).read_text())
+    return yaml.safe_load(resources.files("splitplan.deploy").joinpath("reference", "dynamo-1.6.1", name).read_text())
 
 
 def _strip(args: list[str]) -> list[str]:

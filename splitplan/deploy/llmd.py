@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import yaml
 
-from splitplan.export import VERSIONS, Deployment, Expand, Export, common_mapping, shell_words
-from splitplan.export.engines import BATCH_TOKENS_FLAG, SEQS_FLAG, dp_ranks_per_node, parallel_args, pool_flags, role_args, setting_args
+from splitplan.deploy import VERSIONS, Deployment, Expand, Export, common_mapping, shell_words
+from splitplan.deploy.engines import BATCH_TOKENS_FLAG, SEQS_FLAG, dp_ranks_per_node, parallel_args, pool_flags, role_args, setting_args
 
 SIDECAR_IMAGE = f"ghcr.io/llm-d/llm-d-router-disagg-sidecar:v{VERSIONS['llm-d']}"
 IMAGE = f"vllm/vllm-openai:v{VERSIONS['vllm']}"
