@@ -22,6 +22,15 @@ from rich.text import Text
 from splitplan.errors import SpecError
 from splitplan.inputs import printable
 from splitplan.plan_document import SCHEMA_VERSION  # noqa: E402,F401 - (one version for every document)
+from splitplan.search.documents import (  # noqa: F401 - (the plans' forms, where the reports read them)
+    optimize_json,
+    plan_json,
+    plan_text,
+    plans_csv,
+    pool_text,
+    pools_json,
+    pools_text,
+)
 
 
 def clean(value: Any, digits: int = 6) -> Any:
@@ -228,27 +237,7 @@ def console() -> Console:
     return _Console(width=min(probe.width, WIDTH)) if probe.is_terminal else _Console(width=WIDTH)
 
 
-# --- plans ------------------------------------------------------------------------
-
-def pools_json(pools) -> list[dict]:
-    return [{"hardware": p.hardware, **p.layout._asdict(), "layout": p.layout.spec, "machines": p.machines,
-             "instances": p.instances, "gpus": p.gpus, "utilization": p.utilization, "prefix_hit_rate": p.prefix_hit_rate,
-             "shared": p.shared} for p in pools]
-
-
-def pool_text(p) -> str:
-    """`3x h100-80gb TP 8`; a part of shared machines `2x TP 2 on 1x h100-80gb (shared #0)`."""
-    if p.shared is not None:
-        return f"{p.instances}x {p.layout} on {p.machines}x {p.hardware} (shared #{p.shared})"
-    return f"{p.machines}x {p.hardware} {p.layout}"
-
-
-def pools_text(pools) -> str:
-    """Pools in text, one notation everywhere: `3x h100-80gb TP 8 + 4x h200-141gb DP 16 EP 16` (in
-    options and files a pool is `h100-80gb:8:3`, `h200-141gb:dp16ep16:4`); machines shared by
-    prefill and decode instances as `pool_text` gives them."""
-    return " + ".join(pool_text(p) for p in pools) or "-"
-
+# --- plans (their JSON and CSV forms: search.documents) ------------------------------
 
 def pools_detail(pools) -> str:
     """Pools as pools_text gives them, each with what it buys: `2x h100-80gb TP 8 (2 instances,
@@ -287,32 +276,6 @@ def file_names(source: str) -> str:
     return PurePath(path).name + rest
 
 
-def plan_text(plan) -> str:
-    if plan.mixed_pools:
-        return f"co-located {pools_text(plan.mixed_pools)}"
-    return f"prompt {pools_text(plan.prompt_pools)}; token {pools_text(plan.token_pools)}"
-
-
-def plan_json(plan) -> dict:
-    pools = ({"mixed_pools": pools_json(plan.mixed_pools)} if plan.mixed_pools else
-             {"prompt_pools": pools_json(plan.prompt_pools), "token_pools": pools_json(plan.token_pools)})
-    return {
-        **pools,
-        "cost_usd_per_hour": plan.cost_usd_per_hour,
-        "power_kw": plan.power_kw,
-        "machines": plan.machines,
-        "gpus": plan.gpus,
-        "cost_usd_per_million_tokens": plan.cost_usd_per_million_tokens,
-        "cost_usd_per_million_output_tokens": plan.cost_usd_per_million_output_tokens,
-        "predicted": {f"{m}_ms": v for m, v in plan.predicted.items()},
-        "slo": [{"line": line.label, "metric": line.metric, "percentile": line.percentile, "target": line.limit,
-                 "unit": line.unit, "achieved": v, "met": ok} for line, v, ok in plan.slo],
-        "binding": plan.binding,
-        **({"max_rate_rps": plan.max_rate_rps} if plan.max_rate_rps is not None else {}),
-        **({"max_rate_simulated": plan.max_rate_simulated} if plan.max_rate_simulated is not None else {}),
-    }
-
-
 def slo_rows(lines: list[dict]) -> list[tuple]:
     """Table rows of a simulated SLO report: line, target and achieved with their unit,
     attainment, met."""
@@ -322,40 +285,6 @@ def slo_rows(lines: list[dict]) -> list[tuple]:
         line = SloLine.from_json(x)
         rows.append((x["line"], line.target, line.text(x["achieved"]), x["attainment_pct"], "yes" if x["met"] else "NO"))
     return rows
-
-
-def optimize_json(result, inputs: dict) -> dict:
-    body = plan_json(result.plan)
-    body["alternatives"] = [plan_json(a) for a in result.alternatives]
-    body["split_saving_pct"] = result.split_saving_pct
-    body["unservable"] = result.unservable
-    if result.max_rate_rps is not None:
-        body["max_rate_rps"] = result.max_rate_rps
-    if result.closed_loop is not None:
-        body["closed_loop"] = result.closed_loop
-    if result.simulated is not None:
-        body["simulated"] = result.simulated
-        for alternative, outcome in zip(body["alternatives"], result.alternatives_simulated, strict=True):
-            alternative["simulated"] = outcome
-    return {"schema_version": SCHEMA_VERSION, "inputs": inputs, "plan": body, "warnings": result.warnings}
-
-
-def plans_csv(plans) -> str:
-    import csv
-    import io
-    out = io.StringIO()
-    w = csv.writer(out, lineterminator="\n")
-    w.writerow(["rank", "prompt_pools", "token_pools", "mixed_pools", "machines", "cost_usd_per_hour", "power_kw",
-                "ttft_p99_ms", "tbt_p99_ms", "e2e_p99_ms", "all_slo_met", "binding", "max_rate_rps", "gpus",
-                "cost_usd_per_million_tokens", "cost_usd_per_million_output_tokens"])
-    for i, p in enumerate(plans):
-        w.writerow([i, pools_text(p.prompt_pools), pools_text(p.token_pools), pools_text(p.mixed_pools), p.machines,
-                    f"{p.cost_usd_per_hour:.4f}",
-                    f"{p.power_kw:.4f}", f"{p.predicted['ttft']['p99']:.3f}", f"{p.predicted['tbt']['p99']:.3f}",
-                    f"{p.predicted['e2e']['p99']:.3f}", all(ok for _, _, ok in p.slo), p.binding,
-                    "" if p.max_rate_rps is None else f"{p.max_rate_rps:.4f}", p.gpus,
-                    *("" if v is None else f"{v:.6g}" for v in (p.cost_usd_per_million_tokens, p.cost_usd_per_million_output_tokens))])
-    return out.getvalue()
 
 
 def candidates_csv(result) -> str:

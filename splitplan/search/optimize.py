@@ -16,9 +16,9 @@ from splitplan.parallel import run_units
 from splitplan.perf.points import candidate_layouts, reference_instance, require_tp
 from splitplan.perf.roofline import Instance
 from splitplan.perf.table import load_perf_db
-from splitplan.report import optimize_json, plan_json, plans_csv
 from splitplan.roles import SPLIT, Role
 from splitplan.search.bracket import plan_max_rate
+from splitplan.search.documents import optimize_json, plan_json, plans_csv
 from splitplan.search.frontier import cost_power_frontier, nondominated
 from splitplan.search.plan import (
     MachineCap,

@@ -1,0 +1,84 @@
+"""A plan's own forms: its JSON document (plan.json's `plan`, and optimize's whole document),
+its one-line text and its CSV row; every report, file and the API's `to_json` write these."""
+
+from __future__ import annotations
+
+from splitplan.plan_document import SCHEMA_VERSION
+
+
+def pools_json(pools) -> list[dict]:
+    return [{"hardware": p.hardware, **p.layout._asdict(), "layout": p.layout.spec, "machines": p.machines,
+             "instances": p.instances, "gpus": p.gpus, "utilization": p.utilization, "prefix_hit_rate": p.prefix_hit_rate,
+             "shared": p.shared} for p in pools]
+
+
+def pool_text(p) -> str:
+    """`3x h100-80gb TP 8`; a part of shared machines `2x TP 2 on 1x h100-80gb (shared #0)`."""
+    if p.shared is not None:
+        return f"{p.instances}x {p.layout} on {p.machines}x {p.hardware} (shared #{p.shared})"
+    return f"{p.machines}x {p.hardware} {p.layout}"
+
+
+def pools_text(pools) -> str:
+    """Pools in text, one notation everywhere: `3x h100-80gb TP 8 + 4x h200-141gb DP 16 EP 16` (in
+    options and files a pool is `h100-80gb:8:3`, `h200-141gb:dp16ep16:4`); machines shared by
+    prefill and decode instances as `pool_text` gives them."""
+    return " + ".join(pool_text(p) for p in pools) or "-"
+
+def plan_text(plan) -> str:
+    if plan.mixed_pools:
+        return f"co-located {pools_text(plan.mixed_pools)}"
+    return f"prompt {pools_text(plan.prompt_pools)}; token {pools_text(plan.token_pools)}"
+
+
+def plan_json(plan) -> dict:
+    pools = ({"mixed_pools": pools_json(plan.mixed_pools)} if plan.mixed_pools else
+             {"prompt_pools": pools_json(plan.prompt_pools), "token_pools": pools_json(plan.token_pools)})
+    return {
+        **pools,
+        "cost_usd_per_hour": plan.cost_usd_per_hour,
+        "power_kw": plan.power_kw,
+        "machines": plan.machines,
+        "gpus": plan.gpus,
+        "cost_usd_per_million_tokens": plan.cost_usd_per_million_tokens,
+        "cost_usd_per_million_output_tokens": plan.cost_usd_per_million_output_tokens,
+        "predicted": {f"{m}_ms": v for m, v in plan.predicted.items()},
+        "slo": [{"line": line.label, "metric": line.metric, "percentile": line.percentile, "target": line.limit,
+                 "unit": line.unit, "achieved": v, "met": ok} for line, v, ok in plan.slo],
+        "binding": plan.binding,
+        **({"max_rate_rps": plan.max_rate_rps} if plan.max_rate_rps is not None else {}),
+        **({"max_rate_simulated": plan.max_rate_simulated} if plan.max_rate_simulated is not None else {}),
+    }
+
+def optimize_json(result, inputs: dict) -> dict:
+    body = plan_json(result.plan)
+    body["alternatives"] = [plan_json(a) for a in result.alternatives]
+    body["split_saving_pct"] = result.split_saving_pct
+    body["unservable"] = result.unservable
+    if result.max_rate_rps is not None:
+        body["max_rate_rps"] = result.max_rate_rps
+    if result.closed_loop is not None:
+        body["closed_loop"] = result.closed_loop
+    if result.simulated is not None:
+        body["simulated"] = result.simulated
+        for alternative, outcome in zip(body["alternatives"], result.alternatives_simulated, strict=True):
+            alternative["simulated"] = outcome
+    return {"schema_version": SCHEMA_VERSION, "inputs": inputs, "plan": body, "warnings": result.warnings}
+
+
+def plans_csv(plans) -> str:
+    import csv
+    import io
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(["rank", "prompt_pools", "token_pools", "mixed_pools", "machines", "cost_usd_per_hour", "power_kw",
+                "ttft_p99_ms", "tbt_p99_ms", "e2e_p99_ms", "all_slo_met", "binding", "max_rate_rps", "gpus",
+                "cost_usd_per_million_tokens", "cost_usd_per_million_output_tokens"])
+    for i, p in enumerate(plans):
+        w.writerow([i, pools_text(p.prompt_pools), pools_text(p.token_pools), pools_text(p.mixed_pools), p.machines,
+                    f"{p.cost_usd_per_hour:.4f}",
+                    f"{p.power_kw:.4f}", f"{p.predicted['ttft']['p99']:.3f}", f"{p.predicted['tbt']['p99']:.3f}",
+                    f"{p.predicted['e2e']['p99']:.3f}", all(ok for _, _, ok in p.slo), p.binding,
+                    "" if p.max_rate_rps is None else f"{p.max_rate_rps:.4f}", p.gpus,
+                    *("" if v is None else f"{v:.6g}" for v in (p.cost_usd_per_million_tokens, p.cost_usd_per_million_output_tokens))])
+    return out.getvalue()
