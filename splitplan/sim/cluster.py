@@ -554,9 +554,12 @@ class _Cluster:
             self._unassign(self.insts[self.t_inst[i]], i)
             return
         tok = self.insts[self.t_inst[i]]
-        if tok is inst:  # co-located: decode here, its KV held since admission
+        if tok is inst:  # decode here: co-located, or a token machine lent to prefill it (the mixed pool)
             self.kv_ready[i] = now
-            inst.kv_used -= self.plen[i]  # now counted in the batch's context
+            if inst.role == MIXED:  # its KV held since admission, now counted in the batch's context
+                inst.kv_used -= self.plen[i]
+            else:  # held from now until it finishes, as every request a token instance decodes
+                inst.kv_used += self.p[i] + self.o[i]
             self._join(inst, i, now)
             return
         sent = self.p[i]

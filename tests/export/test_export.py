@@ -348,3 +348,51 @@ def test_pods_land_on_the_machines_the_plan_bought_and_share_one_copy_of_the_wei
         assert {"name": "HF_HOME", "value": "/model-cache"} in container["env"]
         assert {"name": "model-cache", "mountPath": "/model-cache"} in container["volumeMounts"]
     assert "not selected" not in notes and "mounts the claim hf-cache" in notes
+
+
+def _entries(script: str) -> dict[str, list[list[str]]]:
+    """launch.sh's entries: name -> its commands (after `export CUDA_VISIBLE_DEVICES`), as words."""
+    lines, out, name = script.splitlines(), {}, None
+    for line in lines[lines.index('case "${1:-}" in') + 1:]:
+        text = line.strip()
+        if text == "*)":  # (the usage message)
+            break
+        if text.endswith(")") or ")  #" in text:
+            name = text.split(")")[0]
+            out[name] = []
+        elif text == ";;" or text == "esac":
+            name = None
+        elif name is not None and not text.startswith("export "):
+            out[name].append(shlex.split(text))
+    return out
+
+
+def test_sglang_prefill_workers_on_one_machine_take_their_own_bootstrap_ports(tmp_path):
+    """Two TP 4 prefill workers on one 8-GPU machine: each its GPUs, HTTP port and disaggregation
+    bootstrap port (SGLang's 8998, then 8999), and the router names each prefill by both."""
+    pools = {"prompt": [("h100-80gb", Layout(4), 1)], "token": [("h100-80gb", Layout(8), 1)]}
+    entries = _entries(_files(tmp_path, "sglang", pools, model="llama3.1-70b", engine="sglang-fp8")["launch.sh"])
+    prefill = {name: cmds[0] for name, cmds in entries.items() if name.startswith("prefill")}
+    ports = {name: (cmd[cmd.index("--port") + 1], cmd[cmd.index("--disaggregation-bootstrap-port") + 1])
+             for name, cmd in prefill.items()}
+    assert ports == {"prefill-h100-80gb-tp4-0": ("8100", "8998"), "prefill-h100-80gb-tp4-1": ("8101", "8999")}
+    router = entries["router"][0]
+    named = [router[k + 1:k + 3] for k, word in enumerate(router) if word == "--prefill"]
+    assert named == [["http://${PREFILL_H100_80GB_TP4_0_HOST}:8100", "8998"], ["http://${PREFILL_H100_80GB_TP4_1_HOST}:8101", "8999"]]
+
+
+@pytest.mark.parametrize("machines", [2, 4])
+def test_a_vllm_instance_whose_ranks_span_nodes_runs_on_a_ray_cluster_of_its_nodes(tmp_path, machines):
+    """TP 8 x PP 2 on 8-GPU machines (a rank spans two nodes: vLLM needs Ray there): per instance,
+    its first node starts the Ray head and vLLM on the Ray backend, the other node joins the head
+    and blocks; one entry per node, every node of every instance."""
+    pools = {"mixed": [("h100-80gb", Layout(8, 1, 1, 2), machines)]}
+    entries = _entries(_files(tmp_path, "vllm", pools, model="llama3.1-405b", engine="vllm-fp8")["launch.sh"])
+    workers = [f"worker-h100-80gb-tp8pp2-{k}" for k in range(machines // 2)]
+    assert sorted(entries) == sorted([f"{w}-node{r}" for w in workers for r in range(2)] + ["router"])
+    for k, w in enumerate(workers):
+        head, other = entries[f"{w}-node0"], entries[f"{w}-node1"]
+        assert head[0] == ["ray", "start", "--head", "--port", "6379"]
+        assert head[1][:2] == ["vllm", "serve"] and head[1][-2:] == ["--distributed-executor-backend", "ray"]
+        assert head[1][head[1].index("--pipeline-parallel-size") + 1] == "2"
+        assert other == [["ray", "start", "--address", f"${{WORKER_H100_80GB_TP8PP2_{k}_HOST}}:6379", "--block"]]

@@ -169,3 +169,32 @@ def test_a_requests_kv_crosses_its_attention_groups_nics():
     assert Instance(DSV3, H200, FP8, Layout(8)).kv_link_bytes_per_s == H200.scale_out_bytes_per_s
     assert Instance(DSV3, H200, FP8, Layout(1, 16, 16)).kv_link_bytes_per_s == H200.scale_out_bytes_per_s / 8
     assert Instance(LLAMA, H100, FP8, Layout(8, pp=2)).kv_link_bytes_per_s == 2 * H100.scale_out_bytes_per_s
+
+
+def test_expert_all_to_all_time_by_hand_and_no_pipeline_hop_without_stages():
+    """DP 8 EP 8 on one 8-GPU H200 (one NVLink domain), a decode step of 64 requests (8 per
+    attention group): no TP all-reduce (TP 1), no pipeline hop (PP 1); per MoE layer, dispatch and
+    combine send each token to its 8 experts' GPUs, 7/8 of them elsewhere, over 450 GB/s, plus
+    two collective latencies. By hand, from the model's and the machine's figures."""
+    from splitplan.specs.engine import EngineFactors, EngineProfile
+    latency_s = 10e-6
+    engine = EngineProfile(name="links", description="test", source="test", dtype="bf16",
+                           defaults=EngineFactors(link_efficiency=1, collective_latency_s=latency_s))
+    inst = Instance(DSV3, H200, engine, Layout(1, 8, 8))
+    batch = 64
+    per_token_bytes = 2 * 8 * (7 / 8) / 8 * DSV3.hidden_size * 2  # 2 x min(k, ep) x moe_tp/g x (g-1)/g x hidden x bf16
+    expected = DSV3.moe_layers * (batch * per_token_bytes / 450e9 + 2 * latency_s)
+    assert inst.explain(decode_batch=batch, decode_context_tokens=1000).network_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_decode_attention_flops_by_hand():
+    """`perf`'s FLOPs per GPU: decode attention reads each context token once per query head,
+    4 x q_dim / TP FLOPs per token per layer (scores and the weighted sum); MLA attends over the
+    latent with the up-projections absorbed, 2 x heads / TP x (latent + RoPE key + latent)."""
+    for model, layout, per_token in ((LLAMA, Layout(8), 4 * LLAMA.q_dim / 8),
+                                     (DSV3, Layout(8), 2 * DSV3.num_attention_heads / 8
+                                      * (DSV3.kv_cache_elements_per_layer + DSV3.mla.kv_lora_rank))):
+        inst = Instance(model, H200, FP8, layout)
+        more, fewer = (inst.explain(decode_batch=16, decode_context_tokens=c) for c in (3000, 1000))  # (per request)
+        assert more.flops_per_gpu - fewer.flops_per_gpu == pytest.approx(
+            model.num_hidden_layers * 16 * 2000 * per_token, rel=1e-9)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from splitplan import api
 from splitplan.perf.roofline import kv_transfer_time_s
-from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
+from splitplan.sim.cluster import PoolSpec, SimOptions, _Cluster, simulate
 from splitplan.sim.metrics import borrowed as borrowed_counts
 from splitplan.workload.trace import (
     Trace,
@@ -56,9 +56,15 @@ def test_conservation_every_request_once_and_tokens(seed, rate, routing, colocat
     trace = resample_poisson(load_trace(default_trace_path()), rate, 20.0, np.random.default_rng(seed))
     inst = BLOOM if small_kv else H100  # BLOOM's KV fills, so borrowing for decode happens
     pools = [PoolSpec("mixed", inst, 2)] if colocated else [PoolSpec("prompt", inst, 2), PoolSpec("token", inst, 1)]
-    r = simulate(trace, pools, SimOptions(routing=routing, borrow_threshold_tokens=borrow))
+    cluster = _Cluster(trace, pools, SimOptions(routing=routing, borrow_threshold_tokens=borrow))
+    r = cluster.run()
     finished = np.isfinite(r.e2e_s)
     assert finished.sum() + r.rejected.sum() == len(trace)
+    # every place a request held is given back: KV committed to decodes (mixed pool included),
+    # KV in use, and the routing loads (queued prompt tokens, requests held, output tokens)
+    assert all(i.kv_committed == 0 and i.kv_used == 0 for i in cluster.insts)
+    assert list(cluster.prompt_load) == [0] * len(cluster.prompt_load)
+    assert list(cluster.token_load) == [0] * len(cluster.token_load)
     assert r.tokens_out == int(trace.output_tokens[finished].sum())
     assert np.all(r.e2e_s[finished] >= r.ttft_s[finished])
     alone = inst.prefill_time_s(trace.prompt_tokens)  # no request's first token comes sooner than its prefill alone
