@@ -230,6 +230,29 @@ ISSUE_28 = [
      "gemm_peak * gemm_eff(rows) * f.moe_efficiency", "gemm_peak * gemm_eff(rows)"),
 ]
 
+# Issue 32: the survivors a review found, judged by the tests written for them.
+ISSUE_32_TESTS = [
+    "tests/export/test_export.py::test_sglang_prefill_workers_on_one_machine_take_their_own_bootstrap_ports",
+    "tests/export/test_export.py::test_a_vllm_instance_whose_ranks_span_nodes_runs_on_a_ray_cluster_of_its_nodes",
+    "tests/sim/test_cluster.py::test_conservation_every_request_once_and_tokens",
+    "tests/perf/test_layouts.py::test_expert_all_to_all_time_by_hand_and_no_pipeline_hop_without_stages",
+    "tests/perf/test_layouts.py::test_decode_attention_flops_by_hand",
+]
+ISSUE_32 = [
+    ("SGLang's bootstrap port counted down per worker", "splitplan/deploy/launch.py",
+     'cmd += ["--disaggregation-bootstrap-port", str(SGLANG_BOOTSTRAP_PORT + slot)]',
+     'cmd += ["--disaggregation-bootstrap-port", str(SGLANG_BOOTSTRAP_PORT - slot)]'),
+    ("the Ray path skips a node", "splitplan/deploy/launch.py",
+     "for _ in range(1, nodes))]", "for _ in range(2, nodes))]"),
+    ("the mixed pool's committed KV never fully returned", "splitplan/sim/cluster.py",
+     "        inst.kv_committed -= self.p[i] + self.o[i]", "        inst.kv_committed -= self.p[i]"),
+    ("a pipeline hop without pipeline stages", "splitplan/perf/roofline.py",
+     "/ self._link_bytes_per_s(2 * g, f, off=1.0)) if lay.pp > 1 else 0.0",
+     "/ self._link_bytes_per_s(2 * g, f, off=1.0)) if lay.pp >= 1 else 0.0"),
+    ("decode attention at half its FLOPs", "splitplan/perf/roofline.py",
+     "2 * m.q_dim / t, 4 * m.q_dim / t,", "2 * m.q_dim / t, 2 * m.q_dim / t,"),
+]
+
 SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Lt: ast.LtE, ast.LtE: ast.Lt,
          ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.And: ast.Or, ast.Or: ast.And}
 
@@ -304,6 +327,7 @@ def main() -> None:
     assert not killed(scratch, args.timeout, ISSUE_26_TESTS), "the issue-26 tests fail on the unmutated code"
     assert not killed(scratch, args.timeout, ISSUE_27_TESTS), "the issue-27 tests fail on the unmutated code"
     assert not killed(scratch, args.timeout, ISSUE_28_TESTS), "the issue-28 tests fail on the unmutated code"
+    assert not killed(scratch, args.timeout, ISSUE_32_TESTS), "the issue-32 tests fail on the unmutated code"
 
     def trial(path: str, text: str, tests: list[str] = TESTS) -> bool:
         target = scratch / path
@@ -317,7 +341,7 @@ def main() -> None:
     print("| named mutation | file | killed |\n|---|---|---|")
     named = ([(m, TESTS) for m in NAMED] + [(m, HARDENING_TESTS) for m in HARDENING]
              + [(m, ISSUE_26_TESTS) for m in ISSUE_26] + [(m, ISSUE_27_TESTS) for m in ISSUE_27]
-             + [(m, ISSUE_28_TESTS) for m in ISSUE_28])
+             + [(m, ISSUE_28_TESTS) for m in ISSUE_28] + [(m, ISSUE_32_TESTS) for m in ISSUE_32])
     named = [(m, tests) for m, tests in named if any(part in m[0] for part in args.only.split("|"))]
     named_killed = 0
     for (name, path, old, new), tests in named:
