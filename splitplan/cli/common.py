@@ -444,6 +444,12 @@ def plan_input(plan: Path | None, prompt_pool: list[str], token_pool: list[str],
     return read_plan(plan)
 
 
+# A closed loop's request sizes and length (optimize and simulate with --concurrency).
+ISL = typer.Option(None, "--isl", help="With --concurrency: every request's input tokens (default: drawn from the trace).")
+OSL = typer.Option(None, "--osl", help="With --concurrency: every request's output tokens (default: drawn from the trace).")
+NUM_REQUESTS = typer.Option(None, "--num-requests", help="With --concurrency: requests in the run (default 10 per client, "
+                            "at least 100).")
+
 # The precision options of every command that takes --engine (one declaration, shared).
 WEIGHTS = typer.Option(None, "--weights", help="Weight precision (default: the engine's): bf16, fp8, or fp4 (NVFP4; machines "
                        "with fp4 tensor cores). Memory and GEMM speed follow.")

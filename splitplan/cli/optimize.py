@@ -14,10 +14,13 @@ import typer
 from splitplan import plan_document, report
 from splitplan.cli.common import (
     EXECUTOR_HELP,
+    ISL,
     KV_CACHE,
     KV_OFFLOAD_GB,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
+    NUM_REQUESTS,
+    OSL,
     OUTPUT_COLUMN,
     PREFIX_CACHING,
     PROMPT_COLUMN,
@@ -121,11 +124,9 @@ def optimize(
     concurrency: int | None = typer.Option(None, "--concurrency",
         help="Plan for a closed loop, as serving benchmarks load a deployment: this many clients, each sending its next request "
              "when the last one finishes (checked by simulation)."),
-    isl: int | None = typer.Option(None, "--isl", help="With --concurrency: every request's input tokens (default: drawn from the trace)."),
-    osl: int | None = typer.Option(None, "--osl",
-        help="With --concurrency: every request's output tokens (default: drawn from the trace)."),
-    num_requests: int | None = typer.Option(None, "--num-requests",
-        help="With --concurrency: requests in the run (default 10 per client, at least 100)."),
+    isl: int | None = ISL,
+    osl: int | None = OSL,
+    num_requests: int | None = NUM_REQUESTS,
     format: PlanFormat = typer.Option(PlanFormat.table, "--format", help="table, json or csv"),
     output_dir: Path | None = typer.Option(None, "--output-dir", help="Write plan.json, candidates.csv, pareto.csv here."),
 ) -> None:

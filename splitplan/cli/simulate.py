@@ -9,10 +9,13 @@ import typer
 
 from splitplan import report
 from splitplan.cli.common import (
+    ISL,
     KV_CACHE,
     KV_OFFLOAD_GB,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
+    NUM_REQUESTS,
+    OSL,
     OUTPUT_COLUMN,
     PREFIX_CACHING,
     PREFIX_GROUPS,
@@ -80,11 +83,9 @@ def simulate(
         help="Longer traces are simulated on their busiest stretch of this many requests."),
     concurrency: int | None = typer.Option(None, "--concurrency",
         help="Closed loop, as serving benchmarks run: this many clients, each sending its next request when the last one finishes."),
-    isl: int | None = typer.Option(None, "--isl", help="With --concurrency: every request's input tokens (default: drawn from the trace)."),
-    osl: int | None = typer.Option(None, "--osl",
-        help="With --concurrency: every request's output tokens (default: drawn from the trace)."),
-    num_requests: int | None = typer.Option(None, "--num-requests",
-        help="With --concurrency: requests in the run (default 10 per client, at least 100)."),
+    isl: int | None = ISL,
+    osl: int | None = OSL,
+    num_requests: int | None = NUM_REQUESTS,
     prefix_caching: str | None = PREFIX_CACHING,
     kv_offload_gb: float | None = KV_OFFLOAD_GB,
     shared_prefix_tokens: int | None = SHARED_PREFIX_TOKENS,
