@@ -554,13 +554,13 @@ class _Cluster:
             self._unassign(self.insts[self.t_inst[i]], i)
             return
         tok = self.insts[self.t_inst[i]]
-        if tok is inst:  # decode here: co-located, or a token machine lent to prefill it (the mixed pool)
+        if tok is inst:
             self.kv_ready[i] = now
-            if inst.role == MIXED:  # its KV held since admission, now counted in the batch's context
+            if inst.role == MIXED:  # co-located: its KV held since admission, now counted in the batch's context
                 inst.kv_used -= self.plen[i]
-            else:  # held from now until it finishes, as every request a token instance decodes
-                inst.kv_used += self.p[i] + self.o[i]
-            self._join(inst, i, now)
+                self._join(inst, i, now)
+            else:  # a token machine lent to prefill it (the mixed pool): its KV is here, admitted as an arrival's
+                inst.waiting.append(i)  # (the iteration's end admits it: _iteration_end)
             return
         sent = self.p[i]
         if tok.idx in self.caches and self.node[i] >= 0:  # the blocks the token instance holds are not sent
