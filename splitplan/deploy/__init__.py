@@ -7,7 +7,7 @@ states the engine version it was written for and maps every plan field it uses
 (`Export.mapping`); plan fields it cannot express are listed (`Export.unexpressed`), never dropped
 silently; a layout the engine cannot run is an error (exit 2).
 
-Targets: `dynamo` (export.dynamo), `llm-d` (export.llmd), `vllm` and `sglang` (export.launch).
+Targets: `dynamo` (deploy.dynamo), `llm-d` (deploy.llmd), `vllm` and `sglang` (deploy.launch).
 """
 
 from __future__ import annotations
@@ -208,8 +208,8 @@ class Export:
         """The files and EXPORT.md written into `folder` as one set (all or none; launch.sh
         executable); the paths written."""
         from splitplan import report
-        files = {folder / name: text for name, text in {**self.files, "EXPORT.md": self.report()}.items()}
-        report.write_set(dict(files), executable=frozenset({"launch.sh"}))
+        files: dict[Path, str | bytes] = {folder / name: text for name, text in {**self.files, "EXPORT.md": self.report()}.items()}
+        report.write_set(files, executable=frozenset({"launch.sh"}))
         return list(files)
 
 
