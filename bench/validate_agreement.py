@@ -63,7 +63,7 @@ def run_case(trace, label, rate, hardware, slo, model="llama2-70b", engine="lean
     start = time.perf_counter()
     try:
         result = api.optimize(workload, model, slo, hardware=list(hardware), tp=tp, engine=engine,
-                              with_colocated=not split, split=split)
+                              mode="split-alone" if split else "colocated")
         plan, sim, added = api.validate(result.plan, result.problem.trace, model, slo, engine, planned=result)
     except InfeasibleError as exc:
         return {"case": (label, rate, "+".join(hardware), slo), "error": str(exc), "seconds": time.perf_counter() - start}

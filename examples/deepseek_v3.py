@@ -43,7 +43,7 @@ def main() -> None:
             kind = "split" if split else "co-located"
             try:
                 result = splitplan.plan(model="deepseek-v3", slo="chat", rate=args.rate, duration_s=duration,
-                                        hardware=[hardware], engine=engine, split=split, split_only=split)
+                                        hardware=[hardware], engine=engine, mode="split" if split else "colocated")
             except InfeasibleError as exc:
                 print(f"{hardware:<12} {engine:<24} {kind:<10} infeasible: {exc}")
                 continue

@@ -63,7 +63,8 @@ def plan(trace=None, model: str = DEFAULT_MODEL, slo: str = DEFAULT_SLO, rate: f
          duration_s: float = 120.0, seed: int = 0, **options) -> OptimizeResult:
     """The cheapest (or lowest-power, `objective="power"`) plan meeting the SLO; options
     as `splitplan.api.optimize` (hardware, prompt_hardware, token_hardware, tp, engine,
-    search, max_cost_per_hour, max_power_kw, max_machines, split, pareto, jobs, perf_db)."""
+    search, max_cost_per_hour, max_power_kw, max_machines, mode, pareto, jobs, perf_db: the fields of
+    `splitplan.api.OptimizeOptions`, or `options=` one)."""
     from splitplan import api
     return api.optimize(workload(trace, rate, duration_s, seed), model, slo, **options)
 

@@ -20,7 +20,7 @@ from splitplan.defaults import (
     MAX_BATCH_TOKENS,
 )
 from splitplan.perf.points import instance, instance_facts, perf_points
-from splitplan.search.optimize import OptimizeResult, objective_value, optimize
+from splitplan.search.optimize import Mode, OptimizeOptions, OptimizeResult, objective_value, optimize
 from splitplan.search.rate import max_rate
 from splitplan.simulation import (
     Setup,
@@ -29,6 +29,7 @@ from splitplan.simulation import (
     plan_from_pools,
     plan_pools,
     pool_specs,
+    setup_for,
     simulate,
     simulate_plans,
     validate,
@@ -48,8 +49,9 @@ from splitplan.studies import (
 __all__ = [
     "DEFAULT_ENGINE", "DEFAULT_MODEL", "DEFAULT_SLO", "MAX_BATCH_TOKENS", "SCENARIOS",
     "instance", "instance_facts", "perf_points",
-    "OptimizeResult", "objective_value", "optimize", "max_rate", "optimize_closed_loop",
-    "Setup", "SimulateResult", "simulate", "simulate_plans", "validate", "validate_result", "pool_specs", "plan_from_pools", "plan_pools",
+    "Mode", "OptimizeOptions", "OptimizeResult", "objective_value", "optimize", "max_rate", "optimize_closed_loop",
+    "Setup", "SimulateResult", "simulate", "simulate_plans", "validate", "validate_result", "pool_specs", "plan_from_pools",
+    "plan_pools", "setup_for",
     "CalibrateResult", "DeploymentCalibration", "calibrate", "calibrate_deployments",
     "CompareResult", "DesignResult", "SweepResult", "WindowsResult", "compare", "sweep", "plan_windows",
 ]

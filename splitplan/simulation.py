@@ -33,7 +33,7 @@ from splitplan.specs.model import load_model
 from splitplan.specs.slo import load_slo
 
 if TYPE_CHECKING:
-    from splitplan.search.optimize import OptimizeResult
+    from splitplan.search.optimize import OptimizeOptions, OptimizeResult
     from splitplan.sim.cluster import SimResult
 
 
@@ -86,6 +86,12 @@ class Setup:
                         borrow_threshold_tokens=self.borrow_threshold_tokens, perf_interp=self.perf_interp,
                         concurrency=concurrency, max_num_seqs=self.max_num_seqs, prefix_caching=self.prefix_caching,
                         kv_offload_gb=self.kv_offload_gb)
+
+
+def setup_for(model: str, slo: str, options: OptimizeOptions, borrow_threshold_tokens: int | None = None) -> Setup:
+    """The simulations of plans searched with `options`: the same engine, scheduler and caches."""
+    return Setup(model, slo, options.engine, options.perf_db, options.max_batch_tokens, options.perf_interp,
+                 borrow_threshold_tokens, options.max_num_seqs, options.prefix_caching, options.routing, options.kv_offload_gb)
 
 
 def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
@@ -290,7 +296,7 @@ def simulate_plans(plans, trace, model: str, slo: str, engine: str = DEFAULT_ENG
 
 
 def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed: int = 0, progress=None,
-                         rounds: int = 4, **kwargs) -> OptimizeResult:
+                         rounds: int = 4, options: OptimizeOptions | None = None, **settings) -> OptimizeResult:
     """The cheapest (or lowest-power) plan meeting the SLO in a closed loop of `concurrency`
     clients (each sending its next request of `workload` when its last one finishes), as
     serving benchmarks load a deployment.
@@ -301,33 +307,30 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
     (Poisson, the same requests) at `concurrency / E2E` of the last plan's simulated closed
     loop, and keeps the best plan whose closed-loop simulation met every SLO line. Each
     round is recorded (`closed_loop` in the result)."""
-    from splitplan.search.optimize import optimize, plan_key
+    from splitplan.search.optimize import OptimizeOptions, optimize, plan_key
 
-    m, eng = load_model(model), load_engine(kwargs.get("engine", DEFAULT_ENGINE))
-    names = kwargs.get("hardware") or [h.name for h in hardware_catalog()]
+    opts = dataclasses.replace(options or OptimizeOptions(), **settings)
+    m, eng = load_model(model), load_engine(opts.engine)
+    names = opts.hardware or [h.name for h in hardware_catalog()]
     alone = [float(np.mean(alone_latencies(inst, workload.prompt_tokens, workload.output_tokens).e2e_s))
              for hw in map(load_hardware, names) for t in hw.tp_degrees()
              for inst in [Instance(m, hw, eng, Layout(t))] if inst.fit.fits]
     if not alone:
         raise InfeasibleError(f"{m.name} fits no instance of {', '.join(names)}")
     rate, rounds_out, best = concurrency / min(alone), [], None
-    key = kwargs.get("objective", "cost")
+    setup = setup_for(model, slo, opts)
     for k in range(rounds):
         gaps = np.random.default_rng(seed + k).exponential(1 / rate, len(workload))
         open_loop = dataclasses.replace(workload, arrival_s=np.cumsum(gaps) - gaps[0],
                                         source=f"{workload.source} (open loop at {rate:.3g} req/s)")
-        result = optimize(open_loop, model, slo, **kwargs)
-        setup = Setup(model, slo, kwargs.get("engine", DEFAULT_ENGINE), kwargs.get("perf_db"), kwargs.get("max_batch_tokens"),
-                      kwargs.get("perf_interp", "splitplan"), max_num_seqs=kwargs.get("max_num_seqs"),
-                      prefix_caching=kwargs.get("prefix_caching"), routing=kwargs.get("routing", "jsq"),
-                      kv_offload_gb=kwargs.get("kv_offload_gb", 0.0))
+        result = optimize(open_loop, model, slo, options=opts)
         sim = setup.simulate(workload, plan_pools(result.plan), concurrency)
         met = sim.slo_met
         rounds_out.append({"planned_rate_rps": rate, "plan": plan_text(result.plan), "cost_usd_per_hour": result.plan.cost_usd_per_hour,
                            "power_kw": result.plan.power_kw, "simulated_rate_rps": sim.summary["throughput_rps"], "slo_met": met})
         if progress:
             progress(rounds_out[-1])
-        if met and (best is None or plan_key(key, result.plan) < plan_key(key, best[0].plan)):
+        if met and (best is None or plan_key(opts.objective, result.plan) < plan_key(opts.objective, best[0].plan)):
             best = (result, sim)
         mean_e2e_s = float(np.nanmean(sim.result.e2e_s))
         following = concurrency / mean_e2e_s if np.isfinite(mean_e2e_s) and mean_e2e_s > 0 else rate

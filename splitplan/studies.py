@@ -3,6 +3,7 @@ over a range of rates (sweep), and a plan per window of a long trace (plan_windo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from splitplan.errors import InfeasibleError, SpecError
 from splitplan.parallel import run_units
 from splitplan.report import SCHEMA_VERSION, plan_json, pools_text
 from splitplan.roles import PoolRequest
-from splitplan.search.optimize import optimize
+from splitplan.search.optimize import Mode, OptimizeOptions, optimize
 from splitplan.search.plan import Plan, usd_per_million_tokens
 from splitplan.search.rate import max_rate
 from splitplan.simulation import Setup, plan_from_pools, plan_pools, pool_specs
@@ -105,30 +106,35 @@ class _CompareJob:
     workload_at: Callable[[float], Trace]  # the trace's sizes resampled at a rate
     base_rate: float
     setup: Setup
-    kwargs: dict  # optimize options: engine, perf_db, max_batch_tokens, budget
+    options: OptimizeOptions  # engine, perf_db, scheduler, budget
     validate: bool
 
 
 def _design_unit(job: _CompareJob, design):
     """One design in one scenario (a picklable work unit)."""
     scenario, workload, workload_at, base_rate = job.scenario, job.workload, job.workload_at, job.base_rate
-    model, slo, kwargs = job.setup.model, job.setup.slo, job.kwargs
-    common = dict(hardware=design.hardware, prompt_hardware=[design.prompt] if design.prompt else None,
-                  token_hardware=[design.token] if design.token else None, tp=design.tp, split=design.split, **kwargs)
+    model, slo, options = job.setup.model, job.setup.slo, _design_options(job.options, design)
     try:
         if scenario in ("iso-power", "iso-cost"):
-            result = max_rate(workload_at, base_rate, model, slo, **common)
+            result = max_rate(workload_at, base_rate, model, slo, options=options)
             rate = result.max_rate_rps
             assert rate is not None  # (max_rate's results carry it)
             trace = workload_at(rate)
         else:
             objective = "cost" if scenario == "iso-throughput-cost" else "power"
-            result = optimize(workload, model, slo, objective=objective, alternatives=0, with_colocated=False, **common)
+            result = optimize(workload, model, slo, options=options, objective=objective)
             rate, trace = base_rate, workload  # the trace's own rate, or the --rate resampled at
     except InfeasibleError as exc:
         return DesignResult(design.name, None, None, str(exc))
     simulated = job.setup.simulate(trace, plan_pools(result.plan)).outcome() if job.validate else None
     return DesignResult(design.name, result.plan, rate, "", simulated)
+
+
+def _design_options(base: OptimizeOptions, design) -> OptimizeOptions:
+    """A design's search: its machines and TP degree, split plans only (or co-located ones), no runner-ups."""
+    return dataclasses.replace(base, hardware=design.hardware, prompt_hardware=[design.prompt] if design.prompt else None,
+                               token_hardware=[design.token] if design.token else None, tp=design.tp, alternatives=0,
+                               mode=Mode.SPLIT_ALONE if design.split else Mode.COLOCATED)
 
 
 def compare(trace, designs: str, scenario: str, model: str = DEFAULT_MODEL, slo: str = STUDY_SLO,
@@ -170,12 +176,13 @@ def compare(trace, designs: str, scenario: str, model: str = DEFAULT_MODEL, slo:
             option = "--max-power-kw" if scenario == "iso-power" else "--max-cost-per-hour"
             raise SpecError(f"--scenario {scenario}: give the budget as {option} or --budget-machines")
         budget = {"max_power_kw": max_power_kw} if scenario == "iso-power" else {"max_cost_per_hour": max_cost_per_hour}
-    kwargs = dict(engine=engine, perf_db=perf_db, max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs, **budget)
+    options = OptimizeOptions(engine=engine, perf_db=perf_db, max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs,
+                              max_power_kw=budget.get("max_power_kw"), max_cost_per_hour=budget.get("max_cost_per_hour"))
     base_rate = rate or trace.mean_rate_rps
     workload = resample_poisson(trace, rate, duration_s, np.random.default_rng(seed)) if rate else trace
     workload_at = functools.partial(_resampled, trace, duration_s, seed)
     setup = Setup(model, slo, engine, perf_db, max_batch_tokens, max_num_seqs=max_num_seqs)
-    job = _CompareJob(scenario, workload, workload_at, base_rate, setup, kwargs, validate)
+    job = _CompareJob(scenario, workload, workload_at, base_rate, setup, options, validate)
     results = run_units(_design_unit, list(spec.designs), job, jobs, executor, ray_address, progress,
                         describe=lambda d: f"design {d.name}")
     return CompareResult(scenario, tuple(results), base_name, budget)
@@ -228,7 +235,7 @@ class _SweepJob:
     duration_s: float
     seed: int
     setup: Setup
-    kwargs: dict  # optimize options (designs mode)
+    options: OptimizeOptions  # optimize's (designs mode)
     pools: list | None  # the fixed plan (plan mode)
 
 
@@ -239,11 +246,8 @@ def _sweep_unit(job: _SweepJob, unit):
         sim = job.setup.simulate(trace, job.pools)
         metrics = {m: sim.summary[f"{m}_ms"] for m in ("ttft", "tbt", "e2e")}
         return _sweep_row(name, rate, plan_from_pools(job.pools), metrics, trace, sim.slo_met)
-    model, slo, kwargs = job.setup.model, job.setup.slo, job.kwargs
     try:
-        result = optimize(trace, model, slo, hardware=design.hardware, prompt_hardware=[design.prompt] if design.prompt else None,
-                          token_hardware=[design.token] if design.token else None, tp=design.tp, split=design.split,
-                          alternatives=0, with_colocated=False, **kwargs)
+        result = optimize(trace, job.setup.model, job.setup.slo, options=_design_options(job.options, design))
     except InfeasibleError as exc:
         return _sweep_row(name, rate, None, {}, trace, False, str(exc))
     return _sweep_row(name, rate, result.plan, result.plan.predicted, trace, all(ok for _, _, ok in result.plan.slo))
@@ -262,19 +266,19 @@ def sweep(trace, rates: list[float], model: str = DEFAULT_MODEL, slo: str = DEFA
         raise SpecError("--rates: give one or more rates > 0 (e.g. 5,10,20 or 5:80:16)")
     if (designs is None) == (pools is None):
         raise SpecError("sweep designs (--designs) or one plan (--plan / --prompt-pool ...), not both or neither")
-    kwargs = dict(engine=engine, perf_db=perf_db, max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs)
+    options = OptimizeOptions(engine=engine, perf_db=perf_db, max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs,
+                              objective=objective)
     if designs is not None:
         spec = load_designs(designs)
         chosen = [spec.get(n) for n in only] if only else list(spec.designs)
         units: list[tuple[str, Design | None, float]] = [(d.name, d, r) for d in chosen for r in rates]
-        kwargs["objective"] = objective
         mode = "designs"
     else:
         assert pools is not None  # (one of the two: checked above)
         pool_specs(pools, model, engine, perf_db)  # validate before forking
         units = [("plan", None, r) for r in rates]
         mode = "plan"
-    job = _SweepJob(trace, duration_s, seed, Setup(model, slo, engine, perf_db, max_batch_tokens, max_num_seqs=max_num_seqs), kwargs,
+    job = _SweepJob(trace, duration_s, seed, Setup(model, slo, engine, perf_db, max_batch_tokens, max_num_seqs=max_num_seqs), options,
                     pools if mode == "plan" else None)
     rows = run_units(_sweep_unit, units, job, jobs, executor,
                      ray_address, progress, describe=lambda u: f"{u[0]} at {u[2]:g} req/s")
@@ -316,8 +320,8 @@ def _window_unit(shared, unit):
     index, start_s, trace = unit
     row = {"window": index, "start_s": start_s, "end_s": start_s + float(trace.arrival_s[-1]),
            "requests": len(trace), "rate_rps": trace.mean_rate_rps if trace.span_s > 0 else None}
-    try:  # the better of split and co-located, as plain optimize (options: split=False, split_only)
-        plan = optimize(trace, model, slo, alternatives=0, **options).plan
+    try:  # as plain optimize: the better of split and co-located, or as the options' mode says
+        plan = optimize(trace, model, slo, options=options, alternatives=0).plan
     except InfeasibleError as exc:
         return {**row, "error": str(exc)}, None
     return {**row, "prompt_pools": pools_text(plan.prompt_pools), "token_pools": pools_text(plan.token_pools),
@@ -327,7 +331,8 @@ def _window_unit(shared, unit):
 
 
 def plan_windows(trace, window_s: float, model: str, slo: str, jobs: int = 1, executor: str = "local",
-                 ray_address: str | None = None, progress=None, **options) -> WindowsResult:
+                 ray_address: str | None = None, progress=None, options: OptimizeOptions | None = None,
+                 **settings) -> WindowsResult:
     """Size each `window_s`-second window of a timestamped trace on its own (a work unit
     each): how a cluster that follows the load compares with a static plan for the peak."""
     if window_s <= 0:
@@ -337,6 +342,7 @@ def plan_windows(trace, window_s: float, model: str, slo: str, jobs: int = 1, ex
     for k in np.unique(index):
         mask = index == k
         units.append((len(units), float(k * window_s), trace.take(mask, f"{trace.source} [window {k}]")))
-    outcomes = run_units(_window_unit, units, (model, slo, options), jobs, executor, ray_address, progress,
+    shared = (model, slo, dataclasses.replace(options or OptimizeOptions(), **settings, jobs=1))
+    outcomes = run_units(_window_unit, units, shared, jobs, executor, ray_address, progress,
                          describe=lambda u: f"window {u[0]} from {u[1]:g} s")
     return WindowsResult(window_s, tuple(r for r, _ in outcomes), tuple(p for _, p in outcomes))

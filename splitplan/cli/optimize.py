@@ -6,7 +6,7 @@ import os
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import typer
@@ -65,6 +65,9 @@ from splitplan.workload.trace import (
     peak_window,
     resample_poisson,
 )
+
+if TYPE_CHECKING:
+    from splitplan.search.optimize import OptimizeOptions
 
 
 @app.command()
@@ -131,6 +134,53 @@ def optimize(
     output_dir: Path | None = typer.Option(None, "--output-dir", help="Write plan.json, candidates.csv, pareto.csv here."),
 ) -> None:
     """The cheapest (or lowest-power) prompt/token machine plan meeting every SLO line on the trace."""
+    _check_flags(split_only, no_split, perf_interp, perf_db, borrow_threshold, validate)
+    jobs_n = jobs if jobs > 0 else (os.cpu_count() or 1)
+    loaded = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))  # read once
+    engine = with_precision(engine, weights, kv_cache)
+    max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs)
+    mode = api.Mode.COLOCATED if no_split else api.Mode.SPLIT if split_only else api.Mode.BEST
+    options = api.OptimizeOptions(
+        hardware=_names(hardware, "--hardware"), prompt_hardware=_names(prompt_hardware, "--prompt-hardware"),
+        token_hardware=_names(token_hardware, "--token-hardware"), tp=tp,
+        objective="cost" if objective is Objective.throughput else objective.value, engine=engine, search=search.value,
+        solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw, max_machines=_limits(max_machines),
+        max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs, prefix_caching=cache_switch(prefix_caching), routing=routing,
+        kv_offload_gb=kv_offload_gb or 0.0, perf_db=str(perf_db) if perf_db else None, perf_interp=perf_interp, mode=mode,
+        pareto=pareto, jobs=jobs_n)
+    if concurrency is None and (isl is not None or osl is not None or num_requests is not None):
+        raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
+    if concurrency is not None:
+        _no_clash_with_closed_loop(rate=rate is not None, window=window is not None, pareto=pareto, validate=validate,
+                                   throughput=objective is Objective.throughput)
+        check_request_sizes(model, engine, isl, osl)
+        _closed_loop(closed_loop_workload(loaded, concurrency, num_requests, isl, osl, seed), concurrency, model, slo, seed,
+                     options, format, output_dir, {"isl": isl, "osl": osl})
+        return
+    if window is not None:
+        if validate or pareto or objective is Objective.throughput:
+            raise SpecError("--window plans each window by cost or power; drop --validate/--pareto/throughput")
+        _plan_windows(load_workload(loaded, rate, duration, seed), parse_duration(window), model, slo, format, output_dir,
+                      options, executor.value, ray_address)
+        return
+    workload, stretch = peak_window(load_workload(loaded, rate, duration, seed), max_requests)
+    _check_plan_options(plot, pareto, no_split, objective)
+    if objective is Objective.throughput:
+        result, workload = _highest_rate(peak_window(loaded, max_requests)[0], rate, duration, seed,
+                                         rate or workload.mean_rate_rps, model, slo, options)
+    else:
+        result = api.optimize(workload, model, slo, options=options)
+    if validate:
+        result = _validate(result, workload, model, slo, options, borrow_threshold, executor.value, ray_address)
+    inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
+              "seed": seed, "model": model, "slo": slo, "window": stretch, "validate": validate,
+              "mixed_pool_threshold": borrow_threshold, **options.inputs(), "objective": objective.value,
+              "prefix_caching": "on" if _caching(options) else "off"}
+    _emit_plan(result, workload, inputs, format, output_dir, plot, pareto)
+
+
+def _check_flags(split_only: bool, no_split: bool, perf_interp: str, perf_db, borrow_threshold, validate: bool) -> None:
+    """Options that contradict each other, or need another one: exit 2."""
     if split_only and no_split:
         raise SpecError("--split-only and --no-split ask for opposite plans: keep one")
     if perf_interp != "splitplan" and perf_db is None:
@@ -138,52 +188,11 @@ def optimize(
     if borrow_threshold is not None and not validate:
         raise SpecError("--mixed-pool-threshold is Splitwise's mixed pool in the simulator, which the planner does not "
                         "model: add --validate (the plan is simulated with it and trimmed while it meets the SLO)")
-    jobs_n = jobs if jobs > 0 else (os.cpu_count() or 1)
-    loaded = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))  # read once
-    engine = with_precision(engine, weights, kv_cache)
-    max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs)
-    common: dict[str, Any] = dict(hardware=_names(hardware, "--hardware"), prompt_hardware=_names(prompt_hardware, "--prompt-hardware"),
-                  token_hardware=_names(token_hardware, "--token-hardware"),
-                  tp=tp, engine=engine, search=search.value, solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw,
-                  max_machines=_limits(max_machines), max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs,
-                  jobs=jobs_n, perf_db=str(perf_db) if perf_db else None, split_only=split_only, perf_interp=perf_interp,
-                  prefix_caching=cache_switch(prefix_caching), routing=routing, kv_offload_gb=kv_offload_gb or 0.0)
-    if concurrency is None and (isl is not None or osl is not None or num_requests is not None):
-        raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
-    if concurrency is not None:
-        _no_clash_with_closed_loop(rate=rate is not None, window=window is not None, pareto=pareto, validate=validate,
-                                   throughput=objective is Objective.throughput)
-        check_request_sizes(model, common["engine"], isl, osl)
-        _closed_loop(closed_loop_workload(loaded, concurrency, num_requests, isl, osl, seed), concurrency, model, slo, seed,
-                     not no_split, objective.value, common, format, output_dir, {"isl": isl, "osl": osl})
-        return
-    if window is not None:
-        if validate or pareto or objective is Objective.throughput:
-            raise SpecError("--window plans each window by cost or power; drop --validate/--pareto/throughput")
-        options = {k: v for k, v in common.items() if k != "jobs"}
-        _plan_windows(load_workload(loaded, rate, duration, seed), parse_duration(window), model, slo, format, output_dir,
-                      {**options, "objective": objective.value, "split": not no_split}, jobs_n, executor.value, ray_address)
-        return
-    workload, stretch = peak_window(load_workload(loaded, rate, duration, seed), max_requests)
-    _check_plan_options(plot, pareto, no_split, objective)
-    if objective is Objective.throughput:
-        result, workload = _highest_rate(peak_window(loaded, max_requests)[0], rate, duration, seed,
-                                         rate or workload.mean_rate_rps, model, slo, common)
-    else:
-        result = api.optimize(workload, model, slo, objective=objective.value, split=not no_split, pareto=pareto, **common)
-    if validate:
-        result = _validate(result, workload, model, slo, common, borrow_threshold, jobs_n, executor.value, ray_address)
-    inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
-              "seed": seed, "model": model, "slo": slo, "objective": objective.value, "split": not no_split, "window": stretch,
-              "validate": validate, "mixed_pool_threshold": borrow_threshold,
-              **{k: v for k, v in common.items() if k not in ("jobs", "perf_db")},
-              "prefix_caching": "on" if _caching(common) else "off"}
-    _emit_plan(result, workload, inputs, format, output_dir, plot, pareto)
 
 
-def _caching(common: dict) -> bool:
+def _caching(options: OptimizeOptions) -> bool:
     """Whether the engine's prefix caches are on: --prefix-caching, else the engine profile's."""
-    return load_engine(common["engine"]).caches_prefixes(common["prefix_caching"])
+    return load_engine(options.engine).caches_prefixes(options.prefix_caching)
 
 
 def _check_plan_options(plot, pareto: bool, no_split: bool, objective) -> None:
@@ -206,17 +215,15 @@ def _no_clash_with_closed_loop(**given) -> None:
                         f"drop {', '.join(clash)}")
 
 
-def _closed_loop(workload, concurrency, model, slo, seed, split, objective, common, format, output_dir, sizes) -> None:
+def _closed_loop(workload, concurrency, model, slo, seed, options: OptimizeOptions, format, output_dir, sizes) -> None:
     with _progress("closed loop: plan at the rate Little's law gives, simulate, replan") as step:
-        result = api.optimize_closed_loop(workload, concurrency, model, slo, seed, split=split, objective=objective,
-                                          progress=lambda r: step(), **common)
+        result = api.optimize_closed_loop(workload, concurrency, model, slo, seed, progress=lambda r: step(), options=options)
     _emit_plan(result, workload, {"trace": workload.source, "requests": len(workload), "concurrency": concurrency,
-                                        **sizes, "seed": seed, "model": model, "slo": slo, "objective": objective,
-                                        **{k: v for k, v in common.items() if k != "jobs"}},
+                                  **sizes, "seed": seed, "model": model, "slo": slo, **options.inputs(), "perf_db": options.perf_db},
                format, output_dir, None, False)
 
 
-def _highest_rate(base, rate, duration, seed, start_rps, model, slo, common):
+def _highest_rate(base, rate, duration, seed, start_rps, model, slo, options: OptimizeOptions):
     """--objective throughput: the result at the highest rate served, and the workload at that rate."""
     def workload_at(r):  # Poisson resample when --rate was given, else the trace's timestamps compressed
         if rate is not None:
@@ -225,17 +232,16 @@ def _highest_rate(base, rate, duration, seed, start_rps, model, slo, common):
 
     with _progress("searching the highest rate") as step:
         result = api.max_rate(workload_at, start_rps, model, slo,
-                              progress=lambda r, ok: step(f"{r:.3g} req/s: {'served' if ok else 'not served'}"), **common)
+                              progress=lambda r, ok: step(f"{r:.3g} req/s: {'served' if ok else 'not served'}"), options=options)
     return result, workload_at(result.max_rate_rps)
 
 
-def _validate(result, workload, model, slo, common, borrow_threshold, jobs, executor, ray_address):
+def _validate(result, workload, model, slo, options: OptimizeOptions, borrow_threshold, executor, ray_address):
     """--validate: the runner-ups simulated, the plan grown until its simulation meets the SLO
     (with --mixed-pool-threshold, trimmed while it still meets it)."""
-    setup = api.Setup(model, slo, common["engine"], common["perf_db"], common["max_batch_tokens"], common["perf_interp"],
-                      borrow_threshold, common["max_num_seqs"], common["prefix_caching"], common["routing"], common["kv_offload_gb"])
+    setup = api.setup_for(model, slo, options, borrow_threshold)
     with _progress("validating the runner-ups and the plan by simulation", total=len(result.alternatives) + 1) as step:
-        return api.validate_result(result, workload, setup, jobs, executor, ray_address, step)
+        return api.validate_result(result, workload, setup, options.jobs, executor, ray_address, step)
 
 
 def _emit_plan(result, workload, inputs: dict, format, output_dir, plot, pareto: bool) -> None:
@@ -298,18 +304,18 @@ def pareto_figure(result, title: str):
     return fig
 
 
-def _plan_windows(workload, window_s, model, slo, format, output_dir, options, jobs, executor, ray_address) -> None:
+def _plan_windows(workload, window_s, model, slo, format, output_dir, options: OptimizeOptions, executor, ray_address) -> None:
     count = int(np.unique(np.floor(workload.arrival_s / window_s)).size)
     with _progress("planning windows", total=count) as step:
-        result = api.plan_windows(workload, window_s, model, slo, jobs, executor, ray_address, step, **options)
+        result = api.plan_windows(workload, window_s, model, slo, options.jobs, executor, ray_address, step, options=options)
     document = result.to_json()
     if output_dir is not None:
         files = {"windows.csv": result.to_frame().to_csv(index=False, float_format="%.6g"), "windows.json": report.to_json(document)}
         if result.peak is not None:
             files["plan.json"] = report.to_json(plan_document.with_specs({
                 "schema_version": report.SCHEMA_VERSION, "plan": report.plan_json(result.plans[result.peak]),
-                "inputs": {"model": model, "slo": slo, "engine": options["engine"],
-                           "max_batch_tokens": options["max_batch_tokens"], "max_num_seqs": options["max_num_seqs"],
+                "inputs": {"model": model, "slo": slo, "engine": options.engine,
+                           "max_batch_tokens": options.max_batch_tokens, "max_num_seqs": options.max_num_seqs,
                            "window": result.rows[result.peak]}}))
         report.write_set({output_dir / name: text for name, text in files.items()})
     if format is PlanFormat.json:

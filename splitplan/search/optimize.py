@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
@@ -99,98 +102,208 @@ class OptimizeResult:
         return pd.read_csv(io.StringIO(plans_csv([self.plan, *self.alternatives])))
 
 
-def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, prompt_hardware: list[str] | None = None,
-             token_hardware: list[str] | None = None, tp: int | None = None, objective: str = "cost",
-             engine: str = DEFAULT_ENGINE, search: str = "ilp", max_cost_per_hour: float | None = None,
-             max_power_kw: float | None = None, max_machines: dict[str, int] | None = None,
-             max_batch_tokens: int | None = None, alternatives: int = 5, split: bool = True,
-             with_colocated: bool = True, jobs: int = 1, perf_db: str | None = None,
-             pareto: bool = False, solver: str = "highs", split_only: bool = False,
-             perf_interp: str = "splitplan", max_num_seqs: int | None = None, prefix_caching: bool | None = None,
-             routing: str = "jsq", kv_offload_gb: float = 0.0) -> OptimizeResult:
-    """The cheapest (or lowest-power) plan meeting every SLO line on `trace`: the better of
-    the best split plan (prompt/token pools) and the best co-located plan under the objective
-    (`split_only`: the split plan, the co-located one still compared); with `split=False`,
-    co-located machines only. Co-located plans use the machines named by `hardware`, else
-    those of `prompt_hardware` and `token_hardware`, else the catalog. `perf_interp`: how
-    `perf_db` is read (perf.table.INTERPOLATIONS; splitwise-sim to plan as that simulator times).
-    `max_batch_tokens` and `max_num_seqs` set the engine's scheduler (None: the profile's).
-    `prefix_caching` (None: the engine profile's), `routing` (jsq or prefix-aware) and `kv_offload_gb`
-    (host memory per prefilling instance): the engine's prefix caches, over the prefixes the trace
-    records, in every pool's sizing (capacity.pools.PrefixModel)."""
+class Mode(StrEnum):
+    """Which plans `optimize` searches, and which one it recommends."""
+
+    BEST = "best"  # split and co-located plans: the better under the objective wins (the default)
+    SPLIT = "split"  # the best split plan; the best co-located one is still sized and compared (--split-only)
+    SPLIT_ALONE = "split-alone"  # split plans only, nothing co-located sized (a study's designs, rate searches)
+    COLOCATED = "colocated"  # co-located plans only (--no-split)
+
+    @property
+    def splits(self) -> bool:
+        return self is not Mode.COLOCATED
+
+    @property
+    def sizes_colocated(self) -> bool:
+        return self is not Mode.SPLIT_ALONE
+
+    @property
+    def recommends_split(self) -> bool:
+        """The split plan is the answer, whatever a co-located plan would cost."""
+        return self in (Mode.SPLIT, Mode.SPLIT_ALONE)
 
 
-    m, eng, profile = load_model(model), load_engine(engine), load_slo(slo)
-    db = load_perf_db(perf_db) if perf_db else None
-    if objective not in ("cost", "power"):
-        raise SpecError(f"--objective {objective}: choose cost or power")
-    names = hardware or [h.name for h in hardware_catalog()]
-    machines = load_machines(sorted(set(names) | set(prompt_hardware or []) | set(token_hardware or [])))
-    capped = {hw: machines.get(hw) or load_hardware(hw) for hw in (max_machines or {})}
-    for hw, spec in capped.items():
-        if hw not in machines and spec.family not in {m.name for m in machines.values()}:
-            raise SpecError(f"--max-machines {hw}: not among the hardware considered ({', '.join(machines)})")
-    caps = tuple(MachineCap(capped[hw].name, n, capped[hw].gpus_per_machine) for hw, n in sorted((max_machines or {}).items()))
-    if tp is not None:
-        _check_tp(tp, [machines[n] for n in sorted(set(hardware or []) | set(prompt_hardware or []) | set(token_hardware or []))],
-                  list(machines.values()))
-    trace, unservable = _servable(trace, m, eng, [machines[n] for n in (token_hardware or names)] if split
-                                  else [machines[n] for n in names], tp,
-                                  [machines[n] for n in (prompt_hardware or names)] if split_only else ())
-    reference = reference_for(profile, lambda hw, t: reference_instance(m, hw, t, eng, db, perf_interp), trace.prompt_tokens,
-                              trace.output_tokens)
-    problem = Problem(trace, profile, reference, eng.batch_tokens(max_batch_tokens), objective, max_cost_per_hour, max_power_kw,
-                      caps, solver, eng.seqs_cap(max_num_seqs), eng.chunked,
-                      prefix_model(trace, eng, prefix_caching, routing, kv_offload_gb,
-                                   [machines[n] for n in sorted(set(names) | set(prompt_hardware or []))]))
+@dataclass(frozen=True, kw_only=True)
+class OptimizeOptions:
+    """How `optimize` searches: the machines, the engine's settings, the objective and budgets.
 
-    def make(hw, t):  # measured timing where --perf-db has the group; otherwise skipped with the reason
-        inst = Instance(m, hw, eng, t)
-        return db.instance(inst, perf_interp) if db else inst
+    Co-located plans use the machines named by `hardware`, else those of `prompt_hardware` and
+    `token_hardware`, else the catalog. `max_batch_tokens` and `max_num_seqs` set the engine's
+    scheduler (None: the profile's). `prefix_caching` (None: the engine profile's), `routing` (jsq
+    or prefix-aware) and `kv_offload_gb` (host memory per prefilling instance): the engine's prefix
+    caches, over the prefixes the trace records, in every pool's sizing (capacity.pools.PrefixModel).
+    `perf_interp`: how `perf_db` is read (perf.table.INTERPOLATIONS; splitwise-sim to plan as that
+    simulator times)."""
 
-    def tasks(role, allowed, lower=None):
-        return [(role, make(machines[name], layout), (lower or {}).get((name, layout)) or 1)
-                for name in sorted(set(allowed)) for layout in candidate_layouts(m, machines[name], eng, tp)]
+    hardware: Sequence[str] | None = None
+    prompt_hardware: Sequence[str] | None = None
+    token_hardware: Sequence[str] | None = None
+    tp: int | None = None
+    objective: str = "cost"
+    engine: str = DEFAULT_ENGINE
+    search: str = "ilp"
+    solver: str = "highs"
+    max_cost_per_hour: float | None = None
+    max_power_kw: float | None = None
+    max_machines: Mapping[str, int] | None = None
+    max_batch_tokens: int | None = None
+    max_num_seqs: int | None = None
+    prefix_caching: bool | None = None
+    routing: str = "jsq"
+    kv_offload_gb: float = 0.0
+    perf_db: str | None = None
+    perf_interp: str = "splitplan"
+    mode: Mode = Mode.BEST
+    alternatives: int = 5
+    pareto: bool = False
+    jobs: int = 1
 
-    # A machine type named without a shape is offered in every shape it is rented in: each sized
-    # option again on each smaller machine its layout tiles (the same instance: the same size).
-    shapes = {machines[n].name: machines[n].shaped()[1:] for n in machines if "@" not in n}
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", Mode(self.mode))
 
-    def shaped(options):
-        return options + [dataclasses.replace(o, inst=make(hw, o.inst.layout)) for o in options if o.instances
+    def inputs(self) -> dict:
+        """The settings a plan document echoes (`inputs`): all but the processes used, the
+        measured-latency file and the search's extent; the mode as `split` and `split_only`."""
+        hidden = {"jobs", "perf_db", "mode", "alternatives", "pareto"}
+        echo = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in hidden}
+        return {**echo, "split": self.mode.splits, "split_only": self.mode is Mode.SPLIT}
+
+
+@dataclass(frozen=True)
+class _Search:
+    """What every step of one `optimize` call shares: the loaded specs and the problem."""
+
+    options: OptimizeOptions
+    model: Any
+    engine: Any
+    db: Any  # the measured latencies (--perf-db), or None
+    machines: dict  # every machine considered, by the name it was given as
+    names: list  # the machine types considered for every role (`hardware`, else the catalog)
+    problem: Problem
+    unservable: dict | None  # requests no instance can hold, left out of the sizing
+
+    @property
+    def prompt_names(self) -> list:
+        return list(self.options.prompt_hardware or self.names)
+
+    @property
+    def token_names(self) -> list:
+        return list(self.options.token_hardware or self.names)
+
+    @property
+    def mixed_names(self) -> list:
+        o = self.options
+        return list(o.hardware or sorted(set(o.prompt_hardware or []) | set(o.token_hardware or [])) or self.names)
+
+    def instance(self, hw, layout):
+        """The instance, with measured timing where --perf-db has its group (else skipped with the reason)."""
+        inst = Instance(self.model, hw, self.engine, layout)
+        return self.db.instance(inst, self.options.perf_interp) if self.db else inst
+
+    def tasks(self, role: Role, allowed, lower: dict | None = None) -> list:
+        """A sizing task (role, instance, lower bound on its count) per allowed machine and layout."""
+        return [(role, self.instance(self.machines[name], layout), (lower or {}).get((name, layout)) or 1)
+                for name in sorted(set(allowed)) for layout in candidate_layouts(self.model, self.machines[name], self.engine,
+                                                                                  self.options.tp)]
+
+    def shaped(self, options: list) -> list:
+        """A machine type named without a shape is offered in every shape it is rented in: each sized
+        option again on each smaller machine its layout tiles (the same instance: the same size)."""
+        shapes = {self.machines[n].name: self.machines[n].shaped()[1:] for n in self.machines if "@" not in n}
+        return options + [dataclasses.replace(o, inst=self.instance(hw, o.inst.layout)) for o in options if o.instances
                           for hw in shapes.get(o.inst.hardware.name, ()) if hw.gpus_per_machine % o.inst.layout.gpus == 0]
 
-    prompt_names = prompt_hardware or names
-    first = _size_all(problem, tasks(Role.PROMPT, set(names) | set(prompt_names))
-                      + (tasks(Role.TOKEN, token_hardware or names) if split else []), jobs)
+
+def optimize(trace, model: str, slo: str, hardware: Sequence[str] | None = None, *, options: OptimizeOptions | None = None,
+             **settings) -> OptimizeResult:
+    """The cheapest (or lowest-power) plan meeting every SLO line on `trace`, searched as
+    `options` says (`settings`: any of its fields, over `options` or the defaults): with
+    `Mode.BEST`, the better of the best split plan (prompt/token pools) and the best co-located
+    plan under the objective; `Mode.SPLIT`, the split plan (the co-located one still compared);
+    `Mode.SPLIT_ALONE`, split plans only; `Mode.COLOCATED`, co-located machines only."""
+    if hardware is not None:
+        settings["hardware"] = hardware
+    opts = dataclasses.replace(options or OptimizeOptions(), **settings)
+    run = _prepare(trace, model, slo, opts)
+    first = _size_all(run.problem, run.tasks(Role.PROMPT, set(run.names) | set(run.prompt_names))
+                      + (run.tasks(Role.TOKEN, run.token_names) if opts.mode.splits else []), opts.jobs)
     # A co-located pool carries the prompt load and more: the prompt pool's count of the
     # same (machine, TP) bounds its size from below, which shortens its search.
     lower = {(o.inst.hardware.name, o.inst.layout): o.instances for o in first if o.role == Role.PROMPT}
-    mixed_names = hardware or sorted(set(prompt_hardware or []) | set(token_hardware or [])) or names
     simulated: dict = {}  # co-located options sized by the simulator (colocated_plan)
-    mixed = (_size_colocated(problem, tasks(Role.MIXED, mixed_names, lower), shaped, jobs, simulated if split else None)
-             if with_colocated or not split else [])
-    if not split:
-        plan = colocated_plan(problem, mixed, simulated)
-        others = []
-        chosen = {load_hardware(p.hardware).family for p in plan.mixed_pools}
-        for family in sorted({o.inst.hardware.family for o in mixed} - chosen):
-            try:  # the best co-located plan of each other machine type
-                others.append(colocated_plan(problem, [o for o in mixed if o.inst.hardware.family == family], simulated))
-            except InfeasibleError:
-                continue
-        others.sort(key=lambda p: plan_key(objective, p))
-        return OptimizeResult(plan, tuple(others[:alternatives]), tuple(as_simulated(simulated, o) for o in mixed), plan,
-                              unservable=unservable, problem=problem, objective=objective)
-    prompt_types = {machines[n].name for n in prompt_names}  # names may be paths: compare the loaded names
-    options = shaped([o for o in first if o.role == Role.TOKEN or o.inst.hardware.name in prompt_types])
-    options += combos(options)  # prefill and decode instances on one machine
+    mixed = (_size_colocated(run.problem, run.tasks(Role.MIXED, run.mixed_names, lower), run.shaped, opts.jobs,
+                             simulated if opts.mode.splits else None)
+             if opts.mode.sizes_colocated else [])
+    if not opts.mode.splits:
+        return _colocated_only(run, mixed, simulated)
+    prompt_types = {run.machines[n].name for n in run.prompt_names}  # names may be paths: compare the loaded names
+    split_options = run.shaped([o for o in first if o.role == Role.TOKEN or o.inst.hardware.name in prompt_types])
+    split_options += combos(split_options)  # prefill and decode instances on one machine
+    return _split_or_colocated(run, split_options, mixed, simulated)
+
+
+def _prepare(trace, model: str, slo: str, opts: OptimizeOptions) -> _Search:
+    """The specs loaded and checked, the trace without the requests no instance can serve, and
+    the problem every pool option is sized on."""
+    m, eng, profile = load_model(model), load_engine(opts.engine), load_slo(slo)
+    db = load_perf_db(opts.perf_db) if opts.perf_db else None
+    if opts.objective not in ("cost", "power"):
+        raise SpecError(f"--objective {opts.objective}: choose cost or power")
+    names = list(opts.hardware or [h.name for h in hardware_catalog()])
+    named = set(opts.hardware or []) | set(opts.prompt_hardware or []) | set(opts.token_hardware or [])
+    machines = load_machines(sorted(set(names) | named))
+    caps = _caps(opts.max_machines or {}, machines)
+    if opts.tp is not None:
+        _check_tp(opts.tp, [machines[n] for n in sorted(named)], list(machines.values()))
+    token_names = opts.token_hardware or names if opts.mode.splits else names
+    prompt_names = opts.prompt_hardware or names if opts.mode.recommends_split else ()
+    trace, unservable = _servable(trace, m, eng, [machines[n] for n in token_names], opts.tp, [machines[n] for n in prompt_names])
+    reference = reference_for(profile, lambda hw, t: reference_instance(m, hw, t, eng, db, opts.perf_interp), trace.prompt_tokens,
+                              trace.output_tokens)
+    prefixes = prefix_model(trace, eng, opts.prefix_caching, opts.routing, opts.kv_offload_gb,
+                            [machines[n] for n in sorted(set(names) | set(opts.prompt_hardware or []))])
+    problem = Problem(trace, profile, reference, eng.batch_tokens(opts.max_batch_tokens), opts.objective, opts.max_cost_per_hour,
+                      opts.max_power_kw, caps, opts.solver, eng.seqs_cap(opts.max_num_seqs), eng.chunked, prefixes)
+    return _Search(opts, m, eng, db, machines, names, problem, unservable)
+
+
+def _caps(max_machines: Mapping[str, int], machines: dict) -> tuple:
+    """--max-machines TYPE=N as machine caps, each type among the hardware considered (or a shape of one)."""
+    capped = {hw: machines.get(hw) or load_hardware(hw) for hw in max_machines}
+    for hw, spec in capped.items():
+        if hw not in machines and spec.family not in {m.name for m in machines.values()}:
+            raise SpecError(f"--max-machines {hw}: not among the hardware considered ({', '.join(machines)})")
+    return tuple(MachineCap(capped[hw].name, n, capped[hw].gpus_per_machine) for hw, n in sorted(max_machines.items()))
+
+
+def _colocated_only(run: _Search, mixed: list, simulated: dict) -> OptimizeResult:
+    """Mode.COLOCATED: the best co-located plan, and the best of each other machine type beside it."""
+    problem = run.problem
+    plan = colocated_plan(problem, mixed, simulated)
+    others = []
+    chosen = {load_hardware(p.hardware).family for p in plan.mixed_pools}
+    for family in sorted({o.inst.hardware.family for o in mixed} - chosen):
+        try:  # the best co-located plan of each other machine type
+            others.append(colocated_plan(problem, [o for o in mixed if o.inst.hardware.family == family], simulated))
+        except InfeasibleError:
+            continue
+    others.sort(key=lambda p: plan_key(problem.objective, p))
+    return OptimizeResult(plan, tuple(others[: run.options.alternatives]), tuple(as_simulated(simulated, o) for o in mixed), plan,
+                          unservable=run.unservable, problem=problem, objective=problem.objective)
+
+
+def _split_or_colocated(run: _Search, options: list, mixed: list, simulated: dict) -> OptimizeResult:
+    """The best split plan and the best co-located one (when sized); the better under the
+    objective wins, unless the mode recommends the split plan. A trace no split plan serves
+    falls back on the co-located plan where one was sized."""
+    problem, opts = run.problem, run.options
     try:
         _raise_if_unreachable(problem, options)
-        split_plan, alts = _best_split(problem, options, search, alternatives)
+        split_plan, alts = _best_split(problem, options, opts.search, opts.alternatives)
         no_split = None
     except InfeasibleError as exc:  # a co-located plan may still serve the trace
-        if split_only or not mixed:
+        if opts.mode.recommends_split or not mixed:
             raise
         split_plan, alts, no_split = None, [], exc
     try:
@@ -200,19 +313,24 @@ def optimize(trace, model: str, slo: str, hardware: list[str] | None = None, pro
             raise no_split from None
         colocated = None
     mixed = [as_simulated(simulated, o) for o in mixed]
-    best = split_plan if split_plan is not None and (split_only or colocated is None or
-                                                     plan_key(objective, split_plan) <= plan_key(objective, colocated)) else colocated
-    shown = alts[: alternatives - 1] + [p for p in (split_plan, colocated) if p is not None and p is not best]
-    front = ()
-    if pareto:
-        by_key = {o.key: o for o in options + mixed}
-        front = tuple(dataclasses.replace(p, max_rate_rps=plan_max_rate(problem, p, by_key))
-                      for p in cost_power_frontier(problem, options, [*alts, *(p for p in (split_plan, colocated) if p)]))
-    notes = () if no_split is None else (f"no split plan: {no_split}; the plan is co-located",)
+    split_wins = split_plan is not None and (opts.mode.recommends_split or colocated is None
+                                             or plan_key(problem.objective, split_plan) <= plan_key(problem.objective, colocated))
+    best = split_plan if split_wins else colocated
     assert best is not None  # (with neither a split nor a co-located plan, one of them raised above)
-    return OptimizeResult(best, tuple(sorted(shown, key=lambda p: plan_key(objective, p))), tuple(options + mixed),
-                          colocated, pareto=front, unservable=unservable, problem=problem, split=split_plan, objective=objective,
-                          notes=notes)
+    found = [p for p in (split_plan, colocated) if p is not None]
+    shown = alts[: opts.alternatives - 1] + [p for p in found if p is not best]
+    front = _frontier(problem, options, mixed, [*alts, *found]) if opts.pareto else ()
+    notes = () if no_split is None else (f"no split plan: {no_split}; the plan is co-located",)
+    return OptimizeResult(best, tuple(sorted(shown, key=lambda p: plan_key(problem.objective, p))), tuple(options + mixed),
+                          colocated, pareto=front, unservable=run.unservable, problem=problem, split=split_plan,
+                          objective=problem.objective, notes=notes)
+
+
+def _frontier(problem, options: list, mixed: list, plans: list) -> tuple:
+    """--pareto: the plans no other plan beats on both cost and power, each with the highest rate it serves."""
+    by_key = {o.key: o for o in options + mixed}
+    return tuple(dataclasses.replace(p, max_rate_rps=plan_max_rate(problem, p, by_key))
+                 for p in cost_power_frontier(problem, options, plans))
 
 
 def prefix_model(trace, engine, prefix_caching: bool | None, routing: str, kv_offload_gb: float, machines: list) -> PrefixModel | None:
@@ -311,21 +429,30 @@ def _size(problem, tasks: list, jobs: int, done: dict, ks) -> dict:
     ks = [k for k in ks if k not in done]
     work = {k: float(np.sum(inst.prefill_time_s(problem.trace.prompt_tokens))) for k, (role, inst, _) in enumerate(tasks)
             if (k in done or k in ks) and role != Role.TOKEN and inst.fit.fits}
-    pilots = {}
-    for role in (Role.PROMPT, Role.MIXED):
-        sized = [k for k in work if tasks[k][0] == role and k in done and done[k].instances]
-        first = sized[0] if sized else next((k for k in ks if k in work and tasks[k][0] == role), None)
-        if first is not None and first not in done:
-            if len(ks) <= PAIR:  # (a pair is sized in parallel where two processes run: sizing one first would wait)
-                continue
-            done[first] = size_option(problem, *tasks[first])
-        if first is not None and done[first].instances:
-            pilots[role] = first
+    pilots = _pilots(problem, tasks, work, done, ks)
     rest = [k for k in ks if k not in done]
     guesses = {k: max(tasks[k][2], math.ceil(done[pilot].instances * work[k] / work[pilot]))
                for k in rest if k in work and (pilot := pilots.get(tasks[k][0])) is not None}
     done.update(zip(rest, run_units(_size_one, [(*tasks[k], guesses.get(k)) for k in rest], problem, jobs), strict=True))
     return done
+
+
+def _pilots(problem, tasks: list, work: dict, done: dict, ks: list) -> dict:
+    """Per prompt or co-located role, the task whose count the role's other searches start
+    from (sized into `done` first where it was not yet)."""
+    pilots = {}
+    for role in (Role.PROMPT, Role.MIXED):
+        sized = [k for k in work if tasks[k][0] == role and k in done and done[k].instances]
+        first = sized[0] if sized else next((k for k in ks if k in work and tasks[k][0] == role), None)
+        if first is None:
+            continue
+        if first not in done:
+            if len(ks) <= PAIR:  # (a pair is sized in parallel where two processes run: sizing one first would wait)
+                continue
+            done[first] = size_option(problem, *tasks[first])
+        if done[first].instances:
+            pilots[role] = first
+    return pilots
 
 
 def _size_colocated(problem, tasks: list, shaped, jobs: int, simulated: dict | None = None) -> list:
@@ -430,16 +557,21 @@ def _raise_if_unreachable(problem, options) -> None:
         if any(o.instances for o in fitting):
             continue
         for line in (x for x in problem.slo.lines() if x.metric == metric):
-            best = None
-            for o in fitting:
-                alone = alone_latencies(o.inst, problem.trace.prompt_tokens, problem.trace.output_tokens)
-                value = achieved(line, alone.value(metric), problem.reference)
-                if best is None or value < best[0]:
-                    best = (value, o)
-            if best and not meets(line, best[0]):
-                unit = " ms" if line.max_ms is not None else "x"
-                raise InfeasibleError(
-                    f"{line.label} {line.target} cannot be met: the best reachable is {best[0]:.3g}{unit} "
-                    f"on {best[1].inst.hardware.name} at {best[1].inst.layout}, running requests alone")
+            _raise_if_line_unreachable(problem, line, metric, fitting)
         short, whole = listed([f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped}" for o in fitting])
         raise with_details(InfeasibleError(f"no {role} option meets the SLO: {short}"), whole)
+
+
+def _raise_if_line_unreachable(problem, line, metric: str, fitting: list) -> None:
+    """Exit 3 when no option meets `line` even running each request alone, naming the best."""
+    best = None
+    for o in fitting:
+        alone = alone_latencies(o.inst, problem.trace.prompt_tokens, problem.trace.output_tokens)
+        value = achieved(line, alone.value(metric), problem.reference)
+        if best is None or value < best[0]:
+            best = (value, o)
+    if best and not meets(line, best[0]):
+        unit = " ms" if line.max_ms is not None else "x"
+        raise InfeasibleError(
+            f"{line.label} {line.target} cannot be met: the best reachable is {best[0]:.3g}{unit} "
+            f"on {best[1].inst.hardware.name} at {best[1].inst.layout}, running requests alone")

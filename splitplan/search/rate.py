@@ -6,10 +6,11 @@ import dataclasses
 
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.search.bracket import bracket_bisect
-from splitplan.search.optimize import OptimizeResult, optimize
+from splitplan.search.optimize import Mode, OptimizeOptions, OptimizeResult, optimize
 
 
-def max_rate(workload_at, base_rate_rps: float, model: str, slo: str, progress=None, **kwargs) -> OptimizeResult:
+def max_rate(workload_at, base_rate_rps: float, model: str, slo: str, progress=None, options: OptimizeOptions | None = None,
+             **settings) -> OptimizeResult:
     """The highest request rate a plan within the budget serves under the SLO
     (Splitwise's iso-power / iso-cost scenarios), and the cheapest such plan.
 
@@ -17,14 +18,16 @@ def max_rate(workload_at, base_rate_rps: float, model: str, slo: str, progress=N
     trace's timestamps compressed). The rate is bracketed by doubling or halving
     from `base_rate_rps`, then bisected to 2 %; each step asks whether a
     cost-minimal split plan exists within the budget. `progress(rate, ok)` is
-    called after each step.
+    called after each step. `options` and `settings`: as `optimize` takes them (split plans only,
+    without runner-ups).
     """
-    if kwargs.get("max_cost_per_hour") is None and kwargs.get("max_power_kw") is None and not kwargs.get("max_machines"):
+    opts = dataclasses.replace(options or OptimizeOptions(), **settings, mode=Mode.SPLIT_ALONE, alternatives=0)
+    if opts.max_cost_per_hour is None and opts.max_power_kw is None and not opts.max_machines:
         raise SpecError("--objective throughput needs a budget: --max-cost-per-hour, --max-power-kw or --max-machines TYPE=N")
 
     def attempt(rate):
         try:
-            result = optimize(workload_at(rate), model, slo, alternatives=0, with_colocated=False, **kwargs)
+            result = optimize(workload_at(rate), model, slo, options=opts)
         except InfeasibleError:
             result = None
         if progress:

@@ -104,7 +104,7 @@ def small_trace():
 
 
 def test_plan_meets_every_line_and_explains_itself(small_trace):
-    result = api.optimize(small_trace, "llama2-70b", "splitwise", ["a100-80gb", "h100-80gb"], split_only=True)
+    result = api.optimize(small_trace, "llama2-70b", "splitwise", ["a100-80gb", "h100-80gb"], mode="split")
     plan = result.plan
     assert plan.prompt_pools and plan.token_pools
     assert all(ok for _, _, ok in plan.slo) and len(plan.slo) == 9
@@ -156,7 +156,7 @@ def test_budget_too_small_is_infeasible_and_names_the_cheapest_homogeneous_cost(
 
 
 def test_colocated_baseline_beside_split(small_trace):
-    result = api.optimize(small_trace, "llama2-70b", "splitwise", ["a100-80gb", "h100-80gb"], tp=8, split_only=True)
+    result = api.optimize(small_trace, "llama2-70b", "splitwise", ["a100-80gb", "h100-80gb"], tp=8, mode="split")
     assert result.colocated is not None and result.colocated.mixed_pools
     assert not result.colocated.prompt_pools and all(ok for _, _, ok in result.colocated.slo)
     assert result.colocated in result.alternatives
@@ -166,7 +166,7 @@ def test_colocated_baseline_beside_split(small_trace):
 
 def test_no_split_plan_is_the_colocated_one(small_trace):
     split = api.optimize(small_trace, "llama2-70b", "splitwise", ["a100-80gb", "h100-80gb"], tp=8)
-    mixed = api.optimize(small_trace, "llama2-70b", "splitwise", ["a100-80gb", "h100-80gb"], tp=8, split=False)
+    mixed = api.optimize(small_trace, "llama2-70b", "splitwise", ["a100-80gb", "h100-80gb"], tp=8, mode="colocated")
     assert mixed.plan.mixed_pools and not mixed.plan.token_pools
     assert mixed.plan.cost_usd_per_hour == pytest.approx(split.colocated.cost_usd_per_hour)
 
@@ -178,7 +178,7 @@ def test_colocated_options_that_cannot_be_the_best_are_not_sized(small_trace):
     above that plan's and a true bound: its size, on any shape, costs at least that much."""
     machines = ["a100-80gb", "h100-80gb", "mi300x-192gb"]
     split = api.optimize(small_trace, "llama2-70b", "chat", machines)
-    every = api.optimize(small_trace, "llama2-70b", "chat", machines, split=False)
+    every = api.optimize(small_trace, "llama2-70b", "chat", machines, mode="colocated")
     best = every.plan.cost_usd_per_hour
     assert split.colocated.cost_usd_per_hour == pytest.approx(best)
     pruned = [o for o in split.options if o.role == "mixed" and o.skipped.startswith("not sized")]
@@ -219,7 +219,7 @@ def test_throughput_objective_and_bigger_budget_never_lowers_rate():
     # Just past the rate found, the budget no longer suffices.
     with pytest.raises(InfeasibleError):
         api.optimize(_scaled(base)(small.max_rate_rps * 1.1), "llama2-70b", "splitwise", max_machines={"h100-80gb": 3},
-                     with_colocated=False, **kw)  # (max_rate asks for split plans)
+                     mode="split-alone", **kw)  # (max_rate asks for split plans)
 
 
 def test_throughput_needs_a_budget():
@@ -255,7 +255,7 @@ def test_a_colocated_plan_reports_what_its_simulation_gives():
     machines (no closed form beside it), so simulate accepts every co-located plan optimize makes."""
     from splitplan.simulation import Setup, plan_pools
     trace = resample_poisson(load_trace(default_trace_path()), 4.0, 60.0, np.random.default_rng(1))
-    result = api.optimize(trace, "llama2-70b", "chat", ["h100-80gb", "h200-141gb"], split=False)
+    result = api.optimize(trace, "llama2-70b", "chat", ["h100-80gb", "h200-141gb"], mode="colocated")
     for plan in (result.plan, *result.alternatives):
         sim = Setup("llama2-70b", "chat").simulate(result.problem.trace, plan_pools(plan))
         assert sim.slo_met
@@ -315,7 +315,7 @@ def test_binding_says_when_whole_machines_decided_the_size():
     """Issue 27, item 5: a pool of TP 1 instances on an 8-GPU machine that needs fewer than 8 is
     decided by rounding up to a whole machine, and the line that binds at the count needed is named."""
     trace = resample_poisson(load_trace(default_trace_path()), 2.0, 60.0, np.random.default_rng(4))
-    result = api.optimize(trace, "llama3.1-8b", "chat", ["h100-80gb@8"], tp=1, split=False)
+    result = api.optimize(trace, "llama3.1-8b", "chat", ["h100-80gb@8"], tp=1, mode="colocated")
     needed = next(o.instances for o in result.options if o.key.layout == Layout(1))
     assert needed < 8 and result.plan.mixed_pools[0].machines == 1
     assert f"mixed: rounded up to whole machines ({needed} of 8 instances needed" in result.plan.binding
@@ -326,8 +326,8 @@ def test_a_machine_type_rented_in_shapes_buys_the_gpus_the_load_needs():
     fewer than 8 TP 1 instances buys that many GPUs in the cheapest shapes, at the same per-GPU
     rate, not a whole 8-GPU machine; `h100-80gb@8` still buys whole machines."""
     trace = resample_poisson(load_trace(default_trace_path()), 2.0, 60.0, np.random.default_rng(4))
-    whole = api.optimize(trace, "llama3.1-8b", "chat", ["h100-80gb@8"], tp=1, split=False).plan
-    shaped = api.optimize(trace, "llama3.1-8b", "chat", ["h100-80gb"], tp=1, split=False).plan
+    whole = api.optimize(trace, "llama3.1-8b", "chat", ["h100-80gb@8"], tp=1, mode="colocated").plan
+    shaped = api.optimize(trace, "llama3.1-8b", "chat", ["h100-80gb"], tp=1, mode="colocated").plan
     (pool,) = whole.mixed_pools
     needed = shaped.gpus
     assert needed < 8 and pool.gpus == 8 and shaped.cost_usd_per_hour == pytest.approx(38.0 / 8 * needed)
@@ -341,8 +341,8 @@ def test_a_plan_says_what_it_buys(small_trace):
     decode side is the planner's fixed point); per plan its GPUs and cost per million tokens."""
     from splitplan.search.plan import usd_per_million_tokens
     from splitplan.simulation import Setup, plan_pools
-    split = api.optimize(small_trace, "llama2-70b", "chat", ["a100-80gb", "h100-80gb"], tp=8, split_only=True)
-    colocated = api.optimize(small_trace, "llama3.1-8b", "chat", ["h100-80gb@8"], tp=1, split=False)
+    split = api.optimize(small_trace, "llama2-70b", "chat", ["a100-80gb", "h100-80gb"], tp=8, mode="split")
+    colocated = api.optimize(small_trace, "llama3.1-8b", "chat", ["h100-80gb@8"], tp=1, mode="colocated")
     for model, result, tolerance in (("llama2-70b", split, 0.05), ("llama3.1-8b", colocated, 1e-9)):
         plan, trace = result.plan, result.problem.trace
         simulated = Setup(model, "chat").simulate(trace, plan_pools(plan))
@@ -407,7 +407,7 @@ def test_a_light_load_on_whole_machines_shares_one_machine(small_trace):
     says which instances share it, the simulator runs them there (KV over the machine's GPU
     links), and the planner's prediction holds in the simulation."""
     from splitplan.simulation import Setup, plan_pools
-    result = api.optimize(small_trace, "llama3.1-8b", "chat", ["h100-80gb@8"], split_only=True)
+    result = api.optimize(small_trace, "llama3.1-8b", "chat", ["h100-80gb@8"], mode="split")
     plan = result.plan
     (prompt,), (token,) = plan.prompt_pools, plan.token_pools
     assert prompt.shared == token.shared == 0 and prompt.machines == token.machines == 1

@@ -247,7 +247,7 @@ def test_the_planner_sizes_prompt_pools_with_the_hit_rate():
     from splitplan import api
     trace = with_shared_prefix(_trace(400, 0.05, 6000, 30, prefix=False), 5000, 2)
     plans = {on: api.optimize(trace, "llama3.1-8b", "chat", hardware=["h100-80gb"], tp=1, prefix_caching=on,
-                              split_only=True) for on in (False, True)}
+                              mode="split") for on in (False, True)}
     off, on = plans[False], plans[True]
     prompt_instances = {k: [o.instances for o in r.options if o.role == Role.PROMPT] for k, r in plans.items()}
     assert prompt_instances[True][0] < prompt_instances[False][0], prompt_instances  # (sized alone, before whole machines)
