@@ -206,7 +206,7 @@ ISSUE_28 = [
     ("a co-located instance runs past max_num_seqs", "splitplan/sim/cluster.py",
      "or inst.batch + len(inst.queue) + len(inst.run_prefill) >= self.cap):", "or False):"),
     ("the planner's chunked pass splits no prompt", "splitplan/capacity/pools.py",
-     "                c = min(size - d, room)\n", "                c = size - d\n"),
+     "            c = min(size - d, room)\n", "            c = size - d\n"),
     ("a token pool sized past its sequence cap", "splitplan/search/plan.py",
      'return "max_num_seqs" if problem.max_num_seqs and res.batch_p99 > problem.max_num_seqs else None', "return None"),
     ("every iteration one gap, whatever its batch", "splitplan/sim/gaps.py",

@@ -112,40 +112,52 @@ class PlanBody(BaseModel):
 
     @model_validator(mode="after")
     def _one_plan(self) -> PlanBody:
-        split, mixed = bool(self.prompt_pools) or bool(self.token_pools), bool(self.mixed_pools)
-        if split and mixed:
-            raise ValueError("a plan is split (prompt_pools and token_pools) or co-located (mixed_pools), not both")
-        if not split and not mixed:
-            raise ValueError("the plan has no pools")
-        if split and not (self.prompt_pools and self.token_pools):
-            missing = "token_pools" if self.prompt_pools else "prompt_pools"
-            raise ValueError(f"a split plan needs prompt_pools and token_pools; {missing} is empty")
+        _check_kind(self)
+        pools = self.pools()
         seen = set()
-        for role, p in self.pools():
+        for role, p in pools:
             key = (role, p.hardware, p.parallel, p.shared)
             if key in seen:
                 raise ValueError(f"{role} pool {excerpt(p.hardware)}:{p.parallel.spec} is listed twice; "
                                  "give it once with all its machines")
             seen.add(key)
-        groups: dict[int, list] = {}
-        for role, p in self.pools():
-            if p.shared is not None:
-                groups.setdefault(p.shared, []).append((role, p))
-        for number, parts in groups.items():
-            roles = sorted(role for role, _ in parts)
-            if roles != ["prompt", "token"] or parts[0][1].hardware != parts[1][1].hardware \
-                    or parts[0][1].machines != parts[1][1].machines or None in (parts[0][1].instances, parts[1][1].instances):
-                raise ValueError(f"shared {number}: machines shared by one prompt and one token pool, of one hardware "
-                                 "and machine count, each giving its instances")
-        total = sum(p.machines for _, p in self.pools() if p.shared is None) + sum(parts[0][1].machines for parts in groups.values())
+        groups = _shared_groups(pools)
+        total = sum(p.machines for _, p in pools if p.shared is None) + sum(parts[0][1].machines for parts in groups.values())
         if total > limits.MAX_MACHINES:
             raise ValueError(f"{total:,} machines; a plan has at most {limits.MAX_MACHINES:,}")
         if total != self.machines:
             raise ValueError(f"machines is {self.machines:,} but its pools hold {total:,}")
-        gpus = [p.gpus for _, p in self.pools() if p.gpus is not None]
-        if self.gpus is not None and len(gpus) == len(self.pools()) and sum(gpus) != self.gpus:
+        gpus = [p.gpus for _, p in pools if p.gpus is not None]
+        if self.gpus is not None and len(gpus) == len(pools) and sum(gpus) != self.gpus:
             raise ValueError(f"gpus is {self.gpus:,} but its pools hold {sum(gpus):,}")
         return self
+
+
+def _check_kind(body: PlanBody) -> None:
+    """A plan is split (prompt and token pools) or co-located (mixed pools), with pools."""
+    split, mixed = bool(body.prompt_pools) or bool(body.token_pools), bool(body.mixed_pools)
+    if split and mixed:
+        raise ValueError("a plan is split (prompt_pools and token_pools) or co-located (mixed_pools), not both")
+    if not split and not mixed:
+        raise ValueError("the plan has no pools")
+    if split and not (body.prompt_pools and body.token_pools):
+        missing = "token_pools" if body.prompt_pools else "prompt_pools"
+        raise ValueError(f"a split plan needs prompt_pools and token_pools; {missing} is empty")
+
+
+def _shared_groups(pools: list[tuple[str, PlanPool]]) -> dict[int, list]:
+    """The pools by `shared` number, each group one prompt and one token pool on the same machines."""
+    groups: dict[int, list] = {}
+    for role, p in pools:
+        if p.shared is not None:
+            groups.setdefault(p.shared, []).append((role, p))
+    for number, parts in groups.items():
+        roles = sorted(role for role, _ in parts)
+        if roles != ["prompt", "token"] or parts[0][1].hardware != parts[1][1].hardware \
+                or parts[0][1].machines != parts[1][1].machines or None in (parts[0][1].instances, parts[1][1].instances):
+            raise ValueError(f"shared {number}: machines shared by one prompt and one token pool, of one hardware "
+                             "and machine count, each giving its instances")
+    return groups
 
 
 class MainPlan(PlanBody):

@@ -200,23 +200,7 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
             break
         if added == limit:
             raise InfeasibleError(f"the simulated plan still misses {failed[0]['line']} after {limit} added machines")
-        metric = failed[0]["metric"]
-        r = sim.result
-        if any(p.role == Role.MIXED for p in pools):
-            role = Role.MIXED
-        elif metric == "ttft":
-            role = Role.PROMPT
-        elif metric in ("tbt", "itl", "tpot"):
-            role = Role.TOKEN
-        else:
-            role = Role.PROMPT if np.nanmedian(r.ttft_s) > np.nanmedian(r.e2e_s - r.ttft_s) else Role.TOKEN
-        grow = min((p for p in pools if p.role == role), key=lambda p: (load_hardware(p.hardware).price_usd_per_hour / p.layout.gpus,
-                                                                          p.shared is not None, p.hardware))
-        own = next((p for p in pools if p.shared is None and p[:3] == grow[:3]), None)
-        if own is None:  # (a part of shared machines: the machines it adds are its own)
-            pools.append(PoolRequest(grow.role, grow.hardware, grow.layout, _unit(grow)))
-        else:
-            pools[pools.index(own)] = own._replace(machines=own.machines + _unit(own))
+        _grow(pools, _role_to_grow(pools, failed[0]["metric"], sim.result))
     removed = 0
     if setup.borrow_threshold_tokens is not None and not added and all(p.role != Role.MIXED for p in pools):
         pools, sim, removed = trim(trace, pools, sim, setup, limit)
@@ -227,6 +211,29 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
         if planned is not None and planned.problem is not None:
             plan = predict(planned.problem, plan, {o.key: o for o in planned.options})
     return plan, sim, added - removed
+
+
+def _role_to_grow(pools: list[PoolRequest], metric: str, result) -> Role:
+    """The pool a failed line grows: co-located, else TTFT the prompt pool, TBT, ITL and TPOT
+    the token pool, E2E the side with the larger median share of it."""
+    if any(p.role == Role.MIXED for p in pools):
+        return Role.MIXED
+    if metric == "ttft":
+        return Role.PROMPT
+    if metric in ("tbt", "itl", "tpot"):
+        return Role.TOKEN
+    return Role.PROMPT if np.nanmedian(result.ttft_s) > np.nanmedian(result.e2e_s - result.ttft_s) else Role.TOKEN
+
+
+def _grow(pools: list[PoolRequest], role: Role) -> None:
+    """One unit more of `role`'s cheapest-per-GPU pool, in place."""
+    grow = min((p for p in pools if p.role == role), key=lambda p: (load_hardware(p.hardware).price_usd_per_hour / p.layout.gpus,
+                                                                      p.shared is not None, p.hardware))
+    own = next((p for p in pools if p.shared is None and p[:3] == grow[:3]), None)
+    if own is None:  # (a part of shared machines: the machines it adds are its own)
+        pools.append(PoolRequest(grow.role, grow.hardware, grow.layout, _unit(grow)))
+    else:
+        pools[pools.index(own)] = own._replace(machines=own.machines + _unit(own))
 
 
 def _unit(pool: PoolRequest) -> int:
@@ -310,14 +317,7 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
     from splitplan.search.optimize import OptimizeOptions, optimize, plan_key
 
     opts = dataclasses.replace(options or OptimizeOptions(), **settings)
-    m, eng = load_model(model), load_engine(opts.engine)
-    names = opts.hardware or [h.name for h in hardware_catalog()]
-    alone = [float(np.mean(alone_latencies(inst, workload.prompt_tokens, workload.output_tokens).e2e_s))
-             for hw in map(load_hardware, names) for t in hw.tp_degrees()
-             for inst in [Instance(m, hw, eng, Layout(t))] if inst.fit.fits]
-    if not alone:
-        raise InfeasibleError(f"{m.name} fits no instance of {', '.join(names)}")
-    rate, rounds_out, best = concurrency / min(alone), [], None
+    rate, rounds_out, best = concurrency / _fastest_mean_e2e_s(workload, model, opts), [], None
     setup = setup_for(model, slo, opts)
     for k in range(rounds):
         gaps = np.random.default_rng(seed + k).exponential(1 / rate, len(workload))
@@ -341,7 +341,24 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
         missed = ", ".join(line["line"] for line in sim.summary["slo"] if not line["met"])
         raise InfeasibleError(f"no plan met the SLO in a closed loop of {concurrency} clients: the plan for "
                               f"{rounds_out[0]['planned_rate_rps']:.3g} req/s ({rounds_out[0]['plan']}) missed {missed}")
-    result, sim = best
+    return _trimmed_closed_loop(workload, concurrency, *best, rounds_out, setup)
+
+
+def _fastest_mean_e2e_s(workload, model: str, options: OptimizeOptions) -> float:
+    """The mean E2E of the workload's requests, each run alone on the fastest instance considered."""
+    m, eng = load_model(model), load_engine(options.engine)
+    names = options.hardware or [h.name for h in hardware_catalog()]
+    alone = [float(np.mean(alone_latencies(inst, workload.prompt_tokens, workload.output_tokens).e2e_s))
+             for hw in map(load_hardware, names) for t in hw.tp_degrees()
+             for inst in [Instance(m, hw, eng, Layout(t))] if inst.fit.fits]
+    if not alone:
+        raise InfeasibleError(f"{m.name} fits no instance of {', '.join(names)}")
+    return min(alone)
+
+
+def _trimmed_closed_loop(workload, concurrency: int, result: OptimizeResult, sim: SimulateResult, rounds_out: list,
+                         setup: Setup) -> OptimizeResult:
+    """The closed loop's best plan, trimmed while its closed loop still meets the SLO, with its rounds."""
     # The rounds stop at a self-consistent plan, sized for an open loop: whole units go while the
     # closed loop still meets every line, so the plan is the cheapest the loop accepts this way.
     pools, sim, removed = trim(workload, plan_pools(result.plan), sim, setup, 30, concurrency)

@@ -73,6 +73,13 @@ class BatchTimes:
         return duration
 
 
+def _prefix_caches(prefix: PrefixModel | None, instances: list[Instance]) -> tuple[list[PrefixCache], list[int]]:
+    """(a prefix cache per instance, each request's prefix node), both empty without prefix caching."""
+    if prefix is None:
+        return [], []
+    return [prefix.cache(inst) for inst in instances], prefix.tree.request_node.tolist()
+
+
 def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[tuple[Instance, int]],
                         max_batch_tokens: int, times: list[BatchTimes] | None = None,
                         busy: list | None = None, held_s: np.ndarray | None = None,
@@ -114,8 +121,7 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     launch = [0] * len(kind)  # async scheduling: batches begun per instance
     fixed = [False] * len(kind)  # whether the next batch was scheduled when the running one began
     tag = [-1] * n_req  # the batch a request arrived in when that one's successor was scheduled
-    caches: list[PrefixCache] = [prefix.cache(pools[k][0]) for k in kind] if prefix is not None else []
-    node: list[int] = prefix.tree.request_node.tolist() if prefix is not None else []
+    caches, node = _prefix_caches(prefix, [pools[k][0] for k in kind])
     looked = [False] * n_req
     host_free = [0.0] * len(kind)  # when the instance's host link is free (loads from host memory)
     kv_cap = [pools[k][0].fit.kv_capacity_tokens for k in kind]
@@ -136,52 +142,63 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
         queues[j].popleft()
         return False
 
+    def chunked_batch(j: int, now: float, queue: deque) -> tuple | None:
+        """As the simulator's chunked iteration on an instance with no decodes: (members, the
+        prompt tokens pending on the instance until they are prefilled, duration), None if empty."""
+        members, total, sq, seqs, room, whole = [], 0, 0, 0, max_batch_tokens, 0
+        while queue and room > 0 and seqs < cap and tag[queue[0]] < launch[j]:
+            i = queue[0]
+            if caches and not looked[i] and not ready(j, i, now):
+                continue
+            d, size = done[i], tokens[i]
+            c = min(size - d, room)
+            total += c
+            sq += (d + c) * (d + c) - d * d  # causal attention of c new tokens over d + c
+            done[i] = d + c
+            room -= c
+            seqs += 1
+            if d + c < size:
+                break
+            members.append(queue.popleft())
+            whole += size
+        if not seqs:  # (every head went to load its prefix)
+            return None
+        one_whole_prompt = seqs == 1 and total == whole  # (its time is known)
+        return members, whole, times[kind[j]].single[members[0]] if one_whole_prompt else times[kind[j]].pass_s(seqs, total, sq)
+
+    def whole_batch(j: int, now: float, queue: deque) -> tuple | None:
+        """Whole prompts (less what a cache holds), as the simulator batches them: (members,
+        their prompt tokens, duration), None if empty."""
+        members: list[int] = []
+        total, sq, whole = 0, 0, 0
+        while queue:
+            i = queue[0]
+            if members and tag[i] >= launch[j]:  # (not yet in the simulator's queue)
+                break
+            if caches and not looked[i] and not ready(j, i, now):
+                continue
+            if members and not (total + tokens[i] - done[i] <= max_batch_tokens and len(members) < cap):
+                break
+            members.append(queue.popleft())
+            total += tokens[i] - done[i]
+            sq += tokens[i] * tokens[i] - done[i] * done[i]
+            whole += tokens[i]
+        if not members:
+            return None
+        return members, whole, (times[kind[j]].single[members[0]] if total == whole == tokens[members[0]]
+                                else times[kind[j]].pass_s(len(members), total, sq))
+
+    batch = chunked_batch if chunked else whole_batch
+
     def start(j: int, now: float) -> None:
         queue = queues[j]
         if deferring and queue and tag[queue[0]] >= launch[j]:  # nothing was scheduled after all: all join now
             for i in queue:
                 tag[i] = -1
-        if chunked:  # as the simulator's chunked iteration on an instance with no decodes
-            members, total, sq, seqs, room, whole = [], 0, 0, 0, max_batch_tokens, 0
-            while queue and room > 0 and seqs < cap and tag[queue[0]] < launch[j]:
-                i = queue[0]
-                if caches and not looked[i] and not ready(j, i, now):
-                    continue
-                d, size = done[i], tokens[i]
-                c = min(size - d, room)
-                total += c
-                sq += (d + c) * (d + c) - d * d  # causal attention of c new tokens over d + c
-                done[i] = d + c
-                room -= c
-                seqs += 1
-                if d + c < size:
-                    break
-                members.append(queue.popleft())
-                whole += size
-            if not seqs:  # (every head went to load its prefix)
-                return idle(j, now)
-            one_whole_prompt = seqs == 1 and total == whole  # (its time is known)
-            duration = times[kind[j]].single[members[0]] if one_whole_prompt else times[kind[j]].pass_s(seqs, total, sq)
-            total = whole  # pending on the instance until prefilled
-        else:  # whole prompts (less what a cache holds), as the simulator batches them
-            members, total, sq, whole = [], 0, 0, 0
-            while queue:
-                i = queue[0]
-                if members and tag[i] >= launch[j]:  # (not yet in the simulator's queue)
-                    break
-                if caches and not looked[i] and not ready(j, i, now):
-                    continue
-                if members and not (total + tokens[i] - done[i] <= max_batch_tokens and len(members) < cap):
-                    break
-                members.append(queue.popleft())
-                total += tokens[i] - done[i]
-                sq += tokens[i] * tokens[i] - done[i] * done[i]
-                whole += tokens[i]
-            if not members:
-                return idle(j, now)
-            duration = (times[kind[j]].single[members[0]] if total == whole == tokens[members[0]]
-                        else times[kind[j]].pass_s(len(members), total, sq))
-            total = whole
+        formed = batch(j, now, queue)
+        if formed is None:
+            return idle(j, now)
+        members, total, duration = formed
         running[j] = (members, total)
         if deferring:
             launch[j] += 1
@@ -223,18 +240,19 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
 
     held: list = []  # (release time, instance) of requests counted in their instance's load
     several = len(kind) > 1
-    release = None if held_s is None else (arrival_s + held_s).tolist()
-    for i in range(n_req):
-        now = arrival[i]
-        if heap and heap[0][0] <= now:
-            finish_until(now)
-        while held and held[0][0] <= now:
-            load[heapq.heappop(held)[1]] -= 1
-        if prefix is not None and prefix.prefix_aware and node[i] >= 0:  # as the simulator's _prefix_pick
+    prefix_aware = prefix is not None and prefix.prefix_aware
+
+    def route(i: int) -> int:
+        if prefix_aware and node[i] >= 0:  # as the simulator's _prefix_pick
             costs = [load[k] + tokens[i] - caches[k].peek(node[i], tokens[i]) for k in range(len(kind))]
-            j = costs.index(min(costs))
-        else:
-            j = routing.least_loaded(load) if several else 0
+            return costs.index(min(costs))
+        return routing.least_loaded(load) if several else 0
+
+    release = None if held_s is None else (arrival_s + held_s).tolist()
+
+    def arrive(i: int, now: float) -> None:
+        """Request i routed and queued (and counted in its instance's load); its instance starts if idle."""
+        j = route(i)
         queues[j].append(i)
         if deferring:
             tag[i] = launch[j] if running[j] is not None and fixed[j] else launch[j] - 1
@@ -246,6 +264,14 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
             placed.append(j)
         if running[j] is None:
             start(j, now)
+
+    for i in range(n_req):
+        now = arrival[i]
+        if heap and heap[0][0] <= now:
+            finish_until(now)
+        while held and held[0][0] <= now:
+            load[heapq.heappop(held)[1]] -= 1
+        arrive(i, now)
     finish_until(float("inf"))
     if cache_stats is not None and caches:
         cache_stats.extend((c.hit_tokens, c.lookup_tokens) for c in caches)

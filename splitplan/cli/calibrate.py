@@ -67,6 +67,11 @@ def calibrate(
     if format is Format.json:
         _emit_json(result.report)
         return
+    _render_calibration(result, profile, folds)
+
+
+def _render_calibration(result, profile, folds: int) -> None:
+    """The fit's error by group and overall, its largest residuals, and the fitted defaults."""
     con = report.console()
     cv_column = f"{folds}-fold CV" if folds else "CV (off)"
     con.print(report.table(f"MAPE % by group ({len(result.points)} points; {len(result.excluded)} left out)",

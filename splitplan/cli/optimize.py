@@ -134,8 +134,7 @@ def optimize(
     output_dir: Path | None = typer.Option(None, "--output-dir", help="Write plan.json, candidates.csv, pareto.csv here."),
 ) -> None:
     """The cheapest (or lowest-power) prompt/token machine plan meeting every SLO line on the trace."""
-    _check_flags(split_only, no_split, perf_interp, perf_db, borrow_threshold, validate)
-    jobs_n = jobs if jobs > 0 else (os.cpu_count() or 1)
+    _check_flags(split_only, no_split, perf_interp, perf_db, borrow_threshold, validate, concurrency, (isl, osl, num_requests))
     loaded = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))  # read once
     engine = with_precision(engine, weights, kv_cache)
     max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs)
@@ -147,9 +146,7 @@ def optimize(
         solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw, max_machines=_limits(max_machines),
         max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs, prefix_caching=cache_switch(prefix_caching), routing=routing,
         kv_offload_gb=kv_offload_gb or 0.0, perf_db=str(perf_db) if perf_db else None, perf_interp=perf_interp, mode=mode,
-        pareto=pareto, jobs=jobs_n)
-    if concurrency is None and (isl is not None or osl is not None or num_requests is not None):
-        raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
+        pareto=pareto, jobs=jobs if jobs > 0 else os.cpu_count() or 1)
     if concurrency is not None:
         _no_clash_with_closed_loop(rate=rate is not None, window=window is not None, pareto=pareto, validate=validate,
                                    throughput=objective is Objective.throughput)
@@ -179,8 +176,11 @@ def optimize(
     _emit_plan(result, workload, inputs, format, output_dir, plot, pareto)
 
 
-def _check_flags(split_only: bool, no_split: bool, perf_interp: str, perf_db, borrow_threshold, validate: bool) -> None:
+def _check_flags(split_only: bool, no_split: bool, perf_interp: str, perf_db, borrow_threshold, validate: bool,
+                 concurrency: int | None, closed_loop_sizes: tuple) -> None:
     """Options that contradict each other, or need another one: exit 2."""
+    if concurrency is None and any(x is not None for x in closed_loop_sizes):
+        raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
     if split_only and no_split:
         raise SpecError("--split-only and --no-split ask for opposite plans: keep one")
     if perf_interp != "splitplan" and perf_db is None:
@@ -340,6 +340,26 @@ def _plan_windows(workload, window_s, model, slo, format, output_dir, options: O
 def _render_plan(result, workload) -> None:
     plan = result.plan
     con = report.console()
+    con.print(report.table(f"Plan for {workload.source} ({len(workload):,} requests{_rate_read(workload)})", ["", "value"],
+                           _summary_rows(result)))
+    con.print(report.table("Predicted against the SLO", ["line", "target", "achieved", "met"],
+                           [(line.label, line.target, line.text(v), "yes" if ok else "NO") for line, v, ok in plan.slo]))
+    if result.simulated is not None:
+        _render_simulated(con, plan, result.simulated)
+    if result.closed_loop is not None:
+        _render_closed_loop(con, result.closed_loop)
+    value = api.objective_value
+    alt_rows = [(report.plan_text(a), a.gpus, a.cost_usd_per_hour, a.cost_usd_per_million_tokens, a.power_kw,
+                 f"{value(result.objective, a) / value(result.objective, plan) - 1:+.0%}", a.binding) for a in result.alternatives]
+    if alt_rows:
+        con.print(report.table("Runner-up plans", ["plan", "GPUs", "$/h", "$/M tokens", "kW", f"{result.objective} vs plan",
+                                                   "binding"], alt_rows))
+    _render_warnings(con, result)
+
+
+def _summary_rows(result) -> list[tuple[str, str]]:
+    """The plan table: its pools, size, rate, cost, power, what binds it and the other kind of plan."""
+    plan = result.plan
     if plan.mixed_pools:
         rows = [("co-located machines", report.pools_detail(plan.mixed_pools))]
     else:
@@ -357,37 +377,37 @@ def _render_plan(result, workload) -> None:
                             f"{'saves' if saving >= 0 else 'adds'} {abs(saving):.0f} % {result.objective}"))
     elif not plan.mixed_pools and result.max_rate_rps is None:
         rows.append(("vs best co-located", "no co-located plan meets the SLO"))
-    con.print(report.table(f"Plan for {workload.source} ({len(workload):,} requests{_rate_read(workload)})", ["", "value"], rows))
-    con.print(report.table("Predicted against the SLO", ["line", "target", "achieved", "met"],
-                           [(line.label, line.target, line.text(v), "yes" if ok else "NO") for line, v, ok in plan.slo]))
-    simulated = result.simulated
-    if simulated is not None:
-        compared = [(f"{m.upper()} {q}", plan.predicted[m][q], simulated[f"{m}_ms"][q])
-                    for m in ("ttft", "tbt", "itl", "tpot", "e2e") for q in ("p50", "p90", "p99")]
-        changed = simulated["machines_added"]
-        what = f"{changed} machine(s) added" if changed >= 0 else f"{-changed} machine(s) removed (mixed pool)"
-        con.print(report.table(f"Predicted vs simulated, ms ({what} by validation)",
-                               ["percentile", "predicted", "simulated"], compared))
-        con.print(report.table("Simulated against the SLO", ["line", "target", "achieved", "attainment %", "met"],
-                               report.slo_rows(simulated["slo"])))
-    if result.closed_loop is not None:
-        loop = result.closed_loop
-        con.print(report.table(f"Closed loop of {loop['concurrency']} clients: each round plans the rate the last plan's "
-                               "simulation ran at (Little's law)", ["planned req/s", "plan", "$/h", "simulated req/s", "SLO met"],
-                               [(r["planned_rate_rps"], r["plan"], r["cost_usd_per_hour"], r["simulated_rate_rps"],
-                                 "yes" if r["slo_met"] else "NO") for r in loop["rounds"]]))
-        bench = loop["benchmark"]
-        con.print(report.table("The plan's simulated closed loop, as a serving benchmark reports it", ["ms", "mean", "median", "p99"],
-                               [(name, bench[key]["mean"], bench[key]["median"], bench[key]["p99"])
-                                for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))],
-                               caption=f"{bench['requests_per_s']:.3g} req/s, {bench['output_tokens_per_s_per_gpu']:,.0f} output "
-                                       f"tokens/s per GPU ({bench['gpus']} GPUs)"))
-    value = api.objective_value
-    alt_rows = [(report.plan_text(a), a.gpus, a.cost_usd_per_hour, a.cost_usd_per_million_tokens, a.power_kw,
-                 f"{value(result.objective, a) / value(result.objective, plan) - 1:+.0%}", a.binding) for a in result.alternatives]
-    if alt_rows:
-        con.print(report.table("Runner-up plans", ["plan", "GPUs", "$/h", "$/M tokens", "kW", f"{result.objective} vs plan",
-                                                   "binding"], alt_rows))
+    return rows
+
+
+def _render_simulated(con, plan, simulated: dict) -> None:
+    """--validate: predicted against simulated percentiles, and the simulation against the SLO."""
+    compared = [(f"{m.upper()} {q}", plan.predicted[m][q], simulated[f"{m}_ms"][q])
+                for m in ("ttft", "tbt", "itl", "tpot", "e2e") for q in ("p50", "p90", "p99")]
+    changed = simulated["machines_added"]
+    what = f"{changed} machine(s) added" if changed >= 0 else f"{-changed} machine(s) removed (mixed pool)"
+    con.print(report.table(f"Predicted vs simulated, ms ({what} by validation)",
+                           ["percentile", "predicted", "simulated"], compared))
+    con.print(report.table("Simulated against the SLO", ["line", "target", "achieved", "attainment %", "met"],
+                           report.slo_rows(simulated["slo"])))
+
+
+def _render_closed_loop(con, loop: dict) -> None:
+    """--concurrency: the rounds of the closed-loop search and the plan's simulated benchmark."""
+    con.print(report.table(f"Closed loop of {loop['concurrency']} clients: each round plans the rate the last plan's "
+                           "simulation ran at (Little's law)", ["planned req/s", "plan", "$/h", "simulated req/s", "SLO met"],
+                           [(r["planned_rate_rps"], r["plan"], r["cost_usd_per_hour"], r["simulated_rate_rps"],
+                             "yes" if r["slo_met"] else "NO") for r in loop["rounds"]]))
+    bench = loop["benchmark"]
+    con.print(report.table("The plan's simulated closed loop, as a serving benchmark reports it", ["ms", "mean", "median", "p99"],
+                           [(name, bench[key]["mean"], bench[key]["median"], bench[key]["p99"])
+                            for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))],
+                           caption=f"{bench['requests_per_s']:.3g} req/s, {bench['output_tokens_per_s_per_gpu']:,.0f} output "
+                                   f"tokens/s per GPU ({bench['gpus']} GPUs)"))
+
+
+def _render_warnings(con, result) -> None:
+    """Requests left out, the result's warnings, and how many options were skipped or not sized."""
     if result.unservable:
         u = result.unservable
         con.print(f"[bold]warning:[/bold] {u['requests']:,} request(s) ({u['share_pct']:.2f} %, prompts of "

@@ -447,26 +447,7 @@ def evaluate(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, 
     prompt = [(o.inst, n) for _, o, n, _ in prompt_parts]
     token_keys = [k for k, *_ in token_parts]
     token = [(o.inst, n) for _, o, n, _ in token_parts]
-    # (an instance is the same on every shape of its machine type: so is the replay of its pools)
-    same = tuple((o.inst.hardware.family, o.inst.layout, n) for _, o, n, _ in prompt_parts)
-    replayed = memo.get(("ttft", same))
-    if replayed is None:
-        for (family, layout, _), (_, o, _, _) in zip(same, prompt_parts, strict=True):
-            if ("batch", family, layout) not in memo:
-                memo["batch", family, layout] = BatchTimes(o.inst, t.prompt_tokens)
-        batches = [memo["batch", family, layout] for family, layout, _ in same]
-        busy: list = []
-        stats: list = []
-        ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens, batches, busy,
-                                   chunked=problem.chunked, max_seqs=problem.max_num_seqs, prefix=problem.prefix,
-                                   cache_stats=stats)
-        _, durations, where = np.array(busy).T
-        pool_of = np.repeat(np.arange(len(prompt)), [n for _, n in prompt])  # instance -> its pool
-        rates = []
-        if stats:  # each prompt pool's prefix hit rate: hit over looked-up tokens of its instances
-            hit, looked = np.array(stats, float).T
-            rates = [float(np.sum(hit[pool_of == m]) / max(np.sum(looked[pool_of == m]), 1.0)) for m in range(len(prompt))]
-        replayed = memo[("ttft", same)] = ttft, np.bincount(pool_of[where.astype(int)], durations, len(prompt)), rates
+    replayed = _prompt_replay(problem, prompt_parts, memo)
     ttft, prompt_busy_s, rates = replayed
     hits = dict(zip(prompt_keys, rates, strict=True)) if rates else {}  # (rates: with a prefix cache)
     src = max(prompt, key=lambda pair: pair[1])[0]
@@ -500,6 +481,34 @@ def evaluate(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, 
     itl, tpot = _decode_gaps(t.output_tokens, decode_s, step_s, token_busy, src.engine.async_scheduling)
     return {"ttft": ttft, "tbt": tbt, "itl": itl, "tpot": tpot, "e2e": e2e, "kv_peak_fraction": kv_peak,
             "utilization": utilization, "prefix_hit_rate": hits}
+
+
+def _prompt_replay(problem: Problem, prompt_parts: list[tuple], memo: dict) -> tuple:
+    """(per-request TTFT, busy seconds per prompt pool, prefix hit rate per pool) of the prompt
+    pools replayed on the trace (memoized: by the pools' machine families, layouts and counts)."""
+    t = problem.trace
+    prompt = [(o.inst, n) for _, o, n, _ in prompt_parts]
+    # (an instance is the same on every shape of its machine type: so is the replay of its pools)
+    same = tuple((o.inst.hardware.family, o.inst.layout, n) for _, o, n, _ in prompt_parts)
+    replayed = memo.get(("ttft", same))
+    if replayed is None:
+        for (family, layout, _), (_, o, _, _) in zip(same, prompt_parts, strict=True):
+            if ("batch", family, layout) not in memo:
+                memo["batch", family, layout] = BatchTimes(o.inst, t.prompt_tokens)
+        batches = [memo["batch", family, layout] for family, layout, _ in same]
+        busy: list = []
+        stats: list = []
+        ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens, batches, busy,
+                                   chunked=problem.chunked, max_seqs=problem.max_num_seqs, prefix=problem.prefix,
+                                   cache_stats=stats)
+        _, durations, where = np.array(busy).T
+        pool_of = np.repeat(np.arange(len(prompt)), [n for _, n in prompt])  # instance -> its pool
+        rates = []
+        if stats:  # each prompt pool's prefix hit rate: hit over looked-up tokens of its instances
+            hit, looked = np.array(stats, float).T
+            rates = [float(np.sum(hit[pool_of == m]) / max(np.sum(looked[pool_of == m]), 1.0)) for m in range(len(prompt))]
+        replayed = memo[("ttft", same)] = ttft, np.bincount(pool_of[where.astype(int)], durations, len(prompt)), rates
+    return replayed
 
 
 def _parts(counts: dict, options: dict, role: Role) -> list[tuple]:
@@ -711,6 +720,49 @@ def as_simulated(simulated: dict, option: Option) -> Option:
     return option if found is None else replace(found, inst=option.inst)
 
 
+def _within_budget(problem: Problem, o: Option) -> bool:
+    """A co-located option's plan (its machines alone) within the cost, power and machine budgets."""
+    m = o.machines_alone
+    return ((problem.max_cost_per_hour is None or o.price_usd_per_hour * m <= problem.max_cost_per_hour + 1e-9)
+            and (problem.max_power_kw is None or o.power_kw * m <= problem.max_power_kw + 1e-9)
+            and all(m * cap.share(o.inst.hardware) <= cap.machines + 1e-9 for cap in problem.max_machines))
+
+
+def _colocated_rank(problem: Problem, o: Option) -> tuple:
+    """As plans rank: the objective, the other one, fewer machines, a fixed order."""
+    first, second = (o.price_usd_per_hour, o.power_kw) if problem.objective == "cost" else (o.power_kw, o.price_usd_per_hour)
+    return first * o.machines_alone, second * o.machines_alone, o.machines_alone, o.key
+
+
+def _best_colocated(problem: Problem, mixed: list[Option], simulated: dict) -> tuple:
+    """(the best co-located option within the budgets or None, the replay of it: (count, values)),
+    simulating options in the order of their estimate until the next cannot beat the best."""
+    def rank(o: Option) -> tuple:
+        return _colocated_rank(problem, o)
+
+    def better(found: Option) -> bool:
+        return bool(found.instances) and _within_budget(problem, found) and (best is None or rank(found) < rank(best))
+
+    ranked = sorted((o for o in mixed if o.instances and _within_budget(problem, o)), key=rank)
+    best: Option | None = None
+    best_replay: tuple = (None, None)
+    for found in (as_simulated(simulated, o) for o in ranked if _sized_as(o) in simulated):  # (simulated before: free)
+        if better(found):
+            best, best_replay = found, simulated.get(("replay", *_sized_as(found)), (None, None))
+    for option in ranked:
+        if best is not None and rank(option)[:2] >= rank(best)[:2]:
+            break
+        replays: dict = {}
+        if _sized_as(option) not in simulated:
+            simulated[_sized_as(option)] = simulated_option(problem, option, replays)
+        found = as_simulated(simulated, option)
+        if better(found):
+            best, best_replay = found, replays.get(found.key, (None, None))  # (only the best's replay is kept)
+    if best is not None and best_replay[0] is not None:
+        simulated[("replay", *_sized_as(best))] = best_replay  # (for a later call, on any shape: one per call at most)
+    return best, best_replay
+
+
 def colocated_plan(problem: Problem, options: list[Option], simulated: dict | None = None) -> Plan:
     """The best homogeneous co-located plan (Splitwise's baselines) within the budgets.
 
@@ -720,40 +772,8 @@ def colocated_plan(problem: Problem, options: list[Option], simulated: dict | No
     count first. `simulated` (a dict by role, machine type and layout, reused across calls) keeps
     the options simulated, and the replay of each call's best, and gives them back."""
     simulated = {} if simulated is None else simulated
-
-    def within(o: Option) -> bool:
-        m = o.machines_alone
-        return ((problem.max_cost_per_hour is None or o.price_usd_per_hour * m <= problem.max_cost_per_hour + 1e-9)
-                and (problem.max_power_kw is None or o.power_kw * m <= problem.max_power_kw + 1e-9)
-                and all(m * cap.share(o.inst.hardware) <= cap.machines + 1e-9 for cap in problem.max_machines))
-
-    if problem.objective == "cost":
-        def weight(o):
-            return o.price_usd_per_hour, o.power_kw
-    else:
-        def weight(o):
-            return o.power_kw, o.price_usd_per_hour
-
-    def rank(o: Option) -> tuple:  # (as plans rank: the objective, the other one, fewer machines, a fixed order)
-        return weight(o)[0] * o.machines_alone, weight(o)[1] * o.machines_alone, o.machines_alone, o.key
-
     mixed = [o for o in options if o.role == Role.MIXED]
-    ranked = sorted((o for o in mixed if o.instances and within(o)), key=rank)
-    best, best_replay = None, (None, None)  # (the replay of the best: (count, values))
-    for found in (as_simulated(simulated, o) for o in ranked if _sized_as(o) in simulated):  # (simulated before: free)
-        if found.instances and within(found) and (best is None or rank(found) < rank(best)):
-            best, best_replay = found, simulated.get(("replay", *_sized_as(found)), (None, None))
-    for option in ranked:
-        if best is not None and rank(option)[:2] >= rank(best)[:2]:
-            break
-        replays: dict = {}
-        if _sized_as(option) not in simulated:
-            simulated[_sized_as(option)] = simulated_option(problem, option, replays)
-        found = as_simulated(simulated, option)
-        if found.instances and within(found) and (best is None or rank(found) < rank(best)):
-            best, best_replay = found, replays.get(found.key, (None, None))  # (only the best's replay is kept)
-    if best is not None and best_replay[0] is not None:
-        simulated[("replay", *_sized_as(best))] = best_replay  # (for a later call, on any shape: one per call at most)
+    best, best_replay = _best_colocated(problem, mixed, simulated)
     if best is None:
         shown = [as_simulated(simulated, o) for o in mixed]
         short, whole = listed([f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped or 'over budget'}"

@@ -112,33 +112,19 @@ class _Cluster:
         self.closed = self.options.concurrency
         if self.closed is not None and self.closed < 1:
             raise ValueError("concurrency must be >= 1")
-        # closed loop: the first `closed` requests start at once; each later one when a client frees
-        self.arrival = (self.trace.arrival_s.tolist() if self.closed is None
-                        else [0.0] * min(self.closed, self.n) + [math.inf] * max(self.n - self.closed, 0))
-        self.released = min(self.closed or self.n, self.n)  # requests whose arrival time is known
+        self._arrivals()
         self.p = self.trace.prompt_tokens.tolist()
         self.o = self.trace.output_tokens.tolist()
         self.insts: list[InstanceState] = []
         self.iterations = 0  # decode iterations of every instance, bounded (limits.MAX_SIM_ITERATIONS)
         self.max_iterations = limits.MAX_SIM_ITERATIONS  # (read once: the check runs every iteration)
-        for k, pool in enumerate(self.pools):
-            share = pool.perf.kv_link_bytes_per_s
-            per_machine = -(-pool.instances // pool.machines)
-            for j in range(pool.instances):
-                node = None if pool.shared is None else (pool.shared, j // per_machine)
-                self.insts.append(InstanceState(len(self.insts), k, pool.role, pool.perf, share, node))
-        self.prompt_side = [i for i in self.insts if i.role in (PROMPT, MIXED)]
-        self.token_side = [i for i in self.insts if i.role in (TOKEN, MIXED)]
-        if not self.prompt_side or not self.token_side:
-            raise ValueError("a cluster needs prompt and token instances, or mixed ones")
-        self.single = {k: np.asarray(pool.perf.prefill_time_s(self.trace.prompt_tokens)).tolist() for k, pool in enumerate(self.pools)}
-        self.lines: dict[int, dict[int, tuple]] = {k: {} for k in range(len(self.pools))}  # decode steps per batch size
+        self._place_instances()
         self.model = self.pools[0].perf.model
         self.context = self.options.max_model_len  # a longer request is refused at arrival (None: no limit)
         self.kv_bytes = self.model.kv_bytes_per_token(self.pools[0].perf.engine.kv_bytes_per_element)
         self.layers = self.model.num_hidden_layers
         self.max_tokens = self.options.max_batch_tokens
-        self.chunked = {k: self.max_tokens if pool.perf.engine.chunked else None for k, pool in enumerate(self.pools)}
+        self._pool_tables()
         self.cap = self.options.max_num_seqs or math.inf  # requests running on one instance at once
         # prompt tokens prefilled so far: a prefix the engine's cache holds counts as done
         self.cached = [0] * self.n if trace.cached_tokens is None else np.minimum(trace.cached_tokens, trace.prompt_tokens - 1).tolist()
@@ -148,30 +134,8 @@ class _Cluster:
         # first); a token instance receives only the KV it does not hold
         self.caches: dict[int, PrefixCache] = {}
         if options.prefix_caching and trace.prefix is not None:
-            self.prefix = PrefixModel(trace.prefix, self.pools[0].perf.engine.kv_block_tokens, options.kv_offload_gb)
-            self.caches = {x.idx: self.prefix.cache(x.perf, host=x.role != TOKEN) for x in self.insts}
-            self.node = trace.prefix.request_node.tolist()
-        self.looked = [False] * self.n  # its prefill has begun and looked its prefix up
-        self.pinned = [-1] * self.n  # the instance whose cache it pins a prefix in (-1: none)
-        self.deferring = {k: pool.perf.engine.async_scheduling for k, pool in enumerate(self.pools)}
-        self.plen = list(self.p)  # tokens to prefill: the prompt, or prompt and output so far when preempted
-        self.base = [1] * self.n  # tokens the request had when it (last) joined a decode batch
-        self.resumed = [False] * self.n  # preempted and to be recomputed: its next prefill gives no TTFT
-        self.stall = [0.0] * self.n  # longest wait from a preemption to the next token
-        self.preempted_at = [0.0] * self.n
-        self.rejoined = [np.nan] * self.n  # when a preempted request last rejoined its decode batch
-        self.preemptions = 0
-
-        self.ttft = [np.nan] * self.n
-        self.e2e = [np.nan] * self.n
-        self.prefill_start = [0.0] * self.n
-        self.kv_ready = [np.nan] * self.n
-        self.join_time = [np.nan] * self.n
-        self.join_iter = [-1] * self.n
-        self.p_inst = [-1] * self.n
-        self.t_inst = [-1] * self.n
-        self.rejected = [False] * self.n
-        self.refused = [False] * self.n
+            self._prefix_caches(trace.prefix)
+        self._request_state()
         self.heap: list = []
         self.seq = 0
         self.next_arrival = 0  # the next request to arrive (run's)
@@ -182,10 +146,71 @@ class _Cluster:
         self.tokens_out = 0
         self.rr = [0, 0]
         self.events = 0
+
+    def _arrivals(self) -> None:
+        """Arrival times: the trace's, or in a closed loop, the first `closed` requests at once and
+        each later one when a client frees (unknown until then)."""
+        closed = self.closed
+        if closed is None:
+            self.arrival = self.trace.arrival_s.tolist()
+            self.released = self.n  # requests whose arrival time is known
+            return
+        self.arrival = [0.0] * min(closed, self.n) + [math.inf] * max(self.n - closed, 0)
+        self.released = min(closed, self.n)
+
+    def _place_instances(self) -> None:
+        """Every pool's instances, numbered in pool order (a shared pool's on its shared machines),
+        those that prefill and those that decode, and their routing loads."""
+        for k, pool in enumerate(self.pools):
+            share = pool.perf.kv_link_bytes_per_s
+            per_machine = -(-pool.instances // pool.machines)
+            for j in range(pool.instances):
+                node = None if pool.shared is None else (pool.shared, j // per_machine)
+                self.insts.append(InstanceState(len(self.insts), k, pool.role, pool.perf, share, node))
+        self.prompt_side = [i for i in self.insts if i.role in (PROMPT, MIXED)]
+        self.token_side = [i for i in self.insts if i.role in (TOKEN, MIXED)]
+        if not self.prompt_side or not self.token_side:
+            raise ValueError("a cluster needs prompt and token instances, or mixed ones")
         self.prompt_load = routing.loads(len(self.prompt_side))  # queued prompt tokens (+1 per request held: mixed)
         self.token_load = routing.loads(len(self.token_side))  # output tokens assigned and not finished
         self.p_pos = {inst.idx: k for k, inst in enumerate(self.prompt_side)}
         self.t_pos = {inst.idx: k for k, inst in enumerate(self.token_side)}
+
+    def _pool_tables(self) -> None:
+        """Per pool: each prompt's time alone, decode steps by batch size (filled as met), the
+        chunked token budget (None: whole prompts), whether the engine schedules asynchronously."""
+        self.single = {k: np.asarray(pool.perf.prefill_time_s(self.trace.prompt_tokens)).tolist() for k, pool in enumerate(self.pools)}
+        self.lines: dict[int, dict[int, tuple]] = {k: {} for k in range(len(self.pools))}
+        self.chunked = {k: self.max_tokens if pool.perf.engine.chunked else None for k, pool in enumerate(self.pools)}
+        self.deferring = {k: pool.perf.engine.async_scheduling for k, pool in enumerate(self.pools)}
+
+    def _prefix_caches(self, tree) -> None:
+        """The engine's prefix cache per instance, over the trace's prefix tree."""
+        self.prefix = PrefixModel(tree, self.pools[0].perf.engine.kv_block_tokens, self.options.kv_offload_gb)
+        self.caches = {x.idx: self.prefix.cache(x.perf, host=x.role != TOKEN) for x in self.insts}
+        self.node = tree.request_node.tolist()
+
+    def _request_state(self) -> None:
+        """Per request: its scheduling state and what the run records of it."""
+        self.looked = [False] * self.n  # its prefill has begun and looked its prefix up
+        self.pinned = [-1] * self.n  # the instance whose cache it pins a prefix in (-1: none)
+        self.plen = list(self.p)  # tokens to prefill: the prompt, or prompt and output so far when preempted
+        self.base = [1] * self.n  # tokens the request had when it (last) joined a decode batch
+        self.resumed = [False] * self.n  # preempted and to be recomputed: its next prefill gives no TTFT
+        self.stall = [0.0] * self.n  # longest wait from a preemption to the next token
+        self.preempted_at = [0.0] * self.n
+        self.rejoined = [np.nan] * self.n  # when a preempted request last rejoined its decode batch
+        self.preemptions = 0
+        self.ttft = [np.nan] * self.n
+        self.e2e = [np.nan] * self.n
+        self.prefill_start = [0.0] * self.n
+        self.kv_ready = [np.nan] * self.n
+        self.join_time = [np.nan] * self.n
+        self.join_iter = [-1] * self.n
+        self.p_inst = [-1] * self.n
+        self.t_inst = [-1] * self.n
+        self.rejected = [False] * self.n
+        self.refused = [False] * self.n
 
     def _push(self, time, kind, a, b=None):
         self.seq += 1
@@ -261,63 +286,13 @@ class _Cluster:
                 self._preempt(inst, now)
         prefill: list[int] = []  # requests whose prefill ends with this iteration
         chunks = 0  # prompts (whole or in part) in it
-        budget = self.chunked[inst.pool]
         if inst.can_prefill and inst.queue:
-            total = sq = 0
-            if budget is None:  # whole prompts (less what the prefix cache holds), batched up to max_tokens
-                while (self._ready(inst, now) if self.caches else inst.queue) and (
-                        not prefill or (total + self.plen[inst.queue[0]] - self.done[inst.queue[0]] <= self.max_tokens
-                                        and len(prefill) < self.cap)):
-                    i = inst.queue.popleft()
-                    prefill.append(i)
-                    d = self.done[i]
-                    total += self.plen[i] - d
-                    sq += self.plen[i] * self.plen[i] - d * d
-                    self.done[i] = self.plen[i]
-                    if not self.resumed[i]:
-                        self.prefill_start[i] = now
-                chunks = len(prefill)
-            else:  # chunked: the decodes first, then prompt tokens up to the budget
-                room = budget - inst.batch
-                while room > 0 and chunks < self.cap and (self._ready(inst, now) if self.caches else inst.queue):
-                    i = inst.queue[0]
-                    d = self.done[i]
-                    if d == self.cached[i] and not self.resumed[i]:
-                        self.prefill_start[i] = now
-                    c = min(self.plen[i] - d, room)
-                    total += c
-                    sq += (d + c) * (d + c) - d * d  # causal attention of c new tokens over d + c
-                    self.done[i] = d + c
-                    room -= c
-                    chunks += 1
-                    if self.done[i] < self.plen[i]:
-                        break
-                    inst.queue.popleft()
-                    prefill.append(i)
+            budget = self.chunked[inst.pool]
+            prefill, chunks, total, sq = self._whole_prompts(inst, now) if budget is None else self._chunks(inst, now, budget)
         if chunks:
-            if chunks == 1 and inst.batch == 0 and prefill and total == self.p[prefill[0]] and not self.resumed[prefill[0]]:
-                duration = self.single[inst.pool][prefill[0]]  # one whole prompt alone: its time is known
-            else:
-                duration = float(inst.perf.pass_time_s(float(chunks), float(total), float(sq),
-                                                       float(inst.batch), float(inst.ctx)))
-            inst.prefill_s += duration
-            if self.passes is not None:
-                self.passes.append((chunks, total, sq, inst.batch, inst.ctx, 1, now + duration))
+            duration = self._prefill_pass_s(inst, now, prefill, chunks, total, sq)
         elif inst.batch:
-            line = self.lines[inst.pool].get(inst.batch)
-            if line is None:
-                line = self.lines[inst.pool][inst.batch] = inst.perf.decode_line(inst.batch)
-            attention = inst.ctx * line[1]
-            duration = line[0] + attention + (line[2] - attention if line[2] > attention else 0.0)
-            if self.fuse and not (inst.queue or inst.waiting or inst.deferred or self.caches):
-                quiet = self._quiet_until()
-                if now + duration < quiet:
-                    now, duration = self._decode_stretch(inst, now, line, duration, quiet)
-            inst.decode_s += duration
-            if self.passes is not None:
-                self.passes.append((0, 0, 0, inst.batch, inst.ctx, 1, now + duration))
-            if inst.steps is not None:
-                inst.steps.append((inst.batch, inst.ctx))
+            now, duration = self._decode_pass(inst, now)
         else:
             inst.running = False
             return
@@ -329,6 +304,78 @@ class _Cluster:
             inst.fixed = bool(inst.batch or inst.queue or inst.waiting or inst.deferred or (prefill and inst.role == MIXED))
         self.seq += 1
         heapq.heappush(self.heap, (now + duration, self.seq, _ITERATION_END, inst.idx, None))
+
+    def _whole_prompts(self, inst: InstanceState, now: float) -> tuple[list[int], int, int, int]:
+        """(prompts, their count, tokens, squared tokens) of a whole-prompt prefill: whole prompts
+        (less what the prefix cache holds), batched up to max_tokens."""
+        prefill: list[int] = []
+        total = sq = 0
+        while (self._ready(inst, now) if self.caches else inst.queue) and (
+                not prefill or (total + self.plen[inst.queue[0]] - self.done[inst.queue[0]] <= self.max_tokens
+                                and len(prefill) < self.cap)):
+            i = inst.queue.popleft()
+            prefill.append(i)
+            d = self.done[i]
+            total += self.plen[i] - d
+            sq += self.plen[i] * self.plen[i] - d * d
+            self.done[i] = self.plen[i]
+            if not self.resumed[i]:
+                self.prefill_start[i] = now
+        return prefill, len(prefill), total, sq
+
+    def _chunks(self, inst: InstanceState, now: float, budget: int) -> tuple[list[int], int, int, int]:
+        """(prompts whose prefill ends, prompts in the pass, tokens, squared tokens) of a chunked
+        pass: the decodes first, then prompt tokens up to the budget."""
+        prefill: list[int] = []
+        total = sq = chunks = 0
+        room = budget - inst.batch
+        while room > 0 and chunks < self.cap and (self._ready(inst, now) if self.caches else inst.queue):
+            i = inst.queue[0]
+            d = self.done[i]
+            if d == self.cached[i] and not self.resumed[i]:
+                self.prefill_start[i] = now
+            c = min(self.plen[i] - d, room)
+            total += c
+            sq += (d + c) * (d + c) - d * d  # causal attention of c new tokens over d + c
+            self.done[i] = d + c
+            room -= c
+            chunks += 1
+            if self.done[i] < self.plen[i]:
+                break
+            inst.queue.popleft()
+            prefill.append(i)
+        return prefill, chunks, total, sq
+
+    def _prefill_pass_s(self, inst: InstanceState, now: float, prefill: list[int], chunks: int, total: int, sq: int) -> float:
+        """The time of a pass with prompt tokens (and the running decodes), recorded."""
+        if chunks == 1 and inst.batch == 0 and prefill and total == self.p[prefill[0]] and not self.resumed[prefill[0]]:
+            duration = self.single[inst.pool][prefill[0]]  # one whole prompt alone: its time is known
+        else:
+            duration = float(inst.perf.pass_time_s(float(chunks), float(total), float(sq),
+                                                   float(inst.batch), float(inst.ctx)))
+        inst.prefill_s += duration
+        if self.passes is not None:
+            self.passes.append((chunks, total, sq, inst.batch, inst.ctx, 1, now + duration))
+        return duration
+
+    def _decode_pass(self, inst: InstanceState, now: float) -> tuple[float, float]:
+        """(start, duration) of a decode-only iteration, or of a stretch of them fused at once
+        where nothing can change the instance meanwhile (_decode_stretch), recorded."""
+        line = self.lines[inst.pool].get(inst.batch)
+        if line is None:
+            line = self.lines[inst.pool][inst.batch] = inst.perf.decode_line(inst.batch)
+        attention = inst.ctx * line[1]
+        duration = line[0] + attention + (line[2] - attention if line[2] > attention else 0.0)
+        if self.fuse and not (inst.queue or inst.waiting or inst.deferred or self.caches):
+            quiet = self._quiet_until()
+            if now + duration < quiet:
+                now, duration = self._decode_stretch(inst, now, line, duration, quiet)
+        inst.decode_s += duration
+        if self.passes is not None:
+            self.passes.append((0, 0, 0, inst.batch, inst.ctx, 1, now + duration))
+        if inst.steps is not None:
+            inst.steps.append((inst.batch, inst.ctx))
+        return now, duration
 
     def _quiet_until(self) -> float:
         """A time before which no event can change an instance that only decodes: the next
@@ -610,9 +657,8 @@ class _Cluster:
         self.events = events
         return self._result()
 
-    def _arrive(self, i: int, now: float) -> InstanceState:
-        """Route request i at its arrival (join-shortest-queue or round-robin, with the mixed
-        pool's borrowing) and queue it; the instance that prefills it."""
+    def _route(self, i: int) -> tuple[InstanceState, InstanceState]:
+        """(the instance that prefills request i, the one that decodes it)."""
         if self.options.routing == "prefix-aware" and self.caches and self.node[i] >= 0:
             src = self._prefix_pick(i)
         elif self.options.borrow_threshold_tokens is None or self.prompt_side[0].role == MIXED:
@@ -632,6 +678,12 @@ class _Cluster:
                 if dst.role == TOKEN and self._long_queue(src, i):
                     src = dst  # every prompt machine's queue is long: borrow the token machine to prefill it
                     src.can_prefill = True
+        return src, dst
+
+    def _arrive(self, i: int, now: float) -> InstanceState:
+        """Route request i at its arrival (join-shortest-queue or round-robin, with the mixed
+        pool's borrowing) and queue it; the instance that prefills it."""
+        src, dst = self._route(i)
         self.p_inst[i], self.t_inst[i] = src.idx, dst.idx
         if self.context is not None and self.p[i] + self.o[i] > self.context:  # the engine refuses it at once
             self.rejected[i] = self.refused[i] = True

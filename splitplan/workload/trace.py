@@ -20,6 +20,7 @@ import dataclasses
 import gzip
 import io
 import json
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -370,9 +371,6 @@ def _plain_chunks(path: Path, columns: Columns | None) -> list | None:
     lines, a quoted or odd cell, a short row, a bad number...): `_chunks` reads it then, and
     its messages name what is wrong."""
     import csv
-    import re
-    number = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?").fullmatch
-    stamp = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:\.\d{1,9})?)?").fullmatch
     raw, stream, is_json = _open(path)
     if is_json:
         raw.close()
@@ -393,20 +391,32 @@ def _plain_chunks(path: Path, columns: Columns | None) -> list | None:
                     wall_clock = cols is AZURE
                 if not {cols.time, cols.prompt, cols.output} <= set(header):
                     return None
-            if any(len(row) != len(header) for row in lines):
-                return None  # (a short or long row, or a blank line: pandas' rules)
-            at = [header.index(c) for c in (cols.time, cols.prompt, cols.output)]
-            cells = [[row[k] for row in lines] for k in at]
-            if not all(all(map(number, column)) for column in cells[1:]) or \
-                    not all(map(stamp if wall_clock else number, cells[0])):
+            plain = _plain_block(header, lines, cols, wall_clock)
+            if plain is None:
                 return None
-            time = (np.array(cells[0], dtype="datetime64[ns]").astype(np.int64) if wall_clock
-                    else np.array(cells[0], dtype=float))
-            prompt, output = np.array(cells[1], dtype=float), np.array(cells[2], dtype=float)
-            if not (np.isfinite(prompt).all() and np.isfinite(output).all() and np.isfinite(time).all()):
-                return None
-            out.append((cols, wall_clock, first, _Plain(header, cells[0], time, prompt, output)))
+            out.append((cols, wall_clock, first, plain))
     return out if header is not None else None
+
+
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?").fullmatch
+_STAMP = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:\.\d{1,9})?)?").fullmatch
+
+
+def _plain_block(header: list[str], lines: list[list[str]], cols: Columns, wall_clock: bool) -> _Plain | None:
+    """A block of plain rows as numbers (None for anything else: `_plain_chunks`)."""
+    if any(len(row) != len(header) for row in lines):
+        return None  # (a short or long row, or a blank line: pandas' rules)
+    at = [header.index(c) for c in (cols.time, cols.prompt, cols.output)]
+    cells = [[row[k] for row in lines] for k in at]
+    if not all(all(map(_NUMBER, column)) for column in cells[1:]) or \
+            not all(map(_STAMP if wall_clock else _NUMBER, cells[0])):
+        return None
+    time = (np.array(cells[0], dtype="datetime64[ns]").astype(np.int64) if wall_clock
+            else np.array(cells[0], dtype=float))
+    prompt, output = np.array(cells[1], dtype=float), np.array(cells[2], dtype=float)
+    if not (np.isfinite(prompt).all() and np.isfinite(output).all() and np.isfinite(time).all()):
+        return None
+    return _Plain(header, cells[0], time, prompt, output)
 
 
 class _PrefixColumns:
@@ -432,44 +442,56 @@ class _PrefixColumns:
             if "prefix_tokens" not in columns:
                 raise TraceError(f"{self.path}: column prefix_id without a prefix_tokens column; add prefix_tokens "
                                  "(how many leading prompt tokens the requests of an id share)")
-            self.ids = self.ids if self.ids is not None else []
-            self.tokens = self.tokens if self.tokens is not None else []
-            for k, (key, count) in enumerate(zip(chunk["prefix_id"].tolist(), chunk["prefix_tokens"].tolist(), strict=True)):
-                line = first + k
-                key, count = _key(key), _key(count)
-                if key is None and count is None:
-                    self.ids.append(None)
-                    self.tokens.append(0)
-                    continue
-                if key is None or count is None:
-                    self._fail(line, "a prefix_id needs a prefix_tokens and the other way round; fill both or neither")
-                try:
-                    value = float(count)
-                except ValueError:
-                    value = float("nan")
-                if not (value >= 0 and value == int(value)):
-                    self._fail(line, f"prefix_tokens '{excerpt(count)}' is not a whole number of tokens >= 0")
-                if value > prompt[k]:
-                    self._fail(line, f"prefix_tokens {value:g} is above the request's {prompt[k]:g} prompt tokens; "
-                               "a prefix is part of the prompt")
-                known = self.first_use.setdefault(key, (int(value), line))
-                if known[0] != int(value):
-                    self._fail(line, f"prefix_id '{excerpt(key)}' has prefix_tokens {value:g}, line {known[1]} gave it "
-                               f"{known[0]}; one id is one shared prefix (give the longer one another id)")
-                self.ids.append(key)
-                self.tokens.append(int(value))
+            self._prefix_ids(chunk, first, prompt)
         if "session_id" in columns:
             self.sessions = self.sessions if self.sessions is not None else []
             self.sessions.extend(_key(key) for key in chunk["session_id"].tolist())
         if "hash_ids" in columns:
-            self.hashes = self.hashes if self.hashes is not None else []
-            for k, blocks in enumerate(chunk["hash_ids"].tolist()):
-                if isinstance(blocks, float) and np.isnan(blocks):
-                    blocks = []
-                if not isinstance(blocks, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in blocks):
-                    self._fail(first + k, f"hash_ids '{excerpt(blocks)}' is not a list of integers (Mooncake's 512-token "
-                               "block ids); fix or remove the row")
-                self.hashes.append(blocks)
+            self._hash_ids(chunk, first)
+
+    def _prefix_ids(self, chunk: pd.DataFrame, first: int, prompt: np.ndarray) -> None:
+        """prefix_id and prefix_tokens: both or neither per row, whole tokens within the prompt, one length per id."""
+        self.ids = self.ids if self.ids is not None else []
+        self.tokens = self.tokens if self.tokens is not None else []
+        for k, (key, count) in enumerate(zip(chunk["prefix_id"].tolist(), chunk["prefix_tokens"].tolist(), strict=True)):
+            line = first + k
+            key, count = _key(key), _key(count)
+            if key is None and count is None:
+                self.ids.append(None)
+                self.tokens.append(0)
+                continue
+            if key is None or count is None:
+                self._fail(line, "a prefix_id needs a prefix_tokens and the other way round; fill both or neither")
+            self.ids.append(key)
+            self.tokens.append(self._prefix_length(line, key, count, prompt[k]))
+
+    def _prefix_length(self, line: int, key, count, prompt_tokens: float) -> int:
+        """A row's prefix_tokens, checked: a whole number within its prompt, the same for every row of its id."""
+        try:
+            value = float(count)
+        except ValueError:
+            value = float("nan")
+        if not (value >= 0 and value == int(value)):
+            self._fail(line, f"prefix_tokens '{excerpt(count)}' is not a whole number of tokens >= 0")
+        if value > prompt_tokens:
+            self._fail(line, f"prefix_tokens {value:g} is above the request's {prompt_tokens:g} prompt tokens; "
+                       "a prefix is part of the prompt")
+        known = self.first_use.setdefault(key, (int(value), line))
+        if known[0] != int(value):
+            self._fail(line, f"prefix_id '{excerpt(key)}' has prefix_tokens {value:g}, line {known[1]} gave it "
+                       f"{known[0]}; one id is one shared prefix (give the longer one another id)")
+        return int(value)
+
+    def _hash_ids(self, chunk: pd.DataFrame, first: int) -> None:
+        """hash_ids: a list of integers per row (Mooncake's block ids), empty where missing."""
+        self.hashes = self.hashes if self.hashes is not None else []
+        for k, blocks in enumerate(chunk["hash_ids"].tolist()):
+            if isinstance(blocks, float) and np.isnan(blocks):
+                blocks = []
+            if not isinstance(blocks, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in blocks):
+                self._fail(first + k, f"hash_ids '{excerpt(blocks)}' is not a list of integers (Mooncake's 512-token "
+                           "block ids); fix or remove the row")
+            self.hashes.append(blocks)
 
     def tree(self, prompt: np.ndarray, output: np.ndarray) -> PrefixTree | None:
         if self.ids is None and self.sessions is None and self.hashes is None:
