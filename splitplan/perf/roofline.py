@@ -61,7 +61,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from types import MappingProxyType, SimpleNamespace
+from types import MappingProxyType
 from typing import ClassVar, overload
 
 import numpy as np
@@ -112,6 +112,45 @@ class Fit:
     reason: str
     weights_bytes_per_gpu: float
     kv_capacity_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class PassConstants:
+    """An instance's per-GPU constants of the pass formula (`Instance._terms`), computed once.
+    Per layer of one pipeline stage unless named otherwise."""
+
+    layers_per_stage: float
+    act_bytes_per_element: float  # activations and KV written during prefill
+    weight_bytes_per_element: float
+    peak_flops_per_s: float  # at the activations' precision (attention)
+    gemm_peak_flops_per_s: float  # at the weights' precision (weight GEMMs)
+    memory_bytes_per_s: float  # achievable HBM bandwidth
+    compute_efficiency: float
+    gemm_half_tokens: float  # rows at which a weight GEMM reaches half its efficiency
+    dense_flops_per_token: float  # attention projections, dense FFNs, shared experts
+    dense_weight_bytes: float
+    activation_bytes_per_token: float
+    q_dim_per_gpu: float
+    kv_dim_per_gpu: float
+    prefill_attention_flops_per_sq_token: float  # causal attention, per squared prompt token
+    decode_flops_per_context_token: float
+    decode_bytes_per_context_token: float  # KV read per context token
+    routed_expert_share: float  # routed experts: MoE layers' share of the layers, per GPU of the stage
+    lm_head_params: float  # per GPU, 1/pp of it per stage time
+    collective_s_per_token: float  # TP all-reduce
+    collective_latency_s: float
+    all_to_all_s_per_token: float  # expert dispatch and combine (EP or DP attention)
+    all_to_all_latency_s: float
+    hop_s_per_token: float  # pipeline stage boundary
+    hop_latency_s: float
+    dp: float
+    pp: int
+    divides_pass: bool  # DP, PP or an expert exchange divides a pass (off the sizing's hot path otherwise)
+    gpu_launch_s: float  # kernel launches on the GPU, per stage time
+    host_launch_s: float  # the host's time to launch a stage's kernels
+    packed_attention: bool  # prefill attention over the packed batch (one sequence) rather than per prompt
+    clock_slowdown: float  # compute at the clock prefill holds (1 / prefill_clock_fraction)
+    capped_clock_slowdown: float  # a power-capped GPU's clock during prefill (1 / cap_clock_fraction)
 
 
 class PassShortcuts:
@@ -269,7 +308,7 @@ class Instance(PassShortcuts):
         return 1 / ((1 - off) / nvlink + off / nic)
 
     @cached_property
-    def _c(self) -> SimpleNamespace:
+    def constants(self) -> PassConstants:
         """Per-instance constants of the pass formula (per GPU), computed once."""
         m, hw, f, lay = self.model, self.hardware, self.factors, self.layout
         t, g = lay.tp, lay.stage_gpus
@@ -290,31 +329,33 @@ class Instance(PassShortcuts):
         # min(k, ep) expert groups of moe_tp GPUs (an all-gather and reduce-scatter when ep = 1).
         exchange = m.is_moe and (lay.ep > 1 or lay.dp > 1)
         a2a_bytes = 2 * min(m.num_experts_per_tok, lay.ep) * lay.moe_tp / g * (g - 1) / g * m.hidden_size * bpe if exchange else 0.0
-        L_stage = m.num_hidden_layers / lay.pp
-        return SimpleNamespace(
-            L=L_stage, bpe=bpe, wbpe=wbpe, peak=hw.peak_flops_per_s(self.engine.dtype),
-            gemm_peak=hw.peak_flops_per_s(self.engine.weights),
-            bw=hw.memory_bytes_per_s * f.memory_efficiency, eff=f.compute_efficiency, half=f.gemm_half_tokens,
-            dense_flops=2 * dense_params / t, dense_bytes=dense_params * wbpe / t,
-            act_bytes=bpe * (4 * m.hidden_size + (2 * m.q_dim + 2 * m.kv_dim + (m.ffn_matrices + 1) * m.intermediate_size) / t),
-            q_dim_gpu=m.q_dim / t, kv_dim_gpu=kv_dim_gpu, prefill_attn_flops=prefill_attn_flops,
-            decode_flops_per_ctx=decode_flops, decode_bytes_per_ctx=decode_bytes,
-            moe_share=m.moe_layers / m.num_hidden_layers / g,  # routed experts, per layer on average, per GPU of the stage
-            head_params=m.vocab_size * m.hidden_size / t / lay.pp,  # (on the last stage: 1/pp of it per stage time)
+        layers = m.num_hidden_layers / lay.pp
+        return PassConstants(
+            layers_per_stage=layers, act_bytes_per_element=bpe, weight_bytes_per_element=wbpe,
+            peak_flops_per_s=hw.peak_flops_per_s(self.engine.dtype), gemm_peak_flops_per_s=hw.peak_flops_per_s(self.engine.weights),
+            memory_bytes_per_s=hw.memory_bytes_per_s * f.memory_efficiency, compute_efficiency=f.compute_efficiency,
+            gemm_half_tokens=f.gemm_half_tokens,
+            dense_flops_per_token=2 * dense_params / t, dense_weight_bytes=dense_params * wbpe / t,
+            activation_bytes_per_token=bpe * (4 * m.hidden_size
+                                              + (2 * m.q_dim + 2 * m.kv_dim + (m.ffn_matrices + 1) * m.intermediate_size) / t),
+            q_dim_per_gpu=m.q_dim / t, kv_dim_per_gpu=kv_dim_gpu, prefill_attention_flops_per_sq_token=prefill_attn_flops,
+            decode_flops_per_context_token=decode_flops, decode_bytes_per_context_token=decode_bytes,
+            routed_expert_share=m.moe_layers / m.num_hidden_layers / g,  # routed experts, per layer on average, per GPU of the stage
+            lm_head_params=m.vocab_size * m.hidden_size / t / lay.pp,  # (on the last stage: 1/pp of it per stage time)
             collective_s_per_token=(2 * (t - 1) / t * m.hidden_size * 2 / self._link_bytes_per_s(t, f)) if t > 1 else 0.0,
             collective_latency_s=f.collective_latency_s if t > 1 else 0.0,
             # all-to-all per token of the micro-batch, per layer on average, and its two latencies per MoE layer
-            a2a_s_per_token=a2a_bytes / self._link_bytes_per_s(g, f) * m.moe_layers / m.num_hidden_layers,
-            a2a_latency_s=2 * f.collective_latency_s * m.moe_layers / m.num_hidden_layers if exchange else 0.0,
+            all_to_all_s_per_token=a2a_bytes / self._link_bytes_per_s(g, f) * m.moe_layers / m.num_hidden_layers,
+            all_to_all_latency_s=2 * f.collective_latency_s * m.moe_layers / m.num_hidden_layers if exchange else 0.0,
             # pipeline: one hop per stage boundary, the activations split over the stage's GPUs
             hop_s_per_token=(m.hidden_size * bpe / g / self._link_bytes_per_s(2 * g, f, off=1.0)) if lay.pp > 1 else 0.0,
             hop_latency_s=f.collective_latency_s if lay.pp > 1 else 0.0,
-            dp=float(lay.dp), pp=lay.pp, divided=lay.dp > 1 or lay.pp > 1 or exchange,
-            launch_s=L_stage * self.engine.kernels_per_layer * f.kernel_launch_s,
-            host_s=f.host_launch_s_per_layer * L_stage,
-            packed=self.engine.prefill_attention == "packed",
+            dp=float(lay.dp), pp=lay.pp, divides_pass=lay.dp > 1 or lay.pp > 1 or exchange,
+            gpu_launch_s=layers * self.engine.kernels_per_layer * f.kernel_launch_s,
+            host_launch_s=f.host_launch_s_per_layer * layers,
+            packed_attention=self.engine.prefill_attention == "packed",
             clock_slowdown=1.0 / hw.prefill_clock_fraction,
-            cap_slowdown=1.0 / hw.cap_clock_fraction,
+            capped_clock_slowdown=1.0 / hw.cap_clock_fraction,
         )
 
     def _terms(self, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens):
@@ -328,12 +369,12 @@ class Instance(PassShortcuts):
         spread over the stage's GPUs. A pipelined pass takes pp stage times when it only
         decodes (every stage busy with a micro-batch) and 2 pp - 1 when it holds prefill work
         (the pipeline fills and drains)."""
-        m, f, c = self.model, self.factors, self._c
-        L, peak = c.L, c.peak
+        m, f, k = self.model, self.factors, self.constants
+        layers, peak = k.layers_per_stage, k.peak_flops_per_s
         has_prefill = _num(prefill_tokens) > 0
-        if c.divided:  # (TP alone does not divide a pass: this stays off the sizing's hot path)
+        if k.divides_pass:  # (TP alone does not divide a pass: this stays off the sizing's hot path)
             micro, groups = self._shares(_num(prefill_seqs), _num(decode_seqs), has_prefill)
-            stages = c.pp + (c.pp - 1) * has_prefill
+            stages = k.pp + (k.pp - 1) * has_prefill
         else:
             micro = groups = 1.0
             stages = 1
@@ -343,49 +384,53 @@ class Instance(PassShortcuts):
         n_seq = (_num(prefill_seqs) + _num(decode_seqs)) * micro / groups
 
         def gemm_eff(rows):
-            return c.eff * rows / (rows + c.half)
+            return k.compute_efficiency * rows / (rows + k.gemm_half_tokens)
 
         safe_tok = _max(a_tok, 1.0)
         knee = 1.0 + f.knee_slowdown * _max(safe_tok - f.knee_tokens, 0.0) / safe_tok if f.knee_slowdown else 1.0  # all-reduces
-        gemm_peak = c.gemm_peak  # weight GEMMs run at the weights' precision, attention at the activations'
-        classes = [(a_tok * c.dense_flops, c.dense_bytes + a_tok * c.act_bytes, gemm_peak * gemm_eff(safe_tok))]
+        gemm_peak = k.gemm_peak_flops_per_s  # weight GEMMs run at the weights' precision, attention at the activations'
+        classes = [(a_tok * k.dense_flops_per_token, k.dense_weight_bytes + a_tok * k.activation_bytes_per_token,
+                    gemm_peak * gemm_eff(safe_tok))]
         if m.is_moe:
-            E, k = m.num_local_experts, m.num_experts_per_tok
-            touched = E * (1 - (1 - k / E) ** n_tok)
-            rows = _max(n_tok * k / _max(touched, 1e-9), 1.0)
-            classes.append((2 * n_tok * k * m.expert_params * c.moe_share, touched * m.expert_params * c.wbpe * c.moe_share,
+            experts, top_k = m.num_local_experts, m.num_experts_per_tok
+            touched = experts * (1 - (1 - top_k / experts) ** n_tok)
+            rows = _max(n_tok * top_k / _max(touched, 1e-9), 1.0)
+            classes.append((2 * n_tok * top_k * m.expert_params * k.routed_expert_share,
+                            touched * m.expert_params * k.weight_bytes_per_element * k.routed_expert_share,
                             gemm_peak * gemm_eff(rows) * f.moe_efficiency))
         group_pre = pre_tok / groups
-        pre_sq = group_pre**2 if c.packed else _num(prefill_sq_tokens) * micro / groups
+        pre_sq = group_pre**2 if k.packed_attention else _num(prefill_sq_tokens) * micro / groups
         ctx = _num(decode_context_tokens) * micro / groups
-        classes.append((pre_sq * c.prefill_attn_flops, group_pre * (2 * c.q_dim_gpu + 2 * c.kv_dim_gpu) * c.bpe,
+        classes.append((pre_sq * k.prefill_attention_flops_per_sq_token,
+                        group_pre * (2 * k.q_dim_per_gpu + 2 * k.kv_dim_per_gpu) * k.act_bytes_per_element,
                         peak * f.attention_efficiency))
-        classes.append((ctx * c.decode_flops_per_ctx, ctx * c.decode_bytes_per_ctx, peak * c.eff))
+        classes.append((ctx * k.decode_flops_per_context_token, ctx * k.decode_bytes_per_context_token, peak * k.compute_efficiency))
         # LM head: one row per sequence (the last prompt token, or the decoded token).
-        classes.append((2 * n_seq * c.head_params / L, c.head_params * c.wbpe / L, gemm_peak * gemm_eff(_max(n_seq, 1.0))))
+        classes.append((2 * n_seq * k.lm_head_params / layers, k.lm_head_params * k.weight_bytes_per_element / layers,
+                        gemm_peak * gemm_eff(_max(n_seq, 1.0))))
 
         compute_s = memory_s = flops = nbytes = 0.0
-        for c_flops, c_bytes, c_peak in classes:
-            tc = L * c_flops / c_peak
-            tm = L * c_bytes / c.bw
+        for class_flops, class_bytes, class_peak in classes:
+            tc = layers * class_flops / class_peak
+            tm = layers * class_bytes / k.memory_bytes_per_s
             compute_s = compute_s + tc * (tc > tm)
             memory_s = memory_s + tm * (tc <= tm)
-            flops = flops + L * c_flops
-            nbytes = nbytes + L * c_bytes
-        network_s = 2 * L * (a_tok * c.collective_s_per_token * knee + c.collective_latency_s)
-        if c.divided:  # expert all-to-alls (the busiest group sends) and pipeline hops
-            network_s = (network_s + L * (n_tok * c.a2a_s_per_token * c.dp / groups + c.a2a_latency_s)
-                         + n_tok * c.hop_s_per_token + c.hop_latency_s)
-        gpu_s = compute_s + memory_s + network_s + c.launch_s
+            flops = flops + layers * class_flops
+            nbytes = nbytes + layers * class_bytes
+        network_s = 2 * layers * (a_tok * k.collective_s_per_token * knee + k.collective_latency_s)
+        if k.divides_pass:  # expert all-to-alls (the busiest group sends) and pipeline hops
+            network_s = (network_s + layers * (n_tok * k.all_to_all_s_per_token * k.dp / groups + k.all_to_all_latency_s)
+                         + n_tok * k.hop_s_per_token + k.hop_latency_s)
+        gpu_s = compute_s + memory_s + network_s + k.gpu_launch_s
         overhead_s = (
             f.decode_overhead_s + (f.prefill_overhead_s - f.decode_overhead_s) * has_prefill
             + f.sequence_overhead_s * n_seq / micro  # (every micro-batch's requests, in its DP group)
             + f.prefill_sequence_overhead_s * _num(prefill_seqs) / groups
-            + c.launch_s * stages
-            + _max(c.host_s - gpu_s, 0.0) * stages  # waiting on the host's kernel launches
+            + k.gpu_launch_s * stages
+            + _max(k.host_launch_s - gpu_s, 0.0) * stages  # waiting on the host's kernel launches
         )
-        compute_s = compute_s * (1.0 + (c.clock_slowdown - 1.0) * has_prefill)
-        capped = 1.0 + (c.cap_slowdown - 1.0) * has_prefill  # a capped GPU holds the lower clock the whole pass
+        compute_s = compute_s * (1.0 + (k.clock_slowdown - 1.0) * has_prefill)
+        capped = 1.0 + (k.capped_clock_slowdown - 1.0) * has_prefill  # a capped GPU holds the lower clock the whole pass
         memory_s, network_s = memory_s * capped, network_s * capped
         return compute_s * stages, memory_s * stages, network_s * stages, overhead_s, flops / micro, nbytes / micro
 
@@ -394,7 +439,7 @@ class Instance(PassShortcuts):
         chunked over the stages, and of its decode requests; a whole request when fewer than pp
         decode), and over how many attention groups a micro-batch's requests spread (DP, or
         fewer when it has fewer requests: one prompt is attended by one group)."""
-        pp, dp = float(self._c.pp), self._c.dp
+        pp, dp = float(self.constants.pp), self.constants.dp
         micro = 1.0 if pp == 1 else 1.0 / (pp - (pp - _min(_max(decode_seqs, 1.0), pp)) * (1 - has_prefill))
         groups = 1.0 if dp == 1 else _min(dp, _max((prefill_seqs + decode_seqs) * micro, 1.0))
         return micro, groups
@@ -402,8 +447,9 @@ class Instance(PassShortcuts):
     def pass_time_s(self, prefill_seqs: ArrayLike = 0, prefill_tokens: ArrayLike = 0, prefill_sq_tokens: ArrayLike = 0,
                     decode_seqs: ArrayLike = 0, decode_context_tokens: ArrayLike = 0) -> Seconds:
         """Seconds for one forward pass (vectorized over numpy arrays)."""
-        c, mem, net, ovh, _, _ = self._terms(prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens)
-        return c + mem + net + ovh
+        compute_s, memory_s, network_s, overhead_s, _, _ = self._terms(prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs,
+                                                                       decode_context_tokens)
+        return compute_s + memory_s + network_s + overhead_s
 
     @overload
     def decode_line(self, batch: int) -> tuple[float, float, float]: ...
@@ -418,21 +464,23 @@ class Instance(PassShortcuts):
         only through decode attention, linear in C, and through the host-launch wait).
         The simulator evaluates one step per iteration with this. (base, per_token, slack):
         floats for an int `batch`, arrays for an array of batches."""
-        c = self._c
+        k = self.constants
         compute_s, memory_s, network_s, overhead_s, _, _ = self._terms(0.0, 0.0, 0.0, _num(batch), 0.0)
-        gpu_s = compute_s + memory_s + network_s + c.launch_s * c.pp  # (all pp stage times)
-        wait_s = _max(c.host_s * c.pp - gpu_s, 0.0)
+        gpu_s = compute_s + memory_s + network_s + k.gpu_launch_s * k.pp  # (all pp stage times)
+        wait_s = _max(k.host_launch_s * k.pp - gpu_s, 0.0)
         micro, groups = self._shares(0.0, _num(batch), False)
-        per_token = c.L * max(c.decode_flops_per_ctx / (c.peak * c.eff), c.decode_bytes_per_ctx / c.bw) * micro / groups * c.pp
-        return compute_s + memory_s + network_s + overhead_s - wait_s, per_token, c.host_s * c.pp - gpu_s
+        per_token = k.layers_per_stage * max(k.decode_flops_per_context_token / (k.peak_flops_per_s * k.compute_efficiency),
+                                             k.decode_bytes_per_context_token / k.memory_bytes_per_s) * micro / groups * k.pp
+        return compute_s + memory_s + network_s + overhead_s - wait_s, per_token, k.host_launch_s * k.pp - gpu_s
 
     def explain(self, prompt_tokens: list[int] | None = None, decode_batch: int = 0, decode_context_tokens: int = 0) -> Latency:
         """A scalar pass with its breakdown: a batch of prompts, or a decode batch, or both."""
         prompts = np.asarray(prompt_tokens or [], float)
         terms = self._terms(len(prompts), prompts.sum(), (prompts**2).sum(), decode_batch, decode_batch * decode_context_tokens)
-        c, mem, net, ovh, flops, nbytes = (float(x) for x in terms)
-        parts = dict(zip(BOUNDS, (c, mem, net, ovh), strict=True))
-        return Latency(c + mem + net + ovh, max(parts, key=lambda bound: parts[bound]), c, mem, net, ovh, flops, nbytes)
+        compute_s, memory_s, network_s, overhead_s, flops, nbytes = (float(x) for x in terms)
+        parts = dict(zip(BOUNDS, (compute_s, memory_s, network_s, overhead_s), strict=True))
+        return Latency(compute_s + memory_s + network_s + overhead_s, max(parts, key=lambda bound: parts[bound]),
+                       compute_s, memory_s, network_s, overhead_s, flops, nbytes)
 
 
 def local_kv_bytes_per_s(src: Instance, dst: Instance) -> float:

@@ -113,8 +113,8 @@ class _Cluster:
         if self.closed is not None and self.closed < 1:
             raise ValueError("concurrency must be >= 1")
         self._arrivals()
-        self.p = self.trace.prompt_tokens.tolist()
-        self.o = self.trace.output_tokens.tolist()
+        self.prompt_tokens = self.trace.prompt_tokens.tolist()
+        self.output_tokens = self.trace.output_tokens.tolist()
         self.insts: list[InstanceState] = []
         self.iterations = 0  # decode iterations of every instance, bounded (limits.MAX_SIM_ITERATIONS)
         self.max_iterations = limits.MAX_SIM_ITERATIONS  # (read once: the check runs every iteration)
@@ -144,7 +144,7 @@ class _Cluster:
         self.isolated = self.closed is None and all(x.role == MIXED for x in self.insts)  # (see _quiet_until)
         self.front = self.pools[0].perf.engine.frontend_latency_s  # a request reaches the engine this long after it is sent
         self.tokens_out = 0
-        self.rr = [0, 0]
+        self.round_robin = [0, 0]
         self.events = 0
 
     def _arrivals(self) -> None:
@@ -194,7 +194,7 @@ class _Cluster:
         """Per request: its scheduling state and what the run records of it."""
         self.looked = [False] * self.n  # its prefill has begun and looked its prefix up
         self.pinned = [-1] * self.n  # the instance whose cache it pins a prefix in (-1: none)
-        self.plen = list(self.p)  # tokens to prefill: the prompt, or prompt and output so far when preempted
+        self.plen = list(self.prompt_tokens)  # tokens to prefill: the prompt, or prompt and output so far when preempted
         self.base = [1] * self.n  # tokens the request had when it (last) joined a decode batch
         self.resumed = [False] * self.n  # preempted and to be recomputed: its next prefill gives no TTFT
         self.stall = [0.0] * self.n  # longest wait from a preemption to the next token
@@ -218,16 +218,16 @@ class _Cluster:
 
     def _unassign(self, inst: InstanceState, i: int):
         """Request i no longer holds a decode place on inst (finished or rejected)."""
-        inst.kv_committed -= self.p[i] + self.o[i]
+        inst.kv_committed -= self.prompt_tokens[i] + self.output_tokens[i]
         if inst.role == MIXED:  # it no longer counts in the instance's routing load
             self.prompt_load[self.p_pos[inst.idx]] -= 1
         if inst.idx in self.t_pos:
-            self.token_load[self.t_pos[inst.idx]] -= self.o[i]
+            self.token_load[self.t_pos[inst.idx]] -= self.output_tokens[i]
 
     def _pick(self, loads, which):
         if self.options.routing == "round-robin":
-            self.rr[which] += 1
-            return (self.rr[which] - 1) % len(loads)
+            self.round_robin[which] += 1
+            return (self.round_robin[which] - 1) % len(loads)
         return routing.least_loaded(loads)
 
     def _prefix_pick(self, i: int) -> InstanceState:
@@ -236,14 +236,14 @@ class _Cluster:
         prompt tokens to prefill there, its pending ones included; ties to the lowest index."""
         best, best_cost = None, math.inf
         for k, inst in enumerate(self.prompt_side):
-            cost = self.prompt_load[k] + self.p[i] - self.caches[inst.idx].peek(self.node[i], self.p[i])
+            cost = self.prompt_load[k] + self.prompt_tokens[i] - self.caches[inst.idx].peek(self.node[i], self.prompt_tokens[i])
             if cost < best_cost:
                 best, best_cost = inst, cost
         assert best is not None  # (a cluster has prompt instances: checked at the start)
         return best
 
     def _long_queue(self, inst: InstanceState, i: int) -> bool:
-        return bool(inst.queue) and self.prompt_load[self.p_pos[inst.idx]] + self.p[i] > self.options.borrow_threshold_tokens
+        return bool(inst.queue) and self.prompt_load[self.p_pos[inst.idx]] + self.prompt_tokens[i] > self.options.borrow_threshold_tokens
 
     def _mixed_pool_prompt(self, i: int) -> InstanceState:
         """Join-shortest-queue among the prompt machines not lent to decoding; a lent one
@@ -276,7 +276,7 @@ class _Cluster:
 
     def _finish(self, i, now):
         self.e2e[i] = now - self.arrival[i]
-        self.tokens_out += self.o[i]
+        self.tokens_out += self.output_tokens[i]
         self._release_client(now)
 
     def _start(self, inst: InstanceState, now: float):
@@ -348,7 +348,7 @@ class _Cluster:
 
     def _prefill_pass_s(self, inst: InstanceState, now: float, prefill: list[int], chunks: int, total: int, sq: int) -> float:
         """The time of a pass with prompt tokens (and the running decodes), recorded."""
-        if chunks == 1 and inst.batch == 0 and prefill and total == self.p[prefill[0]] and not self.resumed[prefill[0]]:
+        if chunks == 1 and inst.batch == 0 and prefill and total == self.prompt_tokens[prefill[0]] and not self.resumed[prefill[0]]:
             duration = self.single[inst.pool][prefill[0]]  # one whole prompt alone: its time is known
         else:
             duration = float(inst.perf.pass_time_s(float(chunks), float(total), float(sq),
@@ -466,10 +466,10 @@ class _Cluster:
         if cache is None or self.node[i] < 0:
             return True
         if self.resumed[i]:
-            self.done[i] = cache.resident(self.node[i], self.p[i])
+            self.done[i] = cache.resident(self.node[i], self.prompt_tokens[i])
             self._pin(inst, i)
             return True
-        hit, loaded = cache.match(self.node[i], self.p[i])
+        hit, loaded = cache.match(self.node[i], self.prompt_tokens[i])
         self.cached[i] = self.done[i] = hit
         self._pin(inst, i)
         if not loaded:
@@ -521,12 +521,12 @@ class _Cluster:
         mixed = inst.role == MIXED
         while inst.waiting:
             i = inst.waiting[0]
-            need = self.p[i] + self.o[i]
+            need = self.prompt_tokens[i] + self.output_tokens[i]
             if need > inst.max_request:  # can never fit: report, do not block the queue
                 inst.waiting.popleft()
                 self.rejected[i] = True
                 if mixed:
-                    self.prompt_load[self.p_pos[inst.idx]] -= self.p[i]
+                    self.prompt_load[self.p_pos[inst.idx]] -= self.prompt_tokens[i]
                 self._unpin(inst, i, now)
                 self._unassign(inst, i)
                 self._release_client(now)
@@ -549,13 +549,13 @@ class _Cluster:
     def _join(self, inst: InstanceState, i: int, now: float):
         """Request i (its KV held on inst) joins the decode batch at this iteration boundary."""
         inst.batch += 1
-        inst.ctx += self.p[i] + self.base[i]
+        inst.ctx += self.prompt_tokens[i] + self.base[i]
         if self.resumed[i]:
             self.rejoined[i] = now
         else:
             self.join_time[i] = now
         self.join_iter[i] = inst.iters
-        inst.finishing.setdefault(inst.iters + self.o[i] - self.base[i], []).append(i)
+        inst.finishing.setdefault(inst.iters + self.output_tokens[i] - self.base[i], []).append(i)
         if inst.role == MIXED:
             inst.members.append(i)
 
@@ -566,10 +566,10 @@ class _Cluster:
         decodes on."""
         v = inst.members.pop()
         have = self.base[v] + inst.iters - self.join_iter[v]
-        inst.finishing[self.join_iter[v] + self.o[v] - self.base[v]].remove(v)
+        inst.finishing[self.join_iter[v] + self.output_tokens[v] - self.base[v]].remove(v)
         inst.batch -= 1
-        inst.ctx -= self.p[v] + have
-        self.plen[v], self.base[v], self.done[v] = self.p[v] + have, have, 0
+        inst.ctx -= self.prompt_tokens[v] + have
+        self.plen[v], self.base[v], self.done[v] = self.prompt_tokens[v] + have, have, 0
         self.resumed[v] = True
         self._unpin(inst, v, now)  # (its prefix stays cached, evictable, until it is recomputed)
         self.looked[v] = False
@@ -584,7 +584,7 @@ class _Cluster:
             self._keep(inst, i, now)
             inst.kv_used -= self.plen[i]
             self.base[i] += 1
-            if self.base[i] == self.o[i]:  # that was its last token
+            if self.base[i] == self.output_tokens[i]:  # that was its last token
                 self._finish(i, now)
                 self._unassign(inst, i)
                 self._unpin(inst, i, now)
@@ -594,9 +594,9 @@ class _Cluster:
             return
         self.ttft[i] = now - self.arrival[i]
         self._keep(inst, i, now)  # (in use while it decodes here)
-        if self.o[i] == 1 or self.t_inst[i] != inst.idx:
+        if self.output_tokens[i] == 1 or self.t_inst[i] != inst.idx:
             self._unpin(inst, i, now)
-        if self.o[i] == 1:  # the first token was the whole answer
+        if self.output_tokens[i] == 1:  # the first token was the whole answer
             self._finish(i, now)
             self._unassign(self.insts[self.t_inst[i]], i)
             return
@@ -609,16 +609,16 @@ class _Cluster:
             else:  # a token machine lent to prefill it (the mixed pool): its KV is here, admitted as an arrival's
                 inst.waiting.append(i)  # (the iteration's end admits it: _iteration_end)
             return
-        sent = self.p[i]
+        sent = self.prompt_tokens[i]
         if tok.idx in self.caches and self.node[i] >= 0:  # the blocks the token instance holds are not sent
-            sent -= self.caches[tok.idx].match(self.node[i], self.p[i])[0]
+            sent -= self.caches[tok.idx].match(self.node[i], self.prompt_tokens[i])[0]
             self._pin(tok, i)
         local = inst.node is not None and inst.node == tok.node  # one machine: over its GPU links, the NICs free
-        bw = local_kv_bytes_per_s(inst.perf, tok.perf) if local else min(inst.bw, tok.bw)
-        duration = sent * self.kv_bytes / bw
+        link_bytes_per_s = local_kv_bytes_per_s(inst.perf, tok.perf) if local else min(inst.kv_link_bytes_per_s, tok.kv_link_bytes_per_s)
+        duration = sent * self.kv_bytes / link_bytes_per_s
         latency = inst.perf.factors.kv_transfer_latency_s
         busy_until = 0.0 if local else max(inst.link_free, tok.link_free)  # both NICs carry the transfer
-        if self.p[i] < inst.perf.engine.layerwise_transfer_min_tokens:
+        if self.prompt_tokens[i] < inst.perf.engine.layerwise_transfer_min_tokens:
             begin = max(now, busy_until)
             done = begin + duration + latency
         else:
@@ -670,7 +670,7 @@ class _Cluster:
         else:
             dst = self.token_side[self._pick(self.token_load, 1)]
             if self.options.borrow_threshold_tokens is not None:
-                need = self.p[i] + self.o[i]
+                need = self.prompt_tokens[i] + self.output_tokens[i]
                 if dst.kv_committed + need > dst.kv_cap:  # short of KV memory: the token machine with most room,
                     dst = max(self.token_side, key=lambda x: x.kv_cap - x.kv_committed)
                     if dst.kv_committed + need > dst.kv_cap:  # else decode it on a prompt machine
@@ -685,19 +685,19 @@ class _Cluster:
         pool's borrowing) and queue it; the instance that prefills it."""
         src, dst = self._route(i)
         self.p_inst[i], self.t_inst[i] = src.idx, dst.idx
-        if self.context is not None and self.p[i] + self.o[i] > self.context:  # the engine refuses it at once
+        if self.context is not None and self.prompt_tokens[i] + self.output_tokens[i] > self.context:  # the engine refuses it at once
             self.rejected[i] = self.refused[i] = True
             self._release_client(now)
             return src
-        if src.role == PROMPT and self.p[i] > src.max_request:  # its prompt's KV never fits while it prefills
+        if src.role == PROMPT and self.prompt_tokens[i] > src.max_request:  # its prompt's KV never fits while it prefills
             self.rejected[i] = True
             self._release_client(now)
             return src
         if src.idx in self.p_pos:  # a co-located instance also counts 1 per request it holds
-            self.prompt_load[self.p_pos[src.idx]] += self.p[i] + (src.role == MIXED)
-        dst.kv_committed += self.p[i] + self.o[i]
+            self.prompt_load[self.p_pos[src.idx]] += self.prompt_tokens[i] + (src.role == MIXED)
+        dst.kv_committed += self.prompt_tokens[i] + self.output_tokens[i]
         if dst.idx in self.t_pos:
-            self.token_load[self.t_pos[dst.idx]] += self.o[i]
+            self.token_load[self.t_pos[dst.idx]] += self.output_tokens[i]
         if src.running and src.fixed:  # async scheduling: the next iteration is already scheduled
             src.deferred.append((src.launch, i, src.waiting if src.role == MIXED else src.queue))
         elif src.role == MIXED:  # prefilled once its KV is reserved
@@ -723,7 +723,7 @@ class _Cluster:
     def _iteration_end(self, inst: InstanceState, now: float):
         """inst's iteration is over: every decoding request has one more token (some finish),
         the prefills it carried have their first token; admit and start the next one."""
-        p, o = self.p, self.o
+        p, o = self.prompt_tokens, self.output_tokens
         if inst.batch:
             inst.iters += 1
             self.iterations += 1
@@ -778,7 +778,7 @@ class _Cluster:
                                              source=f"{self.trace.source} (closed loop, {self.closed} clients)")
         first_token = np.array(self.arrival) + np.array(self.ttft)
         stint = np.where(np.array(self.base) > 1, np.array(self.rejoined), first_token)  # a resumed request: from its rejoining
-        stint_tokens = np.array(self.o) - np.array(self.base) + 1
+        stint_tokens = np.array(self.output_tokens) - np.array(self.base) + 1
         tbt_max = gaps.tbt_max(self.insts, stint_tokens, self.t_inst, self.join_iter, stint)
         stall = np.array(self.stall)
         tbt_max = np.where(stall > 0, np.fmax(tbt_max, stall), tbt_max)

@@ -85,10 +85,10 @@ class InstanceState:
 
     __slots__ = ("idx", "pool", "role", "perf", "can_prefill", "queue", "node",
                  "waiting", "kv_cap", "max_request", "kv_used", "kv_committed", "members", "batch", "ctx", "iters", "ends", "finishing",
-                 "running", "link_free",
-                 "host_free", "bw", "prefill_s", "decode_s", "batch_integral", "run_prefill", "steps", "launch", "fixed", "deferred")
+                 "running", "link_free", "host_free", "kv_link_bytes_per_s",
+                 "prefill_s", "decode_s", "batch_integral", "run_prefill", "steps", "launch", "fixed", "deferred")
 
-    def __init__(self, idx, pool, role, perf, bw, node=None):
+    def __init__(self, idx, pool, role, perf, kv_link_bytes_per_s, node=None):
         self.idx, self.pool, self.role, self.perf = idx, pool, role, perf
         self.node = node  # (shared number, machine) on machines shared with the other role, else None
         self.can_prefill = role in (PROMPT, MIXED)
@@ -107,7 +107,7 @@ class InstanceState:
         self.running = False
         self.link_free = 0.0
         self.host_free = 0.0  # when its host link is free (loads from host memory, FIFO)
-        self.bw = bw
+        self.kv_link_bytes_per_s = kv_link_bytes_per_s  # its KV link (a share of the machine's NICs)
         self.prefill_s = 0.0  # time in iterations that hold a prefill
         self.decode_s = 0.0  # time in decode-only iterations
         self.batch_integral = 0.0  # decode batch x time

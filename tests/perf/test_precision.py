@@ -29,7 +29,7 @@ def test_fp4_gemms_run_at_the_fp4_peak_and_attention_does_not():
     fp4 = api.instance("llama3.1-70b", "b200-180gb", 8, "lean-fp8@weights=fp4")
     a, b = (i.explain(prompt_tokens=[8192]) for i in (fp8, fp4))
     assert a.flops_per_gpu == b.flops_per_gpu and b.compute_s < a.compute_s
-    attention_s = 80 * 2 * 8192 ** 2 * fp8.model.q_dim / 8 / (4500e12 * fp8.factors.attention_efficiency) * fp8._c.clock_slowdown
+    attention_s = 80 * 2 * 8192 ** 2 * fp8.model.q_dim / 8 / (4500e12 * fp8.factors.attention_efficiency) * fp8.constants.clock_slowdown
     assert a.compute_s - attention_s == pytest.approx(2 * (b.compute_s - attention_s), rel=1e-9)
 
 
