@@ -77,7 +77,7 @@ NAMED = [
      "return machines // unit_machines * unit_instances", "return machines * unit_instances"),
     ("the ILP counts half-instances of multi-machine layouts", "splitplan/search/solve.py",
      "return option.inst.unit_instances / option.instances if option.role == role else 0.0",
-     "return option.inst.instances_per_machine / option.instances if option.role == role else 0.0"),
+     "return option.inst.unit_instances / option.inst.unit_machines / option.instances if option.role == role else 0.0"),
     ("repair adds one machine of a two-machine instance", "splitplan/search/plan.py",
      "unit = option.inst.unit_machines\n", "unit = 1\n"),
 ]

@@ -23,7 +23,7 @@ from splitplan import limits
 from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.errors import SpecError, SplitplanError
 from splitplan.inputs import excerpt, parse_document, read_text
-from splitplan.roles import PoolRequest, Role
+from splitplan.roles import Pool, Role
 from splitplan.specs.layout import MAX_GPUS, Layout, parse_layout
 
 SCHEMA_VERSION = 3  # 3: plans carry their specs; 2: SLO targets are numbers with a unit (plans of 2 still read)
@@ -293,7 +293,7 @@ class Plan:
 
     def __init__(self, doc: PlanDocument, notes: list[str]):
         self.document = doc
-        self.pools = [PoolRequest(Role(role), p.hardware, p.parallel, p.machines,
+        self.pools = [Pool(Role(role), p.hardware, p.parallel, p.machines,
                                   *((p.instances, p.shared) if p.shared is not None else ()))
                       for role, p in doc.plan.pools()]
         self.inputs = doc.inputs.model_dump()

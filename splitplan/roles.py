@@ -20,9 +20,12 @@ class Role(StrEnum):
 SPLIT = (Role.PROMPT, Role.TOKEN)
 
 
-class PoolRequest(NamedTuple):
-    """A pool as a user or a plan gives it: `machines` machines of `hardware`, instances in `layout`;
-    on machines shared with the other role's pool of the same `shared` number, `instances` of them."""
+class Pool(NamedTuple):
+    """The one pool type: `machines` machines of `hardware` in `role`, instances in `layout`; on
+    machines shared with the other role's pool of the same `shared` number, `instances` of them
+    (None: every instance the machines hold). What `--prompt-pool` and plan.json give, a plan's
+    pools are (`SizedPool.pool`), the simulator runs (`simulation.pool_specs` resolves each to a
+    `sim.PoolSpec` with its timing) and exports deploy (`deploy.Group` places it on machines)."""
 
     role: Role
     hardware: str

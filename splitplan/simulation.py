@@ -20,8 +20,8 @@ from splitplan.perf.points import instance, reference_instance
 from splitplan.perf.roofline import Instance
 from splitplan.perf.table import load_perf_db
 from splitplan.report import SCHEMA_VERSION, plan_text
-from splitplan.roles import SPLIT, PoolRequest, Role
-from splitplan.search.plan import Plan, Pool, bought, predict
+from splitplan.roles import SPLIT, Pool, Role
+from splitplan.search.plan import Plan, SizedPool, bought, predict
 from splitplan.sim.cluster import PoolSpec, SimOptions
 from splitplan.sim.cluster import simulate as run
 from splitplan.sim.metrics import requests_csv, summarize_result
@@ -81,7 +81,7 @@ class Setup:
     routing: str = "jsq"
     kv_offload_gb: float = 0.0  # host memory per prefilling instance, for its prefix cache
 
-    def simulate(self, trace, pools: list[PoolRequest], concurrency: int | None = None) -> SimulateResult:
+    def simulate(self, trace, pools: list[Pool], concurrency: int | None = None) -> SimulateResult:
         return simulate(trace, pools, self.model, self.slo, self.engine, self.perf_db, self.max_batch_tokens, self.routing,
                         borrow_threshold_tokens=self.borrow_threshold_tokens, perf_interp=self.perf_interp,
                         concurrency=concurrency, max_num_seqs=self.max_num_seqs, prefix_caching=self.prefix_caching,
@@ -94,13 +94,13 @@ def setup_for(model: str, slo: str, options: OptimizeOptions, borrow_threshold_t
                  borrow_threshold_tokens, options.max_num_seqs, options.prefix_caching, options.routing, options.kv_offload_gb)
 
 
-def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
+def pool_specs(pools: list[Pool], model: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
                perf_interp: str = "splitplan"):
     """(role, hardware, layout, machines) -> PoolSpecs with analytic or measured instances
     (`perf_interp`: how the measured table is read, see perf.table.INTERPOLATIONS)."""
     db = load_perf_db(perf_db) if perf_db else None
     out = []
-    for role, hw, layout, machines, count, shared in map(lambda p: PoolRequest(*p), pools):
+    for role, hw, layout, machines, count, shared in map(lambda p: Pool(*p), pools):
         layout = as_layout(layout, f"{role} pool {hw}")
         if role not in set(Role):
             raise SpecError(f"pool role '{role}': choose {', '.join(Role)}")
@@ -120,7 +120,7 @@ def pool_specs(pools: list[PoolRequest], model: str, engine: str = DEFAULT_ENGIN
     return out
 
 
-def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str = DEFAULT_ENGINE,
+def simulate(trace, pools: list[Pool], model: str, slo: str, engine: str = DEFAULT_ENGINE,
              perf_db: str | None = None, max_batch_tokens: int | None = None, routing: str = "jsq",
              borrow_threshold_tokens: int | None = None, perf_interp: str = "splitplan",
              concurrency: int | None = None, max_num_seqs: int | None = None,
@@ -155,27 +155,27 @@ def simulate(trace, pools: list[PoolRequest], model: str, slo: str, engine: str 
     return SimulateResult(result, summarize_result(result, specs, profile, reference), tuple(specs))
 
 
-def plan_from_pools(pools: list[PoolRequest], **fields) -> Plan:
+def plan_from_pools(pools: list[Pool], **fields) -> Plan:
     """A Plan holding these (role, hardware, layout, machines) pools, priced from the catalog."""
-    pools = [PoolRequest(*p) for p in pools]
+    pools = [Pool(*p) for p in pools]
 
-    def pool(p: PoolRequest) -> Pool:
+    def pool(p: Pool) -> SizedPool:
         layout = as_layout(p.layout, f"{p.role} pool {p.hardware}")
         if p.shared is not None:
             if p.instances is None:
                 raise SpecError(f"{p.role} pool {p.hardware} on shared machines {p.shared}: give its instances")
-            return Pool.part(p.hardware, layout, p.machines, p.instances, p.shared)
-        return Pool.of(p.hardware, load_hardware(p.hardware).gpus_per_machine, layout, p.machines)
+            return SizedPool.part(p.hardware, layout, p.machines, p.instances, p.shared)
+        return SizedPool.of(p.hardware, load_hardware(p.hardware).gpus_per_machine, layout, p.machines)
     by_role = {role: tuple(pool(p) for p in pools if p.role == role) for role in Role}
     cost = sum(load_hardware(p.hardware).price_usd_per_hour * p.machines for p in bought(pools))
     power = sum(load_hardware(p.hardware).provisioned_power_w / 1e3 * p.machines for p in bought(pools))
     return Plan(by_role[Role.PROMPT], by_role[Role.TOKEN], by_role[Role.MIXED], cost, power, **fields)
 
 
-def plan_pools(plan) -> list[PoolRequest]:
-    return [PoolRequest(role, p.hardware, p.layout, p.machines, *((p.instances, p.shared) if p.shared is not None else ()))
-            for role, pools in ((Role.PROMPT, plan.prompt_pools), (Role.TOKEN, plan.token_pools), (Role.MIXED, plan.mixed_pools))
-            for p in pools]
+def plan_pools(plan) -> list[Pool]:
+    """A plan's pools, each in its role."""
+    return [p.pool(role) for role, pools in ((Role.PROMPT, plan.prompt_pools), (Role.TOKEN, plan.token_pools),
+                                             (Role.MIXED, plan.mixed_pools)) for p in pools]
 
 
 def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
@@ -213,7 +213,7 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
     return plan, sim, added - removed
 
 
-def _role_to_grow(pools: list[PoolRequest], metric: str, result) -> Role:
+def _role_to_grow(pools: list[Pool], metric: str, result) -> Role:
     """The pool a failed line grows: co-located, else TTFT the prompt pool, TBT, ITL and TPOT
     the token pool, E2E the side with the larger median share of it."""
     if any(p.role == Role.MIXED for p in pools):
@@ -225,23 +225,23 @@ def _role_to_grow(pools: list[PoolRequest], metric: str, result) -> Role:
     return Role.PROMPT if np.nanmedian(result.ttft_s) > np.nanmedian(result.e2e_s - result.ttft_s) else Role.TOKEN
 
 
-def _grow(pools: list[PoolRequest], role: Role) -> None:
+def _grow(pools: list[Pool], role: Role) -> None:
     """One unit more of `role`'s cheapest-per-GPU pool, in place."""
     grow = min((p for p in pools if p.role == role), key=lambda p: (load_hardware(p.hardware).price_usd_per_hour / p.layout.gpus,
                                                                       p.shared is not None, p.hardware))
     own = next((p for p in pools if p.shared is None and p[:3] == grow[:3]), None)
     if own is None:  # (a part of shared machines: the machines it adds are its own)
-        pools.append(PoolRequest(grow.role, grow.hardware, grow.layout, _unit(grow)))
+        pools.append(Pool(grow.role, grow.hardware, grow.layout, _unit(grow)))
     else:
         pools[pools.index(own)] = own._replace(machines=own.machines + _unit(own))
 
 
-def _unit(pool: PoolRequest) -> int:
+def _unit(pool: Pool) -> int:
     """Machines of a pool's smallest whole unit (whole instances)."""
     return pool.layout.unit(load_hardware(pool.hardware).gpus_per_machine)[0]
 
 
-def trim(trace, pools: list[PoolRequest], sim: SimulateResult, setup: Setup, limit: int, concurrency: int | None = None):
+def trim(trace, pools: list[Pool], sim: SimulateResult, setup: Setup, limit: int, concurrency: int | None = None):
     """Remove whole units, the dearest first, while the simulation (a closed loop of
     `concurrency` clients, if given) still meets the SLO; every role keeps a unit. Returns
     (pools, the last simulation that met it, machines removed)."""

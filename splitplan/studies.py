@@ -19,7 +19,7 @@ from splitplan.defaults import (
 from splitplan.errors import InfeasibleError, SpecError
 from splitplan.parallel import run_units
 from splitplan.report import SCHEMA_VERSION, plan_json, pools_text
-from splitplan.roles import PoolRequest
+from splitplan.roles import Pool
 from splitplan.search.optimize import Mode, OptimizeOptions, optimize
 from splitplan.search.plan import Plan, usd_per_million_tokens
 from splitplan.search.rate import max_rate
@@ -254,7 +254,7 @@ def _sweep_unit(job: _SweepJob, unit):
 
 
 def sweep(trace, rates: list[float], model: str = DEFAULT_MODEL, slo: str = DEFAULT_SLO, designs: str | None = None,
-          only: list[str] | None = None, pools: list[PoolRequest] | None = None,
+          only: list[str] | None = None, pools: list[Pool] | None = None,
           engine: str = DEFAULT_ENGINE, objective: str = "cost", duration_s: float = 120.0, seed: int = 0,
           perf_db: str | None = None, max_batch_tokens: int | None = None, jobs: int = 1, progress=None,
           executor: str = "local", ray_address: str | None = None, max_num_seqs: int | None = None) -> SweepResult:

@@ -20,7 +20,7 @@ from splitplan import limits, report
 from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO
 from splitplan.errors import SpecError, SplitplanError
 from splitplan.inputs import excerpt, printable
-from splitplan.roles import PoolRequest, Role
+from splitplan.roles import Pool, Role
 from splitplan.specs.engine import engine_spec
 from splitplan.specs.layout import Layout, parse_layout
 
@@ -411,18 +411,18 @@ def check_pool(where: str, layout: Layout, machines: int) -> None:
         raise SpecError(f"{where}: {machines} machines; a pool has 1 to {limits.MAX_MACHINES:,}")
 
 
-def parse_pool(text: str, role: str) -> PoolRequest:
+def parse_pool(text: str, role: str) -> Pool:
     match = _POOL.match(text.strip())
     where = f"--{role}-pool {excerpt(text)}"
     if not match:
         raise SpecError(f"--{role}-pool '{excerpt(text)}': expected HARDWARE:LAYOUT:MACHINES, e.g. h100-80gb:8:35 "
                         "(TP 8) or h200-141gb:dp16ep16:4")
-    pool = PoolRequest(Role(role), match.group(1), parse_layout(match.group(2), where), int(match.group(3)))
+    pool = Pool(Role(role), match.group(1), parse_layout(match.group(2), where), int(match.group(3)))
     check_pool(where, pool.layout, pool.machines)
     return pool
 
 
-def read_plan(path: Path, option: str = "--plan") -> tuple[list[PoolRequest], dict]:
+def read_plan(path: Path, option: str = "--plan") -> tuple[list[Pool], dict]:
     """Pools and inputs of a plan.json (plan_document.read: checked whole, its specs pinned);
     its notes (a catalog entry that changed since the plan was made) on stderr."""
     from splitplan import plan_document
@@ -433,7 +433,7 @@ def read_plan(path: Path, option: str = "--plan") -> tuple[list[PoolRequest], di
 
 
 def plan_input(plan: Path | None, prompt_pool: list[str], token_pool: list[str],
-               mixed_pool: list[str]) -> tuple[list[PoolRequest], dict]:
+               mixed_pool: list[str]) -> tuple[list[Pool], dict]:
     """The pools of `--plan plan.json` (with its input echo) or of the inline pool options."""
     pools = [parse_pool(x, "prompt") for x in prompt_pool] + [parse_pool(x, "token") for x in token_pool] \
         + [parse_pool(x, "mixed") for x in mixed_pool]

@@ -41,7 +41,7 @@ from splitplan.cli.common import (
     with_precision,
 )
 from splitplan.errors import SpecError
-from splitplan.roles import PoolRequest
+from splitplan.roles import Pool
 from splitplan.specs.layout import Layout
 from splitplan.workload.trace import EMBEDDED_HELP, closed_loop_workload, load_workload, peak_window
 
@@ -176,7 +176,7 @@ def _render_simulation(summary: dict, workload) -> None:
                   "beyond the measurements")
 
 
-def _pool_echo(pool: PoolRequest) -> dict:
+def _pool_echo(pool: Pool) -> dict:
     """A pool as the JSON's inputs echo it (instances and shared number on shared machines only)."""
     echo = {"role": pool.role, "hardware": pool.hardware, **pool.layout._asdict(), "layout": pool.layout.spec,
             "machines": pool.machines}

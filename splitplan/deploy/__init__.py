@@ -21,7 +21,7 @@ from pathlib import Path
 from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.errors import SpecError
 from splitplan.inputs import excerpt, printable
-from splitplan.roles import PoolRequest, Role
+from splitplan.roles import Pool, Role
 from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.hardware import HardwareSpec, label_key_ok, label_value_ok, load_hardware
 from splitplan.specs.layout import Layout
@@ -98,15 +98,16 @@ class Expand(str):
 
 @dataclass(frozen=True)
 class Group:
-    """One pool of the plan: `machines` machines of `hardware`, instances in `layout`; on machines
-    shared with the other role (`shared`), `count` instances, `count / machines` on each after the
-    first `first_gpu` GPUs and `first_slot` workers of the pool before it."""
+    """One pool of the plan (`roles.Pool`) placed on its machines: `machines` machines of `hardware`,
+    instances in `layout`; on machines shared with the other role (`shared`), `instances_given`
+    instances, `instances_given / machines` on each after the first `first_gpu` GPUs and `first_slot`
+    workers of the pool before it."""
 
     role: Role
     hardware: HardwareSpec
     layout: Layout
     machines: int
-    count: int | None = None
+    instances_given: int | None = None
     shared: int | None = None
     first_gpu: int = 0
     first_slot: int = 0
@@ -118,7 +119,7 @@ class Group:
     @property
     def instances_per_machine(self) -> int:
         """Instances on a machine (1 when an instance spans machines)."""
-        return self.count // self.machines if self.count else self.layout.unit(self.hardware.gpus_per_machine)[1]
+        return self.instances_given // self.machines if self.instances_given else self.layout.unit(self.hardware.gpus_per_machine)[1]
 
     @property
     def gpus_per_node(self) -> int:
@@ -126,7 +127,7 @@ class Group:
 
     @property
     def instances(self) -> int:
-        return self.count or self.machines // self.nodes_per_instance * self.instances_per_machine
+        return self.instances_given or self.machines // self.nodes_per_instance * self.instances_per_machine
 
     @property
     def name(self) -> str:
@@ -239,7 +240,7 @@ def claim_name(value: str | None) -> str | None:
     return value
 
 
-def deployment(pools: list[PoolRequest], inputs: dict, source: str, model_id_option: str | None = None,
+def deployment(pools: list[Pool], inputs: dict, source: str, model_id_option: str | None = None,
                node_labels: list[str] | None = None, model_cache_pvc: str | None = None) -> Deployment:
     """The Deployment of a plan's pools (role, hardware, layout, machines) and inputs (as
     plan_document.read gives them), with --node-selector and --model-cache-pvc; SpecError when the

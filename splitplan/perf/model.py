@@ -62,9 +62,6 @@ class PerfModel(Protocol):
     def factors(self) -> EngineFactors: ...
 
     @property
-    def instances_per_machine(self) -> float: ...
-
-    @property
     def unit_machines(self) -> int: ...
 
     @property

@@ -20,15 +20,15 @@ def require_tp(hw: HardwareSpec, tp: int) -> None:
                         f"{', '.join(map(str, hw.tp_degrees()))}")
 
 
-def instance(model: str | ModelSpec, hardware: str | HardwareSpec, tp: int | Layout | None = None,
+def instance(model: str | ModelSpec, hardware: str | HardwareSpec, layout: int | Layout | None = None,
              engine: str | EngineProfile = DEFAULT_ENGINE) -> Instance:
-    """An instance that fits: at `tp` (a TP degree or a whole layout), or in the candidate layout
-    of fewest GPUs that fits (TP alone first)."""
+    """An instance that fits: in `layout` (a whole layout, or a TP degree: TP alone), or in the
+    candidate layout of fewest GPUs that fits (TP alone first)."""
     m = load_model(model) if isinstance(model, str) else model
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
     eng = load_engine(engine) if isinstance(engine, str) else engine
-    if tp is not None:
-        layout = tp if isinstance(tp, Layout) else Layout(tp)
+    if layout is not None:
+        layout = layout if isinstance(layout, Layout) else Layout(layout)
         if layout == Layout(layout.tp):  # TP alone: a TP degree of the machine
             require_tp(hw, layout.tp)
         inst = Instance(m, hw, eng, layout)
@@ -115,7 +115,7 @@ def instance_facts(inst: Instance) -> dict:
         "engine": inst.engine.name,
         "tp": inst.tp,
         **({"layout": inst.layout.spec, "gpus_per_instance": inst.layout.gpus} if inst.layout != Layout(inst.tp) else {}),
-        "instances_per_machine": inst.unit_instances if inst.unit_machines == 1 else inst.instances_per_machine,
+        "instances_per_machine": inst.unit_instances if inst.unit_machines == 1 else inst.unit_instances / inst.unit_machines,
         "weights_gb_per_gpu": inst.fit.weights_bytes_per_gpu / 1e9,
         "kv_bytes_per_token": inst.kv_bytes_per_token,
         "kv_capacity_tokens": inst.fit.kv_capacity_tokens,

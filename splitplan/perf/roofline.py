@@ -207,11 +207,6 @@ class Instance(PassShortcuts):
         return self.layout.unit(self.hardware.gpus_per_machine)[1]
 
     @property
-    def instances_per_machine(self) -> float:
-        """Instances per machine: below 1 when an instance spans machines."""
-        return self.unit_instances / self.unit_machines
-
-    @property
     def kv_link_bytes_per_s(self) -> float:
         """The scale-out bandwidth a request's KV crosses: the NIC share of the GPUs that hold it,
         its attention group's TP x PP (every GPU with DP 1; conservative with DP attention, where

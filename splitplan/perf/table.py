@@ -92,7 +92,6 @@ class MeasuredInstance(PassShortcuts):
     tp = property(lambda self: self.analytic.tp)
     layout = property(lambda self: self.analytic.layout)
     factors = property(lambda self: self.analytic.factors)
-    instances_per_machine = property(lambda self: self.analytic.instances_per_machine)
     unit_machines = property(lambda self: self.analytic.unit_machines)
     unit_instances = property(lambda self: self.analytic.unit_instances)
     instances_on = property(lambda self: self.analytic.instances_on)

@@ -36,7 +36,7 @@ from splitplan.capacity.pools import (
 from splitplan.defaults import MAX_BATCH_TOKENS
 from splitplan.errors import InfeasibleError, listed, with_details
 from splitplan.perf.roofline import Instance, kv_transfer_time_s
-from splitplan.roles import SPLIT, Role
+from splitplan.roles import SPLIT, Pool, Role
 from splitplan.sim.prefix_cache import PrefixModel
 from splitplan.slo import Gaps, Reference, achieved, alone_latencies, meets
 from splitplan.specs.layout import Layout
@@ -171,8 +171,8 @@ def combos(options: list[Option]) -> list[Combo]:
 
 
 @dataclass(frozen=True)
-class Pool:
-    """`machines` machines of `hardware` holding `instances` instances in `layout` (`gpus` GPUs
+class SizedPool:
+    """A pool of a plan, as the planner sized it: `machines` machines of `hardware` holding `instances` instances in `layout` (`gpus` GPUs
     bought); `utilization`, where predicted or simulated, is the busy fraction of its instances
     (time running an iteration / instances x the trace's first arrival to its last finish);
     `prefix_hit_rate`, with prefix caching, the share of its prompt tokens its caches held. A
@@ -191,13 +191,13 @@ class Pool:
 
     @classmethod
     def of(cls, hardware: str, gpus_per_machine: int, layout: Layout, machines: int,
-           utilization: float | None = None, prefix_hit_rate: float | None = None) -> Pool:
+           utilization: float | None = None, prefix_hit_rate: float | None = None) -> SizedPool:
         return cls(hardware, layout, machines, layout.instances_on(machines, gpus_per_machine),
                    machines * gpus_per_machine, utilization, prefix_hit_rate)
 
     @classmethod
     def part(cls, hardware: str, layout: Layout, machines: int, instances: int, shared: int,
-             utilization: float | None = None, prefix_hit_rate: float | None = None) -> Pool:
+             utilization: float | None = None, prefix_hit_rate: float | None = None) -> SizedPool:
         """One role's part of `machines` shared machines: `instances` instances in `layout`."""
         return cls(hardware, layout, machines, instances, instances * layout.gpus, utilization, prefix_hit_rate, shared)
 
@@ -205,12 +205,16 @@ class Pool:
     def tp(self) -> int:
         return self.layout.tp
 
+    def pool(self, role: Role) -> Pool:
+        """This pool, in `role`, as the simulator and exports take it."""
+        return Pool(role, self.hardware, self.layout, self.machines, *((self.instances, self.shared) if self.shared is not None else ()))
+
 
 @dataclass(frozen=True)
 class Plan:
-    prompt_pools: tuple[Pool, ...]
-    token_pools: tuple[Pool, ...]
-    mixed_pools: tuple[Pool, ...]
+    prompt_pools: tuple[SizedPool, ...]
+    token_pools: tuple[SizedPool, ...]
+    mixed_pools: tuple[SizedPool, ...]
     cost_usd_per_hour: float
     power_kw: float
     predicted: dict = field(default_factory=dict)  # metric -> {p50, p90, p99} in ms
@@ -223,7 +227,7 @@ class Plan:
     cost_usd_per_million_output_tokens: float | None = None
 
     @property
-    def pools(self) -> tuple[Pool, ...]:
+    def pools(self) -> tuple[SizedPool, ...]:
         return self.prompt_pools + self.token_pools + self.mixed_pools
 
     @property
@@ -593,7 +597,7 @@ def _repair_moves(counts: dict, options: dict, roles: tuple, weight, extra: int 
     moves = {k: options[k] for k in counts if k.role in roles}
     for role in roles:
         ranked = sorted((o for o in options.values() if o.role == role and o.instances),
-                        key=lambda o: (weight(o) * o.instances / o.inst.instances_per_machine, o.key))
+                        key=lambda o: (weight(o) * o.instances * o.inst.unit_machines / o.inst.unit_instances, o.key))
         moves.update((o.key, o) for o in ranked[:extra])
     return [moves[k] for k in sorted(moves)]
 
@@ -610,16 +614,16 @@ def usd_per_million_tokens(cost_usd_per_hour: float, trace: Trace) -> dict:
             "cost_usd_per_million_output_tokens": usd / max(output, 1.0)}
 
 
-def _pools(counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], values: dict) -> dict[Role, tuple[Pool, ...]]:
+def _pools(counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], values: dict) -> dict[Role, tuple[SizedPool, ...]]:
     """The plan's pools per role, each with its instances, GPUs and predicted utilization; a group
     of shared machines is a part in each role's pools, numbered alike."""
     hits, busy = values.get("prefix_hit_rate", {}), values["utilization"]
-    out = {role: [Pool.of(k.hardware, options[k].inst.hardware.gpus_per_machine, k.layout, c, busy.get(k), hits.get(k))
+    out = {role: [SizedPool.of(k.hardware, options[k].inst.hardware.gpus_per_machine, k.layout, c, busy.get(k), hits.get(k))
                   for k, c in sorted(counts.items()) if isinstance(k, OptionKey) and k.role == role] for role in Role}
     for number, (k, c) in enumerate(sorted((k, c) for k, c in counts.items() if isinstance(k, ComboKey))):
         for role, layout, per_machine in ((Role.PROMPT, k.prompt_layout, k.prompt_instances),
                                           (Role.TOKEN, k.token_layout, k.token_instances)):
-            out[role].append(Pool.part(k.hardware, layout, c, c * per_machine, number, busy.get((k, role)), hits.get((k, role))))
+            out[role].append(SizedPool.part(k.hardware, layout, c, c * per_machine, number, busy.get((k, role)), hits.get((k, role))))
     return {role: tuple(pools) for role, pools in out.items()}
 
 

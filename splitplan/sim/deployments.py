@@ -155,7 +155,7 @@ def _replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUES
         return None
     if len(pools) == 1 and pools[0].instances > 1:  # one instance of the machine's, with its clients (see below)
         clients //= pools[0].instances
-        pools = [dataclasses.replace(pools[0], count=1)]
+        pools = [dataclasses.replace(pools[0], instances_given=1)]
     work = closed_loop_workload(None, clients, max(requests_per_client * clients, 8), int(run["isl"]), int(run["osl"]))
     options = SimOptions(concurrency=clients, inter_token_gaps=False, record_passes=record_passes)
     return simulate(work, pools, options), pools

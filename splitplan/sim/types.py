@@ -29,21 +29,24 @@ class Event(IntEnum):
 
 @dataclass(frozen=True)
 class PoolSpec:
-    """`machines` machines of one type holding whole instances of `perf` (several per machine,
-    or one over several machines)."""
+    """A pool (`roles.Pool`) as the simulator runs it: `machines` machines of one type holding
+    whole instances timed by `perf` (several per machine, or one over several machines)."""
 
-    role: str
+    role: Role  # (a role's text, "prompt", is taken as its Role)
     perf: PerfModel  # Instance or MeasuredInstance
     machines: int
-    count: int | None = None  # instances, when fewer than the machines hold (the planner sizing a pool)
+    instances_given: int | None = None  # instances, when fewer than the machines hold (the planner sizing a pool)
     # Machines shared with the pool(s) of the other role of the same `shared` number: each of the
-    # `machines` holds count / machines of this pool's instances beside theirs, and KV between
+    # `machines` holds instances / machines of this pool's instances beside theirs, and KV between
     # instances on one machine moves over its GPU links, not the NICs.
     shared: int | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "role", Role(self.role))
+
     @property
     def instances(self) -> int:
-        return self.perf.instances_on(self.machines) if self.count is None else self.count
+        return self.perf.instances_on(self.machines) if self.instances_given is None else self.instances_given
 
 
 @dataclass(frozen=True)

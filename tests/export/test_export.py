@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from splitplan.cli import app
 from splitplan.deploy import deployment, export
 from splitplan.deploy.dynamo import template
-from splitplan.roles import PoolRequest, Role
+from splitplan.roles import Pool, Role
 from splitplan.specs.layout import Layout
 
 
@@ -83,7 +83,7 @@ def _paths(node, prefix=""):
 @pytest.mark.parametrize("pools", [SPLIT, COLOCATED])
 def test_dynamo_manifest_has_the_structure_of_the_dynamo_templates(tmp_path, backend, pools):
     kubernetes_validate = _kubernetes()
-    dep = deployment([PoolRequest(Role(role), hw, lay, m) for role, items in pools.items() for hw, lay, m in items],
+    dep = deployment([Pool(Role(role), hw, lay, m) for role, items in pools.items() for hw, lay, m in items],
                      {"model": "deepseek-v3", "engine": f"{backend}-fp8"}, "plan.json")
     doc = yaml.safe_load(export(dep, "dynamo", backend).files["dynamo.yaml"])
     reference = template(backend, pools is SPLIT)

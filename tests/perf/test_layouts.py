@@ -55,7 +55,7 @@ def test_kv_capacity_counts_every_gpu_and_a_request_lives_in_one_dp_group():
 
 def test_instances_fill_whole_machines():
     wide = Instance(DSV3, H200, FP8, Layout(1, 16, 16))
-    assert (wide.unit_machines, wide.unit_instances, wide.instances_per_machine) == (2, 1, 0.5)
+    assert (wide.unit_machines, wide.unit_instances) == (2, 1)
     assert [wide.instances_on(m) for m in (1, 2, 3, 4, 5)] == [0, 1, 1, 2, 2]
     small = Instance(LLAMA, H100, FP8, Layout(2))
     assert (small.unit_machines, small.unit_instances, small.instances_on(3)) == (1, 4, 12)

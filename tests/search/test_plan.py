@@ -428,12 +428,12 @@ def test_kv_between_instances_on_one_machine_moves_over_its_gpu_links(small_trac
     import numpy as np
 
     from splitplan.perf.roofline import kv_transfer_time_s
-    from splitplan.simulation import PoolRequest, Setup
+    from splitplan.simulation import Pool, Setup
     setup = Setup("llama3.1-70b", "chat", "vllm")
     trace = small_trace
-    apart = setup.simulate(trace, [PoolRequest("prompt", "h100-80gb@4", Layout(4), 1), PoolRequest("token", "h100-80gb@4", Layout(4), 1)])
-    shared = setup.simulate(trace, [PoolRequest("prompt", "h100-80gb", Layout(4), 1, 1, 0),
-                                    PoolRequest("token", "h100-80gb", Layout(4), 1, 1, 0)])
+    apart = setup.simulate(trace, [Pool("prompt", "h100-80gb@4", Layout(4), 1), Pool("token", "h100-80gb@4", Layout(4), 1)])
+    shared = setup.simulate(trace, [Pool("prompt", "h100-80gb", Layout(4), 1, 1, 0),
+                                    Pool("token", "h100-80gb", Layout(4), 1, 1, 0)])
     inst = Instance(load_model("llama3.1-70b"), load_hardware("h100-80gb"), load_engine("vllm"), Layout(4))
     p = trace.prompt_tokens
     gain = kv_transfer_time_s(inst, inst, p) - kv_transfer_time_s(inst, inst, p, local=True)

@@ -124,11 +124,11 @@ def test_sweep_designs_and_plan(designs, trace, tmp_path):
 
 
 def test_peak_window_is_the_busiest_among_equal_costs():
-    from splitplan.search.plan import Plan, Pool
+    from splitplan.search.plan import Plan, SizedPool
     from splitplan.studies import WindowsResult
-    same = Plan((Pool.of("h100-80gb", 8, Layout(8), 1),), (Pool.of("h100-80gb", 8, Layout(8), 1),), (), 76.0, 20.4)
+    same = Plan((SizedPool.of("h100-80gb", 8, Layout(8), 1),), (SizedPool.of("h100-80gb", 8, Layout(8), 1),), (), 76.0, 20.4)
     rows = ({"rate_rps": 0.5, "requests": 30}, {"rate_rps": 4.0, "requests": 240}, {"rate_rps": 1.0, "requests": 60})
     assert WindowsResult(600, rows, (same, same, same)).peak == 1
-    cheaper = Plan((Pool.of("a100-80gb", 8, Layout(8), 1),), (Pool.of("a100-80gb", 8, Layout(8), 1),), (), 35.2, 13.0)
+    cheaper = Plan((SizedPool.of("a100-80gb", 8, Layout(8), 1),), (SizedPool.of("a100-80gb", 8, Layout(8), 1),), (), 35.2, 13.0)
     assert WindowsResult(600, rows, (same, cheaper, None)).peak == 0  # cost first
     assert WindowsResult(600, rows, (None, None, None)).peak is None
