@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from splitplan.parallel import run_units
+from splitplan.base.parallel import run_units
 from splitplan.sim import deployments as dep
 from splitplan.specs.engine import load_engine
 

@@ -23,7 +23,7 @@ from functools import partial
 import numpy as np
 from fidelity import DEFAULT
 
-from splitplan.parallel import run_units
+from splitplan.base.parallel import run_units
 from splitplan.sim import deployments as dep
 from splitplan.specs.engine import load_engine
 

@@ -35,7 +35,7 @@ from scipy.optimize import least_squares
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_runs as rr  # noqa: E402
 
-from splitplan.parallel import run_units  # noqa: E402
+from splitplan.base.parallel import run_units  # noqa: E402
 from splitplan.sim import deployments as dep  # noqa: E402
 from splitplan.specs.engine import engine_to_yaml, load_engine  # noqa: E402
 

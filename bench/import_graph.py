@@ -19,20 +19,19 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "splitplan"
 
-# Lowest first. A module belongs to the layer of the longest prefix it starts with.
+# Lowest first, one folder each (the facade and the package's own API aside). A module belongs
+# to the layer of the longest prefix it starts with.
 LAYERS = [
-    ("foundations", ["splitplan.errors", "splitplan.limits", "splitplan.defaults", "splitplan.inputs", "splitplan.runner",
-                     "splitplan.parallel"]),
-    ("specs", ["splitplan.specs", "splitplan.roles"]),
+    ("foundations", ["splitplan.base"]),
+    ("specs", ["splitplan.specs"]),
     ("workload", ["splitplan.workload"]),
     ("perf", ["splitplan.perf"]),
-    ("slo", ["splitplan.slo"]),
     ("sim", ["splitplan.sim"]),
     ("capacity", ["splitplan.capacity"]),
-    ("documents", ["splitplan.plan_document"]),
     ("search", ["splitplan.search"]),
-    ("reports", ["splitplan.report", "splitplan.deploy"]),
-    ("workflows", ["splitplan.simulation", "splitplan.studies", "splitplan.calibration"]),
+    ("io", ["splitplan.io"]),
+    ("deploy", ["splitplan.deploy"]),
+    ("workflows", ["splitplan.workflows"]),
     ("api", ["splitplan.api", "splitplan"]),
     ("cli", ["splitplan.cli"]),
 ]

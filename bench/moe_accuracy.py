@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from splitplan.errors import SpecError
-from splitplan.parallel import run_units
-from splitplan.runner import Runner
+from splitplan.base.errors import SpecError
+from splitplan.base.parallel import run_units
+from splitplan.base.runner import Runner
 from splitplan.sim import deployments
 from splitplan.sim.deployments import fit_deployments, replay, run_pools
 from splitplan.specs.engine import load_engine

@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from splitplan import api  # noqa: E402
-from splitplan.report import pools_text  # noqa: E402
-from splitplan.roles import Role  # noqa: E402
+from splitplan.io.report import pools_text  # noqa: E402
+from splitplan.specs.roles import Role  # noqa: E402
 from splitplan.workload.trace import load_trace, peak_window, with_shared_prefix  # noqa: E402
 
 TRACES = ROOT.parent / "shared" / "data" / "traces"

@@ -42,13 +42,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from splitplan.parallel import run_units
+from splitplan.base.parallel import run_units
 from splitplan.perf.roofline import Instance
-from splitplan.roles import Role
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
+from splitplan.specs.roles import Role
 from splitplan.workload.prefix import PrefixTree
 from splitplan.workload.trace import Trace
 

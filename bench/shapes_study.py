@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from splitplan import api  # noqa: E402
-from splitplan.errors import InfeasibleError  # noqa: E402
-from splitplan.report import pools_text  # noqa: E402
+from splitplan.base.errors import InfeasibleError  # noqa: E402
+from splitplan.io.report import pools_text  # noqa: E402
 from splitplan.workload.trace import Trace, default_trace_path, load_trace, resample_poisson  # noqa: E402
 
 SHAPES = {"whole 8-GPU machines (h100-80gb@8)": "h100-80gb@8", "shapes of 1, 2, 4, 8 GPUs (h100-80gb)": "h100-80gb"}

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from splitplan import api
-from splitplan.errors import InfeasibleError
-from splitplan.report import plan_text
+from splitplan.base.errors import InfeasibleError
+from splitplan.io.report import plan_text
 from splitplan.workload.trace import default_trace_path, load_trace, load_workload, resample_poisson
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"

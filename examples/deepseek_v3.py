@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 
 import splitplan
-from splitplan.errors import InfeasibleError
+from splitplan.base.errors import InfeasibleError
 
 CASES = [("h200-141gb", "trtllm-fp8"), ("b200-180gb", "trtllm-fp8"), ("b200-180gb", "trtllm-fp8@weights=fp4"),
          ("gb200-nvl72", "trtllm-fp8@weights=fp4")]

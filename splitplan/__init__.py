@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 
 from typing import TYPE_CHECKING
 
-from splitplan.defaults import DEFAULT_MODEL, DEFAULT_SLO
+from splitplan.base.defaults import DEFAULT_MODEL, DEFAULT_SLO
 
 # Imported here (numpy only) before `workload` below is defined: importing the subpackage
 # later would rebind the name `splitplan.workload` to it.

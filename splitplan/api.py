@@ -7,13 +7,7 @@ pure layers and returns plain data. The work lives where its idea does:
 plans), `calibration` (fitting engine profiles), `studies` (compare, sweep, windows).
 """
 
-from splitplan.calibration import (
-    CalibrateResult,
-    DeploymentCalibration,
-    calibrate,
-    calibrate_deployments,
-)
-from splitplan.defaults import (
+from splitplan.base.defaults import (
     DEFAULT_ENGINE,
     DEFAULT_MODEL,
     DEFAULT_SLO,
@@ -22,7 +16,13 @@ from splitplan.defaults import (
 from splitplan.perf.points import instance, instance_facts, perf_points
 from splitplan.search.optimize import Mode, OptimizeOptions, OptimizeResult, objective_value, optimize
 from splitplan.search.rate import max_rate
-from splitplan.simulation import (
+from splitplan.workflows.calibration import (
+    CalibrateResult,
+    DeploymentCalibration,
+    calibrate,
+    calibrate_deployments,
+)
+from splitplan.workflows.simulation import (
     Setup,
     SimulateResult,
     optimize_closed_loop,
@@ -35,7 +35,7 @@ from splitplan.simulation import (
     validate,
     validate_result,
 )
-from splitplan.studies import (
+from splitplan.workflows.studies import (
     SCENARIOS,
     CompareResult,
     DesignResult,

@@ -32,7 +32,7 @@ def test_results_have_frames_and_json():
 
 def test_optimize_closed_loop_keeps_only_plans_whose_closed_loop_met_the_slo(monkeypatch):
     from splitplan import api
-    from splitplan.errors import InfeasibleError
+    from splitplan.base.errors import InfeasibleError
     from splitplan.workload.trace import closed_loop_workload
     real = api.simulate
 
@@ -45,7 +45,7 @@ def test_optimize_closed_loop_keeps_only_plans_whose_closed_loop_met_the_slo(mon
     kwargs = dict(hardware=["h100-80gb"], engine="lean-fp8")
     ok = api.optimize_closed_loop(work, 8, "llama3.1-70b", "chat", **kwargs)
     assert ok.closed_loop["rounds"][0]["slo_met"] and ok.closed_loop["concurrency"] == 8
-    import splitplan.simulation as simulation
+    import splitplan.workflows.simulation as simulation
     monkeypatch.setattr(simulation, "simulate", missing)
     with pytest.raises(InfeasibleError, match="no plan met the SLO in a closed loop of 8 clients.*missed TTFT p50"):
         api.optimize_closed_loop(work, 8, "llama3.1-70b", "chat", **kwargs)
@@ -64,5 +64,5 @@ def test_export_writes_a_plan_as_the_cli_does(tmp_path):
     for name in written:
         assert (tmp_path / "api" / name).read_text() == (tmp_path / "cli" / name).read_text()
     assert list(splitplan.export(plan, "dynamo").files) == ["dynamo.yaml"]
-    with pytest.raises(splitplan.errors.SpecError, match="--to k8s: choose"):
+    with pytest.raises(splitplan.base.errors.SpecError, match="--to k8s: choose"):
         splitplan.export(plan, "k8s")

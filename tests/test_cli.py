@@ -506,7 +506,7 @@ def test_every_command_reading_a_trace_takes_common_and_named_columns(tmp_path, 
 
 
 def test_one_notation_for_a_pool_in_text():
-    from splitplan import report
+    from splitplan.io import report
     from splitplan.search.plan import SizedPool
     assert report.pools_text((SizedPool.of("h100-80gb", 8, Layout(8), 3), SizedPool.of("a100-80gb", 8, Layout(4),
                                                                              2))) == "3x h100-80gb TP 8 + 2x a100-80gb TP 4"
@@ -564,7 +564,7 @@ def test_numbers_and_names_are_never_cut_at_any_width(width):
     a number or a name into `17.…`; only prose cells wrap (issue 27, item 8)."""
     import io
 
-    from splitplan import report
+    from splitplan.io import report
     con = report._Console(file=io.StringIO(), width=width)
     rows = [("h100-80gb-cap70", 1_600.0, 17.6, "a long description that may wrap over several lines of the cell")]
     con.print(report.table("t", ["name", "net\nGbit/s", "$/h", "what"], rows))
@@ -574,7 +574,7 @@ def test_numbers_and_names_are_never_cut_at_any_width(width):
 
 
 def test_one_number_format_per_column():
-    from splitplan import report
+    from splitplan.io import report
     t = report.table("t", ["name", "GB", "TB/s", "$/h"], [("a", 40.0, 2.039, 17.6), ("b", 180.0, 0.864, 53.52)])
     cells = [[str(c._cells[k]) for c in t.columns] for k in range(2)]
     assert cells == [["a", "40", "2.039", "17.60"], ["b", "180", "0.864", "53.52"]]
@@ -586,7 +586,7 @@ def test_one_number_format_per_column():
 def test_a_caption_breaks_between_clauses_never_inside_a_figure(width):
     import io
 
-    from splitplan import report
+    from splitplan.io import report
     con = report._Console(file=io.StringIO(), width=width)
     con.print(report.table("t", ["ms", "p50"], [("TTFT", 12.5)],
                            caption="3.75 req/s, 126 output tokens/s, 4 per GPU (16 GPUs); GPU energy 0.07 kWh"))
@@ -596,7 +596,7 @@ def test_a_caption_breaks_between_clauses_never_inside_a_figure(width):
 
 
 def _sweep_rows(ttft_ms):
-    from splitplan.studies import SweepResult
+    from splitplan.workflows.studies import SweepResult
     rows = [{"design": "plan", "rate_rps": r, "ttft_p99_ms": t, "tbt_p99_ms": 20.0, "slo_met": t < 2000}
             for r, t in zip((1.0, 2.0, 4.0), ttft_ms, strict=True)]
     return SweepResult(tuple(rows), "plan")
@@ -689,7 +689,7 @@ def test_pareto_validate_simulates_each_plan_at_its_max_rate():
 
 
 def test_figure_titles_name_the_trace_file_not_its_path():
-    from splitplan.report import file_names
+    from splitplan.io.report import file_names
     assert file_names("/home/me/traces (2024)/conv.csv (Poisson 60 req/s, 120 s)") == "conv.csv (Poisson 60 req/s, 120 s)"
     assert file_names("azure_conv_2023.csv.gz (embedded)") == "azure_conv_2023.csv.gz (embedded)"
 

@@ -16,11 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from splitplan import limits, report
+from splitplan.base import limits
+from splitplan.base.errors import SpecError, TraceError
+from splitplan.base.inputs import open_regular, parse_document, read_bounded
 from splitplan.cli import app
 from splitplan.cli.common import OPTION_BOUNDS
-from splitplan.errors import SpecError, TraceError
-from splitplan.inputs import open_regular, parse_document, read_bounded
+from splitplan.io import report
 from splitplan.perf.measurements import read_measurements
 from splitplan.specs.slo import load_slo
 from splitplan.workload import trace as trace_module

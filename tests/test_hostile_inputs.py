@@ -161,7 +161,7 @@ def test_closed_loop_bounds(args, needle):
 
 
 def test_a_simulation_past_its_iteration_bound_stops_with_one_line(monkeypatch):
-    from splitplan import limits
+    from splitplan.base import limits
     monkeypatch.setattr(limits, "MAX_SIM_ITERATIONS", 1_000)
     line = one_line(run("simulate", *SIM, "--concurrency", "1", "--num-requests", "5", "--isl", "10", "--osl", "400"))
     assert "passed 1,000 decode iterations" in line

@@ -12,10 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from splitplan import api
+from splitplan.base.errors import SpecError
+from splitplan.base.parallel import WorkUnitError, run_units
 from splitplan.cli import app
-from splitplan.errors import SpecError
-from splitplan.parallel import WorkUnitError, run_units
-from splitplan.simulation import Setup, _simulate_unit
+from splitplan.workflows.simulation import Setup, _simulate_unit
 from splitplan.workload.trace import default_trace_path, load_trace
 
 TRACE = load_trace(default_trace_path())
@@ -107,7 +107,7 @@ def test_ray_that_cannot_start_is_a_clean_error(monkeypatch):
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
 def test_forked_workers_end_when_the_parent_is_killed(tmp_path, how):
     script = tmp_path / "busy.py"
-    script.write_text("import time\nfrom splitplan.parallel import run_units\n\n"
+    script.write_text("import time\nfrom splitplan.base.parallel import run_units\n\n"
                       "def slow(shared, item):\n    time.sleep(120)\n\n"
                       "if __name__ == '__main__':\n    run_units(slow, list(range(4)), None, jobs=2)\n")
     parent = subprocess.Popen([sys.executable, str(script)])

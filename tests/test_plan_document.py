@@ -12,7 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from splitplan.cli import app
-from splitplan.plan_document import SCHEMA_VERSION, PlanDocument, digest
+from splitplan.base.defaults import SCHEMA_VERSION
+from splitplan.io.plan_document import PlanDocument, digest
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]

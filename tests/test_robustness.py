@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from splitplan import api
+from splitplan.base.errors import InfeasibleError
 from splitplan.cli import app
-from splitplan.errors import InfeasibleError
 from splitplan.workload.trace import (
     Trace,
     default_trace_path,
@@ -146,7 +146,7 @@ def test_output_files_are_never_partial(tmp_path):
 
 
 def test_output_files_get_the_usual_permissions(tmp_path):
-    from splitplan.report import write_set
+    from splitplan.io.report import write_set
     write_set({tmp_path / "a.json": "{}"})
     (tmp_path / "b.json").write_text("{}")
     assert (tmp_path / "a.json").stat().st_mode == (tmp_path / "b.json").stat().st_mode
@@ -156,7 +156,7 @@ def test_written_files_get_the_users_umask(tmp_path):
     import os
     import stat
 
-    from splitplan import report
+    from splitplan.io import report
     old = os.umask(0o022)
     try:
         report.write_set({tmp_path / "plan.json": "{}"})

@@ -1,4 +1,4 @@
-"""SLO evaluation (splitplan.slo): alone latencies, percentiles, limits, attainment."""
+"""SLO evaluation (splitplan.perf.slo): alone latencies, percentiles, limits, attainment."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitplan import api
-from splitplan.slo import achieved, alone_latencies, attainment_pct, meets
+from splitplan.perf.slo import achieved, alone_latencies, attainment_pct, meets
 from splitplan.specs.slo import SloProfile, load_slo
 
 H100 = api.instance("llama2-70b", "h100-80gb", 8, "lean")
@@ -57,7 +57,7 @@ def test_rejected_requests_count_as_misses():
 def test_a_users_slo_file_needs_no_description_and_a_bare_number_names_the_fix(tmp_path):
     """SLO files as users write them (issue 27): description optional; `p99: 2000` could be ms or a
     slowdown, so it is refused with both spellings; a misspelt key suggests the known one."""
-    from splitplan.errors import SpecError
+    from splitplan.base.errors import SpecError
     from splitplan.specs.slo import load_slo
     plain = tmp_path / "plain.yaml"
     plain.write_text("ttft:\n  p99: {max_ms: 2000}\n")
@@ -77,7 +77,7 @@ def test_a_users_slo_file_needs_no_description_and_a_bare_number_names_the_fix(t
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.floats(0.001, 1.0), st.integers(0, 5)), min_size=1, max_size=30), st.floats(0, 100))
 def test_gaps_read_as_their_expanded_sample(pairs, q):
-    from splitplan.slo import Gaps
+    from splitplan.perf.slo import Gaps
     values, weights = np.array([v for v, _ in pairs]), np.array([w for _, w in pairs], dtype=float)
     if weights.sum() == 0:
         return
@@ -88,7 +88,7 @@ def test_gaps_read_as_their_expanded_sample(pairs, q):
 
 
 def test_itl_and_tpot_lines_are_absolute(tmp_path):
-    from splitplan.errors import SpecError
+    from splitplan.base.errors import SpecError
     good = tmp_path / "today.yaml"
     good.write_text("name: today\nttft: {p99: {max_ms: 2000}}\nitl: {p99: {max_ms: 100}}\ntpot: {p50: {max_ms: 40}}\n")
     lines = [x.label for x in load_slo(str(good)).lines()]
@@ -103,7 +103,7 @@ def test_an_itl_line_sees_the_stalls_a_per_request_tbt_hides(tmp_path):
     """A co-located plan (prefill priority) meets TBT p99 <= 100 ms while its inter-token gaps
     reach past it: with an ITL p99 line the planner sizes it for the gaps, its prediction is
     the simulator's (the replay), and the simulation meets the line."""
-    from splitplan.simulation import Setup, plan_pools
+    from splitplan.workflows.simulation import Setup, plan_pools
     from splitplan.workload.trace import default_trace_path, load_trace, resample_poisson
     trace = resample_poisson(load_trace(default_trace_path()), 4.0, 60.0, np.random.default_rng(3))
     tbt = tmp_path / "chat-tbt.yaml"  # (chat's limits before it moved to ITL)
@@ -124,7 +124,7 @@ def test_a_split_plans_predicted_gaps_are_the_simulators_within_10_percent():
     """Split plans: the planner's gap distribution (each request's mean step, its first gap
     carrying the KV transfer and, as often as its token instance is busy, the wait for the
     running iteration) against the simulator's, on a busy token pool."""
-    from splitplan.simulation import Setup, plan_pools
+    from splitplan.workflows.simulation import Setup, plan_pools
     from splitplan.workload.trace import load_workload, resample_poisson
     trace = resample_poisson(load_workload("azure-code"), 8.0, 60.0, np.random.default_rng(3))
     result = api.optimize(trace, "llama2-70b", "chat", ["h100-80gb", "a100-80gb"], tp=8, mode="split")

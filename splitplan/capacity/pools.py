@@ -27,7 +27,7 @@ the requests decoding on an instance must fit its KV capacity.
 Co-located pool (every line): the simulator's replay (`colocated_pool`), after a fast
 estimate (`colocated_estimate`) has ranked the options.
 
-Whether a latency meets an SLO line is splitplan.slo's to say.
+Whether a latency meets an SLO line is splitplan.perf.slo's to say.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitplan.perf.roofline import Instance
-from splitplan.roles import Role
+from splitplan.perf.slo import Gaps
 from splitplan.sim import routing
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.sim.metrics import pool_report
 from splitplan.sim.prefix_cache import PrefixCache, PrefixModel
-from splitplan.slo import Gaps
+from splitplan.specs.roles import Role
 
 MAX_INSTANCES = 4096
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import typer
 
-from splitplan import report
+from splitplan.base.defaults import CALIBRATION_START
+from splitplan.base.errors import SpecError
 from splitplan.cli.common import (
     Format,
     _emit_json,
@@ -18,8 +19,7 @@ from splitplan.cli.common import (
     figure_png,
     user_errors,
 )
-from splitplan.defaults import CALIBRATION_START
-from splitplan.errors import SpecError
+from splitplan.io import report
 
 
 @app.command()

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import typer
 
-from splitplan import report
+from splitplan.base.defaults import DEFAULT_ENGINE, DEFAULT_MODEL
+from splitplan.base.errors import SpecError
+from splitplan.base.inputs import excerpt
+from splitplan.base.limits import MAX_BATCH, MAX_REQUEST_TOKENS
 from splitplan.cli.common import (
     KV_CACHE,
     OUTPUT_COLUMN,
@@ -31,10 +34,7 @@ from splitplan.cli.common import (
     user_errors,
     with_precision,
 )
-from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL
-from splitplan.errors import SpecError
-from splitplan.inputs import excerpt
-from splitplan.limits import MAX_BATCH, MAX_REQUEST_TOKENS
+from splitplan.io import report
 from splitplan.specs.hardware import hardware_catalog
 from splitplan.specs.layout import parse_layout
 from splitplan.specs.model import model_catalog

@@ -16,13 +16,14 @@ from typing import Any, NamedTuple
 import numpy as np
 import typer
 
-from splitplan import limits, report
-from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO
-from splitplan.errors import SpecError, SplitplanError
-from splitplan.inputs import excerpt, printable
-from splitplan.roles import Pool, Role
+from splitplan.base import limits
+from splitplan.base.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO
+from splitplan.base.errors import SpecError, SplitplanError
+from splitplan.base.inputs import excerpt, printable
+from splitplan.io import report
 from splitplan.specs.engine import engine_spec
 from splitplan.specs.layout import Layout, parse_layout
+from splitplan.specs.roles import Pool, Role
 
 
 class _OnFirstUse:
@@ -425,7 +426,7 @@ def parse_pool(text: str, role: str) -> Pool:
 def read_plan(path: Path, option: str = "--plan") -> tuple[list[Pool], dict]:
     """Pools and inputs of a plan.json (plan_document.read: checked whole, its specs pinned);
     its notes (a catalog entry that changed since the plan was made) on stderr."""
-    from splitplan import plan_document
+    from splitplan.io import plan_document
     plan = plan_document.read(path, option)
     for note in plan.notes:
         typer.echo(f"note: {printable(note)}", err=True)

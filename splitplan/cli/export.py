@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
+from splitplan.base.inputs import printable
 from splitplan.cli.common import app, user_errors
-from splitplan.inputs import printable
 
 
 @app.command("export")

@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import typer
 
-from splitplan import plan_document, report
+from splitplan.base.defaults import (
+    DEFAULT_ENGINE,
+    DEFAULT_MODEL,
+    DEFAULT_SLO,
+)
+from splitplan.base.errors import SpecError
 from splitplan.cli.common import (
     EXECUTOR_HELP,
     ISL,
@@ -51,12 +56,7 @@ from splitplan.cli.common import (
     user_errors,
     with_precision,
 )
-from splitplan.defaults import (
-    DEFAULT_ENGINE,
-    DEFAULT_MODEL,
-    DEFAULT_SLO,
-)
-from splitplan.errors import SpecError
+from splitplan.io import plan_document, report
 from splitplan.specs.engine import load_engine
 from splitplan.workload.trace import (
     EMBEDDED_HELP,

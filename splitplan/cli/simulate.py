@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from splitplan import report
+from splitplan.base.errors import SpecError
 from splitplan.cli.common import (
     ISL,
     KV_CACHE,
@@ -40,9 +40,9 @@ from splitplan.cli.common import (
     user_errors,
     with_precision,
 )
-from splitplan.errors import SpecError
-from splitplan.roles import Pool
+from splitplan.io import report
 from splitplan.specs.layout import Layout
+from splitplan.specs.roles import Pool
 from splitplan.workload.trace import EMBEDDED_HELP, closed_loop_workload, load_workload, peak_window
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import typer
 
-from splitplan import report
+from splitplan.base.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, STUDY_SLO
+from splitplan.base.errors import SpecError
 from splitplan.cli.common import (
     EXECUTOR_HELP,
     KV_CACHE,
@@ -42,8 +43,7 @@ from splitplan.cli.common import (
     user_errors,
     with_precision,
 )
-from splitplan.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, STUDY_SLO
-from splitplan.errors import SpecError
+from splitplan.io import report
 from splitplan.workload.trace import EMBEDDED_HELP, load_workload
 
 

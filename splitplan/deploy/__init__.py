@@ -18,14 +18,14 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from splitplan.defaults import MAX_BATCH_TOKENS
-from splitplan.errors import SpecError
-from splitplan.inputs import excerpt, printable
-from splitplan.roles import Pool, Role
+from splitplan.base.defaults import MAX_BATCH_TOKENS
+from splitplan.base.errors import SpecError
+from splitplan.base.inputs import excerpt, printable
 from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.hardware import HardwareSpec, label_key_ok, label_value_ok, load_hardware
 from splitplan.specs.layout import Layout
 from splitplan.specs.model import ModelSpec, load_model
+from splitplan.specs.roles import Pool, Role
 
 TARGETS = ("dynamo", "llm-d", "vllm", "sglang")
 KUBERNETES_TARGETS = ("dynamo", "llm-d")
@@ -208,7 +208,7 @@ class Export:
     def write(self, folder: Path) -> list[Path]:
         """The files and EXPORT.md written into `folder` as one set (all or none; launch.sh
         executable); the paths written."""
-        from splitplan import report
+        from splitplan.io import report
         files: dict[Path, str | bytes] = {folder / name: text for name, text in {**self.files, "EXPORT.md": self.report()}.items()}
         report.write_set(files, executable=frozenset({"launch.sh"}))
         return list(files)
@@ -285,7 +285,7 @@ def export_plan(plan: str | Path, target: str, backend: str | None = None, model
                 model_cache_pvc: str | None = None, option: str = "PLAN") -> tuple[Export, list[str]]:
     """A plan.json as `target`'s files (`splitplan export`), with the plan's notes (a catalog entry
     that changed since the plan was made). SpecError naming `option` for a plan that is not one."""
-    from splitplan import plan_document
+    from splitplan.io import plan_document
     read = plan_document.read(Path(plan), option)
     dep = deployment(read.pools, read.inputs, str(plan), model_id, node_selector, model_cache_pvc)
     return export(dep, target, backend, image), read.notes

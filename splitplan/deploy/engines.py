@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from splitplan.errors import SpecError
+from splitplan.base.errors import SpecError
 from splitplan.specs.layout import Layout
 
 VLLM_KV_CONNECTOR = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}

@@ -18,7 +18,9 @@ import shlex
 
 import yaml
 
-from splitplan import limits
+from splitplan.base import limits
+from splitplan.base.errors import SpecError
+from splitplan.base.inputs import printable
 from splitplan.deploy import VERSIONS, Deployment, Expand, Export, Group, common_mapping, shell_words
 from splitplan.deploy.engines import (
     BATCH_TOKENS_FLAG,
@@ -30,8 +32,6 @@ from splitplan.deploy.engines import (
     role_args,
     setting_args,
 )
-from splitplan.errors import SpecError
-from splitplan.inputs import printable
 
 PORT = 8100  # a worker's HTTP port (the router listens on 8000)
 IMAGES = {"vllm": f"vllm/vllm-openai:v{VERSIONS['vllm']}", "sglang": f"lmsysorg/sglang:v{VERSIONS['sglang']}"}

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from splitplan.base.runner import Runner, serial
 from splitplan.perf.measurements import flag_anomalies
 from splitplan.perf.roofline import Instance
-from splitplan.runner import Runner, serial
 from splitplan.specs.engine import EngineFactors, EngineProfile
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.layout import Layout

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from splitplan.errors import TraceError
-from splitplan.inputs import finite_columns, read_table
+from splitplan.base.errors import TraceError
+from splitplan.base.inputs import finite_columns, read_table
 
 SPLITWISE_COLUMNS = ["model", "hardware", "prompt_size", "batch_size", "token_size", "prompt_time", "token_time", "tensor_parallel"]
 SPLITWISE_NUMBERS = ["prompt_size", "batch_size", "token_size", "prompt_time", "token_time", "tensor_parallel"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from splitplan.defaults import DEFAULT_ENGINE
-from splitplan.errors import InfeasibleError, SpecError
+from splitplan.base.defaults import DEFAULT_ENGINE
+from splitplan.base.errors import InfeasibleError, SpecError
 from splitplan.perf.roofline import Instance
 from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.hardware import HardwareSpec, load_hardware

@@ -67,7 +67,7 @@ from typing import ClassVar, overload
 import numpy as np
 from numpy.typing import ArrayLike
 
-from splitplan.errors import SpecError
+from splitplan.base.errors import SpecError
 from splitplan.perf.model import FloatArray, PerfModel, Seconds
 from splitplan.specs.engine import EngineFactors, EngineProfile
 from splitplan.specs.hardware import HardwareSpec

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from splitplan.errors import SpecError
+from splitplan.base.errors import SpecError
 from splitplan.perf.roofline import Fit, Instance, Latency, PassShortcuts
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.layout import Layout

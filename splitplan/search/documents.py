@@ -3,7 +3,7 @@ its one-line text and its CSV row; every report, file and the API's `to_json` wr
 
 from __future__ import annotations
 
-from splitplan.plan_document import SCHEMA_VERSION
+from splitplan.base.defaults import SCHEMA_VERSION
 
 
 def pools_json(pools) -> list[dict]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from splitplan.errors import InfeasibleError
+from splitplan.base.errors import InfeasibleError
 from splitplan.search.plan import make_plan, repair
 from splitplan.search.solve import solve_counts
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from splitplan.defaults import DEFAULT_ENGINE
-from splitplan.errors import InfeasibleError, SpecError, listed, with_details
-from splitplan.parallel import run_units
+from splitplan.base.defaults import DEFAULT_ENGINE
+from splitplan.base.errors import InfeasibleError, SpecError, listed, with_details
+from splitplan.base.parallel import run_units
 from splitplan.perf.points import candidate_layouts, reference_instance, require_tp
 from splitplan.perf.roofline import Instance
+from splitplan.perf.slo import achieved, alone_latencies, meets, reference_for
 from splitplan.perf.table import load_perf_db
-from splitplan.roles import SPLIT, Role
 from splitplan.search.bracket import plan_max_rate
 from splitplan.search.documents import optimize_json, plan_json, plans_csv
 from splitplan.search.frontier import cost_power_frontier, nondominated
@@ -38,10 +38,10 @@ from splitplan.search.plan import (
 )
 from splitplan.search.solve import solve_counts
 from splitplan.sim.prefix_cache import PrefixModel, host_link_bytes_per_s
-from splitplan.slo import achieved, alone_latencies, meets, reference_for
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import hardware_catalog, load_hardware, load_machines, price_date_warning
 from splitplan.specs.model import load_model
+from splitplan.specs.roles import SPLIT, Role
 from splitplan.specs.slo import load_slo
 
 NOT_SIZED = "not sized"  # the reason a co-located option left out by its cost bound starts with

@@ -24,6 +24,8 @@ from typing import NamedTuple, cast
 
 import numpy as np
 
+from splitplan.base.defaults import MAX_BATCH_TOKENS
+from splitplan.base.errors import InfeasibleError, listed, with_details
 from splitplan.capacity.pools import (
     BatchTimes,
     busy_s,
@@ -33,13 +35,11 @@ from splitplan.capacity.pools import (
     prompt_queue_ttft_s,
     smallest_count,
 )
-from splitplan.defaults import MAX_BATCH_TOKENS
-from splitplan.errors import InfeasibleError, listed, with_details
 from splitplan.perf.roofline import Instance, kv_transfer_time_s
-from splitplan.roles import SPLIT, Pool, Role
+from splitplan.perf.slo import Gaps, Reference, achieved, alone_latencies, meets
 from splitplan.sim.prefix_cache import PrefixModel
-from splitplan.slo import Gaps, Reference, achieved, alone_latencies, meets
 from splitplan.specs.layout import Layout
+from splitplan.specs.roles import SPLIT, Pool, Role
 from splitplan.specs.slo import SloLine, SloProfile
 from splitplan.workload.trace import Trace
 

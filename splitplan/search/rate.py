@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from splitplan.errors import InfeasibleError, SpecError
+from splitplan.base.errors import InfeasibleError, SpecError
 from splitplan.search.bracket import bracket_bisect
 from splitplan.search.optimize import Mode, OptimizeOptions, OptimizeResult, optimize
 

@@ -10,9 +10,9 @@ import re
 import numpy as np
 import pulp
 
-from splitplan.errors import InfeasibleError, SolverError, SpecError
-from splitplan.roles import SPLIT, Role
+from splitplan.base.errors import InfeasibleError, SolverError, SpecError
 from splitplan.search.plan import SHARED, AnyKey, AnyOption, Problem
+from splitplan.specs.roles import SPLIT, Role
 
 
 def solve_counts(problem: Problem, options: list[AnyOption], method: str = "ilp") -> dict[AnyKey, int]:

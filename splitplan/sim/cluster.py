@@ -71,10 +71,9 @@ import math
 
 import numpy as np
 
-from splitplan import limits
-from splitplan.errors import SpecError
+from splitplan.base import limits
+from splitplan.base.errors import SpecError
 from splitplan.perf.roofline import local_kv_bytes_per_s
-from splitplan.roles import Role
 from splitplan.sim import gaps, routing
 from splitplan.sim.prefix_cache import PrefixCache, PrefixModel
 from splitplan.sim.types import (  # noqa: F401  (re-exported)
@@ -88,6 +87,7 @@ from splitplan.sim.types import (  # noqa: F401  (re-exported)
     SimOptions,
     SimResult,
 )
+from splitplan.specs.roles import Role
 from splitplan.workload.trace import Trace
 
 

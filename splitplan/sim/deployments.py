@@ -33,16 +33,16 @@ from typing import cast
 import numpy as np
 import pandas as pd
 
-from splitplan.errors import TraceError
-from splitplan.inputs import finite_columns, read_table
+from splitplan.base.errors import TraceError
+from splitplan.base.inputs import finite_columns, read_table
+from splitplan.base.runner import Runner, serial
 from splitplan.perf.roofline import Instance
-from splitplan.roles import Role
-from splitplan.runner import Runner, serial
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.specs.engine import EngineProfile
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.layout import Layout, parse_layout
 from splitplan.specs.model import load_model
+from splitplan.specs.roles import Role
 from splitplan.workload.trace import closed_loop_workload
 
 COLUMNS = ["backend", "system", "precision", "mode", "model_path", "isl", "osl", "batch_size", "tp_size",

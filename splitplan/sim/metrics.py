@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from splitplan.roles import Role
+from splitplan.perf.slo import Reference, achieved, attainment_pct, meets
 from splitplan.sim.cluster import PoolSpec, SimResult
-from splitplan.slo import Reference, achieved, attainment_pct, meets
+from splitplan.specs.roles import Role
 from splitplan.specs.slo import SloProfile
 
 PCTS = (50, 90, 99)

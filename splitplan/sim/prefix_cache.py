@@ -21,7 +21,7 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from splitplan.errors import SpecError
+from splitplan.base.errors import SpecError
 from splitplan.workload.prefix import PrefixTree
 
 

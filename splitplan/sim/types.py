@@ -9,9 +9,9 @@ from enum import IntEnum
 
 import numpy as np
 
-from splitplan.defaults import MAX_BATCH_TOKENS
+from splitplan.base.defaults import MAX_BATCH_TOKENS
 from splitplan.perf.model import PerfModel
-from splitplan.roles import Role
+from splitplan.specs.roles import Role
 from splitplan.workload.trace import Trace
 
 PROMPT, TOKEN, MIXED = Role.PROMPT, Role.TOKEN, Role.MIXED

@@ -12,16 +12,16 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from splitplan.errors import SpecError
-from splitplan.inputs import excerpt, key_text, parse_document, read_text
-from splitplan.limits import MAX_SPEC_BYTES
+from splitplan.base.errors import SpecError
+from splitplan.base.inputs import excerpt, key_text, parse_document, read_text
+from splitplan.base.limits import MAX_SPEC_BYTES
 from splitplan.specs.catalog import is_path, pinned, resolve
 
 M = TypeVar("M", bound=BaseModel)
 
 
 def read_mapping(path: Path) -> dict[str, Any]:
-    """A spec file's top-level mapping, read within the bounds of `splitplan.inputs`."""
+    """A spec file's top-level mapping, read within the bounds of `splitplan.base.inputs`."""
     data = parse_document(read_text(path, MAX_SPEC_BYTES, "YAML or JSON spec"), path, as_json=path.suffix == ".json")
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of keys to values at the top level")

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from splitplan.errors import SpecError
-from splitplan.inputs import excerpt, printable
+from splitplan.base.errors import SpecError
+from splitplan.base.inputs import excerpt, printable
 
 _SUFFIXES = (".yaml", ".yml", ".json")
 

@@ -15,9 +15,9 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from splitplan.defaults import MAX_BATCH_TOKENS
-from splitplan.errors import SpecError
-from splitplan.inputs import excerpt
+from splitplan.base.defaults import MAX_BATCH_TOKENS
+from splitplan.base.errors import SpecError
+from splitplan.base.inputs import excerpt
 from splitplan.specs._load import load_named
 from splitplan.specs.catalog import catalog_names
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from splitplan.errors import SpecError
+from splitplan.base.errors import SpecError
 
 MAX_GPUS = 1024  # GPUs of one instance (and so each degree)
 _TEXT = re.compile(r"^(?:(\d+)|((?:(?:tp|dp|ep|pp)\d+)+))$")

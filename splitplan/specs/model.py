@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal, NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from splitplan.errors import SpecError
-from splitplan.inputs import excerpt
+from splitplan.base.errors import SpecError
+from splitplan.base.inputs import excerpt
 from splitplan.specs._load import load_spec, of_kind, read_entry, read_mapping
 from splitplan.specs.catalog import catalog_names, is_path, pinned, resolve
 

@@ -13,7 +13,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from splitplan.errors import SpecError
+from splitplan.base.errors import SpecError
 from splitplan.specs._load import load_named
 from splitplan.specs.hardware import load_hardware
 

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from splitplan.errors import SpecError, TraceError
-from splitplan.inputs import csv_rows, excerpt, open_regular, reason
-from splitplan.limits import (
+from splitplan.base.errors import SpecError, TraceError
+from splitplan.base.inputs import csv_rows, excerpt, open_regular, reason
+from splitplan.base.limits import (
     MAX_DURATION_S,
     MAX_GENERATED_REQUESTS,
     MAX_RATE_RPS,
@@ -273,7 +273,7 @@ def _require(path: Path, cols: Columns, found) -> None:
 def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
     """Read a trace file; `columns` forces the generic CSV reader with those names.
     Parsed a block of lines at a time (TRACE_BLOCK_BYTES), so a trace of ten million requests
-    needs little more memory than its three numeric columns; every bound of `splitplan.limits`
+    needs little more memory than its three numeric columns; every bound of `splitplan.base.limits`
     (requests, tokens, span) is checked as it is read."""
     path = Path(path)
     arrivals, prompts, outputs = [], [], []

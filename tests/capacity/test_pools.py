@@ -39,7 +39,7 @@ def _keyed(*options):
 
 def _problem(trace, slo="splitwise"):
     profile = load_slo(slo)
-    from splitplan.slo import alone_latencies
+    from splitplan.perf.slo import alone_latencies
     ref = api.instance("llama2-70b", profile.reference.hardware, profile.reference.tp, "lean") if profile.reference else None
     reference = alone_latencies(ref, trace.prompt_tokens, trace.output_tokens) if ref else None
     return Problem(trace, profile, reference)
@@ -74,8 +74,8 @@ def test_requests_split_over_token_types_in_proportion_to_capacity():
 
 
 def test_repair_adds_the_machine_that_improves_the_failing_line_most_per_dollar():
+    from splitplan.perf.slo import achieved
     from splitplan.search.plan import best_move, check
-    from splitplan.slo import achieved
     rng = np.random.default_rng(0)
     n = 300
     trace = Trace(np.sort(rng.uniform(0, 30, n)), rng.integers(500, 4000, n), rng.integers(10, 200, n), "t")

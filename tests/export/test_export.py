@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from splitplan.cli import app
 from splitplan.deploy import deployment, export
 from splitplan.deploy.dynamo import template
-from splitplan.roles import Pool, Role
 from splitplan.specs.layout import Layout
+from splitplan.specs.roles import Pool, Role
 
 
 def _kubernetes():

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from splitplan.base.errors import SpecError
 from splitplan.cli import app
-from splitplan.errors import SpecError
 from splitplan.perf.points import candidate_layouts
 from splitplan.perf.roofline import Instance
 from splitplan.specs.engine import load_engine

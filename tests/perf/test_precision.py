@@ -6,8 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from splitplan import api
+from splitplan.base.errors import SpecError
 from splitplan.cli import app
-from splitplan.errors import SpecError
 from splitplan.specs.engine import engine_spec, load_engine
 
 

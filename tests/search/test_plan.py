@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from splitplan import api
-from splitplan.errors import InfeasibleError
+from splitplan.base.errors import InfeasibleError
 from splitplan.perf.roofline import Instance
 from splitplan.search.plan import MachineCap, Option, Problem
 from splitplan.search.solve import solve_counts
@@ -92,7 +92,7 @@ def test_ilp_formulation_matches_the_reviewed_golden_file(tmp_path):
 
 
 def test_an_unknown_solver_is_bad_input():
-    from splitplan.errors import SpecError
+    from splitplan.base.errors import SpecError
     problem = Problem(trace=None, slo=None, reference=None, solver="gurobi")
     with pytest.raises(SpecError, match="--solver gurobi: choose highs or cbc"):
         solve_counts(problem, _small_ilp_options())
@@ -223,7 +223,7 @@ def test_throughput_objective_and_bigger_budget_never_lowers_rate():
 
 
 def test_throughput_needs_a_budget():
-    from splitplan.errors import SpecError
+    from splitplan.base.errors import SpecError
     base = load_trace(default_trace_path())
     with pytest.raises(SpecError, match="needs a budget"):
         api.max_rate(_scaled(base), 1.0, "llama2-70b", "splitwise")
@@ -253,7 +253,7 @@ def test_instances_over_two_machines_are_counted_whole(method):
 def test_a_colocated_plan_reports_what_its_simulation_gives():
     """Issue 27, item 1: a co-located plan's verdict is the simulator's on the same trace and
     machines (no closed form beside it), so simulate accepts every co-located plan optimize makes."""
-    from splitplan.simulation import Setup, plan_pools
+    from splitplan.workflows.simulation import Setup, plan_pools
     trace = resample_poisson(load_trace(default_trace_path()), 4.0, 60.0, np.random.default_rng(1))
     result = api.optimize(trace, "llama2-70b", "chat", ["h100-80gb", "h200-141gb"], mode="colocated")
     for plan in (result.plan, *result.alternatives):
@@ -340,7 +340,7 @@ def test_a_plan_says_what_it_buys(small_trace):
     busy fraction: the same figure for a co-located pool, close to it for split pools, whose
     decode side is the planner's fixed point); per plan its GPUs and cost per million tokens."""
     from splitplan.search.plan import usd_per_million_tokens
-    from splitplan.simulation import Setup, plan_pools
+    from splitplan.workflows.simulation import Setup, plan_pools
     split = api.optimize(small_trace, "llama2-70b", "chat", ["a100-80gb", "h100-80gb"], tp=8, mode="split")
     colocated = api.optimize(small_trace, "llama3.1-8b", "chat", ["h100-80gb@8"], tp=1, mode="colocated")
     for model, result, tolerance in (("llama2-70b", split, 0.05), ("llama3.1-8b", colocated, 1e-9)):
@@ -406,7 +406,7 @@ def test_a_light_load_on_whole_machines_shares_one_machine(small_trace):
     puts prefill and decode instances on one machine (one machine's price, not two); the plan
     says which instances share it, the simulator runs them there (KV over the machine's GPU
     links), and the planner's prediction holds in the simulation."""
-    from splitplan.simulation import Setup, plan_pools
+    from splitplan.workflows.simulation import Setup, plan_pools
     result = api.optimize(small_trace, "llama3.1-8b", "chat", ["h100-80gb@8"], mode="split")
     plan = result.plan
     (prompt,), (token,) = plan.prompt_pools, plan.token_pools
@@ -428,7 +428,7 @@ def test_kv_between_instances_on_one_machine_moves_over_its_gpu_links(small_trac
     import numpy as np
 
     from splitplan.perf.roofline import kv_transfer_time_s
-    from splitplan.simulation import Pool, Setup
+    from splitplan.workflows.simulation import Pool, Setup
     setup = Setup("llama3.1-70b", "chat", "vllm")
     trace = small_trace
     apart = setup.simulate(trace, [Pool("prompt", "h100-80gb@4", Layout(4), 1), Pool("token", "h100-80gb@4", Layout(4), 1)])

@@ -528,7 +528,7 @@ def test_a_closed_loops_warm_up_is_left_out_of_the_statistics():
 def test_the_closed_loop_search_keeps_looking_past_a_self_consistent_plan():
     """The rounds stop at a self-consistent plan sized for an open loop; whole units then go while
     the simulated closed loop still meets every line: the plan meets it, and no unit more can go."""
-    from splitplan.simulation import Setup, plan_pools
+    from splitplan.workflows.simulation import Setup, plan_pools
     from splitplan.workload.trace import closed_loop_workload, default_trace_path
     work = closed_loop_workload(default_trace_path(), 128)
     result = api.optimize_closed_loop(work, 128, "llama2-70b", "chat", hardware=["h100-80gb"], tp=8)

@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitplan.perf.roofline import Instance
-from splitplan.roles import Role
 from splitplan.sim.cluster import PoolSpec, SimOptions, _Cluster
 from splitplan.sim.metrics import pool_report
 from splitplan.sim.prefix_cache import PrefixCache
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
+from splitplan.specs.roles import Role
 from splitplan.workload.prefix import PrefixTree, infinite_cache_reuse
 from splitplan.workload.trace import load_trace, with_shared_prefix
 from tests.conftest import DATA

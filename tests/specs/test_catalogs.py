@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from splitplan.errors import SpecError
+from splitplan.base.errors import SpecError
 from splitplan.specs.catalog import catalog_names
 from splitplan.specs.engine import engine_catalog, load_engine
 from splitplan.specs.hardware import hardware_catalog, load_hardware

@@ -5,7 +5,7 @@ the roofline's MLA decode reading the latent once per GPU."""
 import pytest
 
 from splitplan import api
-from splitplan.errors import SpecError
+from splitplan.base.errors import SpecError
 from splitplan.specs.model import load_model
 
 

@@ -7,8 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from splitplan import api
+from splitplan.base.errors import SpecError
 from splitplan.cli import app
-from splitplan.errors import SpecError
 from splitplan.specs.design import load_designs
 from splitplan.specs.layout import Layout
 from splitplan.workload.trace import default_trace_path, load_trace
@@ -125,7 +125,7 @@ def test_sweep_designs_and_plan(designs, trace, tmp_path):
 
 def test_peak_window_is_the_busiest_among_equal_costs():
     from splitplan.search.plan import Plan, SizedPool
-    from splitplan.studies import WindowsResult
+    from splitplan.workflows.studies import WindowsResult
     same = Plan((SizedPool.of("h100-80gb", 8, Layout(8), 1),), (SizedPool.of("h100-80gb", 8, Layout(8), 1),), (), 76.0, 20.4)
     rows = ({"rate_rps": 0.5, "requests": 30}, {"rate_rps": 4.0, "requests": 240}, {"rate_rps": 1.0, "requests": 60})
     assert WindowsResult(600, rows, (same, same, same)).peak == 1

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from splitplan.base.errors import TraceError
 from splitplan.cli import app
-from splitplan.errors import TraceError
 from splitplan.workload.prefix import MOONCAKE_BLOCK_TOKENS, infinite_cache_reuse
 from splitplan.workload.trace import load_trace, peak_window, resample_poisson, summarize
 from tests.conftest import DATA
@@ -146,7 +146,7 @@ def test_a_subset_of_a_trace_keeps_each_requests_prefix():
     assert part.arrival_s[0] == 0 and np.allclose(part.arrival_s, trace.arrival_s[keep] - trace.arrival_s[keep][0])
     assert np.array_equal(part.prefix.request_node, trace.prefix.request_node[keep])
     assert np.array_equal(part.prompt_tokens, trace.prompt_tokens[keep])
-    from splitplan.studies import plan_windows
+    from splitplan.workflows.studies import plan_windows
     windows = plan_windows(trace.take(slice(0, 300)), 30.0, "llama3.1-8b", "chat", hardware=["h100-80gb"])
     plans = [p for p in windows.plans if p is not None]
     assert len(plans) > 1

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitplan.errors import TraceError
+from splitplan.base.errors import TraceError
 from splitplan.specs.catalog import data_dir
 from splitplan.workload.trace import (
     Columns,

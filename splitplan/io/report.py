@@ -19,9 +19,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from splitplan.errors import SpecError
-from splitplan.inputs import printable
-from splitplan.plan_document import SCHEMA_VERSION  # noqa: E402,F401 - (one version for every document)
+from splitplan.base.defaults import SCHEMA_VERSION  # noqa: E402,F401 - (one version for every document)
+from splitplan.base.errors import SpecError
+from splitplan.base.inputs import printable
 from splitplan.search.documents import (  # noqa: F401 - (the plans' forms, where the reports read them)
     optimize_json,
     plan_json,

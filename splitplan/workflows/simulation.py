@@ -9,27 +9,27 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from splitplan.defaults import (
+from splitplan.base.defaults import (
     DEFAULT_ENGINE,
     DEFAULT_MODEL,
     DEFAULT_SLO,
 )
-from splitplan.errors import InfeasibleError, SpecError
-from splitplan.parallel import run_units
+from splitplan.base.errors import InfeasibleError, SpecError
+from splitplan.base.parallel import run_units
+from splitplan.io.report import SCHEMA_VERSION, plan_text
 from splitplan.perf.points import instance, reference_instance
 from splitplan.perf.roofline import Instance
+from splitplan.perf.slo import alone_latencies, reference_for
 from splitplan.perf.table import load_perf_db
-from splitplan.report import SCHEMA_VERSION, plan_text
-from splitplan.roles import SPLIT, Pool, Role
 from splitplan.search.plan import Plan, SizedPool, bought, predict
 from splitplan.sim.cluster import PoolSpec, SimOptions
 from splitplan.sim.cluster import simulate as run
 from splitplan.sim.metrics import requests_csv, summarize_result
-from splitplan.slo import alone_latencies, reference_for
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import hardware_catalog, load_hardware
 from splitplan.specs.layout import Layout, as_layout
 from splitplan.specs.model import load_model
+from splitplan.specs.roles import SPLIT, Pool, Role
 from splitplan.specs.slo import load_slo
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@
 Typed and checked whole before anything uses it: counts are integers (JSON `2.7` or `true` is
 refused, never truncated), a pool's `tp/dp/ep/pp` agree with its `layout`, pools are unique per
 (role, hardware, layout), a plan is split (prompt and token pools) or co-located (mixed pools),
-never a mix, and `splitplan.limits` bounds it. A plan carries the specs it was made with (`specs`:
+never a mix, and `splitplan.base.limits` bounds it. A plan carries the specs it was made with (`specs`:
 the resolved hardware, model, engine and SLO entries with their SHA-256), so it simulates and
 exports without the `--catalog` it was made with; a catalog entry that changed since is reported
 (`Plan.notes`) and the plan's copy is used.
@@ -19,14 +19,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from splitplan import limits
-from splitplan.defaults import MAX_BATCH_TOKENS
-from splitplan.errors import SpecError, SplitplanError
-from splitplan.inputs import excerpt, parse_document, read_text
-from splitplan.roles import Pool, Role
+from splitplan.base import limits
+from splitplan.base.defaults import MAX_BATCH_TOKENS
+from splitplan.base.errors import SpecError, SplitplanError
+from splitplan.base.inputs import excerpt, parse_document, read_text
 from splitplan.specs.layout import MAX_GPUS, Layout, parse_layout
+from splitplan.specs.roles import Pool, Role
 
-SCHEMA_VERSION = 3  # 3: plans carry their specs; 2: SLO targets are numbers with a unit (plans of 2 still read)
 READS = (2, 3)
 ROLES = ("prompt", "token", "mixed")
 

@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import InvalidStateError, ProcessPoolExecutor
 from typing import Any
 
-from splitplan.errors import SpecError, SplitplanError
-from splitplan.inputs import reason
+from splitplan.base.errors import SpecError, SplitplanError
+from splitplan.base.inputs import reason
 
 EXECUTORS = ("local", "ray")
 _SHARED: tuple | None = None  # (fn, shared), set just before the workers fork

@@ -3,7 +3,7 @@ read), at most a known number of bytes, YAML and JSON without duplicate keys, al
 nesting, and error messages that show at most a short excerpt of what the file holds.
 
 Every reader of a user file (specs, plans, perf-dbs, deployments, traces) opens it here; the
-bounds are in `splitplan.limits`."""
+bounds are in `splitplan.base.limits`."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from splitplan.errors import SpecError, SplitplanError
-from splitplan.limits import EXCERPT_CHARS, MAX_NESTING, MAX_TABLE_BYTES
+from splitplan.base.errors import SpecError, SplitplanError
+from splitplan.base.limits import EXCERPT_CHARS, MAX_NESTING, MAX_TABLE_BYTES
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
 

@@ -10,22 +10,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitplan.defaults import (
+from splitplan.base.defaults import (
     DEFAULT_ENGINE,
     DEFAULT_MODEL,
     DEFAULT_SLO,
     STUDY_SLO,
 )
-from splitplan.errors import InfeasibleError, SpecError
-from splitplan.parallel import run_units
-from splitplan.report import SCHEMA_VERSION, plan_json, pools_text
-from splitplan.roles import Pool
+from splitplan.base.errors import InfeasibleError, SpecError
+from splitplan.base.parallel import run_units
+from splitplan.io.report import SCHEMA_VERSION, plan_json, pools_text
 from splitplan.search.optimize import Mode, OptimizeOptions, optimize
 from splitplan.search.plan import Plan, usd_per_million_tokens
 from splitplan.search.rate import max_rate
-from splitplan.simulation import Setup, plan_from_pools, plan_pools, pool_specs
 from splitplan.specs.design import Design, load_designs
 from splitplan.specs.hardware import load_hardware, price_date_warning
+from splitplan.specs.roles import Pool
+from splitplan.workflows.simulation import Setup, plan_from_pools, plan_pools, pool_specs
 from splitplan.workload.trace import Trace, resample_poisson
 
 SCENARIOS = ("iso-power", "iso-cost", "iso-throughput-cost", "iso-throughput-power")

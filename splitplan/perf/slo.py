@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitplan.errors import InfeasibleError, SpecError
+from splitplan.base.errors import InfeasibleError, SpecError
 from splitplan.perf.model import PerfModel
 from splitplan.specs.slo import SloLine, SloProfile
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from splitplan.defaults import CALIBRATION_START
-from splitplan.errors import SpecError
-from splitplan.parallel import run_units
+from splitplan.base.defaults import CALIBRATION_START
+from splitplan.base.errors import SpecError
+from splitplan.base.parallel import run_units
 from splitplan.perf.roofline import Instance
 from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.hardware import load_hardware
