@@ -11,8 +11,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from splitplan.cli import app
 from splitplan.base.defaults import SCHEMA_VERSION
+from splitplan.cli import app
 from splitplan.io.plan_document import PlanDocument, digest
 
 runner = CliRunner()
