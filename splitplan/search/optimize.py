@@ -9,7 +9,6 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 import numpy as np
 
@@ -19,7 +18,7 @@ from splitplan.base.parallel import run_units
 from splitplan.perf.points import candidate_layouts, reference_instance, require_tp
 from splitplan.perf.roofline import Instance
 from splitplan.perf.slo import achieved, alone_latencies, meets, reference_for
-from splitplan.perf.table import load_perf_db
+from splitplan.perf.table import PerfDb, load_perf_db
 from splitplan.search.bracket import plan_max_rate
 from splitplan.search.documents import optimize_json, plan_json, plans_csv
 from splitplan.search.frontier import cost_power_frontier, nondominated
@@ -38,9 +37,9 @@ from splitplan.search.plan import (
 )
 from splitplan.search.solve import solve_counts
 from splitplan.sim.prefix_cache import PrefixModel, host_link_bytes_per_s
-from splitplan.specs.engine import load_engine
-from splitplan.specs.hardware import hardware_catalog, load_hardware, load_machines, price_date_warning
-from splitplan.specs.model import load_model
+from splitplan.specs.engine import EngineProfile, load_engine
+from splitplan.specs.hardware import HardwareSpec, hardware_catalog, load_hardware, load_machines, price_date_warning
+from splitplan.specs.model import ModelSpec, load_model
 from splitplan.specs.roles import SPLIT, Role
 from splitplan.specs.slo import load_slo
 
@@ -175,11 +174,11 @@ class _Search:
     """What every step of one `optimize` call shares: the loaded specs and the problem."""
 
     options: OptimizeOptions
-    model: Any
-    engine: Any
-    db: Any  # the measured latencies (--perf-db), or None
-    machines: dict  # every machine considered, by the name it was given as
-    names: list  # the machine types considered for every role (`hardware`, else the catalog)
+    model: ModelSpec
+    engine: EngineProfile
+    db: PerfDb | None  # the measured latencies (--perf-db)
+    machines: dict[str, HardwareSpec]  # every machine considered, by the name it was given as
+    names: list[str]  # the machine types considered for every role (`hardware`, else the catalog)
     problem: Problem
     unservable: dict | None  # requests no instance can hold, left out of the sizing
 

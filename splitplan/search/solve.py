@@ -79,10 +79,16 @@ def _solve_highs(program: IntegerProgram) -> np.ndarray | None:
     that forks workers."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
-    result = milp(program.objective, constraints=LinearConstraint(program.rows, program.row_lower, program.row_upper),
-                  integrality=np.ones(len(program.objective), int), bounds=Bounds(0, program.upper))
+    # HiGHS meets the columns in the order of their LP names (x0, x1, x10, x11, ..., x2: ilp_model's),
+    # as when the program went through PuLP: among plans of equal objective, which one it returns
+    # depends on that order, and splitplan's plans were set by it.
+    order = np.array(sorted(range(len(program.objective)), key=str), int)
+    result = milp(program.objective[order], constraints=LinearConstraint(program.rows[:, order], program.row_lower, program.row_upper),
+                  integrality=np.ones(len(order), int), bounds=Bounds(0, program.upper[order]))
     if result.status == 0:
-        return result.x
+        units = np.empty(len(order))
+        units[order] = result.x
+        return units
     if result.status == 2:
         return None
     raise SolverError(f"highs returned status {result.message}")
