@@ -18,10 +18,12 @@ def max_rate(workload_at, base_rate_rps: float, model: str, slo: str, progress=N
     trace's timestamps compressed). The rate is bracketed by doubling or halving
     from `base_rate_rps`, then bisected to 2 %; each step asks whether a
     cost-minimal split plan exists within the budget. `progress(rate, ok)` is
-    called after each step. `options` and `settings`: as `optimize` takes them (split plans only,
-    without runner-ups).
+    called after each step. `options` and `settings`: as `optimize` takes them, without runner-ups;
+    split plans only, or co-located ones only with `Mode.COLOCATED` (a co-located design).
     """
-    opts = dataclasses.replace(options or OptimizeOptions(), **settings, mode=Mode.SPLIT_ALONE, alternatives=0)
+    opts = dataclasses.replace(options or OptimizeOptions(), **settings)
+    mode = Mode.COLOCATED if opts.mode is Mode.COLOCATED else Mode.SPLIT_ALONE
+    opts = dataclasses.replace(opts, mode=mode, alternatives=0)
     if opts.max_cost_per_hour is None and opts.max_power_kw is None and not opts.max_machines:
         raise SpecError("--objective throughput needs a budget: --max-cost-per-hour, --max-power-kw or --max-machines TYPE=N")
 

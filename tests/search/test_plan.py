@@ -222,6 +222,18 @@ def test_throughput_objective_and_bigger_budget_never_lowers_rate():
                      mode="split-alone", **kw)  # (max_rate asks for split plans)
 
 
+def test_max_rate_searches_the_plans_its_mode_asks_for():
+    """A rate search plans split pools, or co-located machines for a co-located design (compare's
+    baselines): the mode the options give, never split plans for a co-located design."""
+    base = resample_poisson(load_trace(default_trace_path()), 3.0, 60.0, np.random.default_rng(2))
+    kw = dict(hardware=["h100-80gb"], tp=8, max_machines={"h100-80gb": 3})
+    split = api.max_rate(_scaled(base), base.mean_rate_rps, "llama2-70b", "splitwise", **kw)
+    mixed = api.max_rate(_scaled(base), base.mean_rate_rps, "llama2-70b", "splitwise", mode="colocated", **kw)
+    assert split.plan.prompt_pools and split.plan.token_pools and not split.plan.mixed_pools
+    assert mixed.plan.mixed_pools and not (mixed.plan.prompt_pools or mixed.plan.token_pools)
+    assert mixed.plan.machines <= 3 and not mixed.alternatives
+
+
 def test_throughput_needs_a_budget():
     from splitplan.base.errors import SpecError
     base = load_trace(default_trace_path())
