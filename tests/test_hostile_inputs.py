@@ -160,10 +160,15 @@ def test_closed_loop_bounds(args, needle):
     assert needle in one_line(run(*args))
 
 
-def test_a_simulation_past_its_iteration_bound_stops_with_one_line(monkeypatch):
+@pytest.mark.parametrize("requests, output_tokens", [
+    (5, 400),  # long decodes: the iterations are counted in stretches
+    (1_200, 2),  # one decode iteration a request: counted one by one, never in a stretch
+])
+def test_a_simulation_past_its_iteration_bound_stops_with_one_line(monkeypatch, requests, output_tokens):
     from splitplan.base import limits
     monkeypatch.setattr(limits, "MAX_SIM_ITERATIONS", 1_000)
-    line = one_line(run("simulate", *SIM, "--concurrency", "1", "--num-requests", "5", "--isl", "10", "--osl", "400"))
+    line = one_line(run("simulate", *SIM, "--concurrency", "1", "--num-requests", str(requests), "--isl", "10",
+                        "--osl", str(output_tokens)))
     assert "passed 1,000 decode iterations" in line
 
 
