@@ -1,6 +1,6 @@
 """Mutation testing of the model's core: do the tests notice when the code is broken?
 
-    python bench/mutation.py [--sample N] [--seed S] [--named-only] [--only TEXT|TEXT...] [--timeout SECONDS]
+    python bench/mutation.py [--sample N] [--seed S] [--named-only | --sampled-only] [--only TEXT|TEXT...] [--timeout SECONDS]
 
 Two sets of mutants, each applied to a scratch copy of the repository (never to this
 checkout) and judged by the core tests (tests/capacity, tests/search, tests/sim,
@@ -319,6 +319,7 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--named-only", action="store_true")
+    parser.add_argument("--sampled-only", action="store_true", help="skip the named mutants (e.g. run beside a --named-only run: each trial uses one core)")
     parser.add_argument("--only", default="", help="named mutants whose name contains TEXT, or one of A|B|... (implies --named-only)")
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
@@ -347,6 +348,8 @@ def main() -> None:
         finally:
             target.write_text(original)
 
+    if args.sampled_only:
+        named = []
     print("| named mutation | file | killed |\n|---|---|---|")
     named_killed = 0
     for (name, path, old, new), tests in named:
