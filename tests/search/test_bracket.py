@@ -16,7 +16,7 @@ def _counting(limit):
 
 def test_finds_the_highest_passing_value_within_tolerance_and_stops_doubling_at_the_first_failure():
     attempt, calls = _counting(10.0)
-    lo, result, hi = bracket_bisect(attempt, 1.0, tolerance=1.02)
+    lo, result, hi = bracket_bisect(attempt, 1.0)  # (the default: within 2 %, as max-rate reports)
     assert lo <= 10.0 < hi and hi / lo <= 1.02 and result == lo
     assert max(calls) == 16.0  # 1, 2, 4, 8, 16: the first failure ends the bracket
     assert len(calls) <= 5 + 6  # then bisection: log2(log(16 / 8) / log(1.02)) < 6 steps
