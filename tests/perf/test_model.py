@@ -1,5 +1,7 @@
 """Every perf model implements the PerfModel protocol the simulator and the search rely on."""
 
+import numpy as np
+
 from splitplan import api
 from splitplan.perf.model import PerfModel
 from splitplan.perf.table import load_perf_db
@@ -16,3 +18,14 @@ def test_analytic_and_measured_models_are_perf_models():
     assert not analytic.measured and measured.measured and splitwise.measured
     measured.record_decode_steps([1, 10_000], [600, 600 * 10_000])  # the second is outside the table: counted
     assert measured.queries["decode"] == 2 and measured.extrapolated["decode"] == 1
+
+
+def test_a_decode_step_is_outside_the_table_only_beyond_its_measured_corners():
+    db = load_perf_db(str(PERF_DB))
+    measured = db.instance(api.instance("llama2-70b", "h100-80gb", 8, "lean"))
+    batch_lo, batch_hi = measured.bat_x[0], measured.bat_x[-1]  # 1 and 64 requests
+    ctx_lo, ctx_hi = measured.ctx_x[0], measured.ctx_x[-1]  # 192 and 8,256 tokens a request
+    inside = [(batch_lo, batch_lo * ctx_lo), (batch_hi, batch_hi * ctx_hi), (8, 8 * 1000)]  # the corners belong to it
+    outside = [(batch_hi + 1, (batch_hi + 1) * 1000), (8, 8 * (ctx_lo - 1)), (8, 8 * (ctx_hi + 1))]
+    batch, context = (np.array(column, float) for column in zip(*inside, *outside, strict=True))
+    assert measured.decode_outside(batch, context).tolist() == [False] * 3 + [True] * 3
