@@ -117,6 +117,16 @@ def test_pipeline_decode_takes_pp_stage_times_of_a_micro_batch():
     assert 0.95 * pp2.fit.weights_bytes_per_gpu < one.bytes_per_gpu < 1.1 * pp2.fit.weights_bytes_per_gpu
 
 
+@pytest.mark.parametrize("prompts", [1, 2, 4])
+def test_pipeline_prefill_fills_and_drains_the_pipeline(prompts):
+    """A pass with prefill takes 2 pp - 1 stage times (the pipeline fills and drains), each stage
+    half the layers on a micro-batch of half the prompt tokens: 3/4 of TP 8's pass on one stage's
+    GPUs, plus the stage hops and fixed costs (where a decode-only pass takes pp stage times)."""
+    pp2, tp8 = Instance(LLAMA, H100, FP8, Layout(8, pp=2)), Instance(LLAMA, H100, FP8, Layout(8))
+    args = (prompts, prompts * 4096, prompts * 4096**2)
+    assert 0.74 < pp2.pass_time_s(*args) / tp8.pass_time_s(*args) < 0.82
+
+
 def test_search_adds_wide_ep_for_moe_and_pipelines_when_nothing_fits_one_machine():
     assert candidate_layouts(LLAMA, H100, FP8) == [Layout(t) for t in (1, 2, 4, 8)]
     layouts = candidate_layouts(DSV3, H200, FP8)

@@ -195,6 +195,22 @@ def test_flops_of_a_prompt_batch_are_each_prompt_s_including_its_lm_head_row():
     assert decode.flops_per_gpu >= 3 * head  # every decoded token goes through the LM head
 
 
+@pytest.mark.parametrize("tokens", [2048, 8192])  # (compute-bound expert GEMMs: fewer tokens are bound by reading the experts)
+def test_expert_gemms_run_at_the_efficiency_of_their_rows_per_touched_expert(tokens):
+    """Each touched expert multiplies only the tokens routed to it: tokens x top-k / touched rows,
+    at the GEMM efficiency of that many rows (rows / (rows + gemm_half_tokens)). Isolated as the
+    extra compute at a quarter of the MoE efficiency: 3x the expert GEMMs at that efficiency."""
+    m = load_model("mixtral-8x7b")
+    half = IDEAL.defaults.model_copy(update={"gemm_half_tokens": 8.0})
+    engines = [IDEAL.model_copy(update={"defaults": half.model_copy(update={"moe_efficiency": e})}) for e in (1.0, 0.25)]
+    full, quarter = (Instance(m, H100, eng, 2).explain([tokens]) for eng in engines)
+    experts, top_k = m.num_local_experts, m.num_experts_per_tok
+    rows = tokens * top_k / (experts * (1 - (1 - top_k / experts) ** tokens))
+    expert_s = tokens * 2 * top_k * m.expert_params * m.num_hidden_layers / 2 / H100.peak_flops_per_s("bf16")
+    expected = 3 * expert_s / H100.prefill_clock_fraction * (rows + 8) / rows
+    assert quarter.compute_s - full.compute_s == pytest.approx(expected, rel=1e-6)
+
+
 def test_moe_efficiency_slows_the_expert_gemms_of_a_prefill_not_a_decode():
     """At a quarter of the dense GEMM efficiency, the expert GEMMs of an 8,192-token Mixtral
     prefill take 4x their ideal compute time (the rest unchanged); a batch-1 decode, bound by
