@@ -126,6 +126,10 @@ def test_round_robin_spreads_evenly():
     r = simulate(trace, [PoolSpec("prompt", H100, 3), PoolSpec("token", H100, 3)], SimOptions(routing="round-robin"))
     counts = np.bincount(r.prompt_instance, minlength=3)[:3]
     assert counts.max() - counts.min() <= 1
+    # in turn, from the first instance of each pool: prompts in arrival order, tokens as prompts finish
+    assert r.prompt_instance.tolist() == (np.arange(len(r.prompt_instance)) % 3).tolist()
+    first_done = np.argmin(trace.arrival_s + r.ttft_s)
+    assert r.token_instance[first_done] == 3
 
 
 def test_colocated_decode_stalls_behind_prompts():
