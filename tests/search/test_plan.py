@@ -387,6 +387,20 @@ def test_a_sequence_cap_sizes_the_token_pool():
     assert capped.instances > free.instances and capped.binding == "max_num_seqs"
 
 
+def test_an_option_names_what_sized_it_at_one_instance_and_at_its_lower_bound():
+    """A light load one instance serves: sized at the minimum, and at a lower bound (a co-located
+    pool needs the prompt pool's count) the bound is what binds, not a line it already meets."""
+    from splitplan.search.plan import size_option
+    from splitplan.specs.slo import load_slo
+    trace = resample_poisson(load_trace(default_trace_path()), 0.5, 60.0, np.random.default_rng(5))
+    inst = Instance(MODEL, load_hardware("h100-80gb"), ENGINE, 8)
+    problem = Problem(trace, load_slo("batch"), None)
+    for role in ("prompt", "token"):
+        alone, bounded = size_option(problem, role, inst), size_option(problem, role, inst, lower=3)
+        assert (alone.instances, alone.binding) == (1, "minimum size (1 instance)")
+        assert (bounded.instances, bounded.binding) == (3, "prompt-pool size (lower bound)")
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.sampled_from([(2, 2), (2, 4), (4, 2), (1, 4)]), st.integers(1, 6), st.integers(1, 6), st.sampled_from(["cost", "power"]),
        st.one_of(st.none(), st.integers(1, 3)))
