@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from splitplan import api
@@ -368,6 +368,8 @@ def _results_equal(a, b) -> None:
 @settings(max_examples=12, deadline=None)
 @given(st.integers(0, 1000), st.sampled_from(["open", "closed"]), st.sampled_from(["split", "mixed", "small-kv"]),
        st.sampled_from(["lean", "vllm"]), st.booleans())
+@example(0, "closed", "small-kv", "lean", False)  # (always: a stretch must end before its KV preempts)
+@example(0, "closed", "small-kv", "vllm", False)
 def test_decode_stretches_computed_at_once_change_nothing(seed, loop, pools, engine, measured):
     """Decode-only iterations before the cluster's next event are computed in one array
     (sim.cluster._decode_stretch): every result is the same, to the bit, as iteration by
