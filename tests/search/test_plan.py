@@ -511,3 +511,18 @@ def test_a_plan_on_shared_machines_is_the_same_plan_with_its_kv_local(small_trac
     gain = kv_transfer_time_s(whole, whole, p) - kv_transfer_time_s(whole, whole, p, local=True)
     assert np.array_equal(shared["ttft"], separate["ttft"])
     assert np.allclose(separate["e2e"] - shared["e2e"], gain)
+
+
+def test_a_tp_degree_no_named_machine_takes_is_bad_input_naming_the_machine():
+    """--tp must divide every named machine's GPUs, or at least one catalog machine's."""
+    from splitplan.base.errors import SpecError
+    from splitplan.search.optimize import _check_tp
+    h100, mi300x = load_hardware("h100-80gb"), load_hardware("mi300x-192gb")
+    with pytest.raises(SpecError, match=r"--tp 3: must divide the 8 GPUs of h100-80gb"):
+        _check_tp(3, [h100], [])
+    with pytest.raises(SpecError, match="h100-80gb"):  # the first named machine it does not divide
+        _check_tp(3, [h100, mi300x], [])
+    _check_tp(8, [h100], [])  # (a degree of the machine: nothing to say)
+    _check_tp(8, [], [h100, h100.shape(4)])  # no machine named: one catalog machine that takes it is enough
+    with pytest.raises(SpecError, match="h100-80gb"):
+        _check_tp(3, [], [h100])
