@@ -29,3 +29,12 @@ def test_a_decode_step_is_outside_the_table_only_beyond_its_measured_corners():
     outside = [(batch_hi + 1, (batch_hi + 1) * 1000), (8, 8 * (ctx_lo - 1)), (8, 8 * (ctx_hi + 1))]
     batch, context = (np.array(column, float) for column in zip(*inside, *outside, strict=True))
     assert measured.decode_outside(batch, context).tolist() == [False] * 3 + [True] * 3
+
+
+def test_a_perf_db_measures_tp_layouts_only():
+    """A pipelined instance of a measured TP degree is not the measured one: no rows, analytic."""
+    from splitplan.specs.layout import Layout
+    db = load_perf_db(str(PERF_DB))
+    plain = api.instance("llama2-70b", "h100-80gb", 8, "lean")
+    piped = api.instance("llama2-70b", "h100-80gb", Layout(8, pp=2), "lean")
+    assert db.instance(plain).rows is not None and db.instance(piped).rows is None

@@ -526,3 +526,27 @@ def test_a_tp_degree_no_named_machine_takes_is_bad_input_naming_the_machine():
     _check_tp(8, [], [h100, h100.shape(4)])  # no machine named: one catalog machine that takes it is enough
     with pytest.raises(SpecError, match="h100-80gb"):
         _check_tp(3, [], [h100])
+
+
+def test_a_frontier_plan_has_a_highest_rate_only_where_the_trace_has_a_span():
+    """--pareto gives each frontier plan the highest rate it serves; a trace of one request has no
+    rate to scale (its span is 0): none is given rather than a made-up one."""
+    import dataclasses
+    base = resample_poisson(load_trace(default_trace_path()), 3.0, 60.0, np.random.default_rng(2))
+    one = dataclasses.replace(base, arrival_s=base.arrival_s[:1], prompt_tokens=base.prompt_tokens[:1],
+                              output_tokens=base.output_tokens[:1])
+    for trace, has_rate in ((base, True), (one, False)):
+        front = api.optimize(trace, "llama2-70b", "splitwise", ["h100-80gb"], tp=8, pareto=True).pareto
+        assert front and all((p.max_rate_rps is not None and p.max_rate_rps > 1) == has_rate for p in front)
+
+
+def test_a_plan_does_not_depend_on_when_the_trace_starts():
+    """Shifting every arrival by the same time changes nothing: counts, utilization, latencies."""
+    import dataclasses
+    base = resample_poisson(load_trace(default_trace_path()), 3.0, 60.0, np.random.default_rng(2))
+    later = dataclasses.replace(base, arrival_s=base.arrival_s + 3600.0)
+    plans = [api.optimize(t, "llama2-70b", "splitwise", ["h100-80gb"], tp=8, mode="split").plan for t in (base, later)]
+    pools = [p.prompt_pools + p.token_pools for p in plans]
+    assert [(q.machines, q.instances) for q in pools[0]] == [(q.machines, q.instances) for q in pools[1]]
+    assert [q.utilization for q in pools[0]] == pytest.approx([q.utilization for q in pools[1]], rel=1e-6)
+    assert [v for _, v, _ in plans[0].slo] == pytest.approx([v for _, v, _ in plans[1].slo], rel=1e-6)
