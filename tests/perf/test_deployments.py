@@ -181,3 +181,14 @@ def test_calibration_falls_back_to_simulating_every_evaluation_if_a_schedule_dis
 def test_a_decode_stretch_in_closed_form_is_the_sum_of_its_steps(base, per_token, slack, batch, context, iterations):
     steps = [base + max((context + j * batch) * per_token, slack) for j in range(iterations)]
     assert float(dep.stretch_s(base, per_token, slack, batch, context, iterations)) == pytest.approx(math.fsum(steps), rel=1e-12)
+
+
+def test_error_table_is_signed_percent_error_by_machine_band_and_overall():
+    runs = pd.DataFrame({"machine": ["h100-80gb", "h100-80gb", "h200-141gb"], "band": ["1-4", "1-4", "5-16"],
+                         "ttft_ms": [100.0, 200.0, 50.0], "tpot_ms": [10.0, 20.0, 5.0]})
+    predicted = np.array([[110.0, 9.0], [180.0, 22.0], [50.0, 6.0]])  # TTFT +10, -10, 0 %; TPOT -10, +10, +20 %
+    table = dep.error_table(runs, predicted, None).set_index(["machine", "band"])
+    h100, everything = table.loc[("h100-80gb", "1-4")], table.loc[("all", "all")]
+    assert (h100["runs"], h100["ttft_mape_fit_pct"], h100["tpot_bias_fit_pct"]) == (2, pytest.approx(10), pytest.approx(0))
+    assert everything["ttft_bias_fit_pct"] == pytest.approx(0) and everything["tpot_bias_fit_pct"] == pytest.approx(10)
+    assert everything["tpot_mape_fit_pct"] == pytest.approx(40 / 3)
