@@ -550,3 +550,15 @@ def test_a_plan_does_not_depend_on_when_the_trace_starts():
     assert [(q.machines, q.instances) for q in pools[0]] == [(q.machines, q.instances) for q in pools[1]]
     assert [q.utilization for q in pools[0]] == pytest.approx([q.utilization for q in pools[1]], rel=1e-6)
     assert [v for _, v, _ in plans[0].slo] == pytest.approx([v for _, v, _ in plans[1].slo], rel=1e-6)
+
+
+def test_requests_longer_than_any_token_instance_holds_are_left_out_with_the_largest_named():
+    """Qwen3-32B on one H100 (TP 1) holds 17,078 tokens of KV, under its 40,960-token window: a
+    longer request is left out of the sizing, and the report names the largest instance."""
+    from splitplan.search.optimize import _servable
+    from splitplan.specs.model import load_model
+    trace = Trace(np.array([0.0, 1.0, 2.0]), np.array([1000, 20_000, 2000]), np.array([100, 100, 100]), "t")
+    kept, report = _servable(trace, load_model("qwen3-32b"), load_engine("vllm"), [load_hardware("h100-80gb")], 1)
+    assert kept.prompt_tokens.tolist() == [1000, 2000]
+    assert (report["requests"], report["min_prompt_tokens"]) == (1, 20_000)
+    assert "(largest: 17,078 tokens, h100-80gb at TP 1)" in report["reason"]
