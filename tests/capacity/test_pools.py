@@ -139,3 +139,16 @@ def test_routing_from_a_heap_is_the_scan(monkeypatch, held):
     scan_ttft, scan_placed = replay()
     assert heap_placed == scan_placed and len(set(scan_placed)) == 24
     np.testing.assert_array_equal(heap_ttft, scan_ttft)
+
+
+def test_a_plans_values_do_not_depend_on_when_the_trace_starts():
+    """Every arrival later by an hour: the same latencies and utilization (measured over the
+    trace's own span, from its first arrival)."""
+    n = 400
+    trace = Trace(np.arange(n) * 0.05, np.full(n, 500), np.full(n, 20), "t")
+    later = Trace(trace.arrival_s + 3600.0, trace.prompt_tokens, trace.output_tokens, "t")
+    options = _keyed(Option("prompt", H100, 2, "t"), Option("token", H100, 2, "t"))
+    counts = {K("prompt", "h100-80gb", Layout(8)): 2, K("token", "h100-80gb", Layout(8)): 2}
+    now, then = (evaluate(_problem(t), counts, options) for t in (trace, later))
+    assert now["utilization"] == pytest.approx(then["utilization"], rel=1e-9)
+    assert then["e2e"] == pytest.approx(now["e2e"], rel=1e-9)
