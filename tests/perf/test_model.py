@@ -38,3 +38,9 @@ def test_a_perf_db_measures_tp_layouts_only():
     plain = api.instance("llama2-70b", "h100-80gb", 8, "lean")
     piped = api.instance("llama2-70b", "h100-80gb", Layout(8, pp=2), "lean")
     assert db.instance(plain).rows is not None and db.instance(piped).rows is None
+
+
+def test_a_perf_db_lists_its_model_machine_and_tp_groups_once_each():
+    groups = load_perf_db(str(PERF_DB)).groups()
+    assert groups == sorted(set(groups)) and len(groups) == 12
+    assert ("llama2-70b", "h100-80gb", 8) in groups and ("bloom-176b", "a100-80gb", 8) in groups
