@@ -18,6 +18,10 @@ def test_analytic_and_measured_models_are_perf_models():
     assert not analytic.measured and measured.measured and splitwise.measured
     measured.record_decode_steps([1, 10_000], [600, 600 * 10_000])  # the second is outside the table: counted
     assert measured.queries["decode"] == 2 and measured.extrapolated["decode"] == 1
+    for fresh in (db.instance(analytic), db.instance(analytic, "splitwise-sim")):  # counted from nothing
+        assert fresh.queries == {"prefill": 0, "decode": 0} == fresh.extrapolated
+        fresh.prefill_time_s([1000])
+        assert fresh.queries["prefill"] == 1
 
 
 def test_a_decode_step_is_outside_the_table_only_beyond_its_measured_corners():
