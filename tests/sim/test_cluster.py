@@ -602,3 +602,20 @@ def test_planner_prompt_replay_defers_as_the_simulator_under_async_scheduling(se
                  SimOptions(max_batch_tokens=budget))
     planned = prompt_queue_ttft_s(trace.arrival_s, trace.prompt_tokens, [(first, 1), (second, 2)], budget, chunked=chunked)
     assert np.allclose(planned, r.ttft_s, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("pools", ["split", "mixed"])
+def test_a_long_decode_alone_is_computed_at_once_as_the_loop_computes_it(pools):
+    """A request decoding alone for hundreds of iterations: one stretch, in arrays (more than 64
+    iterations), ending to the bit where the iteration-by-iteration loop ends."""
+    import splitplan.sim.cluster as cluster
+    trace = Trace(np.array([0.0, 100.0]), np.array([800, 300]), np.array([400, 200]), "t")
+    spec = [PoolSpec("prompt", H100, 1), PoolSpec("token", H100, 1)] if pools == "split" else [PoolSpec("mixed", H100, 1)]
+    fused = simulate(trace, spec)
+    cluster.FUSE_DECODE_STRETCHES = False
+    try:
+        plain = simulate(trace, spec)
+    finally:
+        cluster.FUSE_DECODE_STRETCHES = True
+    _results_equal(fused, plain)
+    assert fused.events < plain.events - 500
