@@ -319,7 +319,7 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--named-only", action="store_true")
-    parser.add_argument("--sampled-only", action="store_true", help="skip the named mutants (e.g. run beside a --named-only run: each trial uses one core)")
+    parser.add_argument("--sampled-only", action="store_true", help="skip the named mutants (run beside --named-only)")
     parser.add_argument("--only", default="", help="named mutants whose name contains TEXT, or one of A|B|... (implies --named-only)")
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
