@@ -562,3 +562,16 @@ def test_requests_longer_than_any_token_instance_holds_are_left_out_with_the_lar
     assert kept.prompt_tokens.tolist() == [1000, 2000]
     assert (report["requests"], report["min_prompt_tokens"]) == (1, 20_000)
     assert "(largest: 17,078 tokens, h100-80gb at TP 1)" in report["reason"]
+
+
+def test_a_split_plan_no_repair_can_verify_is_infeasible_naming_the_line(tmp_path):
+    """H100 prompt machines meet an E2E p50 of 4.5 s alone (3.3 s), but the A100 token machines'
+    decode makes every split plan's E2E 5.4 s, and more machines do not shorten a decode: exit 3
+    naming the line, its best value and its target."""
+    n = 40
+    trace = Trace(np.arange(n) * 2.0, np.full(n, 1000), np.full(n, 300), "t")
+    slo = tmp_path / "e2e.yaml"
+    slo.write_text("description: E2E only\ne2e:\n  p50: {max_ms: 4500}\n")
+    with pytest.raises(InfeasibleError, match=r"no plan found that meets E2E p50: .* target <= 4500 ms"):
+        api.optimize(trace, "llama2-70b", str(slo), prompt_hardware=["h100-80gb"], token_hardware=["a100-40gb"], tp=8,
+                     mode="split", engine="vllm")
