@@ -192,3 +192,13 @@ def test_error_table_is_signed_percent_error_by_machine_band_and_overall():
     assert (h100["runs"], h100["ttft_mape_fit_pct"], h100["tpot_bias_fit_pct"]) == (2, pytest.approx(10), pytest.approx(0))
     assert everything["ttft_bias_fit_pct"] == pytest.approx(0) and everything["tpot_bias_fit_pct"] == pytest.approx(10)
     assert everything["tpot_mape_fit_pct"] == pytest.approx(40 / 3)
+
+
+def test_the_factors_scales_let_eight_evaluations_recover_a_known_engine(tmp_path):
+    """The fit steps each factor on its own scale (DEPLOYMENT_FACTORS: an efficiency moves by
+    tenths, a per-sequence overhead by tens of microseconds), so a few evaluations recover all
+    five factors from the base profile: the budget `calibrate --deployments` spends per fit."""
+    runs, _ = dep.read_deployments(_synthetic(tmp_path))
+    fitted = dep.fit_deployments(runs, load_engine("lean-fp8"), max_evaluations=8)
+    for name, value in KNOWN.items():
+        assert getattr(fitted.defaults, name) == pytest.approx(value, rel=0.01), name
