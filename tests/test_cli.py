@@ -111,7 +111,7 @@ def test_optimize_json_contract_and_output_dir(tmp_path):
     assert set(plan["predicted"]) == {"ttft_ms", "tbt_ms", "itl_ms", "tpot_ms", "e2e_ms"}
     assert set(plan["predicted"]["ttft_ms"]) == {"p50", "p90", "p99"}
     assert {"hardware", "tp", "dp", "ep", "pp", "layout", "machines", "instances", "gpus", "utilization",
-            "prefix_hit_rate", "shared"} == set(plan["prompt_pools"][0])
+            "prefix_hit_rate", "spare_instances", "shared"} == set(plan["prompt_pools"][0])
     written = json.loads((out / "plan.json").read_text())
     assert {k: v for k, v in written.items() if k != "specs"} == doc and set(written["specs"]) == {"hardware", "model",
                                                                                                   "engine", "slo"}

@@ -37,6 +37,8 @@ MAX_JOBS = 1_024
 MAX_CONCURRENCY = 100_000  # clients of a closed loop (simulate: 100,000 clients of 10 requests take 16 s, 1 GB)
 MAX_GENERATED_REQUESTS = 20_000_000  # a resample's rate x duration
 MAX_CLOSED_LOOP_REQUESTS = 1_000_000  # a closed loop's requests (as simulate's --max-requests default)
+MAX_HEADROOM_PCT = 1_000.0  # optimize --headroom: a plan for 11 times the trace's load
+MAX_SPARE_INSTANCES = 64  # optimize --spare: instances per pool beyond the load's need
 # A simulation's decode iterations over all its instances (each one output token of each running
 # request): 20M take about a minute and 0.2 GB of iteration times (bench/adversarial.py).
 MAX_SIM_ITERATIONS = 20_000_000

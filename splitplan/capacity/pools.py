@@ -333,8 +333,10 @@ def colocated_pool(trace, inst: Instance, instances: int, max_batch_tokens: int,
                                                 prefix_caching=prefix is not None,
                                                 kv_offload_gb=prefix.offload_gb if prefix is not None else 0.0))
     row = pool_report(result, [pool])[0]
+    prefill_s, decode_s = sum(x.prefill_s for x in result.instances), sum(x.decode_s for x in result.instances)
     return {"ttft": result.ttft_s, "tbt": result.tbt_s, "itl": result.itl_s, "tpot": result.tpot_s, "e2e": result.e2e_s,
-            "kv_peak_fraction": 0.0, "utilization": row["utilization"], "prefix_hit_rate": row["prefix_hit_rate"]}
+            "kv_peak_fraction": 0.0, "utilization": row["utilization"], "prefix_hit_rate": row["prefix_hit_rate"],
+            "phases": [(inst.hardware, inst.layout.gpus, instances, prefill_s, decode_s)], "span_s": result.span_s}
 
 
 def busy_s(start_s: np.ndarray, end_s: np.ndarray, instances: int) -> float:

@@ -165,6 +165,8 @@ OPTION_BOUNDS = {
     "--shared-prefix-tokens": Bound(1, limits.MAX_REQUEST_TOKENS, "tokens"),
     "--prefix-groups": Bound(1, limits.MAX_TRACE_REQUESTS, "prefixes"),
     "--kv-offload-gb": Bound(0, 1e6, "GB of host memory per instance"),
+    "--headroom": Bound(0, limits.MAX_HEADROOM_PCT, "percent of the trace's load"),
+    "--spare": Bound(0, limits.MAX_SPARE_INSTANCES, "instances per pool"),
 }
 
 

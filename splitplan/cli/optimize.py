@@ -57,6 +57,7 @@ from splitplan.cli.common import (
     with_precision,
 )
 from splitplan.io import plan_document, report
+from splitplan.search.documents import power_sources_of
 from splitplan.specs.engine import load_engine
 from splitplan.workload.trace import (
     EMBEDDED_HELP,
@@ -132,6 +133,11 @@ def optimize(
     num_requests: int | None = NUM_REQUESTS,
     format: PlanFormat = typer.Option(PlanFormat.table, "--format", help="table, json or csv"),
     output_dir: Path | None = typer.Option(None, "--output-dir", help="Write plan.json, candidates.csv, pareto.csv here."),
+    headroom: float = typer.Option(0.0, "--headroom",
+        help="Plan for the trace's load times (1 + PCT/100): its requests arriving that much faster (per-token figures stay at "
+             "the trace's load)."),
+    spare: int = typer.Option(0, "--spare",
+        help="Instances each pool keeps beyond what the load needs (N+1 is --spare 1); predicted latencies are with them out."),
 ) -> None:
     """The cheapest (or lowest-power) prompt/token machine plan meeting every SLO line on the trace."""
     _check_flags(split_only, no_split, perf_interp, perf_db, borrow_threshold, validate, concurrency, (isl, osl, num_requests))
@@ -146,10 +152,10 @@ def optimize(
         solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw, max_machines=_limits(max_machines),
         max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs, prefix_caching=cache_switch(prefix_caching), routing=routing,
         kv_offload_gb=kv_offload_gb or 0.0, perf_db=str(perf_db) if perf_db else None, perf_interp=perf_interp, mode=mode,
-        pareto=pareto, jobs=jobs if jobs > 0 else os.cpu_count() or 1)
+        pareto=pareto, jobs=jobs if jobs > 0 else os.cpu_count() or 1, headroom_pct=headroom, spare_instances=spare)
     if concurrency is not None:
         _no_clash_with_closed_loop(rate=rate is not None, window=window is not None, pareto=pareto, validate=validate,
-                                   throughput=objective is Objective.throughput)
+                                   throughput=objective is Objective.throughput, headroom=headroom > 0)
         check_request_sizes(model, engine, isl, osl)
         _closed_loop(closed_loop_workload(loaded, concurrency, num_requests, isl, osl, seed), concurrency, model, slo, seed,
                      options, format, output_dir, {"isl": isl, "osl": osl})
@@ -208,7 +214,7 @@ def _check_plan_options(plot, pareto: bool, no_split: bool, objective) -> None:
 
 def _no_clash_with_closed_loop(**given) -> None:
     flags = {"rate": "--rate", "window": "--window", "pareto": "--pareto", "validate": "--validate",
-             "throughput": "--objective throughput"}
+             "throughput": "--objective throughput", "headroom": "--headroom (for headroom, raise --concurrency)"}
     clash = [flags[k] for k, on in given.items() if on]
     if clash:
         raise SpecError(f"--concurrency plans a closed loop (its rate follows from its latency, checked by simulation); "
@@ -342,6 +348,9 @@ def _render_plan(result, workload) -> None:
     con = report.console()
     con.print(report.table(f"Plan for {workload.source} ({len(workload):,} requests{_rate_read(workload)})", ["", "value"],
                            _summary_rows(result)))
+    sources = power_sources_of(result)
+    if plan.energy_kwh_per_million_tokens is not None and sources:
+        con.print(f"GPU power in the energy figures: {report.power_text(sources)}.")
     con.print(report.table("Predicted against the SLO", ["line", "target", "achieved", "met"],
                            [(line.label, line.target, line.text(v), "yes" if ok else "NO") for line, v, ok in plan.slo]))
     if result.simulated is not None:
@@ -368,8 +377,12 @@ def _summary_rows(result) -> list[tuple[str, str]]:
     if result.max_rate_rps is not None:
         rows.append(("max rate", f"{result.max_rate_rps:,.3g} req/s within the budget"))
     per_million = report.per_million_text(plan)
+    energy = report.energy_text(plan)
     rows += [("cost", f"${plan.cost_usd_per_hour:,.2f}/h" + (f"; {per_million}" if per_million else "")),
-             ("power", f"{plan.power_kw:,.2f} kW provisioned"), ("binding", plan.binding)]
+             ("power", f"{plan.power_kw:,.2f} kW provisioned" + (f"; GPU energy {energy}" if energy else "")),
+             ("binding", plan.binding)]
+    if result.problem is not None and (result.problem.load_factor != 1 or result.problem.spare_instances):
+        rows.append(("margins", _margins_text(result.problem)))
     if result.split_saving_pct is not None:
         other, label = (result.colocated, "vs best co-located") if plan is not result.colocated else (result.split, "vs best split")
         saving = result.split_saving_pct
@@ -432,3 +445,15 @@ def _rate_read(workload) -> str:
 def _in_objective(objective: str, plan) -> str:
     """A plan's value in the objective's unit."""
     return f"${plan.cost_usd_per_hour:,.2f}/h" if objective == "cost" else f"{plan.power_kw:,.2f} kW"
+
+
+def _margins_text(problem) -> str:
+    """--headroom and --spare as the plan table states them."""
+    parts = []
+    if problem.load_factor != 1:
+        parts.append(f"sized for {problem.load_factor:g}x the trace's load ({(problem.load_factor - 1) * 100:g} % headroom; "
+                     "per-token figures at the trace's load)")
+    if problem.spare_instances:
+        parts.append(f"{problem.spare_instances} spare instance(s) per pool beyond the load's need (the predicted "
+                     "latencies are with them out of service)")
+    return "; ".join(parts)

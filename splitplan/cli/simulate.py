@@ -165,7 +165,10 @@ def _render_simulation(summary: dict, workload) -> None:
                                    f"{summary['rejected_kv']} request(s) never fit an instance's KV"
                                    + (f", {summary['refused_context']:,} longer than the model's context window were "
                                       "refused (left out of the SLO)" if summary["refused_context"] else "") + "; "
-                                   f"GPU energy {summary['energy_kwh']:.2f} kWh"))
+                                   f"GPU energy {summary['energy_kwh']:.2f} kWh, "
+                                   f"{summary['energy_kwh_per_million_tokens']:.3g} kWh per million tokens "
+                                   f"({summary['energy_kwh_per_million_output_tokens']:.3g} per million output tokens; "
+                                   f"power figures: {report.power_text(summary['power_sources'])})"))
     moved = summary["borrowed"]
     if any(moved.values()):
         con.print(f"mixed pool: {moved['prefills_on_token_machines']:,} prefill(s) ran on token machines, "
@@ -181,3 +184,4 @@ def _pool_echo(pool: Pool) -> dict:
     echo = {"role": pool.role, "hardware": pool.hardware, **pool.layout._asdict(), "layout": pool.layout.spec,
             "machines": pool.machines}
     return echo | ({"instances": pool.instances, "shared": pool.shared} if pool.shared is not None else {})
+

@@ -50,6 +50,7 @@ class PlanPool(BaseModel):
     gpus: Annotated[int, Field(ge=1, le=limits.MAX_MACHINES * MAX_GPUS)] | None = None
     utilization: Annotated[float, Field(ge=0, le=1)] | None = None
     prefix_hit_rate: Annotated[float, Field(ge=0, le=1)] | None = None
+    spare_instances: Annotated[int, Field(ge=0, le=limits.MAX_MACHINES * MAX_GPUS)] = 0  # beyond what the load needs
     # Machines shared with the other role's pool of the same number (`instances` its part of them).
     shared: Annotated[int, Field(ge=0, le=limits.MAX_PLAN_POOLS)] | None = None
 
@@ -99,6 +100,8 @@ class PlanBody(BaseModel):
     gpus: Annotated[int, Field(ge=1, le=limits.MAX_MACHINES * MAX_GPUS)] | None = None
     cost_usd_per_million_tokens: Annotated[float, Field(ge=0)] | None = None
     cost_usd_per_million_output_tokens: Annotated[float, Field(ge=0)] | None = None
+    energy_kwh_per_million_tokens: Annotated[float, Field(ge=0)] | None = None
+    energy_kwh_per_million_output_tokens: Annotated[float, Field(ge=0)] | None = None
     predicted: dict[str, dict[str, float | None]]
     slo: list[SloRow]
     binding: str
@@ -205,6 +208,7 @@ class PlanDocument(BaseModel):
     plan: MainPlan
     warnings: list[str] = []
     pareto: list[PlanBody] = []
+    power_sources: Annotated[list[dict[str, Any]], Field(max_length=limits.MAX_PLAN_POOLS)] = []  # (the energy figures')
     specs: Specs | None = None
 
     @model_validator(mode="after")

@@ -241,12 +241,14 @@ def console() -> Console:
 
 def pools_detail(pools) -> str:
     """Pools as pools_text gives them, each with what it buys: `2x h100-80gb TP 8 (2 instances,
-    16 GPUs, 64 % busy, 37 % prefix hits)` (busy: the predicted utilization, where there is one; prefix
-    hits: the share of its prompt tokens its prefix caches held, with prefix caching)."""
+    1 spare, 16 GPUs, 64 % busy, 37 % prefix hits)` (spare: instances beyond what the load needs,
+    where some are; busy: the predicted utilization, where there is one; prefix hits: the share of
+    its prompt tokens its prefix caches held, with prefix caching)."""
     def one(p) -> str:
         busy = "" if p.utilization is None else f", {p.utilization:.0%} busy"
         busy += "" if p.prefix_hit_rate is None else f", {p.prefix_hit_rate:.0%} prefix hits"
-        return f"{pool_text(p)} ({p.instances:,} instance{'s' * (p.instances != 1)}, {p.gpus:,} GPUs{busy})"
+        spare = f", {p.spare_instances:,} spare" if p.spare_instances else ""
+        return f"{pool_text(p)} ({p.instances:,} instance{'s' * (p.instances != 1)}{spare}, {p.gpus:,} GPUs{busy})"
     return " + ".join(one(p) for p in pools) or "-"
 
 
@@ -256,6 +258,23 @@ def per_million_text(plan) -> str:
         return ""
     return (f"${plan.cost_usd_per_million_tokens:,.3g} per million tokens "
             f"(${plan.cost_usd_per_million_output_tokens:,.3g} per million output tokens)")
+
+
+def energy_text(plan) -> str:
+    """`0.28 kWh per million tokens (14.4 per million output tokens)`, or '' without a figure."""
+    if plan.energy_kwh_per_million_tokens is None:
+        return ""
+    return (f"{plan.energy_kwh_per_million_tokens:,.3g} kWh per million tokens "
+            f"({plan.energy_kwh_per_million_output_tokens:,.3g} per million output tokens)")
+
+
+def power_text(sources: list[dict]) -> str:
+    """Each machine's GPU watts by phase and their source, for captions."""
+    def one(x: dict) -> str:
+        assumed = "" if x["decode_w_from"].startswith("the catalog") else f"; decode {x['decode_w_from']}"
+        return (f"{x['hardware']} {x['prefill_w']:.0f}/{x['decode_w']:.0f}/{x['idle_w']:.0f} W prefill/decode/idle "
+                f"({x['source']}, {x['source_date']}{assumed})")
+    return "; ".join(one(x) for x in sources)
 
 
 def file_names(source: str) -> str:

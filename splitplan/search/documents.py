@@ -9,7 +9,7 @@ from splitplan.base.defaults import SCHEMA_VERSION
 def pools_json(pools) -> list[dict]:
     return [{"hardware": p.hardware, **p.layout._asdict(), "layout": p.layout.spec, "machines": p.machines,
              "instances": p.instances, "gpus": p.gpus, "utilization": p.utilization, "prefix_hit_rate": p.prefix_hit_rate,
-             "shared": p.shared} for p in pools]
+             "spare_instances": p.spare_instances, "shared": p.shared} for p in pools]
 
 
 def pool_text(p) -> str:
@@ -42,6 +42,8 @@ def plan_json(plan) -> dict:
         "gpus": plan.gpus,
         "cost_usd_per_million_tokens": plan.cost_usd_per_million_tokens,
         "cost_usd_per_million_output_tokens": plan.cost_usd_per_million_output_tokens,
+        "energy_kwh_per_million_tokens": plan.energy_kwh_per_million_tokens,
+        "energy_kwh_per_million_output_tokens": plan.energy_kwh_per_million_output_tokens,
         "predicted": {f"{m}_ms": v for m, v in plan.predicted.items()},
         "slo": [{"line": line.label, "metric": line.metric, "percentile": line.percentile, "target": line.limit,
                  "unit": line.unit, "achieved": v, "met": ok} for line, v, ok in plan.slo],
@@ -63,7 +65,16 @@ def optimize_json(result, inputs: dict) -> dict:
         body["simulated"] = result.simulated
         for alternative, outcome in zip(body["alternatives"], result.alternatives_simulated, strict=True):
             alternative["simulated"] = outcome
-    return {"schema_version": SCHEMA_VERSION, "inputs": inputs, "plan": body, "warnings": result.warnings}
+    return {"schema_version": SCHEMA_VERSION, "inputs": inputs, "plan": body, "power_sources": power_sources_of(result),
+            "warnings": result.warnings}
+
+
+def power_sources_of(result) -> list[dict]:
+    """The per-phase GPU power, with its source, of each machine type the plan and its runner-ups use."""
+    from splitplan.sim.metrics import power_sources
+    machines = {o.inst.hardware.name: o.inst.hardware for o in result.options}
+    used = {p.hardware for plan in (result.plan, *result.alternatives) for p in plan.pools}
+    return power_sources(machines[name] for name in sorted(used) if name in machines)
 
 
 def plans_csv(plans) -> str:
@@ -73,12 +84,15 @@ def plans_csv(plans) -> str:
     w = csv.writer(out, lineterminator="\n")
     w.writerow(["rank", "prompt_pools", "token_pools", "mixed_pools", "machines", "cost_usd_per_hour", "power_kw",
                 "ttft_p99_ms", "tbt_p99_ms", "e2e_p99_ms", "all_slo_met", "binding", "max_rate_rps", "gpus",
-                "cost_usd_per_million_tokens", "cost_usd_per_million_output_tokens"])
+                "cost_usd_per_million_tokens", "cost_usd_per_million_output_tokens", "energy_kwh_per_million_tokens",
+                "energy_kwh_per_million_output_tokens"])
     for i, p in enumerate(plans):
         w.writerow([i, pools_text(p.prompt_pools), pools_text(p.token_pools), pools_text(p.mixed_pools), p.machines,
                     f"{p.cost_usd_per_hour:.4f}",
                     f"{p.power_kw:.4f}", f"{p.predicted['ttft']['p99']:.3f}", f"{p.predicted['tbt']['p99']:.3f}",
                     f"{p.predicted['e2e']['p99']:.3f}", all(ok for _, _, ok in p.slo), p.binding,
                     "" if p.max_rate_rps is None else f"{p.max_rate_rps:.4f}", p.gpus,
-                    *("" if v is None else f"{v:.6g}" for v in (p.cost_usd_per_million_tokens, p.cost_usd_per_million_output_tokens))])
+                    *("" if v is None else f"{v:.6g}" for v in (p.cost_usd_per_million_tokens, p.cost_usd_per_million_output_tokens,
+                                                                p.energy_kwh_per_million_tokens,
+                                                                p.energy_kwh_per_million_output_tokens))])
     return out.getvalue()

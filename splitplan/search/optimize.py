@@ -14,6 +14,7 @@ import numpy as np
 
 from splitplan.base.defaults import DEFAULT_ENGINE
 from splitplan.base.errors import InfeasibleError, SpecError, listed, with_details
+from splitplan.base.limits import MAX_SPARE_INSTANCES
 from splitplan.base.parallel import run_units
 from splitplan.perf.points import candidate_layouts, reference_instance, require_tp
 from splitplan.perf.roofline import Instance
@@ -42,6 +43,7 @@ from splitplan.specs.hardware import HardwareSpec, hardware_catalog, load_hardwa
 from splitplan.specs.model import ModelSpec, load_model
 from splitplan.specs.roles import SPLIT, Role
 from splitplan.specs.slo import load_slo
+from splitplan.workload.trace import with_headroom
 
 NOT_SIZED = "not sized"  # the reason a co-located option left out by its cost bound starts with
 
@@ -133,7 +135,9 @@ class OptimizeOptions:
     or prefix-aware) and `kv_offload_gb` (host memory per prefilling instance): the engine's prefix
     caches, over the prefixes the trace records, in every pool's sizing (capacity.pools.PrefixModel).
     `perf_interp`: how `perf_db` is read (perf.table.INTERPOLATIONS; splitwise-sim to plan as that
-    simulator times)."""
+    simulator times). `headroom_pct`: plan for the trace's load times (1 + headroom_pct / 100)
+    (its timestamps compressed; per-token figures stay at the trace's load); `spare_instances`:
+    instances each pool keeps beyond what the load needs (search.plan.with_spares)."""
 
     hardware: Sequence[str] | None = None
     prompt_hardware: Sequence[str] | None = None
@@ -157,9 +161,13 @@ class OptimizeOptions:
     alternatives: int = 5
     pareto: bool = False
     jobs: int = 1
+    headroom_pct: float = 0.0
+    spare_instances: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))
+        if not 0 <= self.spare_instances <= MAX_SPARE_INSTANCES or int(self.spare_instances) != self.spare_instances:
+            raise SpecError(f"--spare {self.spare_instances}: must be a whole number of instances from 0 to {MAX_SPARE_INSTANCES}")
 
     def inputs(self) -> dict:
         """The settings a plan document echoes (`inputs`): all but the processes used, the
@@ -258,12 +266,14 @@ def _prepare(trace, model: str, slo: str, opts: OptimizeOptions) -> _Search:
     token_names = opts.token_hardware or names if opts.mode.splits else names
     prompt_names = opts.prompt_hardware or names if opts.mode.recommends_split else ()
     trace, unservable = _servable(trace, m, eng, [machines[n] for n in token_names], opts.tp, [machines[n] for n in prompt_names])
+    trace, load_factor = with_headroom(trace, opts.headroom_pct), 1 + opts.headroom_pct / 100
     reference = reference_for(profile, lambda hw, t: reference_instance(m, hw, t, eng, db, opts.perf_interp), trace.prompt_tokens,
                               trace.output_tokens)
     prefixes = prefix_model(trace, eng, opts.prefix_caching, opts.routing, opts.kv_offload_gb,
                             [machines[n] for n in sorted(set(names) | set(opts.prompt_hardware or []))])
     problem = Problem(trace, profile, reference, eng.batch_tokens(opts.max_batch_tokens), opts.objective, opts.max_cost_per_hour,
-                      opts.max_power_kw, caps, opts.solver, eng.seqs_cap(opts.max_num_seqs), eng.chunked, prefixes)
+                      opts.max_power_kw, caps, opts.solver, eng.seqs_cap(opts.max_num_seqs), eng.chunked, prefixes, load_factor,
+                      opts.spare_instances)
     return _Search(opts, m, eng, db, machines, names, problem, unservable)
 
 

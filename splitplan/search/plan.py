@@ -37,6 +37,7 @@ from splitplan.capacity.pools import (
 )
 from splitplan.perf.roofline import Instance, kv_transfer_time_s
 from splitplan.perf.slo import Gaps, Reference, achieved, alone_latencies, meets
+from splitplan.sim.metrics import energy_per_million_tokens, gpu_energy_j
 from splitplan.sim.prefix_cache import PrefixModel
 from splitplan.specs.layout import Layout
 from splitplan.specs.roles import SPLIT, Pool, Role
@@ -185,21 +186,23 @@ class SizedPool:
     gpus: int = field(compare=False)
     utilization: float | None = field(default=None, compare=False)
     prefix_hit_rate: float | None = field(default=None, compare=False)
+    spare_instances: int = field(default=0, compare=False)  # instances beyond what the load needs (--spare, whole-machine rounding)
     # Machines shared with the other role's pool of the same number: `machines` is theirs too,
     # `instances` this pool's part of them and `gpus` that part's GPUs (None: machines of its own).
     shared: int | None = None
 
     @classmethod
     def of(cls, hardware: str, gpus_per_machine: int, layout: Layout, machines: int,
-           utilization: float | None = None, prefix_hit_rate: float | None = None) -> SizedPool:
+           utilization: float | None = None, prefix_hit_rate: float | None = None, spare_instances: int = 0) -> SizedPool:
         return cls(hardware, layout, machines, layout.instances_on(machines, gpus_per_machine),
-                   machines * gpus_per_machine, utilization, prefix_hit_rate)
+                   machines * gpus_per_machine, utilization, prefix_hit_rate, spare_instances)
 
     @classmethod
     def part(cls, hardware: str, layout: Layout, machines: int, instances: int, shared: int,
-             utilization: float | None = None, prefix_hit_rate: float | None = None) -> SizedPool:
+             utilization: float | None = None, prefix_hit_rate: float | None = None, spare_instances: int = 0) -> SizedPool:
         """One role's part of `machines` shared machines: `instances` instances in `layout`."""
-        return cls(hardware, layout, machines, instances, instances * layout.gpus, utilization, prefix_hit_rate, shared)
+        return cls(hardware, layout, machines, instances, instances * layout.gpus, utilization, prefix_hit_rate,
+                   spare_instances, shared)
 
     @property
     def tp(self) -> int:
@@ -225,6 +228,8 @@ class Plan:
     max_rate_simulated: dict | None = None  # with --validate: the simulation at max_rate_rps (slo_met, slo)
     cost_usd_per_million_tokens: float | None = None  # prompt and output tokens, at the trace's rate
     cost_usd_per_million_output_tokens: float | None = None
+    energy_kwh_per_million_tokens: float | None = None  # the GPUs' energy (sim.metrics' power model), at the trace's rate
+    energy_kwh_per_million_output_tokens: float | None = None
 
     @property
     def pools(self) -> tuple[SizedPool, ...]:
@@ -274,6 +279,8 @@ class Problem:
     max_num_seqs: int | None = None  # requests running on one instance at once (None: no cap)
     chunked: bool = False  # the engine's scheduler: chunked prefill (else whole prompts first)
     prefix: PrefixModel | None = None  # the engine's prefix caching over the trace's prefixes (None: off, or none recorded)
+    load_factor: float = 1.0  # the trace's load over the load it stands for (headroom): per-token figures at the latter
+    spare_instances: int = 0  # instances each pool keeps beyond what the load needs
 
 
 def _lines(problem: Problem, metric: str) -> list[SloLine]:
@@ -484,7 +491,15 @@ def evaluate(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, 
     token_busy = np.array([utilization[k] for k in token_keys])[kind]  # each request's token instance's
     itl, tpot = _decode_gaps(t.output_tokens, decode_s, step_s, token_busy, src.engine.async_scheduling)
     return {"ttft": ttft, "tbt": tbt, "itl": itl, "tpot": tpot, "e2e": e2e, "kv_peak_fraction": kv_peak,
-            "utilization": utilization, "prefix_hit_rate": hits}
+            "utilization": utilization, "prefix_hit_rate": hits, "phases": _phases(prompt, prompt_busy_s, token, token_busy_s),
+            "span_s": span_s}
+
+
+def _phases(prompt: list, prompt_busy_s, token: list, token_busy_s) -> list[tuple]:
+    """(machine, GPUs per instance, instances, prefill seconds, decode seconds) per pool: a prompt
+    pool's busy time prefills, a token pool's decodes (the energy model's phases)."""
+    return ([(i.hardware, i.layout.gpus, n, b, 0.0) for (i, n), b in zip(prompt, prompt_busy_s, strict=True)]
+            + [(i.hardware, i.layout.gpus, n, 0.0, b) for (i, n), b in zip(token, token_busy_s, strict=True)])
 
 
 def _prompt_replay(problem: Problem, prompt_parts: list[tuple], memo: dict) -> tuple:
@@ -602,49 +617,126 @@ def _repair_moves(counts: dict, options: dict, roles: tuple, weight, extra: int 
     return [moves[k] for k in sorted(moves)]
 
 
-def usd_per_million_tokens(cost_usd_per_hour: float, trace: Trace) -> dict:
+def usd_per_million_tokens(cost_usd_per_hour: float, trace: Trace, load_factor: float = 1.0) -> dict:
     """What these machines cost per million tokens of the trace's load, an hour's cost over an
     hour of its tokens: `cost_usd_per_million_tokens` (prompt and output) and
-    `cost_usd_per_million_output_tokens`; None for a trace without a span."""
+    `cost_usd_per_million_output_tokens`; None for a trace without a span. `load_factor`: the
+    trace's load over the load it stands for (a trace compressed for headroom stands for a
+    load that many times lighter, with as many times fewer tokens an hour)."""
     if trace.span_s <= 0:
         return {"cost_usd_per_million_tokens": None, "cost_usd_per_million_output_tokens": None}
-    usd = cost_usd_per_hour * trace.span_s / 3600 * 1e6
+    usd = cost_usd_per_hour * trace.span_s * load_factor / 3600 * 1e6
     output = float(trace.output_tokens.sum())
     return {"cost_usd_per_million_tokens": usd / (output + float(trace.prompt_tokens.sum())),
             "cost_usd_per_million_output_tokens": usd / max(output, 1.0)}
 
 
-def _pools(counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], values: dict) -> dict[Role, tuple[SizedPool, ...]]:
+def energy_per_million(problem: Problem, values: dict, idle_instances: list[tuple]) -> dict:
+    """The GPU energy per million tokens of the load the trace stands for (sim.metrics' power
+    model over the predicted busy time of each pool, its spare instances idle): the same work
+    over a span `problem.load_factor` times longer. None where no busy time was predicted."""
+    if "phases" not in values:
+        return {}
+    span_s = values["span_s"] * problem.load_factor
+    joules = sum(gpu_energy_j(hw, gpus, n * span_s, prefill_s, decode_s) for hw, gpus, n, prefill_s, decode_s in values["phases"])
+    joules += sum(gpu_energy_j(hw, gpus, n * span_s, 0.0, 0.0) for hw, gpus, n in idle_instances)
+    t = problem.trace
+    return energy_per_million_tokens(joules / 3.6e6, float(t.prompt_tokens.sum()), float(t.output_tokens.sum()))
+
+
+def _held(option: AnyOption, machines: int) -> dict[Role, int]:
+    """Instances per role on `machines` machines of an option (both parts of shared machines)."""
+    if isinstance(option, Combo):
+        return {Role.PROMPT: machines * option.prompt_instances, Role.TOKEN: machines * option.token_instances}
+    return {option.role: option.inst.instances_on(machines)}
+
+
+def _needed(option: AnyOption, machines: int) -> dict[Role, int]:
+    """Instances per role the load needs of a pool of `machines` machines: those held, less the
+    ones a whole-machine rounding added to an option's size alone."""
+    held = _held(option, machines)
+    if isinstance(option, Option) and option.instances and machines == option.machines_alone:
+        return {option.role: min(held[option.role], option.instances)}
+    return held
+
+
+def with_spares(counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], spare: int) -> dict[AnyKey, int]:
+    """Machine counts that keep `spare` instances in each pool beyond what the load needs (a
+    part of shared machines: each role's part)."""
+    if not spare:
+        return counts
+    out = {}
+    for k, c in counts.items():
+        option, needed = options[k], _needed(options[k], c)
+        if isinstance(option, Combo):
+            out[k] = max(c, *(math.ceil((needed[role] + spare) / option.part(role)[1]) for role in SPLIT))
+        else:
+            out[k] = max(c, option.inst.machines_for(needed[option.role] + spare))
+    return out
+
+
+def _pools(counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], values: dict,
+           sized: dict[AnyKey, int] | None = None) -> dict[Role, tuple[SizedPool, ...]]:
     """The plan's pools per role, each with its instances, GPUs and predicted utilization; a group
-    of shared machines is a part in each role's pools, numbered alike."""
+    of shared machines is a part in each role's pools, numbered alike. `sized`: the counts the
+    values are of, where `counts` keep spares beside them (the utilization of all instances,
+    the spare ones counted)."""
+    sized = sized or counts
     hits, busy = values.get("prefix_hit_rate", {}), values["utilization"]
-    out = {role: [SizedPool.of(k.hardware, options[k].inst.hardware.gpus_per_machine, k.layout, c, busy.get(k), hits.get(k))
+
+    def figures(k, role, key):
+        held, needed = _held(options[k], counts[k])[role], _needed(options[k], sized[k])[role]
+        u = busy.get(key)
+        return (None if u is None else u * _held(options[k], sized[k])[role] / held), hits.get(key), held - needed
+
+    out = {role: [SizedPool.of(k.hardware, options[k].inst.hardware.gpus_per_machine, k.layout, c, *figures(k, role, k))
                   for k, c in sorted(counts.items()) if isinstance(k, OptionKey) and k.role == role] for role in Role}
     for number, (k, c) in enumerate(sorted((k, c) for k, c in counts.items() if isinstance(k, ComboKey))):
         for role, layout, per_machine in ((Role.PROMPT, k.prompt_layout, k.prompt_instances),
                                           (Role.TOKEN, k.token_layout, k.token_instances)):
-            out[role].append(SizedPool.part(k.hardware, layout, c, c * per_machine, number, busy.get((k, role)), hits.get((k, role))))
+            out[role].append(SizedPool.part(k.hardware, layout, c, c * per_machine, number, *figures(k, role, (k, role))))
     return {role: tuple(pools) for role, pools in out.items()}
+
+
+def _idle(counts: dict[AnyKey, int], sized: dict[AnyKey, int], options: dict[AnyKey, AnyOption]) -> list[tuple]:
+    """Instances the spares add, as (machine, GPUs per instance, instances): idle in the energy model."""
+    out = []
+    for k, c in counts.items():
+        option = options[k]
+        for role, n in _held(option, c).items():
+            inst = option.part(role)[0].inst if isinstance(option, Combo) else option.inst
+            if n > (held := _held(option, sized[k])[role]):
+                out.append((inst.hardware, inst.layout.gpus, n - held))
+    return out
 
 
 def make_plan(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], repairs: int,
               values: dict, lines) -> Plan:
+    """The plan of these machine counts (sized on the trace: `values`, the SLO `lines`), with
+    `problem.spare_instances` more instances per pool: its cost and power count the spares, its
+    predicted latencies and SLO are with the spares out of service."""
+    sized, counts = counts, with_spares(counts, options, problem.spare_instances)
     cost = sum(options[k].price_usd_per_hour * c for k, c in counts.items())
     power = sum(options[k].power_kw * c for k, c in counts.items())
     predicted = _percentiles_ms(values)
     bindings = []
     for role in (Role.PROMPT, Role.TOKEN, Role.MIXED):
-        used: list[tuple[Option, int | None]] = [(o, c) for k, c in counts.items()
+        used: list[tuple[Option, int | None]] = [(o, c) for k, c in sized.items()
                                                  if isinstance(o := options[k], Option) and o.role == role]
-        used += [(o.part(role)[0], None) for k in counts if isinstance(o := options[k], Combo) and role in SPLIT]
+        used += [(o.part(role)[0], None) for k in sized if isinstance(o := options[k], Combo) and role in SPLIT]
         if used:
             bindings.append(f"{role}: {', '.join(sorted({_binding_text(o, c) for o, c in used}))}")
     if repairs:
         bindings.append(f"{repairs} machine(s) added on whole-trace evaluation")
+    if counts != sized:
+        bindings.append(f"spares: {sum(counts.values()) - sum(sized.values())} machine(s) added for "
+                        f"{problem.spare_instances} spare instance(s) per pool")
     bindings += _tight_budgets(problem, counts, options, cost, power)
-    pools = _pools(counts, options, values)
+    pools = _pools(counts, options, values, sized)
     return Plan(pools[Role.PROMPT], pools[Role.TOKEN], pools[Role.MIXED], cost, power, predicted,
-                tuple(lines), "; ".join(bindings), repairs, **usd_per_million_tokens(cost, problem.trace))
+                tuple(lines), "; ".join(bindings), repairs,
+                **usd_per_million_tokens(cost, problem.trace, problem.load_factor),
+                **energy_per_million(problem, values, _idle(counts, sized, options)))
 
 
 def _binding_text(option: Option, machines: int | None) -> str:
@@ -687,7 +779,8 @@ def predict(problem: Problem, plan: Plan, options: dict[AnyKey, AnyOption]) -> P
     pools = _pools(counts, options, values)
     return replace(plan, prompt_pools=pools[Role.PROMPT], token_pools=pools[Role.TOKEN], mixed_pools=pools[Role.MIXED],
                    predicted=_percentiles_ms(values), slo=tuple(check(problem, values)),
-                   **usd_per_million_tokens(plan.cost_usd_per_hour, problem.trace))
+                   **usd_per_million_tokens(plan.cost_usd_per_hour, problem.trace, problem.load_factor),
+                   **energy_per_million(problem, values, []))
 
 
 def _tight_budgets(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], cost: float,

@@ -1,10 +1,11 @@
 """From a SimResult to the numbers people check: percentiles, SLO attainment,
 utilization and mean batch per pool, and an energy estimate.
 
-Energy model (GPU power only, the part that changes with the design): a GPU draws
-its TDP in iterations that hold a prefill (the cap fraction of it on a power-capped
-machine), `decode_w` in decode-only iterations (55 % of TDP when the catalog has no
-figure), and `idle_w` otherwise, over the simulated span; host power is left out.
+Energy model (GPU power only, the part that changes with the design; `gpu_energy_j`, which
+the planner uses too): a GPU draws its TDP in iterations that hold a prefill (its power cap
+where the machine has one), `decode_w` in decode-only iterations (55 % of TDP when the catalog
+has no figure), and `idle_w` otherwise, over the simulated span; host power is left out.
+Energy per million tokens (`energy_per_million_tokens`) divides it by the tokens served.
 """
 
 from __future__ import annotations
@@ -61,6 +62,44 @@ def slo_report(result: SimResult, slo: SloProfile, reference: Reference | None) 
     return out
 
 
+DECODE_SHARE_OF_TDP = 0.55  # a decode-only iteration's draw where the catalog has no figure (splitplan's assumption)
+
+
+def gpu_energy_j(hw, gpus_per_instance: int, instance_s: float, prefill_s: float, decode_s: float) -> float:
+    """Joules the GPUs of instances of `hw` draw over `instance_s` instance-seconds (instances x
+    span) of which `prefill_s` run iterations that hold a prefill and `decode_s` decode-only
+    ones: the power model above."""
+    idle_s = max(instance_s - prefill_s - decode_s, 0.0)
+    watts = power_w(hw)
+    return gpus_per_instance * (prefill_s * watts["prefill"] + decode_s * watts["decode"] + idle_s * watts["idle"])
+
+
+def power_w(hw) -> dict:
+    """A GPU's draw by phase (W), as the energy model takes it."""
+    return {"prefill": hw.gpu_power_limit_w, "decode": hw.gpu.decode_w or DECODE_SHARE_OF_TDP * hw.gpu.tdp_w,
+            "idle": hw.gpu.idle_w}
+
+
+def power_sources(machines) -> list[dict]:
+    """Each machine type's per-phase GPU power, with where each figure comes from."""
+    out = []
+    for hw in sorted({hw.name: hw for hw in machines}.values(), key=lambda h: h.name):
+        g, watts = hw.gpu, power_w(hw)
+        capped = hw.gpu_power_cap_w is not None
+        out.append({"hardware": hw.name, "prefill_w": watts["prefill"], "decode_w": watts["decode"], "idle_w": watts["idle"],
+                    "source": g.source, "source_date": g.source_date,
+                    "prefill_w_from": "the machine's GPU power cap (gpu_power_cap_w)" if capped else "TDP (tdp_w)",
+                    "decode_w_from": "the catalog (decode_w)" if g.decode_w else
+                    f"{DECODE_SHARE_OF_TDP:.0%} of TDP (splitplan's assumption: the catalog has no decode_w)"})
+    return out
+
+
+def energy_per_million_tokens(energy_kwh: float, prompt_tokens: float, output_tokens: float) -> dict:
+    """`energy_kwh_per_million_tokens` (prompt and output) and `..._per_million_output_tokens`."""
+    return {"energy_kwh_per_million_tokens": energy_kwh * 1e6 / max(prompt_tokens + output_tokens, 1.0),
+            "energy_kwh_per_million_output_tokens": energy_kwh * 1e6 / max(output_tokens, 1.0)}
+
+
 def pool_report(result: SimResult, pools: list[PoolSpec]) -> list[dict]:
     span = max(result.span_s, 1e-9)
     out = []
@@ -70,10 +109,7 @@ def pool_report(result: SimResult, pools: list[PoolSpec]) -> list[dict]:
         decode = sum(x.decode_s for x in mine)
         batch_time = sum(x.batch_integral for x in mine)
         hw = pool.perf.hardware
-        tdp = hw.gpu_power_limit_w
-        decode_w = hw.gpu.decode_w or 0.55 * hw.gpu.tdp_w
-        idle = max(span * len(mine) - prefill - decode, 0.0)
-        joules = pool.perf.layout.gpus * (prefill * tdp + decode * decode_w + idle * hw.gpu.idle_w)
+        joules = gpu_energy_j(hw, pool.perf.layout.gpus, span * len(mine), prefill, decode)
         out.append({
             "role": pool.role, "hardware": hw.name, **pool.perf.layout._asdict(), "layout": pool.perf.layout.spec,
             "machines": pool.machines, "gpus": pool_gpus(pool), "shared": pool.shared,
@@ -123,6 +159,9 @@ def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, 
         "pools": pool_rows,
         "borrowed": borrowed(result),
         "energy_kwh": sum(r["energy_kwh"] for r in pool_rows),
+        **energy_per_million_tokens(sum(r["energy_kwh"] for r in pool_rows), float(t.prompt_tokens[np.isfinite(result.ttft_s)].sum()),
+                                    float(result.tokens_out)),
+        "power_sources": power_sources(pool.perf.hardware for pool in pools),
         "events": result.events,
     }
     measured = [pool.perf for pool in pools if pool.perf.measured]

@@ -31,6 +31,7 @@ from splitplan.specs.layout import Layout, as_layout
 from splitplan.specs.model import load_model
 from splitplan.specs.roles import SPLIT, Pool, Role
 from splitplan.specs.slo import load_slo
+from splitplan.workload.trace import with_headroom
 
 if TYPE_CHECKING:
     from splitplan.search.optimize import OptimizeOptions, OptimizeResult
@@ -174,8 +175,37 @@ def plan_from_pools(pools: list[Pool], **fields) -> Plan:
 
 def plan_pools(plan) -> list[Pool]:
     """A plan's pools, each in its role."""
-    return [p.pool(role) for role, pools in ((Role.PROMPT, plan.prompt_pools), (Role.TOKEN, plan.token_pools),
-                                             (Role.MIXED, plan.mixed_pools)) for p in pools]
+    return [p.pool(role) for role, p in _roles(plan)]
+
+
+def _roles(plan) -> list[tuple[Role, SizedPool]]:
+    return [(role, p) for role, pools in ((Role.PROMPT, plan.prompt_pools), (Role.TOKEN, plan.token_pools),
+                                          (Role.MIXED, plan.mixed_pools)) for p in pools]
+
+
+def _spares(plan) -> dict[tuple, int]:
+    """The spare instances of each pool of machines of its own, by (role, hardware, layout)."""
+    return {(role, p.hardware, p.layout): p.spare_instances for role, p in _roles(plan) if p.spare_instances and p.shared is None}
+
+
+def in_service(pools: list[Pool], spares: dict[tuple, int]) -> list[Pool]:
+    """The pools with their spare instances out of service (`_spares`): the state a plan with
+    spares promises to meet the SLO in. (A part of shared machines keeps all its instances.)"""
+    out = []
+    for p in pools:
+        spare = spares.get((p.role, p.hardware, p.layout), 0) if p.shared is None else 0
+        held = p.layout.instances_on(p.machines, load_hardware(p.hardware).gpus_per_machine) if spare else 0
+        out.append(p._replace(instances=held - spare) if spare and held > spare else p)
+    return out
+
+
+def _with_spares(plan: Plan, spares: dict[tuple, int]) -> Plan:
+    """The plan's pools marked with their spare instances again (after validation rebuilt it)."""
+    def mark(role, pools):
+        return tuple(dataclasses.replace(p, spare_instances=spares.get((role, p.hardware, p.layout), p.spare_instances))
+                     for p in pools)
+    return dataclasses.replace(plan, prompt_pools=mark(Role.PROMPT, plan.prompt_pools), token_pools=mark(Role.TOKEN, plan.token_pools),
+                               mixed_pools=mark(Role.MIXED, plan.mixed_pools))
 
 
 def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
@@ -190,11 +220,13 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
     that unit goes. `setup` (else one from the arguments) says how to simulate.
     With `planned` (the OptimizeResult the plan came from), a changed plan carries the
     planner's prediction for its machines, so the two stay comparable.
+    A plan with spare instances (`optimize --spare`) is simulated with them out of service,
+    and keeps them.
     Returns (plan, SimulateResult, machines added; negative: removed)."""
     setup = setup or Setup(model, slo, engine, perf_db, max_batch_tokens)
-    pools = plan_pools(plan)
+    pools, spares = plan_pools(plan), _spares(plan)
     for added in range(limit + 1):
-        sim = setup.simulate(trace, pools)
+        sim = setup.simulate(trace, in_service(pools, spares))
         failed = [s for s in sim.summary["slo"] if not s["met"]]
         if not failed:
             break
@@ -203,13 +235,14 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
         _grow(pools, _role_to_grow(pools, failed[0]["metric"], sim.result))
     removed = 0
     if setup.borrow_threshold_tokens is not None and not added and all(p.role != Role.MIXED for p in pools):
-        pools, sim, removed = trim(trace, pools, sim, setup, limit)
+        pools, sim, removed = trim(trace, pools, sim, setup, limit, spares=spares)
     if added or removed:
         what = f"{added} machine(s) added" if added else f"{removed} machine(s) removed (mixed pool)"
         plan = plan_from_pools(pools, predicted=plan.predicted, slo=plan.slo, repairs=plan.repairs,
                                binding=f"{plan.binding}; simulation: {what}")
         if planned is not None and planned.problem is not None:
             plan = predict(planned.problem, plan, {o.key: o for o in planned.options})
+        plan = _with_spares(plan, spares)
     return plan, sim, added - removed
 
 
@@ -241,10 +274,11 @@ def _unit(pool: Pool) -> int:
     return pool.layout.unit(load_hardware(pool.hardware).gpus_per_machine)[0]
 
 
-def trim(trace, pools: list[Pool], sim: SimulateResult, setup: Setup, limit: int, concurrency: int | None = None):
+def trim(trace, pools: list[Pool], sim: SimulateResult, setup: Setup, limit: int, concurrency: int | None = None,
+         spares: dict[tuple, int] | None = None):
     """Remove whole units, the dearest first, while the simulation (a closed loop of
-    `concurrency` clients, if given) still meets the SLO; every role keeps a unit. Returns
-    (pools, the last simulation that met it, machines removed)."""
+    `concurrency` clients, if given; `spares` out of service) still meets the SLO; every role
+    keeps a unit. Returns (pools, the last simulation that met it, machines removed)."""
     removed = 0
     for _ in range(limit):
         cuts = sorted((p for p in pools if p.shared is None and sum(q.machines for q in pools if q.role == p.role) > _unit(p)),
@@ -252,7 +286,7 @@ def trim(trace, pools: list[Pool], sim: SimulateResult, setup: Setup, limit: int
         for pool in cuts:
             trial = [q._replace(machines=q.machines - _unit(q)) if q == pool else q for q in pools]
             trial = [q for q in trial if q.machines > 0]
-            trial_sim = setup.simulate(trace, trial, concurrency)
+            trial_sim = setup.simulate(trace, in_service(trial, spares or {}), concurrency)
             if trial_sim.slo_met:
                 pools, sim, removed = trial, trial_sim, removed + _unit(pool)
                 break
@@ -271,6 +305,10 @@ def validate_result(result: OptimizeResult, trace, setup: Setup, jobs: int = 1, 
     """`optimize --validate`: every runner-up simulated (a work unit each), then the plan
     grown until its simulation meets the SLO (`validate`); the result carries both.
     `progress()` is called per runner-up and once for the plan."""
+    problem = result.problem
+    assert problem is not None  # (optimize's results carry their problem)
+    if problem.load_factor != 1:  # (--headroom: the load the plan was sized for)
+        trace = with_headroom(trace, (problem.load_factor - 1) * 100)
     runner_ups = simulate_plans(result.alternatives, trace, setup.model, setup.slo, setup.engine, setup.perf_db,
                                 setup.max_batch_tokens, jobs, executor, ray_address, progress, setup=setup)
     plan, sim, added = validate(result.plan, trace, setup.model, setup.slo, planned=result, setup=setup)
@@ -278,8 +316,6 @@ def validate_result(result: OptimizeResult, trace, setup: Setup, jobs: int = 1, 
         progress()
     simulated = {**{k: sim.summary[k] for k in ("ttft_ms", "tbt_ms", "itl_ms", "tpot_ms", "e2e_ms", "slo")},
                  "machines_added": added}
-    problem = result.problem
-    assert problem is not None  # (optimize's results carry their problem)
     return dataclasses.replace(result, plan=plan, simulated=simulated, alternatives_simulated=tuple(runner_ups),
                                pareto=tuple(_at_max_rate(p, problem.trace, setup) for p in result.pareto))
 
@@ -296,9 +332,10 @@ def _at_max_rate(plan, trace, setup: Setup):
 def simulate_plans(plans, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
                    max_batch_tokens: int | None = None, jobs: int = 1, executor: str = "local", ray_address: str | None = None,
                    progress=None, setup: Setup | None = None) -> list[dict]:
-    """Simulate several plans on the same trace (a work unit each); `setup`, else one from the
-    arguments, says how."""
-    return run_units(_simulate_unit, [plan_pools(p) for p in plans], (trace, setup or Setup(model, slo, engine, perf_db, max_batch_tokens)),
+    """Simulate several plans on the same trace (a work unit each; spare instances out of
+    service); `setup`, else one from the arguments, says how."""
+    setup = setup or Setup(model, slo, engine, perf_db, max_batch_tokens)
+    return run_units(_simulate_unit, [in_service(plan_pools(p), _spares(p)) for p in plans], (trace, setup),
                      jobs, executor, ray_address, progress, describe=lambda pools: f"plan {pools}")
 
 
@@ -324,7 +361,7 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
         open_loop = dataclasses.replace(workload, arrival_s=np.cumsum(gaps) - gaps[0],
                                         source=f"{workload.source} (open loop at {rate:.3g} req/s)")
         result = optimize(open_loop, model, slo, options=opts)
-        sim = setup.simulate(workload, plan_pools(result.plan), concurrency)
+        sim = setup.simulate(workload, in_service(plan_pools(result.plan), _spares(result.plan)), concurrency)
         met = sim.slo_met
         rounds_out.append({"planned_rate_rps": rate, "plan": plan_text(result.plan), "cost_usd_per_hour": result.plan.cost_usd_per_hour,
                            "power_kw": result.plan.power_kw, "simulated_rate_rps": sim.summary["throughput_rps"], "slo_met": met})
@@ -361,12 +398,14 @@ def _trimmed_closed_loop(workload, concurrency: int, result: OptimizeResult, sim
     """The closed loop's best plan, trimmed while its closed loop still meets the SLO, with its rounds."""
     # The rounds stop at a self-consistent plan, sized for an open loop: whole units go while the
     # closed loop still meets every line, so the plan is the cheapest the loop accepts this way.
-    pools, sim, removed = trim(workload, plan_pools(result.plan), sim, setup, 30, concurrency)
+    spares = _spares(result.plan)
+    pools, sim, removed = trim(workload, plan_pools(result.plan), sim, setup, 30, concurrency, spares)
     if removed:
         assert result.problem is not None  # (optimize's results carry their problem)
         plan = plan_from_pools(pools, predicted=result.plan.predicted, slo=result.plan.slo, repairs=result.plan.repairs,
                                binding=f"{result.plan.binding}; closed loop: {removed} machine(s) removed by simulation")
-        result = dataclasses.replace(result, plan=predict(result.problem, plan, {o.key: o for o in result.options}))
+        plan = _with_spares(predict(result.problem, plan, {o.key: o for o in result.options}), spares)
+        result = dataclasses.replace(result, plan=plan)
     closed = {"concurrency": concurrency, "rounds": rounds_out, "benchmark": sim.summary["benchmark"],
               "slo": sim.summary["slo"], "throughput_rps": sim.summary["throughput_rps"], "machines_removed": removed,
               "warmup_requests": sim.summary["warmup_requests"]}

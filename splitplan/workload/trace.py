@@ -33,6 +33,7 @@ from splitplan.base.inputs import csv_rows, excerpt, open_regular, reason
 from splitplan.base.limits import (
     MAX_DURATION_S,
     MAX_GENERATED_REQUESTS,
+    MAX_HEADROOM_PCT,
     MAX_RATE_RPS,
     MAX_REQUEST_TOKENS,
     MAX_TRACE_REQUESTS,
@@ -83,6 +84,18 @@ class Trace:
         """The same requests with the timestamps compressed (or stretched) to `rate_rps` on average."""
         return dataclasses.replace(self, arrival_s=self.arrival_s * (self.mean_rate_rps / rate_rps),
                                    source=f"{self.source} (timestamps scaled to {rate_rps:.3g} req/s)")
+
+
+def with_headroom(trace: Trace, headroom_pct: float) -> Trace:
+    """The same requests arriving (1 + headroom_pct / 100) times as fast: a load with that
+    headroom over the trace's (0: the trace itself)."""
+    if not 0 <= headroom_pct <= MAX_HEADROOM_PCT:
+        raise SpecError(f"--headroom {headroom_pct:g}: must be from 0 to {MAX_HEADROOM_PCT:g} percent of the trace's load")
+    if headroom_pct == 0:
+        return trace
+    factor = 1 + headroom_pct / 100
+    return dataclasses.replace(trace, arrival_s=trace.arrival_s / factor,
+                               source=f"{trace.source} (load x{factor:g}: {headroom_pct:g} % headroom)")
 
 
 @dataclass(frozen=True)
