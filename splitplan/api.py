@@ -22,6 +22,7 @@ from splitplan.workflows.calibration import (
     calibrate,
     calibrate_deployments,
 )
+from splitplan.workflows.schedule import Schedule, follow
 from splitplan.workflows.simulation import (
     Setup,
     SimulateResult,
@@ -54,4 +55,5 @@ __all__ = [
     "plan_pools", "setup_for",
     "CalibrateResult", "DeploymentCalibration", "calibrate", "calibrate_deployments",
     "CompareResult", "DesignResult", "SweepResult", "WindowsResult", "compare", "sweep", "plan_windows",
+    "Schedule", "follow",
 ]

@@ -361,11 +361,11 @@ def _limits(items: list[str], option: str = "--max-machines") -> dict[str, int]:
     return out
 
 
-def parse_duration(text: str) -> float:
-    """`90`, `90s`, `10m`, `1.5h` -> seconds."""
+def parse_duration(text: str, flag: str = "--window", zero: bool = False) -> float:
+    """`90`, `90s`, `10m`, `1.5h` -> seconds (more than 0; `zero`: 0 too)."""
     match = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$", text)
-    if not match or float(match.group(1)) <= 0:
-        raise SpecError(f"--window '{text}': give a duration like 600, 600s, 10m or 1h")
+    if not match or float(match.group(1)) < 0 or (float(match.group(1)) == 0 and not zero):
+        raise SpecError(f"{flag} '{text}': give a duration like 600, 600s, 10m or 1h")
     return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
 
 

@@ -136,6 +136,9 @@ def optimize(
     headroom: float = typer.Option(0.0, "--headroom",
         help="Plan for the trace's load times (1 + PCT/100): its requests arriving that much faster (per-token figures stay at "
              "the trace's load)."),
+    scale_up_lead: str | None = typer.Option(None, "--scale-up-lead",
+        help="With --window: instances a window adds start this long before it (e.g. 180, 3m; default: an estimate from the "
+             "model's load time, see docs/cli.md)."),
     spare: int = typer.Option(0, "--spare",
         help="Instances each pool keeps beyond what the load needs (N+1 is --spare 1); predicted latencies are with them out."),
 ) -> None:
@@ -160,12 +163,15 @@ def optimize(
         _closed_loop(closed_loop_workload(loaded, concurrency, num_requests, isl, osl, seed), concurrency, model, slo, seed,
                      options, format, output_dir, {"isl": isl, "osl": osl})
         return
+    lead_s = None if scale_up_lead is None else parse_duration(scale_up_lead, "--scale-up-lead", zero=True)
     if window is not None:
         if validate or pareto or objective is Objective.throughput:
             raise SpecError("--window plans each window by cost or power; drop --validate/--pareto/throughput")
         _plan_windows(load_workload(loaded, rate, duration, seed), parse_duration(window), model, slo, format, output_dir,
-                      options, executor.value, ray_address)
+                      options, executor.value, ray_address, lead_s)
         return
+    if lead_s is not None:
+        raise SpecError("--scale-up-lead times the schedule of a --window plan: add --window")
     workload, stretch = peak_window(load_workload(loaded, rate, duration, seed), max_requests)
     _check_plan_options(plot, pareto, no_split, objective)
     if objective is Objective.throughput:
@@ -310,13 +316,17 @@ def pareto_figure(result, title: str):
     return fig
 
 
-def _plan_windows(workload, window_s, model, slo, format, output_dir, options: OptimizeOptions, executor, ray_address) -> None:
+def _plan_windows(workload, window_s, model, slo, format, output_dir, options: OptimizeOptions, executor, ray_address,
+                  lead_s: float | None) -> None:
     count = int(np.unique(np.floor(workload.arrival_s / window_s)).size)
     with _progress("planning windows", total=count) as step:
         result = api.plan_windows(workload, window_s, model, slo, options.jobs, executor, ray_address, step, options=options)
-    document = result.to_json()
+    with _progress("the schedule on the peak plan's pools") as step:
+        schedule = api.follow(workload, result, model, slo, options, lead_s, options.jobs, executor, ray_address, step)
+    document = {**result.to_json(), "schedule": schedule.to_json()}
     if output_dir is not None:
-        files = {"windows.csv": result.to_frame().to_csv(index=False, float_format="%.6g"), "windows.json": report.to_json(document)}
+        files = {"windows.csv": result.to_frame().to_csv(index=False, float_format="%.6g"), "windows.json": report.to_json(document),
+                 "schedule.csv": schedule.to_frame().to_csv(index=False, float_format="%.6g")}
         if result.peak is not None:
             files["plan.json"] = report.to_json(plan_document.with_specs({
                 "schema_version": report.SCHEMA_VERSION, "plan": report.plan_json(result.plans[result.peak]),
@@ -341,6 +351,18 @@ def _plan_windows(workload, window_s, model, slo, format, output_dir, options: O
         mean = document["mean_cost_usd_per_hour"]
         con.print(f"Static plan for the peak window ({result.peak}): {report.plan_text(peak)} at ${peak.cost_usd_per_hour:,.2f}/h; "
                   f"following the load averages ${mean:,.2f}/h ({(1 - mean / peak.cost_usd_per_hour) * 100:.0f} % less).")
+        _render_schedule(con, schedule)
+
+
+def _render_schedule(con, schedule) -> None:
+    """The schedule on the peak plan's pools, and what following it costs."""
+    f = schedule.followed
+    con.print(report.table(f"Schedule on the peak plan's pools (instances; added ones start {schedule.lead_s:g} s ahead)",
+                           ["window", "start s", *schedule.pools, "$/h", "scale up from s", "source"],
+                           [(r["window"], r["start_s"], *r["instances"], r["cost_usd_per_hour"], r["scale_up_from_s"], r["source"])
+                            for r in schedule.rows]))
+    con.print(f"Following it: {f['gpu_hours']:,.1f} GPU-hours, ${f['cost_usd']:,.2f}; the static peak plan: "
+              f"{f['static_gpu_hours']:,.1f} GPU-hours, ${f['static_cost_usd']:,.2f} ({f['saving_pct']:.0f} % saved).")
 
 
 def _render_plan(result, workload) -> None:

@@ -332,9 +332,10 @@ def _window_unit(shared, unit):
 
 def plan_windows(trace, window_s: float, model: str, slo: str, jobs: int = 1, executor: str = "local",
                  ray_address: str | None = None, progress=None, options: OptimizeOptions | None = None,
-                 **settings) -> WindowsResult:
+                 only: list[int] | None = None, **settings) -> WindowsResult:
     """Size each `window_s`-second window of a timestamped trace on its own (a work unit
-    each): how a cluster that follows the load compares with a static plan for the peak."""
+    each): how a cluster that follows the load compares with a static plan for the peak.
+    `only`: these windows (numbered as the result numbers them: the windows with requests)."""
     if window_s <= 0:
         raise SpecError(f"--window {window_s:g} s: must be > 0")
     index = np.floor(trace.arrival_s / window_s).astype(np.int64)
@@ -342,6 +343,8 @@ def plan_windows(trace, window_s: float, model: str, slo: str, jobs: int = 1, ex
     for k in np.unique(index):
         mask = index == k
         units.append((len(units), float(k * window_s), trace.take(mask, f"{trace.source} [window {k}]")))
+    if only is not None:
+        units = [u for u in units if u[0] in set(only)]
     shared = (model, slo, dataclasses.replace(options or OptimizeOptions(), **settings, jobs=1))
     outcomes = run_units(_window_unit, units, shared, jobs, executor, ray_address, progress,
                          describe=lambda u: f"window {u[0]} from {u[1]:g} s")
