@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from splitplan.base.errors import SpecError
 from splitplan.base.inputs import printable
 from splitplan.cli.common import app, user_errors
 
@@ -30,12 +31,21 @@ def export_command(
     model_cache_pvc: str | None = typer.Option(None, "--model-cache-pvc", help="A PersistentVolumeClaim (ReadWriteMany) "
                                                   "every serving pod reads and caches the weights in, so that pods do "
                                                   "not each download them (dynamo, llm-d)."),
+    schedule: Path | None = typer.Option(None, "--schedule", help="The windows.json `optimize --window --output-dir` wrote "
+                                         "beside this plan: keda.yaml, KEDA ScaledObjects whose cron triggers scale each "
+                                         "pool to its windows (dynamo, llm-d)."),
+    schedule_start: str = typer.Option("00:00", "--schedule-start", help="With --schedule: the clock time (HH:MM) of the "
+                                       "schedule's first window; the triggers repeat daily."),
+    timezone: str = typer.Option("UTC", "--timezone", help="With --schedule: the IANA time zone of --schedule-start."),
 ) -> None:
     """Write a plan as a deployment for Dynamo, llm-d, vLLM or SGLang: every worker group with its replicas,
     GPUs and parallel flags; what the target cannot express is listed."""
     from splitplan.deploy import export_plan
 
-    result, notes = export_plan(plan, to, backend, model_id, image, node_selector, model_cache_pvc)
+    if schedule is None and (schedule_start != "00:00" or timezone != "UTC"):
+        raise SpecError("--schedule-start and --timezone place a --schedule's windows: add --schedule D/windows.json")
+    result, notes = export_plan(plan, to, backend, model_id, image, node_selector, model_cache_pvc, schedule=schedule,
+                                schedule_start=schedule_start, timezone=timezone)
     for note in notes:
         typer.echo(f"note: {printable(note)}", err=True)
     if output is None:

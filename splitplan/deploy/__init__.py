@@ -12,11 +12,14 @@ Targets: `dynamo` (deploy.dynamo), `llm-d` (deploy.llmd), `vllm` and `sglang` (d
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
 
 from splitplan.base.defaults import MAX_BATCH_TOKENS
 from splitplan.base.errors import SpecError
@@ -282,13 +285,43 @@ def deployment(pools: list[Pool], inputs: dict, source: str, model_id_option: st
 
 def export_plan(plan: str | Path, target: str, backend: str | None = None, model_id: str | None = None,
                 image: str | None = None, node_selector: list[str] | None = None,
-                model_cache_pvc: str | None = None, option: str = "PLAN") -> tuple[Export, list[str]]:
+                model_cache_pvc: str | None = None, option: str = "PLAN", schedule: str | Path | None = None,
+                schedule_start: str = "00:00", timezone: str = "UTC") -> tuple[Export, list[str]]:
     """A plan.json as `target`'s files (`splitplan export`), with the plan's notes (a catalog entry
-    that changed since the plan was made). SpecError naming `option` for a plan that is not one."""
+    that changed since the plan was made). SpecError naming `option` for a plan that is not one.
+    `schedule` (a windows.json of `optimize --window`): KEDA ScaledObjects that scale the pools
+    on it (deploy.schedule), from `schedule_start` in `timezone`."""
     from splitplan.io import plan_document
     read = plan_document.read(Path(plan), option)
     dep = deployment(read.pools, read.inputs, str(plan), model_id, node_selector, model_cache_pvc)
-    return export(dep, target, backend, image), read.notes
+    out = export(dep, target, backend, image)
+    if schedule is not None:
+        out = _scheduled(dep, out, Path(schedule), schedule_start, timezone)
+    return out, read.notes
+
+
+def _scheduled(dep: Deployment, out: Export, path: Path, start: str, timezone: str) -> Export:
+    """The export with keda.yaml, the ScaledObjects that follow the schedule (Dynamo's worker
+    components opted into their scaling adapters)."""
+    from splitplan.deploy import schedule as keda
+    if out.target not in KUBERNETES_TARGETS:
+        raise SpecError(f"--schedule scales Kubernetes workloads with KEDA: --to {' or '.join(KUBERNETES_TARGETS)}, "
+                        f"not {out.target}")
+    plan_schedule = keda.read_schedule(path)
+    files = dict(out.files)
+    if out.target == "dynamo":
+        doc = yaml.safe_load(files["dynamo.yaml"])
+        for component in doc["spec"]["components"]:
+            if component.get("type") != "frontend":
+                component["scalingAdapter"] = {"enabled": True}
+        files["dynamo.yaml"] = yaml.safe_dump(doc, sort_keys=False, width=1000)
+        objects = keda.scaled_objects(dep, plan_schedule, start, timezone, "dynamo", doc["metadata"]["name"])
+    else:
+        objects = keda.scaled_objects(dep, plan_schedule, start, timezone, out.target)
+    files["keda.yaml"] = keda.keda_yaml(objects)
+    return dataclasses.replace(out, files=files, mapping=out.mapping + keda.mapping(plan_schedule, start, timezone, out.target),
+                               apply=out.apply + ("\n" if out.apply else "")
+                               + "kubectl apply -n NS -f keda.yaml  # needs KEDA 2 (keda.sh) in the cluster")
 
 
 def export(dep: Deployment, target: str, backend: str | None = None, image: str | None = None) -> Export:

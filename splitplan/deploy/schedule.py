@@ -1,0 +1,155 @@
+"""A plan's schedule (`optimize --window`'s windows.json) as KEDA ScaledObjects (keda.sh/v1alpha1,
+the API of KEDA 2): each pool's replicas follow the windows through KEDA's cron scaler.
+
+One ScaledObject per pool, one cron trigger per window with instances of it: from the window's
+start, less the scale-up lead (instances it adds start that early), to its end, at the window's
+instances. KEDA runs the largest count of the triggers active at a time, so during a lead a pool
+runs the larger of two windows' counts, as the schedule's cost counts it; outside every trigger
+it runs `minReplicaCount`, the pool's fewest instances in any window. Cron triggers repeat daily:
+the schedule must lie within a day, in whole minutes, from `start` (the clock time of the trace's
+first window) in `timezone`.
+
+What each scales: llm-d's Deployment (or LeaderWorkerSet, for instances over several nodes) of
+the pool; Dynamo's DynamoGraphDeploymentScalingAdapter of the pool's component, which Dynamo
+1.6.1 creates for a component with `scalingAdapter: {enabled: true}` and names
+`<graph deployment>-<component, lowercased>` (its planner's Kubernetes connector scales the same
+adapters).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from splitplan.base import limits
+from splitplan.base.errors import SpecError
+from splitplan.base.inputs import excerpt, printable, read_text
+from splitplan.deploy import Deployment, Group
+
+KEDA_API = "keda.sh/v1alpha1"
+DAY_S = 86_400
+_CLOCK = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])$")
+_TIMEZONE = re.compile(r"^(UTC|[A-Z][A-Za-z_+-]{1,30}(/[A-Za-z0-9_+-]{1,30}){1,2})$")  # IANA names: Area/Location
+
+
+class _Window(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    start_s: Annotated[float, Field(ge=0, le=limits.MAX_TRACE_SPAN_S)]
+    end_s: Annotated[float, Field(gt=0, le=limits.MAX_TRACE_SPAN_S)]
+    instances: Annotated[list[Annotated[int, Field(ge=0, le=limits.MAX_MACHINES * 8)]], Field(max_length=limits.MAX_PLAN_POOLS)]
+
+
+class _Schedule(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    window_s: Annotated[float, Field(gt=0, le=limits.MAX_TRACE_SPAN_S)]
+    scale_up_lead_s: Annotated[float, Field(ge=0, le=limits.MAX_TRACE_SPAN_S)]
+    pools: Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=limits.MAX_PLAN_POOLS)]
+    windows: Annotated[list[_Window], Field(min_length=1, max_length=10_000)]
+
+
+def read_schedule(path: Path) -> _Schedule:
+    """The `schedule` of a windows.json (`optimize --window --output-dir`); SpecError naming the
+    file and what is wrong otherwise."""
+    where = printable(str(path))
+    text = read_text(path, limits.MAX_SPEC_BYTES, "windows.json")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"--schedule {where}: not JSON (line {exc.lineno}): give the windows.json `optimize --window "
+                        "--output-dir` wrote") from None
+    if not isinstance(doc, dict) or "schedule" not in doc:
+        raise SpecError(f"--schedule {where}: no `schedule`; give the windows.json `optimize --window --output-dir` wrote")
+    try:
+        schedule = _Schedule.model_validate(doc["schedule"])
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(k) for k in first["loc"])
+        raise SpecError(f"--schedule {where}: schedule.{key}: {first['msg']}") from None
+    for k, w in enumerate(schedule.windows):
+        if len(w.instances) != len(schedule.pools) or w.end_s <= w.start_s:
+            raise SpecError(f"--schedule {where}: schedule.windows.{k}: its instances do not match the schedule's "
+                            f"{len(schedule.pools)} pools, or it ends before it starts")
+    return schedule
+
+
+def label(g: Group) -> str:
+    """A deployment group as the schedule names its pool (workflows.schedule.pool_label)."""
+    return f"{g.role} {g.hardware.name} {g.layout}" + (f" shared {g.shared}" if g.shared is not None else "")
+
+
+def _minutes(value_s: float, what: str) -> int:
+    if value_s % 60:
+        raise SpecError(f"--schedule: {what} {value_s:g} s is not a whole minute, which cron triggers need; plan windows "
+                        "and a --scale-up-lead of whole minutes")
+    return int(value_s // 60)
+
+
+def _cron(minute_of_day: int) -> str:
+    minute_of_day %= DAY_S // 60
+    return f"{minute_of_day % 60} {minute_of_day // 60} * * *"
+
+
+def scaled_objects(dep: Deployment, schedule: _Schedule, start: str, timezone: str, target: str,
+                   dgd_name: str | None = None) -> list[dict]:
+    """A ScaledObject per pool of `dep` that follows `schedule` (`target`: llm-d or dynamo, whose
+    DynamoGraphDeployment is `dgd_name`); SpecError where the schedule is not this plan's or cron
+    triggers cannot express it."""
+    clock = _CLOCK.fullmatch(start)
+    if clock is None:
+        raise SpecError(f"--schedule-start '{excerpt(start)}': give the clock time of the schedule's first window as HH:MM")
+    if not _TIMEZONE.fullmatch(timezone):
+        raise SpecError(f"--timezone '{excerpt(timezone)}': give an IANA time zone (UTC, Europe/Paris, America/New_York)")
+    by_label = {label(g): g for g in dep.groups}
+    if set(schedule.pools) != set(by_label):
+        raise SpecError(f"--schedule: its pools ({', '.join(schedule.pools)}) are not this plan's ({', '.join(sorted(by_label))}); "
+                        "export the plan.json written beside the schedule's windows.json")
+    first = int(clock.group(1)) * 60 + int(clock.group(2))
+    lead = _minutes(schedule.scale_up_lead_s, "the scale-up lead")
+    window = _minutes(schedule.window_s, "the window")
+    span = _minutes(schedule.windows[-1].end_s - schedule.windows[0].start_s, "the schedule's span")
+    if span > DAY_S // 60 or window >= DAY_S // 60:
+        raise SpecError(f"--schedule: {span / 60:g} hours in windows of {window / 60:g} h; KEDA's cron triggers repeat daily: "
+                        "give a schedule within one day, in windows shorter than a day")
+    out = []
+    for column, name in enumerate(schedule.pools):
+        g = by_label[name]
+        counts = [w.instances[column] for w in schedule.windows]
+        triggers = []
+        for k, (w, n) in enumerate(zip(schedule.windows, counts, strict=True)):
+            if n == 0:
+                continue
+            begin = _minutes(w.start_s, "a window's start") - lead  # (the first too: before it, minReplicaCount)
+            triggers.append({"type": "cron", "name": f"window-{k}",
+                             "metadata": {"timezone": timezone, "start": _cron(first + begin),
+                                          "end": _cron(first + _minutes(w.end_s, "a window's end")), "desiredReplicas": str(n)}})
+        if target == "dynamo":
+            ref = {"apiVersion": "nvidia.com/v1beta1", "kind": "DynamoGraphDeploymentScalingAdapter",
+                   "name": f"{dgd_name}-{g.name.lower()}"}
+        elif g.nodes_per_instance > 1:
+            ref = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": g.name}
+        else:
+            ref = {"apiVersion": "apps/v1", "kind": "Deployment", "name": g.name}
+        out.append({"apiVersion": KEDA_API, "kind": "ScaledObject", "metadata": {"name": g.name, "labels": {"llm-d.ai/model": dep.name}},
+                    "spec": {"scaleTargetRef": ref, "minReplicaCount": min(counts), "maxReplicaCount": max(counts),
+                             "triggers": triggers}})
+    return out
+
+
+def keda_yaml(objects: list[dict]) -> str:
+    return yaml.safe_dump_all(objects, sort_keys=False, width=1000)
+
+
+def mapping(schedule: _Schedule, start: str, timezone: str, target: str) -> list[tuple[str, str]]:
+    scaled = ("each component's DynamoGraphDeploymentScalingAdapter (scalingAdapter.enabled on the worker components)"
+              if target == "dynamo" else "each pool's Deployment (LeaderWorkerSet for instances over several nodes)")
+    return [("--schedule windows", f"keda.yaml: a KEDA ScaledObject ({KEDA_API}) per pool scaling {scaled}, a cron trigger "
+             f"per window ({len(schedule.windows)} of {schedule.window_s / 60:g} min from {start} {timezone}, daily) at its "
+             "instances"),
+            ("--schedule scale_up_lead_s", f"each trigger starts {schedule.scale_up_lead_s / 60:g} min before its window; "
+             "KEDA runs the largest count of the active triggers"),
+            ("outside the schedule's windows", "minReplicaCount: each pool's fewest instances in any window")]
