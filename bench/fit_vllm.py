@@ -187,6 +187,13 @@ def main() -> None:
         "mape_pct": {"fitted": summary(stages, columns["fitted"])}
         | ({} if args.no_cv else {"held_out_by_model": summary(stages, columns["held out"])}),
     }
+    # The measured error distribution `optimize --confidence` reads: this profile's signed errors
+    # per load band, in-sample (bench/real_runs.py --error-quantiles gives the same figures).
+    replays = pd.DataFrame([rr.replay(fitted.model_copy(update={"fit": None}), args.data, row) for _, row in stages.iterrows()])
+    fit_note["error_source"] = (f"bench/fit_vllm.py (as bench/real_runs.py --error-quantiles): the {len(stages)} load stages of "
+                                "../shared/data/real-runs (vLLM v0.15.1, H100) replayed by this profile; in-sample, as the profile "
+                                "was fitted on these stages (held out by model its mean errors are larger: mape_pct.held_out_by_model)")
+    fit_note["error"] = rr.error_quantiles(replays)
     fitted = fitted.model_copy(update={"fit": fit_note})
 
     fp8 = None

@@ -1,7 +1,7 @@
 """Measured vLLM serving runs replayed as they ran: where the model stands on today's engine.
 
     python bench/real_runs.py [--data DIR] [--profiles vllm,lean,splitwise-vllm] [--prefix-cache prompts|system|none|simulated]
-                               [--prompts-per-system-prompt 5] [--jobs N] [--stages]
+                               [--prompts-per-system-prompt 5] [--jobs N] [--stages] [--error-quantiles]
 
 `../shared/data/real-runs/` (README there; measured figures, used here and never copied into
 the project) holds open-loop runs of vLLM v0.15.1 on one H100 server, one row per load stage.
@@ -149,6 +149,21 @@ def errors(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+ERROR_LEVELS = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
+
+
+def error_quantiles(frame: pd.DataFrame) -> dict:
+    """A profile's measured error distribution, as engine profiles carry it (`fit.error`): per
+    load band and over all stages, the quantiles (ERROR_LEVELS) of the signed error
+    (predicted / measured - 1) of mean TTFT, TPOT and E2E, in %."""
+    out = {}
+    for band, g in [*frame.groupby("band", sort=False), ("all", frame)]:
+        out[str(band)] = {"stages": len(g), **{m: {f"q{round(q * 100):02d}": round(float(np.quantile(
+            (g[f"predicted_{m}"] / g[f"measured_{m}"] - 1) * 100, q)), 1) for q in ERROR_LEVELS}
+            for m in ("ttft_mean", "tpot_mean", "e2e_mean")}}
+    return out
+
+
 def markdown(frame: pd.DataFrame) -> str:
     cells = [list(map(str, frame.columns))] + [[f"{v:,.1f}" if isinstance(v, float) else str(v) for v in row]
                                                for row in frame.itertuples(index=False)]
@@ -163,6 +178,8 @@ def main() -> None:
     parser.add_argument("--prompts-per-system-prompt", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--stages", action="store_true")
+    parser.add_argument("--error-quantiles", action="store_true",
+                        help="also print each profile's signed-error quantiles per load band, as fit.error in its YAML")
     args = parser.parse_args()
     runs = pd.read_csv(args.data / "runs.csv")
     runs = runs[runs.include == 1]
@@ -180,6 +197,9 @@ def main() -> None:
             cols = ["run", "stage", "rate_rps", "in_flight", *measures]
             print(markdown(mine[cols]))
             print()
+        if args.error_quantiles:
+            import yaml
+            print(yaml.safe_dump({"error": error_quantiles(mine)}, sort_keys=False))
 
 
 if __name__ == "__main__":

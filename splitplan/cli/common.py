@@ -167,6 +167,7 @@ OPTION_BOUNDS = {
     "--kv-offload-gb": Bound(0, 1e6, "GB of host memory per instance"),
     "--headroom": Bound(0, limits.MAX_HEADROOM_PCT, "percent of the trace's load"),
     "--spare": Bound(0, limits.MAX_SPARE_INSTANCES, "instances per pool"),
+    "--confidence": Bound(0.5, 0.99, "(a quantile of the engine profile's measured error, e.g. 0.9)"),
 }
 
 

@@ -139,6 +139,9 @@ def optimize(
     scale_up_lead: str | None = typer.Option(None, "--scale-up-lead",
         help="With --window: instances a window adds start this long before it (e.g. 180, 3m; default: an estimate from the "
              "model's load time, see docs/cli.md)."),
+    confidence: float | None = typer.Option(None, "--confidence",
+        help="Size the plan so every SLO line holds when latencies are off by the engine profile's measured error at this "
+             "quantile (e.g. 0.9); the nominal plan is shown beside it."),
     spare: int = typer.Option(0, "--spare",
         help="Instances each pool keeps beyond what the load needs (N+1 is --spare 1); predicted latencies are with them out."),
 ) -> None:
@@ -155,7 +158,8 @@ def optimize(
         solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw, max_machines=_limits(max_machines),
         max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs, prefix_caching=cache_switch(prefix_caching), routing=routing,
         kv_offload_gb=kv_offload_gb or 0.0, perf_db=str(perf_db) if perf_db else None, perf_interp=perf_interp, mode=mode,
-        pareto=pareto, jobs=jobs if jobs > 0 else os.cpu_count() or 1, headroom_pct=headroom, spare_instances=spare)
+        pareto=pareto, jobs=jobs if jobs > 0 else os.cpu_count() or 1, headroom_pct=headroom, spare_instances=spare,
+        confidence=confidence)
     if concurrency is not None:
         _no_clash_with_closed_loop(rate=rate is not None, window=window is not None, pareto=pareto, validate=validate,
                                    throughput=objective is Objective.throughput, headroom=headroom > 0)
@@ -405,6 +409,8 @@ def _summary_rows(result) -> list[tuple[str, str]]:
              ("binding", plan.binding)]
     if result.problem is not None and (result.problem.load_factor != 1 or result.problem.spare_instances):
         rows.append(("margins", _margins_text(result.problem)))
+    if result.confidence is not None:
+        rows.append(("confidence", _confidence_text(result)))
     if result.split_saving_pct is not None:
         other, label = (result.colocated, "vs best co-located") if plan is not result.colocated else (result.split, "vs best split")
         saving = result.split_saving_pct
@@ -479,3 +485,12 @@ def _margins_text(problem) -> str:
         parts.append(f"{problem.spare_instances} spare instance(s) per pool beyond the load's need (the predicted "
                      "latencies are with them out of service)")
     return "; ".join(parts)
+
+
+def _confidence_text(result) -> str:
+    """--confidence as the plan table states it, with the nominal plan."""
+    c, nominal = result.confidence, result.nominal
+    f = c["factors"]
+    return (f"sized so every line holds at the {c['quantile']:.0%} quantile of {c['engine']}'s measured error: latencies up to "
+            f"{f['ttft']:.2f}x (TTFT), {f['tpot']:.2f}x (TPOT, ITL, TBT), {f['e2e']:.2f}x (E2E) the predicted; nominal plan: "
+            f"{report.plan_text(nominal)} at {_in_objective(result.objective, nominal)}")

@@ -167,6 +167,8 @@ class MainPlan(PlanBody):
     split_saving_pct: float | None = None
     unservable: dict[str, Any] | None = None
     closed_loop: dict[str, Any] | None = None
+    confidence: dict[str, Any] | None = None  # (--confidence: the nominal plan beside it)
+    nominal: PlanBody | None = None
 
 
 class Inputs(BaseModel):

@@ -61,6 +61,9 @@ def optimize_json(result, inputs: dict) -> dict:
         body["max_rate_rps"] = result.max_rate_rps
     if result.closed_loop is not None:
         body["closed_loop"] = result.closed_loop
+    if result.confidence is not None:
+        body["confidence"] = result.confidence
+        body["nominal"] = plan_json(result.nominal)
     if result.simulated is not None:
         body["simulated"] = result.simulated
         for alternative, outcome in zip(body["alternatives"], result.alternatives_simulated, strict=True):

@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import cast
 
 import numpy as np
 
@@ -42,7 +43,7 @@ from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.hardware import HardwareSpec, hardware_catalog, load_hardware, load_machines, price_date_warning
 from splitplan.specs.model import ModelSpec, load_model
 from splitplan.specs.roles import SPLIT, Role
-from splitplan.specs.slo import load_slo
+from splitplan.specs.slo import SloProfile, load_slo, tightened
 from splitplan.workload.trace import with_headroom
 
 NOT_SIZED = "not sized"  # the reason a co-located option left out by its cost bound starts with
@@ -64,6 +65,8 @@ class OptimizeResult:
     split: Plan | None = None  # the best split plan (None when none was planned or none meets the SLO)
     objective: str = "cost"  # what `plan` minimizes: cost or power
     notes: tuple = ()  # what else the reader should know (why no split plan was found)
+    confidence: dict | None = None  # with a confidence: the quantile, the latency factors and each line's sized-for limit
+    nominal: Plan | None = None  # with a confidence: the plan that meets the lines as predicted
 
     @property
     def frontier(self) -> tuple:
@@ -137,7 +140,9 @@ class OptimizeOptions:
     `perf_interp`: how `perf_db` is read (perf.table.INTERPOLATIONS; splitwise-sim to plan as that
     simulator times). `headroom_pct`: plan for the trace's load times (1 + headroom_pct / 100)
     (its timestamps compressed; per-token figures stay at the trace's load); `spare_instances`:
-    instances each pool keeps beyond what the load needs (search.plan.with_spares)."""
+    instances each pool keeps beyond what the load needs (search.plan.with_spares); `confidence`:
+    every SLO line to hold when latencies are off by the engine profile's measured error at that
+    quantile (`_at_confidence`)."""
 
     hardware: Sequence[str] | None = None
     prompt_hardware: Sequence[str] | None = None
@@ -163,11 +168,14 @@ class OptimizeOptions:
     jobs: int = 1
     headroom_pct: float = 0.0
     spare_instances: int = 0
+    confidence: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))
         if not 0 <= self.spare_instances <= MAX_SPARE_INSTANCES or int(self.spare_instances) != self.spare_instances:
             raise SpecError(f"--spare {self.spare_instances}: must be a whole number of instances from 0 to {MAX_SPARE_INSTANCES}")
+        if self.confidence is not None and not 0.5 <= self.confidence <= 0.99:
+            raise SpecError(f"--confidence {self.confidence:g}: must be a quantile from 0.5 to 0.99 (e.g. 0.9)")
 
     def inputs(self) -> dict:
         """The settings a plan document echoes (`inputs`): all but the processes used, the
@@ -222,7 +230,7 @@ class _Search:
                           for hw in shapes.get(o.inst.hardware.name, ()) if hw.gpus_per_machine % o.inst.layout.gpus == 0]
 
 
-def optimize(trace, model: str, slo: str, hardware: Sequence[str] | None = None, *, options: OptimizeOptions | None = None,
+def optimize(trace, model: str, slo: str | SloProfile, hardware: Sequence[str] | None = None, *, options: OptimizeOptions | None = None,
              **settings) -> OptimizeResult:
     """The cheapest (or lowest-power) plan meeting every SLO line on `trace`, searched as
     `options` says (`settings`: any of its fields, over `options` or the defaults): with
@@ -232,6 +240,8 @@ def optimize(trace, model: str, slo: str, hardware: Sequence[str] | None = None,
     if hardware is not None:
         settings["hardware"] = hardware
     opts = dataclasses.replace(options or OptimizeOptions(), **settings)
+    if opts.confidence is not None:
+        return _at_confidence(trace, model, slo, opts)
     run = _prepare(trace, model, slo, opts)
     first = _size_all(run.problem, run.tasks(Role.PROMPT, set(run.names) | set(run.prompt_names))
                       + (run.tasks(Role.TOKEN, run.token_names) if opts.mode.splits else []), opts.jobs)
@@ -250,10 +260,29 @@ def optimize(trace, model: str, slo: str, hardware: Sequence[str] | None = None,
     return _split_or_colocated(run, split_options, mixed, simulated)
 
 
-def _prepare(trace, model: str, slo: str, opts: OptimizeOptions) -> _Search:
+def _at_confidence(trace, model: str, slo: str | SloProfile, opts: OptimizeOptions) -> OptimizeResult:
+    """The plan whose every SLO line holds when the latencies are as many times the predicted
+    ones as the engine profile's measured error reaches at quantile `opts.confidence`
+    (EngineProfile.latency_factors: each line's limit divided by its factor), with the nominal
+    plan beside it."""
+    eng = load_engine(opts.engine)
+    factors = eng.latency_factors(cast(float, opts.confidence))
+    profile = slo if isinstance(slo, SloProfile) else load_slo(slo)
+    plain = dataclasses.replace(opts, confidence=None)
+    nominal = optimize(trace, model, profile, options=plain)
+    tight = tightened(profile, factors)
+    result = optimize(trace, model, tight, options=plain)
+    lines = [{"line": line.label, "target": line.limit, "unit": line.unit, "factor": factors[line.metric], "sized_for": t.limit}
+             for line, t in zip(profile.lines(), tight.lines(), strict=True)]
+    return dataclasses.replace(result, nominal=nominal.plan, confidence={
+        "quantile": opts.confidence, "engine": eng.name, "factors": factors, "lines": lines,
+        "error_source": (eng.fit or {}).get("error_source", "")})
+
+
+def _prepare(trace, model: str, slo: str | SloProfile, opts: OptimizeOptions) -> _Search:
     """The specs loaded and checked, the trace without the requests no instance can serve, and
     the problem every pool option is sized on."""
-    m, eng, profile = load_model(model), load_engine(opts.engine), load_slo(slo)
+    m, eng, profile = load_model(model), load_engine(opts.engine), slo if isinstance(slo, SloProfile) else load_slo(slo)
     db = load_perf_db(opts.perf_db) if opts.perf_db else None
     if opts.objective not in ("cost", "power"):
         raise SpecError(f"--objective {opts.objective}: choose cost or power")

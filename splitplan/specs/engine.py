@@ -131,6 +131,25 @@ class EngineProfile(BaseModel):
                             f"the engine's prefix caches, which are off ({self.name}): add --prefix-caching on")
         return on
 
+    def latency_factors(self, confidence: float) -> dict[str, float]:
+        """How many times the predicted latencies the measured ones reach at `confidence`, per SLO
+        metric, from the profile's measured error (`fit.error`: per load band, quantiles `qNN` of
+        the signed error predicted / measured - 1 of mean TTFT, TPOT and E2E, in %): the error at
+        quantile 1 - confidence (interpolated), the worst band's, as a factor 1 / (1 + error)
+        (1 where the model over-predicts, or where it has no error of that metric). ITL, TBT and TPOT
+        lines take TPOT's error. SpecError
+        for a profile without a measured error."""
+        error = (self.fit or {}).get("error")
+        if not error:
+            measured = ", ".join(e.name for e in engine_catalog() if (e.fit or {}).get("error")) or "none"
+            raise SpecError(f"--confidence {confidence:g}: engine profile {self.name} carries no measured error (fit.error); "
+                            f"plan at a confidence with one that does ({measured})")
+        out = {}
+        for metric, measured in (("ttft", "ttft_mean"), ("tpot", "tpot_mean"), ("e2e", "e2e_mean")):
+            worst = min((_quantile(band[measured], 1 - confidence) for band in error.values() if measured in band), default=0.0)
+            out[metric] = 1 / (1 + worst / 100) if worst < 0 else 1.0
+        return {"ttft": out["ttft"], "tbt": out["tpot"], "itl": out["tpot"], "tpot": out["tpot"], "e2e": out["e2e"]}
+
     def seqs_cap(self, given: int | None = None) -> int | None:
         """The most requests an instance runs at once: `given`, else the profile's (None: no cap)."""
         return given or self.max_num_seqs
@@ -234,3 +253,15 @@ def engine_to_yaml(profile: EngineProfile, header: str = "") -> str:
     data["hardware_overrides"] = {k: rounded(v.model_dump(exclude_unset=True)) for k, v in profile.hardware_overrides.items()}
     comment = "".join(f"# {line}\n" for line in header.splitlines())
     return comment + yaml.safe_dump(data, sort_keys=False, width=120)
+
+
+def _quantile(quantiles: dict[str, float], level: float) -> float:
+    """The signed error (%) at `level` from quantiles keyed `q01`, `q05`, ... (linear between them,
+    the nearest outside)."""
+    points = sorted((int(k[1:]) / 100, float(v)) for k, v in quantiles.items())
+    if level <= points[0][0]:
+        return points[0][1]
+    for (lo, a), (hi, b) in zip(points, points[1:], strict=False):
+        if level <= hi:
+            return a + (b - a) * (level - lo) / (hi - lo)
+    return points[-1][1]

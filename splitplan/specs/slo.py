@@ -87,6 +87,16 @@ class SloProfile(BaseModel):
         return sorted(out, key=lambda x: (METRICS.index(x.metric), x.percentile))
 
 
+def tightened(profile: SloProfile, factors: dict[str, float]) -> SloProfile:
+    """The profile with each metric's limits divided by its factor (>= 1): a plan meeting these
+    meets the original when its latencies are that many times the predicted ones. (A slowdown
+    may fall below 1: the result is not validated again.)"""
+    def cut(limit: Limit, factor: float) -> Limit:
+        return Limit.model_construct(max_ms=None if limit.max_ms is None else limit.max_ms / factor,
+                                     slowdown=None if limit.slowdown is None else limit.slowdown / factor)
+    return profile.model_copy(update={m: {k: cut(v, factors.get(m, 1.0)) for k, v in getattr(profile, m).items()} for m in METRICS})
+
+
 @dataclass(frozen=True)
 class SloLine:
     metric: str

@@ -125,3 +125,72 @@ def test_optimize_headroom_and_spare_on_the_command_line(tmp_path):
         assert result.exit_code == 2 and needle in result.output, (bad, result.output)
     result = runner.invoke(app, ["optimize", "--concurrency", "8", "--headroom", "10"])
     assert result.exit_code == 2 and "drop --headroom (for headroom, raise --concurrency)" in result.output
+
+
+def _with_error(engine: str, error: dict):
+    from splitplan.specs.engine import load_engine
+    eng = load_engine(engine)
+    return eng.model_copy(update={"fit": {**(eng.fit or {}), "error": error}})
+
+
+def test_latency_factors_take_the_worst_bands_error_at_one_minus_the_confidence():
+    quiet = {"q10": -20.0, "q50": 0.0, "q90": 10.0}
+    busy = {"q10": -50.0, "q50": -10.0, "q90": 5.0}
+    eng = _with_error("vllm", {"1-16": {"ttft_mean": quiet, "tpot_mean": quiet, "e2e_mean": quiet},
+                               ">48": {"ttft_mean": busy, "tpot_mean": {"q10": 1.0, "q90": 9.0}, "e2e_mean": quiet}})
+    at90 = eng.latency_factors(0.9)  # the 10th percentile: -50 % TTFT in the busy band (latencies twice the predicted)
+    assert at90["ttft"] == pytest.approx(2.0) and at90["tpot"] == at90["itl"] == at90["tbt"] == pytest.approx(1 / 0.8)
+    assert at90["e2e"] == pytest.approx(1 / 0.8)
+    at70 = eng.latency_factors(0.7)  # between q10 and q50: -50 + (0.3 - 0.1) / 0.4 * 40 = -30 %
+    assert at70["ttft"] == pytest.approx(1 / 0.7)
+    over = _with_error("vllm", {"all": {"ttft_mean": {"q10": 5.0, "q90": 20.0}}})
+    assert over.latency_factors(0.9)["ttft"] == 1.0  # (a model that over-predicts never loosens a line)
+
+
+def test_a_profile_without_a_measured_error_refuses_a_confidence():
+    from splitplan.specs.engine import load_engine
+    with pytest.raises(SpecError, match=r"engine profile vllm-fp8 carries no measured error .*\(lean, vllm\)"):
+        load_engine("vllm-fp8").latency_factors(0.9)
+
+
+def test_tightened_limits_are_the_lines_divided_by_their_factor():
+    from splitplan.specs.slo import load_slo, tightened
+    chat = load_slo("chat")
+    tight = tightened(chat, {"ttft": 2.0, "itl": 1.25})
+    assert [(a.label, a.limit, b.limit) for a, b in zip(chat.lines(), tight.lines(), strict=True)] == [
+        (a.label, a.limit, a.limit / {"ttft": 2.0, "itl": 1.25}[a.metric]) for a in chat.lines()]
+
+
+def test_a_plan_at_a_confidence_meets_each_line_divided_by_its_factor_beside_the_nominal_plan():
+    trace, a100 = load_trace(default_trace_path()), {"hardware": ["a100-80gb"], "tp": 8, "mode": "split"}
+    result = api.optimize(trace, "llama2-70b", "chat", confidence=0.9, **a100)
+    nominal = api.optimize(trace, "llama2-70b", "chat", **a100).plan
+    assert result.nominal == nominal and result.plan.cost_usd_per_hour > nominal.cost_usd_per_hour
+    assert all(met for _, _, met in nominal.slo)  # (as predicted, the nominal plan meets every line)
+    for row, (line, achieved, met) in zip(result.confidence["lines"], result.plan.slo, strict=True):
+        assert row["sized_for"] == pytest.approx(row["target"] / row["factor"]) == pytest.approx(line.limit)
+        assert met and achieved * row["factor"] <= row["target"] * (1 + 1e-9)  # (each line holds at its factor)
+    factors = result.confidence["factors"]
+    assert any(achieved * factors[line.metric] > line.limit for line, achieved, _ in nominal.slo)  # (the nominal would not)
+    assert result.confidence["quantile"] == 0.9 and "in-sample" in result.confidence["error_source"]
+
+
+def test_optimize_confidence_on_the_command_line(tmp_path):
+    from typer.testing import CliRunner
+    runner = CliRunner()
+    args = ["optimize", "--hardware", "a100-80gb", "--tp", "8", "--split-only"]
+    result = runner.invoke(app, [*args, "--confidence", "0.9", "--format", "json", "--output-dir", str(tmp_path / "p")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    plan = doc["plan"]
+    assert doc["inputs"]["confidence"] == 0.9 and plan["confidence"]["quantile"] == 0.9
+    assert plan["nominal"]["cost_usd_per_hour"] < plan["cost_usd_per_hour"]
+    assert {row["line"] for row in plan["confidence"]["lines"]} == {row["line"] for row in plan["slo"]}
+    assert runner.invoke(app, ["export", str(tmp_path / "p" / "plan.json"), "--to", "vllm"]).exit_code == 0  # (reads back)
+    table = runner.invoke(app, ["--wide", *args, "--confidence", "0.9"]).stdout
+    assert "90% quantile of vllm's measured error" in table and "nominal plan: prompt 6x a100-80gb TP 8" in table
+    for bad, needle in ((["--confidence", "0.3"], "--confidence 0.3: must be >= 0.5"),
+                        (["--confidence", "1"], "--confidence 1: must be >= 0.5 and <= 0.99"),
+                        (["--confidence", "0.9", "--engine", "vllm-fp8"], "carries no measured error")):
+        failed = runner.invoke(app, [*args, *bad])
+        assert failed.exit_code == 2 and needle in failed.output, failed.output
