@@ -32,13 +32,18 @@ def test_readme_command_runs(line, monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)
     args = shlex.split(line)[1:]
     shipped = None
-    if "--output" in args:  # write elsewhere; the repository's file is the expected result
-        k = args.index("--output") + 1
-        shipped, args[k] = ROOT / args[k], str(tmp_path / Path(args[k]).name)
+    for flag in ("--output", "--output-dir"):  # write elsewhere; the repository's file is the expected result
+        if flag in args:
+            k = args.index(flag) + 1
+            shipped, args[k] = ROOT / args[k], str(tmp_path / Path(args[k]).name)
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     if shipped is not None and args[0] == "calibrate":
         _same_profile(Path(args[args.index("--output") + 1]), shipped)
+    if shipped is not None and "--output-dir" in args:  # (examples/schedule: what the README's export reads)
+        made = Path(args[args.index("--output-dir") + 1])
+        for name in sorted(p.name for p in shipped.iterdir()):
+            assert (made / name).read_text() == (shipped / name).read_text(), f"{shipped / name} differs: rerun the README line"
 
 
 def _same_profile(made: Path, shipped: Path) -> None:
