@@ -107,8 +107,9 @@ def export(plan, to: str, output=None, **options) -> Export:
     vllm or sglang (`splitplan export`). Returns the Export: `.files` (name -> text, the main one
     first), `.report()` (EXPORT.md: the mapping), `.unexpressed` (what the target cannot say);
     with `output`, written into that folder as one set. Options: backend, model_id, image,
-    node_selector (["KEY=VALUE", ...]), model_cache_pvc. A catalog entry that changed since the
-    plan was made is a warning (the plan's copy is used)."""
+    node_selector (["KEY=VALUE", ...]), model_cache_pvc, schedule (a windows.json of `optimize
+    --window`: keda.yaml too), schedule_start ("HH:MM"), timezone. A catalog entry that changed
+    since the plan was made is a warning (the plan's copy is used)."""
     import warnings
     from pathlib import Path
 
