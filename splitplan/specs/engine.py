@@ -135,9 +135,11 @@ class EngineProfile(BaseModel):
         """How many times the predicted latencies the measured ones reach at `confidence`, per SLO
         metric, from the profile's measured error (`fit.error`: per load band, quantiles `qNN` of
         the signed error predicted / measured - 1 of mean TTFT, TPOT and E2E, in %): the error at
-        quantile 1 - confidence (interpolated), the worst band's, as a factor 1 / (1 + error)
+        quantile 1 - confidence (interpolated), the worst band's of those with at least
+        MIN_BAND_SAMPLES measurements (`stages` or `runs`), as a factor 1 / (1 + error)
         (1 where the model over-predicts, or where it has no error of that metric). ITL, TBT and TPOT
-        lines take TPOT's error. SpecError
+        lines take TPOT's error; E2E lines, where no E2E error was measured, the larger of TTFT's and
+        TPOT's factors. SpecError
         for a profile without a measured error."""
         error = (self.fit or {}).get("error")
         if not error:
@@ -146,9 +148,12 @@ class EngineProfile(BaseModel):
                             f"plan at a confidence with one that does ({measured})")
         out = {}
         for metric, measured in (("ttft", "ttft_mean"), ("tpot", "tpot_mean"), ("e2e", "e2e_mean")):
-            worst = min((_quantile(band[measured], 1 - confidence) for band in error.values() if measured in band), default=0.0)
-            out[metric] = 1 / (1 + worst / 100) if worst < 0 else 1.0
-        return {"ttft": out["ttft"], "tbt": out["tpot"], "itl": out["tpot"], "tpot": out["tpot"], "e2e": out["e2e"]}
+            errors = [_quantile(band[measured], 1 - confidence) for band in error.values()
+                      if measured in band and band.get("stages", band.get("runs", MIN_BAND_SAMPLES)) >= MIN_BAND_SAMPLES]
+            out[metric] = None if not errors else 1 / (1 + min(errors) / 100) if min(errors) < 0 else 1.0
+        e2e = out["e2e"] or max(out["ttft"] or 1.0, out["tpot"] or 1.0)  # (no E2E measured: the larger of the two)
+        tpot = out["tpot"] or 1.0
+        return {"ttft": out["ttft"] or 1.0, "tbt": tpot, "itl": tpot, "tpot": tpot, "e2e": e2e}
 
     def seqs_cap(self, given: int | None = None) -> int | None:
         """The most requests an instance runs at once: `given`, else the profile's (None: no cap)."""
@@ -253,6 +258,9 @@ def engine_to_yaml(profile: EngineProfile, header: str = "") -> str:
     data["hardware_overrides"] = {k: rounded(v.model_dump(exclude_unset=True)) for k, v in profile.hardware_overrides.items()}
     comment = "".join(f"# {line}\n" for line in header.splitlines())
     return comment + yaml.safe_dump(data, sort_keys=False, width=120)
+
+
+MIN_BAND_SAMPLES = 5  # a load band's measurements below which its quantiles are too few to size on (its runs count in `all`)
 
 
 def _quantile(quantiles: dict[str, float], level: float) -> float:

@@ -145,12 +145,17 @@ def test_latency_factors_take_the_worst_bands_error_at_one_minus_the_confidence(
     assert at70["ttft"] == pytest.approx(1 / 0.7)
     over = _with_error("vllm", {"all": {"ttft_mean": {"q10": 5.0, "q90": 20.0}}})
     assert over.latency_factors(0.9)["ttft"] == 1.0  # (a model that over-predicts never loosens a line)
+    few = _with_error("vllm", {"all": {"stages": 20, "ttft_mean": quiet}, "busy": {"stages": 2, "ttft_mean": busy}})
+    assert few.latency_factors(0.9)["ttft"] == pytest.approx(1 / 0.8)  # (a band of 2 stages is too few to size on)
+    no_e2e = _with_error("vllm", {"all": {"ttft_mean": busy, "tpot_mean": quiet}})
+    assert no_e2e.latency_factors(0.9)["e2e"] == pytest.approx(2.0)  # (no E2E measured: the larger of TTFT's and TPOT's)
 
 
 def test_a_profile_without_a_measured_error_refuses_a_confidence():
     from splitplan.specs.engine import load_engine
-    with pytest.raises(SpecError, match=r"engine profile vllm-fp8 carries no measured error .*\(lean, vllm\)"):
-        load_engine("vllm-fp8").latency_factors(0.9)
+    with pytest.raises(SpecError, match=r"engine profile splitwise-vllm carries no measured error .*"
+                                        r"\(lean, lean-fp8, sglang-fp8, trtllm-fp8, vllm, vllm-fp8\)"):
+        load_engine("splitwise-vllm").latency_factors(0.9)
 
 
 def test_tightened_limits_are_the_lines_divided_by_their_factor():
@@ -191,6 +196,6 @@ def test_optimize_confidence_on_the_command_line(tmp_path):
     assert "90% quantile of vllm's measured error" in table and "nominal plan: prompt 6x a100-80gb TP 8" in table
     for bad, needle in ((["--confidence", "0.3"], "--confidence 0.3: must be >= 0.5"),
                         (["--confidence", "1"], "--confidence 1: must be >= 0.5 and <= 0.99"),
-                        (["--confidence", "0.9", "--engine", "vllm-fp8"], "carries no measured error")):
+                        (["--confidence", "0.9", "--engine", "splitwise-vllm"], "carries no measured error")):
         failed = runner.invoke(app, [*args, *bad])
         assert failed.exit_code == 2 and needle in failed.output, failed.output

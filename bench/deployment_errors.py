@@ -1,0 +1,78 @@
+"""The measured error distribution of the fp8 engine profiles, as `optimize --confidence` reads it.
+
+    python bench/deployment_errors.py [--data CSV] [--jobs N] [--write]
+
+Each shipped fp8 profile (vllm-fp8, sglang-fp8, trtllm-fp8 and the uncalibrated lean-fp8)
+predicts NVIDIA aiconfigurator's measured aggregated runs of its engine (../shared/data/perf,
+Apache-2.0; the runs `splitplan calibrate --deployments` replays, see bench/fidelity.py; lean-fp8
+all of them) as closed loops; printed per profile and concurrency band: the quantiles of the
+signed error (predicted / measured - 1, %) of mean TTFT and TPOT, as `fit.error`. The engine
+profiles were fitted on these runs (lean-fp8 on none), so theirs are in-sample; bench/fidelity.py
+gives the held-out MAPE. `--write` adds them to engine_profiles/*.yaml (fit.error,
+fit.error_source). The runs record no E2E: a profile's E2E lines take the larger of its TTFT and
+TPOT factors (EngineProfile.latency_factors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from splitplan.base.parallel import run_units
+from splitplan.sim import deployments as dep
+from splitplan.specs.engine import load_engine
+
+sys.path.insert(0, str(Path(__file__).parent))
+from real_runs import ERROR_LEVELS  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = ROOT.parent / "shared" / "data" / "perf" / "aiconfigurator_silicon_sample.csv"
+PROFILES = {"vllm-fp8": "vllm", "sglang-fp8": "sglang", "trtllm-fp8": "trtllm", "lean-fp8": None}
+
+
+def quantiles(frame: pd.DataFrame, predicted: np.ndarray) -> dict:
+    """Per concurrency band and over all runs: the signed-error quantiles of mean TTFT and TPOT (%)."""
+    err = predicted / frame[["ttft_ms", "tpot_ms"]].to_numpy(float) - 1
+    out = {}
+    for band, idx in [*frame.groupby("band", sort=False).indices.items(), ("all", np.arange(len(frame)))]:
+        e = err[idx]
+        keep = np.isfinite(e).all(axis=1)
+        out[str(band)] = {"runs": int(keep.sum()), **{m: {f"q{round(q * 100):02d}": round(float(np.quantile(e[keep, j] * 100, q)), 1)
+                                                         for q in ERROR_LEVELS} for j, m in enumerate(("ttft_mean", "tpot_mean"))}}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--write", action="store_true", help="add fit.error to engine_profiles/*.yaml")
+    args = parser.parse_args()
+    runs, _ = dep.read_deployments(args.data)
+    runs = runs[runs.precision == "fp8"].reset_index(drop=True)
+    for name, engine in PROFILES.items():
+        mine = runs if engine is None else runs[runs.engine == engine].reset_index(drop=True)
+        predicted = dep.predict(mine, load_engine(name), partial(run_units, jobs=args.jobs))
+        error = quantiles(mine, predicted)
+        source = (f"bench/deployment_errors.py (2026-12): {len(mine)} measured aggregated fp8 runs of "
+                  f"{engine or 'vLLM, SGLang and TensorRT-LLM'} in aiconfigurator's silicon sample replayed by this profile as "
+                  "closed loops; " + ("in-sample, as the profile was fitted on them (held out by machine: bench/fidelity.py)"
+                                      if engine else "out-of-sample: the profile was fitted to none of them"))
+        print(f"### {name}\n\n" + yaml.safe_dump({"error_source": source, "error": error}, sort_keys=False, width=130), flush=True)
+        if args.write:
+            path = ROOT / "engine_profiles" / f"{name}.yaml"
+            text = path.read_text().rstrip("\n") + "\n"
+            block = yaml.safe_dump({"error_source": source, "error": error}, sort_keys=False, width=130)
+            indented = "".join("  " + line + "\n" for line in block.splitlines())
+            path.write_text(text + (indented if "\nfit:\n" in text else "fit:\n" + indented))
+
+
+if __name__ == "__main__":
+    main()
