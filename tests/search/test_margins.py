@@ -199,3 +199,14 @@ def test_optimize_confidence_on_the_command_line(tmp_path):
                         (["--confidence", "0.9", "--engine", "splitwise-vllm"], "carries no measured error")):
         failed = runner.invoke(app, [*args, *bad])
         assert failed.exit_code == 2 and needle in failed.output, failed.output
+
+
+def test_validation_simulates_the_load_with_its_headroom():
+    from typer.testing import CliRunner
+    args = ["optimize", "--rate", "3", "--duration", "60", "--hardware", "h100-80gb", "--tp", "8", "--split-only", "--validate",
+            "--format", "json"]
+    plain, faster = (json.loads(CliRunner().invoke(app, [*args, "--headroom", h]).stdout)["plan"] for h in ("0", "300"))
+    assert [p["machines"] for p in plain["prompt_pools"]] == [p["machines"] for p in faster["prompt_pools"]]  # (the same machines)
+    for plan in (plain, faster):  # (the simulation replays the load the plan was sized for)
+        assert plan["simulated"]["ttft_ms"]["p99"] == pytest.approx(plan["predicted"]["ttft_ms"]["p99"], rel=0.05)
+    assert faster["simulated"]["ttft_ms"]["p99"] > 2 * plain["simulated"]["ttft_ms"]["p99"]
