@@ -9,7 +9,7 @@ keeps the instances of the window before it (the cluster does not scale to zero)
 
 Instances a window adds start `lead_s` before it (their node, container and engine start, and
 their weights load): during that lead the pool runs the larger of the two counts, which the
-cost of following counts. The default lead is an estimate (`default_lead_s`)."""
+cost of following counts. The default lead is an estimate (`default_lead_s`), at most a window."""
 
 from __future__ import annotations
 
@@ -67,6 +67,7 @@ class Schedule:
     pools: tuple[str, ...]
     rows: tuple[dict, ...]
     followed: dict
+    lead_source: str = "--scale-up-lead"  # the option, or the estimate (capped at a window where longer)
 
     def to_frame(self):
         import pandas as pd
@@ -75,7 +76,8 @@ class Schedule:
                                                    "cost_usd_per_hour", "scale_up_from_s", "source"]]
 
     def to_json(self) -> dict:
-        return {"window_s": self.window_s, "scale_up_lead_s": self.lead_s, "pools": list(self.pools),
+        return {"window_s": self.window_s, "scale_up_lead_s": self.lead_s, "scale_up_lead_source": self.lead_source,
+                "pools": list(self.pools),
                 "windows": [dict(r) for r in self.rows], **self.followed}
 
 
@@ -87,10 +89,15 @@ def follow(trace, windows: WindowsResult, model: str, slo: str, options: Optimiz
     if peak_index is None:
         raise SpecError("no window has a plan: there is no schedule to follow")
     peak = windows.plans[peak_index]
-    lead_s = default_lead_s(peak, model, options.engine) if lead_s is None else lead_s
-    if not 0 <= lead_s <= windows.window_s:
+    if lead_s is None:  # (the estimate, at most a window: a cluster can follow no faster)
+        estimate = default_lead_s(peak, model, options.engine)
+        lead_s = min(estimate, windows.window_s)
+        source = "estimate (engine start and weight load)" + (f", {estimate:g} s capped at the window" if estimate > lead_s else "")
+    elif not 0 <= lead_s <= windows.window_s:
         raise SpecError(f"--scale-up-lead {lead_s:g} s: must be from 0 to the window ({windows.window_s:g} s); instances that take "
                         "longer to start than a window lasts cannot follow it: plan longer windows")
+    else:
+        source = "--scale-up-lead"
     labels = _labels(peak)
     plans = list(windows.plans)
     redo = [k for k, p in enumerate(plans) if p is None or not _labels(p) <= labels]
@@ -101,7 +108,8 @@ def follow(trace, windows: WindowsResult, model: str, slo: str, options: Optimiz
             plans[k] = plan if plan is not None and _labels(plan) <= labels else None
     order = sorted(_labels(peak))
     rows = _rows(windows, plans, peak, order)
-    return Schedule(windows.window_s, float(lead_s), tuple(order), tuple(rows), _followed(rows, peak, windows.window_s, lead_s))
+    return Schedule(windows.window_s, float(lead_s), tuple(order), tuple(rows), _followed(rows, peak, windows.window_s, lead_s),
+                    source)
 
 
 def _on_pools_of(peak: Plan, options: OptimizeOptions) -> OptimizeOptions:

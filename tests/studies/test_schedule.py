@@ -54,9 +54,13 @@ def test_a_window_without_requests_keeps_the_instances_before_it():
                                    "gpus", "cost_usd_per_hour", "scale_up_from_s", "source"]
 
 
-def test_a_lead_longer_than_a_window_is_refused():
+def test_a_lead_longer_than_a_window_is_refused_and_the_estimate_is_capped_at_one():
     with pytest.raises(SpecError, match="--scale-up-lead 700 s: must be from 0 to the window"):
         follow(None, _windows({0: (2, 1)}), "llama2-70b", "chat", api.OptimizeOptions(), lead_s=700)
+    short = follow(None, _windows({0: (2, 1), 1: (3, 1)}, window_s=60), "llama2-70b", "chat", api.OptimizeOptions())
+    assert short.lead_s == 60
+    assert short.to_json()["scale_up_lead_source"] == "estimate (engine start and weight load), 180 s capped at the window"
+    assert short.rows[1]["scale_up_from_s"] == 0
 
 
 def test_the_default_lead_is_the_engine_start_and_the_weights_per_gpu_read_rounded_up_to_a_minute():
