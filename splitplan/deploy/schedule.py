@@ -30,6 +30,7 @@ from splitplan.base import limits
 from splitplan.base.errors import SpecError
 from splitplan.base.inputs import excerpt, printable, read_text
 from splitplan.deploy import Deployment, Group
+from splitplan.specs.roles import pool_label
 
 KEDA_API = "keda.sh/v1alpha1"
 DAY_S = 86_400
@@ -78,8 +79,8 @@ def read_schedule(path: Path) -> _Schedule:
 
 
 def label(g: Group) -> str:
-    """A deployment group as the schedule names its pool (workflows.schedule.pool_label)."""
-    return f"{g.role} {g.hardware.name} {g.layout}" + (f" shared {g.shared}" if g.shared is not None else "")
+    """A deployment group as the schedule names its pool."""
+    return pool_label(g.role, g.hardware.name, g.layout, g.shared)
 
 
 def _minutes(value_s: float, what: str) -> int:

@@ -239,6 +239,11 @@ class Plan:
     def machines(self) -> int:
         return sum(p.machines for p in bought(self.pools))
 
+    def by_role(self) -> list[tuple[Role, SizedPool]]:
+        """Each pool with its role: prompt, token, then mixed."""
+        return [(role, p) for role, pools in ((Role.PROMPT, self.prompt_pools), (Role.TOKEN, self.token_pools),
+                                              (Role.MIXED, self.mixed_pools)) for p in pools]
+
     @property
     def gpus(self) -> int:
         return sum(p.gpus for p in self.pools)
@@ -761,9 +766,8 @@ def _percentiles_ms(values: dict) -> dict:
 
 def plan_counts(plan: Plan) -> dict[AnyKey, int]:
     """The plan's machine counts keyed as options are (shared machines by their combo key)."""
-    counts: dict[AnyKey, int] = {OptionKey(role, p.hardware, p.layout): p.machines for role, pools in
-              ((Role.PROMPT, plan.prompt_pools), (Role.TOKEN, plan.token_pools), (Role.MIXED, plan.mixed_pools))
-              for p in pools if p.shared is None}
+    counts: dict[AnyKey, int] = {OptionKey(role, p.hardware, p.layout): p.machines for role, p in plan.by_role()
+                                 if p.shared is None}
     for group in (g for g in bought(plan.pools) if g.shared is not None):
         machines = group.machines
         (p,), (t,) = ([x for x in pools if x.shared == group.shared] for pools in (plan.prompt_pools, plan.token_pools))

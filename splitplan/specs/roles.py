@@ -33,3 +33,9 @@ class Pool(NamedTuple):
     machines: int
     instances: int | None = None
     shared: int | None = None
+
+
+def pool_label(role: Role, hardware: str, layout: Layout, shared: int | None = None) -> str:
+    """A pool as a schedule names it, its column in schedule.csv: `prompt h100-80gb TP 8` (a part
+    of shared machines: `... shared 0`)."""
+    return f"{role} {hardware} {layout}" + (f" shared {shared}" if shared is not None else "")

@@ -21,7 +21,7 @@ from splitplan.base.errors import SpecError
 from splitplan.search.optimize import Mode, OptimizeOptions
 from splitplan.search.plan import Plan, SizedPool, bought
 from splitplan.specs.hardware import load_hardware
-from splitplan.specs.roles import Role
+from splitplan.specs.roles import Role, pool_label
 from splitplan.workflows.studies import WindowsResult, plan_windows
 
 # Estimates, not measurements (docs/cli.md says so; --scale-up-lead sets the lead): a pod on a
@@ -41,18 +41,12 @@ def default_lead_s(plan: Plan, model: str, engine: str) -> float:
     return math.ceil((ENGINE_START_S + weights / WEIGHT_LOAD_BYTES_PER_S) / 60) * 60
 
 
-def pool_label(role: Role, pool) -> str:
-    """`prompt h100-80gb TP 8` (a part of shared machines: `... shared 0`)."""
-    return f"{role} {pool.hardware} {pool.layout}" + (f" shared {pool.shared}" if pool.shared is not None else "")
-
-
-def _roles(plan: Plan) -> list[tuple[Role, SizedPool]]:
-    return [(role, p) for role, pools in ((Role.PROMPT, plan.prompt_pools), (Role.TOKEN, plan.token_pools),
-                                          (Role.MIXED, plan.mixed_pools)) for p in pools]
+def _label(role: Role, pool: SizedPool) -> str:
+    return pool_label(role, pool.hardware, pool.layout, pool.shared)
 
 
 def _labels(plan: Plan) -> set[str]:
-    return {pool_label(role, p) for role, p in _roles(plan)}
+    return {_label(role, p) for role, p in plan.by_role()}
 
 
 @dataclass(frozen=True)
@@ -136,7 +130,7 @@ def _rows(windows: WindowsResult, plans: list, peak: Plan, order: list[str]) -> 
             source, plan = "peak plan: no plan on its pools" if row.get("error") is None else f"peak plan: {row['error']}", peak
         else:
             source = "planned"
-        held = {pool_label(role, p): p.instances for role, p in _roles(plan)}
+        held = {_label(role, p): p.instances for role, p in plan.by_role()}
         rows.append({"window": k, "start_s": k * windows.window_s, "end_s": (k + 1) * windows.window_s,
                      "instances": [held.get(label, 0) for label in order], "machines": plan.machines, "gpus": plan.gpus,
                      "cost_usd_per_hour": plan.cost_usd_per_hour, "scale_up_from_s": k * windows.window_s, "source": source,
@@ -148,9 +142,9 @@ def _machines(plan: Plan) -> dict[str, tuple[int, float, int]]:
     """Machines, their price per hour and GPUs, per bought pool of a plan (shared machines once)."""
     out = {}
     for p in bought(plan.pools):
-        role = next(role for role, q in _roles(plan) if q is p)
+        role = next(role for role, q in plan.by_role() if q is p)
         hw = load_hardware(p.hardware)
-        out[pool_label(role, p)] = (p.machines, hw.price_usd_per_hour, hw.gpus_per_machine)
+        out[_label(role, p)] = (p.machines, hw.price_usd_per_hour, hw.gpus_per_machine)
     return out
 
 

@@ -175,17 +175,12 @@ def plan_from_pools(pools: list[Pool], **fields) -> Plan:
 
 def plan_pools(plan) -> list[Pool]:
     """A plan's pools, each in its role."""
-    return [p.pool(role) for role, p in _roles(plan)]
-
-
-def _roles(plan) -> list[tuple[Role, SizedPool]]:
-    return [(role, p) for role, pools in ((Role.PROMPT, plan.prompt_pools), (Role.TOKEN, plan.token_pools),
-                                          (Role.MIXED, plan.mixed_pools)) for p in pools]
+    return [p.pool(role) for role, p in plan.by_role()]
 
 
 def _spares(plan) -> dict[tuple, int]:
     """The spare instances of each pool of machines of its own, by (role, hardware, layout)."""
-    return {(role, p.hardware, p.layout): p.spare_instances for role, p in _roles(plan) if p.spare_instances and p.shared is None}
+    return {(role, p.hardware, p.layout): p.spare_instances for role, p in plan.by_role() if p.spare_instances and p.shared is None}
 
 
 def in_service(pools: list[Pool], spares: dict[tuple, int]) -> list[Pool]:
