@@ -19,8 +19,6 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from splitplan.base.defaults import MAX_BATCH_TOKENS
 from splitplan.base.errors import SpecError
 from splitplan.base.inputs import excerpt, printable
@@ -294,46 +292,37 @@ def export_plan(plan: str | Path, target: str, backend: str | None = None, model
     from splitplan.io import plan_document
     read = plan_document.read(Path(plan), option)
     dep = deployment(read.pools, read.inputs, str(plan), model_id, node_selector, model_cache_pvc)
-    out = export(dep, target, backend, image)
+    out = export(dep, target, backend, image, scaled=schedule is not None)
     if schedule is not None:
         out = _scheduled(dep, out, Path(schedule), schedule_start, timezone)
     return out, read.notes
 
 
 def _scheduled(dep: Deployment, out: Export, path: Path, start: str, timezone: str) -> Export:
-    """The export with keda.yaml, the ScaledObjects that follow the schedule (Dynamo's worker
-    components opted into their scaling adapters)."""
+    """The export (built `scaled`) with keda.yaml, the ScaledObjects that follow the schedule."""
     from splitplan.deploy import schedule as keda
     if out.target not in KUBERNETES_TARGETS:
         raise SpecError(f"--schedule scales Kubernetes workloads with KEDA: --to {' or '.join(KUBERNETES_TARGETS)}, "
                         f"not {out.target}")
     plan_schedule = keda.read_schedule(path)
-    files = dict(out.files)
-    if out.target == "dynamo":
-        doc = yaml.safe_load(files["dynamo.yaml"])
-        for component in doc["spec"]["components"]:
-            if component.get("type") != "frontend":
-                component["scalingAdapter"] = {"enabled": True}
-        files["dynamo.yaml"] = yaml.safe_dump(doc, sort_keys=False, width=1000)
-        objects = keda.scaled_objects(dep, plan_schedule, start, timezone, "dynamo", doc["metadata"]["name"])
-    else:
-        objects = keda.scaled_objects(dep, plan_schedule, start, timezone, out.target)
-    files["keda.yaml"] = keda.keda_yaml(objects)
-    return dataclasses.replace(out, files=files, mapping=out.mapping + keda.mapping(plan_schedule, start, timezone, out.target),
+    objects = keda.scaled_objects(dep, plan_schedule, start, timezone, out.target, dep.name)
+    return dataclasses.replace(out, files={**out.files, "keda.yaml": keda.keda_yaml(objects)},
+                               mapping=out.mapping + keda.mapping(plan_schedule, start, timezone, out.target),
                                apply=out.apply + ("\n" if out.apply else "")
                                + "kubectl apply -n NS -f keda.yaml  # needs KEDA 2 (keda.sh) in the cluster")
 
 
-def export(dep: Deployment, target: str, backend: str | None = None, image: str | None = None) -> Export:
+def export(dep: Deployment, target: str, backend: str | None = None, image: str | None = None, scaled: bool = False) -> Export:
     """The files of `target` for the deployment. `backend` (dynamo: vllm or sglang) defaults to the
-    plan's engine where it is one of them; `image` replaces the target's container image."""
+    plan's engine where it is one of them; `image` replaces the target's container image; `scaled`:
+    an autoscaler sets the replicas (Dynamo: the worker components opt into their scaling adapters)."""
     if target not in TARGETS:
         raise SpecError(f"--to {excerpt(target)}: choose {', '.join(TARGETS)}")
     if image is not None:
         image_ref(image)
     if target == "dynamo":
         from splitplan.deploy.dynamo import dynamo
-        return dynamo(dep, backend or _backend_of(dep), image)
+        return dynamo(dep, backend or _backend_of(dep), image, scaled)
     if target not in KUBERNETES_TARGETS and (dep.node_selector is not None or dep.model_cache_pvc):
         flag = "--node-selector" if dep.node_selector is not None else "--model-cache-pvc"
         raise SpecError(f"{flag}: --to {target} writes a launch script, which runs where it is started; {flag} is for "

@@ -42,7 +42,10 @@ def _strip(args: list[str]) -> list[str]:
     return out
 
 
-def dynamo(dep: Deployment, backend: str, image: str | None) -> Export:
+def dynamo(dep: Deployment, backend: str, image: str | None, scaled: bool = False) -> Export:
+    """The DGD of the deployment; `scaled`: each worker component with `scalingAdapter: {enabled:
+    true}`, so an autoscaler (deploy.schedule's KEDA objects) sets its replicas through the
+    DynamoGraphDeploymentScalingAdapter Dynamo 1.6.1 then creates."""
     doc = template(backend, dep.split)
     by_type = {c["type"]: c for c in doc["spec"]["components"]}
     components = [by_type["frontend"]]
@@ -65,6 +68,8 @@ def dynamo(dep: Deployment, backend: str, image: str | None) -> Export:
         c["name"], c["replicas"] = g.name, g.instances
         if g.nodes_per_instance > 1:
             c["multinode"] = {"nodeCount": g.nodes_per_instance}
+        if scaled:
+            c["scalingAdapter"] = {"enabled": True}
         components.append(c)
     if image:
         components[0]["podTemplate"]["spec"]["containers"][0]["image"] = image

@@ -95,8 +95,7 @@ def _cron(minute_of_day: int) -> str:
     return f"{minute_of_day % 60} {minute_of_day // 60} * * *"
 
 
-def scaled_objects(dep: Deployment, schedule: _Schedule, start: str, timezone: str, target: str,
-                   dgd_name: str | None = None) -> list[dict]:
+def scaled_objects(dep: Deployment, schedule: _Schedule, start: str, timezone: str, target: str, dgd_name: str) -> list[dict]:
     """A ScaledObject per pool of `dep` that follows `schedule` (`target`: llm-d or dynamo, whose
     DynamoGraphDeployment is `dgd_name`); SpecError where the schedule is not this plan's or cron
     triggers cannot express it."""
