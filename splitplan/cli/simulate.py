@@ -184,4 +184,3 @@ def _pool_echo(pool: Pool) -> dict:
     echo = {"role": pool.role, "hardware": pool.hardware, **pool.layout._asdict(), "layout": pool.layout.spec,
             "machines": pool.machines}
     return echo | ({"instances": pool.instances, "shared": pool.shared} if pool.shared is not None else {})
-

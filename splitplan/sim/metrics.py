@@ -133,6 +133,7 @@ def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, 
     t = result.trace
     finished = np.isfinite(result.e2e_s)
     pool_rows = pool_report(result, pools)
+    energy_kwh = sum(r["energy_kwh"] for r in pool_rows)
     m = result.measured  # the requests the statistics cover (all but the refused and a closed loop's warm-up)
     summary = {
         "requests": len(t),
@@ -158,9 +159,8 @@ def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, 
         "slo": slo_report(result, slo, reference),
         "pools": pool_rows,
         "borrowed": borrowed(result),
-        "energy_kwh": sum(r["energy_kwh"] for r in pool_rows),
-        **energy_per_million_tokens(sum(r["energy_kwh"] for r in pool_rows), float(t.prompt_tokens[np.isfinite(result.ttft_s)].sum()),
-                                    float(result.tokens_out)),
+        "energy_kwh": energy_kwh,
+        **energy_per_million_tokens(energy_kwh, float(t.prompt_tokens[np.isfinite(result.ttft_s)].sum()), float(result.tokens_out)),
         "power_sources": power_sources(pool.perf.hardware for pool in pools),
         "events": result.events,
     }

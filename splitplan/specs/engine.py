@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Any, Literal, get_args
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from splitplan.base.defaults import MAX_BATCH_TOKENS
@@ -266,10 +267,5 @@ MIN_BAND_SAMPLES = 5  # a load band's measurements below which its quantiles are
 def _quantile(quantiles: dict[str, float], level: float) -> float:
     """The signed error (%) at `level` from quantiles keyed `q01`, `q05`, ... (linear between them,
     the nearest outside)."""
-    points = sorted((int(k[1:]) / 100, float(v)) for k, v in quantiles.items())
-    if level <= points[0][0]:
-        return points[0][1]
-    for (lo, a), (hi, b) in zip(points, points[1:], strict=False):
-        if level <= hi:
-            return a + (b - a) * (level - lo) / (hi - lo)
-    return points[-1][1]
+    levels, values = zip(*sorted((int(k[1:]) / 100, float(v)) for k, v in quantiles.items()), strict=True)
+    return float(np.interp(level, levels, values))
