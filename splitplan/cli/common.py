@@ -6,6 +6,7 @@ import contextlib
 import functools
 import inspect
 import math
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -614,5 +615,11 @@ def main() -> None:
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("error: interrupted", err=True)
-        sys.exit(130)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # At once, without the interpreter's exit hooks: concurrent.futures' would wake the manager
+        # thread of a process pool the interrupt just tore down, through a pipe already closed
+        # ("Exception ignored ... Bad file descriptor" after the one line; base.parallel ended the
+        # workers, and output sets are only renamed into place once whole).
+        os._exit(130)
     sys.exit(code or 0)
