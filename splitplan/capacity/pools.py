@@ -35,6 +35,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -60,9 +61,14 @@ class BatchTimes:
                  decode_context_tokens: float = 0.0):
         self.inst = inst
         self.decode = (float(decode_batch), float(decode_batch * decode_context_tokens))
-        p = prompt_tokens.astype(float)
-        self.single = np.asarray(inst.pass_time_s(1.0, p, p * p, *self.decode)).tolist()
+        self.prompt_tokens = prompt_tokens
         self.cache: dict = {}
+
+    @cached_property
+    def single(self) -> list[float]:
+        """Each request's prompt alone (with the decode load)."""
+        p = self.prompt_tokens.astype(float)
+        return np.asarray(self.inst.pass_time_s(1.0, p, p * p, *self.decode)).tolist()
 
     def pass_s(self, seqs: int, tokens: float, sq_tokens: float) -> float:
         """Any pass of `seqs` prompts or chunks (cached)."""
@@ -84,7 +90,7 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
                         max_batch_tokens: int, times: list[BatchTimes] | None = None,
                         busy: list | None = None, held_s: np.ndarray | None = None,
                         placed: list | None = None, chunked: bool = False, max_seqs: int | None = None,
-                        prefix: PrefixModel | None = None, cache_stats: list | None = None) -> np.ndarray:
+                        prefix: PrefixModel | None = None, cache_stats: list | None = None, compiled: bool = True) -> np.ndarray:
     """TTFT of every request on the given prompt instances (type, count), routed as
     the simulator and Splitwise route them: at arrival, to the instance with the
     fewest pending prompt tokens (queued or in a running prefill; ties to the lowest
@@ -98,11 +104,16 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     instance's load for held_s[i] seconds from its arrival, as the simulator routes
     co-located instances (one per request held). With `prefix`, a prefix cache per instance
     (module docstring); with `cache_stats`, each instance's (hit, looked-up) prompt tokens.
+    Without prefix caches, on analytic instances, the replay is compiled (capacity.replay, the same
+    TTFT to the bit); `compiled=False` runs this Python replay anyway (the tests compare the two).
 
     A batch that ends at an arrival's time ends before the arrival is routed, as in
     the simulator, so both give the same TTFT. With the engine's async scheduling, a request that
     arrives while its instance runs a batch after which more was queued joins the batch after the
     next (the simulator's rule); the engine's front-end latency is added to every TTFT."""
+    if compiled and prefix is None and all(isinstance(inst, Instance) for inst, _ in pools):
+        return _compiled_replay(arrival_s, prompt_tokens, pools, max_batch_tokens, times, busy, held_s, placed, chunked,
+                                max_seqs)
     n_req = len(arrival_s)
     finish_at = [0.0] * n_req
     times = times or [BatchTimes(inst, prompt_tokens) for inst, _ in pools]
@@ -276,6 +287,27 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     if cache_stats is not None and caches:
         cache_stats.extend((c.hit_tokens, c.lookup_tokens) for c in caches)
     return np.asarray(finish_at) - arrival_s + engine.frontend_latency_s
+
+
+def _compiled_replay(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[tuple[Instance, int]],
+                     max_batch_tokens: int, times: list[BatchTimes] | None, busy: list | None, held_s: np.ndarray | None,
+                     placed: list | None, chunked: bool, max_seqs: int | None) -> np.ndarray:
+    """`prompt_queue_ttft_s` without prefix caches on analytic instances: the compiled replay
+    (capacity.replay), the same TTFT to the bit."""
+    from splitplan.capacity.replay import prompt_replay
+
+    engine = pools[0][0].engine
+    decode = np.array([t.decode for t in times] if times else [(0.0, 0.0)] * len(pools))
+    release_s = np.empty(0) if held_s is None else np.asarray(arrival_s + held_s, float)
+    finish_s, passes, where = prompt_replay(
+        np.asarray(arrival_s, float), np.asarray(prompt_tokens, np.int64), np.array([inst.pass_vector for inst, _ in pools]),
+        np.repeat(np.arange(len(pools)), [count for _, count in pools]), decode, int(max_batch_tokens), bool(chunked),
+        int(max_seqs or len(arrival_s)), bool(engine.async_scheduling), release_s)
+    if busy is not None:
+        busy.extend(passes.tolist())
+    if placed is not None:
+        placed.extend(where.tolist())
+    return finish_s - arrival_s + engine.frontend_latency_s
 
 
 @dataclass(frozen=True)

@@ -86,10 +86,6 @@ def _max(a, b):
     return max(a, b) if isinstance(a, float) and isinstance(b, float) else np.maximum(a, b)
 
 
-def _min(a, b):
-    return min(a, b) if isinstance(a, float) and isinstance(b, float) else np.minimum(a, b)
-
-
 @dataclass(frozen=True)
 class Latency:
     """A predicted latency and what bound it. Breakdown terms sum to `time_s`."""
@@ -353,91 +349,57 @@ class Instance(PassShortcuts):
             capped_clock_slowdown=1.0 / hw.cap_clock_fraction,
         )
 
+    @cached_property
+    def pass_vector(self) -> FloatArray:
+        """`constants` with the engine factors and model figures the pass formula reads, as the
+        float64 vector the compiled formula takes (perf.kernels.FIELDS names its entries)."""
+        from splitplan.perf import kernels
+
+        m, f, k = self.model, self.factors, self.constants
+        known = {name: getattr(f, name) for name in kernels.FIELDS if name in type(f).model_fields}
+        known |= {name: getattr(k, name) for name in k.__slots__}
+        known |= {"is_moe": m.is_moe, "experts": m.num_local_experts if m.is_moe else 1,
+                  "experts_per_token": m.num_experts_per_tok if m.is_moe else 0, "expert_params": m.expert_params if m.is_moe else 0}
+        vector = np.array([float(known[name]) for name in kernels.FIELDS])
+        vector.flags.writeable = False
+        return vector
+
     def _terms(self, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens):
-        """Time terms of one pass (floats or arrays): compute-bound, memory-bound,
-        network, overhead, plus FLOPs and bytes per GPU. Plain arithmetic (no
-        np.where) keeps Python floats as floats: the prompt-queue replay calls this
-        once per batch.
+        """Time terms of one pass (floats, or arrays of the arguments' broadcast shape):
+        compute-bound, memory-bound, network, overhead, plus FLOPs and bytes per GPU. The
+        arithmetic is compiled (perf.kernels.pass_terms), which the prompt replay calls too.
 
         Per GPU of one pipeline stage on one micro-batch (1/pp of the pass): attention and
         dense FFNs see their DP group's share (1/dp), routed experts the whole micro-batch
         spread over the stage's GPUs. A pipelined pass takes pp stage times when it only
         decodes (every stage busy with a micro-batch) and 2 pp - 1 when it holds prefill work
-        (the pipeline fills and drains)."""
-        m, f, k = self.model, self.factors, self.constants
-        layers, peak = k.layers_per_stage, k.peak_flops_per_s
-        has_prefill = _num(prefill_tokens) > 0
-        if k.divides_pass:  # (TP alone does not divide a pass: this stays off the sizing's hot path)
-            micro, groups = self._shares(_num(prefill_seqs), _num(decode_seqs), has_prefill)
-            stages = k.pp + (k.pp - 1) * has_prefill
-        else:
-            micro = groups = 1.0
-            stages = 1
-        pre_tok = _num(prefill_tokens) * micro
-        n_tok = pre_tok + _num(decode_seqs) * micro  # the micro-batch
-        a_tok = n_tok / groups  # the busiest attention group's share
-        n_seq = (_num(prefill_seqs) + _num(decode_seqs)) * micro / groups
+        (the pipeline fills and drains). Per operator class (dense GEMMs with the attention
+        projections, routed experts, prefill attention, decode attention, LM head) the larger of
+        its compute and memory time; TP all-reduces (slower past the engine's knee), expert
+        all-to-alls and pipeline hops; the engine's overheads, and the host's kernel launches
+        where they outlast the GPU's work."""
+        from splitplan.perf import kernels
 
-        def gemm_eff(rows):
-            return k.compute_efficiency * rows / (rows + k.gemm_half_tokens)
-
-        safe_tok = _max(a_tok, 1.0)
-        knee = 1.0 + f.knee_slowdown * _max(safe_tok - f.knee_tokens, 0.0) / safe_tok if f.knee_slowdown else 1.0  # all-reduces
-        gemm_peak = k.gemm_peak_flops_per_s  # weight GEMMs run at the weights' precision, attention at the activations'
-        classes = [(a_tok * k.dense_flops_per_token, k.dense_weight_bytes + a_tok * k.activation_bytes_per_token,
-                    gemm_peak * gemm_eff(safe_tok))]
-        if m.is_moe:
-            experts, top_k = m.num_local_experts, m.num_experts_per_tok
-            touched = experts * (1 - (1 - top_k / experts) ** n_tok)
-            rows = _max(n_tok * top_k / _max(touched, 1e-9), 1.0)
-            classes.append((2 * n_tok * top_k * m.expert_params * k.routed_expert_share,
-                            touched * m.expert_params * k.weight_bytes_per_element * k.routed_expert_share,
-                            gemm_peak * gemm_eff(rows) * f.moe_efficiency))
-        group_pre = pre_tok / groups
-        pre_sq = group_pre**2 if k.packed_attention else _num(prefill_sq_tokens) * micro / groups
-        ctx = _num(decode_context_tokens) * micro / groups
-        classes.append((pre_sq * k.prefill_attention_flops_per_sq_token,
-                        group_pre * (2 * k.q_dim_per_gpu + 2 * k.kv_dim_per_gpu) * k.act_bytes_per_element,
-                        peak * f.attention_efficiency))
-        classes.append((ctx * k.decode_flops_per_context_token, ctx * k.decode_bytes_per_context_token, peak * k.compute_efficiency))
-        # LM head: one row per sequence (the last prompt token, or the decoded token).
-        classes.append((2 * n_seq * k.lm_head_params / layers, k.lm_head_params * k.weight_bytes_per_element / layers,
-                        gemm_peak * gemm_eff(_max(n_seq, 1.0))))
-
-        compute_s = memory_s = flops = nbytes = 0.0
-        for class_flops, class_bytes, class_peak in classes:
-            tc = layers * class_flops / class_peak
-            tm = layers * class_bytes / k.memory_bytes_per_s
-            compute_s = compute_s + tc * (tc > tm)
-            memory_s = memory_s + tm * (tc <= tm)
-            flops = flops + layers * class_flops
-            nbytes = nbytes + layers * class_bytes
-        network_s = 2 * layers * (a_tok * k.collective_s_per_token * knee + k.collective_latency_s)
-        if k.divides_pass:  # expert all-to-alls (the busiest group sends) and pipeline hops
-            network_s = (network_s + layers * (n_tok * k.all_to_all_s_per_token * k.dp / groups + k.all_to_all_latency_s)
-                         + n_tok * k.hop_s_per_token + k.hop_latency_s)
-        gpu_s = compute_s + memory_s + network_s + k.gpu_launch_s
-        overhead_s = (
-            f.decode_overhead_s + (f.prefill_overhead_s - f.decode_overhead_s) * has_prefill
-            + f.sequence_overhead_s * n_seq / micro  # (every micro-batch's requests, in its DP group)
-            + f.prefill_sequence_overhead_s * _num(prefill_seqs) / groups
-            + k.gpu_launch_s * stages
-            + _max(k.host_launch_s - gpu_s, 0.0) * stages  # waiting on the host's kernel launches
-        )
-        compute_s = compute_s * (1.0 + (k.clock_slowdown - 1.0) * has_prefill)
-        capped = 1.0 + (k.capped_clock_slowdown - 1.0) * has_prefill  # a capped GPU holds the lower clock the whole pass
-        memory_s, network_s = memory_s * capped, network_s * capped
-        return compute_s * stages, memory_s * stages, network_s * stages, overhead_s, flops / micro, nbytes / micro
+        args = [_num(x) for x in (prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens)]
+        if all(isinstance(x, float) for x in args):
+            return kernels.pass_terms(self.pass_vector, *args)
+        arrays = np.broadcast_arrays(*args)
+        out = kernels.pass_terms_array(self.pass_vector, *(np.array(a, float).ravel() for a in arrays))
+        return tuple(row.reshape(arrays[0].shape) for row in out)
 
     def _shares(self, prefill_seqs, decode_seqs, has_prefill):
         """How a pass divides: the share one pipeline micro-batch carries (1/pp of its prompts,
         chunked over the stages, and of its decode requests; a whole request when fewer than pp
         decode), and over how many attention groups a micro-batch's requests spread (DP, or
         fewer when it has fewer requests: one prompt is attended by one group)."""
-        pp, dp = float(self.constants.pp), self.constants.dp
-        micro = 1.0 if pp == 1 else 1.0 / (pp - (pp - _min(_max(decode_seqs, 1.0), pp)) * (1 - has_prefill))
-        groups = 1.0 if dp == 1 else _min(dp, _max((prefill_seqs + decode_seqs) * micro, 1.0))
-        return micro, groups
+        from splitplan.perf import kernels
+
+        if isinstance(decode_seqs, float):
+            return kernels.pass_shares(self.pass_vector, float(prefill_seqs), decode_seqs, float(has_prefill))
+        decode = np.asarray(decode_seqs, float)
+        out = kernels.pass_shares_array(self.pass_vector, np.full(decode.size, float(prefill_seqs)), decode.ravel(),
+                                        float(has_prefill))
+        return out[0].reshape(decode.shape), out[1].reshape(decode.shape)
 
     def pass_time_s(self, prefill_seqs: ArrayLike = 0, prefill_tokens: ArrayLike = 0, prefill_sq_tokens: ArrayLike = 0,
                     decode_seqs: ArrayLike = 0, decode_context_tokens: ArrayLike = 0) -> Seconds:

@@ -1,0 +1,95 @@
+"""The compiled prompt replay (capacity.replay) is the Python replay (capacity.pools): the same
+TTFT, passes and placement to the bit, over random traces and every rule it follows."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from splitplan import api
+from splitplan.capacity.pools import BatchTimes, prompt_queue_ttft_s
+from splitplan.perf import kernels
+from splitplan.specs.layout import Layout
+
+# an async-scheduling engine (vLLM V1) and one without, dense and MoE
+INSTANCES = {
+    ("vllm", "llama2-70b"): (api.instance("llama2-70b", "h100-80gb", 8, "vllm"), api.instance("llama2-70b", "a100-80gb", 4, "vllm")),
+    ("splitwise-sim", "llama2-70b"): (api.instance("llama2-70b", "h100-80gb", 8, "splitwise-sim"),
+                                      api.instance("llama2-70b", "a100-80gb", 8, "splitwise-sim")),
+    ("sglang-fp8", "mixtral-8x7b"): (api.instance("mixtral-8x7b", "h100-80gb", 2, "sglang-fp8"),
+                                     api.instance("mixtral-8x7b", "a100-80gb", 4, "sglang-fp8")),
+}
+
+
+def _both(arrival, tokens, pools, budget, **kw):
+    out = []
+    for compiled in (True, False):
+        busy, placed = [], []
+        ttft = prompt_queue_ttft_s(arrival, tokens, pools, budget, busy=busy, placed=placed, compiled=compiled, **kw)
+        out.append((ttft, np.array(busy, float).reshape(-1, 3), placed))
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(engine=st.sampled_from(sorted(INSTANCES)), n=st.integers(1, 250), rate=st.floats(1, 200), seed=st.integers(0, 2**16),
+       counts=st.tuples(st.integers(1, 12), st.integers(0, 12)), budget=st.sampled_from([256, 2048, 8192]),
+       chunked=st.booleans(), max_seqs=st.sampled_from([None, 1, 3, 256]), held=st.booleans(), decode=st.booleans(),
+       ties=st.booleans())
+def test_the_compiled_replay_is_the_python_replay(engine, n, rate, seed, counts, budget, chunked, max_seqs, held, decode, ties):
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.exponential(1 / rate, n))
+    if ties:  # simultaneous arrivals, and arrivals when a pass ends
+        arrival = np.round(arrival, 1)
+    tokens = rng.integers(1, 12_000, n)
+    first, second = INSTANCES[engine]
+    pools = [(first, counts[0])] + ([(second, counts[1])] if counts[1] else [])  # (up to 24 instances: routing by heap past 16)
+    kw = {"chunked": chunked, "max_seqs": max_seqs}
+    if held:
+        kw["held_s"] = rng.uniform(0, 3, n)
+    if decode:  # a decode load riding along every pass (the co-located estimate's)
+        kw["times"] = [BatchTimes(inst, tokens, 6.5, 900.0) for inst, _ in pools]
+    (ttft, busy, placed), (python_ttft, python_busy, python_placed) = _both(arrival, tokens, pools, budget, **kw)
+    assert np.array_equal(ttft, python_ttft)
+    assert np.array_equal(busy, python_busy)
+    assert placed == python_placed
+
+
+def test_one_pass_of_two_prompts_takes_the_formulas_time():
+    """Two prompts arriving together on one idle instance: the first alone (it starts at once),
+    the second after it, each pass as long as the compiled formula says (and the Python one)."""
+    inst = INSTANCES[("splitwise-sim", "llama2-70b")][0]
+    tokens = np.array([1000, 3000, 500])
+    arrival = np.array([0.0, 0.0, 0.0])
+    ttft = prompt_queue_ttft_s(arrival, tokens, [(inst, 1)], 8192)
+    first = kernels.pass_time_s(inst.pass_vector, 1.0, 1000.0, 1e6, 0.0, 0.0)
+    rest = kernels.pass_time_s(inst.pass_vector, 2.0, 3500.0, 3000.0**2 + 500.0**2, 0.0, 0.0)
+    assert first == pytest.approx(float(inst.prefill_time_s(1000)), rel=1e-15)
+    assert rest == pytest.approx(float(inst.pass_time_s(2, 3500, 3000**2 + 500**2)), rel=1e-15)
+    assert ttft.tolist() == pytest.approx([first, first + rest, first + rest], rel=1e-15)
+
+
+def test_the_compiled_formula_is_the_array_formula():
+    """A pass evaluated alone (floats) and among others (arrays, broadcast) is the same number,
+    for dense, MoE, MLA, DP-attention and pipelined instances."""
+    rng = np.random.default_rng(7)
+    for model, hardware, layout, engine in [("llama2-70b", "h100-80gb", 8, "vllm"), ("mixtral-8x7b", "a100-80gb", 2, "lean"),
+                                            ("deepseek-v3", "h200-141gb", Layout(tp=8, dp=2, ep=16), "sglang-fp8"),
+                                            ("llama3.1-70b", "h100-80gb-cap70", Layout(tp=4, pp=2), "vllm-fp8")]:
+        inst = api.instance(model, hardware, layout, engine)
+        seqs, tokens = rng.integers(0, 6, 40).astype(float), rng.integers(0, 9000, 40).astype(float)
+        batch = rng.integers(0, 200, 40).astype(float)
+        terms = inst._terms(seqs, tokens, tokens**2, batch, batch * 700.0)
+        for k in range(40):
+            assert inst._terms(seqs[k], tokens[k], tokens[k] ** 2, batch[k], batch[k] * 700.0) == tuple(t[k] for t in terms)
+
+
+def test_a_pass_ending_at_an_arrival_ends_before_it_is_routed():
+    """Two idle instances take a prompt each at 0 (the shorter on the second); a third prompt
+    arrives exactly when the first instance's pass ends: both are free by then, so it goes to the
+    lowest index (were the pass still counted, to the second)."""
+    inst = INSTANCES[("splitwise-sim", "llama2-70b")][0]
+    tokens = np.array([1000, 900, 400])
+    arrival = np.array([0.0, 0.0, float(inst.prefill_time_s(1000))])
+    (ttft, _, placed), (python_ttft, _, python_placed) = _both(arrival, tokens, [(inst, 2)], 8192)
+    assert placed == python_placed == [0, 1, 0]
+    assert np.array_equal(ttft, python_ttft)
