@@ -36,6 +36,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
@@ -86,11 +87,22 @@ def _prefix_caches(prefix: PrefixModel | None, instances: list[Instance]) -> tup
     return [prefix.cache(inst) for inst in instances], prefix.tree.request_node.tolist()
 
 
+class PromptReplay(NamedTuple):
+    ttft_s: np.ndarray  # per request
+    passes: np.ndarray  # (start s, duration s, instance) of every pass, in the order they began
+    placed: np.ndarray  # per request, its instance
+
+
 def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[tuple[Instance, int]],
-                        max_batch_tokens: int, times: list[BatchTimes] | None = None,
-                        busy: list | None = None, held_s: np.ndarray | None = None,
-                        placed: list | None = None, chunked: bool = False, max_seqs: int | None = None,
-                        prefix: PrefixModel | None = None, cache_stats: list | None = None, compiled: bool = True) -> np.ndarray:
+                        max_batch_tokens: int, times: list[BatchTimes] | None = None, **options) -> np.ndarray:
+    """TTFT of every request (`replay_prompts`)."""
+    return replay_prompts(arrival_s, prompt_tokens, pools, max_batch_tokens, times, **options).ttft_s
+
+
+def replay_prompts(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[tuple[Instance, int]],
+                   max_batch_tokens: int, times: list[BatchTimes] | None = None, held_s: np.ndarray | None = None,
+                   chunked: bool = False, max_seqs: int | None = None, prefix: PrefixModel | None = None,
+                   cache_stats: list | None = None, compiled: bool = True) -> PromptReplay:
     """TTFT of every request on the given prompt instances (type, count), routed as
     the simulator and Splitwise route them: at arrival, to the instance with the
     fewest pending prompt tokens (queued or in a running prefill; ties to the lowest
@@ -98,9 +110,8 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     (always at least one prompt), or, `chunked` (the engine's scheduler), passes of
     `max_batch_tokens` tokens taken from the head of the queue, a prompt split over
     passes (its first token with its last chunk); at most `max_seqs` prompts in a
-    pass (the engine's max_num_seqs). With `busy` (a list), every batch's
-    (start, duration, instance) is appended to it; with `placed`, every request's
-    instance. With `held_s` (co-located instances), request i also counts 1 in its
+    pass (the engine's max_num_seqs); with every pass and every request's instance (PromptReplay).
+    With `held_s` (co-located instances), request i also counts 1 in its
     instance's load for held_s[i] seconds from its arrival, as the simulator routes
     co-located instances (one per request held). With `prefix`, a prefix cache per instance
     (module docstring); with `cache_stats`, each instance's (hit, looked-up) prompt tokens.
@@ -112,8 +123,7 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     arrives while its instance runs a batch after which more was queued joins the batch after the
     next (the simulator's rule); the engine's front-end latency is added to every TTFT."""
     if compiled and prefix is None and all(isinstance(inst, Instance) for inst, _ in pools):
-        return _compiled_replay(arrival_s, prompt_tokens, pools, max_batch_tokens, times, busy, held_s, placed, chunked,
-                                max_seqs)
+        return _compiled_replay(arrival_s, prompt_tokens, pools, max_batch_tokens, times, held_s, chunked, max_seqs)
     n_req = len(arrival_s)
     finish_at = [0.0] * n_req
     times = times or [BatchTimes(inst, prompt_tokens) for inst, _ in pools]
@@ -122,6 +132,8 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     queues: list[deque[int]] = [deque() for _ in kind]
     running: list = [None] * len(kind)  # (requests, tokens) of the batch in flight
     heap: list = []  # (time, instance, -1): a batch ends; (time, instance, request): its prefix is loaded
+    busy: list = []  # (start, duration, instance) of every pass
+    placed: list = []  # each request's instance
     arrival = arrival_s.tolist()
     tokens = prompt_tokens.tolist()
 
@@ -214,8 +226,7 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
         if deferring:
             launch[j] += 1
             fixed[j] = bool(queue)
-        if busy is not None:
-            busy.append((now, duration, j))
+        busy.append((now, duration, j))
         heapq.heappush(heap, (now + duration, j, -1))
 
     def idle(j: int, now: float) -> None:
@@ -271,8 +282,7 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
         if release is not None:
             load[j] += 1
             heapq.heappush(held, (release[i], j))
-        if placed is not None:
-            placed.append(j)
+        placed.append(j)
         if running[j] is None:
             start(j, now)
 
@@ -286,13 +296,14 @@ def prompt_queue_ttft_s(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools:
     finish_until(float("inf"))
     if cache_stats is not None and caches:
         cache_stats.extend((c.hit_tokens, c.lookup_tokens) for c in caches)
-    return np.asarray(finish_at) - arrival_s + engine.frontend_latency_s
+    return PromptReplay(np.asarray(finish_at) - arrival_s + engine.frontend_latency_s, np.array(busy, float).reshape(-1, 3),
+                        np.array(placed, np.int64))
 
 
 def _compiled_replay(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[tuple[Instance, int]],
-                     max_batch_tokens: int, times: list[BatchTimes] | None, busy: list | None, held_s: np.ndarray | None,
-                     placed: list | None, chunked: bool, max_seqs: int | None) -> np.ndarray:
-    """`prompt_queue_ttft_s` without prefix caches on analytic instances: the compiled replay
+                     max_batch_tokens: int, times: list[BatchTimes] | None, held_s: np.ndarray | None, chunked: bool,
+                     max_seqs: int | None) -> PromptReplay:
+    """`replay_prompts` without prefix caches on analytic instances: the compiled replay
     (capacity.replay), the same TTFT to the bit."""
     from splitplan.capacity.replay import prompt_replay
 
@@ -303,11 +314,7 @@ def _compiled_replay(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: li
         np.asarray(arrival_s, float), np.asarray(prompt_tokens, np.int64), np.array([inst.pass_vector for inst, _ in pools]),
         np.repeat(np.arange(len(pools)), [count for _, count in pools]), decode, int(max_batch_tokens), bool(chunked),
         int(max_seqs or len(arrival_s)), bool(engine.async_scheduling), release_s)
-    if busy is not None:
-        busy.extend(passes.tolist())
-    if placed is not None:
-        placed.extend(where.tolist())
-    return finish_s - arrival_s + engine.frontend_latency_s
+    return PromptReplay(finish_s - arrival_s + engine.frontend_latency_s, passes, where)
 
 
 @dataclass(frozen=True)
@@ -413,21 +420,20 @@ def colocated_estimate(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_
     load = (round(first.mean_batch * 4) / 4, round(first.context_tokens / 64) * 64)
     if load not in memo:
         memo[load] = BatchTimes(inst, prompt_tokens, *load)
-    busy: list = []
-    placed: list = []
     prefill_share = min(float(np.sum(alone_s)) / instances / max(float(np.ptp(arrival_s)), 1e-9), 0.9)
     held_s = alone_s + o * first.step_s / (1 - prefill_share)  # until it is about to finish
-    ttft = prompt_queue_ttft_s(arrival_s, prompt_tokens, [(inst, instances)], max_batch_tokens, [memo[load]], busy,
-                               held_s, placed, chunked=chunked, max_seqs=max_seqs)
+    replayed = replay_prompts(arrival_s, prompt_tokens, [(inst, instances)], max_batch_tokens, [memo[load]], held_s,
+                              chunked=chunked, max_seqs=max_seqs)
+    ttft = replayed.ttft_s
     start = arrival_s + ttft
     res = decode_pool(start, prompt_tokens, output_tokens, inst, instances)
     # Each request is stalled by its own instance's prefills: batches keyed by (instance, start).
-    starts, durations, where = np.array(busy).T
+    starts, durations, where = replayed.passes.T
     offset = float(np.max(starts + durations)) + 1.0  # past every batch
     keys = where * offset + starts
     order = np.argsort(keys, kind="stable")
     keys, cum = keys[order], np.concatenate([[0.0], np.cumsum(durations[order])])
-    base = np.asarray(placed, dtype=float) * offset
+    base = replayed.placed * offset
     gaps = np.maximum(o - 1, 0)
     decode_s = gaps * res.step_s
     for _ in range(2):  # the stall stretches the window, which may hold more prefills

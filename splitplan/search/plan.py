@@ -33,6 +33,7 @@ from splitplan.capacity.pools import (
     colocated_pool,
     decode_pool,
     prompt_queue_ttft_s,
+    replay_prompts,
     smallest_count,
 )
 from splitplan.perf.roofline import Instance, kv_transfer_time_s
@@ -520,12 +521,11 @@ def _prompt_replay(problem: Problem, prompt_parts: list[tuple], memo: dict) -> t
             if ("batch", family, layout) not in memo:
                 memo["batch", family, layout] = BatchTimes(o.inst, t.prompt_tokens)
         batches = [memo["batch", family, layout] for family, layout, _ in same]
-        busy: list = []
         stats: list = []
-        ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens, batches, busy,
-                                   chunked=problem.chunked, max_seqs=problem.max_num_seqs, prefix=problem.prefix,
-                                   cache_stats=stats)
-        _, durations, where = np.array(busy).T
+        ttft, passes, _ = replay_prompts(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens, batches,
+                                         chunked=problem.chunked, max_seqs=problem.max_num_seqs, prefix=problem.prefix,
+                                         cache_stats=stats)
+        _, durations, where = passes.T
         pool_of = np.repeat(np.arange(len(prompt)), [n for _, n in prompt])  # instance -> its pool
         rates = []
         if stats:  # each prompt pool's prefix hit rate: hit over looked-up tokens of its instances

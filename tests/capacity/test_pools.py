@@ -130,13 +130,12 @@ def test_routing_from_a_heap_is_the_scan(monkeypatch, held):
     inst = Instance(load_model("llama3.1-8b"), load_hardware("h100-80gb"), load_engine("vllm"), Layout(1))
     held_s = rng.uniform(0.5, 5.0, n) if held else None
 
-    def replay():
-        placed: list = []
-        ttft = pools.prompt_queue_ttft_s(arrival, prompt, [(inst, 24)], 8192, held_s=held_s, placed=placed, chunked=True)
-        return ttft, placed
-    heap_ttft, heap_placed = replay()
+    def replay(compiled):
+        ttft, _, placed = pools.replay_prompts(arrival, prompt, [(inst, 24)], 8192, held_s=held_s, chunked=True, compiled=compiled)
+        return ttft, placed.tolist()
+    heap_ttft, heap_placed = replay(True)  # (the compiled replay's heap is set when it is compiled)
     monkeypatch.setattr(routing, "HEAP_ROUTING_INSTANCES", 10_000)
-    scan_ttft, scan_placed = replay()
+    scan_ttft, scan_placed = replay(False)
     assert heap_placed == scan_placed and len(set(scan_placed)) == 24
     np.testing.assert_array_equal(heap_ttft, scan_ttft)
 

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from splitplan import api
-from splitplan.capacity.pools import BatchTimes, prompt_queue_ttft_s
+from splitplan.capacity.pools import BatchTimes, prompt_queue_ttft_s, replay_prompts
 from splitplan.perf import kernels
 from splitplan.specs.layout import Layout
 
@@ -24,9 +24,8 @@ INSTANCES = {
 def _both(arrival, tokens, pools, budget, **kw):
     out = []
     for compiled in (True, False):
-        busy, placed = [], []
-        ttft = prompt_queue_ttft_s(arrival, tokens, pools, budget, busy=busy, placed=placed, compiled=compiled, **kw)
-        out.append((ttft, np.array(busy, float).reshape(-1, 3), placed))
+        ttft, passes, placed = replay_prompts(arrival, tokens, pools, budget, compiled=compiled, **kw)
+        out.append((ttft, passes, placed.tolist()))
     return out
 
 
