@@ -317,6 +317,24 @@ def _compiled_replay(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: li
     return PromptReplay(finish_s - arrival_s + engine.frontend_latency_s, passes, where)
 
 
+def _searchsorted(sorted_values: np.ndarray, queries: np.ndarray, side: str = "left") -> np.ndarray:
+    """np.searchsorted(sorted_values, queries, side) for as many queries as values, by a compiled
+    merge over the queries sorted (capacity.replay.ranks): two to three times faster than a binary
+    search each at thousands of requests."""
+    from splitplan.capacity.replay import ranks
+
+    return ranks(np.asarray(sorted_values, float), np.asarray(queries, float), np.argsort(queries), side == "right")
+
+
+def _open_at(sorted_starts: np.ndarray, sorted_ends: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """How many [start, end) intervals are open at each of `times`: starts at or before it less
+    ends at or before it (both sorted)."""
+    from splitplan.capacity.replay import ranks
+
+    order = np.argsort(times)
+    return ranks(sorted_starts, times, order, True) - ranks(sorted_ends, times, order, True)
+
+
 @dataclass(frozen=True)
 class DecodeResult:
     step_s: np.ndarray  # per request: mean decode step while it decodes
@@ -337,7 +355,7 @@ def decode_pool(start_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: n
     for _ in range(max_iterations):
         end = start_s + o * step
         mid = (start_s + end) / 2
-        active = np.searchsorted(order_start, mid, side="right") - np.searchsorted(np.sort(end), mid, side="right")
+        active = _open_at(order_start, np.sort(end), mid)
         batch = np.maximum(active / instances, 1.0)
         duration = end - start_s
         context = float(np.sum((p + o / 2) * duration) / max(np.sum(duration), 1e-12))
@@ -348,8 +366,8 @@ def decode_pool(start_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: n
     # KV tokens held: +(prompt + output) at start, released at end; peak of the running sum.
     times = np.concatenate([start_s, end])
     weights = np.concatenate([p + o, -(p + o)])
-    order = np.lexsort((weights, times))  # releases before admissions at equal times
-    peak = float(np.max(np.cumsum(weights[order]))) / instances
+    from splitplan.capacity.replay import running_peak  # (releases before admissions at equal times)
+    peak = running_peak(times, weights, np.argsort(times)) / instances
     busy = float(np.sum(end - start_s))
     span = float(max(end.max() - start_s.min(), 1e-9))
     return DecodeResult(step, peak / inst.fit.kv_capacity_tokens, busy / span / instances, context,
@@ -416,12 +434,12 @@ def colocated_estimate(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_
     o = output_tokens.astype(float)
     memo = {} if memo is None else memo
     alone_s = inst.prefill_time_s(prompt_tokens)
-    first = decode_pool(arrival_s + alone_s, prompt_tokens, output_tokens, inst, instances)
-    load = (round(first.mean_batch * 4) / 4, round(first.context_tokens / 64) * 64)
+    unstalled = decode_pool(arrival_s + alone_s, prompt_tokens, output_tokens, inst, instances)
+    load = (round(unstalled.mean_batch * 4) / 4, round(unstalled.context_tokens / 64) * 64)
     if load not in memo:
         memo[load] = BatchTimes(inst, prompt_tokens, *load)
     prefill_share = min(float(np.sum(alone_s)) / instances / max(float(np.ptp(arrival_s)), 1e-9), 0.9)
-    held_s = alone_s + o * first.step_s / (1 - prefill_share)  # until it is about to finish
+    held_s = alone_s + o * unstalled.step_s / (1 - prefill_share)  # until it is about to finish
     replayed = replay_prompts(arrival_s, prompt_tokens, [(inst, instances)], max_batch_tokens, [memo[load]], held_s,
                               chunked=chunked, max_seqs=max_seqs)
     ttft = replayed.ttft_s
@@ -438,11 +456,10 @@ def colocated_estimate(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_
     decode_s = gaps * res.step_s
     for _ in range(2):  # the stall stretches the window, which may hold more prefills
         end = np.minimum(start + decode_s, offset - 0.5)  # (within its instance's keys)
-        first, last = np.searchsorted(keys, base + start, side="left"), np.searchsorted(keys, base + end, side="right")
+        first, last = _searchsorted(keys, base + start, "left"), _searchsorted(keys, base + end, "right")
         decode_s = gaps * res.step_s + cum[last] - cum[first]
     stalled = np.minimum(last - first, gaps)  # gaps stretched by a prefill batch, per request
-    decoding = (np.searchsorted(np.sort(base + start), keys, side="right")  # requests decoding at each batch's start
-                - np.searchsorted(np.sort(base + end), keys, side="right"))
+    decoding = _open_at(np.sort(base + start), np.sort(base + end), keys)  # requests decoding at each batch's start
     itl = Gaps(np.concatenate([durations[order], res.step_s]), np.concatenate([decoding, gaps - stalled]).astype(float))
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(gaps > 0, decode_s / gaps, np.nan)

@@ -18,13 +18,12 @@ from __future__ import annotations
 import heapq
 
 import numpy as np
-from numba import njit
 
-from splitplan.perf.kernels import pass_time_s
+from splitplan.perf.kernels import jit, pass_time_s
 from splitplan.sim.routing import HEAP_ROUTING_INSTANCES
 
 
-@njit(cache=True)
+@jit
 def _least_loaded(load, heap):
     """The instance of least load, the lowest index among equals (a scan, or the heap's top
     once stale entries are dropped)."""
@@ -35,7 +34,7 @@ def _least_loaded(load, heap):
     return heap[0][1]
 
 
-@njit(cache=True)
+@jit
 def _take(j, first, after, tokens, done, tag, launch, max_batch_tokens, chunked, cap):
     """The next pass on instance j from its queue's head: (prompts it completes, prompts or chunks
     in it, its prompt tokens, their squares' sum as attention counts them, the completed prompts'
@@ -70,7 +69,7 @@ def _take(j, first, after, tokens, done, tag, launch, max_batch_tokens, chunked,
     return count, seqs, total, sq, whole
 
 
-@njit(cache=True)
+@jit
 def _start(j, now, queue, state, requests, vectors, kind, decode, options, busy, written, ends):
     """Instance j (idle, its queue not empty) begins its next pass at `now`."""
     first, last, after = queue
@@ -99,7 +98,7 @@ def _start(j, now, queue, state, requests, vectors, kind, decode, options, busy,
     heapq.heappush(ends, (now + duration, j))
 
 
-@njit(cache=True)
+@jit
 def prompt_replay(arrival_s, tokens, vectors, kind, decode, max_batch_tokens, chunked, cap, deferring, release_s):
     """(each request's prefill end, the passes as (start, duration, instance) rows, each request's
     instance). `vectors[k]` and `decode[k]` (decode requests and their context riding along in
@@ -171,3 +170,41 @@ def prompt_replay(arrival_s, tokens, vectors, kind, decode, max_batch_tokens, ch
             _start(j, now, queue, state, requests, vectors, kind, decode, options, busy, written, ends)
     return finish_s, busy[:written[0]], placed
 
+
+
+@jit
+def ranks(sorted_values, queries, order, right):
+    """np.searchsorted(sorted_values, queries, side="right" if right else "left"): for each query,
+    how many values lie below it (or at it, `right`), by one merge over the queries in ascending
+    `order` rather than a binary search each (the decode fixed point counts the requests open at
+    every request's midpoint this way)."""
+    out = np.empty(len(queries), np.int64)
+    k, n = 0, len(sorted_values)
+    for i in order:
+        x = queries[i]
+        while k < n and (sorted_values[k] <= x if right else sorted_values[k] < x):
+            k += 1
+        out[i] = k
+    return out
+
+
+@jit
+def running_peak(times, weights, order):
+    """The largest running sum of `weights` taken in time order, equal times by weight and then
+    position, as np.max(np.cumsum(weights[np.lexsort((weights, times))])) gives it (the same
+    additions in the same order): `order` sorts `times` (any order among equal times)."""
+    n = len(order)
+    i = 0
+    while i < n:  # each run of equal times, by (weight, position)
+        j = i + 1
+        while j < n and times[order[j]] == times[order[i]]:
+            j += 1
+        if j - i > 1:
+            run = np.sort(order[i:j])
+            order[i:j] = run[np.argsort(weights[run], kind="mergesort")]
+        i = j
+    total, peak = 0.0, -np.inf
+    for k in order:
+        total += weights[k]
+        peak = max(peak, total)
+    return peak

@@ -8,14 +8,24 @@ An instance's constants travel as one float64 vector (`FIELDS` names its entries
 
 numba compiles each function on its first call and caches the machine code beside this file (or,
 where that is not writable, in the user's cache directory), so only the first run after an install
-pays the compile (bench/optimize_speed.py --first-run times it); importing this module costs
-about 0.25 s, paid only by the commands that evaluate passes.
+pays the compile, about 6 s (bench/optimize_speed.py times that first run). Later runs pay numba's
+start: about 0.8 s, 0.4 s of it SciPy's linear algebra, which numba loads to look for BLAS and
+`optimize` loads anyway for its ILP; only commands that time passes import numba.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+
+def jit(function):
+    """`function` compiled by numba, its machine code cached where numba finds a writable place; in
+    none (a read-only install and home directory), compiled in every process instead."""
+    try:
+        return njit(cache=True)(function)
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+        return njit(function)
 
 FIELDS = (
     "layers_per_stage", "act_bytes_per_element", "weight_bytes_per_element", "peak_flops_per_s", "gemm_peak_flops_per_s",
@@ -36,7 +46,7 @@ FIELDS = (
  PREFILL_OVERHEAD, SEQ_OVERHEAD, PREFILL_SEQ_OVERHEAD, IS_MOE, EXPERTS, TOP_K, EXPERT_PARAMS) = range(len(FIELDS))
 
 
-@njit(cache=True)
+@jit
 def pass_shares(c, prefill_seqs, decode_seqs, has_prefill):
     """(micro, groups): the share of a pass one pipeline micro-batch carries and over how many
     attention groups its requests spread (`Instance._shares`)."""
@@ -46,12 +56,12 @@ def pass_shares(c, prefill_seqs, decode_seqs, has_prefill):
     return micro, groups
 
 
-@njit(cache=True)
+@jit
 def _gemm_efficiency(c, rows):
     return c[COMPUTE_EFF] * rows / (rows + c[GEMM_HALF])
 
 
-@njit(cache=True)
+@jit
 def pass_terms(c, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens):
     """(compute_s, memory_s, network_s, overhead_s, flops, bytes) of one pass (`Instance._terms`)."""
     layers, peak = c[LAYERS], c[PEAK]
@@ -119,7 +129,7 @@ def pass_terms(c, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, 
     return compute_s * stages, memory_s * stages, network_s * stages, overhead_s, flops / micro, nbytes / micro
 
 
-@njit(cache=True)
+@jit
 def pass_time_s(c, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens):
     """Seconds of one pass (the sum of `pass_terms`' four times)."""
     compute_s, memory_s, network_s, overhead_s, _, _ = pass_terms(c, prefill_seqs, prefill_tokens, prefill_sq_tokens,
@@ -127,7 +137,7 @@ def pass_time_s(c, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs,
     return compute_s + memory_s + network_s + overhead_s
 
 
-@njit(cache=True)
+@jit
 def pass_terms_array(c, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens):
     """`pass_terms` of each element of five float64 arrays of one length: a (6, n) array."""
     out = np.empty((6, len(prefill_seqs)))
@@ -139,7 +149,7 @@ def pass_terms_array(c, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_
     return out
 
 
-@njit(cache=True)
+@jit
 def pass_shares_array(c, prefill_seqs, decode_seqs, has_prefill):
     """`pass_shares` of each element of two float64 arrays of one length: a (2, n) array."""
     out = np.empty((2, len(decode_seqs)))

@@ -360,9 +360,7 @@ class Instance(PassShortcuts):
         known |= {name: getattr(k, name) for name in k.__slots__}
         known |= {"is_moe": m.is_moe, "experts": m.num_local_experts if m.is_moe else 1,
                   "experts_per_token": m.num_experts_per_tok if m.is_moe else 0, "expert_params": m.expert_params if m.is_moe else 0}
-        vector = np.array([float(known[name]) for name in kernels.FIELDS])
-        vector.flags.writeable = False
-        return vector
+        return np.array([float(known[name]) for name in kernels.FIELDS])  # (writable: the replay's rows are, one compiled type)
 
     def _terms(self, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens):
         """Time terms of one pass (floats, or arrays of the arguments' broadcast shape):

@@ -92,3 +92,44 @@ def test_a_pass_ending_at_an_arrival_ends_before_it_is_routed():
     (ttft, _, placed), (python_ttft, _, python_placed) = _both(arrival, tokens, [(inst, 2)], 8192)
     assert placed == python_placed == [0, 1, 0]
     assert np.array_equal(ttft, python_ttft)
+
+
+def test_a_kernel_numba_cannot_cache_is_compiled_anyway():
+    """Where numba finds nowhere to cache (here: a function with no source file), the kernel is
+    compiled in the process instead of failing (numba's cache=True alone raises)."""
+    from numba import njit
+    source = eval(compile("lambda x: x + 1", "<generated>", "eval"))  # noqa: S307 - a constant expression
+    with pytest.raises(RuntimeError, match="cannot cache"):
+        njit(cache=True)(source)
+    assert kernels.jit(source)(41) == 42
+
+
+@settings(max_examples=80, deadline=None)
+@given(n=st.integers(1, 400), m=st.integers(1, 400), digits=st.integers(0, 2), seed=st.integers(0, 2**16))
+def test_the_merged_searches_are_numpys(n, m, digits, seed):
+    """capacity.pools' merged searches give np.searchsorted's positions (both sides), and the
+    intervals open at each time its two searches' difference, ties included (values rounded)."""
+    from splitplan.capacity.pools import _open_at, _searchsorted
+    rng = np.random.default_rng(seed)
+    values = np.sort(np.round(rng.random(n) * 10, digits))
+    queries = np.round(rng.random(m) * 12 - 1, digits)
+    for side in ("left", "right"):
+        assert np.array_equal(_searchsorted(values, queries, side), np.searchsorted(values, queries, side=side))
+    ends = np.sort(values + np.round(rng.random(n) * 3, digits))
+    assert np.array_equal(_open_at(values, ends, queries),
+                          np.searchsorted(values, queries, side="right") - np.searchsorted(ends, queries, side="right"))
+
+
+@settings(max_examples=80, deadline=None)
+@given(n=st.integers(1, 600), digits=st.integers(0, 2), seed=st.integers(0, 2**16), whole=st.booleans())
+def test_the_running_peak_is_numpys_to_the_bit(n, digits, seed, whole):
+    """The KV peak's running sum (capacity.replay.running_peak) adds in np.lexsort's order, equal
+    times by weight: the same float as NumPy's cumsum, with many requests starting or ending at once."""
+    from splitplan.capacity.replay import running_peak
+    rng = np.random.default_rng(seed)
+    start = np.round(rng.random(n) * 20, digits)
+    end = start + np.round(rng.random(n) * 5, digits)
+    size = np.round(rng.random(n) * 10) * 100.0 if whole else rng.random(n) * 1e4
+    times, weights = np.concatenate([start, end]), np.concatenate([size, -size])
+    expected = float(np.max(np.cumsum(weights[np.lexsort((weights, times))])))
+    assert running_peak(times, weights, np.argsort(times)) == expected
