@@ -300,6 +300,15 @@ def replay_prompts(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list
                         np.array(placed, np.int64))
 
 
+def compile_kernels(inst: Instance) -> None:
+    """Compile (or load from numba's cache) the replay's and the decode fixed point's kernels in
+    this process, on a one-request trace and an instance the model fits: before sizing workers
+    fork, so that they inherit the machine code rather than each compile it on a first run."""
+    one, size = np.zeros(1), np.ones(1, np.int64)
+    replay_prompts(one, size, [(inst, 1)], 1)
+    decode_pool(one, size, size, inst, 1)
+
+
 def _compiled_replay(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[tuple[Instance, int]],
                      max_batch_tokens: int, times: list[BatchTimes] | None, held_s: np.ndarray | None, chunked: bool,
                      max_seqs: int | None) -> PromptReplay:
