@@ -42,7 +42,7 @@ TESTS = ["tests/capacity", "tests/search", "tests/sim", "tests/perf"]
 # (name, file, original text, mutated text): each original occurs exactly once in its file.
 NAMED = [
     ("KV-memory peak in capacity sizing set to 0", "splitplan/capacity/pools.py",
-     "peak = float(np.max(np.cumsum(weights[order]))) / instances", "peak = 0.0"),
+     "peak = running_peak(times, weights, np.argsort(times)) / instances", "peak = 0.0"),
     ("KV transfer dropped from predicted TBT", "splitplan/search/plan.py",
      "decode_s = transfer + np.maximum(o - 1, 0) * result.step_s", "decode_s = np.maximum(o - 1, 0) * result.step_s"),
     ("repair picks the worst move per dollar", "splitplan/search/plan.py",
@@ -63,13 +63,13 @@ NAMED = [
     # parallel layouts (issue 17)
     ("pipeline stages hold all the weights", "splitplan/perf/roofline.py",
      "m.routed_params / lay.stage_gpus) / lay.pp", "m.routed_params / lay.stage_gpus)"),
-    ("attention not split over DP groups", "splitplan/perf/roofline.py",
-     "a_tok = n_tok / groups  # the busiest", "a_tok = n_tok  # the busiest"),
-    ("one prompt spread over every DP group", "splitplan/perf/roofline.py",
-     "groups = 1.0 if dp == 1 else _min(dp, _max((prefill_seqs + decode_seqs) * micro, 1.0))",
+    ("attention not split over DP groups", "splitplan/perf/kernels.py",
+     "    a_tok = n_tok / groups\n", "    a_tok = n_tok\n"),
+    ("one prompt spread over every DP group", "splitplan/perf/kernels.py",
+     "groups = 1.0 if dp == 1 else min(dp, max((prefill_seqs + decode_seqs) * micro, 1.0))",
      "groups = dp"),
-    ("a lone decode request split into micro-batches", "splitplan/perf/roofline.py",
-     "(pp - _min(_max(decode_seqs, 1.0), pp)) * (1 - has_prefill)", "0.0"),
+    ("a lone decode request split into micro-batches", "splitplan/perf/kernels.py",
+     "(pp - min(max(decode_seqs, 1.0), pp)) * (1 - has_prefill)", "0.0"),
     ("all-to-all on NVLink beyond the NVLink domain", "splitplan/perf/roofline.py",
      "        if gpus <= hw.nvlink_domain:\n            return nvlink", "        return nvlink"),
     ("an instance over two machines counted on one", "splitplan/specs/layout.py",
@@ -173,7 +173,7 @@ ISSUE_27 = [
      "if src.role == PROMPT and self.prompt_tokens[i] > src.max_request:", "if False:"),
     ("prompt-side KV unchecked in the planner", "splitplan/search/plan.py",
      "if role == Role.PROMPT and int(np.max(t.prompt_tokens)) > inst.max_request_tokens:", "if False:"),
-    ("the power cap slows only compute", "splitplan/perf/roofline.py",
+    ("the power cap slows only compute", "splitplan/perf/kernels.py",
      "memory_s, network_s = memory_s * capped, network_s * capped", "pass"),
     ("the mixed pool's plan never trimmed", "splitplan/workflows/simulation.py",
      "if setup.borrow_threshold_tokens is not None and not added and all(", "if False and all("),
@@ -226,8 +226,8 @@ ISSUE_28 = [
      "            tag[i] = launch[j] - 1"),
     ("the front end left out of the simulation", "splitplan/sim/cluster.py",
      "        self.front = self.pools[0].perf.engine.frontend_latency_s", "        self.front = 0.0"),
-    ("expert GEMMs at a dense GEMM's efficiency", "splitplan/perf/roofline.py",
-     "gemm_peak * gemm_eff(rows) * f.moe_efficiency", "gemm_peak * gemm_eff(rows)"),
+    ("expert GEMMs at a dense GEMM's efficiency", "splitplan/perf/kernels.py",
+     "gemm_peak * _gemm_efficiency(c, rows) * c[MOE_EFF]", "gemm_peak * _gemm_efficiency(c, rows)"),
 ]
 
 # Issue 32: the survivors a review found, judged by the tests written for them.
