@@ -124,6 +124,14 @@ def replay_prompts(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list
     next (the simulator's rule); the engine's front-end latency is added to every TTFT."""
     if compiled and prefix is None and all(isinstance(inst, Instance) for inst, _ in pools):
         return _compiled_replay(arrival_s, prompt_tokens, pools, max_batch_tokens, times, held_s, chunked, max_seqs)
+    return _python_replay(arrival_s, prompt_tokens, pools, max_batch_tokens, times, held_s, chunked, max_seqs, prefix,
+                          cache_stats)
+
+
+def _python_replay(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[tuple[Instance, int]],
+                   max_batch_tokens: int, times: list[BatchTimes] | None, held_s: np.ndarray | None, chunked: bool,
+                   max_seqs: int | None, prefix: PrefixModel | None, cache_stats: list | None) -> PromptReplay:
+    """`replay_prompts` in Python: with prefix caches, on measured instances, or asked for."""
     n_req = len(arrival_s)
     finish_at = [0.0] * n_req
     times = times or [BatchTimes(inst, prompt_tokens) for inst, _ in pools]

@@ -99,6 +99,32 @@ def _start(j, now, queue, state, requests, vectors, kind, decode, options, busy,
 
 
 @jit
+def _add_load(load, least, j, tokens):
+    """Instance j's load changes by `tokens` (and the routing heap, when there is one, learns it)."""
+    load[j] += tokens
+    if len(least):
+        heapq.heappush(least, (load[j], j))
+
+
+@jit
+def _end_passes(now, ends, finish_s, load, least, queue, state, requests, vectors, kind, decode, options, busy, written):
+    """Every pass that ends by `now` (one ending at an arrival's time before it is routed): its
+    completed prompts get their first token, and its instance starts its next pass."""
+    first, after = queue[0], queue[2]
+    running, run_first, run_count, run_whole = state[0], state[1], state[2], state[3]
+    while len(ends) and ends[0][0] <= now:
+        end, j = heapq.heappop(ends)
+        r = run_first[j]
+        for _ in range(run_count[j]):
+            finish_s[r] = end
+            r = after[r]
+        _add_load(load, least, j, -run_whole[j])
+        running[j] = 0
+        if first[j] >= 0:
+            _start(j, end, queue, state, requests, vectors, kind, decode, options, busy, written, ends)
+
+
+@jit
 def prompt_replay(arrival_s, tokens, vectors, kind, decode, max_batch_tokens, chunked, cap, deferring, release_s):
     """(each request's prefill end, the passes as (start, duration, instance) rows, each request's
     instance). `vectors[k]` and `decode[k]` (decode requests and their context riding along in
@@ -113,7 +139,6 @@ def prompt_replay(arrival_s, tokens, vectors, kind, decode, max_batch_tokens, ch
     # scheduling), whether the next pass was scheduled when the running one began
     state = (np.zeros(n_inst, np.int64), np.zeros(n_inst, np.int64), np.zeros(n_inst, np.int64),
              np.zeros(n_inst, np.int64), np.zeros(n_inst, np.int64), np.zeros(n_inst, np.int64))
-    running, run_first, run_count, run_whole = state[0], state[1], state[2], state[3]
     # tokens, (chunked) prefilled so far, the pass a request arrived in when its successor was scheduled
     requests = (tokens, np.zeros(n_req, np.int64), np.full(n_req, -1))
     options = (max_batch_tokens, chunked, cap, deferring)
@@ -124,52 +149,33 @@ def prompt_replay(arrival_s, tokens, vectors, kind, decode, max_batch_tokens, ch
     ends.pop()
     held = [(0.0, 0)]  # (release time, instance) of requests counted in their instance's load
     held.pop()
-    least = [(0, 0)]  # (load, instance): routing past HEAP_ROUTING_INSTANCES instances
-    least.pop()
-    if n_inst > HEAP_ROUTING_INSTANCES:
-        for j in range(n_inst):
-            least.append((0, j))
+    least = [(0, j) for j in range(n_inst)]  # (load, instance): routing past HEAP_ROUTING_INSTANCES instances
+    if n_inst <= HEAP_ROUTING_INSTANCES:
+        least.clear()
     any_held = len(release_s) > 0
     first, last, after = queue
-    for i in range(n_req + 1):
-        now = arrival_s[i] if i < n_req else np.inf
-        while len(ends) and ends[0][0] <= now:  # passes that end by now (one ending at an arrival first)
-            end, j = heapq.heappop(ends)
-            r = run_first[j]
-            for _ in range(run_count[j]):
-                finish_s[r] = end
-                r = after[r]
-            load[j] -= run_whole[j]
-            if len(least):
-                heapq.heappush(least, (load[j], j))
-            running[j] = 0
-            if first[j] >= 0:
-                _start(j, end, queue, state, requests, vectors, kind, decode, options, busy, written, ends)
-        if i == n_req:
-            break
-        while any_held and len(held) and held[0][0] <= now:
-            j = heapq.heappop(held)[1]
-            load[j] -= 1
-            if len(least):
-                heapq.heappush(least, (load[j], j))
+    for i in range(n_req):
+        now = arrival_s[i]
+        if len(ends) and ends[0][0] <= now:
+            _end_passes(now, ends, finish_s, load, least, queue, state, requests, vectors, kind, decode, options, busy, written)
+        while len(held) and held[0][0] <= now:
+            _add_load(load, least, heapq.heappop(held)[1], -1)
         j = 0 if n_inst == 1 else _least_loaded(load, least)
-        if last[j] >= 0:
+        if last[j] >= 0:  # queued on j
             after[last[j]] = i
         else:
             first[j] = i
         last[j] = i
         if deferring:
-            requests[2][i] = state[4][j] if running[j] and state[5][j] else state[4][j] - 1
-        load[j] += tokens[i] + any_held
+            requests[2][i] = state[4][j] if state[0][j] and state[5][j] else state[4][j] - 1
+        _add_load(load, least, j, tokens[i] + any_held)
         if any_held:
             heapq.heappush(held, (release_s[i], j))
-        if len(least):
-            heapq.heappush(least, (load[j], j))
         placed[i] = j
-        if not running[j]:
+        if not state[0][j]:
             _start(j, now, queue, state, requests, vectors, kind, decode, options, busy, written, ends)
+    _end_passes(np.inf, ends, finish_s, load, least, queue, state, requests, vectors, kind, decode, options, busy, written)
     return finish_s, busy[:written[0]], placed
-
 
 
 @jit
