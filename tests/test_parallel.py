@@ -160,8 +160,9 @@ def test_ctrl_c_ends_the_workers_at_once_with_one_line():
     os.killpg(process.pid, signal.SIGINT)
     start = time.monotonic()
     _, err = process.communicate(timeout=30)
-    assert process.returncode == 130 and err.decode() == "error: interrupted\n"
-    assert time.monotonic() - start < 5
+    took = time.monotonic() - start
+    assert (process.returncode, err.decode()) == (130, "error: interrupted\n"), f"after {took:.1f} s"
+    assert took < 5
     time.sleep(0.5)
     assert not [w for w in workers if _running(w)]
 

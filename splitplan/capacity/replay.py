@@ -11,6 +11,10 @@ over the requests (`after`): a pass is the run of requests it took from the queu
 `run_first` and `run_count` name its members.
 
 Each pass's time is the compiled pass formula (perf.kernels), which the Python model calls too.
+
+Two helpers of the decode fixed point (capacity.pools.decode_pool) are here too, each NumPy's
+result by a cheaper route: `ranks` (np.searchsorted by one merge) and `running_peak` (the KV peak's
+running sum in np.lexsort's order).
 """
 
 from __future__ import annotations
