@@ -383,8 +383,9 @@ def decode_pool(start_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: n
     # KV tokens held: +(prompt + output) at start, released at end; peak of the running sum.
     times = np.concatenate([start_s, end])
     weights = np.concatenate([p + o, -(p + o)])
-    from splitplan.capacity.replay import running_peak  # (releases before admissions at equal times)
-    peak = running_peak(times, weights, np.argsort(times)) / instances
+    from splitplan.capacity.replay import running_peak
+
+    peak = running_peak(times, weights, np.argsort(times)) / instances  # (releases before admissions at equal times)
     busy = float(np.sum(end - start_s))
     span = float(max(end.max() - start_s.min(), 1e-9))
     return DecodeResult(step, peak / inst.fit.kv_capacity_tokens, busy / span / instances, context,

@@ -43,14 +43,16 @@ def _take(j, first, after, tokens, done, tag, launch, max_batch_tokens, chunked,
     """The next pass on instance j from its queue's head: (prompts it completes, prompts or chunks
     in it, its prompt tokens, their squares' sum as attention counts them, the completed prompts'
     tokens). Whole prompts up to the budget (at least one), or, `chunked`, the budget's tokens
-    from the head, the last prompt split; async scheduling holds back requests queued after the
-    running pass's successor was scheduled."""
+    from the head, the last prompt split (`done` counts what earlier chunks prefilled: without
+    prefix caches nothing else is); async scheduling holds back requests queued after the running
+    pass's successor was scheduled."""
     count = seqs = total = sq = whole = 0
     room = max_batch_tokens
     r = first[j]
     while r >= 0:
-        d, size = done[r], tokens[r]
+        size = tokens[r]
         if chunked:
+            d = done[r]
             if room <= 0 or seqs >= cap or tag[r] >= launch[j]:
                 break
             c = min(size - d, room)
@@ -62,10 +64,10 @@ def _take(j, first, after, tokens, done, tag, launch, max_batch_tokens, chunked,
             if d + c < size:
                 break
         else:
-            if count and (tag[r] >= launch[j] or total + size - d > max_batch_tokens or count >= cap):
+            if count and (tag[r] >= launch[j] or total + size > max_batch_tokens or count >= cap):
                 break
-            total += size - d
-            sq += size * size - d * d
+            total += size
+            sq += size * size
             seqs += 1
         count += 1
         whole += size
@@ -158,6 +160,7 @@ def prompt_replay(arrival_s, tokens, vectors, kind, decode, max_batch_tokens, ch
         least.clear()
     any_held = len(release_s) > 0
     first, last, after = queue
+    running, launch, fixed, tag = state[0], state[4], state[5], requests[2]
     for i in range(n_req):
         now = arrival_s[i]
         if len(ends) and ends[0][0] <= now:
@@ -171,12 +174,12 @@ def prompt_replay(arrival_s, tokens, vectors, kind, decode, max_batch_tokens, ch
             first[j] = i
         last[j] = i
         if deferring:
-            requests[2][i] = state[4][j] if state[0][j] and state[5][j] else state[4][j] - 1
+            tag[i] = launch[j] if running[j] and fixed[j] else launch[j] - 1
         _add_load(load, least, j, tokens[i] + any_held)
         if any_held:
             heapq.heappush(held, (release_s[i], j))
         placed[i] = j
-        if not state[0][j]:
+        if not running[j]:
             _start(j, now, queue, state, requests, vectors, kind, decode, options, busy, written, ends)
     _end_passes(np.inf, ends, finish_s, load, least, queue, state, requests, vectors, kind, decode, options, busy, written)
     return finish_s, busy[:written[0]], placed

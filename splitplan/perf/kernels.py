@@ -8,7 +8,7 @@ An instance's constants travel as one float64 vector (`FIELDS` names its entries
 
 numba compiles each function on its first call and caches the machine code beside this file (or,
 where that is not writable, in the user's cache directory), so only the first run after an install
-pays the compile, about 6 s (bench/optimize_speed.py times that first run). Later runs pay numba's
+pays the compile, about 7 s (bench/optimize_speed.py times that first run). Later runs pay numba's
 start: about 0.8 s, 0.4 s of it SciPy's linear algebra, which numba loads to look for BLAS and
 `optimize` loads anyway for its ILP; only commands that time passes import numba.
 """
@@ -26,6 +26,7 @@ def jit(function):
         return njit(cache=True)(function)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
         return njit(function)
+
 
 FIELDS = (
     "layers_per_stage", "act_bytes_per_element", "weight_bytes_per_element", "peak_flops_per_s", "gemm_peak_flops_per_s",
