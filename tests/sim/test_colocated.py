@@ -1,0 +1,120 @@
+"""The compiled run of co-located instances (sim.colocated) against the Python event loop it
+replaces: every result the same, to the bit."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import splitplan.sim.cluster as cluster
+from splitplan import api
+from splitplan.base import limits
+from splitplan.base.errors import SpecError
+from splitplan.perf.table import PerfDb
+from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
+from splitplan.workload.trace import Trace, default_trace_path, load_trace, resample_poisson
+from tests.conftest import PERF_DB
+
+TRACE = load_trace(default_trace_path())
+
+
+def python_run(trace, pools, options):
+    """The Python event loop, iteration by iteration (so its event count is the compiled run's)."""
+    cluster.COMPILED_COLOCATED, cluster.FUSE_DECODE_STRETCHES = False, False
+    try:
+        return simulate(trace, pools, options)
+    finally:
+        cluster.COMPILED_COLOCATED, cluster.FUSE_DECODE_STRETCHES = True, True
+
+
+def assert_same(a, b) -> None:
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name == "trace":
+            assert np.array_equal(x.arrival_s, y.arrival_s)
+        elif isinstance(x, np.ndarray):
+            assert np.array_equal(x, y, equal_nan=True), f.name
+        else:
+            assert x == y, f.name
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), engine=st.sampled_from(["lean", "vllm", "sglang-fp8", "trtllm-fp8"]),
+       model=st.sampled_from(["llama2-70b", "bloom-176b"]), instances=st.sampled_from([1, 2, 5, 18]),
+       load=st.floats(0.5, 3.0), budget=st.sampled_from([512, 2048, 8192]), seqs=st.sampled_from([None, 3, 64]),
+       context=st.sampled_from([None, 2500]), routing=st.sampled_from(["jsq", "round-robin"]), cached=st.booleans())
+@example(seed=1, engine="vllm", model="bloom-176b", instances=2, load=3.0, budget=8192, seqs=None, context=None,
+         routing="jsq", cached=False)  # (BLOOM's KV fills: preemptions)
+@example(seed=2, engine="lean", model="bloom-176b", instances=1, load=3.0, budget=2048, seqs=3, context=2500,
+         routing="round-robin", cached=True)
+def test_compiled_run_is_the_python_run(seed, engine, model, instances, load, budget, seqs, context, routing, cached):
+    """Whole-prompt and chunked passes, async scheduling and a front-end latency (vllm), the
+    sequence cap, refusals past max_model_len, rejections (a request longer than the KV),
+    preemptions (BLOOM's small KV at high load), round-robin, join-shortest-queue past 16
+    instances (the Python run's heap), prompts partly cached: the same result, event count included."""
+    rng = np.random.default_rng(seed)
+    trace = resample_poisson(TRACE, load * instances, 20.0, rng)
+    if cached:
+        trace = dataclasses.replace(trace, cached_tokens=rng.integers(0, 400, len(trace)))
+    inst = api.instance(model, "h100-80gb", 8, engine)
+    pools = [PoolSpec("mixed", inst, instances)]
+    options = SimOptions(max_batch_tokens=budget, max_num_seqs=seqs, max_model_len=context, routing=routing)
+    compiled = simulate(trace, pools, options)
+    assert_same(compiled, python_run(trace, pools, options))
+
+
+def test_preemptions():
+    """BLOOM's KV (about 52k tokens an instance) fills at this load: decodes are preempted and
+    recomputed, some twice (the longer stall is the one kept); both runs agree."""
+    trace = resample_poisson(TRACE, 12.0, 30.0, np.random.default_rng(1))
+    trace = Trace(trace.arrival_s, trace.prompt_tokens, trace.output_tokens * 8, "t")
+    pools = [PoolSpec("mixed", api.instance("bloom-176b", "h100-80gb", 8, "vllm"), 2)]
+    compiled = simulate(trace, pools)
+    assert compiled.preemptions > 20
+    assert_same(compiled, python_run(trace, pools, SimOptions()))
+
+
+def test_edge_cases_of_routing_and_batching():
+    """Whole prompts (lean) that fill the token budget exactly share a pass; a request that
+    arrives as an iteration ends is routed after it (to the instance it freed); a request
+    larger than the KV is rejected and leaves its instance's routing load as it was."""
+    inst = api.instance("llama2-70b", "h100-80gb", 8, "lean")
+    options = SimOptions(max_batch_tokens=2048)
+    one, two = [PoolSpec("mixed", inst, 1)], [PoolSpec("mixed", inst, 2)]
+    full = Trace(np.array([0.0, 0.001, 0.001]), np.array([500, 1000, 1048]), np.array([1, 1, 1]), "t")
+    at_end = Trace(np.array([0.0, float(inst.prefill_time_s(1000))]), np.array([1000, 500]), np.array([1, 1]), "t")
+    too_long = Trace(np.array([0.0, 1.0]), np.array([inst.max_request_tokens, 500]), np.array([10, 10]), "t")
+    for trace, pools, check in [
+            (full, one, lambda r: r.ttft_s[1] == r.ttft_s[2]),
+            (at_end, two, lambda r: r.prompt_instance.tolist() == [0, 0]),
+            (too_long, two, lambda r: r.rejected.tolist() == [True, False] and r.prompt_instance.tolist() == [0, 0])]:
+        compiled = simulate(trace, pools, options)
+        assert check(compiled)
+        assert_same(compiled, python_run(trace, pools, options))
+
+
+def test_the_iteration_limit_fails_as_the_python_run(monkeypatch):
+    trace = resample_poisson(TRACE, 2.0, 10.0, np.random.default_rng(0))
+    pools = [PoolSpec("mixed", api.instance("llama2-70b", "h100-80gb", 8, "vllm"), 1)]
+    monkeypatch.setattr(limits, "MAX_SIM_ITERATIONS", 50)
+    with pytest.raises(SpecError, match="passed 50 decode iterations"):
+        simulate(trace, pools)
+    with pytest.raises(SpecError, match="passed 50 decode iterations"):
+        python_run(trace, pools, SimOptions())
+
+
+def test_what_runs_in_python():
+    """Split pools, closed loops and measured tables run in the Python loop (decode stretches
+    fused: fewer events than iterations); an event log too (every event, as many as the compiled
+    run counts)."""
+    trace = resample_poisson(TRACE, 2.0, 20.0, np.random.default_rng(0))
+    inst = api.instance("llama2-70b", "a100-80gb", 8, "vllm")
+    compiled = simulate(trace, [PoolSpec("mixed", inst, 1)])
+    for pools, options in [([PoolSpec("prompt", inst, 1), PoolSpec("token", inst, 1)], SimOptions()),
+                           ([PoolSpec("mixed", inst, 1)], SimOptions(concurrency=4)),
+                           ([PoolSpec("mixed", PerfDb(PERF_DB).require(inst), 1)], SimOptions())]:
+        assert simulate(trace, pools, options).events < python_run(trace, pools, options).events
+    logged = simulate(trace, [PoolSpec("mixed", inst, 1)], SimOptions(record_events=True))  # (unfused: every event)
+    assert len(logged.event_log) == logged.events == compiled.events
