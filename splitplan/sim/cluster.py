@@ -69,6 +69,7 @@ import dataclasses
 import heapq
 import math
 from array import array
+from typing import cast
 
 import numpy as np
 
@@ -99,9 +100,9 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
 # Decode-only iterations that nothing can interrupt are computed at once (_decode_stretch);
 # off only to check that it changes nothing.
 FUSE_DECODE_STRETCHES = True
-# One pool of co-located instances in an open loop runs compiled (sim.colocated, the same result);
-# off only to compare the two.
-COMPILED_COLOCATED = True
+# An open loop on analytic instances without prefix caches, borrowing or shared machines runs
+# compiled (sim.compiled, the same result); off only to compare the two.
+COMPILED = True
 # plain ints on the hot path
 _KV_ARRIVED, _ITERATION_END, _PREFIX_LOADED = int(Event.KV_ARRIVED), int(Event.ITERATION_END), int(Event.PREFIX_LOADED)
 
@@ -634,12 +635,12 @@ class _Cluster:
 
     def run(self) -> SimResult:
         """Handle events in time order (heap events before arrivals at equal times) until
-        every request is done; then the result. One pool of co-located instances in an open loop
-        (no prefix caches, logs or recorded passes, analytic instances) runs compiled."""
-        perf = self.pools[0].perf
-        if (COMPILED_COLOCATED and self.isolated and len(self.pools) == 1 and not self.caches and self.log is None
-                and self.passes is None and isinstance(perf, Instance)):
-            return self._run_compiled(perf)
+        every request is done; then the result. An open loop on analytic instances, without prefix
+        caches, borrowing, shared machines, an event log or recorded passes, runs compiled."""
+        if (COMPILED and self.closed is None and not self.caches and self.log is None and self.passes is None
+                and self.options.borrow_threshold_tokens is None and all(x.node is None for x in self.insts)
+                and all(isinstance(pool.perf, Instance) for pool in self.pools)):
+            return self._run_compiled()
         next_arrival, log, n, heap, arrival, insts = 0, self.log, self.n, self.heap, self.arrival, self.insts
         pop, kv_arrived, iteration_end = heapq.heappop, self._kv_arrived, self._iteration_end
         front = self.front
@@ -666,47 +667,66 @@ class _Cluster:
         self.events = events
         return self._result()
 
-    def _run_compiled(self, perf: Instance) -> SimResult:
-        """`run` by sim.colocated's compiled loop (the one pool's instances timed by `perf`): its
-        state back into this run's, then the result."""
-        from splitplan.sim import colocated as c
+    def _run_compiled(self) -> SimResult:
+        """`run` by sim.compiled's loop: this run's instances and pools as its arrays, its state
+        back into this run's, then the result."""
+        from splitplan.sim import compiled as c
 
-        n = self.n
+        n, perfs = self.n, [cast(Instance, pool.perf) for pool in self.pools]
         prompt, out = self.trace.prompt_tokens.astype(np.int64), self.trace.output_tokens.astype(np.int64)
         cap = int(self.options.max_num_seqs or n + 1)
-        kv_cap = int(perf.fit.kv_capacity_tokens)
-        # the largest decode batch: one request, or requests of at least (shortest prompt + 1) tokens of
-        # context each, and one more token each, within the KV capacity (else the newest is preempted)
-        most = max(1, min(n, cap, kv_cap // (int(prompt.min() if n else 1) + 2)))
-        lines = np.zeros((most + 1, 3))  # (row b: Instance.decode_line(b))
-        lines[1:, 0], lines[1:, 1], lines[1:, 2] = perf.decode_line(np.arange(1, most + 1))
+        kv_caps = [int(perf.fit.kv_capacity_tokens) for perf in perfs]
+        # the largest decode batch: one request, or requests of at least (shortest prompt + 1) tokens
+        # each within the KV capacity (a co-located instance preempts past it)
+        most = max(1, min(n, cap, max(kv_caps) // (int(prompt.min() if n else 1) + 1)))
+        lines = np.zeros((len(perfs), most + 1, 3))  # (row b: Instance.decode_line(b))
+        for k, perf in enumerate(perfs):
+            lines[k, 1:, 0], lines[k, 1:, 1], lines[k, 1:, 2] = perf.decode_line(np.arange(1, most + 1))
+        pools = np.array([[kv_cap, perf.max_request_tokens, self.chunked[k] is not None, self.deferring[k],
+                           perf.engine.layerwise_transfer_min_tokens] for k, (kv_cap, perf) in enumerate(zip(kv_caps, perfs, strict=True))],
+                         np.int64)
+        pools_s = np.array([[perf.kv_link_bytes_per_s, perf.factors.kv_transfer_latency_s] for perf in perfs])
+        settings = np.array([self.max_tokens, cap, self.max_iterations, self.context or 0, self.layers,
+                             self.options.routing == "round-robin"], np.int64)
+        inst = np.zeros((len(self.insts), c.INSTANCE_COLUMNS), np.int64)
+        inst[:, :c.RUN + 3], inst[:, [c.MEMBERS_HEAD, c.MEMBERS_TAIL]] = -1, -1
+        inst[:, [c.QUEUE + 2, c.WAITING + 2, c.DEFERRED + 2, c.RUN + 2]] = 0
+        inst[:, c.NEXT_FINISH] = np.iinfo(np.int64).max
+        inst[:, c.ROLE] = [(PROMPT, TOKEN, MIXED).index(x.role) for x in self.insts]
+        inst[:, c.POOL] = [x.pool for x in self.insts]
+        inst[:, c.P_POS] = [self.p_pos.get(x.idx, -1) for x in self.insts]
+        inst[:, c.T_POS] = [self.t_pos.get(x.idx, -1) for x in self.insts]
         req = np.zeros((c.REQUEST_ROWS, n), np.int64)
         req[c.PLEN], req[c.BASE], req[c.DONE], req[c.CACHED] = prompt, 1, self.cached, self.cached
-        req[c.JOIN_ITER], req[c.INSTANCE] = -1, -1
+        req[c.JOIN_ITER], req[c.P_INST], req[c.T_INST] = -1, -1, -1
         times = np.zeros((c.TIME_ROWS, n))
         times[[c.TTFT, c.E2E, c.REJOINED, c.KV_READY, c.JOIN_TIME]] = np.nan
-        engine = np.array([kv_cap, perf.max_request_tokens, self.max_tokens, cap, self.chunked[0] is not None,
-                           self.deferring[0], self.max_iterations, self.context or 0], np.int64)
-        status, inst, clock, counters, ends_s, ends_at = c.colocated_run(
-            np.asarray(self.arrival, float), float(self.front), prompt, out, req, times, len(self.insts), engine,
-            perf.pass_vector, lines, np.asarray(self.single[0], float), self.options.routing == "round-robin")
+        status, clock, counters, ends_s, ends_at = c.run(
+            np.asarray(self.arrival, float), float(self.front), prompt, out, req, times, inst, pools, pools_s, settings,
+            float(self.kv_bytes), np.array([perf.pass_vector for perf in perfs]), lines,
+            np.array([self.single[k] for k in range(len(perfs))], float))
         if status == c.TOO_MANY_ITERATIONS:
             raise self._too_many_iterations()
         if status != c.OK:
-            raise RuntimeError(f"the compiled co-located run stopped (status {status}): a bug, please report it")
+            raise RuntimeError(f"the compiled run stopped (status {status}): a bug, please report it")
+        self._take_compiled(c, req, times, inst, clock, counters, ends_s, ends_at)
+        return self._result()
+
+    def _take_compiled(self, c, req, times, inst, clock, counters, ends_s, ends_at) -> None:
+        """The compiled run's state as this run's: per request, per instance, the counters."""
         self.ttft, self.e2e, self.stall, self.rejoined = times[c.TTFT], times[c.E2E], times[c.STALL], times[c.REJOINED]
         self.prefill_start, self.kv_ready, self.join_time = times[c.PREFILL_START], times[c.KV_READY], times[c.JOIN_TIME]
-        self.base, self.join_iter, self.p_inst = req[c.BASE], req[c.JOIN_ITER], req[c.INSTANCE]
-        self.t_inst, self.rejected, self.refused = req[c.INSTANCE], req[c.REJECTED] > 0, req[c.REFUSED] > 0
+        self.base, self.join_iter, self.p_inst, self.t_inst = req[c.BASE], req[c.JOIN_ITER], req[c.P_INST], req[c.T_INST]
+        self.rejected, self.refused = req[c.REJECTED] > 0, req[c.REFUSED] > 0
         self.tokens_out, self.preemptions = int(counters[c.TOKENS_OUT]), int(counters[c.PREEMPTIONS])
         self.events, self.iterations = int(counters[c.EVENTS]), int(counters[c.ITERATIONS])
         order = np.argsort(ends_at, kind="stable")
         bounds = np.searchsorted(ends_at[order], np.arange(len(self.insts) + 1))
         for k, x in enumerate(self.insts):
             x.ends = array("d", ends_s[order[bounds[k]:bounds[k + 1]]].tobytes())
-            x.iters, x.batch, x.ctx = int(inst[k, c.ITERS]), int(inst[k, c.BATCH]), int(inst[k, c.CTX])
-            x.prefill_s, x.decode_s, x.batch_integral = (float(v) for v in clock[k, [c.PREFILL_S, c.DECODE_S, c.INTEGRAL]])
-        return self._result()
+            x.iters, x.batch, x.ctx, x.kv_used = (int(v) for v in inst[k, [c.ITERS, c.BATCH, c.CTX, c.KV_USED]])
+            x.prefill_s, x.decode_s, x.batch_integral, x.link_free = (
+                float(v) for v in clock[k, [c.PREFILL_S, c.DECODE_S, c.INTEGRAL, c.LINK_FREE]])
 
     def _route(self, i: int) -> tuple[InstanceState, InstanceState]:
         """(the instance that prefills request i, the one that decodes it)."""

@@ -395,13 +395,13 @@ def test_decode_stretches_computed_at_once_change_nothing(seed, loop, pools, eng
         work, options = closed_loop_workload(None, 12, 48, seed=seed), SimOptions(concurrency=12)
     else:
         work, options = resample_poisson(load_trace(default_trace_path()), 1.5, 60.0, np.random.default_rng(seed)), SimOptions()
-    cluster.COMPILED_COLOCATED = False  # (the Python loop's stretches: the compiled run is checked in test_colocated)
+    cluster.COMPILED = False  # (the Python loop's stretches: the compiled run is checked in test_colocated)
     try:
         fused, fused_extrapolated = run()
         cluster.FUSE_DECODE_STRETCHES = False
         plain, plain_extrapolated = run()
     finally:
-        cluster.FUSE_DECODE_STRETCHES, cluster.COMPILED_COLOCATED = True, True
+        cluster.FUSE_DECODE_STRETCHES, cluster.COMPILED = True, True
     _results_equal(fused, plain)
     assert fused_extrapolated == plain_extrapolated
     assert fused.events < plain.events  # (it did skip some)
@@ -614,12 +614,12 @@ def test_a_long_decode_alone_is_computed_at_once_as_the_loop_computes_it(pools):
     import splitplan.sim.cluster as cluster
     trace = Trace(np.array([0.0, 100.0]), np.array([800, 300]), np.array([400, 200]), "t")
     spec = [PoolSpec("prompt", H100, 1), PoolSpec("token", H100, 1)] if pools == "split" else [PoolSpec("mixed", H100, 1)]
-    cluster.COMPILED_COLOCATED = False  # (the Python loop's stretches)
+    cluster.COMPILED = False  # (the Python loop's stretches)
     try:
         fused = simulate(trace, spec)
         cluster.FUSE_DECODE_STRETCHES = False
         plain = simulate(trace, spec)
     finally:
-        cluster.FUSE_DECODE_STRETCHES, cluster.COMPILED_COLOCATED = True, True
+        cluster.FUSE_DECODE_STRETCHES, cluster.COMPILED = True, True
     _results_equal(fused, plain)
     assert fused.events < plain.events - 500

@@ -1,5 +1,5 @@
-"""The compiled run of co-located instances (sim.colocated) against the Python event loop it
-replaces: every result the same, to the bit."""
+"""The simulator's compiled run (sim.compiled) against the Python event loop it stands in for:
+every result the same, to the bit."""
 
 import dataclasses
 
@@ -22,11 +22,11 @@ TRACE = load_trace(default_trace_path())
 
 def python_run(trace, pools, options):
     """The Python event loop, iteration by iteration (so its event count is the compiled run's)."""
-    cluster.COMPILED_COLOCATED, cluster.FUSE_DECODE_STRETCHES = False, False
+    cluster.COMPILED, cluster.FUSE_DECODE_STRETCHES = False, False
     try:
         return simulate(trace, pools, options)
     finally:
-        cluster.COMPILED_COLOCATED, cluster.FUSE_DECODE_STRETCHES = True, True
+        cluster.COMPILED, cluster.FUSE_DECODE_STRETCHES = True, True
 
 
 def assert_same(a, b) -> None:
@@ -65,6 +65,30 @@ def test_compiled_run_is_the_python_run(seed, engine, model, instances, load, bu
     assert_same(compiled, python_run(trace, pools, options))
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), engine=st.sampled_from(["lean", "vllm", "sglang-fp8", "trtllm-fp8"]),
+       prompt_types=st.sampled_from([("h100-80gb",), ("h100-80gb", "a100-80gb")]),
+       token_types=st.sampled_from([("a100-80gb",), ("h100-80gb", "a100-80gb")]), tp=st.sampled_from([4, 8]),
+       counts=st.tuples(st.integers(1, 3), st.integers(1, 3)), load=st.floats(0.5, 3.0),
+       budget=st.sampled_from([512, 8192]), seqs=st.sampled_from([None, 4]), context=st.sampled_from([None, 2500]),
+       routing=st.sampled_from(["jsq", "round-robin"]))
+@example(seed=0, engine="vllm", prompt_types=("h100-80gb",), token_types=("a100-80gb",), tp=4, counts=(3, 1), load=3.0,
+         budget=8192, seqs=None, context=None, routing="jsq")  # (a100s at TP 4 hold few: decodes wait, long ones rejected)
+def test_compiled_split_run_is_the_python_run(seed, engine, prompt_types, token_types, tp, counts, load, budget, seqs,
+                                              context, routing):
+    """Prompt and token pools of one or two machine types: KV transfers serialized and layer by
+    layer over both instances' links (FIFO), token instances' KV admission and rejections,
+    whole-prompt and chunked prefill, async scheduling, the sequence cap, refusals, round-robin:
+    the same result, event count included."""
+    rng = np.random.default_rng(seed)
+    trace = resample_poisson(TRACE, load * counts[0], 20.0, rng)
+    pools = ([PoolSpec("prompt", api.instance("llama2-70b", hw, tp, engine), counts[0]) for hw in prompt_types]
+             + [PoolSpec("token", api.instance("llama2-70b", hw, tp, engine), counts[1]) for hw in token_types])
+    options = SimOptions(max_batch_tokens=budget, max_num_seqs=seqs, max_model_len=context, routing=routing)
+    compiled = simulate(trace, pools, options)
+    assert_same(compiled, python_run(trace, pools, options))
+
+
 def test_preemptions():
     """BLOOM's KV (about 52k tokens an instance) fills at this load: decodes are preempted and
     recomputed, some twice (the longer stall is the one kept); both runs agree."""
@@ -95,6 +119,28 @@ def test_edge_cases_of_routing_and_batching():
         assert_same(compiled, python_run(trace, pools, options))
 
 
+def test_edge_cases_of_split_pools():
+    """Two transfers to one token instance at once queue on its link; a prompt of exactly the
+    engine's layer-wise threshold goes layer by layer; a request whose KV fills a token instance
+    exactly is admitted, and its KV freed whole for the next; a prompt longer than a prompt
+    instance holds is rejected at arrival."""
+    inst = api.instance("llama2-70b", "a100-80gb", 8, "vllm")
+    cap, threshold = inst.fit.kv_capacity_tokens, inst.engine.layerwise_transfer_min_tokens
+    pools = [PoolSpec("prompt", inst, 2), PoolSpec("token", inst, 1)]
+    same_time = Trace(np.array([0.0, 0.0]), np.array([300, 300]), np.array([5, 5]), "t")
+    at_threshold = Trace(np.array([0.0, 5.0]), np.array([threshold - 1, threshold]), np.array([5, 5]), "t")
+    full = Trace(np.array([0.0, 0.1]), np.array([cap - 10, cap - 10]), np.array([10, 10]), "t")
+    too_long = Trace(np.array([0.0, 1.0]), np.array([inst.max_request_tokens + 1, 500]), np.array([2, 2]), "t")
+    for trace, check in [
+            (same_time, lambda r: r.transfer_s[1] > r.transfer_s[0]),
+            (at_threshold, lambda r: r.transfer_s[1] < r.transfer_s[0]),  # (only the last layer's share exposed)
+            (full, lambda r: np.isfinite(r.e2e_s).all()),
+            (too_long, lambda r: r.rejected.tolist() == [True, False] and np.isnan(r.ttft_s[0]))]:
+        compiled = simulate(trace, pools)
+        assert check(compiled)
+        assert_same(compiled, python_run(trace, pools, SimOptions()))
+
+
 def test_the_iteration_limit_fails_as_the_python_run(monkeypatch):
     trace = resample_poisson(TRACE, 2.0, 10.0, np.random.default_rng(0))
     pools = [PoolSpec("mixed", api.instance("llama2-70b", "h100-80gb", 8, "vllm"), 1)]
@@ -106,15 +152,17 @@ def test_the_iteration_limit_fails_as_the_python_run(monkeypatch):
 
 
 def test_what_runs_in_python():
-    """Split pools, closed loops and measured tables run in the Python loop (decode stretches
-    fused: fewer events than iterations); an event log too (every event, as many as the compiled
-    run counts)."""
+    """Closed loops, measured tables, the mixed pool's borrowing and pools sharing machines run in
+    the Python loop (decode stretches fused: fewer events than iterations); an event log too (every
+    event, as many as the compiled run counts)."""
     trace = resample_poisson(TRACE, 2.0, 20.0, np.random.default_rng(0))
-    inst = api.instance("llama2-70b", "a100-80gb", 8, "vllm")
-    compiled = simulate(trace, [PoolSpec("mixed", inst, 1)])
-    for pools, options in [([PoolSpec("prompt", inst, 1), PoolSpec("token", inst, 1)], SimOptions()),
-                           ([PoolSpec("mixed", inst, 1)], SimOptions(concurrency=4)),
-                           ([PoolSpec("mixed", PerfDb(PERF_DB).require(inst), 1)], SimOptions())]:
+    inst, half = api.instance("llama2-70b", "a100-80gb", 8, "vllm"), api.instance("llama2-70b", "a100-80gb", 4, "vllm")
+    split = [PoolSpec("prompt", inst, 1), PoolSpec("token", inst, 1)]
+    compiled = simulate(trace, split)
+    for pools, options in [([PoolSpec("mixed", inst, 1)], SimOptions(concurrency=4)),
+                           ([PoolSpec("mixed", PerfDb(PERF_DB).require(inst), 1)], SimOptions()),
+                           (split, SimOptions(borrow_threshold_tokens=4096)),
+                           ([PoolSpec("prompt", half, 1, shared=1), PoolSpec("token", half, 1, shared=1)], SimOptions())]:
         assert simulate(trace, pools, options).events < python_run(trace, pools, options).events
-    logged = simulate(trace, [PoolSpec("mixed", inst, 1)], SimOptions(record_events=True))  # (unfused: every event)
+    logged = simulate(trace, split, SimOptions(record_events=True))  # (unfused: every event)
     assert len(logged.event_log) == logged.events == compiled.events
