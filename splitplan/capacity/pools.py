@@ -398,10 +398,10 @@ def colocated_pool(trace, inst: Instance, instances: int, max_batch_tokens: int,
     simulator's own replay (sim.cluster), so a co-located plan's verdict is the one
     `simulate` gives it. Mixed batching feeds back on itself (prefills stall the decodes,
     the longer decodes grow the batch every prefill carries, KV admission queues prompts
-    and preempts), which `colocated_estimate` follows only roughly. The replay is compiled
-    (sim.colocated) where it can be (no prefix caches, an analytic instance): about 3 to 15 us a
-    request on this project's 2-core machine (more with more, smaller instances: each iterates on
-    its own), the Python loop's result to the bit. KV memory is the replay's to enforce (admission, preemption), so it
+    and preempts), which `colocated_estimate` follows only roughly. The replay runs compiled
+    (sim.compiled) where it can (no prefix caches, an analytic instance), the Python loop's result
+    to the bit: about 1 us an event on this project's 2-core machine (2.5 events a request and more:
+    more with more, smaller instances, each iterating on its own). KV memory is the replay's to enforce (admission, preemption), so it
     shows in the latencies and `kv_peak_fraction` is 0. With `prefix`, the simulator's prefix caches."""
     pool = PoolSpec(Role.MIXED, inst, inst.machines_for(instances), instances)
     result = simulate(trace, [pool], SimOptions(max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs,

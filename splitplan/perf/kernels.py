@@ -19,13 +19,20 @@ import numpy as np
 from numba import njit
 
 
-def jit(function):
+def jit(function, **options):
     """`function` compiled by numba, its machine code cached where numba finds a writable place; in
     none (a read-only install and home directory), compiled in every process instead."""
     try:
-        return njit(cache=True)(function)
+        return njit(cache=True, **options)(function)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
-        return njit(function)
+        return njit(**options)(function)
+
+
+def inline(function):
+    """`jit`, compiled into each function that calls it (numba's inline="always"): for the small
+    helpers of a compiled loop, whose calls would otherwise pass every array they take (and count
+    its references) once per event."""
+    return jit(function, inline="always")
 
 
 FIELDS = (

@@ -28,7 +28,7 @@ import heapq
 
 import numpy as np
 
-from splitplan.perf.kernels import jit, pass_time_s
+from splitplan.perf.kernels import inline, jit, pass_time_s
 
 # per-request integer rows
 (NEXT, PREV, AFTER, FINISH_ITER, DEFERRED_AT, PLEN, BASE, DONE, RESUMED, JOIN_ITER, P_INST, T_INST, REJECTED, REFUSED,
@@ -53,11 +53,12 @@ ITERATIONS, TOKENS_OUT, PREEMPTIONS, EVENTS, ENDS, SEQ, TURN_P, TURN_T = range(8
 # roles (sim.types: prompt, token, mixed) and heap events (sim.types.Event)
 PROMPT, TOKEN, MIXED = 0, 1, 2
 KV_ARRIVED, ITERATION_END = 2, 3
-# statuses
+# statuses, and how an instance is settled after an event (_settle)
 OK, TOO_MANY_ITERATIONS, BATCH_PAST_TABLE = 0, 1, 2
+START, ADMIT_THEN_START, AFTER_ITERATION = 0, 1, 2
 
 
-@jit
+@inline
 def _push(inst, k, lst, req, i):
     req[NEXT, i] = -1
     if inst[k, lst + 1] < 0:
@@ -68,7 +69,7 @@ def _push(inst, k, lst, req, i):
     inst[k, lst + 2] += 1
 
 
-@jit
+@inline
 def _push_front(inst, k, lst, req, i):
     req[NEXT, i] = inst[k, lst]
     inst[k, lst] = i
@@ -77,7 +78,7 @@ def _push_front(inst, k, lst, req, i):
     inst[k, lst + 2] += 1
 
 
-@jit
+@inline
 def _pop(inst, k, lst, req):
     i = inst[k, lst]
     inst[k, lst] = req[NEXT, i]
@@ -87,7 +88,7 @@ def _pop(inst, k, lst, req):
     return i
 
 
-@jit
+@inline
 def _unlink(inst, k, req, i):
     """Request i leaves instance k's decode batch (co-located instances keep it in join order)."""
     before, after = req[PREV, i], req[AFTER, i]
@@ -101,7 +102,7 @@ def _unlink(inst, k, req, i):
         req[PREV, after] = before
 
 
-@jit
+@inline
 def _join(inst, k, req, times, prompt, out, i, now):
     """Request i (its KV held on k) joins the decode batch at this iteration boundary."""
     inst[k, BATCH] += 1
@@ -122,13 +123,13 @@ def _join(inst, k, req, times, prompt, out, i, now):
     inst[k, MEMBERS_TAIL] = i
 
 
-@jit
+@inline
 def _finish(times, out, counters, arrival, i, now):
     times[E2E, i] = now - arrival[i]
     counters[TOKENS_OUT] += out[i]
 
 
-@jit
+@inline
 def _unassign(inst, k, out, p_load, t_load, i):
     """Request i no longer holds a decode place on k (finished or rejected)."""
     if inst[k, ROLE] == MIXED:
@@ -137,7 +138,7 @@ def _unassign(inst, k, out, p_load, t_load, i):
         t_load[inst[k, T_POS]] -= out[i]
 
 
-@jit
+@inline
 def _preempt(inst, k, req, times, prompt, p_load, counters, now):
     """The newest decode is preempted (its KV freed) and waits at the head of the line to be
     recomputed, its prompt and output so far, then decodes on."""
@@ -154,7 +155,7 @@ def _preempt(inst, k, req, times, prompt, p_load, counters, now):
     _push_front(inst, k, WAITING, req, v)
 
 
-@jit
+@inline
 def _admit(inst, k, req, times, prompt, out, p_load, t_load, pools, cap, now):
     """Waiting requests, in order, while their KV fits: a token instance reserves a request's whole
     KV and it joins the batch; a co-located one admits it to its prompt queue when its prompt (and
@@ -186,7 +187,7 @@ def _admit(inst, k, req, times, prompt, out, p_load, t_load, pools, cap, now):
         _join(inst, k, req, times, prompt, out, i, now)
 
 
-@jit
+@inline
 def _release(inst, k, req, before):
     """Requests deferred by async scheduling that arrived in an iteration before `before` join
     the line they were headed for: a co-located or token instance's wait for KV room, a prompt
@@ -196,7 +197,7 @@ def _release(inst, k, req, before):
         _push(inst, k, line, req, _pop(inst, k, DEFERRED, req))
 
 
-@jit
+@inline
 def _whole_prompts(inst, k, req, times, now, max_batch_tokens, cap):
     """(prompts, tokens, squared tokens) of a whole-prompt pass: prompts from the queue's head up
     to the budget, at least one."""
@@ -217,7 +218,7 @@ def _whole_prompts(inst, k, req, times, now, max_batch_tokens, cap):
     return count, total, sq
 
 
-@jit
+@inline
 def _chunks(inst, k, req, times, now, budget, cap):
     """(prompts or chunks, tokens, squared tokens) of a chunked pass: the decodes first, then
     prompt tokens from the queue's head up to the budget, the last prompt split."""
@@ -240,7 +241,7 @@ def _chunks(inst, k, req, times, now, budget, cap):
     return chunks, total, sq
 
 
-@jit
+@inline
 def _pass_s(inst, clock, k, req, prompt, chunks, total, sq, vectors, lines, single):
     """The time of instance k's pass (-1.0: its decode batch outgrew `lines`)."""
     pool, batch = inst[k, POOL], inst[k, BATCH]
@@ -261,7 +262,7 @@ def _pass_s(inst, clock, k, req, prompt, chunks, total, sq, vectors, lines, sing
     return duration
 
 
-@jit
+@inline
 def _start(inst, clock, k, req, times, prompt, p_load, counters, heap, now, pools, settings, vectors, lines, single):
     """Begin instance k's next iteration, if it has work (BATCH_PAST_TABLE if its decode batch
     outgrew `lines`, else OK)."""
@@ -292,7 +293,7 @@ def _start(inst, clock, k, req, times, prompt, p_load, counters, heap, now, pool
     return OK
 
 
-@jit
+@inline
 def _send_kv(inst, clock, k, tok, req, times, prompt, counters, heap, i, now, pools, pools_s, settings, kv_bytes):
     """Request i's KV leaves prompt instance k for token instance tok over both links (FIFO):
     after the prefill when short, else layer by layer from the prefill's start."""
@@ -310,7 +311,7 @@ def _send_kv(inst, clock, k, tok, req, times, prompt, counters, heap, i, now, po
     heapq.heappush(heap, (done, counters[SEQ], KV_ARRIVED, tok, i))
 
 
-@jit
+@inline
 def _prefill_done(inst, clock, k, req, times, prompt, out, p_load, t_load, counters, arrival, heap, i, now, pools, pools_s,
                   settings, kv_bytes):
     if req[RESUMED, i]:  # recomputed after a preemption: its next token comes now
@@ -338,7 +339,7 @@ def _prefill_done(inst, clock, k, req, times, prompt, out, p_load, t_load, count
     _send_kv(inst, clock, k, tok, req, times, prompt, counters, heap, i, now, pools, pools_s, settings, kv_bytes)
 
 
-@jit
+@inline
 def _finish_decodes(inst, k, req, times, prompt, out, p_load, t_load, counters, arrival, now):
     """The decodes whose last token this iteration gave leave the batch."""
     iters = inst[k, ITERS]
@@ -360,28 +361,37 @@ def _finish_decodes(inst, k, req, times, prompt, out, p_load, t_load, counters, 
     inst[k, NEXT_FINISH] = soonest
 
 
-@jit
-def _next(inst, clock, k, req, times, prompt, out, p_load, t_load, counters, heap, now, pools, settings, vectors, lines,
-          single):
-    """After an iteration or an arrival of KV: admit, and start the next iteration; when none
-    could be scheduled, the deferred requests join now."""
-    if inst[k, DEFERRED + 2]:  # async scheduling: those that arrived before this iteration began may join
+@inline
+def _settle(inst, clock, k, req, times, prompt, out, p_load, t_load, counters, heap, now, pools, settings, vectors, lines,
+            single, how):
+    """The one place instances admit waiting requests and start iterations. After an iteration
+    (AFTER_ITERATION): the deferred requests that arrived before it began join, waiting ones are
+    admitted, the next iteration starts, and when none could be, the rest of the deferred join
+    and it is tried again. After an arrival on a co-located instance (ADMIT_THEN_START): admit,
+    then start if idle; after any other arrival (START): start if idle."""
+    if how == AFTER_ITERATION and inst[k, DEFERRED + 2]:  # async scheduling: those that arrived before it began
         _release(inst, k, req, inst[k, LAUNCH])
-    _admit(inst, k, req, times, prompt, out, p_load, t_load, pools, settings[CAP], now)
-    status = _start(inst, clock, k, req, times, prompt, p_load, counters, heap, now, pools, settings, vectors, lines, single)
-    if status == OK and not inst[k, RUNNING] and inst[k, DEFERRED + 2]:  # nothing was scheduled: the rest join now
-        _release(inst, k, req, np.iinfo(np.int64).max)
-        _admit(inst, k, req, times, prompt, out, p_load, t_load, pools, settings[CAP], now)
-        status = _start(inst, clock, k, req, times, prompt, p_load, counters, heap, now, pools, settings, vectors, lines,
-                        single)
+    status = OK
+    for attempt in range(2):
+        if attempt:  # nothing was scheduled after an iteration: the deferred rest join now
+            if how != AFTER_ITERATION or inst[k, RUNNING] or not inst[k, DEFERRED + 2]:
+                break
+            _release(inst, k, req, np.iinfo(np.int64).max)
+        if how != START:
+            _admit(inst, k, req, times, prompt, out, p_load, t_load, pools, settings[CAP], now)
+        if how == AFTER_ITERATION or not inst[k, RUNNING]:
+            status = _start(inst, clock, k, req, times, prompt, p_load, counters, heap, now, pools, settings, vectors, lines,
+                            single)
+        if status != OK:
+            break
     return status
 
 
-@jit
+@inline
 def _iteration_end(inst, clock, k, req, times, prompt, out, p_load, t_load, counters, arrival, heap, now, pools, pools_s,
-                   settings, kv_bytes, vectors, lines, single, ends_s, ends_at):
+                   settings, kv_bytes, ends_s, ends_at):
     """Instance k's iteration is over: every decode has one more token (some finish), the prefills
-    it carried have their first token; admit and start the next one."""
+    it carried have their first token (the caller then settles it: AFTER_ITERATION)."""
     if inst[k, BATCH]:
         inst[k, ITERS] += 1
         counters[ITERATIONS] += 1
@@ -400,28 +410,23 @@ def _iteration_end(inst, clock, k, req, times, prompt, out, p_load, t_load, coun
                       pools_s, settings, kv_bytes)
         i = after
     inst[k, RUN], inst[k, RUN + 1], inst[k, RUN + 2] = -1, -1, 0
-    return _next(inst, clock, k, req, times, prompt, out, p_load, t_load, counters, heap, now, pools, settings, vectors,
-                 lines, single)
+    return OK
 
 
-@jit
-def _kv_arrived(inst, clock, k, req, times, prompt, out, p_load, t_load, counters, heap, i, now, pools, settings, vectors,
-                lines, single):
-    """Request i's KV reached token instance k: it waits to join the batch."""
+@inline
+def _kv_arrived(inst, k, req, times, i, now):
+    """Request i's KV reached token instance k: it waits to join the batch. Whether k is idle (then
+    settled: ADMIT_THEN_START)."""
     times[KV_READY, i] = now
     if inst[k, RUNNING] and inst[k, FIXED]:  # async scheduling: the next iteration is already scheduled
         req[DEFERRED_AT, i] = inst[k, LAUNCH]
         _push(inst, k, DEFERRED, req, i)
-        return OK
+        return False
     _push(inst, k, WAITING, req, i)
-    if not inst[k, RUNNING]:
-        _admit(inst, k, req, times, prompt, out, p_load, t_load, pools, settings[CAP], now)
-        return _start(inst, clock, k, req, times, prompt, p_load, counters, heap, now, pools, settings, vectors, lines,
-                      single)
-    return OK
+    return not inst[k, RUNNING]
 
 
-@jit
+@inline
 def _route(inst, p_load, t_load, prompt_side, token_side, counters, settings):
     """(the instance that prefills a request, the one that decodes it): the least loaded of each
     side (ties to the lowest), or round-robin; a co-located instance does both."""
@@ -440,34 +445,30 @@ def _route(inst, p_load, t_load, prompt_side, token_side, counters, settings):
     return src, dst
 
 
-@jit
-def _arrive(inst, clock, req, times, prompt, out, p_load, t_load, counters, heap, i, now, prompt_side, token_side, pools,
-            settings, vectors, lines, single):
+@inline
+def _arrive(inst, req, prompt, out, p_load, t_load, counters, i, prompt_side, token_side, pools, settings):
     """Request i is routed, and refused (longer than max_model_len, or than a prompt instance's
-    KV) or queued."""
+    KV) or queued: (the instance to settle, -1 for none; how)."""
     src, dst = _route(inst, p_load, t_load, prompt_side, token_side, counters, settings)
     req[P_INST, i], req[T_INST, i] = src, dst
     if settings[CONTEXT] > 0 and prompt[i] + out[i] > settings[CONTEXT]:  # the engine refuses it at once
         req[REJECTED, i] = req[REFUSED, i] = 1
-        return OK
+        return -1, START
     if inst[src, ROLE] == PROMPT and prompt[i] > pools[inst[src, POOL], MAX_REQUEST]:  # its prompt's KV never fits
         req[REJECTED, i] = 1
-        return OK
+        return -1, START
     p_load[inst[src, P_POS]] += prompt[i] + (inst[src, ROLE] == MIXED)  # (a co-located one also counts the request held)
     if inst[dst, T_POS] >= 0:
         t_load[inst[dst, T_POS]] += out[i]
     if inst[src, RUNNING] and inst[src, FIXED]:  # async scheduling: the next iteration is already scheduled
         req[DEFERRED_AT, i] = inst[src, LAUNCH]
         _push(inst, src, DEFERRED, req, i)
-    elif inst[src, ROLE] == MIXED:  # prefilled once its KV is reserved
+        return src, START
+    if inst[src, ROLE] == MIXED:  # prefilled once its KV is reserved
         _push(inst, src, WAITING, req, i)
-        _admit(inst, src, req, times, prompt, out, p_load, t_load, pools, settings[CAP], now)
-    else:
-        _push(inst, src, QUEUE, req, i)
-    if not inst[src, RUNNING]:
-        return _start(inst, clock, src, req, times, prompt, p_load, counters, heap, now, pools, settings, vectors, lines,
-                      single)
-    return OK
+        return src, ADMIT_THEN_START
+    _push(inst, src, QUEUE, req, i)
+    return src, START
 
 
 @jit
@@ -492,19 +493,21 @@ def run(arrival, front_s, prompt, out, req, times, inst, pools, pools_s, setting
     r, status = 0, OK
     while status == OK and (r < n or len(heap)):
         if r < n and (not heap or arrival[r] + front_s < heap[0][0]):
-            counters[EVENTS] += 1
-            status = _arrive(inst, clock, req, times, prompt, out, p_load, t_load, counters, heap, r, arrival[r] + front_s,
-                             prompt_side, token_side, pools, settings, vectors, lines, single)
+            now = arrival[r] + front_s
+            k, how = _arrive(inst, req, prompt, out, p_load, t_load, counters, r, prompt_side, token_side, pools, settings)
             r += 1
-            continue
-        now, _, kind, k, i = heapq.heappop(heap)
+        else:
+            now, _, kind, k, i = heapq.heappop(heap)
+            if kind == KV_ARRIVED:
+                k, how = (k if _kv_arrived(inst, k, req, times, i, now) else -1), ADMIT_THEN_START
+            else:
+                if counters[ENDS] == len(ends_s):
+                    ends_s, ends_at = np.concatenate((ends_s, ends_s)), np.concatenate((ends_at, ends_at))
+                status = _iteration_end(inst, clock, k, req, times, prompt, out, p_load, t_load, counters, arrival, heap, now,
+                                        pools, pools_s, settings, kv_bytes, ends_s, ends_at)
+                how = AFTER_ITERATION
         counters[EVENTS] += 1
-        if kind == KV_ARRIVED:
-            status = _kv_arrived(inst, clock, k, req, times, prompt, out, p_load, t_load, counters, heap, i, now, pools,
-                                 settings, vectors, lines, single)
-            continue
-        if counters[ENDS] == len(ends_s):
-            ends_s, ends_at = np.concatenate((ends_s, ends_s)), np.concatenate((ends_at, ends_at))
-        status = _iteration_end(inst, clock, k, req, times, prompt, out, p_load, t_load, counters, arrival, heap, now, pools,
-                                pools_s, settings, kv_bytes, vectors, lines, single, ends_s, ends_at)
+        if k >= 0 and status == OK:
+            status = _settle(inst, clock, k, req, times, prompt, out, p_load, t_load, counters, heap, now, pools, settings,
+                             vectors, lines, single, how)
     return status, clock, counters, ends_s[:counters[ENDS]].copy(), ends_at[:counters[ENDS]].copy()

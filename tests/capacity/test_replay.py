@@ -102,6 +102,7 @@ def test_a_kernel_numba_cannot_cache_is_compiled_anyway():
     with pytest.raises(RuntimeError, match="cannot cache"):
         njit(cache=True)(source)
     assert kernels.jit(source)(41) == 42
+    assert kernels.inline(source)(41) == 42
 
 
 @settings(max_examples=80, deadline=None)
