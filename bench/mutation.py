@@ -113,7 +113,11 @@ HARDENING = [
 ]
 
 # The guards of issue 26 (plans, exports, catalogs, bounds), judged by their tests.
-ISSUE_26_TESTS = ["tests/test_plan_document.py", "tests/test_hostile_inputs.py", "tests/export", "tests/test_robustness.py"]
+# (tests/sim/test_compiled.py: the simulator's rules are in the Python loop and the compiled run, held
+# equal by its property tests, so a mutant of either shows there; issue 31)
+COMPILED_TESTS = ["tests/sim/test_compiled.py"]
+ISSUE_26_TESTS = ["tests/test_plan_document.py", "tests/test_hostile_inputs.py", "tests/export", "tests/test_robustness.py",
+                  *COMPILED_TESTS]
 ISSUE_26 = [
     ("a shell word holding $ left to the shell", "splitplan/deploy/__init__.py",
      "    return \" \".join(f'\"{w}\"' if isinstance(w, Expand) else literal(w) for w in cmd)",
@@ -162,6 +166,7 @@ ISSUE_27_TESTS = [
     "tests/test_cli.py::test_planner_and_simulator_refuse_the_same_prompt_too_long_for_a_prompt_instance",
     "tests/perf/test_roofline.py::test_power_cap_slows_prefill_only",
     "tests/sim/test_cluster.py::test_validation_with_the_mixed_pool_trims_what_lending_makes_spare",
+    *COMPILED_TESTS,
     "tests/test_cli.py::test_optimize_plans_and_validates_on_the_simulators_terms",
     "tests/test_cli.py::test_a_caption_breaks_between_clauses_never_inside_a_figure",
     "tests/test_cli.py::test_one_number_format_per_column",
@@ -200,6 +205,7 @@ ISSUE_28_TESTS = [
     "tests/sim/test_cluster.py::test_the_front_end_latency_is_added_to_every_request",
     "tests/sim/test_cluster.py::test_planner_prompt_replay_defers_as_the_simulator_under_async_scheduling",
     "tests/perf/test_roofline.py::test_moe_efficiency_slows_the_expert_gemms_of_a_prefill_not_a_decode",
+    *COMPILED_TESTS,
 ]
 ISSUE_28 = [
     ("a co-located instance runs past max_num_seqs", "splitplan/sim/cluster.py",
@@ -238,6 +244,48 @@ ISSUE_32_TESTS = [
     "tests/perf/test_layouts.py::test_expert_all_to_all_time_by_hand_and_no_pipeline_hop_without_stages",
     "tests/perf/test_layouts.py::test_decode_attention_flops_by_hand",
 ]
+# Issue 31: the simulator's compiled run (sim/compiled.py), judged by the property tests that hold it
+# to the Python loop and their edge cases. (Admitting waiting requests on every arrival, not only
+# on a co-located one, is equivalent: nothing an admission reads changes between iterations.)
+ISSUE_31 = [(f"compiled run: {name}", "splitplan/sim/compiled.py", old, new) for name, old, new in [
+    ("whole prompts past the budget", "total + req[PLEN, h] - req[DONE, h] > max_batch_tokens",
+     "total + req[PLEN, h] - req[DONE, h] >= max_batch_tokens"),
+    ("a chunk's attention over itself alone", "sq += (d + c) * (d + c) - d * d", "sq += c * c"),
+    ("one request past the sequence cap", "inst[k, QUEUE + 2] + inst[k, RUN + 2] >= cap", "inst[k, QUEUE + 2] + inst[k, RUN + 2] > cap"),
+    ("a preempted request to the back", "    _push_front(inst, k, WAITING, req, v)", "    _push(inst, k, WAITING, req, v)"),
+    ("the context never grows", "        inst[k, CTX] += inst[k, BATCH]\n", "        inst[k, CTX] += 0\n"),
+    ("prefills fix no next iteration", "or (inst[k, RUN + 2] > 0 and role == MIXED))", ")"),
+    ("the last stall kept", "times[STALL, i] = max(times[STALL, i], now - times[PREEMPTED_AT, i])",
+     "times[STALL, i] = now - times[PREEMPTED_AT, i]"),
+    ("a join's finish not watched", "    inst[k, NEXT_FINISH] = min(inst[k, NEXT_FINISH], req[FINISH_ITER, i])\n", ""),
+    ("a held request not counted", "p_load[inst[src, P_POS]] += prompt[i] + (inst[src, ROLE] == MIXED)",
+     "p_load[inst[src, P_POS]] += prompt[i]"),
+    ("the deferred of this iteration released", "req[DEFERRED_AT, inst[k, DEFERRED]] < before",
+     "req[DEFERRED_AT, inst[k, DEFERRED]] <= before"),
+    ("a rejected prompt left pending", "                p_load[inst[k, P_POS]] -= prompt[i]\n", ""),
+    ("a prompt at the threshold serialized", "if prompt[i] < pools[source, LAYERWISE_MIN]:",
+     "if prompt[i] <= pools[source, LAYERWISE_MIN]:"),
+    ("the token instance's link never busy", "    clock[k, LINK_FREE] = clock[tok, LINK_FREE] = begin + duration\n",
+     "    clock[k, LINK_FREE] = begin + duration\n"),
+    ("layer-wise transfers end with the prefill", "now + duration / settings[LAYERS]", "now"),
+    ("a KV that fills the instance refused", "if inst[k, KV_USED] + need > kv_cap or inst[k, BATCH] >= cap:",
+     "if inst[k, KV_USED] + need >= kv_cap or inst[k, BATCH] >= cap:"),
+    ("a token load never returned", "        t_load[inst[k, T_POS]] -= out[i]\n", "        t_load[inst[k, T_POS]] -= 0\n"),
+    ("a KV arrival never deferred", "    if inst[k, RUNNING] and inst[k, FIXED]:  # async scheduling: "
+     "the next iteration is already scheduled\n        req[DEFERRED_AT, i] = inst[k, LAUNCH]\n"
+     "        _push(inst, k, DEFERRED, req, i)\n        return False", "    if False:\n        return False"),
+    ("a token instance's KV freed but the output's", "                inst[k, KV_USED] -= prompt[i] + out[i]\n",
+     "                inst[k, KV_USED] -= prompt[i]\n"),
+    ("a prompt past the prompt instance's KV taken", "if inst[src, ROLE] == PROMPT and prompt[i] > pools[inst[src, POOL], MAX_REQUEST]:",
+     "if inst[src, ROLE] == PROMPT and prompt[i] > 10 * pools[inst[src, POOL], MAX_REQUEST]:"),
+    ("a prompt instance's deferred to its wait for KV", "line = QUEUE if inst[k, ROLE] == PROMPT else WAITING", "line = WAITING"),
+    ("an arrival before an iteration ending with it", "if r < n and (not heap or arrival[r] + front_s < heap[0][0]):",
+     "if r < n and (not heap or arrival[r] + front_s <= heap[0][0]):"),
+    ("the deferred never joined when nothing was scheduled",
+     "            if how != AFTER_ITERATION or inst[k, RUNNING] or not inst[k, DEFERRED + 2]:\n                break",
+     "            break"),
+]]
+
 ISSUE_32 = [
     ("SGLang's bootstrap port counted down per worker", "splitplan/deploy/launch.py",
      'cmd += ["--disaggregation-bootstrap-port", str(SGLANG_BOOTSTRAP_PORT + slot)]',
@@ -324,7 +372,8 @@ def main() -> None:
     args = parser.parse_args()
     named = ([(m, TESTS) for m in NAMED] + [(m, HARDENING_TESTS) for m in HARDENING]
              + [(m, ISSUE_26_TESTS) for m in ISSUE_26] + [(m, ISSUE_27_TESTS) for m in ISSUE_27]
-             + [(m, ISSUE_28_TESTS) for m in ISSUE_28] + [(m, ISSUE_32_TESTS) for m in ISSUE_32])
+             + [(m, ISSUE_28_TESTS) for m in ISSUE_28] + [(m, COMPILED_TESTS) for m in ISSUE_31]
+             + [(m, ISSUE_32_TESTS) for m in ISSUE_32])
     named = [(m, tests) for m, tests in named if any(part in m[0] for part in args.only.split("|"))]
     moved = [f"{path}: {name}" for (name, path, old, _), _ in named if (ROOT / path).read_text().count(old) != 1]
     if moved:  # (checked before the hour of trials, not at the one that moved)
