@@ -60,6 +60,9 @@ A borrowed instance runs mixed iterations (prefill priority).
 
 Determinism: one event heap keyed on (time, sequence number); the counter
 belongs to the run, so equal times resolve the same way every run.
+
+An open loop on analytic instances without prefix caches, borrowing, shared machines, an event log
+or recorded passes runs compiled (sim.compiled): these rules, the same result to the bit.
 """
 
 from __future__ import annotations
