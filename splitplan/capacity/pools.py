@@ -400,9 +400,10 @@ def colocated_pool(trace, inst: Instance, instances: int, max_batch_tokens: int,
     the longer decodes grow the batch every prefill carries, KV admission queues prompts
     and preempts), which `colocated_estimate` follows only roughly. The replay runs compiled
     (sim.compiled) where it can (no prefix caches, an analytic instance), the Python loop's result
-    to the bit: about 1 us an event on this project's 2-core machine (2.5 events a request and more:
-    more with more, smaller instances, each iterating on its own). KV memory is the replay's to enforce (admission, preemption), so it
-    shows in the latencies and `kv_peak_fraction` is 0. With `prefix`, the simulator's prefix caches."""
+    to the bit: about 0.5 us an event on this project's 2-core machine, some 25 events a request
+    (more with more, smaller instances, each iterating on its own). KV memory is the replay's to
+    enforce (admission, preemption), so it shows in the latencies and `kv_peak_fraction` is 0.
+    With `prefix`, the simulator's prefix caches."""
     pool = PoolSpec(Role.MIXED, inst, inst.machines_for(instances), instances)
     result = simulate(trace, [pool], SimOptions(max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs,
                                                 routing="prefix-aware" if prefix is not None and prefix.prefix_aware else "jsq",

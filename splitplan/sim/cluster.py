@@ -691,19 +691,9 @@ class _Cluster:
         pools_s = np.array([[perf.kv_link_bytes_per_s, perf.factors.kv_transfer_latency_s] for perf in perfs])
         settings = np.array([self.max_tokens, cap, self.max_iterations, self.context or 0, self.layers,
                              self.options.routing == "round-robin"], np.int64)
-        inst = np.zeros((len(self.insts), c.INSTANCE_COLUMNS), np.int64)
-        inst[:, :c.RUN + 3], inst[:, [c.MEMBERS_HEAD, c.MEMBERS_TAIL]] = -1, -1
-        inst[:, [c.QUEUE + 2, c.WAITING + 2, c.DEFERRED + 2, c.RUN + 2]] = 0
-        inst[:, c.NEXT_FINISH] = np.iinfo(np.int64).max
-        inst[:, c.ROLE] = [(PROMPT, TOKEN, MIXED).index(x.role) for x in self.insts]
-        inst[:, c.POOL] = [x.pool for x in self.insts]
-        inst[:, c.P_POS] = [self.p_pos.get(x.idx, -1) for x in self.insts]
-        inst[:, c.T_POS] = [self.t_pos.get(x.idx, -1) for x in self.insts]
-        req = np.zeros((c.REQUEST_ROWS, n), np.int64)
-        req[c.PLEN], req[c.BASE], req[c.DONE], req[c.CACHED] = prompt, 1, self.cached, self.cached
-        req[c.JOIN_ITER], req[c.P_INST], req[c.T_INST] = -1, -1, -1
-        times = np.zeros((c.TIME_ROWS, n))
-        times[[c.TTFT, c.E2E, c.REJOINED, c.KV_READY, c.JOIN_TIME]] = np.nan
+        req, times, inst = c.initial_state(prompt, self.cached, [str(x.role) for x in self.insts], [x.pool for x in self.insts],
+                                           [self.p_pos.get(x.idx, -1) for x in self.insts],
+                                           [self.t_pos.get(x.idx, -1) for x in self.insts])
         status, clock, counters, ends_s, ends_at = c.run(
             np.asarray(self.arrival, float), float(self.front), prompt, out, req, times, inst, pools, pools_s, settings,
             float(self.kv_bytes), np.array([perf.pass_vector for perf in perfs]), lines,

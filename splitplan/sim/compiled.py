@@ -29,6 +29,7 @@ import heapq
 import numpy as np
 
 from splitplan.perf.kernels import inline, jit, pass_time_s
+from splitplan.sim.types import Event
 
 # per-request integer rows
 (NEXT, PREV, AFTER, FINISH_ITER, DEFERRED_AT, PLEN, BASE, DONE, RESUMED, JOIN_ITER, P_INST, T_INST, REJECTED, REFUSED,
@@ -50,9 +51,10 @@ LINK_BPS, KV_LATENCY_S = range(2)
 # run-wide integer settings, and counters
 MAX_BATCH_TOKENS, CAP, MAX_ITERATIONS, CONTEXT, LAYERS, ROUND_ROBIN = range(6)
 ITERATIONS, TOKENS_OUT, PREEMPTIONS, EVENTS, ENDS, SEQ, TURN_P, TURN_T = range(8)
-# roles (sim.types: prompt, token, mixed) and heap events (sim.types.Event)
-PROMPT, TOKEN, MIXED = 0, 1, 2
-KV_ARRIVED, ITERATION_END = 2, 3
+# roles (their order in ROLES) and heap events (sim.types.Event)
+ROLES = ("prompt", "token", "mixed")
+PROMPT, TOKEN, MIXED = range(3)
+KV_ARRIVED, ITERATION_END = int(Event.KV_ARRIVED), int(Event.ITERATION_END)
 # statuses, and how an instance is settled after an event (_settle)
 OK, TOO_MANY_ITERATIONS, BATCH_PAST_TABLE = 0, 1, 2
 START, ADMIT_THEN_START, AFTER_ITERATION = 0, 1, 2
@@ -367,8 +369,9 @@ def _settle(inst, clock, k, req, times, prompt, out, p_load, t_load, counters, h
     """The one place instances admit waiting requests and start iterations. After an iteration
     (AFTER_ITERATION): the deferred requests that arrived before it began join, waiting ones are
     admitted, the next iteration starts, and when none could be, the rest of the deferred join
-    and it is tried again. After an arrival on a co-located instance (ADMIT_THEN_START): admit,
-    then start if idle; after any other arrival (START): start if idle."""
+    and it is tried again. After an arrival on a co-located instance, or a KV arrival on an idle
+    instance (ADMIT_THEN_START): admit, then start if idle; after any other arrival (START): start
+    if idle."""
     if how == AFTER_ITERATION and inst[k, DEFERRED + 2]:  # async scheduling: those that arrived before it began
         _release(inst, k, req, inst[k, LAUNCH])
     status = OK
@@ -471,16 +474,34 @@ def _arrive(inst, req, prompt, out, p_load, t_load, counters, i, prompt_side, to
     return src, START
 
 
+def initial_state(prompt, cached, roles, pool, p_pos, t_pos):
+    """(req, times, inst) for `run` before any event: per request (its prompt tokens, those a cache
+    holds), per instance (role names, pool index, position among those that prefill and those that
+    decode, -1 for none)."""
+    n = len(prompt)
+    req = np.zeros((REQUEST_ROWS, n), np.int64)
+    req[PLEN], req[BASE], req[DONE], req[CACHED] = prompt, 1, cached, cached
+    req[JOIN_ITER], req[P_INST], req[T_INST] = -1, -1, -1
+    times = np.zeros((TIME_ROWS, n))
+    times[[TTFT, E2E, REJOINED, KV_READY, JOIN_TIME]] = np.nan
+    inst = np.zeros((len(roles), INSTANCE_COLUMNS), np.int64)
+    inst[:, [lst + end for lst in (QUEUE, WAITING, DEFERRED, RUN) for end in (0, 1)]] = -1  # (empty lists)
+    inst[:, [MEMBERS_HEAD, MEMBERS_TAIL]] = -1
+    inst[:, NEXT_FINISH] = np.iinfo(np.int64).max
+    inst[:, ROLE] = [ROLES.index(role) for role in roles]
+    inst[:, POOL], inst[:, P_POS], inst[:, T_POS] = pool, p_pos, t_pos
+    return req, times, inst
+
+
 @jit
 def run(arrival, front_s, prompt, out, req, times, inst, pools, pools_s, settings, kv_bytes, vectors, lines, single):
-    """Run the requests (arrival times, prompt and output tokens) on the instances `inst` (ROLE,
-    POOL, P_POS, T_POS set; the rest zero but the lists' ends, -1, and NEXT_FINISH, the largest
-    int). Per pool: `pools` (KV_CAP ... LAYERWISE_MIN), `pools_s` (LINK_BPS, KV_LATENCY_S),
-    `vectors` the pass formula's constants, `lines[pool, b]` a decode step of b requests as (base,
-    per context token, slack) (Instance.decode_line), `single[pool]` each prompt's time alone;
-    `settings` (MAX_BATCH_TOKENS ... ROUND_ROBIN), `kv_bytes` per token. Fills `req`, `times` and
-    `inst` (initialized by the caller); returns (status, per-instance times, counters, iteration
-    end times, their instances)."""
+    """Run the requests (arrival times, prompt and output tokens) from `req`, `times` and `inst` as
+    `initial_state` makes them. Per pool: `pools` (KV_CAP ... LAYERWISE_MIN), `pools_s` (LINK_BPS,
+    KV_LATENCY_S), `vectors` the pass formula's constants, `lines[pool, b]` a decode step of b
+    requests as (base, per context token, slack) (Instance.decode_line), `single[pool]` each
+    prompt's time alone; `settings` (MAX_BATCH_TOKENS ... ROUND_ROBIN), `kv_bytes` per token.
+    Fills `req`, `times` and `inst`; returns (status, per-instance times, counters, iteration end
+    times, their instances)."""
     n, count = len(arrival), len(inst)
     prompt_side = np.flatnonzero(inst[:, P_POS] >= 0)
     token_side = np.flatnonzero(inst[:, T_POS] >= 0)
