@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from splitplan.base import csv_text
 from splitplan.perf.slo import Reference, achieved, attainment_pct, meets
 from splitplan.sim.cluster import PoolSpec, SimResult
 from splitplan.specs.roles import Role
@@ -175,30 +176,17 @@ def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, 
 
 def requests_csv(result: SimResult, names: list[str]) -> str:
     """One row per request: its sizes, latencies (ms, 3 decimals; empty where it has none) and
-    instances. Built column by column (each column formatted in one pass, the rows joined once):
-    10x faster than formatting row by row (0.4 s for 42k requests), the same bytes."""
-    t, n = result.trace, len(result.trace)
-    label = np.array(names, dtype=object)
-
-    def integers(values) -> list[str]:
-        return list(map(str, np.asarray(values).tolist()))
-
-    columns = [integers(np.arange(n)), _fixed(t.arrival_s, 6), integers(t.prompt_tokens), integers(t.output_tokens),
-               *(_fixed(v, 3, 1e3) for v in (result.ttft_s, result.tbt_s, result.tbt_max_s, result.e2e_s,
-                                                result.prompt_queue_s, result.transfer_s, result.decode_queue_s)),
-               label[result.prompt_instance], label[result.token_instance], integers(result.rejected.astype(int))]
-    head = ("request,arrival_s,prompt_tokens,output_tokens,ttft_ms,tbt_ms,tbt_max_ms,e2e_ms,prompt_queue_ms,"
-            "transfer_ms,decode_queue_ms,prompt_instance,token_instance,rejected_kv\n")
-    return head + "".join(f"{','.join(row)}\n" for row in zip(*columns, strict=True))
-
-
-def _fixed(values, digits: int, scale: float = 1.0) -> np.ndarray:
-    """`values * scale` with `digits` decimals, '' where not finite."""
-    x = np.asarray(values, float) * scale
-    finite = np.isfinite(x)
-    out = np.full(len(x), "", dtype=object)
-    out[finite] = [format(v, f".{digits}f") for v in x[finite].tolist()]
-    return out
+    instances. Written column-wise from the arrays (`base.csv_text`): the bytes Python's
+    formatting would write row by row, about 25 ms for 42k requests where that took 0.25 s."""
+    t, r = result.trace, result
+    latencies = (r.ttft_s, r.tbt_s, r.tbt_max_s, r.e2e_s, r.prompt_queue_s, r.transfer_s, r.decode_queue_s)
+    columns = [csv_text.integers(np.arange(len(t))), csv_text.fixed(t.arrival_s, 6), csv_text.integers(t.prompt_tokens),
+               csv_text.integers(t.output_tokens), *(csv_text.fixed(v, 3, 1e3) for v in latencies),
+               csv_text.labels(names, r.prompt_instance), csv_text.labels(names, r.token_instance),
+               csv_text.integers(r.rejected)]
+    header = ["request", "arrival_s", "prompt_tokens", "output_tokens", "ttft_ms", "tbt_ms", "tbt_max_ms", "e2e_ms",
+              "prompt_queue_ms", "transfer_ms", "decode_queue_ms", "prompt_instance", "token_instance", "rejected_kv"]
+    return csv_text.csv_text(header, columns, len(t))
 
 
 def pool_gpus(pool) -> int:
