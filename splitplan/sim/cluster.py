@@ -713,7 +713,8 @@ class _Cluster:
         self.rejected, self.refused = req[c.REJECTED] > 0, req[c.REFUSED] > 0
         self.tokens_out, self.preemptions = int(counters[c.TOKENS_OUT]), int(counters[c.PREEMPTIONS])
         self.events, self.iterations = int(counters[c.EVENTS]), int(counters[c.ITERATIONS])
-        order = np.argsort(ends_at, kind="stable")
+        small = np.uint16 if len(self.insts) <= np.iinfo(np.uint16).max else np.int64  # (NumPy radix-sorts 16-bit keys)
+        order = np.argsort(ends_at.astype(small), kind="stable")
         bounds = np.searchsorted(ends_at[order], np.arange(len(self.insts) + 1))
         for k, x in enumerate(self.insts):
             x.ends = array("d", ends_s[order[bounds[k]:bounds[k + 1]]].tobytes())

@@ -8,19 +8,25 @@ import numpy as np
 
 
 def _stints(insts, o, t_inst, join_iter, first_token):
-    """Per instance that ran iterations, the requests of its that decoded more than one token
-    (`mine`), each one's first gap (`first_token` to the end of its first iteration), the
-    instance's iteration durations (iteration k spans (ends[k-1], ends[k]]; k = 0 has no start:
-    NaN) and each request's later iterations, [lo, hi) (its own, join + 1 .. join + o - 2)."""
+    """Every instance's iterations end to end (instance by instance, in order), as durations
+    (iteration k of an instance spans (ends[k-1], ends[k]]; its first has no start), and the
+    requests that decoded more than one token (`mine`: grouped by instance in that order, each
+    instance's in request order), each one's first gap (`first_token` to the end of its first
+    iteration) and its later iterations as [lo, hi) in that sequence (its own, join + 1 .. join
+    + o - 2), and where its instance's iterations begin in that sequence. One pass over the
+    requests and the iterations, whatever the count of instances."""
     o_arr, ji, ti = np.asarray(o), np.asarray(join_iter), np.asarray(t_inst)
-    for inst in insts:
-        if not len(inst.ends):
-            continue
-        ends = np.frombuffer(inst.ends, dtype=np.float64)
-        mine = np.flatnonzero((ti == inst.idx) & (ji >= 0) & (o_arr > 1))
-        if len(mine):
-            lo, hi = ji[mine] + 1, np.minimum(ji[mine] + o_arr[mine] - 1, len(ends))
-            yield mine, ends[ji[mine]] - first_token[mine], np.diff(ends, prepend=np.nan), lo, hi
+    lengths = np.array([len(inst.ends) for inst in insts], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    ends = np.concatenate([np.frombuffer(inst.ends, dtype=np.float64) for inst in insts] or [np.zeros(0)])
+    durations = np.diff(ends, prepend=np.nan)  # (an instance's first is the gap from the one before: never in a range)
+    mine = np.flatnonzero((ti >= 0) & (ji >= 0) & (o_arr > 1))
+    mine = mine[lengths[ti[mine]] > 0]
+    mine = mine[np.argsort(ti[mine], kind="stable")]
+    k, join = ti[mine], ji[mine]
+    base = offsets[k]
+    lo, hi = base + join + 1, base + np.minimum(join + o_arr[mine] - 1, lengths[k])
+    return mine, ends[base + join] - first_token[mine], durations, lo, hi, base
 
 
 def tbt_max(insts, o, t_inst, join_iter, first_token) -> np.ndarray:
@@ -30,23 +36,22 @@ def tbt_max(insts, o, t_inst, join_iter, first_token) -> np.ndarray:
     from that first one."""
     out = np.full(len(o), np.nan)
     out[np.asarray(o) == 1] = 0.0
-    for mine, gap0, durations, lo, hi in _stints(insts, o, t_inst, join_iter, first_token):
-        out[mine] = np.maximum(gap0, range_max(np.nan_to_num(durations, nan=0.0), lo, hi))
+    mine, gap0, durations, lo, hi, _ = _stints(insts, o, t_inst, join_iter, first_token)
+    out[mine] = np.maximum(gap0, range_max(np.nan_to_num(durations, nan=0.0), lo, hi))
     return out
 
 
 def all_gaps(insts, o, t_inst, join_iter, first_token) -> np.ndarray:
     """Every gap between consecutive tokens of each request's last decode stint (as `tbt_max`
-    reads it), all requests together: o - 1 gaps a request. An iteration's duration counts
-    once for every request in it past its first, found with a difference array over the
-    requests' ranges: O(iterations + requests)."""
-    out = []
-    for _, gap0, durations, lo, hi in _stints(insts, o, t_inst, join_iter, first_token):
-        cover = np.zeros(len(durations) + 1, dtype=np.int64)
-        np.add.at(cover, lo, 1)
-        np.add.at(cover, hi, -1)
-        out += [gap0, np.repeat(durations, np.cumsum(cover[:-1]))]
-    return np.concatenate(out) if out else np.zeros(0)
+    reads it), all requests together, instance by instance (its requests' first gaps, then the
+    rest): o - 1 gaps a request. An iteration's duration counts once for every request in it
+    past its first, found with a difference array over the requests' ranges: O(iterations +
+    requests)."""
+    _, gap0, durations, lo, hi, base = _stints(insts, o, t_inst, join_iter, first_token)
+    size = len(durations) + 1
+    counts = np.cumsum(np.bincount(lo, minlength=size) - np.bincount(hi, minlength=size))[:-1]
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    return np.insert(np.repeat(durations, counts), starts[base], gap0)  # (each instance's first gaps before its others)
 
 
 def range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
