@@ -33,6 +33,7 @@ Whether a latency meets an SLO line is splitplan.perf.slo's to say.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass
 from functools import cached_property
@@ -487,19 +488,28 @@ def colocated_estimate(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_
             "kv_peak_fraction": res.kv_peak_fraction}
 
 
-def smallest_count(check, lower: int = 1, guess: int | None = None, step_fraction: float = 0.125) -> int | None:
+def smallest_count(check, lower: int = 1, guess: int | None = None, step_fraction: float = 0.125,
+                   score=None) -> int | None:
     """Smallest n >= lower with check(n) true, assuming check is monotone in n;
     None past MAX_INSTANCES. `lower` must be a true lower bound; `guess` only
     says where to start: the search steps down or up from it, by `step_fraction` of it (at
     least one) and twice as far at each further step, until it brackets the answer, then
-    bisects. A guess within that fraction of the answer costs three or four checks."""
+    bisects. A guess within that fraction of the answer costs three or four checks.
+
+    With `score` (score(n) of a count already checked: how far from holding it is, above 1
+    failing and at most 1 holding, smooth in n), the steps and the splits are aimed: where two
+    counts were scored, the next is where the line through their log scores crosses 0, and once
+    the answer is bracketed, each aimed count is followed by its neighbour on the side of the
+    answer (when the aim is good, the pair ends the search), with a plain split whenever a
+    pair did not halve the bracket. Only which counts are checked changes: the answer is the same."""
+    aim = _Aim(score)
     n = min(max(lower, guess or lower, 1), MAX_INSTANCES)
     step = max(1, int(n * step_fraction))
-    if check(n):
+    if aim.check(check, n):
         hi, lo = n, lower - 1
         while hi > lower:  # walk down until a count fails (or the lower bound is reached)
-            down = max(hi - step, lower)
-            if check(down):
+            down = max(aim.toward(hi, step, -1), lower)
+            if aim.check(check, down):
                 hi, step = down, step * 2
             else:
                 lo = down
@@ -509,15 +519,66 @@ def smallest_count(check, lower: int = 1, guess: int | None = None, step_fractio
         while True:
             if lo >= MAX_INSTANCES:
                 return None
-            up = min(lo + step, MAX_INSTANCES)
-            if check(up):
+            up = min(aim.toward(lo, step, 1), MAX_INSTANCES)
+            if aim.check(check, up):
                 hi = up
                 break
             lo, step = up, step * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if check(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return aim.bisect(check, lo, hi)
+
+
+class _Aim:
+    """smallest_count's aimed steps and splits (`score`); plain steps and halves without one."""
+
+    def __init__(self, score):
+        self.score, self.logs = score, {}  # log score of each count checked and scored
+        self.last: list[int] = []  # the counts scored, in order
+
+    def check(self, check, n: int) -> bool:
+        ok = check(n)
+        if self.score is not None:
+            value = float(self.score(n))
+            if not math.isnan(value):
+                self.logs[n] = math.log(min(max(value, 1e-6), 1e6))
+                self.last.append(n)
+        return ok
+
+    def _crossing(self, a: int, b: int) -> float | None:
+        """Where the line through the log scores of counts a and b over their logs crosses 0 (None
+        if either is unscored, or the line does not fall as counts grow)."""
+        if a not in self.logs or b not in self.logs or a == b or min(a, b) < 1 or (self.logs[a] - self.logs[b]) * (b - a) <= 0:
+            return None
+        return math.exp(math.log(a) + (math.log(b) - math.log(a)) * self.logs[a] / (self.logs[a] - self.logs[b]))
+
+    def toward(self, n: int, step: int, sign: int) -> int:
+        """The next count of a walk from n (down: sign -1, up: +1): `step` away, or aimed a little
+        past where the last two counts' scores cross (so that it brackets), between a quarter of
+        a step and 8 steps away (the walk's steps double: a poor aim cannot make it crawl)."""
+        x = self._crossing(self.last[-2], self.last[-1]) if len(self.last) >= 2 else None
+        if x is None or (x - n) * sign <= 0:
+            return n + sign * step
+        distance = math.ceil(x * 1.02) - n if sign > 0 else n - math.floor(x * 0.98)
+        return n + sign * min(max(distance, step // 4, 1), 8 * step)
+
+    def bisect(self, check, lo: int, hi: int) -> int:
+        """The smallest holding count in (lo, hi], lo failing (or below the lower bound) and hi
+        holding: where lo and hi are scored as failing and holding, one aimed count, then counts
+        1, 2, 4, ... beyond it toward the answer until one brackets it; halves for the rest."""
+        scored = self.logs.get(lo, 0.0) > 0.0 >= self.logs.get(hi, 1.0)  # (lo scored failing, hi holding)
+        x = self._crossing(lo, hi) if scored else None
+        if x is not None:
+            mid = min(max(math.ceil(x), lo + 1), hi - 1)
+            side = self.check(check, mid)
+            lo, hi = (lo, mid) if side else (mid, hi)
+            gap = 1
+            while hi - lo > 1:
+                probe = min(max(mid - gap if side else mid + gap, lo + 1), hi - 1)
+                ok = self.check(check, probe)
+                lo, hi = (lo, probe) if ok else (probe, hi)
+                if ok != side:
+                    break
+                mid, gap = probe, gap * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if self.check(check, mid) else (mid, hi)
+        return hi

@@ -37,7 +37,7 @@ from splitplan.capacity.pools import (
     smallest_count,
 )
 from splitplan.perf.roofline import Instance, kv_transfer_time_s
-from splitplan.perf.slo import Gaps, Reference, achieved, alone_latencies, meets
+from splitplan.perf.slo import Gaps, Reference, achieved, alone_latencies, attainment_pct, meets
 from splitplan.sim.metrics import energy_per_million_tokens, gpu_energy_j
 from splitplan.sim.prefix_cache import PrefixModel
 from splitplan.specs.layout import Layout
@@ -349,7 +349,7 @@ def _busy_guess(inst: Instance, t: Trace) -> int:
     """Where the count search starts: the instances the prefill work keeps busy on
     average (a guess, not a bound: a short or bursty trace may need fewer or more)."""
     work = float(np.sum(inst.prefill_time_s(t.prompt_tokens)))
-    return max(1, min(len(t), math.ceil(work / max(t.span_s, work, 1e-9))))
+    return max(1, min(len(t), math.ceil(work / max(t.span_s, 1e-9))))
 
 
 def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, guess: int | None = None) -> Option:
@@ -368,6 +368,7 @@ def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, gu
         def failing(n):
             ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, [(inst, n)], problem.max_batch_tokens, batch_times,
                                        chunked=problem.chunked, max_seqs=problem.max_num_seqs, prefix=problem.prefix)
+            scores[n] = _excess(problem, {"ttft": ttft})
             return _first_failing(problem, "ttft", ttft)
         alone = _first_failing(problem, "ttft", np.asarray(inst.prefill_time_s(t.prompt_tokens)) + inst.engine.frontend_latency_s)
         if alone is not None:
@@ -392,11 +393,14 @@ def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, gu
         memo: dict = {}
 
         def failing(n):
-            return _mixed_failing(problem, colocated_estimate(t.arrival_s, t.prompt_tokens, t.output_tokens, inst, n,
-                                                              problem.max_batch_tokens, memo, problem.chunked,
-                                                              problem.max_num_seqs))
+            values = colocated_estimate(t.arrival_s, t.prompt_tokens, t.output_tokens, inst, n, problem.max_batch_tokens, memo,
+                                        problem.chunked, problem.max_num_seqs)
+            scores[n] = _excess(problem, values)
+            return _mixed_failing(problem, values)
+    scores: dict[int, float] = {}  # (a prompt or co-located pool's: where its search is aimed, smallest_count's score)
     failing = functools.cache(failing)  # (the bisection has usually tried n - 1, which names the binding line)
-    n = smallest_count(lambda k: failing(k) is None, lower, guess or (_busy_guess(inst, t) if role != Role.TOKEN else None))
+    n = smallest_count(lambda k: failing(k) is None, lower, guess or (_busy_guess(inst, t) if role != Role.TOKEN else None),
+                       score=scores.get if role != Role.TOKEN else None)
     if n is None:
         return Option(role, inst, None, "", "SLO not met at any size")
     binding = failing(n - 1) if n > 1 else None
@@ -404,6 +408,19 @@ def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, gu
         binding = "prompt-pool size (lower bound)"
     label = binding if isinstance(binding, str) else (binding.label if binding else "minimum size (1 instance)")
     return Option(role, inst, n, label)
+
+
+def _excess(problem: Problem, values: dict) -> float:
+    """How far a pool's values (by metric, and its KV peak where known) are from holding every
+    line, smooth in its count: the largest, over the lines, of the share of requests (or gaps)
+    past the line's limit over the share its percentile allows (at most 1 where the line holds,
+    near enough), and the KV peak over the KV held."""
+    worst = float(values.get("kv_peak_fraction", 0.0))
+    for metric in ("ttft", "tbt", "itl", "tpot", "e2e"):
+        for line in _lines(problem, metric) if metric in values else ():
+            outside = 100.0 - attainment_pct(line, values[metric], problem.reference)
+            worst = max(worst, outside / max(100.0 - line.percentile, 1e-3))
+    return worst
 
 
 def _mixed_failing(problem: Problem, values: dict):
@@ -427,16 +444,17 @@ def simulated_option(problem: Problem, option: Option, replays: dict | None = No
     With `replays` (a dict), the values of the count found go into it under the option's key,
     as (count, values), so a plan of that count need not be replayed again."""
     seen: dict = {}
+    scores: dict[int, float] = {}  # (where the search is aimed: smallest_count's score)
     kept: list = [None, None]  # (count, values): the smallest count that met every line so far
 
     def failing(n):
         if n not in seen:
             values = _colocated_values(problem, option.key, option.inst, n)
-            seen[n] = _mixed_failing(problem, values)
+            seen[n], scores[n] = _mixed_failing(problem, values), _excess(problem, values)
             if seen[n] is None and (kept[0] is None or n < kept[0]):
                 kept[:] = n, values  # (only these values: a replay's arrays are large)
         return seen[n]
-    n = smallest_count(lambda k: failing(k) is None, 1, option.instances)  # (the estimate is optimistic: steps up by 1/8)
+    n = smallest_count(lambda k: failing(k) is None, 1, option.instances, score=scores.get)  # (steps of 1/8 from the estimate)
     if n is None:
         return replace(option, instances=None, binding="", skipped="SLO not met at any size (simulated)")
     if replays is not None:
