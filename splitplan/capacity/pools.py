@@ -497,11 +497,11 @@ def smallest_count(check, lower: int = 1, guess: int | None = None, step_fractio
     bisects. A guess within that fraction of the answer costs three or four checks.
 
     With `score` (score(n) of a count already checked: how far from holding it is, above 1
-    failing and at most 1 holding, smooth in n), the steps and the splits are aimed: where two
-    counts were scored, the next is where the line through their log scores crosses 0, and once
-    the answer is bracketed, each aimed count is followed by its neighbour on the side of the
-    answer (when the aim is good, the pair ends the search), with a plain split whenever a
-    pair did not halve the bracket. Only which counts are checked changes: the answer is the same."""
+    failing and at most 1 holding, smooth in n), the steps and the split are aimed (`_Aim`): a
+    walk steps to where the line through the last two counts' log scores, over their log counts,
+    crosses 0; a bracket is split once there, then counts 1, 2, 4, ... beyond that one toward the
+    answer are checked until one brackets it, and the rest is halved. Only which counts are
+    checked changes: for a monotone check the answer is the same."""
     aim = _Aim(score)
     n = min(max(lower, guess or lower, 1), MAX_INSTANCES)
     step = max(1, int(n * step_fraction))
@@ -531,8 +531,7 @@ class _Aim:
     """smallest_count's aimed steps and splits (`score`); plain steps and halves without one."""
 
     def __init__(self, score):
-        self.score, self.logs = score, {}  # log score of each count checked and scored
-        self.last: list[int] = []  # the counts scored, in order
+        self.score, self.logs = score, {}  # log score of each count checked and scored, in the order checked
 
     def check(self, check, n: int) -> bool:
         ok = check(n)
@@ -540,7 +539,6 @@ class _Aim:
             value = float(self.score(n))
             if not math.isnan(value):
                 self.logs[n] = math.log(min(max(value, 1e-6), 1e6))
-                self.last.append(n)
         return ok
 
     def _crossing(self, a: int, b: int) -> float | None:
@@ -554,7 +552,8 @@ class _Aim:
         """The next count of a walk from n (down: sign -1, up: +1): `step` away, or aimed a little
         past where the last two counts' scores cross (so that it brackets), between a quarter of
         a step and 8 steps away (the walk's steps double: a poor aim cannot make it crawl)."""
-        x = self._crossing(self.last[-2], self.last[-1]) if len(self.last) >= 2 else None
+        last = list(self.logs)[-2:]  # (the last two counts scored)
+        x = self._crossing(*last) if len(last) == 2 else None
         if x is None or (x - n) * sign <= 0:
             return n + sign * step
         distance = math.ceil(x * 1.02) - n if sign > 0 else n - math.floor(x * 0.98)
@@ -565,7 +564,7 @@ class _Aim:
         holding: where lo and hi are scored as failing and holding, one aimed count, then counts
         1, 2, 4, ... beyond it toward the answer until one brackets it; halves for the rest."""
         scored = self.logs.get(lo, 0.0) > 0.0 >= self.logs.get(hi, 1.0)  # (lo scored failing, hi holding)
-        x = self._crossing(lo, hi) if scored else None
+        x = self._crossing(lo, hi) if scored and hi - lo > 1 else None
         if x is not None:
             mid = min(max(math.ceil(x), lo + 1), hi - 1)
             side = self.check(check, mid)

@@ -42,7 +42,7 @@ from splitplan.sim.metrics import energy_per_million_tokens, gpu_energy_j
 from splitplan.sim.prefix_cache import PrefixModel
 from splitplan.specs.layout import Layout
 from splitplan.specs.roles import SPLIT, Pool, Role
-from splitplan.specs.slo import SloLine, SloProfile
+from splitplan.specs.slo import METRICS, SloLine, SloProfile
 from splitplan.workload.trace import Trace
 
 
@@ -416,16 +416,16 @@ def _excess(problem: Problem, values: dict) -> float:
     past the line's limit over the share its percentile allows (at most 1 where the line holds,
     near enough), and the KV peak over the KV held."""
     worst = float(values.get("kv_peak_fraction", 0.0))
-    for metric in ("ttft", "tbt", "itl", "tpot", "e2e"):
-        for line in _lines(problem, metric) if metric in values else ():
-            outside = 100.0 - attainment_pct(line, values[metric], problem.reference)
+    for line in problem.slo.lines():
+        if line.metric in values:
+            outside = 100.0 - attainment_pct(line, values[line.metric], problem.reference)
             worst = max(worst, outside / max(100.0 - line.percentile, 1e-3))
     return worst
 
 
 def _mixed_failing(problem: Problem, values: dict):
     """The first line a co-located pool's values miss (or "KV memory"), None when all hold."""
-    for metric in ("ttft", "tbt", "itl", "tpot", "e2e"):
+    for metric in METRICS:
         line = _first_failing(problem, metric, values[metric])
         if line is not None:
             return line

@@ -4,7 +4,7 @@ with or without a score to aim it, and fewer checks when the score is good (issu
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from splitplan.capacity.pools import MAX_INSTANCES, smallest_count
@@ -36,6 +36,7 @@ def noisy(n: int, answer: int) -> float:
 
 
 @settings(max_examples=400, deadline=None)
+@example(answer=2, lower=1, guess=None, score=smooth)  # (bracketed by the walk: nothing left to aim at)
 @given(answer=st.integers(1, 3000), lower=st.integers(1, 3000), guess=st.one_of(st.none(), st.integers(1, 4000)),
        score=st.sampled_from([None, smooth, far, noisy, lambda n, a: math.nan, lambda n, a: 0.0, lambda n, a: math.inf]))
 def test_the_smallest_holding_count_whatever_the_score(answer, lower, guess, score):
