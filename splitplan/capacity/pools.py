@@ -353,6 +353,17 @@ def _open_at(sorted_starts: np.ndarray, sorted_ends: np.ndarray, times: np.ndarr
     return ranks(sorted_starts, times, order, True) - ranks(sorted_ends, times, order, True)
 
 
+def _decode_steps(inst: Instance, active: np.ndarray, instances: int, context_tokens: float) -> np.ndarray:
+    """`inst.decode_step_time_s(max(active / instances, 1), context_tokens)` per element of `active`
+    (integer counts of requests decoding): on an analytic instance evaluated once per count up to the
+    largest (hundreds, where requests number thousands), the same floats; a measured instance counts
+    its queries (its extrapolated share), so it is asked once per element."""
+    if not isinstance(inst, Instance):
+        return np.asarray(inst.decode_step_time_s(np.maximum(active / instances, 1.0), context_tokens))
+    counts = np.arange(int(active.max(initial=0)) + 1)
+    return np.asarray(inst.decode_step_time_s(np.maximum(counts / instances, 1.0), context_tokens))[active]
+
+
 @dataclass(frozen=True)
 class DecodeResult:
     step_s: np.ndarray  # per request: mean decode step while it decodes
@@ -374,12 +385,12 @@ def decode_pool(start_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: n
         end = start_s + o * step
         mid = (start_s + end) / 2
         active = _open_at(order_start, np.sort(end), mid)
-        batch = np.maximum(active / instances, 1.0)
         duration = end - start_s
         context = float(np.sum((p + o / 2) * duration) / max(np.sum(duration), 1e-12))
-        previous, step = step, np.asarray(inst.decode_step_time_s(batch, context))
+        previous, step = step, _decode_steps(inst, active, instances, context)
         if np.max(np.abs(step - previous) / previous) < tolerance:
             break
+    batch = np.maximum(active / instances, 1.0)
     end = start_s + o * step
     # KV tokens held: +(prompt + output) at start, released at end; peak of the running sum.
     times = np.concatenate([start_s, end])

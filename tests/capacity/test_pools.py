@@ -3,9 +3,11 @@ the KV transfer in TBT, the split of requests over token types, and repair's cho
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from splitplan import api
-from splitplan.capacity.pools import decode_pool
+from splitplan.capacity.pools import _decode_steps, decode_pool
 from splitplan.perf.roofline import kv_transfer_time_s
 from splitplan.search.plan import Option, Problem, _decode_values, evaluate
 from splitplan.search.plan import OptionKey as K
@@ -23,6 +25,15 @@ def test_identical_requests_decode_at_the_whole_batch_per_instance():
     # all decode together: n / instances requests per instance, each at context p + o/2
     assert res.step_s == pytest.approx(np.full(n, float(H100.decode_step_time_s(n / instances, p + o / 2))), rel=1e-12)
     assert res.mean_batch == pytest.approx(n / instances)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 3000), min_size=1, max_size=200), st.integers(1, 40), st.floats(1.0, 1e5))
+def test_decode_steps_by_count_are_the_formula_per_request(active, instances, context):
+    # the fixed point evaluates its step once per count of requests open, then indexes: the same floats
+    active = np.array(active, np.int64)
+    per_request = H100.decode_step_time_s(np.maximum(active / instances, 1.0), context)
+    assert np.array_equal(_decode_steps(H100, active, instances, context), per_request)
 
 
 def test_kv_peak_is_the_most_held_at_once_per_instance():
