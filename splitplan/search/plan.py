@@ -382,6 +382,9 @@ def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, gu
         def failing(n):
             tbt, decode_s, res = _decode_values(problem, inst, n, inst, t.arrival_s)
             itl, tpot = _decode_gaps(t.output_tokens, decode_s, res.step_s, min(res.mean_batch, 1.0), inst.engine.async_scheduling)
+            scores[n] = max([achieved(line, values, problem.reference) / line.limit
+                             for metric, values in (("tbt", tbt), ("itl", itl), ("tpot", tpot)) for line in _lines(problem, metric)]
+                            + [res.kv_peak_fraction, res.batch_p99 / problem.max_num_seqs if problem.max_num_seqs else 0.0])
             for metric, values in (("tbt", tbt), ("itl", itl), ("tpot", tpot)):
                 line = _first_failing(problem, metric, values)
                 if line is not None:
@@ -400,7 +403,7 @@ def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, gu
     scores: dict[int, float] = {}  # (a prompt or co-located pool's: where its search is aimed, smallest_count's score)
     failing = functools.cache(failing)  # (the bisection has usually tried n - 1, which names the binding line)
     n = smallest_count(lambda k: failing(k) is None, lower, guess or (_busy_guess(inst, t) if role != Role.TOKEN else None),
-                       score=scores.get if role != Role.TOKEN else None)
+                       score=scores.get)
     if n is None:
         return Option(role, inst, None, "", "SLO not met at any size")
     binding = failing(n - 1) if n > 1 else None

@@ -387,6 +387,42 @@ def test_a_sequence_cap_sizes_the_token_pool():
     assert capped.instances > free.instances and capped.binding == "max_num_seqs"
 
 
+@pytest.mark.parametrize(("role", "max_num_seqs"), [("prompt", None), ("token", None), ("token", 8)])
+def test_an_aimed_count_search_sizes_as_a_scan_of_every_count(monkeypatch, role, max_num_seqs):
+    """A pool's count search is aimed by how far each count is from holding (smallest_count's
+    score): it finds the count a scan upward from 1 finds, whatever binds, in no more checks than
+    the same search without the score."""
+    from splitplan.search import plan
+    from splitplan.specs.slo import load_slo
+    trace = resample_poisson(load_trace(default_trace_path()), 150.0, 20.0, np.random.default_rng(5))
+    problem = Problem(trace, load_slo("chat"), None, max_num_seqs=max_num_seqs)
+    aimed, checks = plan.smallest_count, {"aimed": 0, "plain": 0}
+
+    def scan(check, lower=1, guess=None, step_fraction=0.125, score=None):
+        return next(n for n in range(lower, 500) if check(n))
+
+    def counted(kind):
+        def search(check, lower=1, guess=None, step_fraction=0.125, score=None):
+            assert score is not None
+            def counted_check(n):
+                checks[kind] += 1
+                return check(n)
+            return aimed(counted_check, lower, guess, step_fraction, score if kind == "aimed" else None)
+        return search
+    sized = set()
+    for hw, tp in (("h100-80gb", 4), ("h100-80gb", 8), ("a100-80gb", 4), ("l40s-48gb", 8)):
+        inst = Instance(MODEL, load_hardware(hw), ENGINE, tp)
+        found = {}
+        for kind, search in (("aimed", counted("aimed")), ("plain", counted("plain")), ("scan", scan)):
+            monkeypatch.setattr(plan, "smallest_count", search)
+            option = plan.size_option(problem, role, inst)
+            found[kind] = (option.instances, option.binding)
+        assert found["aimed"] == found["plain"] == found["scan"]
+        sized.add(found["aimed"][0])
+    assert len(sized) >= 3  # (not one case four times)
+    assert checks["aimed"] <= checks["plain"]
+
+
 def test_an_option_names_what_sized_it_at_one_instance_and_at_its_lower_bound():
     """A light load one instance serves: sized at the minimum, and at a lower bound (a co-located
     pool needs the prompt pool's count) the bound is what binds, not a line it already meets."""
