@@ -4,7 +4,7 @@ with or without a score to aim it, and fewer checks when the score is good (issu
 import math
 
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from splitplan.capacity.pools import MAX_INSTANCES, smallest_count
@@ -63,3 +63,40 @@ def test_a_good_score_takes_fewer_checks(bias, most):
             plain += len(_search(answer, 1, guess, None)[1])
             aimed += len(_search(answer, 1, guess, lambda n, a: smooth(n, a + bias))[1])
     assert aimed < most * plain
+
+
+def holding_liar(n: int, answer: int) -> float:
+    """A score that says every count holds (below 1, falling): from a start below the answer, its
+    aims point behind the walk up and below the bracket, so none is taken."""
+    return 0.5 / n
+
+
+@settings(max_examples=200, deadline=None)
+@given(answer=st.integers(2, 3000), lower=st.integers(1, 3000), guess=st.one_of(st.none(), st.integers(1, 4000)))
+def test_a_score_pointing_the_wrong_way_leaves_the_plain_search(answer, lower, guess):
+    assume(max(lower, guess or lower) < answer)
+    assert _search(answer, lower, guess, holding_liar)[1] == _search(answer, lower, guess, None)[1]
+
+
+def one_count_away():
+    """A score that, from the last two counts it scored, always puts the answer one count
+    past the latest (a failing score, falling): aimed walks would crawl but for their minimum
+    step of a quarter of the plain step."""
+    logs: list[tuple[int, float]] = []
+
+    def score(n: int, answer: int) -> float:
+        if not logs:
+            value = 2.0
+        else:
+            m, lm = logs[-1]
+            value = math.exp(lm - lm * (math.log(n) - math.log(m)) / (math.log(n + 1) - math.log(m))) if n > m else 2.0
+        logs.append((n, math.log(value)))
+        return value
+    return score
+
+
+@pytest.mark.parametrize(("answer", "guess"), [(1000, 10), (3000, 1), (500, 100)])
+def test_a_score_one_count_away_costs_a_bounded_detour(answer, guess):
+    found, checked = _search(answer, 1, guess, one_count_away())
+    assert found == answer
+    assert len(checked) <= 2 * len(_search(answer, 1, guess, None)[1]) + 4
