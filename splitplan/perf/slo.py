@@ -11,6 +11,7 @@ answers); E2E = TTFT + step x (output - 1). TBT as measured, (E2E - TTFT) / outp
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -72,14 +73,20 @@ class Gaps:
     values_s: np.ndarray
     weights: np.ndarray
 
-    def percentile(self, q: float) -> float:
-        """np.percentile (linear) of the expanded sample, without expanding it."""
+    @functools.cached_property
+    def _sorted(self) -> tuple[np.ndarray, np.ndarray]:
+        """The values of positive weight in ascending order, and their cumulative weights (sorted
+        once: a profile's inter-token lines read several percentiles of one distribution)."""
         ok = self.weights > 0
         v, w = self.values_s[ok], self.weights[ok]
+        order = np.argsort(v, kind="stable")
+        return v[order], np.cumsum(w[order])
+
+    def percentile(self, q: float) -> float:
+        """np.percentile (linear) of the expanded sample, without expanding it."""
+        v, cum = self._sorted
         if not len(v):
             return float("nan")
-        order = np.argsort(v, kind="stable")
-        v, cum = v[order], np.cumsum(w[order])
         pos = (cum[-1] - 1) * q / 100
         lo, hi = int(np.floor(pos)), int(np.ceil(pos))
         at = np.searchsorted(cum, [lo + 1, hi + 1])  # the value holding rank lo, and rank hi

@@ -382,13 +382,13 @@ def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, gu
         def failing(n):
             tbt, decode_s, res = _decode_values(problem, inst, n, inst, t.arrival_s)
             itl, tpot = _decode_gaps(t.output_tokens, decode_s, res.step_s, min(res.mean_batch, 1.0), inst.engine.async_scheduling)
-            scores[n] = max([achieved(line, values, problem.reference) / line.limit
-                             for metric, values in (("tbt", tbt), ("itl", itl), ("tpot", tpot)) for line in _lines(problem, metric)]
+            reached = [(line, achieved(line, values, problem.reference))
+                       for metric, values in (("tbt", tbt), ("itl", itl), ("tpot", tpot)) for line in _lines(problem, metric)]
+            scores[n] = max([value / line.limit for line, value in reached]
                             + [res.kv_peak_fraction, res.batch_p99 / problem.max_num_seqs if problem.max_num_seqs else 0.0])
-            for metric, values in (("tbt", tbt), ("itl", itl), ("tpot", tpot)):
-                line = _first_failing(problem, metric, values)
-                if line is not None:
-                    return line
+            missed = next((line for line, value in reached if not meets(line, value)), None)
+            if missed is not None:
+                return missed
             if res.kv_peak_fraction > 1:
                 return "KV memory"
             return "max_num_seqs" if problem.max_num_seqs and res.batch_p99 > problem.max_num_seqs else None
