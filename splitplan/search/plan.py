@@ -400,7 +400,7 @@ def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, gu
                                         problem.chunked, problem.max_num_seqs)
             scores[n] = _excess(problem, values)
             return _mixed_failing(problem, values)
-    scores: dict[int, float] = {}  # (a prompt or co-located pool's: where its search is aimed, smallest_count's score)
+    scores: dict[int, float] = {}  # (how far each count checked is from holding: where the search is aimed, smallest_count's score)
     failing = functools.cache(failing)  # (the bisection has usually tried n - 1, which names the binding line)
     n = smallest_count(lambda k: failing(k) is None, lower, guess or (_busy_guess(inst, t) if role != Role.TOKEN else None),
                        score=scores.get)
