@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import typer
 
-from splitplan.base import limits
+from splitplan.base import limits, notices
 from splitplan.base.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO
 from splitplan.base.errors import SpecError, SplitplanError
 from splitplan.base.inputs import excerpt, printable
@@ -601,6 +601,13 @@ def parse_rates(text: str) -> list[float]:
     return rates
 
 
+def _say_compiling(cached: bool) -> None:
+    """The one line a first run prints while numba compiles the kernels (base.notices)."""
+    when = ("once after an install; later runs load them from numba's cache" if cached else
+            "in every run: numba finds no writable cache directory (set NUMBA_CACHE_DIR to one)")
+    print(f"compiling splitplan's kernels (numba, about 30 s on 2 cores), {when}", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     """The console script: like `app()`, but a usage error (a bad option value, an
     unknown option) is one `error: ...` line too, with exit code 2."""
@@ -611,6 +618,7 @@ def main() -> None:
     # allocations rather than 700 spends 0.06 s where 0.2 s went on the conversation trace's plan.
     gc.freeze()
     gc.set_threshold(20_000, 10, 10)
+    notices.listener = _say_compiling
     try:
         code = app(standalone_mode=False)
     except usage_error as exc:

@@ -17,6 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba.core import event
+
+from splitplan.base import notices
+
+_UNCACHED: list[str] = []  # the kernels numba found no writable place to cache
 
 
 def jit(function, **options):
@@ -25,7 +30,22 @@ def jit(function, **options):
     try:
         return njit(cache=True, **options)(function)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+        _UNCACHED.append(function.__qualname__)
         return njit(**options)(function)
+
+
+class _FirstCompile(event.Listener):
+    """numba's compile events (a compile, not a load from its cache): the first of a process is
+    told (`base.notices`)."""
+
+    def on_start(self, ev: event.Event) -> None:
+        notices.first_compile(not _UNCACHED)
+
+    def on_end(self, ev: event.Event) -> None:
+        pass
+
+
+event.register("numba:compile", _FirstCompile())
 
 
 def inline(function):
