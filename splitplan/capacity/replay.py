@@ -26,6 +26,11 @@ import numpy as np
 from splitplan.perf.kernels import jit, pass_time_s
 from splitplan.sim.routing import HEAP_ROUTING_INSTANCES
 
+# numba keys a kernel's cached machine code on its own file alone, and these kernels compile in code
+# and constants of the modules imported above: a hash of their text, which changes this file with
+# them and so renews the cache (tests/test_kernel_caches.py names the new value when it is stale).
+COMPILED_IN_SHA256 = "6e94fe63c4a8589e"
+
 
 @jit
 def _least_loaded(load, heap):
