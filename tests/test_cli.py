@@ -405,6 +405,25 @@ def test_optimize_closed_loop_failures(args, code, needle, tmp_path):
     assert result.exit_code == code and needle in result.stderr, result.output
 
 
+@pytest.mark.parametrize(("itl_ms", "code", "needle"), [
+    (18, 0, "ITL p99 not met"),  # the A100 cannot reach it: skipped, the plan from the H100
+    (0.5, 3, "error: ITL p99 <= 0.5 ms cannot be met: the best reachable is"),
+])
+def test_optimize_an_inter_token_line_some_or_no_hardware_reaches(tmp_path, itl_ms, code, needle):
+    """Issue 54, item 1: tightening the pace line exits 0 with a plan or 3 naming the best value, never a traceback."""
+    slo = tmp_path / "itl.yaml"
+    slo.write_text(f"ttft:\n  p99: {{max_ms: 2000}}\nitl:\n  p99: {{max_ms: {itl_ms}}}\n")
+    out = tmp_path / "out"
+    result = run("optimize", "--rate", "4", "--duration", "120", "--hardware", "a100-80gb,h100-80gb", "--tp", "8",
+                 "--split-only", "--slo", str(slo), "--output-dir", str(out))
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output
+    if code:
+        assert needle in result.stderr and not out.exists()
+    else:
+        assert needle in (out / "candidates.csv").read_text()
+
+
 def test_json_on_stdout_is_only_json_in_a_real_process():
     """A solver printing from native code (highspy's banner) bypasses CliRunner's capture:
     only a real process shows what `| jq` would get."""

@@ -557,7 +557,8 @@ class _Aim:
         if either is unscored, or the line does not fall as counts grow)."""
         if a not in self.logs or b not in self.logs or a == b or min(a, b) < 1 or (self.logs[a] - self.logs[b]) * (b - a) <= 0:
             return None
-        return math.exp(math.log(a) + (math.log(b) - math.log(a)) * self.logs[a] / (self.logs[a] - self.logs[b]))
+        log_x = math.log(a) + (math.log(b) - math.log(a)) * self.logs[a] / (self.logs[a] - self.logs[b])
+        return math.exp(min(log_x, math.log(4 * MAX_INSTANCES)))  # (a line that barely falls crosses far out: capped)
 
     def toward(self, n: int, step: int, sign: int) -> int:
         """The next count of a walk from n (down: sign -1, up: +1): `step` away, or aimed a little

@@ -36,9 +36,18 @@ class Reference:
         """TBT as the metric defines it, (E2E - TTFT) / output, for the request alone."""
         return self.tbt_s * np.maximum(self.output_tokens - 1, 0) / self.output_tokens
 
-    def value(self, metric: str) -> np.ndarray:
-        """The request's alone latency in `metric`, as measured (ttft, tbt or e2e)."""
-        return self.measured_tbt_s if metric == "tbt" else getattr(self, f"{metric}_s")
+    def value(self, metric: str) -> np.ndarray | Gaps:
+        """The requests' alone latencies in `metric`, as measured: per request for ttft, tbt, tpot
+        (NaN for one-token answers, which have no gap) and e2e; for itl, every gap (a `Gaps`: one
+        step each after the first token)."""
+        if metric == "tbt":
+            return self.measured_tbt_s
+        gaps = np.maximum(self.output_tokens - 1, 0)
+        if metric == "itl":
+            return Gaps(self.tbt_s, gaps.astype(float))
+        if metric == "tpot":
+            return np.where(gaps > 0, self.tbt_s, np.nan)
+        return getattr(self, f"{metric}_s")
 
 
 def alone_latencies(inst: PerfModel, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> Reference:

@@ -590,7 +590,7 @@ def _objective(objective: str, option) -> float:
 
 def _raise_if_unreachable(problem, options) -> None:
     """Exit 3 naming the line no hardware can meet, the best value reachable and where."""
-    for role, metric in ((Role.PROMPT, "ttft"), (Role.TOKEN, "tbt")):
+    for role, metrics in ((Role.PROMPT, ("ttft",)), (Role.TOKEN, ("tbt", "itl", "tpot"))):
         fitting = [o for o in options if o.role == role and o.inst.fit.fits]
         if not fitting:
             mine = sorted((o for o in options if o.role == role), key=closest_fit)
@@ -598,22 +598,21 @@ def _raise_if_unreachable(problem, options) -> None:
             raise with_details(InfeasibleError(f"the model fits no {role} hardware considered; closest: {short}"), whole)
         if any(o.instances for o in fitting):
             continue
-        for line in (x for x in problem.slo.lines() if x.metric == metric):
-            _raise_if_line_unreachable(problem, line, metric, fitting)
+        for line in (x for x in problem.slo.lines() if x.metric in metrics):
+            _raise_if_line_unreachable(problem, line, fitting)
         short, whole = listed([f"{o.inst.hardware.name} {o.inst.layout}: {o.skipped}" for o in fitting])
         raise with_details(InfeasibleError(f"no {role} option meets the SLO: {short}"), whole)
 
 
-def _raise_if_line_unreachable(problem, line, metric: str, fitting: list) -> None:
+def _raise_if_line_unreachable(problem, line, fitting: list) -> None:
     """Exit 3 when no option meets `line` even running each request alone, naming the best."""
     best = None
     for o in fitting:
         alone = alone_latencies(o.inst, problem.trace.prompt_tokens, problem.trace.output_tokens)
-        value = achieved(line, alone.value(metric), problem.reference)
+        value = achieved(line, alone.value(line.metric), problem.reference)
         if best is None or value < best[0]:
             best = (value, o)
     if best and not meets(line, best[0]):
-        unit = " ms" if line.max_ms is not None else "x"
         raise InfeasibleError(
-            f"{line.label} {line.target} cannot be met: the best reachable is {best[0]:.3g}{unit} "
+            f"{line.label} {line.target} cannot be met: the best reachable is {line.text(best[0])} "
             f"on {best[1].inst.hardware.name} at {best[1].inst.layout}, running requests alone")

@@ -27,6 +27,7 @@ import numpy as np
 from splitplan.base.defaults import MAX_BATCH_TOKENS
 from splitplan.base.errors import InfeasibleError, listed, with_details
 from splitplan.capacity.pools import (
+    MAX_INSTANCES,
     BatchTimes,
     busy_s,
     colocated_estimate,
@@ -335,13 +336,14 @@ def _decode_gaps(o: np.ndarray, decode_s: np.ndarray, step_s: np.ndarray, busy: 
         return gaps, np.where(many, decode_s / (o - 1), np.nan)
 
 
-def _fails_alone(problem: Problem, role: Role, inst: Instance) -> SloLine | None:
-    """The first line an option misses even running requests alone."""
+def _fails_alone(problem: Problem, role: Role, inst: Instance) -> tuple[SloLine, str] | None:
+    """The first line an option misses even running requests alone and why (its value), or None."""
     alone = alone_latencies(inst, problem.trace.prompt_tokens, problem.trace.output_tokens)  # more instances only approach these
-    for metric in ("tbt",) if role == Role.TOKEN else ("ttft", "tbt", "e2e"):
-        line = _first_failing(problem, metric, alone.value(metric))
-        if line is not None:
-            return line
+    for metric in ("tbt", "itl", "tpot") if role == Role.TOKEN else METRICS:
+        for line in _lines(problem, metric):
+            value = achieved(line, alone.value(metric), problem.reference)
+            if not meets(line, value):
+                return line, f"{line.label} not met even running requests alone ({line.text(value)} at best, target {line.target})"
     return None
 
 
@@ -376,8 +378,8 @@ def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, gu
     elif int(np.max(t.prompt_tokens + t.output_tokens)) > inst.max_request_tokens:
         return Option(role, inst, None, "KV memory", "the longest request's KV exceeds one instance's KV capacity"
                       + (" (of one attention DP group)" if inst.layout.dp > 1 else ""))
-    elif (alone := _fails_alone(problem, role, inst)) is not None:
-        return Option(role, inst, None, alone.label, f"{alone.label} not met even running requests alone")
+    elif (alone_miss := _fails_alone(problem, role, inst)) is not None:
+        return Option(role, inst, None, alone_miss[0].label, alone_miss[1])
     elif role == Role.TOKEN:
         def failing(n):
             tbt, decode_s, res = _decode_values(problem, inst, n, inst, t.arrival_s)
@@ -405,7 +407,9 @@ def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, gu
     n = smallest_count(lambda k: failing(k) is None, lower, guess or (_busy_guess(inst, t) if role != Role.TOKEN else None),
                        score=scores.get)
     if n is None:
-        return Option(role, inst, None, "", "SLO not met at any size")
+        missed = failing(MAX_INSTANCES)  # (the walk's last check: more instances only approach this)
+        label = getattr(missed, "label", missed)
+        return Option(role, inst, None, label, f"{label} not met at any size (checked up to {MAX_INSTANCES:,} instances)")
     binding = failing(n - 1) if n > 1 else None
     if binding is None and n > 1:  # n came from the lower bound: the bound is what binds
         binding = "prompt-pool size (lower bound)"
@@ -459,7 +463,9 @@ def simulated_option(problem: Problem, option: Option, replays: dict | None = No
         return seen[n]
     n = smallest_count(lambda k: failing(k) is None, 1, option.instances, score=scores.get)  # (steps of 1/8 from the estimate)
     if n is None:
-        return replace(option, instances=None, binding="", skipped="SLO not met at any size (simulated)")
+        label = getattr(seen[MAX_INSTANCES], "label", seen[MAX_INSTANCES])  # (the walk's last check)
+        return replace(option, instances=None, binding=label,
+                       skipped=f"{label} not met at any size (simulated up to {MAX_INSTANCES:,} instances)")
     if replays is not None:
         replays[option.key] = tuple(kept)
     binding = failing(n - 1) if n > 1 else None
@@ -608,7 +614,7 @@ def repair(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, An
         lines, failed = score(values)
     what = failed[0][0].label if failed else "KV memory"
     raise InfeasibleError(f"no plan found that meets {what}: adding machines of any option stopped improving it "
-                          f"(best {failed[0][1]:.3g}, target {failed[0][0].target})" if failed else
+                          f"(best {failed[0][0].text(failed[0][1])}, target {failed[0][0].target})" if failed else
                           "no plan found that fits the decode KV cache")
 
 

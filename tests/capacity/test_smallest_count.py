@@ -52,6 +52,13 @@ def test_nothing_holds_below_the_cap():
     assert found is None
 
 
+def test_a_score_that_barely_falls_aims_within_the_cap():
+    """Issue 54, item 1: a line no count reaches whose score falls by a hair per count aims its
+    walk past any float (the crossing of an almost flat line); the search ends at the cap."""
+    found = smallest_count(lambda n: False, 1, 3, score=lambda n: 2.0 - 1e-12 * n)
+    assert found is None
+
+
 @pytest.mark.parametrize(("bias", "most"), [(0, 0.5), (-4, 0.8), (4, 0.8), (-15, 1.0), (15, 1.0)])
 def test_a_good_score_takes_fewer_checks(bias, most):
     """From guesses well off, over many answers: aimed by a smooth score, the search checks about

@@ -147,6 +147,29 @@ def test_unreachable_slo_names_line_best_value_and_hardware(small_trace, tmp_pat
         api.optimize(small_trace, "llama2-70b", str(slo), ["a100-80gb", "h100-80gb"])
 
 
+def _itl_slo(tmp_path, ms: float, metric: str = "itl", pct: str = "p99") -> str:
+    slo = tmp_path / f"{metric}{ms}.yaml"
+    slo.write_text(f"description: t\n{metric}:\n  {pct}: {{max_ms: {ms}}}\n")
+    return str(slo)
+
+
+def test_an_inter_token_line_one_option_cannot_reach_skips_it_and_plans_on_the_others(small_trace, tmp_path):
+    """Issue 54, item 1: a line the A100 cannot reach even alone (its decode step is slower) skips
+    that option with its reason; the plan comes from the H100."""
+    result = api.optimize(small_trace, "llama2-70b", _itl_slo(tmp_path, 18), ["a100-80gb", "h100-80gb"], tp=8, mode="split")
+    assert [p.hardware for p in result.plan.token_pools] == ["h100-80gb"]
+    skipped = {o.key.hardware: o.skipped for o in result.options if o.role == "token"}
+    assert skipped["h100-80gb"] == ""
+    assert re.fullmatch(r"ITL p99 not met (even running requests alone \(.* ms at best, target <= 18 ms\)|at any size .*)",
+                        skipped["a100-80gb"])
+
+
+@pytest.mark.parametrize(("metric", "pct", "label"), [("itl", "p99", "ITL p99"), ("tpot", "p50", "TPOT p50")])
+def test_an_inter_token_line_no_option_can_reach_names_the_best_value_and_where(small_trace, tmp_path, metric, pct, label):
+    with pytest.raises(InfeasibleError, match=rf"{label} <= 0.5 ms cannot be met: the best reachable is [\d.]+ ms on h100-80gb at TP 8"):
+        api.optimize(small_trace, "llama2-70b", _itl_slo(tmp_path, 0.5, metric, pct), ["a100-80gb", "h100-80gb"], tp=8)
+
+
 def test_budget_too_small_is_infeasible_and_names_the_cheapest_homogeneous_cost(small_trace):
     sized = api.optimize(small_trace, "llama2-70b", "splitwise", ["h100-80gb"], tp=8).options
     need = sum(o.price_usd_per_hour * o.machines_alone for o in sized if o.role in ("prompt", "token"))
