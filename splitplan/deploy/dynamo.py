@@ -16,18 +16,30 @@ from importlib import resources
 import yaml
 
 from splitplan.deploy import ROLE_NAMES, VERSIONS, Deployment, Export, common_mapping
-from splitplan.deploy.engines import BATCH_TOKENS_FLAG, SEQS_FLAG, model_args, parallel_args, pool_flags, role_args, setting_args
+from splitplan.deploy.engines import BATCH_TOKENS_FLAG, SEQS_FLAG, model_args, parallel_args, pool_flags, setting_args
 
-# The template flags splitplan sets itself (each takes a value), removed before its own are added.
+# The template flags splitplan sets itself (each takes a value), removed before its own are added. A
+# worker's role flags (--disaggregation-mode, the KV transfer backend or connector) are the
+# template's own for that role, kept as they are: Dynamo's backends take them in their own form
+# (dynamo.vllm's prefill and decode workers by --disaggregation-mode, not vLLM's kv_both connector).
 _OURS = {"--model", "--model-path", "--served-model-name", "--tp", "--tp-size", "--tensor-parallel-size", "--dp",
-         "--dp-size", "--data-parallel-size", "--ep", "--ep-size", "--pipeline-parallel-size", "--pp-size", "--disaggregation-mode",
-         "--disaggregation-transfer-backend", "--kv-transfer-config"}
+         "--dp-size", "--data-parallel-size", "--ep", "--ep-size", "--pipeline-parallel-size", "--pp-size"}
 
 
 def template(backend: str, split: bool) -> dict:
     """The vendored Dynamo 1.6.1 DGD template of `backend`, disaggregated or aggregated."""
     name = f"{backend}-{'disagg' if split else 'agg'}.yaml"
     return yaml.safe_load(resources.files("splitplan.deploy").joinpath("reference", "dynamo-1.6.1", name).read_text())
+
+
+def role_flags(component: dict) -> list[str]:
+    """A worker component's role flags with their values (--disaggregation-*, --kv-transfer-config)."""
+    args = component["podTemplate"]["spec"]["containers"][0]["args"]
+    return [f"{a} {args[k + 1]}" for k, a in enumerate(args[:-1]) if a.startswith("--disaggregation-") or a == "--kv-transfer-config"]
+
+
+def _role_flags(doc: dict) -> str:
+    return "; ".join(f"{c['name']}: {' '.join(role_flags(c))}" for c in doc["spec"]["components"] if c["type"] != "frontend")
 
 
 def _strip(args: list[str]) -> list[str]:
@@ -54,7 +66,7 @@ def dynamo(dep: Deployment, backend: str, image: str | None, scaled: bool = Fals
         where = f"{g.role} pool {g.hardware.name}:{g.layout.spec}"
         container = c["podTemplate"]["spec"]["containers"][0]
         container["args"] = (model_args(backend, dep.model_id) + parallel_args(backend, g.layout, where)
-                             + role_args(backend, g.role) + setting_args(backend, dep.engine.kv, dep.max_batch_tokens, dep.max_num_seqs)
+                             + setting_args(backend, dep.engine.kv, dep.max_batch_tokens, dep.max_num_seqs)
                              + _strip(container["args"]))
         del container["resources"]["limits"]["nvidia.com/gpu"]
         container["resources"]["limits"][g.hardware.kubernetes_gpu_resource] = str(g.gpus_per_node)
@@ -86,7 +98,8 @@ def dynamo(dep: Deployment, backend: str, image: str | None, scaled: bool = Fals
         *([("inputs.max_num_seqs", SEQS_FLAG[backend])] if dep.max_num_seqs else []),
     ]
     if dep.split:
-        mapping.append(("prompt/token pools", "prefill and decode components with NIXL KV transfer"))
+        mapping.append(("prompt/token pools", "prefill and decode components, each with its role's flags as the Dynamo "
+                                              f"{backend}-disagg template gives them (" + _role_flags(doc) + ")"))
     text = yaml.safe_dump(doc, sort_keys=False, width=1000)
     return Export("dynamo", f"NVIDIA Dynamo {VERSIONS['dynamo']} (DynamoGraphDeployment nvidia.com/v1beta1, "
                   f"{backend} {VERSIONS[backend]})", {"dynamo.yaml": text}, mapping, unexpressed)

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from splitplan.cli import app
 from splitplan.deploy import deployment, export
-from splitplan.deploy.dynamo import template
+from splitplan.deploy.dynamo import role_flags, template
 from splitplan.specs.layout import Layout
 from splitplan.specs.roles import Pool, Role
 
@@ -50,14 +50,21 @@ def _files(tmp_path, target, pools, **plan):
     return {p.name: p.read_text() for p in sorted(out.iterdir())}
 
 
-@pytest.mark.parametrize("target, pools, plan", [
-    ("dynamo", SPLIT, {}), ("sglang", SPLIT, {}), ("vllm", SPLIT, {"engine": "vllm-fp8"}),
-    ("vllm", COLOCATED, {"model": "llama3.1-70b", "engine": "vllm-fp8"}),
-    ("llm-d", SPLIT, {"engine": "vllm-fp8"}), ("llm-d", COLOCATED, {"model": "llama3.1-70b", "engine": "vllm-fp8"}),
-])
-def test_exports_match_the_reviewed_golden_files(tmp_path, target, pools, plan):
+VLLM_COLOCATED = {"model": "llama3.1-70b", "engine": "vllm-fp8"}
+SGLANG_COLOCATED = {"model": "llama3.1-70b", "engine": "sglang-fp8"}
+# Every target and backend, split and co-located (case: the golden folder under tests/data/export/).
+GOLDEN_CASES = [
+    ("dynamo-split", "dynamo", SPLIT, {}), ("dynamo-vllm-split", "dynamo", SPLIT, {"engine": "vllm-fp8"}),
+    ("dynamo-colocated", "dynamo", COLOCATED, SGLANG_COLOCATED), ("dynamo-vllm-colocated", "dynamo", COLOCATED, VLLM_COLOCATED),
+    ("sglang-split", "sglang", SPLIT, {}), ("sglang-colocated", "sglang", COLOCATED, SGLANG_COLOCATED),
+    ("vllm-split", "vllm", SPLIT, {"engine": "vllm-fp8"}), ("vllm-colocated", "vllm", COLOCATED, VLLM_COLOCATED),
+    ("llm-d-split", "llm-d", SPLIT, {"engine": "vllm-fp8"}), ("llm-d-colocated", "llm-d", COLOCATED, VLLM_COLOCATED),
+]
+
+
+@pytest.mark.parametrize("case, target, pools, plan", GOLDEN_CASES, ids=[c[0] for c in GOLDEN_CASES])
+def test_exports_match_the_reviewed_golden_files(tmp_path, case, target, pools, plan):
     files = {n: t.replace(str(tmp_path), "TMP") for n, t in _files(tmp_path, target, pools, **plan).items()}
-    case = f"{target}-{'split' if pools is SPLIT else 'colocated'}"
     if os.environ.get("SPLITPLAN_UPDATE_GOLDEN"):
         (GOLDEN / case).mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
@@ -102,6 +109,22 @@ def test_dynamo_manifest_has_the_structure_of_the_dynamo_templates(tmp_path, bac
     assert [c["replicas"] for c in doc["spec"]["components"][1:]] == ([2, 1] if pools is SPLIT else [2])
     for c in doc["spec"]["components"][1:]:
         assert c["podTemplate"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] in ("4", "8")
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sglang"])
+@pytest.mark.parametrize("pools", [SPLIT, COLOCATED], ids=["split", "colocated"])
+def test_dynamo_workers_carry_their_templates_role_flags(tmp_path, backend, pools):
+    """Issue 54, item 2: each worker runs its role as the vendored Dynamo 1.6.1 template's worker of
+    that role does (dynamo.vllm's prefill and decode by --disaggregation-mode, not vLLM's kv_both
+    connector; an aggregated worker with none), so the deployment is the split that was priced."""
+    plan = {"engine": f"{backend}-fp8"} if pools is SPLIT else {"model": "llama3.1-70b", "engine": f"{backend}-fp8"}
+    doc = yaml.safe_load(_files(tmp_path, "dynamo", pools, **plan)["dynamo.yaml"])
+    reference = {c["type"]: role_flags(c) for c in template(backend, pools is SPLIT)["spec"]["components"] if c["type"] != "frontend"}
+    ours = {c["type"]: role_flags(c) for c in doc["spec"]["components"] if c["type"] != "frontend"}
+    assert ours == reference
+    if pools is SPLIT:
+        assert ours["prefill"][0] == "--disaggregation-mode prefill" and ours["decode"][0] == "--disaggregation-mode decode"
+        assert not any("kv_both" in f for flags in ours.values() for f in flags)
 
 
 def test_an_instance_over_two_machines_is_one_replica_of_two_nodes(tmp_path):
