@@ -874,3 +874,57 @@ def test_the_precision_choices_are_the_engines():
     from splitplan.cli.common import KvCache, Weights
     from splitplan.specs.engine import KV_PRECISIONS, WEIGHT_PRECISIONS
     assert tuple(Weights) == WEIGHT_PRECISIONS and tuple(KvCache) == KV_PRECISIONS
+
+
+@pytest.fixture(scope="module")
+def conv_plan(tmp_path_factory):
+    """A plan made on another workload than simulate's defaults: the conversation trace at 3 req/s
+    for 40 s with 25 % headroom (issue 54, item 3)."""
+    out = tmp_path_factory.mktemp("conv") / "plan"
+    made = run("optimize", "--trace", "azure-conv", "--rate", "3", "--duration", "40", "--seed", "2", "--headroom", "25",
+               "--hardware", "h100-80gb", "--tp", "8", "--split-only", "--output-dir", str(out))
+    assert made.exit_code == 0, made.output
+    return out / "plan.json"
+
+
+def test_simulate_plan_replays_the_workload_the_plan_was_made_for(conv_plan):
+    inputs = json.loads(conv_plan.read_text())["inputs"]
+    assert (inputs["trace_file"], inputs["rate_rps"], inputs["duration_s"], inputs["seed"]) == ("azure-conv", 3.0, 40.0, 2)
+    own = json.loads(run("simulate", "--plan", str(conv_plan), "--format", "json").stdout)["inputs"]
+    assert own["trace"].startswith("azure_conv_2023") and "25 % headroom" in own["trace"]
+    assert (own["requests"], own["rate_rps"], own["duration_s"], own["seed"], own["overridden"]) == \
+        (inputs["requests"], 3.0, 40.0, 2, [])
+    table = run("simulate", "--plan", str(conv_plan), "--rate", "2").stdout
+    assert "(the plan's workload but --rate 2)" in " ".join(table.split())
+    again = json.loads(run("simulate", "--plan", str(conv_plan), "--rate", "2", "--format", "json").stdout)["inputs"]
+    assert again["overridden"] == ["--rate 2"] and "headroom" not in again["trace"]
+
+
+def test_sweep_plan_resamples_the_plans_trace(conv_plan):
+    own = run("sweep", "--plan", str(conv_plan), "--rates", "2")
+    same = run("sweep", "--plan", str(conv_plan), "--rates", "2", "--trace", "azure-conv", "--duration", "40")
+    other = run("sweep", "--plan", str(conv_plan), "--rates", "2", "--trace", "azure-code")
+    assert own.exit_code == same.exit_code == other.exit_code == 0, other.output
+    assert own.stdout == same.stdout != other.stdout
+    assert "note" not in own.stderr and "(the plan's workload but --trace " in other.stderr
+
+
+def test_simulate_an_older_plan_made_on_another_trace_asks_for_it(conv_plan, tmp_path):
+    doc = json.loads(conv_plan.read_text())
+    for key in ("trace_file", "trace_columns"):
+        del doc["inputs"][key]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    result = run("simulate", "--plan", str(old))
+    assert result.exit_code == 2 and "give --trace" in result.stderr and "azure_conv_2023" in result.stderr
+    assert run("simulate", "--plan", str(old), "--trace", "azure-conv", "--rate", "3").exit_code == 0
+
+
+def test_simulate_a_window_plan_replays_its_window(tmp_path):
+    out = tmp_path / "w"
+    made = run("optimize", "--trace", "azure-conv", "--rate", "3", "--duration", "120", "--window", "60",
+               "--hardware", "h100-80gb", "--tp", "8", "--split-only", "--output-dir", str(out))
+    assert made.exit_code == 0, made.output
+    window = json.loads((out / "plan.json").read_text())["inputs"]["window"]
+    own = json.loads(run("simulate", "--plan", str(out / "plan.json"), "--format", "json").stdout)["inputs"]
+    assert own["requests"] == window["requests"] and f"[window {window['window']}]" in own["trace"]

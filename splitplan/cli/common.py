@@ -572,6 +572,83 @@ def check_request_sizes(model: str, engine: str, isl: int | None, osl: int | Non
                         f"({context:,} tokens), which the engine refuses; give shorter ones")
 
 
+def trace_record(trace: Path | None, columns) -> dict:
+    """--trace and its column options as a plan records them (inputs.trace_file, trace_columns),
+    so that simulate --plan and sweep --plan replay the same requests: an embedded trace by its
+    short name, a file by its absolute path, None for the default embedded trace."""
+    from splitplan.workload.trace import embedded
+    name = None if trace is None else str(trace) if embedded(trace) is not None else str(Path(trace).resolve())
+    return {"trace_file": name, "trace_columns": None if columns is None else {
+        "time": columns.time, "prompt": columns.prompt, "output": columns.output, "time_unit_s": columns.time_unit_s}}
+
+
+class PlanWorkload(NamedTuple):
+    """The workload a command re-checking a plan replays, each setting by plan_settings' rule:
+    the option given, else the plan's recorded one (its `inputs`: trace_file, trace_columns,
+    rate_rps, duration_s, seed, headroom_pct, max_requests, and a --window plan's window_s and
+    window), else the default. `overridden`: the options given where the plan records its own."""
+
+    trace: str | Path | None
+    columns: Any
+    rate: float | None
+    duration_s: float
+    seed: int
+    headroom_pct: float = 0.0
+    window: tuple[float, float] | None = None  # a --window plan's (window seconds, its start)
+    max_requests: int | None = None  # the plan's peak stretch
+    overridden: tuple[str, ...] = ()
+
+    def load(self, max_requests: int):
+        """The requests, as optimize made them: the trace, resampled at the rate, the plan's
+        window or peak stretch of it, with the plan's headroom; and the stretch (peak_window's)."""
+        from splitplan.workload.trace import load_workload, peak_window, windows, with_headroom
+        workload = load_workload(load_workload(self.trace, None, self.duration_s, self.seed, self.columns), self.rate,
+                                 self.duration_s, self.seed)
+        if self.window is not None:
+            window_s, start_s = self.window
+            found = [part for start, part in windows(workload, window_s) if math.isclose(start, start_s, abs_tol=1e-6)]
+            if not found:
+                raise SpecError(f"the plan's window at {start_s:g} s holds no request of {workload.source}: give --trace")
+            workload = found[0]
+        workload, stretch = peak_window(workload, self.max_requests or max_requests)
+        return with_headroom(workload, self.headroom_pct), stretch
+
+    def note(self) -> str:
+        """What the title says of a plan's workload replaced by options (empty when none is)."""
+        return f" (the plan's workload but {', '.join(self.overridden)})" if self.overridden else ""
+
+
+def plan_workload(echo: dict, trace: Path | None, columns, rate: float | None, duration_s: float | None,
+                  seed: int | None) -> PlanWorkload:
+    """simulate's and sweep's workload for a plan (`echo`, its inputs; {} without one): see PlanWorkload."""
+    from splitplan.workload.trace import Columns, default_trace_path
+    if not echo:
+        return PlanWorkload(trace, columns, rate, 120.0 if duration_s is None else duration_s, seed or 0)
+    made_on = str(echo.get("trace") or "")
+    if trace is None and echo.get("trace_file") is None and made_on and not made_on.startswith(default_trace_path().name):
+        raise SpecError(f"the plan was made on {excerpt(made_on)}, which it does not record as a file (an older "
+                        "plan.json): give --trace (and --rate, --duration, --seed as it was made)")
+    given = {"--trace": trace_record(trace, None)["trace_file"] if trace is not None else None, "--rate": rate,
+             "--duration": duration_s, "--seed": seed}
+    theirs = {"--trace": echo.get("trace_file"), "--rate": echo.get("rate_rps"), "--duration": echo.get("duration_s"),
+              "--seed": echo.get("seed")}
+    changed = [flag for flag, value in given.items() if value is not None and value != theirs[flag]]
+    overridden = tuple(f"{flag} {given[flag]:g}" if isinstance(given[flag], float) else f"{flag} {printable(str(given[flag]))}"
+                       for flag in changed)
+    other_trace = "--trace" in changed  # (the plan's rate resampled its own trace, not this one)
+    window = echo.get("window") if not changed else None  # (the plan's own requests: its window or stretch, its headroom)
+    stored = echo.get("trace_columns")
+    return PlanWorkload(
+        trace if other_trace else theirs["--trace"],
+        columns if columns is not None or other_trace else Columns(**stored) if stored else None,
+        rate if rate is not None else None if other_trace else theirs["--rate"],
+        duration_s if duration_s is not None else theirs["--duration"] or 120.0,
+        seed if seed is not None else theirs["--seed"] or 0,
+        0.0 if changed else float(echo.get("headroom_pct") or 0.0),
+        (float(echo["window_s"]), float(window["start_s"])) if window and echo.get("window_s") else None,
+        int(window["requests"]) if window and not echo.get("window_s") and window.get("requests") else None, overridden)
+
+
 def plan_settings(echo: dict, model: str | None, slo: str | None, engine: str | None) -> tuple[str, str, str]:
     """Model, SLO profile and engine profile, by one rule for every command that reads a
     plan: the option given on the command line, else the plan's own (its `inputs`), else the

@@ -53,6 +53,7 @@ from splitplan.cli.common import (
     parse_duration,
     scheduler_settings,
     trace_columns,
+    trace_record,
     user_errors,
     with_precision,
 )
@@ -147,7 +148,9 @@ def optimize(
 ) -> None:
     """The cheapest (or lowest-power) prompt/token machine plan meeting every SLO line on the trace."""
     _check_flags(split_only, no_split, perf_interp, perf_db, borrow_threshold, validate, concurrency, (isl, osl, num_requests))
-    loaded = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))  # read once
+    columns = trace_columns(time_column, prompt_column, output_column, time_unit)
+    loaded = load_workload(trace, None, duration, seed, columns)  # read once
+    recorded = {**trace_record(trace, columns), "rate_rps": rate, "duration_s": duration if rate else None, "seed": seed}
     engine = with_precision(engine, weights, kv_cache)
     max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs)
     mode = api.Mode.COLOCATED if no_split else api.Mode.SPLIT if split_only else api.Mode.BEST
@@ -172,7 +175,7 @@ def optimize(
         if validate or pareto or objective is Objective.throughput:
             raise SpecError("--window plans each window by cost or power; drop --validate/--pareto/throughput")
         _plan_windows(load_workload(loaded, rate, duration, seed), parse_duration(window), model, slo, format, output_dir,
-                      options, executor.value, ray_address, lead_s)
+                      options, executor.value, ray_address, lead_s, recorded)
         return
     if lead_s is not None:
         raise SpecError("--scale-up-lead times the schedule of a --window plan: add --window")
@@ -185,8 +188,8 @@ def optimize(
         result = api.optimize(workload, model, slo, options=options)
     if validate:
         result = _validate(result, workload, model, slo, options, borrow_threshold, executor.value, ray_address)
-    inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
-              "seed": seed, "model": model, "slo": slo, "window": stretch, "validate": validate,
+    inputs = {"trace": workload.source, "requests": len(workload), **recorded, "model": model, "slo": slo, "window": stretch,
+              "validate": validate,
               "mixed_pool_threshold": borrow_threshold, **options.inputs(), "objective": objective.value,
               "prefix_caching": "on" if _caching(options) else "off"}
     _emit_plan(result, workload, inputs, format, output_dir, plot, pareto)
@@ -321,7 +324,7 @@ def pareto_figure(result, title: str):
 
 
 def _plan_windows(workload, window_s, model, slo, format, output_dir, options: OptimizeOptions, executor, ray_address,
-                  lead_s: float | None) -> None:
+                  lead_s: float | None, recorded: dict) -> None:
     count = int(np.unique(np.floor(workload.arrival_s / window_s)).size)
     with _progress("planning windows", total=count) as step:
         result = api.plan_windows(workload, window_s, model, slo, options.jobs, executor, ray_address, step, options=options)
@@ -336,6 +339,7 @@ def _plan_windows(workload, window_s, model, slo, format, output_dir, options: O
                 "schema_version": report.SCHEMA_VERSION, "plan": report.plan_json(result.plans[result.peak]),
                 "inputs": {"model": model, "slo": slo, "engine": options.engine,
                            "max_batch_tokens": options.max_batch_tokens, "max_num_seqs": options.max_num_seqs,
+                           **recorded, "headroom_pct": options.headroom_pct, "window_s": window_s,
                            "window": result.rows[result.peak]}}))
         report.write_set({output_dir / name: text for name, text in files.items()})
     if format is PlanFormat.json:

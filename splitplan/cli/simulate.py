@@ -34,6 +34,7 @@ from splitplan.cli.common import (
     check_request_sizes,
     plan_input,
     plan_settings,
+    plan_workload,
     scheduler_settings,
     shared_prefix,
     trace_columns,
@@ -43,7 +44,7 @@ from splitplan.cli.common import (
 from splitplan.io import report
 from splitplan.specs.layout import Layout
 from splitplan.specs.roles import Pool
-from splitplan.workload.trace import EMBEDDED_HELP, closed_loop_workload, load_workload, peak_window
+from splitplan.workload.trace import EMBEDDED_HELP, closed_loop_workload, load_workload
 
 
 @app.command()
@@ -58,9 +59,11 @@ def simulate(
     prompt_column: str | None = PROMPT_COLUMN,
     output_column: str | None = OUTPUT_COLUMN,
     time_unit: str | None = TIME_UNIT,
-    rate: float | None = typer.Option(None, "--rate", help="Poisson resample of the trace's sizes at this rate (req/s)."),
-    duration: float = typer.Option(120.0, "--duration", help="Resample length in seconds (with --rate)."),
-    seed: int = typer.Option(0, "--seed", help="Random seed for --rate."),
+    rate: float | None = typer.Option(None, "--rate", help="Poisson resample of the trace's sizes at this rate (req/s; with "
+                                      "--plan, default the plan's)."),
+    duration: float | None = typer.Option(None, "--duration", help="Resample length in seconds (with --rate; default the "
+                                          "plan's, else 120)."),
+    seed: int | None = typer.Option(None, "--seed", help="Random seed for --rate (default the plan's, else 0)."),
     model: str | None = typer.Option(None, "--model", help="Model (default: the plan's, else llama2-70b)."),
     slo: str | None = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else chat)."),
     engine: str | None = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else vllm)."),
@@ -101,23 +104,25 @@ def simulate(
     engine = with_precision(engine, weights, kv_cache)
     max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs, echo)
     caching, routing, kv_offload_gb = cache_settings(echo, prefix_caching, routing, kv_offload_gb)
-    loaded = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
+    replay = plan_workload(echo, trace, trace_columns(time_column, prompt_column, output_column, time_unit), rate, duration, seed)
     if concurrency is None:
         if isl is not None or osl is not None or num_requests is not None:
             raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
-        workload, window = peak_window(load_workload(loaded, rate, duration, seed), max_requests)
+        workload, window = replay.load(max_requests)
     else:
         if rate is not None:
             raise SpecError("--concurrency runs a closed loop (clients send as requests finish); drop --rate")
         check_request_sizes(model, engine, isl, osl)
-        workload, window = closed_loop_workload(loaded, concurrency, num_requests, isl, osl, seed), None
+        loaded = load_workload(replay.trace, None, replay.duration_s, replay.seed, replay.columns)
+        workload, window = closed_loop_workload(loaded, concurrency, num_requests, isl, osl, replay.seed), None
     workload = shared_prefix(workload, shared_prefix_tokens, prefix_groups)
     sim = api.simulate(workload, pools, model, slo, engine, str(perf_db) if perf_db else None, max_batch_tokens,
                        routing, borrow_threshold, perf_interp, concurrency, max_num_seqs,
                        prefix_caching=caching, kv_offload_gb=kv_offload_gb)
     workload = sim.result.trace
-    inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": rate, "duration_s": duration if rate else None,
-              "seed": seed, "model": model, "slo": slo, "engine": engine, "perf_db": str(perf_db) if perf_db else None,
+    inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": replay.rate,
+              "duration_s": replay.duration_s if replay.rate else None, "seed": replay.seed, "overridden": list(replay.overridden),
+              "model": model, "slo": slo, "engine": engine, "perf_db": str(perf_db) if perf_db else None,
               "perf_interp": perf_interp if perf_db else None, "pools": [_pool_echo(p) for p in pools],
               "routing": routing, "max_batch_tokens": max_batch_tokens, "max_num_seqs": max_num_seqs,
               "mixed_pool_threshold": borrow_threshold,
@@ -132,10 +137,10 @@ def simulate(
     if format is Format.json:
         _emit_json(document)
         return
-    _render_simulation(sim.summary, workload)
+    _render_simulation(sim.summary, workload, replay.note())
 
 
-def _render_simulation(summary: dict, workload) -> None:
+def _render_simulation(summary: dict, workload, note: str = "") -> None:
     con = report.console()
     metrics = [("TTFT", "ttft_ms"), ("TBT (E2E-TTFT)/output", "tbt_ms"), ("TBT max gap", "tbt_max_ms"),
                ("ITL (every gap)", "itl_ms"), ("TPOT (E2E-TTFT)/(output-1)", "tpot_ms"), ("E2E", "e2e_ms"),
@@ -143,7 +148,7 @@ def _render_simulation(summary: dict, workload) -> None:
     rate = workload.mean_rate_rps
     con.print(report.table(f"Simulated {summary['finished']:,} of {summary['requests']:,} requests from {workload.source} "
                            + (f"at {rate:,.3g} req/s " if math.isfinite(rate) else "")
-                           + f"over {summary['span_s']:,.1f} s", ["ms", "p50", "p90", "p99"],
+                           + f"over {summary['span_s']:,.1f} s{note}", ["ms", "p50", "p90", "p99"],
                            [(name, summary[key]["p50"], summary[key]["p90"], summary[key]["p99"]) for name, key in metrics]))
     bench = summary["benchmark"]
     con.print(report.table("As a serving benchmark reports it (TPOT = (E2E - TTFT) / (output - 1))",

@@ -38,6 +38,7 @@ from splitplan.cli.common import (
     parse_rates,
     plan_input,
     plan_settings,
+    plan_workload,
     scheduler_settings,
     trace_columns,
     user_errors,
@@ -158,8 +159,9 @@ def sweep(
     prompt_column: str | None = PROMPT_COLUMN,
     output_column: str | None = OUTPUT_COLUMN,
     time_unit: str | None = TIME_UNIT,
-    duration: float = typer.Option(120.0, "--duration", help="Length in seconds of every resample."),
-    seed: int = typer.Option(0, "--seed", help="Random seed of the resamples."),
+    duration: float | None = typer.Option(None, "--duration", help="Length in seconds of every resample (default: the plan's, "
+                                          "else 120)."),
+    seed: int | None = typer.Option(None, "--seed", help="Random seed of the resamples (default: the plan's, else 0)."),
     model: str | None = typer.Option(None, "--model", help="Model (default: the plan's, else llama2-70b)."),
     slo: str | None = typer.Option(None, "--slo", help="SLO profile (default: the plan's, else chat)."),
     engine: str | None = typer.Option(None, "--engine", help="Engine profile (default: the plan's, else vllm)."),
@@ -184,7 +186,11 @@ def sweep(
     model, slo, engine = plan_settings(echo, model, slo, engine)
     engine = with_precision(engine, weights, kv_cache)
     max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs, echo)
-    base = load_workload(trace, None, duration, seed, trace_columns(time_column, prompt_column, output_column, time_unit))
+    replay = plan_workload(echo, trace, trace_columns(time_column, prompt_column, output_column, time_unit), None, duration, seed)
+    duration, seed = replay.duration_s, replay.seed
+    base = load_workload(replay.trace, None, duration, seed, replay.columns)
+    if replay.overridden:
+        typer.echo(f"note: sweeping{replay.note()}", err=True)
     rate_list = parse_rates(rates)
     if designs is not None:
         from splitplan.specs.design import load_designs
@@ -200,8 +206,8 @@ def sweep(
     files = {output: text} if output is not None else {}
     if plot is not None:
         what = 'cheapest plan per design' if result.mode == 'designs' else 'fixed plan, simulated'
-        files[plot] = figure_png(sweep_figure(result, slo, f"{what} against load: {model}, SLO {slo}\n{base.source}, "
-                                              f"Poisson resamples of {duration:g} s at {rate_list[0]:g}-{rate_list[-1]:g} req/s"))
+        files[plot] = figure_png(sweep_figure(result, slo, f"{what} against load: {model}, SLO {slo}\n{base.source}, Poisson "
+                                              f"resamples of {duration:g} s at {rate_list[0]:g}-{rate_list[-1]:g} req/s{replay.note()}"))
     report.write_set(files)
     if output is None:
         sys.stdout.write(text)

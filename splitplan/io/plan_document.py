@@ -171,9 +171,29 @@ class MainPlan(PlanBody):
     nominal: PlanBody | None = None
 
 
+class TraceColumns(BaseModel):
+    """A generic CSV trace's columns as --time-column, --prompt-column, --output-column and --time-unit named them."""
+
+    model_config = _STRICT
+    time: Name
+    prompt: Name
+    output: Name
+    time_unit_s: Annotated[float, Field(gt=0, le=1)]
+
+
+class Window(BaseModel):
+    """The stretch of the workload a plan was sized on: a --window plan's window (`start_s`), or
+    the peak stretch of `requests` requests a long trace was cut to; the rest is echo."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    start_s: Annotated[float, Field(ge=0, le=limits.MAX_DURATION_S * 1e3)]
+    requests: Annotated[int, Field(ge=1, le=limits.MAX_TRACE_REQUESTS)] | None = None
+
+
 class Inputs(BaseModel):
     """What the plan was made for; the settings a reader uses are typed, the rest is the echo of
-    the options it was made with."""
+    the options it was made with. The workload (trace_file ... window) is what simulate --plan
+    and sweep --plan replay unless options say otherwise."""
 
     model_config = ConfigDict(extra="allow", frozen=True, strict=True)
     model: Name
@@ -184,6 +204,14 @@ class Inputs(BaseModel):
     prefix_caching: Literal["on", "off"] | None = None
     routing: Literal["jsq", "round-robin", "prefix-aware"] | None = None
     kv_offload_gb: Annotated[float, Field(ge=0, le=1e6)] | None = None
+    trace_file: Annotated[str, Field(min_length=1, max_length=4096)] | None = None  # (None: the default embedded trace)
+    trace_columns: TraceColumns | None = None
+    rate_rps: Annotated[float, Field(gt=0, le=limits.MAX_RATE_RPS)] | None = None
+    duration_s: Annotated[float, Field(gt=0, le=limits.MAX_DURATION_S)] | None = None
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    headroom_pct: Annotated[float, Field(ge=0, le=limits.MAX_HEADROOM_PCT)] | None = None
+    window_s: Annotated[float, Field(gt=0, le=limits.MAX_DURATION_S)] | None = None
+    window: Window | None = None
 
 
 class SpecCopy(BaseModel):

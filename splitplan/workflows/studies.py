@@ -26,7 +26,7 @@ from splitplan.specs.design import Design, load_designs
 from splitplan.specs.hardware import load_hardware, price_date_warning
 from splitplan.specs.roles import Pool
 from splitplan.workflows.simulation import Setup, plan_from_pools, plan_pools, pool_specs
-from splitplan.workload.trace import Trace, resample_poisson
+from splitplan.workload.trace import Trace, resample_poisson, windows
 
 SCENARIOS = ("iso-power", "iso-cost", "iso-throughput-cost", "iso-throughput-power")
 
@@ -338,11 +338,7 @@ def plan_windows(trace, window_s: float, model: str, slo: str, jobs: int = 1, ex
     `only`: these windows (numbered as the result numbers them: the windows with requests)."""
     if window_s <= 0:
         raise SpecError(f"--window {window_s:g} s: must be > 0")
-    index = np.floor(trace.arrival_s / window_s).astype(np.int64)
-    units: list = []
-    for k in np.unique(index):
-        mask = index == k
-        units.append((len(units), float(k * window_s), trace.take(mask, f"{trace.source} [window {k}]")))
+    units = [(k, start_s, part) for k, (start_s, part) in enumerate(windows(trace, window_s))]
     if only is not None:
         units = [u for u in units if u[0] in set(only)]
     shared = (model, slo, dataclasses.replace(options or OptimizeOptions(), **settings, jobs=1))

@@ -574,6 +574,13 @@ def closed_loop_workload(trace: str | Path | Trace | None, concurrency: int, num
     return Trace(np.zeros(n), prompt.astype(np.int64), output.astype(np.int64), f"{source}; {n} requests", prefix=tree)
 
 
+def windows(trace: Trace, window_s: float) -> list[tuple[float, Trace]]:
+    """The trace's `window_s`-second windows that hold requests, in order: each one's start
+    (seconds into the trace) and its requests, timed from the first one's arrival."""
+    index = np.floor(trace.arrival_s / window_s).astype(np.int64)
+    return [(float(k * window_s), trace.take(index == k, f"{trace.source} [window {k}]")) for k in np.unique(index)]
+
+
 def peak_window(trace: Trace, max_requests: int) -> tuple[Trace, dict | None]:
     """The busiest stretch of `max_requests` consecutive requests (the shortest
     span), for traces too long to size or simulate whole; (trace, None) if it fits.
