@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from pathlib import Path
 from splitplan.base.defaults import MAX_BATCH_TOKENS
 from splitplan.base.errors import SpecError
 from splitplan.base.inputs import excerpt, printable
-from splitplan.specs.engine import EngineProfile, load_engine
+from splitplan.specs.engine import BYTES, EngineProfile, load_engine
 from splitplan.specs.hardware import HardwareSpec, label_key_ok, label_value_ok, load_hardware
 from splitplan.specs.layout import Layout
 from splitplan.specs.model import ModelSpec, load_model
@@ -36,6 +37,7 @@ BACKENDS = ("vllm", "sglang")
 # (ai-dynamo 1.6.1's extras: vllm 0.31.0, sglang 0.5.21); llm-d 0.8.0 (its guides' sidecar tag).
 VERSIONS = {"dynamo": "1.6.1", "llm-d": "0.8.0", "vllm": "0.31.0", "sglang": "0.5.21"}
 ROLE_NAMES = {"prompt": "prefill", "token": "decode", "mixed": "worker"}
+CPUS_PER_GPU, MEMORY_GIB_PER_GPU = 4, 16  # (a serving pod's requests: Deployment.pod_requests)
 
 
 # --- what a value must be to reach a deployment file ----------------------------------------
@@ -151,6 +153,24 @@ class Deployment:
     max_num_seqs: int | None = None  # the plan's sequence cap (None: the engine's default)
     node_selector: tuple[tuple[str, str], ...] | None = None  # --node-selector (None: each machine type's labels)
     model_cache_pvc: str | None = None  # --model-cache-pvc: the claim every pod reads the weights from
+    quantization: str | None = None  # the engine's online quantization of the checkpoint to the plan's weights (fp8)
+
+    @property
+    def checkpoint_bytes(self) -> float:
+        """The served checkpoint's weights: the plan's precision where --model-id gives the repository
+        (or the model's own repository holds it), else the repository's own."""
+        precision = self.engine.weights if self.repo_given else self.model.hf_repo_weights
+        return self.model.total_params * BYTES[precision]
+
+    def pod_requests(self, g: Group) -> dict[str, str]:
+        """What a serving pod of `g` requests besides its GPUs: CPUs and memory per GPU as llm-d's
+        P/D guide gives its decode pods (16 CPUs and 64 Gi for 4 GPUs; guides/pd-disaggregation,
+        2026), and ephemeral storage for the checkpoint it downloads (10 % over its size, plus
+        10 Gi for the engine's compile caches; the caches alone where --model-cache-pvc holds it)."""
+        gib = 2**30
+        storage = 10 + (0 if self.model_cache_pvc else math.ceil(self.checkpoint_bytes * 1.1 / gib))
+        return {"cpu": str(CPUS_PER_GPU * g.gpus_per_node), "memory": f"{MEMORY_GIB_PER_GPU * g.gpus_per_node}Gi",
+                "ephemeral-storage": f"{storage}Gi"}
 
     @property
     def name(self) -> str:
@@ -278,7 +298,32 @@ def deployment(pools: list[Pool], inputs: dict, source: str, model_id_option: st
                         "give each machine type its own name")
     return Deployment(source, model, repo, engine, int(inputs.get("max_batch_tokens", MAX_BATCH_TOKENS)), groups,
                       repo_given=model_id_option is not None, max_num_seqs=inputs.get("max_num_seqs"),
-                      node_selector=node_selector(node_labels), model_cache_pvc=claim_name(model_cache_pvc))
+                      node_selector=node_selector(node_labels), model_cache_pvc=claim_name(model_cache_pvc),
+                      quantization=None if model_id_option is not None else _online_quantization(source, model, repo, engine, groups))
+
+
+def _online_quantization(source: str, model: ModelSpec, repo: str, engine: EngineProfile, groups) -> str | None:
+    """How the engines serve the model's own repository at the plan's weight precision: None where
+    it holds that precision (or a lower one, which loads in less memory than priced); 'fp8' where it
+    holds bf16 and every instance loads those weights before quantizing them (vLLM's and SGLang's
+    --quantization fp8 quantize after loading at the checkpoint's precision); else a SpecError
+    naming --model-id, for the pods would crash-loop out of memory or run at another precision."""
+    have, want = model.hf_repo_weights, engine.weights
+    if BYTES[have] <= BYTES[want]:
+        return None
+    fix = (f"give --model-id with an {want} checkpoint of it (ORG/{repo.rsplit('/', 1)[-1]}-{want.upper()} or the like), "
+           f"or plan with --weights {have}")
+    if want != "fp8":
+        raise SpecError(f"{printable(source)}: the plan runs {model.name} with {want} weights, which no engine makes "
+                        f"from the {have} weights of {repo} as it loads them: {fix}")
+    from splitplan.perf.roofline import Instance
+    for g in groups:
+        loaded = Instance(model, g.hardware, engine.model_copy(update={"weights_dtype": have}), g.layout)
+        if Instance(model, g.hardware, engine, g.layout).fit.fits and not loaded.fit.fits:  # (as planned it fits; as loaded not)
+            raise SpecError(f"{printable(source)}: the plan runs {model.name} with fp8 weights; {repo} holds {have} weights, "
+                            f"which the engine loads before quantizing them, and at {have} they do not fit its "
+                            f"{g.role} pool ({loaded.fit.reason}): {fix}")
+    return "fp8"
 
 
 def export_plan(plan: str | Path, target: str, backend: str | None = None, model_id: str | None = None,
@@ -355,6 +400,23 @@ def shell_words(cmd: list[str], compose: bool = False) -> str:
     return " ".join(f'"{w}"' if isinstance(w, Expand) else literal(w) for w in cmd)
 
 
+def _pinning(labels: dict[str, str]) -> str:
+    """What a node selector's GPU count label means for where pods run (EXPORT.md)."""
+    count = labels.get("nvidia.com/gpu.count")
+    if count is None:
+        return ""
+    return (f". The pods run only on nodes of exactly {count} GPU(s) (GPU Feature Discovery's nvidia.com/gpu.count): the "
+            "machines the plan priced; nodes with more GPUs stay unused by them unless --node-selector says otherwise")
+
+
+def storage_text(dep: Deployment) -> str:
+    """How a pod's ephemeral-storage request was sized (EXPORT.md)."""
+    if dep.model_cache_pvc:
+        return f"the engine's compile caches (10 Gi); the weights are in the claim {dep.model_cache_pvc}"
+    return (f"the checkpoint {dep.model_id} downloads ({dep.checkpoint_bytes / 1e9:,.0f} GB of weights) with 10 % to spare, "
+            "and 10 Gi for the engine's compile caches")
+
+
 def common_mapping(dep: Deployment, engine: str, kubernetes: bool = False) -> tuple[list[tuple[str, str]], list[str]]:
     """The mapping rows and the unexpressed facts every target shares (`engine`: what runs;
     `kubernetes`: the target writes pods, placed by `Deployment.pod_spec`)."""
@@ -376,7 +438,7 @@ def common_mapping(dep: Deployment, engine: str, kubernetes: bool = False) -> tu
             mapping.append((f"{g.role}_pools[{g.hardware.name}].hardware",
                             "nodeSelector " + ", ".join(f"{k}={v}" for k, v in labels.items())
                             + (" (--node-selector)" if dep.node_selector is not None else " (the hardware file's kubernetes_node_labels)")
-                            + f"; toleration of {g.hardware.kubernetes_gpu_resource}"))
+                            + f"; toleration of {g.hardware.kubernetes_gpu_resource}" + _pinning(labels)))
         else:
             unexpressed.append(f"{g.role}_pools[{g.hardware.name}].hardware: the machine type is not selected; pin the "
                                f"workers to {g.hardware.gpu.name} nodes with your cluster's node labels"
@@ -387,8 +449,14 @@ def common_mapping(dep: Deployment, engine: str, kubernetes: bool = False) -> tu
     elif kubernetes:
         unexpressed.append("the weights: every pod downloads them; give --model-cache-pvc NAME (a ReadWriteMany claim) "
                            "to share one copy")
-    if not dep.repo_given and dep.engine.weights != dep.model.hf_repo_weights:
+    if dep.quantization:
+        mapping.append((f"inputs.engine weights={dep.engine.weights}", f"--quantization {dep.quantization}: {dep.model_id} "
+                        f"holds {dep.model.hf_repo_weights} weights, which the engine quantizes as it loads them (each "
+                        f"instance holds them at {dep.model.hf_repo_weights} within its GPUs); an {dep.engine.weights} "
+                        "checkpoint (--model-id) downloads less and keeps its own scales"))
+    elif not dep.repo_given and dep.engine.weights != dep.model.hf_repo_weights:
         unexpressed.append(f"inputs.engine weights={dep.engine.weights}: {dep.model_id} holds {dep.model.hf_repo_weights} "
-                           f"weights; serve a {dep.engine.weights} checkpoint (--model-id), the engines read the precision from it")
+                           f"weights, which the engines serve as they are (less memory and more speed than the plan "
+                           f"priced); serve a {dep.engine.weights} checkpoint (--model-id) to run what was priced")
     unexpressed.append("plan.cost_usd_per_hour, power_kw, predicted, slo: plan figures, not deployment settings")
     return mapping, unexpressed

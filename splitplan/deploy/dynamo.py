@@ -15,7 +15,7 @@ from importlib import resources
 
 import yaml
 
-from splitplan.deploy import ROLE_NAMES, VERSIONS, Deployment, Export, common_mapping
+from splitplan.deploy import ROLE_NAMES, VERSIONS, Deployment, Export, common_mapping, storage_text
 from splitplan.deploy.engines import BATCH_TOKENS_FLAG, SEQS_FLAG, model_args, parallel_args, pool_flags, setting_args
 
 # The template flags splitplan sets itself (each takes a value), removed before its own are added. A
@@ -66,10 +66,12 @@ def dynamo(dep: Deployment, backend: str, image: str | None, scaled: bool = Fals
         where = f"{g.role} pool {g.hardware.name}:{g.layout.spec}"
         container = c["podTemplate"]["spec"]["containers"][0]
         container["args"] = (model_args(backend, dep.model_id) + parallel_args(backend, g.layout, where)
-                             + setting_args(backend, dep.engine.kv, dep.max_batch_tokens, dep.max_num_seqs)
+                             + setting_args(backend, dep)
                              + _strip(container["args"]))
         del container["resources"]["limits"]["nvidia.com/gpu"]
         container["resources"]["limits"][g.hardware.kubernetes_gpu_resource] = str(g.gpus_per_node)
+        # (the template's 2Gi, "increase this value for larger models": sized from the weights)
+        container["resources"].setdefault("requests", {})["ephemeral-storage"] = dep.pod_requests(g)["ephemeral-storage"]
         cache_env, cache_mounts = dep.container_cache()
         if cache_env:
             container["env"] = container.get("env", []) + cache_env
@@ -94,6 +96,8 @@ def dynamo(dep: Deployment, backend: str, image: str | None, scaled: bool = Fals
         ("pool instances", "components[].replicas; GPUs per pod in resources.limits (nvidia.com/gpu, or the hardware "
                            "file's kubernetes_gpu_resource); "
                            "instances over several nodes in multinode.nodeCount"),
+        ("the model's weights", f"resources.requests.ephemeral-storage {dep.pod_requests(dep.groups[0])['ephemeral-storage']} "
+                                "per pod: " + storage_text(dep)),
         ("inputs.max_batch_tokens", BATCH_TOKENS_FLAG[backend]),
         *([("inputs.max_num_seqs", SEQS_FLAG[backend])] if dep.max_num_seqs else []),
     ]

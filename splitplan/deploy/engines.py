@@ -56,11 +56,13 @@ def role_args(engine: str, role: str) -> list[str]:
     return ["--disaggregation-mode", "prefill" if role == "prompt" else "decode", "--disaggregation-transfer-backend", "nixl"]
 
 
-def setting_args(engine: str, kv_precision: str, max_batch_tokens: int, max_num_seqs: int | None = None) -> list[str]:
-    """The plan's KV-cache precision, token budget and, where it has one, its sequence cap."""
-    args = (["--kv-cache-dtype", "fp8" if engine == "vllm" else "fp8_e4m3"] if kv_precision == "fp8" else [])
-    return (args + [BATCH_TOKENS_FLAG[engine], str(max_batch_tokens)]
-            + ([SEQS_FLAG[engine], str(max_num_seqs)] if max_num_seqs else []))
+def setting_args(engine: str, dep) -> list[str]:
+    """The deployment's online weight quantization (where the checkpoint holds wider weights than
+    planned), KV-cache precision, token budget and, where it has one, its sequence cap."""
+    args = ["--quantization", dep.quantization] if dep.quantization else []
+    args += ["--kv-cache-dtype", "fp8" if engine == "vllm" else "fp8_e4m3"] if dep.engine.kv == "fp8" else []
+    return (args + [BATCH_TOKENS_FLAG[engine], str(dep.max_batch_tokens)]
+            + ([SEQS_FLAG[engine], str(dep.max_num_seqs)] if dep.max_num_seqs else []))
 
 
 def model_args(engine: str, model_id: str) -> list[str]:

@@ -48,7 +48,7 @@ def _node_commands(engine: str, dep: Deployment, g: Group, worker: str, slot: in
     vLLM on the head); `slot` numbers the workers that share a machine (their GPUs, HTTP port and
     bootstrap port)."""
     base = (model_args(engine, dep.model_id) + parallel_args(engine, g.layout, f"{g.role} pool {g.hardware.name}")
-            + role_args(engine, g.role) + setting_args(engine, dep.engine.kv, dep.max_batch_tokens, dep.max_num_seqs))
+            + role_args(engine, g.role) + setting_args(engine, dep))
     head = f"${{{_host_var(worker)}}}"  # (a name of [A-Z0-9_]: the worker's name is a slug)
     nodes = g.nodes_per_instance
     if engine == "sglang":

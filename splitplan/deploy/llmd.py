@@ -18,7 +18,17 @@ from __future__ import annotations
 
 import yaml
 
-from splitplan.deploy import VERSIONS, Deployment, Expand, Export, common_mapping, shell_words
+from splitplan.deploy import (
+    CPUS_PER_GPU,
+    MEMORY_GIB_PER_GPU,
+    VERSIONS,
+    Deployment,
+    Expand,
+    Export,
+    common_mapping,
+    shell_words,
+    storage_text,
+)
 from splitplan.deploy.engines import BATCH_TOKENS_FLAG, SEQS_FLAG, dp_ranks_per_node, parallel_args, pool_flags, role_args, setting_args
 
 SIDECAR_IMAGE = f"ghcr.io/llm-d/llm-d-router-disagg-sidecar:v{VERSIONS['llm-d']}"
@@ -42,7 +52,7 @@ def _labels(dep: Deployment, g, serving: bool) -> dict:
 def _serve(dep: Deployment, g, port: int) -> list[str]:
     where = f"{g.role} pool {g.hardware.name}:{g.layout.spec}"
     return (["vllm", "serve", dep.model_id, *parallel_args("vllm", g.layout, where), *role_args("vllm", g.role),
-             *setting_args("vllm", dep.engine.kv, dep.max_batch_tokens, dep.max_num_seqs), "--port", str(port)])
+             *setting_args("vllm", dep), "--port", str(port)])
 
 
 def _container(dep: Deployment, g, image: str, name: str, script: str, serving_port: int | None) -> dict:
@@ -53,7 +63,7 @@ def _container(dep: Deployment, g, image: str, name: str, script: str, serving_p
     cache_env, cache_mounts = dep.container_cache()
     gpus = {g.hardware.kubernetes_gpu_resource: str(g.gpus_per_node)}
     c = {"name": name, "image": image, "command": ["/bin/bash", "-c"], "args": [script], "env": env + cache_env,
-         "resources": {"limits": dict(gpus), "requests": dict(gpus)},
+         "resources": {"limits": dict(gpus), "requests": {**dep.pod_requests(g), **gpus}},
          "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}] + cache_mounts}
     if serving_port is not None:
         c["ports"] = [{"name": "modelserver", "containerPort": serving_port, "protocol": "TCP"}] + (
@@ -154,6 +164,8 @@ def llmd(dep: Deployment, image: str | None) -> Export:
         ("pool instances", "Deployment replicas, one pod of the instance's GPUs each; an instance over several "
                            "nodes: LeaderWorkerSet replicas with size = its nodes"),
         ("inputs.engine", f"KV cache {dep.engine.kv}"),
+        ("pod requests", f"{CPUS_PER_GPU} CPUs and {MEMORY_GIB_PER_GPU} Gi of memory per GPU (as llm-d's P/D guide requests "
+                         "for its decode pods), and ephemeral-storage for " + storage_text(dep)),
         ("inputs.max_batch_tokens", BATCH_TOKENS_FLAG["vllm"]),
         *([("inputs.max_num_seqs", SEQS_FLAG["vllm"])] if dep.max_num_seqs else []),
         ("prompt/token pools" if dep.split else "mixed pool",

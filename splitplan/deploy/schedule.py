@@ -134,7 +134,8 @@ def scaled_objects(dep: Deployment, schedule: _Schedule, start: str, timezone: s
             ref = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": g.name}
         else:
             ref = {"apiVersion": "apps/v1", "kind": "Deployment", "name": g.name}
-        out.append({"apiVersion": KEDA_API, "kind": "ScaledObject", "metadata": {"name": g.name, "labels": {"llm-d.ai/model": dep.name}},
+        labels = {"llm-d.ai/model": dep.name} if target == "llm-d" else {"app.kubernetes.io/part-of": dgd_name}  # (each target's own)
+        out.append({"apiVersion": KEDA_API, "kind": "ScaledObject", "metadata": {"name": g.name, "labels": labels},
                     "spec": {"scaleTargetRef": ref, "minReplicaCount": min(counts), "maxReplicaCount": max(counts),
                              "triggers": triggers}})
     return out

@@ -3,6 +3,7 @@ Dynamo manifest against the vendored Dynamo 1.6.1 templates, the llm-d manifests
 Kubernetes API's schema (kubernetes-validate, strict), the files parsed, and bad input."""
 
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -13,7 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from splitplan.cli import app
-from splitplan.deploy import deployment, export
+from splitplan.deploy import TARGETS, deployment, export
 from splitplan.deploy.dynamo import role_flags, template
 from splitplan.specs.layout import Layout
 from splitplan.specs.roles import Pool, Role
@@ -99,8 +100,9 @@ def test_dynamo_manifest_has_the_structure_of_the_dynamo_templates(tmp_path, bac
     pod = ".spec.components[].podTemplate.spec"  # (a Kubernetes PodTemplateSpec: placement and the cache are its fields)
     placement = {f"{pod}.{k}" for k in ("nodeSelector", "nodeSelector.nvidia.com/gpu.product", "nodeSelector.nvidia.com/gpu.count",
                                         "tolerations", "tolerations[].key", "tolerations[].operator", "tolerations[].effect")}
+    storage = {f".spec.components[].podTemplate.spec.containers[].resources.requests{k}" for k in ("", ".ephemeral-storage")}
     assert _paths(doc) - _paths(reference) <= {".spec.components[].multinode", ".spec.components[].multinode.nodeCount",
-                                               *placement}
+                                               *placement, *storage}  # (vLLM's templates request storage, SGLang's do not)
     for c in doc["spec"]["components"]:
         kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
                                       "template": c["podTemplate"]}, KUBERNETES, strict=True)
@@ -317,18 +319,42 @@ def test_llmd_labels_roles_and_puts_the_routing_sidecar_before_decode(tmp_path):
 
 
 def test_the_export_names_the_repository_it_serves_and_asks_for_a_checkpoint_only_when_needed(tmp_path):
-    """Chat models serve their instruct checkpoint; the fp8 note appears only when the served
-    repository's weights are not the plan's precision (DeepSeek-V3 is fp8 already) and no
-    --model-id names one (issue 27, items 9 and 11)."""
-    def notes(pools, **plan):
-        args = ["export", str(_plan(tmp_path, pools, **plan)), "--to", "vllm"]
-        return runner.invoke(app, args).stderr, runner.invoke(app, args + ["--model-id", "org/llama-fp8"]).stderr
-    chat, chat_given = notes(COLOCATED, model="llama3.1-70b", engine="vllm-fp8")
-    assert "serve a fp8 checkpoint" in chat and "serve a fp8 checkpoint" not in chat_given
-    native, _ = notes(SPLIT, engine="vllm-fp8")
-    assert "checkpoint" not in native
+    """Chat models serve their instruct checkpoint. An fp8 plan of a bf16 repository is served with
+    the engine's --quantization fp8 where its instances hold the bf16 weights while they load, and
+    refused naming --model-id where they do not (issue 54, item 4: it crash-looped); DeepSeek-V3 is
+    fp8 already, and --model-id names a checkpoint of the plan's precision."""
     script = _files(tmp_path, "vllm", COLOCATED, model="llama3.1-70b", engine="vllm-fp8")["launch.sh"]
-    assert "vllm serve meta-llama/Llama-3.1-70B-Instruct " in script
+    assert "vllm serve meta-llama/Llama-3.1-70B-Instruct " in script and "--quantization fp8" in script
+    given = runner.invoke(app, ["export", str(_plan(tmp_path, COLOCATED, model="llama3.1-70b", engine="vllm-fp8")), "--to", "vllm",
+                                "--model-id", "org/llama-fp8"])
+    assert given.exit_code == 0 and "vllm serve org/llama-fp8 " in given.stdout and "--quantization" not in given.stdout
+    native = _files(tmp_path, "vllm", SPLIT, engine="vllm-fp8")["launch.sh"]
+    assert "--quantization" not in native
+    one_gpu = {"mixed": [("h200-141gb@1", Layout(1), 2)]}
+    for target in TARGETS:
+        refused = runner.invoke(app, ["export", str(_plan(tmp_path, one_gpu, model="llama3.1-70b", engine="vllm-fp8")), "--to", target,
+                                      "--output", str(tmp_path / f"refused-{target}")])
+        assert refused.exit_code == 2 and not (tmp_path / f"refused-{target}").exists()
+        assert "bf16 weights" in refused.stderr and "give --model-id with an fp8 checkpoint" in refused.stderr, refused.stderr
+    fp4 = runner.invoke(app, ["export", str(_plan(tmp_path, COLOCATED, model="llama3.1-70b", engine="vllm-fp8@weights=fp4")),
+                              "--to", "vllm"])
+    assert fp4.exit_code == 2 and "give --model-id with an fp4 checkpoint" in fp4.stderr, fp4.stderr
+
+
+def test_pods_request_storage_for_the_weights_cpus_and_memory(tmp_path):
+    """Issue 54, item 4: Dynamo's template asks 2Gi of ephemeral storage, llm-d's pods nothing but
+    GPUs; each pod now requests the checkpoint it downloads (Llama-3.1-70B: 141 GB of bf16) and
+    llm-d's pods CPUs and memory per GPU; the Dynamo KEDA objects carry no llm-d label."""
+    plan = _plan(tmp_path, COLOCATED, model="llama3.1-70b", engine="vllm-fp8")
+    need = math.ceil(70.55e9 * 2 * 1.1 / 2**30) + 10
+    dynamo_doc = yaml.safe_load(runner.invoke(app, ["export", str(plan), "--to", "dynamo"]).stdout)
+    worker = dynamo_doc["spec"]["components"][1]["podTemplate"]["spec"]["containers"][0]
+    assert abs(int(worker["resources"]["requests"]["ephemeral-storage"].removesuffix("Gi")) - need) <= 2
+    pods = [d for d in yaml.safe_load_all(runner.invoke(app, ["export", str(plan), "--to", "llm-d"]).stdout) if d["kind"] == "Deployment"]
+    requests = pods[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert (requests["cpu"], requests["memory"], requests["nvidia.com/gpu"]) == ("16", "64Gi", "4")
+    cached = runner.invoke(app, ["export", str(plan), "--to", "llm-d", "--model-cache-pvc", "weights"]).stdout
+    assert "ephemeral-storage: 10Gi" in cached
 
 
 @pytest.mark.integration
