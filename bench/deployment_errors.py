@@ -1,6 +1,6 @@
 """The measured error distribution of the fp8 engine profiles, as `optimize --confidence` reads it.
 
-    python bench/deployment_errors.py [--data CSV] [--jobs N] [--write]
+    python bench/deployment_errors.py [--data CSV] [--jobs N] [--profile NAME ...] [--write]
 
 Each shipped fp8 profile (vllm-fp8, sglang-fp8, trtllm-fp8 and the uncalibrated lean-fp8)
 predicts NVIDIA aiconfigurator's measured aggregated runs of its engine (../shared/data/perf,
@@ -53,11 +53,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--write", action="store_true", help="add fit.error to engine_profiles/*.yaml")
+    parser.add_argument("--write", action="store_true", help="add fit.error to engine_profiles/*.yaml (replacing an earlier one)")
+    parser.add_argument("--profile", action="append", choices=sorted(PROFILES), help="only these profiles (repeatable)")
     args = parser.parse_args()
     runs, _ = dep.read_deployments(args.data)
     runs = runs[runs.precision == "fp8"].reset_index(drop=True)
     for name, engine in PROFILES.items():
+        if args.profile and name not in args.profile:
+            continue
         mine = runs if engine is None else runs[runs.engine == engine].reset_index(drop=True)
         predicted = dep.predict(mine, load_engine(name), partial(run_units, jobs=args.jobs))
         error = quantiles(mine, predicted)
@@ -69,6 +72,8 @@ def main() -> None:
         if args.write:
             path = ROOT / "engine_profiles" / f"{name}.yaml"
             text = path.read_text().rstrip("\n") + "\n"
+            if "\n  error_source:" in text:  # (written last by an earlier run: replaced, not repeated)
+                text = text[: text.index("\n  error_source:") + 1]
             block = yaml.safe_dump({"error_source": source, "error": error}, sort_keys=False, width=130)
             indented = "".join("  " + line + "\n" for line in block.splitlines())
             path.write_text(text + (indented if "\nfit:\n" in text else "fit:\n" + indented))

@@ -1,7 +1,7 @@
 """Fit the `vllm` engine profiles: bf16 on measured vLLM v0.15.1 runs, fp8 on aiconfigurator's vLLM rows.
 
     python bench/fit_vllm.py [--data DIR] [--deployments CSV] [--jobs N] [--evaluations N] [--no-cv]
-                             [--no-fp8] [--write]
+                             [--no-fp8 | --fp8-only] [--write]
 
 bf16 (`engine_profiles/vllm.yaml`): the load stages of `../shared/data/real-runs/` (measured, used
 here and never copied into the project) replayed as `bench/real_runs.py` replays them (the run's
@@ -36,8 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_runs as rr  # noqa: E402
 
 from splitplan.base.parallel import run_units  # noqa: E402
+from splitplan.perf.bounds import at_bounds, bounds  # noqa: E402
 from splitplan.sim import deployments as dep  # noqa: E402
 from splitplan.specs.engine import engine_to_yaml, load_engine  # noqa: E402
+from splitplan.specs.hardware import load_hardware  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOYMENTS = ROOT.parent / "shared" / "data" / "perf" / "aiconfigurator_silicon_sample.csv"
@@ -111,8 +113,11 @@ def measured(stages: pd.DataFrame) -> np.ndarray:
 
 
 def fit(profile, stages: pd.DataFrame, data: Path, jobs: int, evaluations: int):
+    """`profile` with FACTORS fitted to the stages, within perf.bounds' bounds for H100 (the runs'
+    machine); the factors that ended on a bound in its `fit.at_bound`."""
     names = list(FACTORS)
-    lower, upper, scale = (np.array([FACTORS[n][k] for n in names]) for k in range(3))
+    lower, upper, why = bounds(FACTORS, names, [load_hardware("h100-80gb")], profile.weights)
+    scale = np.array([FACTORS[n][2] for n in names])
     target = np.log(measured(stages)[:, :len(METRICS)])
 
     def residuals(x):
@@ -122,7 +127,8 @@ def fit(profile, stages: pd.DataFrame, data: Path, jobs: int, evaluations: int):
     start = np.clip([value(profile, n) for n in names], lower, upper)
     result = least_squares(residuals, start, bounds=(lower, upper), x_scale=scale, loss="soft_l1", f_scale=0.1,
                            diff_step=1e-2, max_nfev=evaluations)
-    return with_values(profile, dict(zip(names, map(float, result.x), strict=True)))
+    fitted = with_values(profile, dict(zip(names, map(float, result.x), strict=True)))
+    return fitted.model_copy(update={"fit": {"at_bound": at_bounds(names, result.x, lower, upper, why)}})
 
 
 def table(stages: pd.DataFrame, columns: dict[str, np.ndarray]) -> pd.DataFrame:
@@ -157,13 +163,20 @@ def main() -> None:
     parser.add_argument("--evaluations", type=int, default=12, help="least-squares steps per fit")
     parser.add_argument("--no-cv", action="store_true", help="skip the held-out folds by model")
     parser.add_argument("--no-fp8", action="store_true", help="skip the fp8 refit")
+    parser.add_argument("--fp8-only", action="store_true", help="refit only fp8, from engine_profiles/vllm.yaml as shipped")
     parser.add_argument("--write", action="store_true", help="write engine_profiles/vllm.yaml and vllm-fp8.yaml")
     args = parser.parse_args()
     stages = pd.read_csv(args.data / "runs.csv")
     stages = stages[stages.include == 1].reset_index(drop=True)
 
+    if args.fp8_only:
+        fp8 = fit_fp8(load_engine(str(ROOT / "engine_profiles" / "vllm.yaml")), args)
+        if args.write:
+            write(None, fp8)
+        return
     base = base_profile()
     fitted = fit(base, stages, args.data, args.jobs, args.evaluations)
+    at_bound = fitted.fit["at_bound"]
     print("fitted:", {n: float(f"{value(fitted, n):.4g}") for n in FACTORS}, flush=True)
     columns = {"fitted": predict(fitted, stages, args.data, args.jobs)}
     if not args.no_cv:
@@ -186,6 +199,7 @@ def main() -> None:
                   f"({', '.join(FACTORS)}) within physical bounds; compute_efficiency and kernel_launch_s fixed",
         "mape_pct": {"fitted": summary(stages, columns["fitted"])}
         | ({} if args.no_cv else {"held_out_by_model": summary(stages, columns["held out"])}),
+        "at_bound": at_bound,
     }
     # The measured error distribution `optimize --confidence` reads: this profile's signed errors
     # per load band, in-sample (bench/real_runs.py --error-quantiles gives the same figures).
@@ -196,34 +210,49 @@ def main() -> None:
     fit_note["error"] = rr.error_quantiles(replays)
     fitted = fitted.model_copy(update={"fit": fit_note})
 
-    fp8 = None
-    if not args.no_fp8:
-        runs, _ = dep.read_deployments(args.deployments)
-        mine = runs[(runs.engine == "vllm") & (runs.precision == "fp8")].reset_index(drop=True)
-        start = fitted.model_copy(update={
-            "name": "vllm-fp8", "dtype": "fp8", "fit": None,
-            "description": "vLLM (fp8 weights, KV and activations): the vllm profile with its efficiencies refitted at fp8",
-            "source": "bench/fit_vllm.py: vllm's overheads and scheduler; compute and memory efficiency fitted to "
-                      "aiconfigurator_silicon_sample.csv (vLLM 0.11-0.19, fp8)"})
-        run = partial(run_units, jobs=args.jobs)
-        fp8 = dep.fit_deployments(mine, start, max_evaluations=args.evaluations, run=run, factors=FP8_FACTORS)
-        pred = dep.predict(mine, fp8, run)
-        truth = mine[["ttft_ms", "tpot_ms"]].to_numpy(float)
-        err = (pred / truth - 1) * 100
-        figures = {f"{m}_{k}_pct": round(float(f(err[:, j])), 1) for j, m in enumerate(("ttft", "tpot"))
-                   for k, f in (("mape", lambda e: np.nanmean(np.abs(e))), ("bias", np.nanmedian))}
-        print(f"\nfp8 on {len(mine)} aiconfigurator vLLM runs:", {n: float(f"{value(fp8, n):.4g}") for n in FP8_FACTORS}, figures)
-        fp8 = fp8.model_copy(update={"fit": {
-            "data": "../shared/data/perf/aiconfigurator_silicon_sample.csv (vllm, fp8, aggregated)", "runs": len(mine),
-            "method": "bench/fit_vllm.py: each run replayed as a closed loop (sim.deployments); scipy least_squares, "
-                      f"soft-L1 on log TTFT and TPOT; {', '.join(FP8_FACTORS)} fitted, the rest the vllm profile's",
-            "mape_pct": {"fitted": figures}}})
+    fp8 = None if args.no_fp8 else fit_fp8(fitted, args)
     if args.write:
-        header = "Written by: python bench/fit_vllm.py --write (do not edit by hand; rerun it)"
+        write(fitted, fp8)
+
+
+def fit_fp8(fitted, args):
+    """vllm-fp8: the bf16 profile `fitted` at fp8, its compute and memory efficiency refitted to
+    aiconfigurator's vLLM fp8 runs within perf.bounds' bounds (compute at most the measured fp8
+    GEMM ceiling of the runs' machines); a factor that ends on a bound is printed and recorded."""
+    runs, _ = dep.read_deployments(args.deployments)
+    mine = runs[(runs.engine == "vllm") & (runs.precision == "fp8")].reset_index(drop=True)
+    start = fitted.model_copy(update={
+        "name": "vllm-fp8", "dtype": "fp8", "fit": None,
+        "description": "vLLM (fp8 weights, KV and activations): the vllm profile with its efficiencies refitted at fp8",
+        "source": "bench/fit_vllm.py: vllm's overheads and scheduler; compute and memory efficiency fitted to "
+                  "aiconfigurator_silicon_sample.csv (vLLM 0.11-0.19, fp8)"})
+    run = partial(run_units, jobs=args.jobs)
+    fp8 = dep.fit_deployments(mine, start, max_evaluations=args.evaluations, run=run, factors=FP8_FACTORS)
+    pred = dep.predict(mine, fp8, run)
+    truth = mine[["ttft_ms", "tpot_ms"]].to_numpy(float)
+    err = (pred / truth - 1) * 100
+    figures = {f"{m}_{k}_pct": round(float(f(err[:, j])), 1) for j, m in enumerate(("ttft", "tpot"))
+               for k, f in (("mape", lambda e: np.nanmean(np.abs(e))), ("bias", np.nanmedian))}
+    print(f"\nfp8 on {len(mine)} aiconfigurator vLLM runs:", {n: float(f"{value(fp8, n):.4g}") for n in FP8_FACTORS}, figures)
+    for name, why in fp8.fit["at_bound"].items():
+        print(f"  on its bound: {name}, {why}")
+    return fp8.model_copy(update={"fit": {
+        "data": "../shared/data/perf/aiconfigurator_silicon_sample.csv (vllm, fp8, aggregated)", "runs": len(mine),
+        "method": "bench/fit_vllm.py: each run replayed as a closed loop (sim.deployments); scipy least_squares, "
+                  f"soft-L1 on log TTFT and TPOT; {', '.join(FP8_FACTORS)} fitted within perf.bounds (compute_efficiency at "
+                  "most the measured fp8 GEMM ceiling of the runs' machines), the rest the vllm profile's",
+        "mape_pct": {"fitted": figures}, "at_bound": fp8.fit["at_bound"]}})
+
+
+def write(fitted, fp8) -> None:
+    """engine_profiles/vllm.yaml (when refitted) and vllm-fp8.yaml (then run bench/deployment_errors.py --write
+    for its measured error, fit.error)."""
+    header = "Written by: python bench/fit_vllm.py --write (do not edit by hand; rerun it)"
+    if fitted is not None:
         (ROOT / "engine_profiles" / "vllm.yaml").write_text(engine_to_yaml(fitted, header))
-        if fp8 is not None:
-            (ROOT / "engine_profiles" / "vllm-fp8.yaml").write_text(engine_to_yaml(fp8, header))
-        print("\nwrote engine_profiles/vllm.yaml" + (" and vllm-fp8.yaml" if fp8 is not None else ""))
+    if fp8 is not None:
+        (ROOT / "engine_profiles" / "vllm-fp8.yaml").write_text(engine_to_yaml(fp8, header))
+    print("wrote " + " and ".join(f"engine_profiles/{n}.yaml" for n, p in (("vllm", fitted), ("vllm-fp8", fp8)) if p is not None))
 
 
 if __name__ == "__main__":

@@ -62,6 +62,10 @@ def _same_profile(made: Path, shipped: Path) -> None:
     from tests.conftest import PERF_DB
     a, b = yaml.safe_load(made.read_text()), yaml.safe_load(shipped.read_text())
     assert a.keys() == b.keys() and a["hardware_overrides"].keys() == b["hardware_overrides"].keys()
+    fitted = {"defaults", "hardware_overrides", "fit"}  # (the rest is the engine as it runs: its scheduler, caches, memory)
+    assert {k: v for k, v in a.items() if k not in fitted} == {k: v for k, v in b.items() if k not in fitted}, \
+        "the documented command writes another engine than the shipped profile (issue 54, item 6)"
+    assert set(a["fit"]) == set(b["fit"])
     points = read_measurements(PERF_DB)
     measured = points.latency_ms.to_numpy()
 
@@ -69,6 +73,23 @@ def _same_profile(made: Path, shipped: Path) -> None:
         ape = np.abs(predict_ms(points, load_engine(str(profile))) - measured) / measured * 100
         return points.assign(ape=ape).groupby(["model", "hardware", "tp", "phase"]).ape.mean()
     assert (mape(made) - mape(shipped)).abs().max() < 1.0
+
+
+def test_every_fitted_profile_names_the_command_that_writes_it():
+    """Each shipped profile is hand-written or names the command that wrote it. Those whose data is
+    vendored (calibrate --perf-db tests/data/...) are written by a documented line with the same
+    flags, which test_readme_command_runs reruns and compares (issue 54, item 6); the others read
+    ../shared/data/, which tests may not (bench/fit_vllm.py, calibrate --deployments)."""
+    for path in sorted((ROOT / "engine_profiles").glob("*.yaml")):
+        head = path.read_text().splitlines()[0]
+        if "by:" not in head:
+            continue
+        command = head.split("by:", 1)[1].strip()
+        assert command.startswith(("splitplan calibrate", "python bench/")), path.name
+        if "--perf-db" in command:
+            line = next(c for c in COMMANDS if f"--output engine_profiles/{path.name}" in c)
+            for flag in ("--max-prefill-batch-tokens", "--engine"):
+                assert f"{flag} {command.split(flag)[1].split()[0]}" in line, f"{path.name}: {flag} differs from {line}"
 
 
 def test_readme_python_runs(monkeypatch):

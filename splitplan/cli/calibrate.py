@@ -9,6 +9,7 @@ import typer
 
 from splitplan.base.defaults import CALIBRATION_START
 from splitplan.base.errors import SpecError
+from splitplan.base.inputs import printable
 from splitplan.cli.common import (
     Format,
     _emit_json,
@@ -98,6 +99,19 @@ def _render_calibration(result, profile, folds: int) -> None:
         con.print("Left out: " + "; ".join(f"{n} x {reason}" for reason, n in result.excluded.reason.value_counts().sort_index().items()))
 
 
+def _say_at_bound(profile) -> None:
+    """A warning on stderr for each fitted factor that ended on a bound (fit.at_bound): what the
+    data pushed past physics or could not pin, to report, not to take as measured."""
+    ended = (profile.fit or {}).get("at_bound") or {}
+    engine_wide = {k: v for k, v in ended.items() if "/" not in k}
+    for name, why in engine_wide.items():
+        typer.echo(f"warning: fitted factor {name.removeprefix('defaults.')} ended on its {printable(why)}; the data cannot "
+                   "place it within physics: a finding to report, not a measured value", err=True)
+    if len(ended) > len(engine_wide):
+        typer.echo(f"warning: {len(ended) - len(engine_wide)} per-machine factor(s) ended on a bound (fit.at_bound lists them)",
+                   err=True)
+
+
 def _write_calibration(profile, description, output, header: str, source: str, residuals, frame, plots=None):
     """The fitted profile (with --description) written to --output, the residual table to
     --residuals and the `plots` ({path: PNG bytes}), as one set; returns the profile as shown."""
@@ -110,6 +124,7 @@ def _write_calibration(profile, description, output, header: str, source: str, r
     if residuals is not None:
         files[residuals] = frame.to_csv(index=False, float_format="%.4f")
     report.write_set(files)
+    _say_at_bound(profile)
     return profile
 
 

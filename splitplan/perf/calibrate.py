@@ -1,7 +1,8 @@
 """Fit an engine profile's factors to measured latencies, and say how accurate it is.
 
 The hardware stays datasheet; only engine factors move, each within physical
-bounds (no efficiency above 1, no negative overhead). Residuals are log-ratios
+bounds (perf.bounds: no efficiency above 1 nor compute above the GPU's measured GEMM
+ceiling, no negative overhead); a factor that ends on one is reported (`fit.at_bound`). Residuals are log-ratios
 (so a 10 % miss weighs the same at 30 ms and at 3 s) under a robust soft-L1 loss,
 so a few anomalous measurements cannot drag the fit.
 
@@ -24,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from splitplan.base.runner import Runner, serial
+from splitplan.perf.bounds import at_bounds, bounds
 from splitplan.perf.measurements import flag_anomalies
 from splitplan.perf.roofline import Instance
 from splitplan.specs.engine import EngineFactors, EngineProfile
@@ -81,12 +83,12 @@ def ape_pct(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
     return np.abs(predicted - measured) / measured * 100
 
 
-def _fit(points: pd.DataFrame, base: EngineProfile, start: EngineFactors, names) -> EngineFactors:
+def _fit(points: pd.DataFrame, base: EngineProfile, start: EngineFactors, names) -> tuple[EngineFactors, dict[str, str]]:
     """`start` with `names` moved to minimize the robust log-error on `points`
-    (predicted with `base`'s other settings and these factors as its defaults)."""
+    (predicted with `base`'s other settings and these factors as its defaults), within
+    perf.bounds' bounds for the points' machines; and the factors that ended on a bound."""
     names = list(names)
-    lo = np.array([FIT_BOUNDS[n][0] for n in names])
-    hi = np.array([FIT_BOUNDS[n][1] for n in names])
+    lo, hi, why = bounds(FIT_BOUNDS, names, [load_hardware(h) for h in sorted(set(points.hardware))], base.weights)
     scale = np.array([FIT_BOUNDS[n][2] for n in names])
     x0 = np.clip([getattr(start, n) for n in names], lo, hi)
     measured = points["latency_ms"].to_numpy(float)
@@ -98,20 +100,23 @@ def _fit(points: pd.DataFrame, base: EngineProfile, start: EngineFactors, names)
 
     from scipy.optimize import least_squares  # (on first use: every command loads this module, few fit)
     result = least_squares(residuals, x0, bounds=(lo, hi), x_scale=scale, loss="soft_l1", f_scale=0.05, max_nfev=300)
-    return EngineFactors(**{**start.model_dump(), **dict(zip(names, map(float, result.x), strict=True))})  # every field explicit
+    fitted = EngineFactors(**{**start.model_dump(), **dict(zip(names, map(float, result.x), strict=True))})  # every field explicit
+    return fitted, at_bounds(names, result.x, lo, hi, why)
 
 
 def fit_profile(points: pd.DataFrame, base: EngineProfile) -> EngineProfile:
     """`base` with its factors refit to `points` (medians from `read_measurements`)."""
     points = points.reset_index(drop=True)
-    defaults = _fit(points, base, base.defaults, FIT_BOUNDS)
+    defaults, ended = _fit(points, base, base.defaults, FIT_BOUNDS)
+    on_bounds = {f"defaults.{n}": why for n, why in ended.items()}
     with_defaults = base.model_copy(update={"defaults": defaults, "hardware_overrides": {}})
     local: dict[tuple, EngineFactors] = {}
     for (model, hw, tp), rows in points.groupby(GROUP, sort=True):
         # Keyed by the specs' names, as `Instance` looks them up (the data may name a file).
         hw, model = load_hardware(hw).name, load_model(model).name
         start = EngineFactors(**{**defaults.model_dump(), **_kept(base, hw, int(tp))})
-        local[(model, hw, int(tp))] = _fit(rows.reset_index(drop=True), with_defaults, start, LOCAL)
+        local[(model, hw, int(tp))], ended = _fit(rows.reset_index(drop=True), with_defaults, start, LOCAL)
+        on_bounds |= {f"{hw}/tp{int(tp)}/{model}.{n}": why for n, why in ended.items()}
 
     def median(factors: list[EngineFactors]) -> EngineFactors:
         values = {n: float(np.median([getattr(f, n) for f in factors])) for n in FIT_BOUNDS}
@@ -126,7 +131,8 @@ def fit_profile(points: pd.DataFrame, base: EngineProfile) -> EngineProfile:
                 if h == hw and t == tp:
                     overrides[f"{hw}/tp{tp}/{model}"] = f
     # the fitted factors replace the base's, and with them the base's sources for its factors
-    return base.model_copy(update={"defaults": defaults, "hardware_overrides": overrides, "efficiency_sources": {}})
+    return base.model_copy(update={"defaults": defaults, "hardware_overrides": overrides, "efficiency_sources": {},
+                                   "fit": {"at_bound": on_bounds}})
 
 
 def _kept(base: EngineProfile, hw: str, tp: int) -> dict:

@@ -36,6 +36,8 @@ import pandas as pd
 from splitplan.base.errors import TraceError
 from splitplan.base.inputs import finite_columns, read_table
 from splitplan.base.runner import Runner, serial
+from splitplan.perf.bounds import at_bounds
+from splitplan.perf.bounds import bounds as fit_bounds
 from splitplan.perf.roofline import Instance
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.specs.engine import EngineProfile
@@ -280,8 +282,8 @@ def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: in
     simulated once and its schedule timed at every evaluation where it has one (`shared`:
     `schedules(runs, base)`, recorded here when not given)."""
     names = list(factors)
-    lower = np.array([DEPLOYMENT_FACTORS[k][0] for k in names])
-    upper = np.array([DEPLOYMENT_FACTORS[k][1] for k in names])
+    machines = [load_hardware(m) for m in sorted(set(runs.machine))]
+    lower, upper, why = fit_bounds(DEPLOYMENT_FACTORS, names, machines, base.weights)
     scale = np.array([DEPLOYMENT_FACTORS[k][2] for k in names])
     start = np.clip([getattr(base.defaults, k) for k in names], lower, upper)
     measured = np.log(runs[["ttft_ms", "tpot_ms"]].to_numpy(float))
@@ -294,7 +296,8 @@ def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: in
     from scipy.optimize import least_squares  # (on first use: every command loads this module, few fit)
     result = least_squares(residuals, start, bounds=(lower, upper), x_scale=scale, loss="soft_l1", f_scale=0.1,
                            diff_step=1e-2, max_nfev=max_evaluations)
-    return with_factors(base, dict(zip(names, (float(v) for v in result.x), strict=True)))
+    fitted = with_factors(base, dict(zip(names, (float(v) for v in result.x), strict=True)))
+    return fitted.model_copy(update={"fit": {"at_bound": at_bounds(names, result.x, lower, upper, why)}})
 
 
 def fold_column(runs: pd.DataFrame) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import re
 from itertools import pairwise
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -53,9 +53,15 @@ class GpuSpec(BaseModel):
     # measurement exists).
     sustained_clock_fraction: Frac = 1.0
     clock_source: str = "none: datasheet clock assumed sustained"
+    # The best dense GEMM throughput measured on this GPU per precision (bf16, fp8, fp4), and its
+    # source: the ceiling no fitted compute_efficiency may pass (compute_efficiency_ceiling).
+    gemm_tflop_per_s: dict[Literal["bf16", "fp8", "fp4"], Annotated[float, Field(gt=0, le=100_000)]] = {}
+    gemm_source: str = ""
 
     @model_validator(mode="after")
     def _power_order(self) -> GpuSpec:
+        if self.gemm_tflop_per_s and not self.gemm_source:
+            raise ValueError("gemm_tflop_per_s needs its gemm_source (where the measured throughput comes from)")
         if self.idle_w >= self.tdp_w:
             raise ValueError(f"idle_w ({self.idle_w}) must be below tdp_w ({self.tdp_w})")
         if self.decode_w is not None and not self.idle_w <= self.decode_w <= self.tdp_w:
@@ -201,6 +207,19 @@ class HardwareSpec(BaseModel):
         (fp8 then runs at bf16 speed), fp4 has no fallback (see `has_tensor_cores`)."""
         tflops = {"fp8": self.gpu.fp8_tflop_per_s, "fp4": self.gpu.fp4_tflop_per_s}.get(dtype) or self.gpu.bf16_tflop_per_s
         return tflops * 1e12
+
+    def compute_efficiency_ceiling(self, dtype: str) -> tuple[float, str]:
+        """The largest compute_efficiency (of the dense peak at the sustained clock) that physics
+        allows a GEMM of `dtype` on this GPU, and why: the best measured GEMM throughput
+        (gpu.gemm_tflop_per_s) over that peak, at most 1; 1 where nothing was measured."""
+        native = dtype if dtype != "fp8" or self.gpu.fp8_tflop_per_s else "bf16"  # (as peak_flops_per_s falls back)
+        measured = self.gpu.gemm_tflop_per_s.get(native)  # type: ignore[call-overload]
+        if measured is None:
+            return 1.0, "the dense peak at the sustained clock (no measured GEMM ceiling)"
+        sustained = self.peak_flops_per_s(dtype) / 1e12 * self.gpu.sustained_clock_fraction
+        ceiling = min(1.0, measured / sustained)
+        return ceiling, (f"{self.name}'s best measured {native} GEMMs, {measured:,.0f} TFLOP/s of {sustained:,.0f} at the "
+                         f"sustained clock ({self.gpu.gemm_source})")
 
     def has_tensor_cores(self, dtype: str) -> bool:
         """Whether the GPU computes in `dtype` natively (fp4 needs them: no fallback is modelled)."""

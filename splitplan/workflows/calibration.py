@@ -76,6 +76,7 @@ def calibrate(perf_db: str, engine: str = CALIBRATION_START, folds: int = 5, max
                   "points, then efficiencies and overheads per (model, machine, TP); physical bounds",
         "folds": folds,
         "mape_pct": {phase: {k: v for k, v in figures.items() if k != "points"} for phase, figures in summary["overall"].items()},
+        "at_bound": (result.profile.fit or {}).get("at_bound", {}),
     }
     profile = result.profile.model_copy(update={"fit": provenance})
     return CalibrateResult(profile, summary, result.points, excluded)
@@ -130,6 +131,7 @@ def calibrate_deployments(path: str, backend: str, engine: str = "lean-fp8", fol
                       "scipy least_squares, soft-L1 on log(simulated/measured) mean TTFT and TPOT; engine-wide factors "
                       f"({', '.join(dep.DEPLOYMENT_FACTORS)}) within physical bounds",
             "mape_pct": {k: v for k, v in overall.items() if k.endswith("_pct")},
+            "at_bound": (fitted.fit or {}).get("at_bound", {}),
         }})
     runs_out = mine.assign(fit_ttft_ms=predicted[:, 0], fit_tpot_ms=predicted[:, 1])
     if held is not None:

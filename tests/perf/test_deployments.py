@@ -194,11 +194,13 @@ def test_error_table_is_signed_percent_error_by_machine_band_and_overall():
     assert everything["tpot_mape_fit_pct"] == pytest.approx(40 / 3)
 
 
-def test_the_factors_scales_let_eight_evaluations_recover_a_known_engine(tmp_path):
+def test_the_factors_scales_let_ten_evaluations_recover_a_known_engine(tmp_path):
     """The fit steps each factor on its own scale (DEPLOYMENT_FACTORS: an efficiency moves by
     tenths, a per-sequence overhead by tens of microseconds), so a few evaluations recover all
-    five factors from the base profile: the budget `calibrate --deployments` spends per fit."""
+    five factors from the base profile, well within the 25 `calibrate --deployments` spends per
+    fit (8 did before compute_efficiency's upper bound came down to B200's measured fp8 GEMM
+    ceiling, 0.835: the trust region's steps shrink near a bound)."""
     runs, _ = dep.read_deployments(_synthetic(tmp_path))
-    fitted = dep.fit_deployments(runs, load_engine("lean-fp8"), max_evaluations=8)
+    fitted = dep.fit_deployments(runs, load_engine("lean-fp8"), max_evaluations=10)
     for name, value in KNOWN.items():
         assert getattr(fitted.defaults, name) == pytest.approx(value, rel=0.01), name
