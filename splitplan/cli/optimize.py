@@ -373,6 +373,30 @@ def _render_schedule(con, schedule) -> None:
               f"{f['static_gpu_hours']:,.1f} GPU-hours, ${f['static_cost_usd']:,.2f} ({f['saving_pct']:.0f} % saved).")
 
 
+def _pct(line, attainment: float | None) -> str:
+    """A line's attainment beside the share its percentile allows to miss (99.06 against 99)."""
+    return "" if attainment is None else f"{attainment:.2f} (of {line.percentile:g})"
+
+
+def _cliff_rows(plan) -> list[tuple]:
+    """Per pool: its instances in service, and with one fewer the first line it misses (or the
+    tightest line, holding), that line's achieved value and attainment."""
+    by_label = {line.label: line for line, _, _ in plan.slo}
+    rows = []
+    for c in plan.cliff:
+        pool = f"{c['role']} {c['hardware']} {c['layout']}" + (" (shared machines)" if c["shared"] else "")
+        count = f"{c['instances']} -> {c['fewer']}"
+        if not c["slo"]:
+            rows.append((pool, count, c["fails"], "", ""))
+            continue
+        worst = next((x for x in c["slo"] if x["line"] == c["fails"]), None) or min(
+            c["slo"], key=lambda x: x["attainment_pct"] - by_label[x["line"]].percentile)
+        line = by_label[worst["line"]]
+        rows.append((pool, count, c["fails"] or f"none (tightest: {line.label})", line.text(worst["achieved"]),
+                     _pct(line, worst["attainment_pct"])))
+    return rows
+
+
 def _render_plan(result, workload) -> None:
     plan = result.plan
     con = report.console()
@@ -381,8 +405,13 @@ def _render_plan(result, workload) -> None:
     sources = power_sources_of(result)
     if plan.energy_kwh_per_million_tokens is not None and sources:
         con.print(f"GPU power in the energy figures: {report.power_text(sources)}.")
-    con.print(report.table("Predicted against the SLO", ["line", "target", "achieved", "met"],
-                           [(line.label, line.target, line.text(v), "yes" if ok else "NO") for line, v, ok in plan.slo]))
+    attained = plan.attainment_pct or (None,) * len(plan.slo)
+    con.print(report.table("Predicted against the SLO", ["line", "target", "achieved", "attainment %", "met"],
+                           [(line.label, line.target, line.text(v), _pct(line, a), "yes" if ok else "NO")
+                            for (line, v, ok), a in zip(plan.slo, attained, strict=True)]))
+    if plan.cliff:
+        con.print(report.table("One instance fewer (how close the plan is to failing)",
+                               ["pool", "instances", "first line missed", "achieved", "attainment %"], _cliff_rows(plan)))
     if result.simulated is not None:
         _render_simulated(con, plan, result.simulated)
     if result.closed_loop is not None:

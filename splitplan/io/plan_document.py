@@ -85,6 +85,7 @@ class SloRow(BaseModel):
     unit: str
     achieved: float | None
     met: bool
+    attainment_pct: Annotated[float, Field(ge=0, le=100)] | None = None  # (the share of requests within the limit)
 
 
 class PlanBody(BaseModel):
@@ -108,6 +109,7 @@ class PlanBody(BaseModel):
     max_rate_rps: float | None = None
     max_rate_simulated: dict[str, Any] | None = None  # (--pareto --validate)
     simulated: dict[str, Any] | None = None  # (--validate)
+    cliff: Annotated[list[dict[str, Any]], Field(max_length=limits.MAX_PLAN_POOLS)] = []  # (one instance fewer per pool)
 
     def pools(self) -> list[tuple[str, PlanPool]]:
         return [(role, p) for role in ROLES for p in getattr(self, f"{role}_pools")]

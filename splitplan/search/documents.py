@@ -46,8 +46,10 @@ def plan_json(plan) -> dict:
         "energy_kwh_per_million_output_tokens": plan.energy_kwh_per_million_output_tokens,
         "predicted": {f"{m}_ms": v for m, v in plan.predicted.items()},
         "slo": [{"line": line.label, "metric": line.metric, "percentile": line.percentile, "target": line.limit,
-                 "unit": line.unit, "achieved": v, "met": ok} for line, v, ok in plan.slo],
+                 "unit": line.unit, "achieved": v, "met": ok, "attainment_pct": a}
+                for (line, v, ok), a in zip(plan.slo, plan.attainment_pct or [None] * len(plan.slo), strict=True)],
         "binding": plan.binding,
+        **({"cliff": list(plan.cliff)} if plan.cliff else {}),
         **({"max_rate_rps": plan.max_rate_rps} if plan.max_rate_rps is not None else {}),
         **({"max_rate_simulated": plan.max_rate_simulated} if plan.max_rate_simulated is not None else {}),
     }

@@ -31,6 +31,7 @@ from splitplan.search.plan import (
     Plan,
     Problem,
     as_simulated,
+    cliff,
     closest_fit,
     colocated_plan,
     combos,
@@ -254,11 +255,19 @@ def optimize(trace, model: str, slo: str | SloProfile, hardware: Sequence[str] |
                              simulated if opts.mode.splits else None)
              if opts.mode.sizes_colocated else [])
     if not opts.mode.splits:
-        return _colocated_only(run, mixed, simulated)
+        return _with_cliff(_colocated_only(run, mixed, simulated))
     prompt_types = {run.machines[n].name for n in run.prompt_names}  # names may be paths: compare the loaded names
     split_options = run.shaped([o for o in first if o.role == Role.TOKEN or o.inst.hardware.name in prompt_types])
     split_options += combos(split_options)  # prefill and decode instances on one machine
-    return _split_or_colocated(run, split_options, mixed, simulated)
+    return _with_cliff(_split_or_colocated(run, split_options, mixed, simulated))
+
+
+def _with_cliff(result: OptimizeResult) -> OptimizeResult:
+    """The result with its plan's cliff (search.plan.cliff: one instance fewer per pool)."""
+    assert result.problem is not None  # (optimize's results carry their problem)
+    plan = dataclasses.replace(result.plan, cliff=cliff(result.problem, result.plan, {o.key: o for o in result.options}))
+    same = {name: plan for name in ("colocated", "split") if getattr(result, name) is result.plan}  # (the plan is one of them)
+    return dataclasses.replace(result, plan=plan, **same)
 
 
 def _at_confidence(trace, model: str, slo: str | SloProfile, opts: OptimizeOptions) -> OptimizeResult:

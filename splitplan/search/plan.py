@@ -232,6 +232,8 @@ class Plan:
     cost_usd_per_million_output_tokens: float | None = None
     energy_kwh_per_million_tokens: float | None = None  # the GPUs' energy (sim.metrics' power model), at the trace's rate
     energy_kwh_per_million_output_tokens: float | None = None
+    attainment_pct: tuple[float, ...] = ()  # per SLO line (as `slo`): the share of requests (ITL: gaps) within its limit
+    cliff: tuple[dict, ...] = ()  # per pool: the SLO with one instance fewer in service (`cliff`); the chosen plan's only
 
     @property
     def pools(self) -> tuple[SizedPool, ...]:
@@ -473,20 +475,22 @@ def simulated_option(problem: Problem, option: Option, replays: dict | None = No
                    simulated=True)
 
 
-def evaluate(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], memo: dict | None = None) -> dict:
+def evaluate(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], memo: dict | None = None,
+             fewer: tuple | None = None) -> dict:
     """Per-request TTFT, TBT and E2E (seconds) of a plan on the trace: split pools,
     or one co-located (mixed) pool.
 
     `memo` (any dict, reused across calls on the same problem) keeps the prompt
-    replay of each prompt-pool configuration and each option's batch times."""
+    replay of each prompt-pool configuration and each option's batch times. `fewer`: (a pool's
+    key as `_parts` keys it, n): that pool with n instances fewer in service."""
     t = problem.trace
     mixed = [(k, c) for k, c in counts.items() if isinstance(k, OptionKey) and k.role == Role.MIXED]
     if mixed:
         (key, machines), = mixed  # a co-located plan is one homogeneous pool
         inst = options[key].inst
-        return _colocated_values(problem, key, inst, inst.instances_on(machines))
+        return _colocated_values(problem, key, inst, inst.instances_on(machines) - (fewer[1] if fewer and fewer[0] == key else 0))
     memo = {} if memo is None else memo
-    prompt_parts, token_parts = _parts(counts, options, Role.PROMPT), _parts(counts, options, Role.TOKEN)
+    prompt_parts, token_parts = (_parts(counts, options, role, fewer) for role in SPLIT)
     prompt_keys = [k for k, *_ in prompt_parts]
     prompt = [(o.inst, n) for _, o, n, _ in prompt_parts]
     token_keys = [k for k, *_ in token_parts]
@@ -562,10 +566,10 @@ def _prompt_replay(problem: Problem, prompt_parts: list[tuple], memo: dict) -> t
     return replayed
 
 
-def _parts(counts: dict, options: dict, role: Role) -> list[tuple]:
+def _parts(counts: dict, options: dict, role: Role, fewer: tuple | None = None) -> list[tuple]:
     """A split plan's instances of `role`: (key, option, instances, combo key or None) per pool,
     its own machines' (key: the option key) and each shared machine group's part (key: (combo
-    key, role)), in a fixed order."""
+    key, role)), in a fixed order; `fewer` (key, n): that one with n instances fewer."""
     out = []
     for k, c in sorted(counts.items()):
         if k.role == role:
@@ -573,7 +577,7 @@ def _parts(counts: dict, options: dict, role: Role) -> list[tuple]:
         elif k.role == SHARED:
             part, held = options[k].part(role)
             out.append(((k, role), part, c * held, k))
-    return out
+    return [(k, o, n - fewer[1] if fewer and k == fewer[0] else n, c) for k, o, n, c in out]
 
 
 def check(problem: Problem, values: dict) -> list[tuple[SloLine, float, bool]]:
@@ -582,6 +586,37 @@ def check(problem: Problem, values: dict) -> list[tuple[SloLine, float, bool]]:
         value = achieved(line, values[line.metric], problem.reference)
         out.append((line, value, meets(line, value)))
     return out
+
+
+def attainments(problem: Problem, values: dict) -> tuple[float, ...]:
+    """Per SLO line (in `check`'s order), the share of requests (of gaps, for ITL) within its limit, %."""
+    return tuple(attainment_pct(line, values[line.metric], problem.reference) for line in problem.slo.lines())
+
+
+def cliff(problem: Problem, plan: Plan, options: dict[AnyKey, AnyOption], memo: dict | None = None) -> tuple[dict, ...]:
+    """How close the plan is to failing: per pool, every SLO line predicted with one instance fewer
+    in service than the plan's prediction has (its spares out too), the other pools as planned;
+    `fails`: the first line it then misses (None: it still holds)."""
+    counts, memo = plan_counts(plan), {} if memo is None else memo
+    if plan.mixed_pools:
+        keys = [(k, options[k], options[k].inst.instances_on(c)) for k, c in counts.items()]
+    else:
+        keys = [(k, o, n) for role in SPLIT for k, o, n, _ in _parts(counts, options, role)]
+    out: list[dict] = []
+    for key, option, held in keys:
+        in_service = held - problem.spare_instances
+        row = {"role": str(option.role), "hardware": option.inst.hardware.name, "layout": option.inst.layout.spec,
+               "shared": not isinstance(key, OptionKey), "instances": in_service, "fewer": in_service - 1}
+        if in_service <= 1:
+            out.append({**row, "fails": "no instance left", "slo": []})
+            continue
+        values = evaluate(problem, counts, options, memo, (key, problem.spare_instances + 1))
+        lines = check(problem, values)
+        row["slo"] = [{"line": line.label, "achieved": v, "attainment_pct": a, "met": ok}
+                      for (line, v, ok), a in zip(lines, attainments(problem, values), strict=True)]
+        failed = [line.label for line, _, ok in lines if not ok] + (["KV memory"] if values.get("kv_peak_fraction", 0.0) > 1 else [])
+        out.append({**row, "fails": failed[0] if failed else None})
+    return tuple(out)
 
 
 def repair(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], limit: int = 100, memo: dict | None = None):
@@ -768,7 +803,7 @@ def make_plan(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey,
     return Plan(pools[Role.PROMPT], pools[Role.TOKEN], pools[Role.MIXED], cost, power, predicted,
                 tuple(lines), "; ".join(bindings), repairs,
                 **usd_per_million_tokens(cost, problem.trace, problem.load_factor),
-                **energy_per_million(problem, values, _idle(counts, sized, options)))
+                **energy_per_million(problem, values, _idle(counts, sized, options)), attainment_pct=attainments(problem, values))
 
 
 def _binding_text(option: Option, machines: int | None) -> str:
@@ -808,10 +843,11 @@ def predict(problem: Problem, plan: Plan, options: dict[AnyKey, AnyOption]) -> P
     counts = plan_counts(plan)
     values = evaluate(problem, counts, options)
     pools = _pools(counts, options, values)
-    return replace(plan, prompt_pools=pools[Role.PROMPT], token_pools=pools[Role.TOKEN], mixed_pools=pools[Role.MIXED],
-                   predicted=_percentiles_ms(values), slo=tuple(check(problem, values)),
+    plan = replace(plan, prompt_pools=pools[Role.PROMPT], token_pools=pools[Role.TOKEN], mixed_pools=pools[Role.MIXED],
+                   predicted=_percentiles_ms(values), slo=tuple(check(problem, values)), attainment_pct=attainments(problem, values),
                    **usd_per_million_tokens(plan.cost_usd_per_hour, problem.trace, problem.load_factor),
                    **energy_per_million(problem, values, []))
+    return replace(plan, cliff=cliff(problem, plan, options))
 
 
 def _tight_budgets(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], cost: float,

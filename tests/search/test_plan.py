@@ -634,3 +634,27 @@ def test_a_split_plan_no_repair_can_verify_is_infeasible_naming_the_line(tmp_pat
     with pytest.raises(InfeasibleError, match=r"no plan found that meets E2E p50: .* target <= 4500 ms"):
         api.optimize(trace, "llama2-70b", str(slo), prompt_hardware=["h100-80gb"], token_hardware=["a100-40gb"], tp=8,
                      mode="split", engine="vllm")
+
+
+def test_a_plan_says_how_close_it_is_to_failing(small_trace):
+    """Issue 54, item 7: every line's attainment (the share of requests within its limit) beside its
+    percentile, and per pool the SLO with one instance fewer: for a co-located pool the simulator's
+    own verdict on that many instances (the replay that sized it)."""
+    from splitplan.specs.roles import Pool, Role
+    result = api.optimize(small_trace, "llama2-70b", "chat", ["h100-80gb@2"], tp=2, mode="colocated")
+    plan = result.plan
+    assert len(plan.attainment_pct) == len(plan.slo)
+    for (line, _, ok), attained in zip(plan.slo, plan.attainment_pct, strict=True):
+        assert ok and line.percentile <= attained <= 100  # (a line that holds has at least its percentile within)
+    (edge,) = plan.cliff
+    (pool,) = plan.mixed_pools
+    assert (edge["instances"], edge["fewer"]) == (pool.instances, pool.instances - 1)
+    fewer = api.simulate(small_trace, [Pool(Role.MIXED, "h100-80gb@2", Layout(2), pool.machines - 1)], "llama2-70b", "chat")
+    simulated = {x["line"]: x for x in fewer.summary["slo"]}
+    for row in edge["slo"]:
+        assert row["achieved"] == pytest.approx(simulated[row["line"]]["achieved"], rel=1e-6)
+        assert row["met"] == simulated[row["line"]]["met"]
+    assert edge["fails"] == next((x["line"] for x in fewer.summary["slo"] if not x["met"]), None)
+    split = api.optimize(small_trace, "llama2-70b", "chat", ["h100-80gb@2"], tp=2, mode="split").plan
+    assert {(c["role"], c["instances"]) for c in split.cliff} == {(r, p.instances) for r, p in split.by_role()}
+    assert all(c["fails"] == "no instance left" for c in split.cliff if c["instances"] == 1)
