@@ -127,7 +127,21 @@ def test_optimize_table_and_csv():
     assert table.exit_code == 0 and "Predicted against the SLO" in table.stdout and "binding" in table.stdout
     assert "8 GPUs" in table.stdout and "busy)" in table.stdout and "per million output tokens" in table.stdout
     csv = run("optimize", "--rate", "3", "--duration", "60", "--hardware", "h100-80gb", "--tp", "8", "--format", "csv")
-    assert csv.stdout.splitlines()[0].startswith("rank,prompt_pools")
+    header, first = csv.stdout.splitlines()[:2]
+    assert header.startswith("rank,prompt_pools")
+    row = dict(zip(header.split(","), first.split(","), strict=False))
+    assert all(float(row[f"{m}_p99_ms"]) > 0 for m in ("ttft", "tbt", "itl", "tpot", "e2e"))  # (issue 54, item 8)
+
+
+def test_every_output_with_tbt_carries_itl_and_tpot():
+    """Issue 54, item 8: the sweep CSV and a runner-up's simulation carry ITL and TPOT beside TBT."""
+    sweep = run("sweep", "--rates", "2", "--prompt-pool", "h100-80gb:8:1", "--token-pool", "h100-80gb:8:1", "--duration", "20")
+    header = sweep.stdout.splitlines()[0].split(",")
+    assert {f"{m}_{q}_ms" for m in ("itl", "tpot") for q in ("p50", "p90", "p99")} <= set(header)
+    validated = run("optimize", "--rate", "4", "--duration", "30", "--hardware", "h100-80gb", "--tp", "8", "--validate",
+                    "--format", "json")
+    alternatives = json.loads(validated.stdout)["plan"]["alternatives"]
+    assert alternatives and all({"itl_ms", "tpot_ms", "tbt_ms"} <= set(a["simulated"]) for a in alternatives)
 
 
 @pytest.mark.parametrize("args,code,needle", [

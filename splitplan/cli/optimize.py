@@ -60,6 +60,7 @@ from splitplan.cli.common import (
 from splitplan.io import plan_document, report
 from splitplan.search.documents import power_sources_of
 from splitplan.specs.engine import load_engine
+from splitplan.specs.slo import METRICS
 from splitplan.workload.trace import (
     EMBEDDED_HELP,
     closed_loop_workload,
@@ -457,7 +458,7 @@ def _summary_rows(result) -> list[tuple[str, str]]:
 def _render_simulated(con, plan, simulated: dict) -> None:
     """--validate: predicted against simulated percentiles, and the simulation against the SLO."""
     compared = [(f"{m.upper()} {q}", plan.predicted[m][q], simulated[f"{m}_ms"][q])
-                for m in ("ttft", "tbt", "itl", "tpot", "e2e") for q in ("p50", "p90", "p99")]
+                for m in METRICS for q in ("p50", "p90", "p99")]
     changed = simulated["machines_added"]
     what = f"{changed} machine(s) added" if changed >= 0 else f"{-changed} machine(s) removed (mixed pool)"
     con.print(report.table(f"Predicted vs simulated, ms ({what} by validation)",

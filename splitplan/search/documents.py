@@ -4,6 +4,7 @@ its one-line text and its CSV row; every report, file and the API's `to_json` wr
 from __future__ import annotations
 
 from splitplan.base.defaults import SCHEMA_VERSION
+from splitplan.specs.slo import METRICS
 
 
 def pools_json(pools) -> list[dict]:
@@ -82,20 +83,25 @@ def power_sources_of(result) -> list[dict]:
     return power_sources(machines[name] for name in sorted(used) if name in machines)
 
 
+def _p99(predicted: dict, metric: str) -> str:
+    """A predicted p99 (ms) as a CSV cell; empty where there is none (ITL and TPOT of plans made from a perf-db)."""
+    value = predicted.get(metric, {}).get("p99")
+    return "" if value is None or value != value else f"{value:.3f}"
+
+
 def plans_csv(plans) -> str:
     import csv
     import io
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(["rank", "prompt_pools", "token_pools", "mixed_pools", "machines", "cost_usd_per_hour", "power_kw",
-                "ttft_p99_ms", "tbt_p99_ms", "e2e_p99_ms", "all_slo_met", "binding", "max_rate_rps", "gpus",
+                *(f"{m}_p99_ms" for m in METRICS), "all_slo_met", "binding", "max_rate_rps", "gpus",
                 "cost_usd_per_million_tokens", "cost_usd_per_million_output_tokens", "energy_kwh_per_million_tokens",
                 "energy_kwh_per_million_output_tokens"])
     for i, p in enumerate(plans):
         w.writerow([i, pools_text(p.prompt_pools), pools_text(p.token_pools), pools_text(p.mixed_pools), p.machines,
                     f"{p.cost_usd_per_hour:.4f}",
-                    f"{p.power_kw:.4f}", f"{p.predicted['ttft']['p99']:.3f}", f"{p.predicted['tbt']['p99']:.3f}",
-                    f"{p.predicted['e2e']['p99']:.3f}", all(ok for _, _, ok in p.slo), p.binding,
+                    f"{p.power_kw:.4f}", *(_p99(p.predicted, m) for m in METRICS), all(ok for _, _, ok in p.slo), p.binding,
                     "" if p.max_rate_rps is None else f"{p.max_rate_rps:.4f}", p.gpus,
                     *("" if v is None else f"{v:.6g}" for v in (p.cost_usd_per_million_tokens, p.cost_usd_per_million_output_tokens,
                                                                 p.energy_kwh_per_million_tokens,

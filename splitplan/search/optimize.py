@@ -266,8 +266,9 @@ def _with_cliff(result: OptimizeResult) -> OptimizeResult:
     """The result with its plan's cliff (search.plan.cliff: one instance fewer per pool)."""
     assert result.problem is not None  # (optimize's results carry their problem)
     plan = dataclasses.replace(result.plan, cliff=cliff(result.problem, result.plan, {o.key: o for o in result.options}))
-    same = {name: plan for name in ("colocated", "split") if getattr(result, name) is result.plan}  # (the plan is one of them)
-    return dataclasses.replace(result, plan=plan, **same)
+    def same(other: Plan | None) -> Plan | None:  # (the plan is the best split or co-located one: so is its copy)
+        return plan if other is result.plan else other
+    return dataclasses.replace(result, plan=plan, colocated=same(result.colocated), split=same(result.split))
 
 
 def _at_confidence(trace, model: str, slo: str | SloProfile, opts: OptimizeOptions) -> OptimizeResult:

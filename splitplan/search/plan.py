@@ -822,7 +822,7 @@ def _binding_text(option: Option, machines: int | None) -> str:
 def _percentiles_ms(values: dict) -> dict:
     def pct(v, q):
         return v.percentile(q) if isinstance(v, Gaps) else float(np.nanpercentile(v, q))
-    return {m: {f"p{q}": pct(values[m], q) * 1e3 for q in (50, 90, 99)} for m in ("ttft", "tbt", "itl", "tpot", "e2e")
+    return {m: {f"p{q}": pct(values[m], q) * 1e3 for q in (50, 90, 99)} for m in METRICS
             if m in values}
 
 

@@ -30,7 +30,7 @@ from splitplan.specs.hardware import hardware_catalog, load_hardware
 from splitplan.specs.layout import Layout, as_layout
 from splitplan.specs.model import load_model
 from splitplan.specs.roles import SPLIT, Pool, Role
-from splitplan.specs.slo import load_slo
+from splitplan.specs.slo import METRICS, load_slo
 from splitplan.workload.trace import with_headroom
 
 if TYPE_CHECKING:
@@ -50,8 +50,8 @@ class SimulateResult:
 
     def outcome(self) -> dict:
         """What a study keeps of a simulation: whether every SLO line was met, and the
-        TTFT, TBT and E2E percentiles (ms)."""
-        return {"slo_met": self.slo_met, **{k: self.summary[k] for k in ("ttft_ms", "tbt_ms", "e2e_ms")}}
+        percentiles (ms) of every metric a line can name (TTFT, TBT, ITL, TPOT, E2E)."""
+        return {"slo_met": self.slo_met, **{f"{m}_ms": self.summary[f"{m}_ms"] for m in METRICS}}
 
     def to_json(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, "summary": self.summary}
@@ -309,7 +309,7 @@ def validate_result(result: OptimizeResult, trace, setup: Setup, jobs: int = 1, 
     plan, sim, added = validate(result.plan, trace, setup.model, setup.slo, planned=result, setup=setup)
     if progress:
         progress()
-    simulated = {**{k: sim.summary[k] for k in ("ttft_ms", "tbt_ms", "itl_ms", "tpot_ms", "e2e_ms", "slo")},
+    simulated = {**{k: sim.summary[k] for k in (*(f"{m}_ms" for m in METRICS), "slo")},
                  "machines_added": added}
     return dataclasses.replace(result, plan=plan, simulated=simulated, alternatives_simulated=tuple(runner_ups),
                                pareto=tuple(_at_max_rate(p, problem.trace, setup) for p in result.pareto))

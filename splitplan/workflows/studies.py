@@ -25,6 +25,7 @@ from splitplan.search.rate import max_rate
 from splitplan.specs.design import Design, load_designs
 from splitplan.specs.hardware import load_hardware, price_date_warning
 from splitplan.specs.roles import Pool
+from splitplan.specs.slo import METRICS
 from splitplan.workflows.simulation import Setup, plan_from_pools, plan_pools, pool_specs
 from splitplan.workload.trace import Trace, resample_poisson, windows
 
@@ -220,7 +221,7 @@ def _sweep_row(name, rate, plan, metrics: dict, trace, slo_met: bool, error: str
             "cost_per_million_tokens_usd": per_million["cost_usd_per_million_tokens"],
             "cost_per_million_output_tokens_usd": per_million["cost_usd_per_million_output_tokens"],
         })
-    for metric in ("ttft", "tbt", "e2e"):
+    for metric in METRICS:
         for q in ("p50", "p90", "p99"):
             row[f"{metric}_{q}_ms"] = metrics.get(metric, {}).get(q) if metrics else None
     row["slo_met"] = slo_met if plan is not None else None
@@ -244,7 +245,7 @@ def _sweep_unit(job: _SweepJob, unit):
     trace = _resampled(job.base, job.duration_s, job.seed, rate)
     if job.pools is not None:
         sim = job.setup.simulate(trace, job.pools)
-        metrics = {m: sim.summary[f"{m}_ms"] for m in ("ttft", "tbt", "e2e")}
+        metrics = {m: sim.summary[f"{m}_ms"] for m in METRICS}
         return _sweep_row(name, rate, plan_from_pools(job.pools), metrics, trace, sim.slo_met)
     try:
         result = optimize(trace, job.setup.model, job.setup.slo, options=_design_options(job.options, design))
