@@ -698,13 +698,21 @@ def usd_per_million_tokens(cost_usd_per_hour: float, trace: Trace, load_factor: 
             "cost_usd_per_million_output_tokens": usd / max(output, 1.0)}
 
 
-def energy_per_million(problem: Problem, values: dict, idle_instances: list[tuple]) -> dict:
+def energy_per_million(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], values: dict,
+                       idle_instances: list[tuple]) -> dict:
     """The GPU energy per million tokens of the load the trace stands for (sim.metrics' power
-    model over the predicted busy time of each pool, its spare instances idle): the same work
-    over a span `problem.load_factor` times longer. None where no busy time was predicted."""
+    model over the predicted busy time of each pool of `counts`, whose evaluation `values` is,
+    its spare instances idle). With headroom (`problem.load_factor` > 1) the machines are evaluated
+    again on the trace at the load it stands for (arrivals that many times further apart): the
+    lighter batches of that load take longer per token than the compressed trace's. None where no
+    busy time was predicted."""
+    if problem.load_factor != 1:
+        t = problem.trace
+        problem = replace(problem, trace=replace(t, arrival_s=t.arrival_s * problem.load_factor), load_factor=1.0)
+        values = evaluate(problem, counts, options)
     if "phases" not in values:
         return {}
-    span_s = values["span_s"] * problem.load_factor
+    span_s = values["span_s"]
     joules = sum(gpu_energy_j(hw, gpus, n * span_s, prefill_s, decode_s) for hw, gpus, n, prefill_s, decode_s in values["phases"])
     joules += sum(gpu_energy_j(hw, gpus, n * span_s, 0.0, 0.0) for hw, gpus, n in idle_instances)
     t = problem.trace
@@ -803,7 +811,8 @@ def make_plan(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey,
     return Plan(pools[Role.PROMPT], pools[Role.TOKEN], pools[Role.MIXED], cost, power, predicted,
                 tuple(lines), "; ".join(bindings), repairs,
                 **usd_per_million_tokens(cost, problem.trace, problem.load_factor),
-                **energy_per_million(problem, values, _idle(counts, sized, options)), attainment_pct=attainments(problem, values))
+                **energy_per_million(problem, sized, options, values, _idle(counts, sized, options)),
+                attainment_pct=attainments(problem, values))
 
 
 def _binding_text(option: Option, machines: int | None) -> str:
@@ -846,7 +855,7 @@ def predict(problem: Problem, plan: Plan, options: dict[AnyKey, AnyOption]) -> P
     plan = replace(plan, prompt_pools=pools[Role.PROMPT], token_pools=pools[Role.TOKEN], mixed_pools=pools[Role.MIXED],
                    predicted=_percentiles_ms(values), slo=tuple(check(problem, values)), attainment_pct=attainments(problem, values),
                    **usd_per_million_tokens(plan.cost_usd_per_hour, problem.trace, problem.load_factor),
-                   **energy_per_million(problem, values, []))
+                   **energy_per_million(problem, counts, options, values, []))
     return replace(plan, cliff=cliff(problem, plan, options))
 
 
