@@ -37,15 +37,19 @@ def export_command(
     schedule_start: str = typer.Option("00:00", "--schedule-start", help="With --schedule: the clock time (HH:MM) of the "
                                        "schedule's first window; the triggers repeat daily."),
     timezone: str = typer.Option("UTC", "--timezone", help="With --schedule: the IANA time zone of --schedule-start."),
+    outside_schedule: str = typer.Option("peak", "--outside-schedule", help="With --schedule: what each pool runs in the "
+                                         "hours no window covers: peak (its most instances in any window), min (its "
+                                         "fewest) or zero."),
 ) -> None:
     """Write a plan as a deployment for Dynamo, llm-d, vLLM or SGLang: every worker group with its replicas,
     GPUs and parallel flags; what the target cannot express is listed."""
     from splitplan.deploy import export_plan
 
-    if schedule is None and (schedule_start != "00:00" or timezone != "UTC"):
-        raise SpecError("--schedule-start and --timezone place a --schedule's windows: add --schedule D/windows.json")
+    if schedule is None and (schedule_start != "00:00" or timezone != "UTC" or outside_schedule != "peak"):
+        raise SpecError("--schedule-start, --timezone and --outside-schedule place a --schedule's windows: add --schedule "
+                        "D/windows.json")
     result, notes = export_plan(plan, to, backend, model_id, image, node_selector, model_cache_pvc, schedule=schedule,
-                                schedule_start=schedule_start, timezone=timezone)
+                                schedule_start=schedule_start, timezone=timezone, outside=outside_schedule)
     for note in notes:
         typer.echo(f"note: {printable(note)}", err=True)
     if output is None:

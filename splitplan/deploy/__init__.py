@@ -329,32 +329,35 @@ def _online_quantization(source: str, model: ModelSpec, repo: str, engine: Engin
 def export_plan(plan: str | Path, target: str, backend: str | None = None, model_id: str | None = None,
                 image: str | None = None, node_selector: list[str] | None = None,
                 model_cache_pvc: str | None = None, option: str = "PLAN", schedule: str | Path | None = None,
-                schedule_start: str = "00:00", timezone: str = "UTC") -> tuple[Export, list[str]]:
+                schedule_start: str = "00:00", timezone: str = "UTC", outside: str = "peak") -> tuple[Export, list[str]]:
     """A plan.json as `target`'s files (`splitplan export`), with the plan's notes (a catalog entry
     that changed since the plan was made). SpecError naming `option` for a plan that is not one.
     `schedule` (a windows.json of `optimize --window`): KEDA ScaledObjects that scale the pools
-    on it (deploy.schedule), from `schedule_start` in `timezone`."""
+    on it (deploy.schedule), from `schedule_start` in `timezone`, running `outside` (peak, min or zero)
+    in the hours no window covers; the notes then say what runs there."""
     from splitplan.io import plan_document
     read = plan_document.read(Path(plan), option)
     dep = deployment(read.pools, read.inputs, str(plan), model_id, node_selector, model_cache_pvc)
     out = export(dep, target, backend, image, scaled=schedule is not None)
-    if schedule is not None:
-        out = _scheduled(dep, out, Path(schedule), schedule_start, timezone)
-    return out, read.notes
+    if schedule is None:
+        return out, read.notes
+    out, plan_schedule = _scheduled(dep, out, Path(schedule), schedule_start, timezone, outside)
+    from splitplan.deploy.schedule import outside_text
+    return out, [*read.notes, f"schedule: {outside_text(plan_schedule, outside)}"]
 
 
-def _scheduled(dep: Deployment, out: Export, path: Path, start: str, timezone: str) -> Export:
-    """The export (built `scaled`) with keda.yaml, the ScaledObjects that follow the schedule."""
+def _scheduled(dep: Deployment, out: Export, path: Path, start: str, timezone: str, outside: str):
+    """The export (built `scaled`) with keda.yaml, the ScaledObjects that follow the schedule; and the schedule."""
     from splitplan.deploy import schedule as keda
     if out.target not in KUBERNETES_TARGETS:
         raise SpecError(f"--schedule scales Kubernetes workloads with KEDA: --to {' or '.join(KUBERNETES_TARGETS)}, "
                         f"not {out.target}")
     plan_schedule = keda.read_schedule(path)
-    objects = keda.scaled_objects(dep, plan_schedule, start, timezone, out.target, dep.name)
+    objects = keda.scaled_objects(dep, plan_schedule, start, timezone, out.target, dep.name, outside)
     return dataclasses.replace(out, files={**out.files, "keda.yaml": keda.keda_yaml(objects)},
-                               mapping=out.mapping + keda.mapping(plan_schedule, start, timezone, out.target),
+                               mapping=out.mapping + keda.mapping(plan_schedule, start, timezone, out.target, outside),
                                apply=out.apply + ("\n" if out.apply else "")
-                               + "kubectl apply -n NS -f keda.yaml  # needs KEDA 2 (keda.sh) in the cluster")
+                               + "kubectl apply -n NS -f keda.yaml  # needs KEDA 2 (keda.sh) in the cluster"), plan_schedule
 
 
 def export(dep: Deployment, target: str, backend: str | None = None, image: str | None = None, scaled: bool = False) -> Export:

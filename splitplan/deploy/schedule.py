@@ -5,9 +5,10 @@ One ScaledObject per pool, one cron trigger per window with instances of it: fro
 start, less the scale-up lead (instances it adds start that early), to its end, at the window's
 instances. KEDA runs the largest count of the triggers active at a time, so during a lead a pool
 runs the larger of two windows' counts, as the schedule's cost counts it; outside every trigger
-it runs `minReplicaCount`, the pool's fewest instances in any window. Cron triggers repeat daily:
-the schedule must lie within a day, in whole minutes, from `start` (the clock time of the trace's
-first window) in `timezone`.
+it runs `minReplicaCount`, the pool's fewest instances in any window (0 with `outside` zero). In
+the hours of a day no window covers, `outside` peak adds a trigger at the pool's most instances.
+Cron triggers repeat daily: the schedule must lie within a day, in whole minutes, its windows in
+order, from `start` (the clock time of the trace's first window) in `timezone` (an IANA zone).
 
 What each scales: llm-d's Deployment (or LeaderWorkerSet, for instances over several nodes) of
 the pool; Dynamo's DynamoGraphDeploymentScalingAdapter of the pool's component, which Dynamo
@@ -18,17 +19,18 @@ adapters).
 
 from __future__ import annotations
 
-import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from splitplan.base import limits
 from splitplan.base.errors import SpecError
-from splitplan.base.inputs import excerpt, printable, read_text
+from splitplan.base.inputs import excerpt, parse_document, printable, read_text
 from splitplan.deploy import Deployment, Group
 from splitplan.specs.roles import pool_label
 
@@ -59,10 +61,9 @@ def read_schedule(path: Path) -> _Schedule:
     where = printable(str(path))
     text = read_text(path, limits.MAX_SPEC_BYTES, "windows.json")
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"--schedule {where}: not JSON (line {exc.lineno}): give the windows.json `optimize --window "
-                        "--output-dir` wrote") from None
+        doc = parse_document(text, path, as_json=True)  # (strict: no duplicate keys, bounded nesting)
+    except SpecError as exc:
+        raise SpecError(f"--schedule {exc}: give the windows.json `optimize --window --output-dir` wrote") from None
     if not isinstance(doc, dict) or "schedule" not in doc:
         raise SpecError(f"--schedule {where}: no `schedule`; give the windows.json `optimize --window --output-dir` wrote")
     try:
@@ -75,7 +76,27 @@ def read_schedule(path: Path) -> _Schedule:
         if len(w.instances) != len(schedule.pools) or w.end_s <= w.start_s:
             raise SpecError(f"--schedule {where}: schedule.windows.{k}: its instances do not match the schedule's "
                             f"{len(schedule.pools)} pools, or it ends before it starts")
+        if k and w.start_s < schedule.windows[k - 1].end_s:
+            raise SpecError(f"--schedule {where}: schedule.windows.{k} starts at {w.start_s:g} s, before window {k - 1} ends "
+                            f"({schedule.windows[k - 1].end_s:g} s); windows run in order, one after another")
+    if schedule.scale_up_lead_s >= DAY_S:
+        raise SpecError(f"--schedule {where}: schedule.scale_up_lead_s {schedule.scale_up_lead_s:g} s is a day or more; cron "
+                        "triggers repeat daily, so a lead must be shorter than a day (optimize --window --scale-up-lead)")
+    if not any(n for w in schedule.windows for n in w.instances):
+        raise SpecError(f"--schedule {where}: no window runs an instance of any pool; nothing to scale")
     return schedule
+
+
+def known_timezone(name: str) -> bool:
+    """Whether `name` is a time zone of the IANA database (zoneinfo, with the tzdata package pandas
+    brings where the system has none); a well-formed name first, so nothing odd reaches a file lookup."""
+    if not _TIMEZONE.fullmatch(name):
+        return False
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return False
+    return True
 
 
 def label(g: Group) -> str:
@@ -95,15 +116,39 @@ def _cron(minute_of_day: int) -> str:
     return f"{minute_of_day % 60} {minute_of_day // 60} * * *"
 
 
-def scaled_objects(dep: Deployment, schedule: _Schedule, start: str, timezone: str, target: str, dgd_name: str) -> list[dict]:
+OUTSIDE = ("peak", "min", "zero")  # what a pool runs outside the schedule's windows (--outside-schedule)
+
+
+def uncovered_minutes(schedule: _Schedule) -> int:
+    """Minutes of each day no window covers (the schedule's windows from a shorter trace)."""
+    return max(DAY_S // 60 - math.ceil((max(w.end_s for w in schedule.windows) - min(w.start_s for w in schedule.windows)) / 60), 0)
+
+
+def outside_text(schedule: _Schedule, outside: str) -> str:
+    """What each pool runs outside the schedule's windows, in words (EXPORT.md and a note on stderr)."""
+    left = uncovered_minutes(schedule)
+    if not left:
+        return "the windows cover the whole day; between them each pool runs its fewest instances in any window (minReplicaCount)"
+    what = {"peak": "its most instances in any window (the static peak plan: a cron trigger over those hours)",
+            "min": "its fewest instances in any window (minReplicaCount)",
+            "zero": "no instance (minReplicaCount 0: requests then find no server)"}[outside]
+    return (f"the windows cover {DAY_S // 60 - left:,} of 1,440 minutes a day; for the other {left:,} each pool runs {what} "
+            f"(--outside-schedule {outside}; choose peak, min or zero)")
+
+
+def scaled_objects(dep: Deployment, schedule: _Schedule, start: str, timezone: str, target: str, dgd_name: str,
+                   outside: str = "peak") -> list[dict]:
     """A ScaledObject per pool of `dep` that follows `schedule` (`target`: llm-d or dynamo, whose
-    DynamoGraphDeployment is `dgd_name`); SpecError where the schedule is not this plan's or cron
-    triggers cannot express it."""
+    DynamoGraphDeployment is `dgd_name`), running `outside` (OUTSIDE) in the hours no window covers;
+    SpecError where the schedule is not this plan's or cron triggers cannot express it."""
+    if outside not in OUTSIDE:
+        raise SpecError(f"--outside-schedule '{excerpt(outside)}': choose {', '.join(OUTSIDE)}")
     clock = _CLOCK.fullmatch(start)
     if clock is None:
         raise SpecError(f"--schedule-start '{excerpt(start)}': give the clock time of the schedule's first window as HH:MM")
-    if not _TIMEZONE.fullmatch(timezone):
-        raise SpecError(f"--timezone '{excerpt(timezone)}': give an IANA time zone (UTC, Europe/Paris, America/New_York)")
+    if not known_timezone(timezone):
+        raise SpecError(f"--timezone '{excerpt(timezone)}': not an IANA time zone; give one such as UTC, Europe/Paris or "
+                        "America/New_York")
     by_label = {label(g): g for g in dep.groups}
     if set(schedule.pools) != set(by_label):
         raise SpecError(f"--schedule: its pools ({', '.join(schedule.pools)}) are not this plan's ({', '.join(sorted(by_label))}); "
@@ -111,14 +156,18 @@ def scaled_objects(dep: Deployment, schedule: _Schedule, start: str, timezone: s
     first = int(clock.group(1)) * 60 + int(clock.group(2))
     lead = _minutes(schedule.scale_up_lead_s, "the scale-up lead")
     window = _minutes(schedule.window_s, "the window")
-    span = _minutes(schedule.windows[-1].end_s - schedule.windows[0].start_s, "the schedule's span")
+    span = _minutes(max(w.end_s for w in schedule.windows) - min(w.start_s for w in schedule.windows), "the schedule's span")
     if span > DAY_S // 60 or window >= DAY_S // 60:
         raise SpecError(f"--schedule: {span / 60:g} hours in windows of {window / 60:g} h; KEDA's cron triggers repeat daily: "
                         "give a schedule within one day, in windows shorter than a day")
     out = []
+    first_start, last_end = (_minutes(x, "a window's start or end") for x in (schedule.windows[0].start_s, schedule.windows[-1].end_s))
     for column, name in enumerate(schedule.pools):
         g = by_label[name]
         counts = [w.instances[column] for w in schedule.windows]
+        if not any(counts):
+            raise SpecError(f"--schedule: pool {printable(name)} runs no instance in any window, which a ScaledObject cannot "
+                            "follow; export the windows.json written beside this plan")
         triggers = []
         for k, (w, n) in enumerate(zip(schedule.windows, counts, strict=True)):
             if n == 0:
@@ -134,10 +183,14 @@ def scaled_objects(dep: Deployment, schedule: _Schedule, start: str, timezone: s
             ref = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": g.name}
         else:
             ref = {"apiVersion": "apps/v1", "kind": "Deployment", "name": g.name}
+        if outside == "peak" and uncovered_minutes(schedule) > lead:  # (from the last window's end to the first's lead)
+            triggers.append({"type": "cron", "name": "outside-schedule",
+                             "metadata": {"timezone": timezone, "start": _cron(first + last_end),
+                                          "end": _cron(first + first_start - lead), "desiredReplicas": str(max(counts))}})
         labels = {"llm-d.ai/model": dep.name} if target == "llm-d" else {"app.kubernetes.io/part-of": dgd_name}  # (each target's own)
         out.append({"apiVersion": KEDA_API, "kind": "ScaledObject", "metadata": {"name": g.name, "labels": labels},
-                    "spec": {"scaleTargetRef": ref, "minReplicaCount": min(counts), "maxReplicaCount": max(counts),
-                             "triggers": triggers}})
+                    "spec": {"scaleTargetRef": ref, "minReplicaCount": 0 if outside == "zero" else min(counts),
+                             "maxReplicaCount": max(counts), "triggers": triggers}})
     return out
 
 
@@ -145,7 +198,7 @@ def keda_yaml(objects: list[dict]) -> str:
     return yaml.safe_dump_all(objects, sort_keys=False, width=1000)
 
 
-def mapping(schedule: _Schedule, start: str, timezone: str, target: str) -> list[tuple[str, str]]:
+def mapping(schedule: _Schedule, start: str, timezone: str, target: str, outside: str = "peak") -> list[tuple[str, str]]:
     scaled = ("each component's DynamoGraphDeploymentScalingAdapter (scalingAdapter.enabled on the worker components)"
               if target == "dynamo" else "each pool's Deployment (LeaderWorkerSet for instances over several nodes)")
     return [("--schedule windows", f"keda.yaml: a KEDA ScaledObject ({KEDA_API}) per pool scaling {scaled}, a cron trigger "
@@ -153,4 +206,4 @@ def mapping(schedule: _Schedule, start: str, timezone: str, target: str) -> list
              "instances"),
             ("--schedule scale_up_lead_s", f"each trigger starts {schedule.scale_up_lead_s / 60:g} min before its window; "
              "KEDA runs the largest count of the active triggers"),
-            ("outside the schedule's windows", "minReplicaCount: each pool's fewest instances in any window")]
+            ("outside the schedule's windows", outside_text(schedule, outside))]

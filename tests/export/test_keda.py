@@ -48,7 +48,7 @@ def _export(tmp_path, *extra, plan=None, to="llm-d"):
 
 def test_each_pool_follows_its_windows_with_a_cron_trigger_started_a_lead_early(tmp_path):
     result, out = _export(tmp_path, "--schedule", str(_schedule(tmp_path, [(2, 1), (3, 1), (1, 2)])),
-                          "--schedule-start", "09:00", "--timezone", "Europe/Paris")
+                          "--schedule-start", "09:00", "--timezone", "Europe/Paris", "--outside-schedule", "min")
     assert result.exit_code == 0, result.output
     prefill, decode = yaml.safe_load_all((out / "keda.yaml").read_text())
     workloads = {d["metadata"]["name"]: d for d in yaml.safe_load_all((out / "llm-d.yaml").read_text()) if d["kind"] == "Deployment"}
@@ -85,6 +85,13 @@ def test_instances_over_several_nodes_scale_their_leader_worker_set(tmp_path):
                                                 "name": "worker-h100-80gb-tp16"}
 
 
+def test_dynamo_scaled_objects_carry_no_llm_d_label(tmp_path):
+    result, out = _export(tmp_path, "--schedule", str(_schedule(tmp_path, [(2, 1), (3, 1)])), to="dynamo")
+    assert result.exit_code == 0, result.output
+    labels = [d["metadata"]["labels"] for d in yaml.safe_load_all((out / "keda.yaml").read_text())]
+    assert labels == [{"app.kubernetes.io/part-of": "splitplan-llama2-70b"}] * 2
+
+
 def test_dynamo_components_opt_into_their_scaling_adapters_which_the_objects_scale(tmp_path):
     result, out = _export(tmp_path, "--schedule", str(_schedule(tmp_path, [(2, 1), (3, 1)])), to="dynamo")
     assert result.exit_code == 0, result.output
@@ -97,11 +104,55 @@ def test_dynamo_components_opt_into_their_scaling_adapters_which_the_objects_sca
                      "name": f"{dgd['metadata']['name']}-{c['name']}"} for c in workers]
 
 
+@pytest.mark.parametrize(("outside", "minimum", "extra"), [
+    ("peak", (1, 1), [("30 9 * * *", "57 8 * * *", ("3", "2"))]),  # (from the last window's end to the first's lead)
+    ("min", (1, 1), []), ("zero", (0, 0), []),
+])
+def test_what_runs_outside_a_shorter_schedule_is_chosen_and_said(tmp_path, outside, minimum, extra):
+    """Issue 54, item 10: 30 minutes of windows leave 1,410 a day uncovered; each pool then runs its
+    peak (the default), its fewest or no instance, and EXPORT.md and stderr say which."""
+    result, out = _export(tmp_path, "--schedule", str(_schedule(tmp_path, [(2, 1), (3, 1), (1, 2)])),
+                          "--schedule-start", "09:00", "--outside-schedule", outside)
+    assert result.exit_code == 0, result.output
+    objects = list(yaml.safe_load_all((out / "keda.yaml").read_text()))
+    assert tuple(o["spec"]["minReplicaCount"] for o in objects) == minimum
+    outside_triggers = [[t for t in o["spec"]["triggers"] if t["name"] == "outside-schedule"] for o in objects]
+    if extra:
+        (start, end, peaks), = extra
+        assert [(t["metadata"]["start"], t["metadata"]["end"]) for ts in outside_triggers for t in ts] == [(start, end)] * 2
+        assert tuple(t["metadata"]["desiredReplicas"] for ts in outside_triggers for t in ts) == peaks
+    else:
+        assert outside_triggers == [[], []]
+    said = "cover 30 of 1,440 minutes a day; for the other 1,410 each pool runs"
+    assert said in (out / "EXPORT.md").read_text() and said in result.stderr and f"--outside-schedule {outside}" in result.stderr
+
+
+def test_a_whole_day_schedule_says_nothing_is_outside_it(tmp_path):
+    result, out = _export(tmp_path, "--schedule", str(_schedule(tmp_path, [(1, 1)] * 24, window_s=3600, lead_s=300)))
+    assert result.exit_code == 0 and "the windows cover the whole day" in result.stderr
+    assert all(t["name"] != "outside-schedule" for o in yaml.safe_load_all((out / "keda.yaml").read_text())
+               for t in o["spec"]["triggers"])
+
+
+def _reordered(tmp_path) -> Path:
+    """Two windows 47 hours apart listed last first: its span read from the ends it once folded onto a day."""
+    path = _schedule(tmp_path, [(1, 1), (2, 1)])
+    doc = json.loads(path.read_text())
+    late = dict(doc["schedule"]["windows"][1], start_s=47 * 3600.0, end_s=47 * 3600.0 + 600)
+    doc["schedule"]["windows"] = [late, doc["schedule"]["windows"][0]]
+    path.write_text(json.dumps(doc))
+    return path
+
+
 @pytest.mark.parametrize("case,needle", [
+    ("out of order", "schedule.windows.1 starts at 0 s, before window 0 ends"),
+    ("lead of two days", "scale_up_lead_s 172800 s is a day or more"),
+    ("deep", "nested deeper than"),
+    ("idle pool", "pool prompt h100-80gb TP 8 runs no instance in any window"),
     ("other plan", "its pools (prompt a100-80gb TP 8, token h100-80gb TP 8) are not this plan's"),
     ("seconds", "the window 90 s is not a whole minute"),
     ("two days", "KEDA's cron triggers repeat daily"),
-    ("not json", "not JSON"),
+    ("not json", "is not valid JSON"),
     ("no schedule", "no `schedule`"),
     ("negative", "schedule.windows.0.instances.0"),
     ("short row", "its instances do not match the schedule's 2 pools"),
@@ -111,12 +162,15 @@ def test_bad_schedules_are_refused_with_one_line(tmp_path, case, needle):
             "seconds": lambda: _schedule(tmp_path, [(1, 1)], window_s=90, lead_s=0),
             "two days": lambda: _schedule(tmp_path, [(1, 1)] * 49, window_s=3600, lead_s=0),
             "negative": lambda: _schedule(tmp_path, [(-1, 1)]),
-            "short row": lambda: _schedule(tmp_path, [(1,)])}.get(case)
+            "short row": lambda: _schedule(tmp_path, [(1,)]),
+            "out of order": lambda: _reordered(tmp_path),
+            "lead of two days": lambda: _schedule(tmp_path, [(1, 1)], lead_s=2 * 86400.0),
+            "idle pool": lambda: _schedule(tmp_path, [(0, 1), (0, 2)])}.get(case)
     if path is not None:
         schedule = path()
     else:
         schedule = tmp_path / "w.json"
-        schedule.write_text("{" if case == "not json" else "{\"windows\": []}")
+        schedule.write_text({"not json": "{", "deep": "[" * 10_000 + "]" * 10_000}.get(case, "{\"windows\": []}"))
     result, out = _export(tmp_path, "--schedule", str(schedule))
     assert result.exit_code == 2 and needle in result.output, result.output
     assert result.output.count("\n") == 1 and not out.exists()
@@ -124,10 +178,12 @@ def test_bad_schedules_are_refused_with_one_line(tmp_path, case, needle):
 
 @pytest.mark.parametrize("args,needle", [
     (["--schedule-start", "25:00"], "--schedule-start '25:00': give the clock time"),
-    (["--timezone", "UTC\nkind: Secret"], "--timezone 'UTC kind: Secret': give an IANA time zone"),
-    (["--timezone", "UTC\n"], "give an IANA time zone"),
+    (["--timezone", "UTC\nkind: Secret"], "--timezone 'UTC kind: Secret': not an IANA time zone"),
+    (["--timezone", "UTC\n"], "not an IANA time zone"),
     (["--schedule-start", "09:00\n"], "give the clock time"),
-    (["--timezone", "Europe/Paris; rm -rf /"], "give an IANA time zone"),
+    (["--timezone", "Europe/Paris; rm -rf /"], "not an IANA time zone"),
+    (["--timezone", "Mars/Base"], "--timezone 'Mars/Base': not an IANA time zone"),  # (well formed, but no such zone)
+    (["--outside-schedule", "always"], "--outside-schedule 'always': choose peak, min, zero"),
 ])
 def test_clock_and_time_zone_are_checked_before_they_reach_a_manifest(tmp_path, args, needle):
     result, _ = _export(tmp_path, "--schedule", str(_schedule(tmp_path, [(1, 1)])), *args)
