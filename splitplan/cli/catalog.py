@@ -118,7 +118,8 @@ def trace_summarize(
         rows.append((f"{key.replace('_', ' ')} p50 / p90 / p99 / max",
                      f"{p['p50']:,.0f} / {p['p90']:,.0f} / {p['p99']:,.0f} / {p['max']:,}"))
     if (reuse := s["prefix_reuse"]) is not None:
-        rows += [("prefix hit rate, cache never evicting", f"{reuse['infinite_cache_hit_rate']:.1%} of prompt tokens"),
+        rows += [("prefix cache hits at most (one never-evicting cache)",
+                  f"{reuse['infinite_cache_hit_rate']:.1%} of all the trace's prompt tokens"),
                  ("requests with a hit", f"{reuse['requests_with_a_hit']:.1%}"),
                  ("hit tokens p50 / p90", f"{reuse['hit_tokens_p50']:,.0f} / {reuse['hit_tokens_p90']:,.0f}")]
     report.console().print(report.table(f"Trace {s['source']}", ["metric", "value"], rows))

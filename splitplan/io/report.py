@@ -241,12 +241,14 @@ def console() -> Console:
 
 def pools_detail(pools) -> str:
     """Pools as pools_text gives them, each with what it buys: `2x h100-80gb TP 8 (2 instances,
-    1 spare, 16 GPUs, 64 % busy, 37 % prefix hits)` (spare: instances beyond what the load needs,
-    where some are; busy: the predicted utilization, where there is one; prefix hits: the share of
-    its prompt tokens its prefix caches held, with prefix caching)."""
+    1 spare, 16 GPUs, 64 % busy, 37 % of its prompt tokens cached)` (spare: instances beyond what
+    the load needs, where some are; busy: the predicted utilization, where there is one; cached:
+    the share of the pool's own prompt tokens its prefix caches held, with prefix caching: of its
+    requests, so a pool routed the most reused ones may pass the trace's never-evicting bound,
+    which is of every prompt token)."""
     def one(p) -> str:
         busy = "" if p.utilization is None else f", {p.utilization:.0%} busy"
-        busy += "" if p.prefix_hit_rate is None else f", {p.prefix_hit_rate:.0%} prefix hits"
+        busy += "" if p.prefix_hit_rate is None else f", {p.prefix_hit_rate:.0%} of its prompt tokens cached"
         spare = f", {p.spare_instances:,} spare" if p.spare_instances else ""
         return f"{pool_text(p)} ({p.instances:,} instance{'s' * (p.instances != 1)}{spare}, {p.gpus:,} GPUs{busy})"
     return " + ".join(one(p) for p in pools) or "-"

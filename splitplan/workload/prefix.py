@@ -130,8 +130,9 @@ def from_columns(prompt_tokens: np.ndarray, output_tokens: np.ndarray, prefix_id
                     chains[key] = b.node(node, block_tokens)
                 node = chains[key]
         p, o = int(prompt_tokens[i]), int(output_tokens[i])
-        if session_id is not None:
-            previous = last_turn.get(session_id[i])
+        session = None if session_id is None else session_id[i]
+        if session is not None:  # (a row without one is a request of its own, as without the column)
+            previous = last_turn.get(session)
             if previous is None:  # a first turn: its own tokens below its prefix
                 covered = _depth_of(b, node)
                 node = b.node(node, p - covered) if p > covered else node
@@ -140,7 +141,7 @@ def from_columns(prompt_tokens: np.ndarray, output_tokens: np.ndarray, prefix_id
                 node = (b.node(answer_node, p - after) if p > after
                         else b.node(prompt_node, p - before) if p > before else prompt_node)
             output_node[i] = b.node(node, o)
-            last_turn[session_id[i]] = (node, output_node[i], p, p + o)
+            last_turn[session] = (node, output_node[i], p, p + o)
         request_node[i] = node
     return b.tree(request_node, output_node)
 

@@ -20,6 +20,7 @@ import dataclasses
 import gzip
 import io
 import json
+import math
 import re
 import zlib
 from dataclasses import dataclass
@@ -469,7 +470,7 @@ class _PrefixColumns:
         for k, (key, count) in enumerate(zip(chunk["prefix_id"].tolist(), chunk["prefix_tokens"].tolist(), strict=True)):
             line = first + k
             key, count = _key(key), _key(count)
-            if key is None and count is None:
+            if key is None and (count is None or _is_zero(count)):  # (no prefix: both empty, or no id and 0 tokens)
                 self.ids.append(None)
                 self.tokens.append(0)
                 continue
@@ -484,7 +485,7 @@ class _PrefixColumns:
             value = float(count)
         except ValueError:
             value = float("nan")
-        if not (value >= 0 and value == int(value)):
+        if not (math.isfinite(value) and value >= 0 and value == int(value)):
             self._fail(line, f"prefix_tokens '{excerpt(count)}' is not a whole number of tokens >= 0")
         if value > prompt_tokens:
             self._fail(line, f"prefix_tokens {value:g} is above the request's {prompt_tokens:g} prompt tokens; "
@@ -515,11 +516,18 @@ class _PrefixColumns:
         return prefixes.from_columns(prompt, output, self.ids, self.tokens, self.sessions, self.hashes)
 
 
+def _is_zero(text: str) -> bool:
+    try:
+        return float(text) == 0
+    except ValueError:
+        return False
+
+
 def _key(value):
     """A cell as an id: None when empty, integral floats as integers ('7', not '7.0')."""
     if value is None or (isinstance(value, float) and np.isnan(value)):
         return None
-    if isinstance(value, float) and value == int(value):
+    if isinstance(value, float) and math.isfinite(value) and value == int(value):
         return str(int(value))
     text = str(value).strip()
     return text or None

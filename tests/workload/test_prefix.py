@@ -48,6 +48,18 @@ def test_a_sessions_next_turn_reuses_its_previous_prompt_and_answer(tmp_path):
     assert _hits(trace) == [0, 0, 350, 199, 0]
 
 
+def test_rows_without_a_prefix_may_say_so_with_empty_cells_or_zero_tokens(tmp_path):
+    """Issue 54, item 11: `prefix_tokens` 0 with no prefix_id is what users write for no prefix; an
+    empty session_id is a request of its own, not one session every such row shares."""
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n0,500,10,,0\n1,500,10,a,100\n"
+                    "2,500,10,,0.0\n3,500,10,a,100\n")
+    assert _hits(load_trace(path)) == [0, 0, 0, 100]
+    path.write_text("arrival_s,prompt_tokens,output_tokens,session_id\n0,300,50,\n1,400,20,\n2,450,40,\n")
+    trace = load_trace(path)
+    assert _hits(trace) == [0, 0, 0] and summarize(trace)["prefix_reuse"]["infinite_cache_hit_rate"] == 0
+
+
 def test_mooncake_hash_ids_are_chains_of_512_token_blocks(tmp_path):
     path = tmp_path / "m.jsonl"
     rows = [{"timestamp": 0, "input_length": 1500, "output_length": 5, "hash_ids": [1, 2, 3]},
@@ -112,6 +124,8 @@ def test_shared_prefix_options_give_inference_perfs_groups():
     ("arrival_s,prompt_tokens,output_tokens,prefix_tokens\n0,100,5,50\n", "prefix_tokens without a prefix_id column"),
     ("arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n0,100,5,a,50\n1,100,5,a,\n", "line 3: a prefix_id needs"),
     ("arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n0,100,5,a,-3\n", "line 2: prefix_tokens '-3' is not"),
+    ("arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n0,100,5,a,inf\n", "line 2: prefix_tokens 'inf' is not"),
+    ("arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n0,100,5,,5\n", "line 2: a prefix_id needs"),
     ("arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n0,100,5,a,50\n1,100,5,a,60\n",
      "line 3: prefix_id 'a' has prefix_tokens 60, line 2 gave it 50"),
     ('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1, "x"]}\n', "line 1: hash_ids"),
