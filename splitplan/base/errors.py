@@ -34,6 +34,11 @@ class SolverError(SplitplanError):
     exit_code = 3
 
 
+class InputWarning(UserWarning):
+    """Input that reads but is likely not what the user meant (a trace whose times look like
+    milliseconds read as seconds): the library warns, the CLI prints one `warning: ...` line."""
+
+
 def listed(items: list[str], hint: str = "--debug lists them all") -> tuple[str, str]:
     """A list in a one-line message: its first item (the closest candidate, when sorted so) and a
     count of the rest; and the whole list, for `SplitplanError.details` (--debug prints it)."""

@@ -10,6 +10,7 @@ import math
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -20,7 +21,7 @@ import typer
 
 from splitplan.base import limits, notices
 from splitplan.base.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO
-from splitplan.base.errors import SpecError, SplitplanError
+from splitplan.base.errors import InputWarning, SpecError, SplitplanError
 from splitplan.base.inputs import excerpt, printable
 from splitplan.io import report
 from splitplan.specs.engine import engine_spec
@@ -218,7 +219,10 @@ def user_errors(command: Callable) -> Callable:
         sys.stdout = _GuardedOutput(real)
         try:
             check_bounds(command, kwargs)
-            result = command(*args, **kwargs)
+            with warnings.catch_warnings():
+                warnings.simplefilter("always", InputWarning)
+                warnings.showwarning = _warn_line  # (restored on leaving: the library's warnings as one line each)
+                result = command(*args, **kwargs)
             sys.stdout.flush()
             return result
         except SplitplanError as exc:
@@ -237,6 +241,14 @@ def user_errors(command: Callable) -> Callable:
             sys.stdout = real
 
     return wrapper
+
+
+def _warn_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """An input warning (base.errors.InputWarning) as one `warning: ...` line on stderr; others as Python shows them."""
+    if issubclass(category, InputWarning):
+        typer.echo(f"warning: {printable(str(message))}", err=True)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def echo_error(message: str) -> None:

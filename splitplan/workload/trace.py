@@ -22,6 +22,7 @@ import io
 import json
 import math
 import re
+import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from splitplan.base.errors import SpecError, TraceError
+from splitplan.base.errors import InputWarning, SpecError, TraceError
 from splitplan.base.inputs import csv_rows, excerpt, open_regular, reason
 from splitplan.base.limits import (
     MAX_DURATION_S,
@@ -293,7 +294,7 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
     arrivals, prompts, outputs = [], [], []
     extra = _PrefixColumns(path)
     origin_ns = origin = previous = None
-    rows = 0
+    rows, whole_times, wall_clock, cols = 0, True, False, Columns()
     for cols, wall_clock, first, chunk in _plain_chunks(path, columns) or _chunks(path, columns):
         if not len(chunk):
             continue
@@ -310,6 +311,7 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
             arrival = (time - origin_ns) / 1e9
         else:
             arrival = time * cols.time_unit_s
+            whole_times = whole_times and bool(np.all(time == np.floor(time)))
         for name, values in ((cols.prompt, prompt), (cols.output, output)):
             bad = (values < 1) | (values != np.floor(values)) | (values > MAX_REQUEST_TOKENS)
             if bad.any():
@@ -337,7 +339,23 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
         raise TraceError(f"{path}: header only, no requests")
     arrival = np.concatenate(arrivals)
     prompt, output = np.concatenate(prompts), np.concatenate(outputs)
+    if columns is None and not wall_clock and cols.time_unit_s == 1.0 and whole_times:
+        _warn_if_milliseconds(path, cols.time, arrival)
     return Trace(arrival - arrival[0], prompt, output, str(path), prefix=extra.tree(prompt, output))
+
+
+SLOWEST_PLAUSIBLE_RPS = 0.01  # whole-number times in seconds slower than this on average look like milliseconds
+
+
+def _warn_if_milliseconds(path: Path, column: str, arrival: np.ndarray) -> None:
+    """Warn (InputWarning) when a detected time column of whole numbers, read as seconds, makes the
+    trace slower than one request per 100 s: its times are likely milliseconds."""
+    span = float(arrival[-1] - arrival[0])
+    if len(arrival) < 2 or span <= 0 or (len(arrival) - 1) / span >= SLOWEST_PLAUSIBLE_RPS:
+        return
+    warnings.warn(InputWarning(
+        f"{path}: column {column} holds whole numbers, read as seconds: {len(arrival):,} requests over {span:,.0f} s, "
+        f"{(len(arrival) - 1) / span:.2g} req/s; if they are milliseconds, give --time-unit ms"), stacklevel=3)
 
 
 def _frame_columns(path: Path, cols: Columns, wall_clock: bool, first: int, chunk: pd.DataFrame):
@@ -425,8 +443,11 @@ def _plain_block(header: list[str], lines: list[list[str]], cols: Columns, wall_
     if not all(all(map(_NUMBER, column)) for column in cells[1:]) or \
             not all(map(_STAMP if wall_clock else _NUMBER, cells[0])):
         return None
-    time = (np.array(cells[0], dtype="datetime64[ns]").astype(np.int64) if wall_clock
-            else np.array(cells[0], dtype=float))
+    try:
+        time = (np.array(cells[0], dtype="datetime64[ns]").astype(np.int64) if wall_clock
+                else np.array(cells[0], dtype=float))
+    except ValueError:  # (a date-time out of range, 2023-13-45: the checked path names its line)
+        return None
     prompt, output = np.array(cells[1], dtype=float), np.array(cells[2], dtype=float)
     if not (np.isfinite(prompt).all() and np.isfinite(output).all() and np.isfinite(time).all()):
         return None

@@ -1,12 +1,15 @@
 import contextlib
 import gzip
+import warnings
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
-from splitplan.base.errors import TraceError
+from splitplan.base.errors import InputWarning, TraceError
+from splitplan.cli import app
 from splitplan.specs.catalog import data_dir
 from splitplan.workload.trace import (
     Columns,
@@ -67,12 +70,31 @@ def test_splitwise_generic_and_gzip(tmp_path):
     ("", "empty file"),
     ("when,prompt,out\n0,1,1\n", "missing column"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,10,2\nyesterday,10,2\n", "line 3: TIMESTAMP 'yesterday'"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,10,2\n2023-13-45 25:61:00,10,2\n",
+     "line 3: TIMESTAMP '2023-13-45 25:61:00' is not a date-time"),  # (well formed, out of range: issue 54, item 12)
     ('{"timestamp": 0, "input_length": 5, "output_length": 2}\n{"timestamp": 1, "input_length": 0, "output_length": 2}\n',
      "line 2: column input_length is 0"),
 ])
 def test_bad_traces_name_the_line(tmp_path, text, message):
     with pytest.raises(TraceError, match=message):
         load_trace(_write(tmp_path, "bad.csv", text))
+
+
+def test_whole_number_times_too_slow_for_seconds_warn_and_name_the_unit(tmp_path):
+    """Issue 54, item 12: a detected time column of whole numbers that, read as seconds, gives less
+    than one request per 100 s is likely milliseconds: the trace reads, with a warning naming
+    --time-unit ms (the command line prints it as one line); fractional or faster times do not warn."""
+    slow = _write(tmp_path, "ms.csv", "timestamp,prompt_tokens,output_tokens\n" + "".join(
+        f"{k * 470},10,2\n" for k in range(20)))
+    with pytest.warns(InputWarning, match="column timestamp holds whole numbers.*give --time-unit ms"):
+        load_trace(slow)
+    result = CliRunner().invoke(app, ["trace", "summarize", str(slow)])
+    assert result.exit_code == 0 and result.stderr.startswith("warning: ") and "--time-unit ms" in result.stderr
+    assert "warning" not in CliRunner().invoke(app, ["trace", "summarize", str(slow), "--time-unit", "ms"]).stderr
+    for text in ("".join(f"{k * 470 + 0.5},10,2\n" for k in range(20)), "".join(f"{k * 50},10,2\n" for k in range(20))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", InputWarning)
+            load_trace(_write(tmp_path, "s.csv", "timestamp,prompt_tokens,output_tokens\n" + text))
 
 
 def test_directory_binary_and_missing(tmp_path):
