@@ -59,7 +59,8 @@ def hardware_list(format: Format = typer.Option(Format.table, "--format", help="
     cols = ["name", "GPUs", "bf16\nTFLOP/s", "fp8\nTFLOP/s", "GB", "TB/s", "link\nGB/s", "net\nGbit/s", "$/h", "kW", "price\ndate"]
     title = ("Hardware catalog (per-GPU figures; price and power per whole machine; (or 1, 2): also rented as NAME@1, NAME@2; "
              "sources: --format json)")
-    report.console().print(report.table(title, cols, rows))
+    con = report.console()
+    con.print(report.narrowed(con, title, cols, rows, ["price\ndate", "link\nGB/s", "net\nGbit/s", "kW", "TB/s", "fp8\nTFLOP/s"]))
 
 
 @models_app.command("list")
@@ -83,7 +84,9 @@ def models_list(format: Format = typer.Option(Format.table, "--format", help="ta
     ]
     cols = ["name", "layers", "hidden", "heads", "KV\nheads", "FFN", "FFN\nkind", "experts", "params\nB", "active\nB",
             "KV B/\ntoken"]
-    report.console().print(report.table("Model catalog (Hugging Face config keys; bf16)", cols, rows))
+    con = report.console()
+    con.print(report.narrowed(con, "Model catalog (Hugging Face config keys; bf16)", cols, rows,
+                              ["FFN\nkind", "hidden", "FFN", "KV\nheads", "heads", "layers"]))
 
 
 @trace_app.command("summarize")

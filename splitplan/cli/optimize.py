@@ -252,7 +252,8 @@ def _highest_rate(base, rate, duration, seed, start_rps, model, slo, options: Op
 
     with _progress("searching the highest rate") as step:
         result = api.max_rate(workload_at, start_rps, model, slo,
-                              progress=lambda r, ok: step(f"{r:.3g} req/s: {'served' if ok else 'not served'}"), options=options)
+                              progress=lambda r, ok: step(f"{report.significant(r)} req/s: {'served' if ok else 'not served'}"),
+                              options=options)
     return result, workload_at(result.max_rate_rps)
 
 
@@ -313,7 +314,7 @@ def pareto_figure(result, title: str):
     for k, p in enumerate(front, 1):
         ax.annotate(str(k), (p.power_kw, p.cost_usd_per_hour), fontsize=8, xytext=(4, 4), textcoords="offset points")
     legend = "\n".join(f"{k}: {report.plan_text(p)}, ${p.cost_usd_per_hour:,.2f}/h, {p.power_kw:,.1f} kW"
-                       + (f", max {p.max_rate_rps:.3g} req/s" if p.max_rate_rps else "") for k, p in enumerate(front, 1))
+                       + (f", max {report.significant(p.max_rate_rps)} req/s" if p.max_rate_rps else "") for k, p in enumerate(front, 1))
     fig.text(0.01, 0.01, legend, fontsize=7, va="bottom", ha="left", family="monospace")
     ax.set(xlabel="provisioned power (kW)", ylabel="cost (USD/h)")
     ax.set_title("\n".join(textwrap.fill(part, 72) for part in title.split("\n")), fontsize=9)
@@ -435,7 +436,7 @@ def _summary_rows(result) -> list[tuple[str, str]]:
         rows = [("prompt machines", report.pools_detail(plan.prompt_pools)), ("token machines", report.pools_detail(plan.token_pools))]
     rows.append(("in all", f"{plan.machines:,} machine{'s' * (plan.machines != 1)}, {plan.gpus:,} GPUs"))
     if result.max_rate_rps is not None:
-        rows.append(("max rate", f"{result.max_rate_rps:,.3g} req/s within the budget"))
+        rows.append(("max rate", f"{report.significant(result.max_rate_rps)} req/s within the budget"))
     per_million = report.per_million_text(plan)
     energy = report.energy_text(plan)
     rows += [("cost", f"${plan.cost_usd_per_hour:,.2f}/h" + (f"; {per_million}" if per_million else "")),
@@ -477,8 +478,8 @@ def _render_closed_loop(con, loop: dict) -> None:
     con.print(report.table("The plan's simulated closed loop, as a serving benchmark reports it", ["ms", "mean", "median", "p99"],
                            [(name, bench[key]["mean"], bench[key]["median"], bench[key]["p99"])
                             for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))],
-                           caption=f"{bench['requests_per_s']:.3g} req/s, {bench['output_tokens_per_s_per_gpu']:,.0f} output "
-                                   f"tokens/s per GPU ({bench['gpus']} GPUs)"))
+                           caption=f"{report.significant(bench['requests_per_s'])} req/s, "
+                                   f"{bench['output_tokens_per_s_per_gpu']:,.0f} output tokens/s per GPU ({bench['gpus']} GPUs)"))
 
 
 def _render_warnings(con, result) -> None:
@@ -501,7 +502,7 @@ def _rate_read(workload) -> str:
     """The rate the trace was read at, for titles (a wrong time unit shows here first); none for
     requests that all arrive at once (a closed loop's sizes)."""
     rate = workload.mean_rate_rps
-    return f", {rate:,.3g} req/s" if np.isfinite(rate) else ""
+    return f", {report.significant(rate)} req/s" if np.isfinite(rate) else ""
 
 
 def _in_objective(objective: str, plan) -> str:

@@ -147,7 +147,7 @@ def _render_simulation(summary: dict, workload, note: str = "") -> None:
                ("prompt queue", "prompt_queue_ms"), ("KV transfer", "transfer_ms"), ("decode queue", "decode_queue_ms")]
     rate = workload.mean_rate_rps
     con.print(report.table(f"Simulated {summary['finished']:,} of {summary['requests']:,} requests from {workload.source} "
-                           + (f"at {rate:,.3g} req/s " if math.isfinite(rate) else "")
+                           + (f"at {report.significant(rate)} req/s " if math.isfinite(rate) else "")
                            + f"over {summary['span_s']:,.1f} s{note}", ["ms", "p50", "p90", "p99"],
                            [(name, summary[key]["p50"], summary[key]["p90"], summary[key]["p99"]) for name, key in metrics]))
     bench = summary["benchmark"]
@@ -155,7 +155,8 @@ def _render_simulation(summary: dict, workload, note: str = "") -> None:
                            ["ms", "mean", "median", "p99"],
                            [(name, bench[key]["mean"], bench[key]["median"], bench[key]["p99"])
                             for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))],
-                           caption=f"{bench['requests_per_s']:.3g} req/s, {bench['output_tokens_per_s']:,.0f} output tokens/s, "
+                           caption=f"{report.significant(bench['requests_per_s'])} req/s, "
+                                   f"{bench['output_tokens_per_s']:,.0f} output tokens/s, "
                                    f"{bench['output_tokens_per_s_per_gpu']:,.0f} per GPU ({bench['gpus']} GPUs)"))
     con.print(report.table("SLO", ["line", "target", "achieved", "attainment %", "met"],
                            report.slo_rows(summary["slo"])))
@@ -170,9 +171,9 @@ def _render_simulation(summary: dict, workload, note: str = "") -> None:
                                    f"{summary['rejected_kv']} request(s) never fit an instance's KV"
                                    + (f", {summary['refused_context']:,} longer than the model's context window were "
                                       "refused (left out of the SLO)" if summary["refused_context"] else "") + "; "
-                                   f"GPU energy {summary['energy_kwh']:.2f} kWh, "
-                                   f"{summary['energy_kwh_per_million_tokens']:.3g} kWh per million tokens "
-                                   f"({summary['energy_kwh_per_million_output_tokens']:.3g} per million output tokens; "
+                                   f"GPU energy {report.significant(summary['energy_kwh'])} kWh, "
+                                   f"{report.significant(summary['energy_kwh_per_million_tokens'])} kWh per million tokens "
+                                   f"({report.significant(summary['energy_kwh_per_million_output_tokens'])} per million output tokens; "
                                    f"power figures: {report.power_text(summary['power_sources'])})"))
     moved = summary["borrowed"]
     if any(moved.values()):

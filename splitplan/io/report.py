@@ -108,7 +108,7 @@ def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], caption
     """A table: numbers right-aligned (never wrapped), text left-aligned and wrapped when the
     console is narrower than the table (see `console`)."""
     table_rows = [list(row) for row in rows]
-    formats = [_column_format([r[i] for r in table_rows]) for i in range(len(columns))]
+    formats = [_column_format([r[i] for r in table_rows], money="$" in col) for i, col in enumerate(columns)]
     cells = [[f(v) for f, v in zip(formats, row, strict=True)] for row in table_rows]
     t = _Table()
     t.heading, t.footnote = title, caption or ""
@@ -163,20 +163,27 @@ def _clause_lines(text: str, width: int) -> list[str]:
 _NUMBER = re.compile(r"^(-|[+-]?[\d,]*\.?\d+(e[+-]?\d+)?%?)$")
 
 
-def _column_format(values: list) -> Callable[[Any], str]:
-    """One number format per column (a quantity): whole numbers when every value is whole,
-    else two decimals when every value is at least 1, else as many decimals as give the smallest
-    value three significant digits (`1.000`, `0.600`, `0.535`), at most 6; text as is."""
+def _column_format(values: list, money: bool = False) -> Callable[[Any], str]:
+    """One number format per column (a quantity): whole numbers when every value is whole (money,
+    a `$` column: cents), else two decimals when every value is at least 1, else as many decimals
+    as give the smallest value three significant digits (`1.000`, `0.600`, `0.535`); where that
+    takes more than 6 (a column of factors of several sizes, 4.263e-06 beside 0.75), each value
+    with four significant digits; text as is."""
     floats = [v for v in values if isinstance(v, float) and math.isfinite(v)]
     if not floats or any(v is not None and not isinstance(v, (int, float)) for v in values):
         return fmt
     smallest = min((abs(v) for v in floats if v), default=1.0)
-    if all(v == int(v) for v in floats):
+    decimals = 2 - math.floor(math.log10(smallest))
+    if money and smallest >= 0.01:
+        spec = ",.2f"
+    elif all(v == int(v) for v in floats):
         spec = ",.0f"
     elif smallest >= 1:
         spec = ",.2f"
+    elif decimals > 6:
+        spec = ".4g"
     else:
-        spec = f",.{min(2 - math.floor(math.log10(smallest)), 6)}f"
+        spec = f",.{decimals}f"
 
     def one(value: Any) -> str:
         if isinstance(value, float) and math.isfinite(value):
@@ -227,6 +234,25 @@ class _Console(Console):
         super().print(*objects, **kwargs)
 
 
+def _minimum_width(con: Console, t: Table) -> int:
+    from rich.measure import Measurement
+    return Measurement.get(con, con.options.update_width(1 << 16), t).minimum
+
+
+def narrowed(con: Console, title: str, columns: list[str], rows: list[tuple], optional: list[str]) -> Table:
+    """`table`, leaving out as many of the `optional` columns (in that order) as it takes to fit
+    the console's width, and saying which in its caption (a catalog on an 80-column terminal)."""
+    t, left_out = table(title, columns, rows), []
+    for name in optional:
+        if _minimum_width(con, t) <= con.width:
+            break
+        k = columns.index(name)
+        columns, rows = columns[:k] + columns[k + 1:], [row[:k] + row[k + 1:] for row in rows]
+        left_out.append(name.replace("\n", " "))
+        t = table(title, columns, rows, f"left out at this width: {', '.join(left_out)} (--wide, or --format json)")
+    return t
+
+
 def console() -> Console:
     """The terminal's width on a terminal (at most WIDTH unless --wide); WIDTH in a pipe or a
     file, or wide enough for every table unwrapped with --wide. A table that cannot be narrowed
@@ -254,20 +280,27 @@ def pools_detail(pools) -> str:
     return " + ".join(one(p) for p in pools) or "-"
 
 
+def significant(value: float, digits: int = 3) -> str:
+    """A figure to `digits` significant digits, never in exponent form: 0.0183, 14.4, 1,235."""
+    if not math.isfinite(value) or value == 0:
+        return fmt(value)
+    return f"{value:,.{max(digits - 1 - math.floor(math.log10(abs(value))), 0)}f}"
+
+
 def per_million_text(plan) -> str:
     """`$1.23 per million tokens ($4.56 per million output tokens)`, or '' without a rate."""
     if plan.cost_usd_per_million_tokens is None:
         return ""
-    return (f"${plan.cost_usd_per_million_tokens:,.3g} per million tokens "
-            f"(${plan.cost_usd_per_million_output_tokens:,.3g} per million output tokens)")
+    return (f"${significant(plan.cost_usd_per_million_tokens)} per million tokens "
+            f"(${significant(plan.cost_usd_per_million_output_tokens)} per million output tokens)")
 
 
 def energy_text(plan) -> str:
     """`0.28 kWh per million tokens (14.4 per million output tokens)`, or '' without a figure."""
     if plan.energy_kwh_per_million_tokens is None:
         return ""
-    return (f"{plan.energy_kwh_per_million_tokens:,.3g} kWh per million tokens "
-            f"({plan.energy_kwh_per_million_output_tokens:,.3g} per million output tokens)")
+    return (f"{significant(plan.energy_kwh_per_million_tokens)} kWh per million tokens "
+            f"({significant(plan.energy_kwh_per_million_output_tokens)} per million output tokens)")
 
 
 def power_text(sources: list[dict]) -> str:

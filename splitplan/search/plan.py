@@ -761,8 +761,9 @@ def _pools(counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], values: 
 
     def figures(k, role, key):
         held, needed = _held(options[k], counts[k])[role], _needed(options[k], sized[k])[role]
-        u = busy.get(key)
-        return (None if u is None else u * _held(options[k], sized[k])[role] / held), hits.get(key), held - needed
+        u, hit = busy.get(key), hits.get(key)
+        return (None if u is None else float(u * _held(options[k], sized[k])[role] / held)), \
+            (None if hit is None else float(hit)), held - needed
 
     out = {role: [SizedPool.of(k.hardware, options[k].inst.hardware.gpus_per_machine, k.layout, c, *figures(k, role, k))
                   for k, c in sorted(counts.items()) if isinstance(k, OptionKey) and k.role == role] for role in Role}

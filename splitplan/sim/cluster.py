@@ -855,7 +855,8 @@ class _Cluster:
         finished_at = self.trace.arrival_s + np.array(self.e2e)
         span = float(np.nanmax(finished_at) - self.arrival[0]) if self.tokens_out else 0.0
         return SimResult(
-            self.trace, np.array(self.ttft), np.array(self.e2e), tbt_max, np.array(self.prefill_start) - self.trace.arrival_s,
+            self.trace, np.array(self.ttft), np.array(self.e2e), tbt_max,
+            _queue_s(np.array(self.prefill_start) - self.trace.arrival_s - self.front),  # (from past the API front end)
             np.array(self.kv_ready) - (self.trace.arrival_s + np.array(self.ttft)), np.array(self.join_time) - np.array(self.kv_ready),
             np.array(self.p_inst), np.array(self.t_inst), np.array(self.rejected), self.tokens_out, span,
             [InstanceStats(x.pool, Role(x.role), x.prefill_s, x.decode_s, x.batch_integral,
@@ -865,3 +866,9 @@ class _Cluster:
             np.array(self.refused), itl, warmup,
             None if self.passes is None else np.array(self.passes, float).reshape(-1, 7),
         )
+
+
+def _queue_s(waits: np.ndarray) -> np.ndarray:
+    """Waits in seconds, less than a nanosecond read as none (what subtracting the front end
+    from its sum with an arrival leaves in floating point)."""
+    return np.where(np.abs(waits) < 1e-9, 0.0, waits)

@@ -97,8 +97,8 @@ def power_sources(machines) -> list[dict]:
 
 def energy_per_million_tokens(energy_kwh: float, prompt_tokens: float, output_tokens: float) -> dict:
     """`energy_kwh_per_million_tokens` (prompt and output) and `..._per_million_output_tokens`."""
-    return {"energy_kwh_per_million_tokens": energy_kwh * 1e6 / max(prompt_tokens + output_tokens, 1.0),
-            "energy_kwh_per_million_output_tokens": energy_kwh * 1e6 / max(output_tokens, 1.0)}
+    return {"energy_kwh_per_million_tokens": float(energy_kwh * 1e6 / max(prompt_tokens + output_tokens, 1.0)),
+            "energy_kwh_per_million_output_tokens": float(energy_kwh * 1e6 / max(output_tokens, 1.0))}
 
 
 def pool_report(result: SimResult, pools: list[PoolSpec]) -> list[dict]:

@@ -146,7 +146,7 @@ class SimResult:
     ttft_s: np.ndarray
     e2e_s: np.ndarray
     tbt_max_s: np.ndarray
-    prompt_queue_s: np.ndarray
+    prompt_queue_s: np.ndarray  # from reaching the engine (the API front end passed) to the prefill's start
     transfer_s: np.ndarray
     decode_queue_s: np.ndarray
     prompt_instance: np.ndarray
