@@ -633,32 +633,48 @@ class PlanWorkload(NamedTuple):
 def plan_workload(echo: dict, trace: Path | None, columns, rate: float | None, duration_s: float | None,
                   seed: int | None) -> PlanWorkload:
     """simulate's and sweep's workload for a plan (`echo`, its inputs; {} without one): see PlanWorkload."""
-    from splitplan.workload.trace import Columns, default_trace_path
+    from splitplan.workload.trace import Columns
     if not echo:
-        return PlanWorkload(trace, columns, rate, 120.0 if duration_s is None else duration_s, seed or 0)
-    made_on = str(echo.get("trace") or "")
-    if trace is None and echo.get("trace_file") is None and made_on and not made_on.startswith(default_trace_path().name):
-        raise SpecError(f"the plan was made on {excerpt(made_on)}, which it does not record as a file (an older "
-                        "plan.json): give --trace (and --rate, --duration, --seed as it was made)")
+        return PlanWorkload(trace, columns, rate, _first(duration_s, 120.0), _first(seed, 0))
+    _check_recorded_trace(echo, trace)
     given = {"--trace": trace_record(trace, None)["trace_file"] if trace is not None else None, "--rate": rate,
              "--duration": duration_s, "--seed": seed}
     theirs = {"--trace": echo.get("trace_file"), "--rate": echo.get("rate_rps"), "--duration": echo.get("duration_s"),
               "--seed": echo.get("seed")}
     changed = [flag for flag, value in given.items() if value is not None and value != theirs[flag]]
-    overridden = tuple(f"{flag} {given[flag]:g}" if isinstance(given[flag], float) else f"{flag} {printable(str(given[flag]))}"
-                       for flag in changed)
     other_trace = "--trace" in changed  # (the plan's rate resampled its own trace, not this one)
-    window = echo.get("window") if not changed else None  # (the plan's own requests: its window or stretch, its headroom)
     stored = echo.get("trace_columns")
+    headroom, window, stretch = (0.0, None, None) if changed else _own_requests(echo)
     return PlanWorkload(
         trace if other_trace else theirs["--trace"],
         columns if columns is not None or other_trace else Columns(**stored) if stored else None,
-        rate if rate is not None else None if other_trace else theirs["--rate"],
-        duration_s if duration_s is not None else theirs["--duration"] or 120.0,
-        seed if seed is not None else theirs["--seed"] or 0,
-        0.0 if changed else float(echo.get("headroom_pct") or 0.0),
-        (float(echo["window_s"]), float(window["start_s"])) if window and echo.get("window_s") else None,
-        int(window["requests"]) if window and not echo.get("window_s") and window.get("requests") else None, overridden)
+        _first(rate, None if other_trace else theirs["--rate"]), _first(duration_s, theirs["--duration"], 120.0),
+        _first(seed, theirs["--seed"], 0), headroom, window, stretch,
+        overridden=tuple(f"{flag} {given[flag]:g}" if isinstance(given[flag], float) else f"{flag} {printable(str(given[flag]))}"
+                         for flag in changed))
+
+
+def _first(*values):
+    """The first of `values` that is not None (the option given, else the plan's, else the default)."""
+    return next((v for v in values if v is not None), None)
+
+
+def _check_recorded_trace(echo: dict, trace: Path | None) -> None:
+    """An older plan.json records its trace by description only: refused unless --trace names it."""
+    from splitplan.workload.trace import default_trace_path
+    made_on = str(echo.get("trace") or "")
+    if trace is None and echo.get("trace_file") is None and made_on and not made_on.startswith(default_trace_path().name):
+        raise SpecError(f"the plan was made on {excerpt(made_on)}, which it does not record as a file (an older "
+                        "plan.json): give --trace (and --rate, --duration, --seed as it was made)")
+
+
+def _own_requests(echo: dict) -> tuple[float, tuple[float, float] | None, int | None]:
+    """What makes a plan's own requests of its workload: its headroom, and its --window plan's window
+    or its peak stretch (PlanWorkload's headroom_pct, window and max_requests)."""
+    window = echo.get("window") or {}
+    return (float(echo.get("headroom_pct") or 0.0),
+            (float(echo["window_s"]), float(window["start_s"])) if window and echo.get("window_s") else None,
+            int(window["requests"]) if window.get("requests") and not echo.get("window_s") else None)
 
 
 def plan_settings(echo: dict, model: str | None, slo: str | None, engine: str | None) -> tuple[str, str, str]:

@@ -141,6 +141,34 @@ def scaled_objects(dep: Deployment, schedule: _Schedule, start: str, timezone: s
     """A ScaledObject per pool of `dep` that follows `schedule` (`target`: llm-d or dynamo, whose
     DynamoGraphDeployment is `dgd_name`), running `outside` (OUTSIDE) in the hours no window covers;
     SpecError where the schedule is not this plan's or cron triggers cannot express it."""
+    first = _clock_minutes(start, timezone, outside)
+    by_label = {label(g): g for g in dep.groups}
+    if set(schedule.pools) != set(by_label):
+        raise SpecError(f"--schedule: its pools ({', '.join(schedule.pools)}) are not this plan's ({', '.join(sorted(by_label))}); "
+                        "export the plan.json written beside the schedule's windows.json")
+    lead = _minutes(schedule.scale_up_lead_s, "the scale-up lead")
+    window = _minutes(schedule.window_s, "the window")
+    span = _minutes(max(w.end_s for w in schedule.windows) - min(w.start_s for w in schedule.windows), "the schedule's span")
+    if span > DAY_S // 60 or window >= DAY_S // 60:
+        raise SpecError(f"--schedule: {span / 60:g} hours in windows of {window / 60:g} h; KEDA's cron triggers repeat daily: "
+                        "give a schedule within one day, in windows shorter than a day")
+    out = []
+    for column, name in enumerate(schedule.pools):
+        g = by_label[name]
+        counts = [w.instances[column] for w in schedule.windows]
+        if not any(counts):
+            raise SpecError(f"--schedule: pool {printable(name)} runs no instance in any window, which a ScaledObject cannot "
+                            "follow; export the windows.json written beside this plan")
+        labels = {"llm-d.ai/model": dep.name} if target == "llm-d" else {"app.kubernetes.io/part-of": dgd_name}  # (each target's own)
+        out.append({"apiVersion": KEDA_API, "kind": "ScaledObject", "metadata": {"name": g.name, "labels": labels},
+                    "spec": {"scaleTargetRef": _target(g, target, dgd_name), "minReplicaCount": 0 if outside == "zero" else min(counts),
+                             "maxReplicaCount": max(counts),
+                             "triggers": _triggers(schedule, counts, first, lead, timezone, outside)}})
+    return out
+
+
+def _clock_minutes(start: str, timezone: str, outside: str) -> int:
+    """The schedule's first window as minutes after midnight, once the options that place it are checked."""
     if outside not in OUTSIDE:
         raise SpecError(f"--outside-schedule '{excerpt(outside)}': choose {', '.join(OUTSIDE)}")
     clock = _CLOCK.fullmatch(start)
@@ -149,49 +177,31 @@ def scaled_objects(dep: Deployment, schedule: _Schedule, start: str, timezone: s
     if not known_timezone(timezone):
         raise SpecError(f"--timezone '{excerpt(timezone)}': not an IANA time zone; give one such as UTC, Europe/Paris or "
                         "America/New_York")
-    by_label = {label(g): g for g in dep.groups}
-    if set(schedule.pools) != set(by_label):
-        raise SpecError(f"--schedule: its pools ({', '.join(schedule.pools)}) are not this plan's ({', '.join(sorted(by_label))}); "
-                        "export the plan.json written beside the schedule's windows.json")
-    first = int(clock.group(1)) * 60 + int(clock.group(2))
-    lead = _minutes(schedule.scale_up_lead_s, "the scale-up lead")
-    window = _minutes(schedule.window_s, "the window")
-    span = _minutes(max(w.end_s for w in schedule.windows) - min(w.start_s for w in schedule.windows), "the schedule's span")
-    if span > DAY_S // 60 or window >= DAY_S // 60:
-        raise SpecError(f"--schedule: {span / 60:g} hours in windows of {window / 60:g} h; KEDA's cron triggers repeat daily: "
-                        "give a schedule within one day, in windows shorter than a day")
-    out = []
-    first_start, last_end = (_minutes(x, "a window's start or end") for x in (schedule.windows[0].start_s, schedule.windows[-1].end_s))
-    for column, name in enumerate(schedule.pools):
-        g = by_label[name]
-        counts = [w.instances[column] for w in schedule.windows]
-        if not any(counts):
-            raise SpecError(f"--schedule: pool {printable(name)} runs no instance in any window, which a ScaledObject cannot "
-                            "follow; export the windows.json written beside this plan")
-        triggers = []
-        for k, (w, n) in enumerate(zip(schedule.windows, counts, strict=True)):
-            if n == 0:
-                continue
-            begin = _minutes(w.start_s, "a window's start") - lead  # (the first too: before it, minReplicaCount)
-            triggers.append({"type": "cron", "name": f"window-{k}",
-                             "metadata": {"timezone": timezone, "start": _cron(first + begin),
-                                          "end": _cron(first + _minutes(w.end_s, "a window's end")), "desiredReplicas": str(n)}})
-        if target == "dynamo":
-            ref = {"apiVersion": "nvidia.com/v1beta1", "kind": "DynamoGraphDeploymentScalingAdapter",
-                   "name": f"{dgd_name}-{g.name.lower()}"}
-        elif g.nodes_per_instance > 1:
-            ref = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": g.name}
-        else:
-            ref = {"apiVersion": "apps/v1", "kind": "Deployment", "name": g.name}
-        if outside == "peak" and uncovered_minutes(schedule) > lead:  # (from the last window's end to the first's lead)
-            triggers.append({"type": "cron", "name": "outside-schedule",
-                             "metadata": {"timezone": timezone, "start": _cron(first + last_end),
-                                          "end": _cron(first + first_start - lead), "desiredReplicas": str(max(counts))}})
-        labels = {"llm-d.ai/model": dep.name} if target == "llm-d" else {"app.kubernetes.io/part-of": dgd_name}  # (each target's own)
-        out.append({"apiVersion": KEDA_API, "kind": "ScaledObject", "metadata": {"name": g.name, "labels": labels},
-                    "spec": {"scaleTargetRef": ref, "minReplicaCount": 0 if outside == "zero" else min(counts),
-                             "maxReplicaCount": max(counts), "triggers": triggers}})
+    return int(clock.group(1)) * 60 + int(clock.group(2))
+
+
+def _triggers(schedule: _Schedule, counts: list[int], first: int, lead: int, timezone: str, outside: str) -> list[dict]:
+    """A pool's cron triggers: one per window with instances, from its start less the lead (the
+    first too: before it, minReplicaCount) to its end; with `outside` peak, one at the pool's most
+    instances from the last window's end to the first's lead, where the windows leave time."""
+    def cron(name: str, begin: int, end: int, replicas: int) -> dict:
+        return {"type": "cron", "name": name, "metadata": {"timezone": timezone, "start": _cron(first + begin),
+                                                           "end": _cron(first + end), "desiredReplicas": str(replicas)}}
+    out = [cron(f"window-{k}", _minutes(w.start_s, "a window's start") - lead, _minutes(w.end_s, "a window's end"), n)
+           for k, (w, n) in enumerate(zip(schedule.windows, counts, strict=True)) if n]
+    if outside == "peak" and uncovered_minutes(schedule) > lead:
+        out.append(cron("outside-schedule", _minutes(schedule.windows[-1].end_s, "a window's end"),
+                        _minutes(schedule.windows[0].start_s, "a window's start") - lead, max(counts)))
     return out
+
+
+def _target(g: Group, target: str, dgd_name: str) -> dict:
+    """What a pool's ScaledObject scales: Dynamo's scaling adapter of its component, or its llm-d workload."""
+    if target == "dynamo":
+        return {"apiVersion": "nvidia.com/v1beta1", "kind": "DynamoGraphDeploymentScalingAdapter", "name": f"{dgd_name}-{g.name.lower()}"}
+    if g.nodes_per_instance > 1:
+        return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": g.name}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": g.name}
 
 
 def keda_yaml(objects: list[dict]) -> str:

@@ -488,7 +488,7 @@ def evaluate(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, 
     if mixed:
         (key, machines), = mixed  # a co-located plan is one homogeneous pool
         inst = options[key].inst
-        return _colocated_values(problem, key, inst, inst.instances_on(machines) - (fewer[1] if fewer and fewer[0] == key else 0))
+        return _colocated_values(problem, key, inst, _less(key, inst.instances_on(machines), fewer))
     memo = {} if memo is None else memo
     prompt_parts, token_parts = (_parts(counts, options, role, fewer) for role in SPLIT)
     prompt_keys = [k for k, *_ in prompt_parts]
@@ -577,7 +577,12 @@ def _parts(counts: dict, options: dict, role: Role, fewer: tuple | None = None) 
         elif k.role == SHARED:
             part, held = options[k].part(role)
             out.append(((k, role), part, c * held, k))
-    return [(k, o, n - fewer[1] if fewer and k == fewer[0] else n, c) for k, o, n, c in out]
+    return [(k, o, _less(k, n, fewer), c) for k, o, n, c in out]
+
+
+def _less(key, instances: int, fewer: tuple | None) -> int:
+    """A pool's instances, `fewer[1]` fewer where `fewer[0]` is its key."""
+    return instances - fewer[1] if fewer is not None and key == fewer[0] else instances
 
 
 def check(problem: Problem, values: dict) -> list[tuple[SloLine, float, bool]]:

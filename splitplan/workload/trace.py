@@ -294,7 +294,7 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
     arrivals, prompts, outputs = [], [], []
     extra = _PrefixColumns(path)
     origin_ns = origin = previous = None
-    rows, whole_times, wall_clock, cols = 0, True, False, Columns()
+    rows, wall_clock, cols = 0, False, Columns()
     for cols, wall_clock, first, chunk in _plain_chunks(path, columns) or _chunks(path, columns):
         if not len(chunk):
             continue
@@ -311,7 +311,6 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
             arrival = (time - origin_ns) / 1e9
         else:
             arrival = time * cols.time_unit_s
-            whole_times = whole_times and bool(np.all(time == np.floor(time)))
         for name, values in ((cols.prompt, prompt), (cols.output, output)):
             bad = (values < 1) | (values != np.floor(values)) | (values > MAX_REQUEST_TOKENS)
             if bad.any():
@@ -339,20 +338,22 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
         raise TraceError(f"{path}: header only, no requests")
     arrival = np.concatenate(arrivals)
     prompt, output = np.concatenate(prompts), np.concatenate(outputs)
-    if columns is None and not wall_clock and cols.time_unit_s == 1.0 and whole_times:
-        _warn_if_milliseconds(path, cols.time, arrival)
+    if columns is None and not wall_clock:  # (times detected, not named: the unit is a guess)
+        _warn_if_milliseconds(path, cols, arrival)
     return Trace(arrival - arrival[0], prompt, output, str(path), prefix=extra.tree(prompt, output))
 
 
 SLOWEST_PLAUSIBLE_RPS = 0.01  # whole-number times in seconds slower than this on average look like milliseconds
 
 
-def _warn_if_milliseconds(path: Path, column: str, arrival: np.ndarray) -> None:
-    """Warn (InputWarning) when a detected time column of whole numbers, read as seconds, makes the
-    trace slower than one request per 100 s: its times are likely milliseconds."""
+def _warn_if_milliseconds(path: Path, cols: Columns, arrival: np.ndarray) -> None:
+    """Warn (InputWarning) when a detected time column of whole numbers, read as seconds (`arrival`:
+    its values as read), makes the trace slower than one request per 100 s: they are likely milliseconds."""
     span = float(arrival[-1] - arrival[0])
-    if len(arrival) < 2 or span <= 0 or (len(arrival) - 1) / span >= SLOWEST_PLAUSIBLE_RPS:
+    if (cols.time_unit_s != 1.0 or len(arrival) < 2 or span <= 0 or (len(arrival) - 1) / span >= SLOWEST_PLAUSIBLE_RPS
+            or not np.all(arrival == np.floor(arrival))):
         return
+    column = cols.time
     warnings.warn(InputWarning(
         f"{path}: column {column} holds whole numbers, read as seconds: {len(arrival):,} requests over {span:,.0f} s, "
         f"{(len(arrival) - 1) / span:.2g} req/s; if they are milliseconds, give --time-unit ms"), stacklevel=3)
