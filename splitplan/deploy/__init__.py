@@ -38,6 +38,7 @@ BACKENDS = ("vllm", "sglang")
 VERSIONS = {"dynamo": "1.6.1", "llm-d": "0.8.0", "vllm": "0.31.0", "sglang": "0.5.21"}
 ROLE_NAMES = {"prompt": "prefill", "token": "decode", "mixed": "worker"}
 CPUS_PER_GPU, MEMORY_GIB_PER_GPU = 4, 16  # (a serving pod's requests: Deployment.pod_requests)
+CACHE_GIB, STORAGE_SPARE = 10, 1.1  # a pod's ephemeral storage: the engine's compile caches, the checkpoint with 10 % spare
 
 
 # --- what a value must be to reach a deployment file ----------------------------------------
@@ -167,8 +168,7 @@ class Deployment:
         P/D guide gives its decode pods (16 CPUs and 64 Gi for 4 GPUs; guides/pd-disaggregation,
         2026), and ephemeral storage for the checkpoint it downloads (10 % over its size, plus
         10 Gi for the engine's compile caches; the caches alone where --model-cache-pvc holds it)."""
-        gib = 2**30
-        storage = 10 + (0 if self.model_cache_pvc else math.ceil(self.checkpoint_bytes * 1.1 / gib))
+        storage = CACHE_GIB + (0 if self.model_cache_pvc else math.ceil(self.checkpoint_bytes * STORAGE_SPARE / 2**30))
         return {"cpu": str(CPUS_PER_GPU * g.gpus_per_node), "memory": f"{MEMORY_GIB_PER_GPU * g.gpus_per_node}Gi",
                 "ephemeral-storage": f"{storage}Gi"}
 
@@ -415,9 +415,9 @@ def _pinning(labels: dict[str, str]) -> str:
 def storage_text(dep: Deployment) -> str:
     """How a pod's ephemeral-storage request was sized (EXPORT.md)."""
     if dep.model_cache_pvc:
-        return f"the engine's compile caches (10 Gi); the weights are in the claim {dep.model_cache_pvc}"
-    return (f"the checkpoint {dep.model_id} downloads ({dep.checkpoint_bytes / 1e9:,.0f} GB of weights) with 10 % to spare, "
-            "and 10 Gi for the engine's compile caches")
+        return f"the engine's compile caches ({CACHE_GIB} Gi); the weights are in the claim {dep.model_cache_pvc}"
+    return (f"the checkpoint {dep.model_id} downloads ({dep.checkpoint_bytes / 1e9:,.0f} GB of weights) with "
+            f"{round((STORAGE_SPARE - 1) * 100)} % to spare, and {CACHE_GIB} Gi for the engine's compile caches")
 
 
 def common_mapping(dep: Deployment, engine: str, kubernetes: bool = False) -> tuple[list[tuple[str, str]], list[str]]:
