@@ -222,9 +222,7 @@ class _Console(Console):
 
     def print(self, *objects, **kwargs):
         if "width" not in kwargs:
-            from rich.measure import Measurement
-            unbounded = self.options.update_width(1 << 16)  # (a measurement is clamped to the width it is given)
-            need = max((Measurement.get(self, unbounded, o).minimum for o in objects if isinstance(o, Table)), default=0)
+            need = max((_minimum_width(self, o) for o in objects if isinstance(o, Table)), default=0)
             if need > self.width:  # (print's own width may only narrow)
                 width, self.width = self.width, need
                 try:
@@ -235,6 +233,8 @@ class _Console(Console):
 
 
 def _minimum_width(con: Console, t: Table) -> int:
+    """The narrowest `t` prints without cutting a number or a name (measured unbounded: a
+    measurement is clamped to the width it is given)."""
     from rich.measure import Measurement
     return Measurement.get(con, con.options.update_width(1 << 16), t).minimum
 
@@ -281,7 +281,7 @@ def pools_detail(pools) -> str:
 
 
 def significant(value: float, digits: int = 3) -> str:
-    """A figure to `digits` significant digits, never in exponent form: 0.0183, 14.4, 1,235."""
+    """A figure to `digits` significant digits, never in exponent form: 0.0183, 14.4, 1,004."""
     if not math.isfinite(value) or value == 0:
         return fmt(value)
     return f"{value:,.{max(digits - 1 - math.floor(math.log10(abs(value))), 0)}f}"
