@@ -1,18 +1,25 @@
-"""Op-level accuracy, dense GEMMs: the model's time for one GEMM against NVIDIA's measured kernels.
+"""Op-level accuracy: the model's time for one operator against NVIDIA's measured kernels.
 
     pip install --no-deps aiconfigurator-core==0.12.0 pyarrow   # (bench only: NVIDIA's measured tables, Apache-2.0)
     python bench/kernels.py
 
-The first row of issue 55's op-level table, a baseline before per-GPU curves: for each catalog GPU
-that aiconfigurator-core ships vLLM 0.24 GEMM tables for (A100: 0.14), each measured shape (m, n, k)
-with m from 1 to 16,384 tokens and n, k of at least 1,024 (the projections and FFN matrices of
-serving) is timed as the pass formula times a layer's dense GEMMs (perf/kernels.py, operator class
-0): the larger of 2 m n k over the GEMM peak at the weights' precision times compute_efficiency
-times the token ramp m / (m + gemm_half_tokens), slowed to the sustained clock, and the weights
-and activations read at the achieved bandwidth. bf16 shapes with the `vllm` profile, fp8 with
-`vllm-fp8`, each with its factors for that machine. Prints MAPE % / median signed error % of the
-model against the measured latency per GPU, precision and band of m, and overall; the target of
-issue 55 is 10 % in every cell of more than 20 points. Nothing is fitted here.
+A baseline for issue 55's op-level table, before per-GPU curves. aiconfigurator-core ships vLLM
+0.24 tables (A100: 0.14) per catalog GPU; each measured shape is timed as the pass formula times
+its operator class (perf/kernels.py, `pass_terms`), nothing fitted here:
+- dense GEMMs (class 0), shapes (m, n, k) with m from 1 to 16,384 tokens and n, k of at least
+  1,024 (serving's projections and FFN matrices): the larger of 2 m n k over the GEMM peak at the
+  weights' precision times compute_efficiency times the token ramp m / (m + gemm_half_tokens),
+  slowed to the sustained clock, and the weights and activations read at the achieved bandwidth;
+- context attention (class 2), a batch of b prompts of p tokens over H query and H_kv KV heads of
+  d: 2 H d b p^2 FLOPs at the activations' peak times attention_efficiency (sustained clock), or
+  b p (2 H d + 2 H_kv d) activation bytes, whichever is slower;
+- generation attention (class 3), b requests over a context of c tokens: 4 H d b c FLOPs at the
+  activations' peak times compute_efficiency, or 2 H_kv d b c KV bytes, whichever is slower.
+bf16 GEMMs and bf16-KV attention with the `vllm` profile, fp8 GEMMs and fp8-KV attention with
+`vllm-fp8` (which also computes attention at fp8, as the model does), each with its factors for
+that machine. Prints MAPE % / median signed error % of the model against the measured latency per
+operator class, GPU, precision and size band; the target of issue 55 is 10 % in every cell of more
+than 20 points.
 """
 
 from __future__ import annotations
@@ -28,46 +35,86 @@ from splitplan.specs.hardware import load_hardware
 SYSTEMS = {"a100-80gb": ("a100_sxm", "0.14.0"), "h100-80gb": ("h100_sxm", "0.24.0"), "h200-141gb": ("h200_sxm", "0.24.0"),
            "b200-180gb": ("b200_sxm", "0.24.0"), "gb200-nvl72": ("gb200", "0.24.0"), "l40s-48gb": ("l40s", "0.24.0")}
 PROFILES = {"bfloat16": ("bf16", "vllm"), "fp8": ("fp8", "vllm-fp8")}
-BANDS = [(1, 16), (17, 256), (257, 4096), (4097, 16384)]
+BANDS = {"GEMM": [(1, 16), (17, 256), (257, 4096), (4097, 16384)],  # m, tokens
+         "context attention": [(1, 512), (513, 4096), (4097, 1 << 20)],  # prompt tokens
+         "generation attention": [(1, 512), (513, 4096), (4097, 1 << 20)]}  # context tokens
 
 
-def model_s(hw, engine, m, n, k) -> np.ndarray:
+def gemm_s(hw, engine, m, n, k) -> np.ndarray:
     """The pass formula's time for GEMMs (m, n, k) on `hw` with `engine` (its factors for that machine)."""
     f = engine.factors(hw.name, 1)
     ramp = m / (m + f.gemm_half_tokens)
     compute = 2 * m * n * k / (hw.peak_flops_per_s(engine.weights) * f.compute_efficiency * ramp) / hw.prefill_clock_fraction
     moved = n * k * engine.weight_bytes_per_element + m * (n + k) * engine.bytes_per_element
-    memory = moved / (hw.memory_bytes_per_s * f.memory_efficiency)
-    return np.maximum(compute, memory)
+    return np.maximum(compute, moved / (hw.memory_bytes_per_s * f.memory_efficiency))
+
+
+def context_s(hw, engine, b, p, heads, kv_heads, d) -> np.ndarray:
+    f = engine.factors(hw.name, 1)
+    compute = 2 * heads * d * b * p**2 / (hw.peak_flops_per_s(engine.dtype) * f.attention_efficiency) / hw.prefill_clock_fraction
+    moved = b * p * (2 * heads * d + 2 * kv_heads * d) * engine.bytes_per_element
+    return np.maximum(compute, moved / (hw.memory_bytes_per_s * f.memory_efficiency))
+
+
+def generation_s(hw, engine, b, c, heads, kv_heads, d) -> np.ndarray:
+    f = engine.factors(hw.name, 1)
+    compute = 4 * heads * d * b * c / (hw.peak_flops_per_s(engine.dtype) * f.compute_efficiency)
+    moved = 2 * kv_heads * d * b * c * engine.kv_bytes_per_element
+    return np.maximum(compute, moved / (hw.memory_bytes_per_s * f.memory_efficiency))
+
+
+def _errors(op: str, gpu: str, precision: str, size, predicted_s, measured_ms) -> pd.DataFrame:
+    return pd.DataFrame({"op": op, "gpu": gpu, "dtype": precision, "size": size,
+                         "error_pct": (predicted_s / (np.asarray(measured_ms, float) * 1e-3) - 1) * 100})
+
+
+def _attention(path) -> pd.DataFrame:
+    """An attention table, its full-attention, single-beam rows (older tables have neither column: all are)."""
+    if not path.is_file():
+        return pd.DataFrame()
+    table = pd.read_parquet(path)
+    keep = np.ones(len(table), bool)
+    for column, value in (("window_size", 0), ("beam_width", 1)):
+        if column in table:
+            keep &= (table[column] == value).to_numpy()
+    return table[keep]
 
 
 def rows() -> pd.DataFrame:
     data = resources.files("aiconfigurator_core") / "systems" / "data"
     out = []
     for name, (system, version) in SYSTEMS.items():
-        table = pd.read_parquet(data / system / "gemm" / "vllm" / version / "gemm_perf.parquet")
-        table = table[(table.m <= 16384) & (table.n >= 1024) & (table.k >= 1024)]
         hw = load_hardware(name)
+        gemm = pd.read_parquet(data / system / "gemm" / "vllm" / version / "gemm_perf.parquet")
+        gemm = gemm[(gemm.m <= 16384) & (gemm.n >= 1024) & (gemm.k >= 1024)]
+        attention = data / system / "attention" / "vllm" / version
+        context, generation = (_attention(attention / f"{kind}_attention_perf.parquet") for kind in ("context", "generation"))
         for dtype, (precision, profile) in PROFILES.items():
-            part = table[table.gemm_dtype == dtype]
-            if part.empty or not hw.has_tensor_cores(precision) or (precision == "fp8" and not hw.gpu.fp8_tflop_per_s):
+            if precision == "fp8" and not hw.gpu.fp8_tflop_per_s:
                 continue
+            engine = load_engine(profile)
+            part = gemm[gemm.gemm_dtype == dtype]
             m, n, k = (part[c].to_numpy(float) for c in ("m", "n", "k"))
-            predicted = model_s(hw, load_engine(profile), m, n, k)
-            out.append(pd.DataFrame({"gpu": name, "dtype": precision, "m": m,
-                                     "error_pct": (predicted / (part.latency.to_numpy(float) * 1e-3) - 1) * 100}))
+            out.append(_errors("GEMM", name, precision, m, gemm_s(hw, engine, m, n, k), part.latency))
+            for op, table, timing in (("context attention", context, context_s), ("generation attention", generation, generation_s)):
+                if table.empty:
+                    continue
+                part = table[table.kv_cache_dtype == dtype]
+                b, heads, kv_heads, d = (part[c].to_numpy(float) for c in ("batch_size", "num_heads", "num_key_value_heads", "head_dim"))
+                tokens = part.isl.to_numpy(float) + (part.step.to_numpy(float) if op == "generation attention" else 0.0)
+                out.append(_errors(op, name, precision, tokens, timing(hw, engine, b, tokens, heads, kv_heads, d), part.latency))
     return pd.concat(out, ignore_index=True)
 
 
 def main() -> None:
     frame = rows()
-    print("| GPU | precision | m | points | MAPE % / median signed error % |\n|---|---|---|---|---|")
-    for (gpu, dtype), group in frame.groupby(["gpu", "dtype"], sort=True):
-        for lo, hi in [*BANDS, (1, 16384)]:
-            part = group[(group.m >= lo) & (group.m <= hi)].error_pct
+    print("| operator | GPU | precision | size | points | MAPE % / median signed error % |\n|---|---|---|---|---|---|")
+    for (op, gpu, dtype), group in frame.groupby(["op", "gpu", "dtype"], sort=True):
+        for lo, hi in [*BANDS[op], (1, 1 << 20)]:
+            part = group[(group["size"] >= lo) & (group["size"] <= hi)].error_pct
             if len(part):
-                band = "all" if (lo, hi) == (1, 16384) else f"{lo}-{hi}"
-                print(f"| {gpu} | {dtype} | {band} | {len(part):,} | {part.abs().mean():.0f} / {part.median():+.0f} |")
+                band = "all" if (lo, hi) == (1, 1 << 20) else f"{lo:,}-{hi:,}" if hi < 1 << 20 else f"{lo:,}+"
+                print(f"| {op} | {gpu} | {dtype} | {band} | {len(part):,} | {part.abs().mean():.0f} / {part.median():+.0f} |")
 
 
 if __name__ == "__main__":
