@@ -171,6 +171,7 @@ class OptimizeOptions:
     headroom_pct: float = 0.0
     spare_instances: int = 0
     confidence: float | None = None
+    cliff: bool = True  # the plan's cliff (search.plan.cliff); off where plans are only compared (studies, rate searches)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))
@@ -182,7 +183,7 @@ class OptimizeOptions:
     def inputs(self) -> dict:
         """The settings a plan document echoes (`inputs`): all but the processes used, the
         measured-latency file and the search's extent; the mode as `split` and `split_only`."""
-        hidden = {"jobs", "perf_db", "mode", "alternatives", "pareto"}
+        hidden = {"jobs", "perf_db", "mode", "alternatives", "pareto", "cliff"}
         echo = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in hidden}
         return {**echo, "split": self.mode.splits, "split_only": self.mode is Mode.SPLIT}
 
@@ -255,15 +256,17 @@ def optimize(trace, model: str, slo: str | SloProfile, hardware: Sequence[str] |
                              simulated if opts.mode.splits else None)
              if opts.mode.sizes_colocated else [])
     if not opts.mode.splits:
-        return _with_cliff(_colocated_only(run, mixed, simulated))
+        return with_cliff(_colocated_only(run, mixed, simulated), opts.cliff)
     prompt_types = {run.machines[n].name for n in run.prompt_names}  # names may be paths: compare the loaded names
     split_options = run.shaped([o for o in first if o.role == Role.TOKEN or o.inst.hardware.name in prompt_types])
     split_options += combos(split_options)  # prefill and decode instances on one machine
-    return _with_cliff(_split_or_colocated(run, split_options, mixed, simulated))
+    return with_cliff(_split_or_colocated(run, split_options, mixed, simulated), opts.cliff)
 
 
-def _with_cliff(result: OptimizeResult) -> OptimizeResult:
-    """The result with its plan's cliff (search.plan.cliff: one instance fewer per pool)."""
+def with_cliff(result: OptimizeResult, wanted: bool = True) -> OptimizeResult:
+    """The result with its plan's cliff (search.plan.cliff: one instance fewer per pool), where `wanted`."""
+    if not wanted:
+        return result
     assert result.problem is not None  # (optimize's results carry their problem)
     plan = dataclasses.replace(result.plan, cliff=cliff(result.problem, result.plan, {o.key: o for o in result.options}))
     def same(other: Plan | None) -> Plan | None:  # (the plan is the best split or co-located one: so is its copy)

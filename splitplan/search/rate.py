@@ -6,7 +6,7 @@ import dataclasses
 
 from splitplan.base.errors import InfeasibleError, SpecError
 from splitplan.search.bracket import bracket_bisect
-from splitplan.search.optimize import Mode, OptimizeOptions, OptimizeResult, optimize
+from splitplan.search.optimize import Mode, OptimizeOptions, OptimizeResult, optimize, with_cliff
 
 
 def max_rate(workload_at, base_rate_rps: float, model: str, slo: str, progress=None, options: OptimizeOptions | None = None,
@@ -22,8 +22,9 @@ def max_rate(workload_at, base_rate_rps: float, model: str, slo: str, progress=N
     split plans only, or co-located ones only with `Mode.COLOCATED` (a co-located design).
     """
     opts = dataclasses.replace(options or OptimizeOptions(), **settings)
+    wanted = opts.cliff
     mode = Mode.COLOCATED if opts.mode is Mode.COLOCATED else Mode.SPLIT_ALONE
-    opts = dataclasses.replace(opts, mode=mode, alternatives=0)
+    opts = dataclasses.replace(opts, mode=mode, alternatives=0, cliff=False)  # (each rate's plan: the winner's cliff below)
     if opts.max_cost_per_hour is None and opts.max_power_kw is None and not opts.max_machines:
         raise SpecError("--objective throughput needs a budget: --max-cost-per-hour, --max-power-kw or --max-machines TYPE=N")
 
@@ -39,7 +40,7 @@ def max_rate(workload_at, base_rate_rps: float, model: str, slo: str, progress=N
     lo, lo_result, hi = bracket_bisect(attempt, base_rate_rps)
     if lo is None:
         raise InfeasibleError(f"no plan within the budget meets the SLO even at {hi:.3g} req/s")
-    plan = lo_result.plan
+    plan = with_cliff(lo_result, wanted).plan
     if hi is not None:
         plan = dataclasses.replace(plan, binding=f"{plan.binding}; rate: at {hi:.3g} req/s no plan fits the budget")
     return OptimizeResult(plan, lo_result.alternatives, lo_result.options, None, lo)

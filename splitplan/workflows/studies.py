@@ -132,9 +132,10 @@ def _design_unit(job: _CompareJob, design):
 
 
 def _design_options(base: OptimizeOptions, design) -> OptimizeOptions:
-    """A design's search: its machines and TP degree, split plans only (or co-located ones), no runner-ups."""
+    """A design's search: its machines and TP degree, split plans only (or co-located ones), no runner-ups
+    and no cliff (a study compares plans: what one instance fewer does is a plan's own report)."""
     return dataclasses.replace(base, hardware=design.hardware, prompt_hardware=[design.prompt] if design.prompt else None,
-                               token_hardware=[design.token] if design.token else None, tp=design.tp, alternatives=0,
+                               token_hardware=[design.token] if design.token else None, tp=design.tp, alternatives=0, cliff=False,
                                mode=Mode.SPLIT_ALONE if design.split else Mode.COLOCATED)
 
 
@@ -342,7 +343,7 @@ def plan_windows(trace, window_s: float, model: str, slo: str, jobs: int = 1, ex
     units = [(k, start_s, part) for k, (start_s, part) in enumerate(windows(trace, window_s))]
     if only is not None:
         units = [u for u in units if u[0] in set(only)]
-    shared = (model, slo, dataclasses.replace(options or OptimizeOptions(), **settings, jobs=1))
+    shared = (model, slo, dataclasses.replace(options or OptimizeOptions(), **settings, jobs=1, cliff=False))
     outcomes = run_units(_window_unit, units, shared, jobs, executor, ray_address, progress,
                          describe=lambda u: f"window {u[0]} from {u[1]:g} s")
     return WindowsResult(window_s, tuple(r for r, _ in outcomes), tuple(p for _, p in outcomes))

@@ -239,6 +239,7 @@ def test_throughput_objective_and_bigger_budget_never_lowers_rate():
     big = api.max_rate(_scaled(base), base.mean_rate_rps, "llama2-70b", "splitwise", max_machines={"h100-80gb": 6}, **kw)
     assert small.max_rate_rps > 0 and big.max_rate_rps >= small.max_rate_rps
     assert small.plan.machines <= 3 and big.plan.machines <= 6
+    assert {c["role"] for c in small.plan.cliff} == {"prompt", "token"}  # (the winner's cliff, not each attempt's)
     # Just past the rate found, the budget no longer suffices.
     with pytest.raises(InfeasibleError):
         api.optimize(_scaled(base)(small.max_rate_rps * 1.1), "llama2-70b", "splitwise", max_machines={"h100-80gb": 3},
@@ -672,3 +673,13 @@ def test_energy_per_token_stays_at_the_traces_load_whatever_the_headroom(small_t
         same = predict(r.problem, base, {o.key: o for o in r.options})
         assert same.energy_kwh_per_million_tokens == pytest.approx(base.energy_kwh_per_million_tokens, rel=1e-6)
         assert same.cost_usd_per_million_tokens == pytest.approx(base.cost_usd_per_million_tokens, rel=1e-9)
+
+
+def test_plans_only_compared_carry_no_cliff(small_trace):
+    """The cliff (one more evaluation per pool) is the reported plan's: a study's designs, a rate
+    search's attempts and windows compare plans and leave it out (OptimizeOptions.cliff)."""
+    kw = dict(hardware=["h100-80gb"], tp=8, mode="split")
+    assert api.optimize(small_trace, "llama2-70b", "chat", **kw).plan.cliff
+    assert api.optimize(small_trace, "llama2-70b", "chat", cliff=False, **kw).plan.cliff == ()
+    windows = api.plan_windows(small_trace, 60.0, "llama2-70b", "chat", hardware=["h100-80gb"], tp=8)
+    assert all(p is None or p.cliff == () for p in windows.plans)
