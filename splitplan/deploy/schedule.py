@@ -119,9 +119,14 @@ def _cron(minute_of_day: int) -> str:
 OUTSIDE = ("peak", "min", "zero")  # what a pool runs outside the schedule's windows (--outside-schedule)
 
 
+def _span_s(schedule: _Schedule) -> float:
+    """From the first window's start to the last one's end (read_schedule holds them in order)."""
+    return schedule.windows[-1].end_s - schedule.windows[0].start_s
+
+
 def uncovered_minutes(schedule: _Schedule) -> int:
     """Minutes of each day no window covers (the schedule's windows from a shorter trace)."""
-    return max(DAY_S // 60 - math.ceil((max(w.end_s for w in schedule.windows) - min(w.start_s for w in schedule.windows)) / 60), 0)
+    return max(DAY_S // 60 - math.ceil(_span_s(schedule) / 60), 0)
 
 
 def outside_text(schedule: _Schedule, outside: str) -> str:
@@ -148,7 +153,7 @@ def scaled_objects(dep: Deployment, schedule: _Schedule, start: str, timezone: s
                         "export the plan.json written beside the schedule's windows.json")
     lead = _minutes(schedule.scale_up_lead_s, "the scale-up lead")
     window = _minutes(schedule.window_s, "the window")
-    span = _minutes(max(w.end_s for w in schedule.windows) - min(w.start_s for w in schedule.windows), "the schedule's span")
+    span = _minutes(_span_s(schedule), "the schedule's span")
     if span > DAY_S // 60 or window >= DAY_S // 60:
         raise SpecError(f"--schedule: {span / 60:g} hours in windows of {window / 60:g} h; KEDA's cron triggers repeat daily: "
                         "give a schedule within one day, in windows shorter than a day")
