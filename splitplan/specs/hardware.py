@@ -202,17 +202,22 @@ class HardwareSpec(BaseModel):
         return dynamic ** (1 / CLOCK_POWER_EXPONENT)
 
     # SI views, converted once here so no other module sees human units.
+    def native_precision(self, dtype: str) -> str:
+        """The precision the GPU computes `dtype` at: its own where the datasheet gives its peak, else bf16."""
+        return dtype if {"fp8": self.gpu.fp8_tflop_per_s, "fp4": self.gpu.fp4_tflop_per_s}.get(dtype) else "bf16"
+
     def peak_flops_per_s(self, dtype: str) -> float:
-        """Dense peak per GPU for `dtype` (bf16, fp8 or fp4); fp8 falls back to bf16 if absent
-        (fp8 then runs at bf16 speed), fp4 has no fallback (see `has_tensor_cores`)."""
-        tflops = {"fp8": self.gpu.fp8_tflop_per_s, "fp4": self.gpu.fp4_tflop_per_s}.get(dtype) or self.gpu.bf16_tflop_per_s
-        return tflops * 1e12
+        """Dense peak per GPU for `dtype` (bf16, fp8 or fp4) at its native precision: fp8 falls back to
+        bf16 if absent (fp8 then runs at bf16 speed), fp4 has no fallback (see `has_tensor_cores`)."""
+        g = self.gpu
+        tflops = {"bf16": g.bf16_tflop_per_s, "fp8": g.fp8_tflop_per_s, "fp4": g.fp4_tflop_per_s}[self.native_precision(dtype)]
+        return (tflops or g.bf16_tflop_per_s) * 1e12  # (never None: native_precision names a peak the datasheet gives)
 
     def compute_efficiency_ceiling(self, dtype: str) -> tuple[float, str]:
         """The largest compute_efficiency (of the dense peak at the sustained clock) that physics
         allows a GEMM of `dtype` on this GPU, and why: the best measured GEMM throughput
         (gpu.gemm_tflop_per_s) over that peak, at most 1; 1 where nothing was measured."""
-        native = dtype if dtype != "fp8" or self.gpu.fp8_tflop_per_s else "bf16"  # (as peak_flops_per_s falls back)
+        native = self.native_precision(dtype)
         measured = self.gpu.gemm_tflop_per_s.get(native)  # type: ignore[call-overload]
         if measured is None:
             return 1.0, "the dense peak at the sustained clock (no measured GEMM ceiling)"
