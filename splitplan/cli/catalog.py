@@ -187,7 +187,8 @@ def perf(
                "(operator classes bound by FLOP/s, at the achieved efficiency and sustained clock), memory (classes bound by "
                "bytes: weights, KV, activations), network (tensor-parallel all-reduces, expert-parallel all-to-alls and "
                "pipeline hops, over NVLink within the NVLink domain and the NICs beyond it) and overhead "
-               "(engine and kernel-launch time per pass); bound names the largest. KV fits: the batch's KV within capacity.")
+               "(engine and kernel-launch time per pass); bound names the largest. KV fits: the batch's KV within capacity.\n"
+               "Timed from: " + "; ".join(f"{op}: {how}" for op, how in api.timing_sources(inst).items()))
     cols = ["phase", "batch", "tokens", "latency ms", "bound", "compute ms", "memory ms", "network ms", "overhead ms", "KV fits"]
     title = f"{inst.model.name} on {inst.hardware.name}, {inst.layout}, engine {inst.engine.name}"
     report.console().print(report.table(title, cols, rows, caption))

@@ -63,6 +63,10 @@ FIELDS = (
     "collective_s_per_token", "collective_latency_s", "all_to_all_s_per_token", "all_to_all_latency_s",
     "hop_s_per_token", "hop_latency_s", "dp", "pp", "divides_pass", "gpu_launch_s", "host_launch_s",
     "packed_attention", "clock_slowdown", "capped_clock_slowdown",
+    # measured kernel curves (perf.curves), or their roofline defaults (the same bandwidth, no extra time)
+    "gemm_bytes_per_s", "gemm_pass_s_per_token", "gemm_latency_s", "prefill_attention_half_tokens",
+    "prefill_attention_latency_s", "kv_bytes_per_s", "decode_attention_efficiency", "decode_attention_s_per_seq",
+    "decode_attention_latency_s",
     # the engine's factors and the model's experts the formula reads
     "knee_slowdown", "knee_tokens", "moe_efficiency", "attention_efficiency", "decode_overhead_s", "prefill_overhead_s",
     "sequence_overhead_s", "prefill_sequence_overhead_s", "is_moe", "experts", "experts_per_token", "expert_params",
@@ -70,8 +74,9 @@ FIELDS = (
 (LAYERS, ACT_BPE, WEIGHT_BPE, PEAK, GEMM_PEAK, MEMORY_BPS, COMPUTE_EFF, GEMM_HALF, DENSE_FLOPS, DENSE_BYTES,
  ACT_BYTES, Q_DIM, KV_DIM, PREFILL_ATTN_FLOPS, DECODE_FLOPS, DECODE_BYTES, EXPERT_SHARE, LM_HEAD, COLL_S_PER_TOKEN,
  COLL_LATENCY, A2A_S_PER_TOKEN, A2A_LATENCY, HOP_S_PER_TOKEN, HOP_LATENCY, DP, PP, DIVIDES, GPU_LAUNCH, HOST_LAUNCH,
- PACKED, CLOCK_SLOWDOWN, CAPPED_SLOWDOWN, KNEE_SLOWDOWN, KNEE_TOKENS, MOE_EFF, ATTN_EFF, DECODE_OVERHEAD,
- PREFILL_OVERHEAD, SEQ_OVERHEAD, PREFILL_SEQ_OVERHEAD, IS_MOE, EXPERTS, TOP_K, EXPERT_PARAMS) = range(len(FIELDS))
+ PACKED, CLOCK_SLOWDOWN, CAPPED_SLOWDOWN, GEMM_BPS, GEMM_PASS_S, GEMM_LATENCY, PREFILL_ATTN_HALF, PREFILL_ATTN_LATENCY,
+ KV_BPS, DECODE_ATTN_EFF, DECODE_ATTN_S_PER_SEQ, DECODE_ATTN_LATENCY, KNEE_SLOWDOWN, KNEE_TOKENS, MOE_EFF, ATTN_EFF,
+ DECODE_OVERHEAD, PREFILL_OVERHEAD, SEQ_OVERHEAD, PREFILL_SEQ_OVERHEAD, IS_MOE, EXPERTS, TOP_K, EXPERT_PARAMS) = range(len(FIELDS))
 
 
 @jit
@@ -109,9 +114,12 @@ def pass_terms(c, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, 
     gemm_peak = c[GEMM_PEAK]
     compute_s = memory_s = flops = nbytes = 0.0
     for k in range(5):  # operator classes: dense GEMMs, routed experts, prefill attention, decode attention, LM head
+        # beside the roofline: fixed_s (kernel latency, per sequence) and extra_s (compute-side: activation passes, ramp)
+        bandwidth, fixed_s, extra_s = c[GEMM_BPS], 0.0, 0.0
         if k == 0:
             class_flops, class_bytes = a_tok * c[DENSE_FLOPS], c[DENSE_BYTES] + a_tok * c[ACT_BYTES]
             class_peak = gemm_peak * _gemm_efficiency(c, safe_tok)
+            fixed_s, extra_s = c[GEMM_LATENCY], a_tok * c[GEMM_PASS_S]
         elif k == 1:
             if not c[IS_MOE]:
                 continue
@@ -126,15 +134,20 @@ def pass_terms(c, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, 
             pre_sq = group_pre**2 if c[PACKED] else prefill_sq_tokens * micro / groups
             class_flops = pre_sq * c[PREFILL_ATTN_FLOPS]
             class_bytes = group_pre * (2 * c[Q_DIM] + 2 * c[KV_DIM]) * c[ACT_BPE]
-            class_peak = peak * c[ATTN_EFF]
+            class_peak, bandwidth = peak * c[ATTN_EFF], c[MEMORY_BPS]
+            fixed_s = c[PREFILL_ATTN_LATENCY] * has_prefill
+            extra_s = c[PREFILL_ATTN_HALF] * group_pre * c[PREFILL_ATTN_FLOPS] / class_peak  # the ramp over short prompts
         elif k == 3:
             ctx = decode_context_tokens * micro / groups
-            class_flops, class_bytes, class_peak = ctx * c[DECODE_FLOPS], ctx * c[DECODE_BYTES], peak * c[COMPUTE_EFF]
+            class_flops, class_bytes, class_peak = ctx * c[DECODE_FLOPS], ctx * c[DECODE_BYTES], peak * c[DECODE_ATTN_EFF]
+            bandwidth = c[KV_BPS]
+            group_decode = decode_seqs * micro / groups
+            fixed_s = c[DECODE_ATTN_S_PER_SEQ] * group_decode + c[DECODE_ATTN_LATENCY] * (1.0 if group_decode > 0 else 0.0)
         else:  # one row per sequence (the last prompt token, or the decoded token)
             class_flops, class_bytes = 2 * n_seq * c[LM_HEAD] / layers, c[LM_HEAD] * c[WEIGHT_BPE] / layers
             class_peak = gemm_peak * _gemm_efficiency(c, max(n_seq, 1.0))
-        tc = layers * class_flops / class_peak
-        tm = layers * class_bytes / c[MEMORY_BPS]
+        tc = layers * class_flops / class_peak + layers * (fixed_s + extra_s)
+        tm = layers * class_bytes / bandwidth + layers * fixed_s
         compute_s = compute_s + tc * (tc > tm)
         memory_s = memory_s + tm * (tc <= tm)
         flops = flops + layers * class_flops

@@ -62,19 +62,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
-from typing import ClassVar, overload
+from typing import Any, ClassVar, overload
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from splitplan.base.errors import SpecError
+from splitplan.perf import curves
 from splitplan.perf.model import FloatArray, PerfModel, Seconds
 from splitplan.specs.engine import EngineFactors, EngineProfile
-from splitplan.specs.hardware import HardwareSpec
+from splitplan.specs.hardware import HardwareSpec, KernelCurves
 from splitplan.specs.layout import Layout
 from splitplan.specs.model import ModelSpec
 
 BOUNDS = ("compute", "memory", "network", "overhead")
+MEASURED_OPERATORS = ("GEMMs", "prefill attention", "decode attention", "all-reduce")  # what kernel curves time
 
 
 def _num(x):
@@ -147,6 +149,16 @@ class PassConstants:
     packed_attention: bool  # prefill attention over the packed batch (one sequence) rather than per prompt
     clock_slowdown: float  # compute at the clock prefill holds (1 / prefill_clock_fraction)
     capped_clock_slowdown: float  # a power-capped GPU's clock during prefill (1 / cap_clock_fraction)
+    # what measured kernel curves add (perf.curves; the roofline's own values without them)
+    gemm_bytes_per_s: float  # weights and activations read by GEMMs
+    gemm_pass_s_per_token: float  # activation passes around the GEMMs (quantization, epilogue)
+    gemm_latency_s: float  # the dense GEMMs' and the LM head's fixed time
+    prefill_attention_half_tokens: float  # prompt tokens at which attention's efficiency is half its peak's
+    prefill_attention_latency_s: float
+    kv_bytes_per_s: float  # the KV cache read by decode attention
+    decode_attention_efficiency: float  # of the activations' peak, where decode attention is compute-bound
+    decode_attention_s_per_seq: float
+    decode_attention_latency_s: float
 
 
 class PassShortcuts:
@@ -321,11 +333,11 @@ class Instance(PassShortcuts):
         exchange = m.is_moe and (lay.ep > 1 or lay.dp > 1)
         a2a_bytes = 2 * min(m.num_experts_per_tok, lay.ep) * lay.moe_tp / g * (g - 1) / g * m.hidden_size * bpe if exchange else 0.0
         layers = m.num_hidden_layers / lay.pp
+        curves = self._curves
         return PassConstants(
             layers_per_stage=layers, act_bytes_per_element=bpe, weight_bytes_per_element=wbpe,
             peak_flops_per_s=hw.peak_flops_per_s(self.engine.dtype), gemm_peak_flops_per_s=hw.peak_flops_per_s(self.engine.weights),
-            memory_bytes_per_s=hw.memory_bytes_per_s * f.memory_efficiency, compute_efficiency=f.compute_efficiency,
-            gemm_half_tokens=f.gemm_half_tokens,
+            memory_bytes_per_s=hw.memory_bytes_per_s * f.memory_efficiency, **curves,
             dense_flops_per_token=2 * dense_params / t, dense_weight_bytes=dense_params * wbpe / t,
             activation_bytes_per_token=bpe * (4 * m.hidden_size
                                               + (2 * m.q_dim + 2 * m.kv_dim + (m.ffn_matrices + 1) * m.intermediate_size) / t),
@@ -333,8 +345,6 @@ class Instance(PassShortcuts):
             decode_flops_per_context_token=decode_flops, decode_bytes_per_context_token=decode_bytes,
             routed_expert_share=m.moe_layers / m.num_hidden_layers / g,  # routed experts, per layer on average, per GPU of the stage
             lm_head_params=m.vocab_size * m.hidden_size / t / lay.pp,  # (on the last stage: 1/pp of it per stage time)
-            collective_s_per_token=(2 * (t - 1) / t * m.hidden_size * 2 / self._link_bytes_per_s(t, f)) if t > 1 else 0.0,
-            collective_latency_s=f.collective_latency_s if t > 1 else 0.0,
             # all-to-all per token of the micro-batch, per layer on average, and its two latencies per MoE layer
             all_to_all_s_per_token=a2a_bytes / self._link_bytes_per_s(g, f) * m.moe_layers / m.num_hidden_layers,
             all_to_all_latency_s=2 * f.collective_latency_s * m.moe_layers / m.num_hidden_layers if exchange else 0.0,
@@ -345,9 +355,84 @@ class Instance(PassShortcuts):
             gpu_launch_s=layers * self.engine.kernels_per_layer * f.kernel_launch_s,
             host_launch_s=f.host_launch_s_per_layer * layers,
             packed_attention=self.engine.prefill_attention == "packed",
-            clock_slowdown=1.0 / hw.prefill_clock_fraction,
+            # measured kernels ran at the clock the GPU holds under their load: only a power cap slows them further
+            clock_slowdown=1.0 / (hw.cap_clock_fraction if self._measured["GEMMs"] else hw.prefill_clock_fraction),
             capped_clock_slowdown=1.0 / hw.cap_clock_fraction,
         )
+
+    @cached_property
+    def kernel_curves(self) -> KernelCurves | None:
+        """The measured kernel curves this engine's operators take on this GPU (`engine.kernel_curves`), if any."""
+        return self.hardware.kernels.get(self.engine.kernel_curves) if self.engine.kernel_curves else None
+
+    @cached_property
+    def _measured(self) -> dict[str, Any]:
+        """Per operator class the curves time, its curve on this GPU at this instance's precisions and
+        TP degree (None where there is none: the roofline times it)."""
+        k, eng, t = self.kernel_curves, self.engine, self.layout.tp
+        if k is None:
+            return dict.fromkeys(MEASURED_OPERATORS)
+        return dict(zip(MEASURED_OPERATORS, (
+            k.gemm.get(eng.weights), k.context_attention.get(eng.kv), k.generation_attention.get(eng.kv),  # type: ignore[call-overload]
+            k.all_reduce_among(t) if 1 < t <= self.hardware.nvlink_domain else None), strict=True))
+
+    @cached_property
+    def timing_sources(self) -> dict[str, str]:
+        """Per operator class, what times it: the engine's measured kernel curves on this GPU, or the
+        roofline with the engine profile's factors (datasheet peaks and bandwidth)."""
+        eng = self.engine
+        out = {op: f"measured {eng.kernel_curves} kernels on {self.hardware.family}" if curve is not None
+               else f"roofline: datasheet peak and bandwidth, {eng.name}'s factors" for op, curve in self._measured.items()}
+        if self.layout.tp == 1:
+            out["all-reduce"] = "none (TP 1)"
+        if self.model.is_moe:
+            out["MoE experts"] = f"{'the GEMM curve' if self._measured['GEMMs'] else 'the roofline'} times {eng.name}'s moe_efficiency"
+        return out
+
+    @property
+    def _curves(self) -> dict[str, float]:
+        """The pass constants the kernel curves set (perf.curves), or the roofline's with the engine's factors."""
+        m, hw, f, t = self.model, self.hardware, self.factors, self.layout.tp
+        bandwidth, bf16 = hw.memory_bytes_per_s, hw.peak_flops_per_s("bf16")
+        out = {"compute_efficiency": f.compute_efficiency, "gemm_half_tokens": f.gemm_half_tokens,
+               "gemm_bytes_per_s": bandwidth * f.memory_efficiency, "gemm_pass_s_per_token": 0.0, "gemm_latency_s": 0.0,
+               "prefill_attention_half_tokens": 0.0, "prefill_attention_latency_s": 0.0,
+               "kv_bytes_per_s": bandwidth * f.memory_efficiency, "decode_attention_efficiency": f.compute_efficiency,
+               "decode_attention_s_per_seq": 0.0, "decode_attention_latency_s": 0.0,
+               "collective_s_per_token": (2 * (t - 1) / t * m.hidden_size * 2 / self._link_bytes_per_s(t, f)) if t > 1 else 0.0,
+               "collective_latency_s": f.collective_latency_s if t > 1 else 0.0}
+        gemm, context, generation, reduce = self._measured.values()
+        if gemm is not None:
+            # per layer, the (n, k) of its GEMMs: QKV and O projections, the FFN's gate-and-up (fused) and down
+            shapes = np.array([((m.q_dim + 2 * m.kv_dim) / t, m.hidden_size), (m.hidden_size, m.q_dim / t),
+                               ((m.ffn_matrices - 1) * m.intermediate_size / t, m.hidden_size),
+                               (m.hidden_size, m.intermediate_size / t)])
+            n, k_in = shapes[:, 0], shapes[:, 1]
+            work = n * k_in  # each GEMM's share of the FLOPs; its time at the shape's efficiency
+            out |= {"compute_efficiency": gemm.efficiency * work.sum() / (work / curves.shape_efficiency(gemm, n, k_in)).sum(),
+                    "gemm_half_tokens": gemm.half_tokens, "gemm_bytes_per_s": bandwidth * gemm.memory_efficiency,
+                    "gemm_pass_s_per_token": (gemm.input_passes * k_in.sum() + gemm.output_passes * n.sum())
+                    * curves.ACTIVATION_BYTES / bandwidth,
+                    "gemm_latency_s": gemm.latency_s * (len(shapes) + 1 / m.num_hidden_layers)}  # the LM head once
+        if context is not None:
+            out |= {"prefill_attention_half_tokens": context.half_tokens, "prefill_attention_latency_s": context.latency_s}
+        if generation is not None:
+            out |= {"kv_bytes_per_s": bandwidth * generation.memory_efficiency,
+                    "decode_attention_efficiency": generation.efficiency * bf16 / hw.peak_flops_per_s(self.engine.dtype),
+                    "decode_attention_s_per_seq": generation.s_per_sequence + self.kv_heads_per_gpu * generation.s_per_kv_head,
+                    "decode_attention_latency_s": generation.latency_s}
+        if reduce is not None:  # two per layer, of the tokens' bf16 activations
+            out |= {"collective_s_per_token": m.hidden_size * curves.ACTIVATION_BYTES / reduce.bytes_per_s,
+                    "collective_latency_s": reduce.latency_s}
+        return out
+
+    @property
+    def attention_efficiency(self) -> float:
+        """Prefill attention's efficiency of the activations' peak: the curve's (of the bf16 peak) where measured."""
+        context = self._measured["prefill attention"]
+        if context is None:
+            return self.factors.attention_efficiency
+        return context.efficiency * self.hardware.peak_flops_per_s("bf16") / self.hardware.peak_flops_per_s(self.engine.dtype)
 
     @cached_property
     def pass_vector(self) -> FloatArray:
@@ -358,6 +443,7 @@ class Instance(PassShortcuts):
         m, f, k = self.model, self.factors, self.constants
         known = {name: getattr(f, name) for name in kernels.FIELDS if name in type(f).model_fields}
         known |= {name: getattr(k, name) for name in k.__slots__}
+        known["attention_efficiency"] = self.attention_efficiency
         known |= {"is_moe": m.is_moe, "experts": m.num_local_experts if m.is_moe else 1,
                   "experts_per_token": m.num_experts_per_tok if m.is_moe else 0, "expert_params": m.expert_params if m.is_moe else 0}
         return np.array([float(known[name]) for name in kernels.FIELDS])  # (writable: the replay's rows are, one compiled type)
@@ -424,8 +510,8 @@ class Instance(PassShortcuts):
         gpu_s = compute_s + memory_s + network_s + k.gpu_launch_s * k.pp  # (all pp stage times)
         wait_s = _max(k.host_launch_s * k.pp - gpu_s, 0.0)
         micro, groups = self._shares(0.0, _num(batch), False)
-        per_token = k.layers_per_stage * max(k.decode_flops_per_context_token / (k.peak_flops_per_s * k.compute_efficiency),
-                                             k.decode_bytes_per_context_token / k.memory_bytes_per_s) * micro / groups * k.pp
+        per_token = k.layers_per_stage * max(k.decode_flops_per_context_token / (k.peak_flops_per_s * k.decode_attention_efficiency),
+                                             k.decode_bytes_per_context_token / k.kv_bytes_per_s) * micro / groups * k.pp
         return compute_s + memory_s + network_s + overhead_s - wait_s, per_token, k.host_launch_s * k.pp - gpu_s
 
     def explain(self, prompt_tokens: list[int] | None = None, decode_batch: int = 0, decode_context_tokens: int = 0) -> Latency:

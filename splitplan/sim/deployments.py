@@ -268,6 +268,16 @@ def with_factors(base: EngineProfile, values: dict) -> EngineProfile:
                                    "efficiency_sources": {}})
 
 
+# The factors measured kernel curves replace where a machine has them (Instance._curves): compute
+# and memory efficiency then time nothing these runs hold (dense fp8 and bf16 GEMMs, attention).
+CURVE_FACTORS = ("compute_efficiency", "memory_efficiency")
+
+
+def timed_by_curves(factor: str, profile: EngineProfile, hw) -> bool:
+    """Whether `factor` of `profile` is replaced on `hw` by its measured kernel curves (so the data cannot pin it)."""
+    return factor in CURVE_FACTORS and profile.kernel_curves in hw.kernels and profile.weights in hw.kernels[profile.kernel_curves].gemm
+
+
 def schedules(runs: pd.DataFrame, base: EngineProfile, run: Runner = serial) -> list[Schedule | None]:
     """Every run's `Schedule` (or None), recorded once for every fit from `base` (as its trials
     are, without its per-machine overrides: they too change durations only)."""
@@ -281,8 +291,8 @@ def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: in
     the base's per-machine overrides are dropped, they came from other data). Each run is
     simulated once and its schedule timed at every evaluation where it has one (`shared`:
     `schedules(runs, base)`, recorded here when not given)."""
-    names = list(factors)
     machines = [load_hardware(m) for m in sorted(set(runs.machine))]
+    names = [k for k in factors if not all(timed_by_curves(k, base, hw) for hw in machines)]
     lower, upper, why = fit_bounds(DEPLOYMENT_FACTORS, names, machines, base.weights)
     scale = np.array([DEPLOYMENT_FACTORS[k][2] for k in names])
     start = np.clip([getattr(base.defaults, k) for k in names], lower, upper)

@@ -112,6 +112,12 @@ class EngineProfile(BaseModel):
     prefix_caching: bool = False
     kv_block_tokens: Annotated[int, Field(ge=1, le=4096)] = 16
     prefix_caching_source: str = ""
+    # Whose measured kernels time this engine's GEMMs, attention and all-reduces where a GPU's
+    # hardware spec carries their curves (`kernels:`, fitted by bench/fit_kernels.py): those
+    # operators then take the curves' efficiencies and latencies in place of compute_efficiency,
+    # gemm_half_tokens, attention_efficiency, the memory_efficiency of weight and KV reads and the
+    # collective terms. None, or a GPU without them: the roofline with the factors below.
+    kernel_curves: Literal["vllm", "sglang", "trtllm"] | None = None
     defaults: EngineFactors = EngineFactors()
     hardware_overrides: dict[str, EngineFactors] = {}
     # Where each machine type's factors come from (a measurement, or "estimate: ..."), by machine name.

@@ -69,6 +69,75 @@ class GpuSpec(BaseModel):
         return self
 
 
+Positive = Annotated[float, Field(ge=0, le=1e6)]
+Seconds = Annotated[float, Field(ge=0, le=1.0)]
+KERNEL_ENGINES = ("vllm", "sglang", "trtllm")  # the engines whose kernels NVIDIA's tables measure
+
+
+class GemmCurve(BaseModel):
+    """A dense GEMM's time on this GPU at one precision (`perf.curves.gemm_s`), fitted to measured kernels."""
+
+    model_config = _STRICT
+    efficiency: Frac  # of the dense peak at the datasheet clock, approached as the rows grow
+    half_tokens: Positive  # rows at which the efficiency is half that
+    half_n: Positive  # and the weight's outputs and inputs at which it is (perf.curves.shape_efficiency)
+    half_k: Positive
+    memory_efficiency: Frac  # of the datasheet bandwidth, reading weights and activations
+    input_passes: Positive  # the input's and output's extra traffic (quantization, epilogue), in 2-byte reads
+    output_passes: Positive
+    latency_s: Seconds  # a kernel's fixed time
+
+
+class ContextAttentionCurve(BaseModel):
+    """Causal prefill attention (`perf.curves.context_attention_s`)."""
+
+    model_config = _STRICT
+    efficiency: Frac  # of the bf16 peak at the datasheet clock, approached as prompts grow
+    half_tokens: Positive  # prompt tokens at which it is half that
+    latency_s: Seconds
+
+
+class GenerationAttentionCurve(BaseModel):
+    """One decode step's attention (`perf.curves.generation_attention_s`)."""
+
+    model_config = _STRICT
+    memory_efficiency: Frac  # of the datasheet bandwidth, reading the KV cache
+    efficiency: Frac  # of the bf16 peak (where many query heads share a KV head)
+    s_per_sequence: Seconds
+    s_per_kv_head: Seconds  # per sequence and KV head
+    latency_s: Seconds
+
+
+class AllReduceCurve(BaseModel):
+    """An all-reduce among `gpus` GPUs of one machine (`perf.curves.all_reduce_s`)."""
+
+    model_config = _STRICT
+    gpus: Annotated[int, Field(ge=2, le=72)]
+    latency_s: Seconds
+    bytes_per_s: Annotated[float, Field(gt=0, le=1e14)]  # message bytes per second
+
+
+Precision = Literal["bf16", "fp8"]
+
+
+class KernelCurves(BaseModel):
+    """One engine's measured kernels on this GPU as curves: GEMMs per weight precision,
+    attention per KV-cache precision, all-reduces per GPU count. What they leave out (MoE experts,
+    MLA, all-to-alls) the engine profile's factors time, as on a GPU with no curves."""
+
+    model_config = _STRICT
+    source: str
+    gemm: dict[Precision, GemmCurve] = {}
+    context_attention: dict[Precision, ContextAttentionCurve] = {}
+    generation_attention: dict[Precision, GenerationAttentionCurve] = {}
+    all_reduce: tuple[AllReduceCurve, ...] = ()
+    # held-out MAPE % per operator class and precision (bench/fit_kernels.py), for the record
+    mape_pct: dict[str, float] = {}
+
+    def all_reduce_among(self, gpus: int) -> AllReduceCurve | None:
+        return next((c for c in self.all_reduce if c.gpus == gpus), None)
+
+
 class ShapeSpec(BaseModel):
     """A smaller rental of a machine type: `gpus` of its GPUs, with their share of its NICs and
     provisioned power, at a price of its own (clouds rent H100s by 1, 2, 4 and 8)."""
@@ -107,6 +176,10 @@ class HardwareSpec(BaseModel):
     # replaces the labels for a cluster labelled otherwise.
     kubernetes_node_labels: dict[str, str] = {}
     kubernetes_gpu_resource: str = "nvidia.com/gpu"
+    # Operator curves fitted to an engine's measured kernels on this GPU (bench/fit_kernels.py), by
+    # engine: what an engine profile naming them (`kernel_curves`) times its GEMMs, attention and
+    # all-reduces with. None here: the roofline with the profile's factors.
+    kernels: dict[Literal["vllm", "sglang", "trtllm"], KernelCurves] = {}
 
     @model_validator(mode="after")
     def _shapes_tile(self) -> HardwareSpec:

@@ -1,0 +1,67 @@
+"""Operator times from measured kernel curves: one closed form per operator class, whose
+parameters a GPU's hardware spec carries per serving engine and precision (`specs.hardware.KernelCurves`),
+fitted to NVIDIA's measured kernel tables by `bench/fit_kernels.py`.
+
+These are the forms the fit fits and `bench/kernels.py` checks, one kernel at a time; the pass
+formula (`perf.kernels.pass_terms`) evaluates the same terms summed over a layer's operators
+(`perf.roofline.Instance.constants` turns a curve into the pass vector's entries). Peaks and
+bandwidths are the datasheet's (`peak_flops_per_s` at the datasheet clock); the measured kernels ran
+in short bursts, so the pass formula still slows a prefill pass's compute to the GPU's sustained
+clock. Every function takes floats or NumPy arrays.
+
+- GEMM (m x k by k x n): the larger of 2 m n k FLOPs at the peak times `efficiency` ramped by each
+  dimension, m / (m + half_tokens) n / (n + half_n) k / (k + half_k) (small matrices fill fewer of
+  the GPU's tiles and pipeline stages), plus the activation passes the kernels around it add
+  (`input_passes` reads of the m x k input, `output_passes` of the m x n output, as 2-byte
+  elements at the datasheet bandwidth: fp8's per-token quantization, the epilogue), and the
+  weights and activations read at `memory_efficiency` of the bandwidth; plus `latency_s`.
+- Context attention (b prompts of p tokens, H query heads of d): 2 H d b p (p + half_tokens)
+  FLOPs at `efficiency` of the bf16 peak (causal QK^T and PV, halved, with an efficiency that
+  ramps with the prompt, p / (p + half_tokens); the engines compute attention in bf16 whatever
+  the KV cache holds), plus `latency_s`.
+- Generation attention (b sequences over c tokens of context each, H query and H_kv KV heads):
+  the larger of 2 H_kv d b c KV elements read at `memory_efficiency` of the bandwidth and 4 H d b c
+  FLOPs at `efficiency` of the bf16 peak, plus b (`s_per_sequence` + H_kv `s_per_kv_head`) and
+  `latency_s`.
+- All-reduce among g GPUs of S bytes: `latency_s` + S / `bytes_per_s` (per GPU count measured).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ACTIVATION_BYTES = 2.0  # activations between kernels and all-reduced are bf16, whatever the weights
+
+
+def gemm_s(curve, peak_flops_per_s: float, memory_bytes_per_s: float, m, n, k, weight_bytes_per_element: float):
+    """Seconds of GEMMs (m, n, k) with `curve` (a `GemmCurve`) on a GPU of the given peak and bandwidth."""
+    ramp = m / (m + curve.half_tokens) * shape_efficiency(curve, n, k)
+    compute = (2 * m * n * k / (peak_flops_per_s * curve.efficiency * ramp)
+               + (curve.input_passes * m * k + curve.output_passes * m * n) * ACTIVATION_BYTES / memory_bytes_per_s)
+    moved = n * k * weight_bytes_per_element + m * (n + k) * ACTIVATION_BYTES
+    return np.maximum(compute, moved / (memory_bytes_per_s * curve.memory_efficiency)) + curve.latency_s
+
+
+def shape_efficiency(curve, n, k):
+    """The share of a GEMM curve's efficiency an n x k weight reaches."""
+    return n / (n + curve.half_n) * k / (k + curve.half_k)
+
+
+def context_attention_s(curve, bf16_flops_per_s: float, batch, prompt_tokens, heads, head_dim):
+    """Seconds of causal attention over `batch` prompts of `prompt_tokens` each."""
+    flops = 2 * heads * head_dim * batch * prompt_tokens * (prompt_tokens + curve.half_tokens)
+    return flops / (bf16_flops_per_s * curve.efficiency) + curve.latency_s
+
+
+def generation_attention_s(curve, bf16_flops_per_s: float, memory_bytes_per_s: float, batch, context_tokens, heads,
+                           kv_heads, head_dim, kv_bytes_per_element: float):
+    """Seconds of one decode step's attention for `batch` sequences of `context_tokens` each."""
+    kv_bytes = 2 * kv_heads * head_dim * batch * context_tokens * kv_bytes_per_element
+    flops = 4 * heads * head_dim * batch * context_tokens
+    return (np.maximum(kv_bytes / (memory_bytes_per_s * curve.memory_efficiency), flops / (bf16_flops_per_s * curve.efficiency))
+            + batch * (curve.s_per_sequence + kv_heads * curve.s_per_kv_head) + curve.latency_s)
+
+
+def all_reduce_s(curve, message_bytes):
+    """Seconds of an all-reduce of `message_bytes` among the curve's GPUs."""
+    return curve.latency_s + message_bytes / curve.bytes_per_s

@@ -1,0 +1,117 @@
+"""Measured kernel curves (perf.curves, hardware specs' `kernels:`): they reproduce a vendored sample of
+NVIDIA's measured tables (tests/data/kernels, NOTICE), time monotonically, reach the pass formula,
+and a GPU or an engine without them falls back to the roofline and says so."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from splitplan.perf import curves
+from splitplan.perf.roofline import Instance
+from splitplan.sim import deployments
+from splitplan.specs.engine import load_engine
+from splitplan.specs.hardware import load_hardware
+from splitplan.specs.layout import parse_layout
+from splitplan.specs.model import load_model
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "kernels"
+BYTES = {"bf16": 2.0, "fp8": 1.0}
+# MAPE % the fit reaches held out over every measured shape (bench/fit_kernels.py), with a margin for a 60-row sample
+TOLERANCE_PCT = {("gemm", "bf16"): 10, ("gemm", "fp8"): 18, ("context_attention", "bf16"): 30,
+                 ("context_attention", "fp8"): 30, ("generation_attention", "bf16"): 20, ("generation_attention", "fp8"): 20}
+
+
+def _predict(hw, op: str, precision: str, f: pd.DataFrame) -> np.ndarray:
+    k, bf16, bandwidth = hw.kernels["vllm"], hw.peak_flops_per_s("bf16"), hw.memory_bytes_per_s
+    col = {c: f[c].to_numpy(float) for c in f.columns}
+    if op == "gemm":
+        return curves.gemm_s(k.gemm[precision], hw.peak_flops_per_s(precision), bandwidth, col["m"], col["n"], col["k"],
+                             BYTES[precision])
+    if op == "context_attention":
+        return curves.context_attention_s(k.context_attention[precision], bf16, col["batch_size"], col["isl"],
+                                          col["num_heads"], col["head_dim"])
+    return curves.generation_attention_s(k.generation_attention[precision], bf16, bandwidth, col["batch_size"],
+                                         col["isl"] + col["step"], col["num_heads"], col["num_key_value_heads"],
+                                         col["head_dim"], BYTES[precision])
+
+
+@pytest.mark.parametrize("path", sorted(SAMPLE.glob("*.csv")), ids=lambda p: p.stem)
+def test_curves_reproduce_the_measured_sample(path):
+    gpu, _, rest = path.stem.partition("_")
+    op, precision = rest.rsplit("_", 1)
+    frame = pd.read_csv(path)
+    error = _predict(load_hardware(gpu), op, precision, frame) / (frame.latency.to_numpy(float) * 1e-3) - 1
+    assert len(frame) >= 50
+    assert np.abs(error).mean() * 100 <= TOLERANCE_PCT[op, precision]
+    assert abs(np.median(error)) * 100 <= 10  # no bias
+
+
+def test_the_sample_is_what_the_catalog_gpus_were_fitted_on():
+    assert {p.stem.partition("_")[0] for p in SAMPLE.glob("*.csv")} == {"h100-80gb", "h200-141gb"}
+    assert "aiconfigurator-core 0.12.0" in load_hardware("h200-141gb").kernels["vllm"].source
+
+
+def test_more_work_never_takes_less_time():
+    hw = load_hardware("h200-141gb")
+    k = hw.kernels["vllm"]
+    rows = np.arange(1, 16385, dtype=float)
+    for precision, curve in k.gemm.items():
+        t = curves.gemm_s(curve, hw.peak_flops_per_s(precision), hw.memory_bytes_per_s, rows, 8192.0, 8192.0, BYTES[precision])
+        assert (np.diff(t) >= 0).all()
+    t = curves.context_attention_s(k.context_attention["bf16"], hw.peak_flops_per_s("bf16"), 1.0, rows, 64.0, 128.0)
+    assert (np.diff(t) > 0).all()
+    inst = Instance(load_model("llama3.1-70b"), hw, load_engine("vllm-fp8"), parse_layout("tp4", "x"))
+    prompt = inst.pass_time_s(1, rows, rows**2)
+    assert (np.diff(prompt) >= 0).all()
+    batch = np.arange(1, 513, dtype=float)
+    assert (np.diff(inst.pass_time_s(decode_seqs=batch, decode_context_tokens=batch * 2048)) >= 0).all()
+    assert (np.diff(inst.pass_time_s(decode_seqs=64.0, decode_context_tokens=64 * rows)) >= 0).all()
+
+
+def _instance(engine, hardware="h200-141gb", tp=4, model="llama3.1-70b"):
+    return Instance(load_model(model), load_hardware(hardware), engine, parse_layout(f"tp{tp}", "x"))
+
+
+def test_the_pass_times_its_operators_from_the_curves():
+    """A profile naming the curves times a pass otherwise than the roofline with its factors, each
+    operator from the curve: a GEMM's fixed latency appears in a one-token pass, the TP all-reduce
+    takes the measured latency of its GPU count."""
+    engine = load_engine("vllm-fp8")
+    roofline = engine.model_copy(update={"kernel_curves": None})
+    curved, plain = _instance(engine), _instance(roofline)
+    assert curved.pass_time_s(1, 2048, 2048**2) != plain.pass_time_s(1, 2048, 2048**2)
+    k = load_hardware("h200-141gb").kernels["vllm"]
+    assert curved.constants.gemm_latency_s == pytest.approx(k.gemm["fp8"].latency_s * (4 + 1 / 80))
+    assert plain.constants.gemm_latency_s == 0.0
+    for tp in (2, 4, 8):
+        assert _instance(engine, tp=tp).constants.collective_latency_s == k.all_reduce_among(tp).latency_s
+    assert len({_instance(engine, tp=tp).constants.collective_latency_s for tp in (2, 4, 8)}) == 3
+    # the curve's GEMM efficiency, lowered by the model's weight shapes, replaces the profile's
+    assert curved.constants.compute_efficiency < k.gemm["fp8"].efficiency
+    assert plain.constants.compute_efficiency == engine.defaults.compute_efficiency
+    # measured kernels already ran at the clock the GPU holds: no sustained-clock slowdown on top
+    assert curved.constants.clock_slowdown == 1.0 and plain.constants.clock_slowdown > 1.0
+
+
+def test_a_gpu_without_curves_falls_back_to_the_roofline_and_says_so():
+    engine = load_engine("vllm-fp8")
+    mi300x = _instance(engine, "mi300x-192gb")
+    assert mi300x.kernel_curves is None
+    assert set(mi300x.timing_sources.values()) == {"roofline: datasheet peak and bandwidth, vllm-fp8's factors"}
+    roofline = _instance(engine.model_copy(update={"kernel_curves": None}), "mi300x-192gb")
+    assert (mi300x.pass_vector == roofline.pass_vector).all()
+    h200 = _instance(engine).timing_sources
+    assert h200["GEMMs"] == h200["decode attention"] == h200["all-reduce"] == "measured vllm kernels on h200-141gb"
+    # an fp4 weight GEMM has no measured curve: the roofline times it, the attention keeps its curves
+    fp4 = _instance(load_engine("vllm-fp8").model_copy(update={"weights_dtype": "fp4"}), "b200-180gb").timing_sources
+    assert fp4["GEMMs"].startswith("roofline") and fp4["prefill attention"].startswith("measured")
+
+
+def test_a_deployment_fit_leaves_what_the_curves_time():
+    engine, h200 = load_engine("vllm-fp8"), load_hardware("h200-141gb")
+    assert deployments.timed_by_curves("compute_efficiency", engine, h200)
+    assert not deployments.timed_by_curves("compute_efficiency", engine, load_hardware("mi300x-192gb"))
+    assert not deployments.timed_by_curves("decode_overhead_s", engine, h200)
+    assert not deployments.timed_by_curves("compute_efficiency", load_engine("vllm"), h200)
