@@ -23,6 +23,11 @@ TOLERANCE_PCT = {("gemm", "bf16"): 10, ("gemm", "fp8"): 18, ("context_attention"
                  ("context_attention", "fp8"): 30, ("generation_attention", "bf16"): 20, ("generation_attention", "fp8"): 20}
 
 
+def _curved(name="vllm-fp8"):
+    """An engine profile timed by vLLM's measured kernel curves (whether or not the shipped one names them)."""
+    return load_engine(name).model_copy(update={"kernel_curves": "vllm"})
+
+
 def _predict(hw, op: str, precision: str, f: pd.DataFrame) -> np.ndarray:
     k, bf16, bandwidth = hw.kernels["vllm"], hw.peak_flops_per_s("bf16"), hw.memory_bytes_per_s
     col = {c: f[c].to_numpy(float) for c in f.columns}
@@ -62,7 +67,7 @@ def test_more_work_never_takes_less_time():
         assert (np.diff(t) >= 0).all()
     t = curves.context_attention_s(k.context_attention["bf16"], hw.peak_flops_per_s("bf16"), 1.0, rows, 64.0, 128.0)
     assert (np.diff(t) > 0).all()
-    inst = Instance(load_model("llama3.1-70b"), hw, load_engine("vllm-fp8"), parse_layout("tp4", "x"))
+    inst = Instance(load_model("llama3.1-70b"), hw, _curved(), parse_layout("tp4", "x"))
     prompt = inst.pass_time_s(1, rows, rows**2)
     assert (np.diff(prompt) >= 0).all()
     batch = np.arange(1, 513, dtype=float)
@@ -78,7 +83,7 @@ def test_the_pass_times_its_operators_from_the_curves():
     """A profile naming the curves times a pass otherwise than the roofline with its factors, each
     operator from the curve: a GEMM's fixed latency appears in a one-token pass, the TP all-reduce
     takes the measured latency of its GPU count."""
-    engine = load_engine("vllm-fp8")
+    engine = _curved()
     roofline = engine.model_copy(update={"kernel_curves": None})
     curved, plain = _instance(engine), _instance(roofline)
     assert curved.pass_time_s(1, 2048, 2048**2) != plain.pass_time_s(1, 2048, 2048**2)
@@ -96,7 +101,7 @@ def test_the_pass_times_its_operators_from_the_curves():
 
 
 def test_a_gpu_without_curves_falls_back_to_the_roofline_and_says_so():
-    engine = load_engine("vllm-fp8")
+    engine = _curved()
     mi300x = _instance(engine, "mi300x-192gb")
     assert mi300x.kernel_curves is None
     assert set(mi300x.timing_sources.values()) == {"roofline: datasheet peak and bandwidth, vllm-fp8's factors"}
@@ -105,12 +110,12 @@ def test_a_gpu_without_curves_falls_back_to_the_roofline_and_says_so():
     h200 = _instance(engine).timing_sources
     assert h200["GEMMs"] == h200["decode attention"] == h200["all-reduce"] == "measured vllm kernels on h200-141gb"
     # an fp4 weight GEMM has no measured curve: the roofline times it, the attention keeps its curves
-    fp4 = _instance(load_engine("vllm-fp8").model_copy(update={"weights_dtype": "fp4"}), "b200-180gb").timing_sources
+    fp4 = _instance(engine.model_copy(update={"weights_dtype": "fp4"}), "b200-180gb").timing_sources
     assert fp4["GEMMs"].startswith("roofline") and fp4["prefill attention"].startswith("measured")
 
 
 def test_a_deployment_fit_leaves_what_the_curves_time():
-    engine, h200 = load_engine("vllm-fp8"), load_hardware("h200-141gb")
+    engine, h200 = _curved(), load_hardware("h200-141gb")
     assert deployments.timed_by_curves("compute_efficiency", engine, h200)
     assert not deployments.timed_by_curves("compute_efficiency", engine, load_hardware("mi300x-192gb"))
     assert not deployments.timed_by_curves("decode_overhead_s", engine, h200)
