@@ -1,6 +1,7 @@
 """Fidelity on today's engines: measured deployments against closed-loop simulation.
 
-    python bench/fidelity.py [--data PATH] [--default lean-fp8] [--jobs N] [--write-profiles DIR]
+    python bench/fidelity.py [--data PATH] [--default lean-fp8] [--start lean-fp8|shipped|curves] [--jobs N]
+                             [--write-profiles DIR]
 
 NVIDIA aiconfigurator's silicon sample (../shared/data/perf, Apache-2.0) holds measured
 serving runs: an engine (vLLM, SGLang, TensorRT-LLM), a machine, fixed input/output
@@ -16,7 +17,9 @@ temporary directory) and judges the fitted profile on held-out folds only: each 
 predicted by a fit without it (SGLang, one machine: each concurrency band by a fit
 without it). Beside it, the uncalibrated default (`--default`, lean-fp8), fitted to
 nothing here. Prints MAPE % and median signed error % of TTFT and TPOT per engine and
-concurrency band (the targets of issue 13: held-out MAPE <= 15 % in every band, no
+concurrency band (`--start`: the profile each fit starts from: lean-fp8, the README's command; `shipped`,
+each engine's shipped ENGINE-fp8 profile; `curves`, that profile timed by the engine's measured
+kernel curves, `kernel_curves: ENGINE`, issue 55) (the targets of issue 13: held-out MAPE <= 15 % in every band, no
 median bias beyond +-10 %), then per engine, machine and band. About 2 minutes on 2 cores.
 """
 
@@ -34,7 +37,7 @@ import pandas as pd
 
 from splitplan.base.parallel import run_units
 from splitplan.sim import deployments as dep
-from splitplan.specs.engine import load_engine
+from splitplan.specs.engine import engine_to_yaml, load_engine
 
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "perf" / "aiconfigurator_silicon_sample.csv"
 BAND_ORDER = {b: k for k, b in enumerate(dep.BAND_LABELS + ("all",))}
@@ -71,6 +74,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT)
     parser.add_argument("--default", default="lean-fp8")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--start", choices=("lean-fp8", "shipped", "curves"), default="lean-fp8",
+                        help="the profile each engine's fit starts from")
     parser.add_argument("--write-profiles", type=Path, default=None, help="write ENGINE-fp8.yaml here (engine_profiles: the shipped ones)")
     args = parser.parse_args()
     runs, dropped = dep.read_deployments(args.data)
@@ -81,8 +86,13 @@ def main() -> None:
     for backend in sorted(runs.engine.unique()):
         start = time.perf_counter()
         profile, residuals = out_dir / f"{backend}-fp8.yaml", scratch / f"{backend}-runs.csv"
+        start_from = "lean-fp8" if args.start == "lean-fp8" else f"{backend}-fp8"
+        if args.start == "curves":
+            start_from = str(scratch / f"{backend}-curves.yaml")
+            shipped = load_engine(f"{backend}-fp8")
+            Path(start_from).write_text(engine_to_yaml(shipped.model_copy(update={"kernel_curves": backend})))
         subprocess.run([sys.executable, "-c", "from splitplan.cli import main; main()", "calibrate", "--deployments",
-                        str(args.data), "--backend", backend,
+                        str(args.data), "--backend", backend, "--engine", start_from,
                         "--output", str(profile), "--residuals", str(residuals), "--jobs", str(args.jobs), "--format", "json"],
                        check=True, stdout=subprocess.DEVNULL)
         mine = pd.read_csv(residuals)

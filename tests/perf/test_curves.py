@@ -120,3 +120,46 @@ def test_a_deployment_fit_leaves_what_the_curves_time():
     assert not deployments.timed_by_curves("compute_efficiency", engine, load_hardware("mi300x-192gb"))
     assert not deployments.timed_by_curves("decode_overhead_s", engine, h200)
     assert not deployments.timed_by_curves("compute_efficiency", load_engine("vllm"), h200)
+
+
+def test_a_kernel_latency_adds_once_per_kernel_and_layer():
+    """Raising the GEMM curve's fixed latency by d slows a decode step by d per GEMM: four per layer and the LM head."""
+    hw, engine, model = load_hardware("h200-141gb"), _curved(), load_model("llama3.1-70b")
+    k = hw.kernels["vllm"]
+    gemm = k.gemm["fp8"].model_copy(update={"latency_s": k.gemm["fp8"].latency_s + 1e-5})
+    slower = hw.model_copy(update={"kernels": {"vllm": k.model_copy(update={"gemm": {**k.gemm, "fp8": gemm}})}})
+    layout = parse_layout("tp4", "x")
+    before, after = (Instance(model, h, engine, layout).pass_time_s(decode_seqs=8.0, decode_context_tokens=8 * 1024.0)
+                     for h in (hw, slower))
+    assert after - before == pytest.approx(1e-5 * (4 * 80 + 1), rel=1e-6)
+    # and a per-sequence time of decode attention by d slows it by d per sequence and layer
+    generation = k.generation_attention["fp8"]
+    generation = generation.model_copy(update={"s_per_sequence": generation.s_per_sequence + 1e-6})
+    slower = hw.model_copy(update={"kernels": {"vllm": k.model_copy(update={"generation_attention": {"fp8": generation}})}})
+    after = Instance(model, slower, engine, layout).pass_time_s(decode_seqs=8.0, decode_context_tokens=8 * 1024.0)
+    assert after - before == pytest.approx(1e-6 * 8 * 80, rel=1e-6)
+
+
+@pytest.mark.parametrize("batch", [1, 16, 256])
+def test_the_decode_line_is_the_pass_with_curves(batch):
+    """The simulator's decode step (`decode_line`: base + per-token slope in the summed context) equals the
+    pass formula with the curves' KV bandwidth, per-sequence time and latencies."""
+    inst = _instance(_curved())
+    base, per_token, slack = inst.decode_line(batch)
+    for context in (0.0, 1e4, 3e6):
+        line = base + context * per_token + max(slack - context * per_token, 0.0)
+        assert line == pytest.approx(inst.pass_time_s(decode_seqs=float(batch), decode_context_tokens=context), rel=1e-12)
+
+
+def test_prefill_attention_ramps_as_its_curve():
+    """A prompt's attention takes 2 H d p (p + half_tokens) FLOPs at the curve's efficiency of the bf16 peak:
+    raising half_tokens by D slows a p-token prefill by 2 q_dim p D / (bf16 peak x efficiency) per layer."""
+    hw, engine, model = load_hardware("h200-141gb"), _curved(), load_model("llama3.1-70b")
+    k = hw.kernels["vllm"]
+    context = k.context_attention["fp8"]
+    longer = context.model_copy(update={"half_tokens": context.half_tokens + 500})
+    slower = hw.model_copy(update={"kernels": {"vllm": k.model_copy(update={"context_attention": {"fp8": longer}})}})
+    layout, p = parse_layout("tp4", "x"), 2048.0
+    before, after = (Instance(model, h, engine, layout).pass_time_s(1, p, p * p) for h in (hw, slower))
+    per_layer = 2 * model.q_dim / 4 * p * 500 / (hw.peak_flops_per_s("bf16") * context.efficiency)
+    assert after - before == pytest.approx(80 * per_layer, rel=1e-6)
