@@ -3,7 +3,8 @@
     pip install --no-deps aiconfigurator-core==0.12.0 pyarrow   # (bench only: NVIDIA's measured tables, Apache-2.0)
     python bench/kernels.py
 
-A baseline for issue 55's op-level table, before per-GPU curves. aiconfigurator-core ships vLLM
+A baseline for issue 55's op-level table: the engine-wide factors, before per-GPU curves
+(`bench/fit_kernels.py` fits the curves and measures them held out). aiconfigurator-core ships vLLM
 0.24 tables (A100: 0.14) per catalog GPU; each measured shape is timed as the pass formula times
 its operator class (perf/kernels.py, `pass_terms`), nothing fitted here:
 - dense GEMMs (class 0), shapes (m, n, k) with m from 1 to 16,384 tokens and n, k of at least
