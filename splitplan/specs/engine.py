@@ -21,6 +21,7 @@ from splitplan.base.errors import SpecError
 from splitplan.base.inputs import excerpt
 from splitplan.specs._load import load_named
 from splitplan.specs.catalog import catalog_names
+from splitplan.specs.hardware import KernelEngine
 
 # The precisions weights and the KV cache may be stored in (--weights, --kv-cache).
 WeightPrecision = Literal["bf16", "fp8", "fp4"]
@@ -117,7 +118,7 @@ class EngineProfile(BaseModel):
     # operators then take the curves' efficiencies and latencies in place of compute_efficiency,
     # gemm_half_tokens, attention_efficiency, the memory_efficiency of weight and KV reads and the
     # collective terms. None, or a GPU without them: the roofline with the factors below.
-    kernel_curves: Literal["vllm", "sglang", "trtllm"] | None = None
+    kernel_curves: KernelEngine | None = None
     defaults: EngineFactors = EngineFactors()
     hardware_overrides: dict[str, EngineFactors] = {}
     # Where each machine type's factors come from (a measurement, or "estimate: ..."), by machine name.

@@ -71,7 +71,7 @@ class GpuSpec(BaseModel):
 
 Positive = Annotated[float, Field(ge=0, le=1e6)]
 Seconds = Annotated[float, Field(ge=0, le=1.0)]
-KERNEL_ENGINES = ("vllm", "sglang", "trtllm")  # the engines whose kernels NVIDIA's tables measure
+KernelEngine = Literal["vllm", "sglang", "trtllm"]  # the engines whose kernels NVIDIA's tables measure
 
 
 class GemmCurve(BaseModel):
@@ -179,7 +179,7 @@ class HardwareSpec(BaseModel):
     # Operator curves fitted to an engine's measured kernels on this GPU (bench/fit_kernels.py), by
     # engine: what an engine profile naming them (`kernel_curves`) times its GEMMs, attention and
     # all-reduces with. None here: the roofline with the profile's factors.
-    kernels: dict[Literal["vllm", "sglang", "trtllm"], KernelCurves] = {}
+    kernels: dict[KernelEngine, KernelCurves] = {}
 
     @model_validator(mode="after")
     def _shapes_tile(self) -> HardwareSpec:
