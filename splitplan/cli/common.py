@@ -734,6 +734,8 @@ def main() -> None:
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("error: interrupted", err=True)
+        code = 130
+    if code == 130:  # interrupted (a command's Ctrl-C is told by user_errors, which returns 130)
         sys.stdout.flush()
         sys.stderr.flush()
         # At once, without the interpreter's exit hooks: concurrent.futures' would wake the manager
