@@ -176,3 +176,15 @@ def _running(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_pool_ctrl_c_ended_is_recorded_for_the_exit():
+    """Ctrl-C in a parallel map ends its pool and records it, so that the console script exits without the
+    interpreter's exit hooks (cli.common.main); in a process of its own, as the record lasts the process."""
+    script = ("from splitplan.base import parallel\n"
+              "def stop():\n    raise KeyboardInterrupt\n"
+              "assert not parallel.pool_torn_down()\n"
+              "try:\n    parallel.run_units(pow, [2, 3, 4], 2, jobs=2, progress=stop)\n"
+              "except KeyboardInterrupt:\n    print(parallel.pool_torn_down())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout == "True\n", done.stderr

@@ -107,6 +107,14 @@ def _quiet_cancelled_futures(hook):
     return quiet
 
 
+_TORN_DOWN: list = []  # the process pools Ctrl-C ended in this process
+
+
+def pool_torn_down() -> bool:
+    """Whether Ctrl-C ended a process pool in this process (whose exit hooks would then fail: cli.common.main)."""
+    return bool(_TORN_DOWN)
+
+
 def _local_map(fn, items, shared, jobs, tick) -> list:
     global _SHARED
     if jobs <= 1 or len(items) < 2 or "fork" not in multiprocessing.get_all_start_methods():
@@ -125,6 +133,7 @@ def _local_map(fn, items, shared, jobs, tick) -> list:
                     out.append(outcome)
                     tick()
             except KeyboardInterrupt:  # Ctrl-C: end the workers now instead of waiting for their units
+                _TORN_DOWN.append(pool)
                 threading.excepthook = _quiet_cancelled_futures(threading.excepthook)
                 for process in list((getattr(pool, "_processes", None) or {}).values()):
                     process.terminate()

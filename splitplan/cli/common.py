@@ -713,6 +713,16 @@ def _say_compiling(cached: bool) -> None:
     print(f"compiling splitplan's kernels (numba, about 30 s on 2 cores), {when}", file=sys.stderr, flush=True)
 
 
+def _exit_at_once(code: int) -> None:
+    """Exit without the interpreter's exit hooks: concurrent.futures' would wake the manager thread
+    of a process pool an interrupt just tore down, through a pipe already closed ("Exception
+    ignored ... Bad file descriptor" after the one line; base.parallel ended the workers, and
+    output sets are only renamed into place once whole)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main() -> None:
     """The console script: like `app()`, but a usage error (a bad option value, an
     unknown option) is one `error: ...` line too, with exit code 2."""
@@ -734,15 +744,12 @@ def main() -> None:
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("error: interrupted", err=True)
-        code = 130
-    if code == 130:  # interrupted (a command's Ctrl-C is told by user_errors, which returns 130)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # At once, without the interpreter's exit hooks: concurrent.futures' would wake the manager
-        # thread of a process pool the interrupt just tore down, through a pipe already closed
-        # ("Exception ignored ... Bad file descriptor" after the one line; base.parallel ended the
-        # workers, and output sets are only renamed into place once whole).
-        os._exit(130)
+        _exit_at_once(130)
+    if code == 130:  # a command's Ctrl-C, which user_errors told
+        from splitplan.base import parallel
+
+        if parallel.pool_torn_down():
+            _exit_at_once(130)
     # The interpreter's exit would run full collections over every object the run left (numba's
     # type system, the specs, the trace): 0.3-0.4 s of a 2.5 s plan. Frozen, they are freed by
     # their reference counts alone; the exit hooks still run.
