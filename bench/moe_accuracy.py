@@ -12,7 +12,8 @@ layout the file records (`tp_size`, `attention_dp_size`, `moe_ep_size`, `pp_size
 benchmark ran it (sim.deployments.replay: `concurrency` clients, ten requests each, one to
 an instance's share) and its mean TTFT and mean TPOT compared with the measured ones.
 
-Two predictions:
+Two predictions (three with `--kernel-curves`: the shipped profiles timed by their engine's
+measured kernel curves, issue 55):
 - shipped: the engine's shipped profile (`vllm-fp8`, `sglang-fp8`, `trtllm-fp8`), fitted on dense
   models only (bench/fidelity.py): every MoE run is held out from that fit.
 - cv: held-out folds by machine. For each engine and each machine, the profile's
@@ -38,7 +39,7 @@ from splitplan.base.parallel import run_units
 from splitplan.base.runner import Runner
 from splitplan.sim import deployments
 from splitplan.sim.deployments import fit_deployments, replay, run_pools
-from splitplan.specs.engine import load_engine
+from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.layout import Layout
 
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "perf" / "aiconfigurator_silicon_sample.csv"
@@ -108,8 +109,13 @@ def _profile(run: dict) -> str:
 
 
 def _unit(profile, run):
+    """`run` replayed with `profile`: a profile, or None (the engine's shipped one) or "curves" (that one
+    timed by its engine's measured kernel curves, `kernel_curves`)."""
+    if not isinstance(profile, EngineProfile):
+        shipped = load_engine(_profile(run))
+        profile = shipped.model_copy(update={"kernel_curves": run["engine"]}) if profile == "curves" else shipped
     try:
-        return replay(run, profile if profile is not None else load_engine(_profile(run)))
+        return replay(run, profile)
     except SpecError:  # a layout the catalog model cannot take (heads, experts)
         return float("nan"), float("nan")
 
@@ -150,6 +156,8 @@ def main() -> None:
     parser.add_argument("--max-evaluations", type=int, default=6)
     parser.add_argument("--train-runs", type=int, default=40, help="runs each held-out fit is fitted on, at most")
     parser.add_argument("--no-cv", action="store_true", help="the shipped profiles only")
+    parser.add_argument("--kernel-curves", action="store_true",
+                        help="also the shipped profiles timed by their engine's measured kernel curves (issue 55)")
     args = parser.parse_args()
     runs, dropped = runs_of(args.data, args.max_concurrency)
     shipped = predict(runs, args.jobs)
@@ -158,6 +166,8 @@ def main() -> None:
     dropped["an instance cannot hold the model (memory, heads or experts)"] = int((~fits).sum())
     runs["kind"] = [kind(r) for r in runs.to_dict("records")]
     tags = {"shipped": shipped}
+    if args.kernel_curves:
+        tags["curves"] = predict(runs, args.jobs, "curves")
     if not args.no_cv:
         print("cross-validating by machine:", flush=True)
         tags["cv"] = cross_validated(runs, args.jobs, args.max_evaluations, args.train_runs)
