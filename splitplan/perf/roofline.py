@@ -50,6 +50,11 @@ Modelling assumptions (units: seconds, FLOPs and bytes per GPU):
   700 W on H200, arXiv 2605.11999) and keeps its bandwidth roofline.
 - Mixed batches (prefill and decode in one iteration) are the same formula with
   both kinds of attention: the co-located baseline needs nothing else.
+- Measured kernel curves (perf.curves): where the engine profile names them (`kernel_curves`)
+  and the GPU's file carries them, the dense GEMMs, prefill and decode attention and TP
+  all-reduces take the curves' efficiencies, bandwidths, fixed latencies and per-GPU-count
+  collective terms in place of the profile's factors (`Instance._curves`), measured at the clock
+  the GPU holds under load (only a power cap slows them further); `timing_sources` says which.
 
 All functions are pure and accept numpy arrays, so the capacity search and the
 simulator can evaluate thousands of passes at once.
