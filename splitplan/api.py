@@ -13,7 +13,7 @@ from splitplan.base.defaults import (
     DEFAULT_SLO,
     MAX_BATCH_TOKENS,
 )
-from splitplan.perf.points import instance, instance_facts, perf_points, timing_sources
+from splitplan.perf.points import instance, instance_facts, perf_points
 from splitplan.search.optimize import Mode, OptimizeOptions, OptimizeResult, objective_value, optimize
 from splitplan.search.rate import max_rate
 from splitplan.workflows.calibration import (
@@ -49,7 +49,7 @@ from splitplan.workflows.studies import (
 
 __all__ = [
     "DEFAULT_ENGINE", "DEFAULT_MODEL", "DEFAULT_SLO", "MAX_BATCH_TOKENS", "SCENARIOS",
-    "instance", "instance_facts", "perf_points", "timing_sources",
+    "instance", "instance_facts", "perf_points",
     "Mode", "OptimizeOptions", "OptimizeResult", "objective_value", "optimize", "max_rate", "optimize_closed_loop",
     "Setup", "SimulateResult", "simulate", "simulate_plans", "validate", "validate_result", "pool_specs", "plan_from_pools",
     "plan_pools", "setup_for",

@@ -294,6 +294,7 @@ def test_perf_with_perf_db():
     points = json.loads(result.stdout)
     assert points[0]["bound"] == "measured" and abs(points[0]["latency_ms"] - 274.2) < 3
     assert points[1]["bound"] == "extrapolated"
+    assert points[0]["timed_from"] == {"passes": f"measured forward passes ({PERF_DB})"}
 
 
 def test_pareto_colocated_plans_report_their_max_rate():

@@ -188,7 +188,7 @@ def perf(
                "bytes: weights, KV, activations), network (tensor-parallel all-reduces, expert-parallel all-to-alls and "
                "pipeline hops, over NVLink within the NVLink domain and the NICs beyond it) and overhead "
                "(engine and kernel-launch time per pass); bound names the largest. KV fits: the batch's KV within capacity.\n"
-               "Timed from: " + "; ".join(f"{op}: {how}" for op, how in api.timing_sources(inst).items()))
+               "Timed from: " + "; ".join(f"{op}: {how}" for op, how in inst.timing_sources.items()))
     cols = ["phase", "batch", "tokens", "latency ms", "bound", "compute ms", "memory ms", "network ms", "overhead ms", "KV fits"]
     title = f"{inst.model.name} on {inst.hardware.name}, {inst.layout}, engine {inst.engine.name}"
     report.console().print(report.table(title, cols, rows, caption))

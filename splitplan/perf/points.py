@@ -82,7 +82,7 @@ def perf_points(inst: Instance, prefill: list[tuple[int, int]], decode: list[tup
     (B requests with C tokens of context), with what bound it."""
     out = []
     cap = inst.fit.kv_capacity_tokens
-    sources = timing_sources(inst)
+    sources = inst.timing_sources
     for batch, tokens in prefill:
         lat = inst.explain(prompt_tokens=[tokens] * batch)
         out.append({"phase": "prefill", "batch": batch, "prompt_tokens": tokens, **_latency_fields(lat),
@@ -93,11 +93,6 @@ def perf_points(inst: Instance, prefill: list[tuple[int, int]], decode: list[tup
                     "kv_fits": batch * (context + 1) <= cap, "timed_from": sources})
     return out
 
-
-def timing_sources(inst) -> dict[str, str]:
-    """What times each operator class of `inst`: measured kernel curves or the roofline (`Instance.timing_sources`),
-    or, for an instance timed from a perf DB, that table."""
-    return getattr(inst, "timing_sources", None) or {"passes": "measured forward passes (--perf-db)"}
 
 
 def _latency_fields(lat) -> dict:

@@ -158,6 +158,7 @@ class PassConstants:
     gemm_bytes_per_s: float  # weights and activations read by GEMMs
     gemm_pass_s_per_token: float  # activation passes around the GEMMs (quantization, epilogue)
     gemm_latency_s: float  # the dense GEMMs' and the LM head's fixed time
+    attention_efficiency: float  # prefill attention's, of the activations' peak
     prefill_attention_half_tokens: float  # prompt tokens at which attention's efficiency is half its peak's
     prefill_attention_latency_s: float
     kv_bytes_per_s: float  # the KV cache read by decode attention
@@ -368,7 +369,7 @@ class Instance(PassShortcuts):
     @cached_property
     def kernel_curves(self) -> KernelCurves | None:
         """The measured kernel curves this engine's operators take on this GPU (`engine.kernel_curves`), if any."""
-        return self.hardware.kernels.get(self.engine.kernel_curves) if self.engine.kernel_curves else None
+        return self.hardware.curves_for(self.engine.kernel_curves)
 
     @cached_property
     def _measured(self) -> dict[str, Any]:
@@ -398,12 +399,14 @@ class Instance(PassShortcuts):
     def _curves(self) -> dict[str, float]:
         """The pass constants the kernel curves set (perf.curves), or the roofline's with the engine's factors."""
         m, hw, f, t = self.model, self.hardware, self.factors, self.layout.tp
-        bandwidth, bf16 = hw.memory_bytes_per_s, hw.peak_flops_per_s("bf16")
+        bandwidth = hw.memory_bytes_per_s
+        # attention curves' efficiencies are of the bf16 peak (the engines attend in bf16), the pass's of the activations'
+        of_bf16 = hw.peak_flops_per_s("bf16") / hw.peak_flops_per_s(self.engine.dtype)
         out = {"compute_efficiency": f.compute_efficiency, "gemm_half_tokens": f.gemm_half_tokens,
                "gemm_bytes_per_s": bandwidth * f.memory_efficiency, "gemm_pass_s_per_token": 0.0, "gemm_latency_s": 0.0,
-               "prefill_attention_half_tokens": 0.0, "prefill_attention_latency_s": 0.0,
-               "kv_bytes_per_s": bandwidth * f.memory_efficiency, "decode_attention_efficiency": f.compute_efficiency,
-               "decode_attention_s_per_seq": 0.0, "decode_attention_latency_s": 0.0,
+               "attention_efficiency": f.attention_efficiency, "prefill_attention_half_tokens": 0.0,
+               "prefill_attention_latency_s": 0.0, "kv_bytes_per_s": bandwidth * f.memory_efficiency,
+               "decode_attention_efficiency": f.compute_efficiency, "decode_attention_s_per_seq": 0.0, "decode_attention_latency_s": 0.0,
                "collective_s_per_token": (2 * (t - 1) / t * m.hidden_size * 2 / self._link_bytes_per_s(t, f)) if t > 1 else 0.0,
                "collective_latency_s": f.collective_latency_s if t > 1 else 0.0}
         gemm, context, generation, reduce = self._measured.values()
@@ -420,24 +423,17 @@ class Instance(PassShortcuts):
                     * curves.ACTIVATION_BYTES / bandwidth,
                     "gemm_latency_s": gemm.latency_s * (len(shapes) + 1 / m.num_hidden_layers)}  # the LM head once
         if context is not None:
-            out |= {"prefill_attention_half_tokens": context.half_tokens, "prefill_attention_latency_s": context.latency_s}
+            out |= {"attention_efficiency": context.efficiency * of_bf16,
+                    "prefill_attention_half_tokens": context.half_tokens, "prefill_attention_latency_s": context.latency_s}
         if generation is not None:
             out |= {"kv_bytes_per_s": bandwidth * generation.memory_efficiency,
-                    "decode_attention_efficiency": generation.efficiency * bf16 / hw.peak_flops_per_s(self.engine.dtype),
+                    "decode_attention_efficiency": generation.efficiency * of_bf16,
                     "decode_attention_s_per_seq": generation.s_per_sequence + self.kv_heads_per_gpu * generation.s_per_kv_head,
                     "decode_attention_latency_s": generation.latency_s}
         if reduce is not None:  # two per layer, of the tokens' bf16 activations
             out |= {"collective_s_per_token": m.hidden_size * curves.ACTIVATION_BYTES / reduce.bytes_per_s,
                     "collective_latency_s": reduce.latency_s}
         return out
-
-    @property
-    def attention_efficiency(self) -> float:
-        """Prefill attention's efficiency of the activations' peak: the curve's (of the bf16 peak) where measured."""
-        context = self._measured["prefill attention"]
-        if context is None:
-            return self.factors.attention_efficiency
-        return context.efficiency * self.hardware.peak_flops_per_s("bf16") / self.hardware.peak_flops_per_s(self.engine.dtype)
 
     @cached_property
     def pass_vector(self) -> FloatArray:
@@ -448,7 +444,6 @@ class Instance(PassShortcuts):
         m, f, k = self.model, self.factors, self.constants
         known = {name: getattr(f, name) for name in kernels.FIELDS if name in type(f).model_fields}
         known |= {name: getattr(k, name) for name in k.__slots__}
-        known["attention_efficiency"] = self.attention_efficiency
         known |= {"is_moe": m.is_moe, "experts": m.num_local_experts if m.is_moe else 1,
                   "experts_per_token": m.num_experts_per_tok if m.is_moe else 0, "expert_params": m.expert_params if m.is_moe else 0}
         return np.array([float(known[name]) for name in kernels.FIELDS])  # (writable: the replay's rows are, one compiled type)

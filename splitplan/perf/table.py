@@ -98,6 +98,8 @@ class MeasuredInstance(PassShortcuts):
     machines_for = property(lambda self: self.analytic.machines_for)
     max_request_tokens = property(lambda self: self.fit.kv_capacity_tokens // self.layout.dp)
     kv_link_bytes_per_s = property(lambda self: self.analytic.kv_link_bytes_per_s)
+    # what times a pass (as Instance.timing_sources): the measured table, every operator at once
+    timing_sources = property(lambda self: {"passes": f"measured forward passes ({self.source})"})
     kv_bytes_per_token = property(lambda self: self.analytic.kv_bytes_per_token)
 
     @property

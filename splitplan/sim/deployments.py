@@ -275,7 +275,8 @@ CURVE_FACTORS = ("compute_efficiency", "memory_efficiency")
 
 def timed_by_curves(factor: str, profile: EngineProfile, hw) -> bool:
     """Whether `factor` of `profile` is replaced on `hw` by its measured kernel curves (so the data cannot pin it)."""
-    return factor in CURVE_FACTORS and profile.kernel_curves in hw.kernels and profile.weights in hw.kernels[profile.kernel_curves].gemm
+    curves = hw.curves_for(profile.kernel_curves)
+    return factor in CURVE_FACTORS and curves is not None and profile.weights in curves.gemm
 
 
 def schedules(runs: pd.DataFrame, base: EngineProfile, run: Runner = serial) -> list[Schedule | None]:

@@ -181,6 +181,10 @@ class HardwareSpec(BaseModel):
     # all-reduces with. None here: the roofline with the profile's factors.
     kernels: dict[KernelEngine, KernelCurves] = {}
 
+    def curves_for(self, engine: str | None) -> KernelCurves | None:
+        """The measured kernel curves of `engine` (a profile's `kernel_curves`) on this GPU, if it has them."""
+        return self.kernels.get(engine) if engine else None  # type: ignore[call-overload]
+
     @model_validator(mode="after")
     def _shapes_tile(self) -> HardwareSpec:
         """Each shape a divisor of the machine's GPUs, one per GPU count, every count dividing
