@@ -22,6 +22,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "splitplan"
 # Lowest first, one folder each (the facade and the package's own API aside). A module belongs
 # to the layer of the longest prefix it starts with.
 LAYERS = [
+    ("core", ["splitplan_core"]),  # the compiled engine core (core/splitplan_core.pyx), beside the package
     ("foundations", ["splitplan.base"]),
     ("specs", ["splitplan.specs"]),
     ("workload", ["splitplan.workload"]),

@@ -6,7 +6,7 @@
 A baseline for issue 55's op-level table: the engine-wide factors, before per-GPU curves
 (`bench/fit_kernels.py` fits the curves and measures them held out). aiconfigurator-core ships vLLM
 0.24 tables (A100: 0.14) per catalog GPU; each measured shape is timed as the pass formula times
-its operator class (perf/kernels.py, `pass_terms`), nothing fitted here:
+its operator class (core/splitplan_core.pyx, `pass_terms`), nothing fitted here:
 - dense GEMMs (class 0), shapes (m, n, k) with m from 1 to 16,384 tokens and n, k of at least
   1,024 (serving's projections and FFN matrices): the larger of 2 m n k over the GEMM peak at the
   weights' precision times compute_efficiency times the token ramp m / (m + gemm_half_tokens),

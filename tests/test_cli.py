@@ -502,11 +502,11 @@ def test_version():
 
 def test_the_cli_starts_without_the_heavy_libraries():
     """--help and small commands must start fast (bench/startup.py times them): the CLI
-    imports pandas, SciPy, PuLP and numba only when a command uses them."""
+    imports pandas, SciPy and PuLP only when a command uses them."""
     import subprocess
     import sys
     code = ("import sys, splitplan.cli; "
-            "print(sorted(m for m in ('pandas', 'scipy', 'pulp', 'matplotlib', 'numba') if m in sys.modules))")
+            "print(sorted(m for m in ('pandas', 'scipy', 'pulp', 'matplotlib') if m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
     # every command's library (splitplan.api) leaves SciPy's optimizers to the commands that fit or solve,
     # and pandas to those that read tables (a plain CSV trace is read without it: tests/workload)

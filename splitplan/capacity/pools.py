@@ -40,6 +40,7 @@ from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
+import splitplan_core as core
 
 from splitplan.perf.roofline import Instance
 from splitplan.perf.slo import Gaps
@@ -116,7 +117,7 @@ def replay_prompts(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list
     instance's load for held_s[i] seconds from its arrival, as the simulator routes
     co-located instances (one per request held). With `prefix`, a prefix cache per instance
     (module docstring); with `cache_stats`, each instance's (hit, looked-up) prompt tokens.
-    Without prefix caches, on analytic instances, the replay is compiled (capacity.replay, the same
+    Without prefix caches, on analytic instances, the replay is compiled (splitplan_core, the same
     TTFT to the bit); `compiled=False` runs this Python replay anyway (the tests compare the two).
 
     A batch that ends at an arrival's time ends before the arrival is routed, as in
@@ -309,48 +310,34 @@ def _python_replay(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list
                         np.array(placed, np.int64))
 
 
-def compile_kernels(inst: Instance) -> None:
-    """Compile (or load from numba's cache) the replay's and the decode fixed point's kernels in
-    this process, on a one-request trace and an instance the model fits: before sizing workers
-    fork, so that they inherit the machine code rather than each compile it on a first run."""
-    one, size = np.zeros(1), np.ones(1, np.int64)
-    replay_prompts(one, size, [(inst, 1)], 1)
-    decode_pool(one, size, size, inst, 1)
-
-
 def _compiled_replay(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[tuple[Instance, int]],
                      max_batch_tokens: int, times: list[BatchTimes] | None, held_s: np.ndarray | None, chunked: bool,
                      max_seqs: int | None) -> PromptReplay:
     """`replay_prompts` without prefix caches on analytic instances: the compiled replay
-    (capacity.replay), the same TTFT to the bit."""
-    from splitplan.capacity.replay import prompt_replay
-
+    (splitplan_core.prompt_replay), the same TTFT to the bit."""
     engine = pools[0][0].engine
     decode = np.array([t.decode for t in times] if times else [(0.0, 0.0)] * len(pools))
     release_s = np.empty(0) if held_s is None else np.asarray(arrival_s + held_s, float)
-    finish_s, passes, where = prompt_replay(
+    finish_s, passes, where = core.prompt_replay(
         np.asarray(arrival_s, float), np.asarray(prompt_tokens, np.int64), np.array([inst.pass_vector for inst, _ in pools]),
         np.repeat(np.arange(len(pools)), [count for _, count in pools]), decode, int(max_batch_tokens), bool(chunked),
-        int(max_seqs or len(arrival_s)), bool(engine.async_scheduling), release_s)
+        int(max_seqs or len(arrival_s)), bool(engine.async_scheduling), release_s,
+        routing.HEAP_ROUTING_INSTANCES)
     return PromptReplay(finish_s - arrival_s + engine.frontend_latency_s, passes, where)
 
 
 def _searchsorted(sorted_values: np.ndarray, queries: np.ndarray, side: str = "left") -> np.ndarray:
     """np.searchsorted(sorted_values, queries, side) for as many queries as values, by a compiled
-    merge over the queries sorted (capacity.replay.ranks): two to three times faster than a binary
+    merge over the queries sorted (splitplan_core.ranks): two to three times faster than a binary
     search each at thousands of requests."""
-    from splitplan.capacity.replay import ranks
-
-    return ranks(np.asarray(sorted_values, float), np.asarray(queries, float), np.argsort(queries), side == "right")
+    return core.ranks(np.asarray(sorted_values, float), np.asarray(queries, float), np.argsort(queries), side == "right")
 
 
 def _open_at(sorted_starts: np.ndarray, sorted_ends: np.ndarray, times: np.ndarray) -> np.ndarray:
     """How many [start, end) intervals are open at each of `times`: starts at or before it less
     ends at or before it (both sorted)."""
-    from splitplan.capacity.replay import ranks
-
     order = np.argsort(times)
-    return ranks(sorted_starts, times, order, True) - ranks(sorted_ends, times, order, True)
+    return core.ranks(sorted_starts, times, order, True) - core.ranks(sorted_ends, times, order, True)
 
 
 def _decode_steps(inst: Instance, active: np.ndarray, instances: int, context_tokens: float) -> np.ndarray:
@@ -395,9 +382,7 @@ def decode_pool(start_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: n
     # KV tokens held: +(prompt + output) at start, released at end; peak of the running sum.
     times = np.concatenate([start_s, end])
     weights = np.concatenate([p + o, -(p + o)])
-    from splitplan.capacity.replay import running_peak
-
-    peak = running_peak(times, weights, np.argsort(times)) / instances  # (releases before admissions at equal times)
+    peak = core.running_peak(times, weights, np.argsort(times)) / instances  # (releases before admissions at equal times)
     busy = float(np.sum(end - start_s))
     span = float(max(end.max() - start_s.min(), 1e-9))
     return DecodeResult(step, peak / inst.fit.kv_capacity_tokens, busy / span / instances, context,
@@ -411,7 +396,7 @@ def colocated_pool(trace, inst: Instance, instances: int, max_batch_tokens: int,
     `simulate` gives it. Mixed batching feeds back on itself (prefills stall the decodes,
     the longer decodes grow the batch every prefill carries, KV admission queues prompts
     and preempts), which `colocated_estimate` follows only roughly. The replay runs compiled
-    (sim.compiled) where it can (no prefix caches, an analytic instance), the Python loop's result
+    (splitplan_core.run) where it can (no prefix caches, an analytic instance), the Python loop's result
     to the bit: about 0.5 us an event on this project's 2-core machine, some 25 events a request
     (more with more, smaller instances, each iterating on its own). KV memory is the replay's to
     enforce (admission, preemption), so it shows in the latencies and `kv_peak_fraction` is 0.

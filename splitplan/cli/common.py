@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import typer
 
-from splitplan.base import limits, notices
+from splitplan.base import limits
 from splitplan.base.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO
 from splitplan.base.errors import InputWarning, SpecError, SplitplanError
 from splitplan.base.inputs import excerpt, printable
@@ -706,13 +706,6 @@ def parse_rates(text: str) -> list[float]:
     return rates
 
 
-def _say_compiling(cached: bool) -> None:
-    """The one line a first run prints while numba compiles the kernels (base.notices)."""
-    when = ("once after an install; later runs load them from numba's cache" if cached else
-            "in every run: numba finds no writable cache directory (set NUMBA_CACHE_DIR to one)")
-    print(f"compiling splitplan's kernels (numba, about 30 s on 2 cores), {when}", file=sys.stderr, flush=True)
-
-
 def _exit_at_once(code: int) -> None:
     """Exit without the interpreter's exit hooks: concurrent.futures' would wake the manager thread
     of a process pool an interrupt just tore down, through a pipe already closed ("Exception
@@ -733,7 +726,6 @@ def main() -> None:
     # allocations rather than 700 spends 0.06 s where 0.2 s went on the conversation trace's plan.
     gc.freeze()
     gc.set_threshold(20_000, 10, 10)
-    notices.listener = _say_compiling
     try:
         code = app(standalone_mode=False)
     except usage_error as exc:
@@ -750,8 +742,8 @@ def main() -> None:
 
         if parallel.pool_torn_down():
             _exit_at_once(130)
-    # The interpreter's exit would run full collections over every object the run left (numba's
-    # type system, the specs, the trace): 0.3-0.4 s of a 2.5 s plan. Frozen, they are freed by
+    # The interpreter's exit would run full collections over every object the run left (the specs,
+    # the trace, SciPy's and pandas' modules): 0.3-0.4 s of a 2.5 s plan. Frozen, they are freed by
     # their reference counts alone; the exit hooks still run.
     gc.freeze()
     sys.exit(code or 0)

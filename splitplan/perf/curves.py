@@ -3,7 +3,7 @@ parameters a GPU's hardware spec carries per serving engine and precision (`spec
 fitted to NVIDIA's measured kernel tables by `bench/fit_kernels.py`.
 
 These are the forms the fit fits and `bench/kernels.py` checks, one kernel at a time; the pass
-formula (`perf.kernels.pass_terms`) evaluates the same terms summed over a layer's operators
+formula (`splitplan_core.pass_terms`) evaluates the same terms summed over a layer's operators
 (`perf.roofline.Instance.constants` turns a curve into the pass vector's entries). Peaks and
 bandwidths are the datasheet's (`peak_flops_per_s` at the datasheet clock); the measured kernels ran
 in short bursts, so the pass formula still slows a prefill pass's compute to the GPU's sustained

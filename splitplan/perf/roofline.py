@@ -70,6 +70,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, overload
 
 import numpy as np
+import splitplan_core as core
 from numpy.typing import ArrayLike
 
 from splitplan.base.errors import SpecError
@@ -438,20 +439,18 @@ class Instance(PassShortcuts):
     @cached_property
     def pass_vector(self) -> FloatArray:
         """`constants` with the engine factors and model figures the pass formula reads, as the
-        float64 vector the compiled formula takes (perf.kernels.FIELDS names its entries)."""
-        from splitplan.perf import kernels
-
+        float64 vector the compiled formula takes (splitplan_core.FIELDS names its entries)."""
         m, f, k = self.model, self.factors, self.constants
-        known = {name: getattr(f, name) for name in kernels.FIELDS if name in type(f).model_fields}
+        known = {name: getattr(f, name) for name in core.FIELDS if name in type(f).model_fields}
         known |= {name: getattr(k, name) for name in k.__slots__}
         known |= {"is_moe": m.is_moe, "experts": m.num_local_experts if m.is_moe else 1,
                   "experts_per_token": m.num_experts_per_tok if m.is_moe else 0, "expert_params": m.expert_params if m.is_moe else 0}
-        return np.array([float(known[name]) for name in kernels.FIELDS])  # (writable: the replay's rows are, one compiled type)
+        return np.array([float(known[name]) for name in core.FIELDS])  # (writable: the replay's rows are, one compiled type)
 
     def _terms(self, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens):
         """Time terms of one pass (floats, or arrays of the arguments' broadcast shape):
         compute-bound, memory-bound, network, overhead, plus FLOPs and bytes per GPU. The
-        arithmetic is compiled (perf.kernels.pass_terms), which the prompt replay calls too.
+        arithmetic is compiled (splitplan_core.pass_terms), which the prompt replay calls too.
 
         Per GPU of one pipeline stage on one micro-batch (1/pp of the pass): attention and
         dense FFNs see their DP group's share (1/dp), routed experts the whole micro-batch
@@ -462,13 +461,11 @@ class Instance(PassShortcuts):
         its compute and memory time; TP all-reduces (slower past the engine's knee), expert
         all-to-alls and pipeline hops; the engine's overheads, and the host's kernel launches
         where they outlast the GPU's work."""
-        from splitplan.perf import kernels
-
         args = [_num(x) for x in (prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens)]
         if all(isinstance(x, float) for x in args):
-            return kernels.pass_terms(self.pass_vector, *args)
+            return core.pass_terms(self.pass_vector, *args)
         arrays = np.broadcast_arrays(*args)
-        out = kernels.pass_terms_array(self.pass_vector, *(np.array(a, float).ravel() for a in arrays))
+        out = core.pass_terms_array(self.pass_vector, *(np.array(a, float).ravel() for a in arrays))
         return tuple(row.reshape(arrays[0].shape) for row in out)
 
     def _shares(self, prefill_seqs, decode_seqs, has_prefill):
@@ -476,12 +473,10 @@ class Instance(PassShortcuts):
         chunked over the stages, and of its decode requests; a whole request when fewer than pp
         decode), and over how many attention groups a micro-batch's requests spread (DP, or
         fewer when it has fewer requests: one prompt is attended by one group)."""
-        from splitplan.perf import kernels
-
         if isinstance(decode_seqs, float):
-            return kernels.pass_shares(self.pass_vector, float(prefill_seqs), decode_seqs, float(has_prefill))
+            return core.pass_shares(self.pass_vector, float(prefill_seqs), decode_seqs, float(has_prefill))
         decode = np.asarray(decode_seqs, float)
-        out = kernels.pass_shares_array(self.pass_vector, np.full(decode.size, float(prefill_seqs)), decode.ravel(),
+        out = core.pass_shares_array(self.pass_vector, np.full(decode.size, float(prefill_seqs)), decode.ravel(),
                                         float(has_prefill))
         return out[0].reshape(decode.shape), out[1].reshape(decode.shape)
 

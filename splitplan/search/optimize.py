@@ -17,7 +17,6 @@ from splitplan.base.defaults import DEFAULT_ENGINE
 from splitplan.base.errors import InfeasibleError, SpecError, listed, with_details
 from splitplan.base.limits import MAX_SPARE_INSTANCES
 from splitplan.base.parallel import run_units
-from splitplan.capacity.pools import compile_kernels
 from splitplan.perf.points import candidate_layouts, reference_instance, require_tp
 from splitplan.perf.roofline import Instance
 from splitplan.perf.slo import achieved, alone_latencies, meets, reference_for
@@ -485,9 +484,6 @@ def _size(problem, tasks: list, jobs: int, done: dict, ks) -> dict:
     rest = [k for k in ks if k not in done]
     guesses = {k: max(tasks[k][2], math.ceil(done[pilot].instances * work[k] / work[pilot]))
                for k in rest if k in work and (pilot := pilots.get(tasks[k][0])) is not None}
-    analytic = [inst for _, inst, _ in tasks if isinstance(inst, Instance) and inst.fit.fits]
-    if jobs > 1 and len(rest) > 1 and analytic:  # (compiled here once, not in every worker)
-        compile_kernels(analytic[0])
     done.update(zip(rest, run_units(_size_one, [(*tasks[k], guesses.get(k)) for k in rest], problem, jobs), strict=True))
     return done
 

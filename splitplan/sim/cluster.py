@@ -62,7 +62,7 @@ Determinism: one event heap keyed on (time, sequence number); the counter
 belongs to the run, so equal times resolve the same way every run.
 
 An open loop on analytic instances without prefix caches, borrowing, shared machines, an event log
-or recorded passes runs compiled (sim.compiled): these rules, the same result to the bit.
+or recorded passes runs compiled (splitplan_core.run): these rules, the same result to the bit.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ from array import array
 from typing import cast
 
 import numpy as np
+import splitplan_core as core
 
 from splitplan.base import limits
 from splitplan.base.errors import SpecError
@@ -104,7 +105,7 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
 # off only to check that it changes nothing.
 FUSE_DECODE_STRETCHES = True
 # An open loop on analytic instances without prefix caches, borrowing or shared machines runs
-# compiled (sim.compiled, the same result); off only to compare the two.
+# compiled (splitplan_core.run, the same result); off only to compare the two.
 COMPILED = True
 # plain ints on the hot path
 _KV_ARRIVED, _ITERATION_END, _PREFIX_LOADED = int(Event.KV_ARRIVED), int(Event.ITERATION_END), int(Event.PREFIX_LOADED)
@@ -671,10 +672,8 @@ class _Cluster:
         return self._result()
 
     def _run_compiled(self) -> SimResult:
-        """`run` by sim.compiled's loop: this run's instances and pools as its arrays, its state
-        back into this run's, then the result."""
-        from splitplan.sim import compiled as c
-
+        """`run` by the compiled loop (splitplan_core.run): this run's instances and pools as its
+        arrays, its state back into this run's, then the result."""
         n, perfs = self.n, [cast(Instance, pool.perf) for pool in self.pools]
         prompt, out = self.trace.prompt_tokens.astype(np.int64), self.trace.output_tokens.astype(np.int64)
         cap = int(self.options.max_num_seqs or n + 1)
@@ -691,36 +690,36 @@ class _Cluster:
         pools_s = np.array([[perf.kv_link_bytes_per_s, perf.factors.kv_transfer_latency_s] for perf in perfs])
         settings = np.array([self.max_tokens, cap, self.max_iterations, self.context or 0, self.layers,
                              self.options.routing == "round-robin"], np.int64)
-        req, times, inst = c.initial_state(prompt, self.cached, [str(x.role) for x in self.insts], [x.pool for x in self.insts],
+        req, times, inst = core.initial_state(prompt, self.cached, [str(x.role) for x in self.insts], [x.pool for x in self.insts],
                                            [self.p_pos.get(x.idx, -1) for x in self.insts],
                                            [self.t_pos.get(x.idx, -1) for x in self.insts])
-        status, clock, counters, ends_s, ends_at = c.run(
+        status, clock, counters, ends_s, ends_at = core.run(
             np.asarray(self.arrival, float), float(self.front), prompt, out, req, times, inst, pools, pools_s, settings,
             float(self.kv_bytes), np.array([perf.pass_vector for perf in perfs]), lines,
             np.array([self.single[k] for k in range(len(perfs))], float))
-        if status == c.TOO_MANY_ITERATIONS:
+        if status == core.TOO_MANY_ITERATIONS:
             raise self._too_many_iterations()
-        if status != c.OK:
+        if status != core.OK:
             raise RuntimeError(f"the compiled run stopped (status {status}): a bug, please report it")
-        self._take_compiled(c, req, times, inst, clock, counters, ends_s, ends_at)
+        self._take_compiled(req, times, inst, clock, counters, ends_s, ends_at)
         return self._result()
 
-    def _take_compiled(self, c, req, times, inst, clock, counters, ends_s, ends_at) -> None:
+    def _take_compiled(self, req, times, inst, clock, counters, ends_s, ends_at) -> None:
         """The compiled run's state as this run's: per request, per instance, the counters."""
-        self.ttft, self.e2e, self.stall, self.rejoined = times[c.TTFT], times[c.E2E], times[c.STALL], times[c.REJOINED]
-        self.prefill_start, self.kv_ready, self.join_time = times[c.PREFILL_START], times[c.KV_READY], times[c.JOIN_TIME]
-        self.base, self.join_iter, self.p_inst, self.t_inst = req[c.BASE], req[c.JOIN_ITER], req[c.P_INST], req[c.T_INST]
-        self.rejected, self.refused = req[c.REJECTED] > 0, req[c.REFUSED] > 0
-        self.tokens_out, self.preemptions = int(counters[c.TOKENS_OUT]), int(counters[c.PREEMPTIONS])
-        self.events, self.iterations = int(counters[c.EVENTS]), int(counters[c.ITERATIONS])
+        self.ttft, self.e2e, self.stall, self.rejoined = times[core.TTFT], times[core.E2E], times[core.STALL], times[core.REJOINED]
+        self.prefill_start, self.kv_ready, self.join_time = times[core.PREFILL_START], times[core.KV_READY], times[core.JOIN_TIME]
+        self.base, self.join_iter, self.p_inst, self.t_inst = req[core.BASE], req[core.JOIN_ITER], req[core.P_INST], req[core.T_INST]
+        self.rejected, self.refused = req[core.REJECTED] > 0, req[core.REFUSED] > 0
+        self.tokens_out, self.preemptions = int(counters[core.TOKENS_OUT]), int(counters[core.PREEMPTIONS])
+        self.events, self.iterations = int(counters[core.EVENTS]), int(counters[core.ITERATIONS])
         small = np.uint16 if len(self.insts) <= np.iinfo(np.uint16).max else np.int64  # (NumPy radix-sorts 16-bit keys)
         order = np.argsort(ends_at.astype(small), kind="stable")
         bounds = np.searchsorted(ends_at[order], np.arange(len(self.insts) + 1))
         for k, x in enumerate(self.insts):
             x.ends = array("d", ends_s[order[bounds[k]:bounds[k + 1]]].tobytes())
-            x.iters, x.batch, x.ctx, x.kv_used = (int(v) for v in inst[k, [c.ITERS, c.BATCH, c.CTX, c.KV_USED]])
+            x.iters, x.batch, x.ctx, x.kv_used = (int(v) for v in inst[k, [core.ITERS, core.BATCH, core.CTX, core.KV_USED]])
             x.prefill_s, x.decode_s, x.batch_integral, x.link_free = (
-                float(v) for v in clock[k, [c.PREFILL_S, c.DECODE_S, c.INTEGRAL, c.LINK_FREE]])
+                float(v) for v in clock[k, [core.PREFILL_S, core.DECODE_S, core.INTEGRAL, core.LINK_FREE]])
 
     def _route(self, i: int) -> tuple[InstanceState, InstanceState]:
         """(the instance that prefills request i, the one that decodes it)."""

@@ -1,14 +1,14 @@
-"""The compiled prompt replay (capacity.replay) is the Python replay (capacity.pools): the same
+"""The compiled prompt replay (splitplan_core.prompt_replay) is the Python replay (capacity.pools): the same
 TTFT, passes and placement to the bit, over random traces and every rule it follows."""
 
 import numpy as np
 import pytest
+import splitplan_core as core
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from splitplan import api
 from splitplan.capacity.pools import BatchTimes, prompt_queue_ttft_s, replay_prompts
-from splitplan.perf import kernels
 from splitplan.specs.layout import Layout
 
 # an async-scheduling engine (vLLM V1) and one without, dense and MoE
@@ -60,8 +60,8 @@ def test_one_pass_of_two_prompts_takes_the_formulas_time():
     tokens = np.array([1000, 3000, 500])
     arrival = np.array([0.0, 0.0, 0.0])
     ttft = prompt_queue_ttft_s(arrival, tokens, [(inst, 1)], 8192)
-    first = kernels.pass_time_s(inst.pass_vector, 1.0, 1000.0, 1e6, 0.0, 0.0)
-    rest = kernels.pass_time_s(inst.pass_vector, 2.0, 3500.0, 3000.0**2 + 500.0**2, 0.0, 0.0)
+    first = core.pass_time_s(inst.pass_vector, 1.0, 1000.0, 1e6, 0.0, 0.0)
+    rest = core.pass_time_s(inst.pass_vector, 2.0, 3500.0, 3000.0**2 + 500.0**2, 0.0, 0.0)
     assert first == pytest.approx(float(inst.prefill_time_s(1000)), rel=1e-15)
     assert rest == pytest.approx(float(inst.pass_time_s(2, 3500, 3000**2 + 500**2)), rel=1e-15)
     assert ttft.tolist() == pytest.approx([first, first + rest, first + rest], rel=1e-15)
@@ -94,17 +94,6 @@ def test_a_pass_ending_at_an_arrival_ends_before_it_is_routed():
     assert np.array_equal(ttft, python_ttft)
 
 
-def test_a_kernel_numba_cannot_cache_is_compiled_anyway():
-    """Where numba finds nowhere to cache (here: a function with no source file), the kernel is
-    compiled in the process instead of failing (numba's cache=True alone raises)."""
-    from numba import njit
-    source = eval(compile("lambda x: x + 1", "<generated>", "eval"))  # noqa: S307 - a constant expression
-    with pytest.raises(RuntimeError, match="cannot cache"):
-        njit(cache=True)(source)
-    assert kernels.jit(source)(41) == 42
-    assert kernels.inline(source)(41) == 42
-
-
 @settings(max_examples=80, deadline=None)
 @given(n=st.integers(1, 400), m=st.integers(1, 400), digits=st.integers(0, 2), seed=st.integers(0, 2**16))
 def test_the_merged_searches_are_numpys(n, m, digits, seed):
@@ -124,13 +113,12 @@ def test_the_merged_searches_are_numpys(n, m, digits, seed):
 @settings(max_examples=80, deadline=None)
 @given(n=st.integers(1, 600), digits=st.integers(0, 2), seed=st.integers(0, 2**16), whole=st.booleans())
 def test_the_running_peak_is_numpys_to_the_bit(n, digits, seed, whole):
-    """The KV peak's running sum (capacity.replay.running_peak) adds in np.lexsort's order, equal
+    """The KV peak's running sum (splitplan_core.running_peak) adds in np.lexsort's order, equal
     times by weight: the same float as NumPy's cumsum, with many requests starting or ending at once."""
-    from splitplan.capacity.replay import running_peak
     rng = np.random.default_rng(seed)
     start = np.round(rng.random(n) * 20, digits)
     end = start + np.round(rng.random(n) * 5, digits)
     size = np.round(rng.random(n) * 10) * 100.0 if whole else rng.random(n) * 1e4
     times, weights = np.concatenate([start, end]), np.concatenate([size, -size])
     expected = float(np.max(np.cumsum(weights[np.lexsort((weights, times))])))
-    assert running_peak(times, weights, np.argsort(times)) == expected
+    assert core.running_peak(times, weights, np.argsort(times)) == expected

@@ -1,4 +1,4 @@
-"""The simulator's compiled run (sim.compiled) against the Python event loop it stands in for:
+"""The simulator's compiled run (splitplan_core.run) against the Python event loop it stands in for:
 every result the same, to the bit."""
 
 import dataclasses

@@ -1,0 +1,110 @@
+# The compiled engine core's interface (core/splitplan_core.pyx), for mypy.
+from typing import Any
+
+import numpy as np
+
+SOURCE_SHA256: str
+FIELDS: tuple[str, ...]
+ROLES: tuple[str, ...]
+# per-request integer rows
+NEXT: int
+PREV: int
+AFTER: int
+FINISH_ITER: int
+DEFERRED_AT: int
+PLEN: int
+BASE: int
+DONE: int
+RESUMED: int
+JOIN_ITER: int
+P_INST: int
+T_INST: int
+REJECTED: int
+REFUSED: int
+CACHED: int
+REQUEST_ROWS: int
+# per-request float rows
+TTFT: int
+E2E: int
+STALL: int
+PREEMPTED_AT: int
+REJOINED: int
+PREFILL_START: int
+KV_READY: int
+JOIN_TIME: int
+TIME_ROWS: int
+# per-instance integer columns
+QUEUE: int
+WAITING: int
+DEFERRED: int
+RUN: int
+MEMBERS_HEAD: int
+MEMBERS_TAIL: int
+BATCH: int
+CTX: int
+KV_USED: int
+ITERS: int
+RUNNING: int
+FIXED: int
+LAUNCH: int
+NEXT_FINISH: int
+ROLE: int
+POOL: int
+P_POS: int
+T_POS: int
+INSTANCE_COLUMNS: int
+# per-instance float columns
+PREFILL_S: int
+DECODE_S: int
+INTEGRAL: int
+LINK_FREE: int
+# per-pool settings, run-wide settings, counters
+KV_CAP: int
+MAX_REQUEST: int
+CHUNKED: int
+DEFERRING: int
+LAYERWISE_MIN: int
+LINK_BPS: int
+KV_LATENCY_S: int
+MAX_BATCH_TOKENS: int
+CAP: int
+MAX_ITERATIONS: int
+CONTEXT: int
+LAYERS_: int
+ROUND_ROBIN: int
+ITERATIONS: int
+TOKENS_OUT: int
+PREEMPTIONS: int
+EVENTS: int
+ENDS: int
+SEQ: int
+TURN_P: int
+TURN_T: int
+COUNTERS: int
+# roles and statuses
+PROMPT: int
+TOKEN: int
+MIXED: int
+OK: int
+TOO_MANY_ITERATIONS: int
+BATCH_PAST_TABLE: int
+
+def pass_shares(c: np.ndarray, prefill_seqs: float, decode_seqs: float, has_prefill: float) -> tuple[float, float]: ...
+def pass_terms(c: np.ndarray, prefill_seqs: float, prefill_tokens: float, prefill_sq_tokens: float, decode_seqs: float,
+               decode_context_tokens: float) -> tuple[float, float, float, float, float, float]: ...
+def pass_time_s(c: np.ndarray, prefill_seqs: float, prefill_tokens: float, prefill_sq_tokens: float, decode_seqs: float,
+                decode_context_tokens: float) -> float: ...
+def pass_terms_array(c: np.ndarray, prefill_seqs: np.ndarray, prefill_tokens: np.ndarray, prefill_sq_tokens: np.ndarray,
+                     decode_seqs: np.ndarray, decode_context_tokens: np.ndarray) -> np.ndarray: ...
+def pass_shares_array(c: np.ndarray, prefill_seqs: np.ndarray, decode_seqs: np.ndarray, has_prefill: float) -> np.ndarray: ...
+def prompt_replay(arrival_s: np.ndarray, tokens: np.ndarray, vectors: np.ndarray, kind: np.ndarray, decode: np.ndarray,
+                  max_batch_tokens: int, chunked: bool, cap: int, deferring: bool, release_s: np.ndarray,
+                  heap_past: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+def ranks(sorted_values: np.ndarray, queries: np.ndarray, order: np.ndarray, right: bool) -> np.ndarray: ...
+def running_peak(times: np.ndarray, weights: np.ndarray, order: np.ndarray) -> float: ...
+def initial_state(prompt: np.ndarray, cached: Any, roles: list[str], pool: list[int], p_pos: list[int],
+                  t_pos: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+def run(arrival: np.ndarray, front_s: float, prompt: np.ndarray, out: np.ndarray, req: np.ndarray, times: np.ndarray,
+        inst: np.ndarray, pools: np.ndarray, pools_s: np.ndarray, settings: np.ndarray, kv_bytes: float,
+        vectors: np.ndarray, lines: np.ndarray, single: np.ndarray) -> tuple[int, np.ndarray, np.ndarray, np.ndarray,
+                                                                              np.ndarray]: ...
