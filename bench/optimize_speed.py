@@ -11,8 +11,8 @@ of 1,200 such requests, and, when aiconfigurator is installed (`pip install aico
 question with 16 GPUs. Targets (issue 31): the default case at most 1.0 s wall and 1.5 CPU s, the
 conversation case at most 2.5 CPU s. Prints one markdown row per case: the best of 3 runs' wall
 time, that run's CPU seconds (the process and the processes it started, user and system) and the
-largest peak RSS of one process of the 3 runs; then the default case once more as the first run
-after an install, with an empty numba cache (NUMBA_CACHE_DIR), which compiles the kernels.
+largest peak RSS of one process of the 3 runs. Nothing compiles at run time (the engine core is
+compiled by `pip install .`): bench/install_speed.py times the first run after an install.
 """
 
 from __future__ import annotations
@@ -81,9 +81,6 @@ def main() -> None:
             wall, cpu, _ = min(runs)
             print(f"| {name} | {wall:.2f} | {cpu:.2f} | {max(r[2] for r in runs):.0f} |")
             sys.stdout.flush()
-        # the first run after an install: numba compiles the kernels (an empty cache, one run)
-        wall, cpu, rss = run(CASES[FIRST], {**os.environ, "NUMBA_CACHE_DIR": str(Path(folder) / "numba-cache")})
-        print(f"| {FIRST}, first run after an install (compiling the kernels) | {wall:.2f} | {cpu:.2f} | {rss:.0f} |")
 
 
 if __name__ == "__main__":
