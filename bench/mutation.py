@@ -274,7 +274,7 @@ ISSUE_31 = [(f"compiled run: {name}", "core/splitplan_core.pyx", old, new) for n
     ("the token instance's link never busy",
      "        self.clock[k, LINK_FREE] = self.clock[tok, LINK_FREE] = begin + duration\n",
      "        self.clock[k, LINK_FREE] = begin + duration\n"),
-    ("layer-wise transfers end with the prefill", "now + duration / self.settings[LAYERS_]", "now"),
+    ("layer-wise transfers end with the prefill", "now + duration / self.settings[LAYERS]", "now"),
     ("a KV that fills the instance refused",
      "if self.inst[k, KV_USED] + need > kv_cap or self.inst[k, BATCH] >= cap:",
      "if self.inst[k, KV_USED] + need >= kv_cap or self.inst[k, BATCH] >= cap:"),

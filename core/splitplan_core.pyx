@@ -125,7 +125,7 @@ FIELDS = (
 )
 
 cdef enum:  # FIELDS' order
-    LAYERS, ACT_BPE, WEIGHT_BPE, PEAK, GEMM_PEAK, MEMORY_BPS, COMPUTE_EFF, GEMM_HALF, DENSE_FLOPS, DENSE_BYTES,
+    LAYERS_PER_STAGE, ACT_BPE, WEIGHT_BPE, PEAK, GEMM_PEAK, MEMORY_BPS, COMPUTE_EFF, GEMM_HALF, DENSE_FLOPS, DENSE_BYTES,
     ACT_BYTES, Q_DIM, KV_DIM, PREFILL_ATTN_FLOPS, DECODE_FLOPS, DECODE_BYTES, EXPERT_SHARE, LM_HEAD, COLL_S_PER_TOKEN,
     COLL_LATENCY, A2A_S_PER_TOKEN, A2A_LATENCY, HOP_S_PER_TOKEN, HOP_LATENCY, DP, PP, DIVIDES, GPU_LAUNCH, HOST_LAUNCH,
     PACKED, CLOCK_SLOWDOWN, CAPPED_SLOWDOWN, GEMM_BPS, GEMM_PASS_S, GEMM_LATENCY, PREFILL_ATTN_HALF, PREFILL_ATTN_LATENCY,
@@ -161,7 +161,7 @@ cdef inline double _gemm_efficiency(const double* c, double rows) noexcept nogil
 cdef Terms _terms(const double* c, double prefill_seqs, double prefill_tokens, double prefill_sq_tokens,
                   double decode_seqs, double decode_context_tokens) noexcept nogil:
     """(compute_s, memory_s, network_s, overhead_s, flops, bytes) of one pass (`Instance._terms`)."""
-    cdef double layers = c[LAYERS], peak = c[PEAK]
+    cdef double layers = c[LAYERS_PER_STAGE], peak = c[PEAK]
     cdef double has_prefill = 1.0 if prefill_tokens > 0 else 0.0
     cdef double micro, groups, stages
     if c[DIVIDES] > 0:
@@ -573,7 +573,7 @@ cpdef enum:
     LINK_BPS, KV_LATENCY_S
 
 cpdef enum:  # run-wide integer settings
-    MAX_BATCH_TOKENS, CAP, MAX_ITERATIONS, CONTEXT, LAYERS_, ROUND_ROBIN
+    MAX_BATCH_TOKENS, CAP, MAX_ITERATIONS, CONTEXT, LAYERS, ROUND_ROBIN
 
 cpdef enum:
     ITERATIONS, TOKENS_OUT, PREEMPTIONS, EVENTS, ENDS, SEQ, TURN_P, TURN_T, COUNTERS
@@ -860,7 +860,7 @@ cdef class _Run:
             done = begin + duration + self.pools_s[source, KV_LATENCY_S]
         else:
             begin = max(self.times[PREFILL_START, i], busy_until)
-            done = max(begin + duration, now + duration / self.settings[LAYERS_]) + self.pools_s[source, KV_LATENCY_S]
+            done = max(begin + duration, now + duration / self.settings[LAYERS]) + self.pools_s[source, KV_LATENCY_S]
         self.clock[k, LINK_FREE] = self.clock[tok, LINK_FREE] = begin + duration
         self.counters[SEQ] += 1
         heap_push(&self.heap, done, self.counters[SEQ], KV_ARRIVED, tok, i)
