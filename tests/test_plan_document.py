@@ -160,3 +160,23 @@ def test_800000_workers_are_refused_at_once_by_launch_and_counted_by_dynamo(tmp_
     assert "export to dynamo or llm-d" in _error(run("export", path, "--to", "vllm"))
     result = run("export", path, "--to", "dynamo", "--backend", "vllm")
     assert result.exit_code == 0 and "replicas: 799992" in result.stdout
+
+
+def test_exporting_a_plan_leaves_the_catalog_as_it_was(tmp_path, plan):
+    """The specs a plan carries are used while it is exported, not after: a later load of the same
+    name in the process reads the catalog again (the library keeps no pins of a plan it read)."""
+    import warnings
+
+    import splitplan
+    from splitplan.specs.model import load_model
+
+    doc = json.loads(json.dumps(plan))
+    copy = doc["specs"]["model"]["llama2-70b"]
+    copy["spec"]["max_position_embeddings"] = 2048  # (the plan's copy: a shorter context than the catalog's)
+    copy["sha256"] = digest(copy["spec"])
+    catalog_context = load_model("llama2-70b").max_position_embeddings
+    assert catalog_context != 2048
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the note that the catalog's entry differs)
+        splitplan.export(_write(tmp_path, doc), "dynamo", backend="vllm")
+    assert load_model("llama2-70b").max_position_embeddings == catalog_context

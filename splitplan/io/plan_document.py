@@ -337,7 +337,8 @@ class Plan:
 
 def read(path: Path, option: str = "--plan") -> Plan:
     """The plan at `path`, checked whole; its specs are used in place of the catalog's entries of
-    the same names (catalog.pin) from here on. SpecError naming `option`, the file and the key."""
+    the same names (catalog.pin) from here on, or until the `catalog.pins_held()` block it is read
+    in ends. SpecError naming `option`, the file and the key."""
     from splitplan.specs._load import validation_message
     where = f"{option} {excerpt(path, 200)}"
     try:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import difflib
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
@@ -124,6 +125,19 @@ def unpin_all() -> None:
 
 def pinned(kind: str, name: str) -> tuple[dict, str] | None:
     return _PINNED.get(kind, {}).get(name)
+
+
+@contextmanager
+def pins_held() -> Iterator[None]:
+    """Specs pinned inside the block (a plan read there) hold until it ends; then the pins are
+    those before it, so a library call that reads a plan leaves the catalog as it found it."""
+    saved = {kind: dict(names) for kind, names in _PINNED.items()}
+    try:
+        yield
+    finally:
+        _PINNED.clear()
+        _PINNED.update(saved)
+        _clear_caches()
 
 
 def suggest(name: str, choices: list[str]) -> str:
