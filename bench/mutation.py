@@ -299,6 +299,23 @@ ISSUE_31 = [(f"compiled run: {name}", "core/splitplan_core.pyx", old, new) for n
      "                break"),
 ]]
 
+# Issue 56: the prompt replay in the engine core, judged by the property tests that hold it to the
+# Python replay (tests/capacity/test_replay.py).
+REPLAY_TESTS = ["tests/capacity/test_replay.py"]
+ISSUE_56 = [(f"compiled replay: {name}", "core/splitplan_core.pyx", old, new) for name, old, new in [
+    ("a pass ending at an arrival's time after it is routed", "if s.ends.size and s.ends.items[0].t <= now:",
+     "if s.ends.size and s.ends.items[0].t < now:"),
+    ("one prompt past the sequence cap", "total + size > self.max_batch_tokens or count >= self.cap):",
+     "total + size > self.max_batch_tokens or count > self.cap):"),
+    ("held requests never released", "s.add_load(heap_pop(&held).key, -1)", "heap_pop(&held)"),
+    ("a chunk's attention over itself alone",
+     "sq += (d + c) * (d + c) - d * d  # causal attention of c new tokens over d + c\n                self.done[r] = d + c",
+     "sq += c * c\n                self.done[r] = d + c"),
+    ("async scheduling holds back nothing", "if count and (self.tag[r] >= self.launch[j] or total + size",
+     "if count and (False or total + size"),
+    ("a completed pass's load never returned", "self.add_load(j, -self.run_whole[j])", "self.add_load(j, 0)"),
+]]
+
 ISSUE_32 = [
     ("SGLang's bootstrap port counted down per worker", "splitplan/deploy/launch.py",
      'cmd += ["--disaggregation-bootstrap-port", str(SGLANG_BOOTSTRAP_PORT + slot)]',
@@ -393,7 +410,7 @@ def main() -> None:
     named = ([(m, TESTS) for m in NAMED] + [(m, HARDENING_TESTS) for m in HARDENING]
              + [(m, ISSUE_26_TESTS) for m in ISSUE_26] + [(m, ISSUE_27_TESTS) for m in ISSUE_27]
              + [(m, ISSUE_28_TESTS) for m in ISSUE_28] + [(m, COMPILED_TESTS) for m in ISSUE_31]
-             + [(m, ISSUE_32_TESTS) for m in ISSUE_32])
+             + [(m, ISSUE_32_TESTS) for m in ISSUE_32] + [(m, REPLAY_TESTS) for m in ISSUE_56])
     named = [(m, tests) for m, tests in named if any(part in m[0] for part in args.only.split("|"))]
     moved = [f"{path}: {name}" for (name, path, old, _), _ in named if (ROOT / path).read_text().count(old) != 1]
     if moved:  # (checked before the hour of trials, not at the one that moved)
