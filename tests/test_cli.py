@@ -542,7 +542,7 @@ def test_every_command_reading_a_trace_takes_common_and_named_columns(tmp_path, 
 
 def test_one_notation_for_a_pool_in_text():
     from splitplan.io import report
-    from splitplan.search.plan import SizedPool
+    from splitplan.search.types import SizedPool
     assert report.pools_text((SizedPool.of("h100-80gb", 8, Layout(8), 3), SizedPool.of("a100-80gb", 8, Layout(4),
                                                                              2))) == "3x h100-80gb TP 8 + 2x a100-80gb TP 4"
 
@@ -655,7 +655,7 @@ def test_pareto_plot_numbers_its_points_and_lists_them_with_a_title():
     pytest.importorskip("matplotlib")
     from splitplan.cli.optimize import pareto_figure
     from splitplan.search.optimize import OptimizeResult
-    from splitplan.search.plan import Plan, SizedPool
+    from splitplan.search.types import Plan, SizedPool
     plans = [Plan((SizedPool.of("h100-80gb", 8, Layout(8), k),), (SizedPool.of("a100-80gb", 8, Layout(8), 1),), (), 30.0 + k, 20.0 - k,
                   max_rate_rps=5.0) for k in (1, 2, 3)]
     fig = pareto_figure(OptimizeResult(plans[0], tuple(plans[1:]), (), pareto=tuple(plans)), "llama2-70b at 6 req/s")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from splitplan.search.plan import check, evaluate, plan_counts
+from splitplan.search.accounting import plan_counts
+from splitplan.search.evaluation import check, evaluate
 
 SPAN = 4096.0  # bracket at most this factor above or below the starting rate
 TOLERANCE = 1.02  # bisect until the bracket is within 2 %

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from splitplan.base.errors import InfeasibleError
-from splitplan.search.plan import make_plan, repair
+from splitplan.search.accounting import make_plan
+from splitplan.search.repair import repair
 from splitplan.search.solve import solve_counts
 
 

@@ -21,24 +21,15 @@ from splitplan.perf.points import candidate_layouts, reference_instance, require
 from splitplan.perf.roofline import Instance
 from splitplan.perf.slo import achieved, alone_latencies, meets, reference_for
 from splitplan.perf.table import PerfDb, load_perf_db
+from splitplan.search.accounting import make_plan
 from splitplan.search.bracket import plan_max_rate
+from splitplan.search.colocated import as_simulated, closest_fit, colocated_plan
 from splitplan.search.documents import optimize_json, plan_json, plans_csv
 from splitplan.search.frontier import cost_power_frontier, nondominated
-from splitplan.search.plan import (
-    MachineCap,
-    Option,
-    Plan,
-    Problem,
-    as_simulated,
-    cliff,
-    closest_fit,
-    colocated_plan,
-    combos,
-    make_plan,
-    repair,
-    size_option,
-)
+from splitplan.search.repair import cliff, repair
+from splitplan.search.sizing import size_option
 from splitplan.search.solve import solve_counts
+from splitplan.search.types import MachineCap, Option, Plan, Problem, combos
 from splitplan.sim.prefix_cache import PrefixModel, host_link_bytes_per_s
 from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.hardware import HardwareSpec, hardware_catalog, load_hardware, load_machines, price_date_warning
@@ -141,7 +132,7 @@ class OptimizeOptions:
     `perf_interp`: how `perf_db` is read (perf.table.INTERPOLATIONS; splitwise-sim to plan as that
     simulator times). `headroom_pct`: plan for the trace's load times (1 + headroom_pct / 100)
     (its timestamps compressed; per-token figures stay at the trace's load); `spare_instances`:
-    instances each pool keeps beyond what the load needs (search.plan.with_spares); `confidence`:
+    instances each pool keeps beyond what the load needs (search.accounting.with_spares); `confidence`:
     every SLO line to hold when latencies are off by the engine profile's measured error at that
     quantile (`_at_confidence`)."""
 
@@ -170,7 +161,7 @@ class OptimizeOptions:
     headroom_pct: float = 0.0
     spare_instances: int = 0
     confidence: float | None = None
-    cliff: bool = True  # the plan's cliff (search.plan.cliff); off where plans are only compared (studies, rate searches)
+    cliff: bool = True  # the plan's cliff (search.repair.cliff); off where plans are only compared (studies, rate searches)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))
@@ -263,7 +254,7 @@ def optimize(trace, model: str, slo: str | SloProfile, hardware: Sequence[str] |
 
 
 def with_cliff(result: OptimizeResult, wanted: bool = True) -> OptimizeResult:
-    """The result with its plan's cliff (search.plan.cliff: one instance fewer per pool), where `wanted`."""
+    """The result with its plan's cliff (search.repair.cliff: one instance fewer per pool), where `wanted`."""
     if not wanted:
         return result
     assert result.problem is not None  # (optimize's results carry their problem)

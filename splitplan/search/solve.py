@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitplan.base.errors import InfeasibleError, SolverError, SpecError
-from splitplan.search.plan import SHARED, AnyKey, AnyOption, Problem
+from splitplan.search.types import SHARED, AnyKey, AnyOption, Problem
 from splitplan.specs.roles import SPLIT, Role
 
 

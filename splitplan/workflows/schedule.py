@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from splitplan.base.errors import SpecError
 from splitplan.search.optimize import Mode, OptimizeOptions
-from splitplan.search.plan import Plan, SizedPool, bought
+from splitplan.search.types import Plan, SizedPool, bought
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.roles import Role, pool_label
 from splitplan.workflows.studies import WindowsResult, plan_windows

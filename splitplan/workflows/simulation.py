@@ -21,7 +21,8 @@ from splitplan.perf.points import instance, reference_instance
 from splitplan.perf.roofline import Instance
 from splitplan.perf.slo import alone_latencies, reference_for
 from splitplan.perf.table import load_perf_db
-from splitplan.search.plan import Plan, SizedPool, bought, predict
+from splitplan.search.repair import predict
+from splitplan.search.types import Plan, SizedPool, bought
 from splitplan.sim.cluster import PoolSpec, SimOptions
 from splitplan.sim.cluster import simulate as run
 from splitplan.sim.metrics import requests_csv, summarize_result

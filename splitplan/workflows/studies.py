@@ -19,9 +19,10 @@ from splitplan.base.defaults import (
 from splitplan.base.errors import InfeasibleError, SpecError
 from splitplan.base.parallel import run_units
 from splitplan.io.report import SCHEMA_VERSION, plan_json, pools_text
+from splitplan.search.accounting import usd_per_million_tokens
 from splitplan.search.optimize import Mode, OptimizeOptions, optimize
-from splitplan.search.plan import Plan, usd_per_million_tokens
 from splitplan.search.rate import max_rate
+from splitplan.search.types import Plan
 from splitplan.specs.design import Design, load_designs
 from splitplan.specs.hardware import load_hardware, price_date_warning
 from splitplan.specs.roles import Pool

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from splitplan import api
 from splitplan.capacity.pools import _decode_steps, decode_pool
 from splitplan.perf.roofline import kv_transfer_time_s
-from splitplan.search.plan import Option, Problem, _decode_values, evaluate
-from splitplan.search.plan import OptionKey as K
+from splitplan.search.evaluation import decode_values, evaluate
+from splitplan.search.types import Option, Problem
+from splitplan.search.types import OptionKey as K
 from splitplan.specs.layout import Layout
 from splitplan.specs.slo import load_slo
 from splitplan.workload.trace import Trace
@@ -60,7 +61,7 @@ def test_predicted_tbt_carries_the_kv_transfer():
     trace = Trace(np.array([0.0, 0.5, 1.0]), np.array([300, 3000, 6000]), np.array([20, 40, 80]), "t")
     problem = _problem(trace)
     start = trace.arrival_s + 0.2
-    tbt, decode_s, res = _decode_values(problem, A100, 2, H100, start)
+    tbt, decode_s, res = decode_values(problem, A100, 2, H100, start)
     transfer = kv_transfer_time_s(H100, A100, trace.prompt_tokens)
     assert decode_s == pytest.approx(transfer + (trace.output_tokens - 1) * res.step_s, rel=1e-12)
     assert tbt == pytest.approx(decode_s / trace.output_tokens, rel=1e-12)
@@ -86,7 +87,8 @@ def test_requests_split_over_token_types_in_proportion_to_capacity():
 
 def test_repair_adds_the_machine_that_improves_the_failing_line_most_per_dollar():
     from splitplan.perf.slo import achieved
-    from splitplan.search.plan import best_move, check
+    from splitplan.search.evaluation import check
+    from splitplan.search.repair import best_move
     rng = np.random.default_rng(0)
     n = 300
     trace = Trace(np.sort(rng.uniform(0, 30, n)), rng.integers(500, 4000, n), rng.integers(10, 200, n), "t")
@@ -109,7 +111,8 @@ def test_repair_adds_the_machine_that_improves_the_failing_line_most_per_dollar(
 def test_repair_grows_an_instance_over_two_machines_by_two_machines():
     """A TP 8 x PP 2 prompt instance spans two machines: one more machine would add no instance,
     so the move that helps is two."""
-    from splitplan.search.plan import best_move, check
+    from splitplan.search.evaluation import check
+    from splitplan.search.repair import best_move
     rng = np.random.default_rng(1)
     n = 400
     trace = Trace(np.sort(rng.uniform(0, 10, n)), rng.integers(2000, 8000, n), rng.integers(10, 100, n), "t")

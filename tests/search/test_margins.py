@@ -10,7 +10,8 @@ from splitplan import api
 from splitplan.base.errors import SpecError
 from splitplan.cli import app
 from splitplan.perf.roofline import Instance
-from splitplan.search.plan import Option, with_spares
+from splitplan.search.accounting import with_spares
+from splitplan.search.types import Option
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.layout import Layout

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from splitplan import api
 from splitplan.base.errors import InfeasibleError
 from splitplan.perf.roofline import Instance
-from splitplan.search.plan import MachineCap, Option, Problem
 from splitplan.search.solve import solve_counts
+from splitplan.search.types import MachineCap, Option, Problem
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.layout import Layout
@@ -307,7 +307,7 @@ def test_the_colocated_estimate_ranks_but_the_simulation_sizes():
     """The fast estimate that ranks co-located options is optimistic near saturation (it missed the
     collapse of one b200-180gb at TP 1 at 100 req/s); the option's count is the simulated one."""
     from splitplan.capacity.pools import colocated_estimate, colocated_pool
-    from splitplan.search.plan import simulated_option
+    from splitplan.search.sizing import simulated_option
     from splitplan.specs.slo import load_slo
     trace = resample_poisson(load_trace(default_trace_path()), 8.0, 60.0, np.random.default_rng(3))
     inst = Instance(MODEL, load_hardware("h100-80gb"), ENGINE, 8)
@@ -316,7 +316,7 @@ def test_the_colocated_estimate_ranks_but_the_simulation_sizes():
     n = option.instances
     assert n and option.simulated
     def meets(values):
-        from splitplan.search.plan import _mixed_failing
+        from splitplan.search.sizing import _mixed_failing
         return _mixed_failing(problem, values) is None
     assert meets(colocated_pool(trace, inst, n, 2048))
     assert n == 1 or not meets(colocated_pool(trace, inst, n - 1, 2048))
@@ -375,7 +375,7 @@ def test_a_plan_says_what_it_buys(small_trace):
     """Issue 27, item 4: per pool its instances, GPUs and predicted utilization (the simulator's
     busy fraction: the same figure for a co-located pool, close to it for split pools, whose
     decode side is the planner's fixed point); per plan its GPUs and cost per million tokens."""
-    from splitplan.search.plan import usd_per_million_tokens
+    from splitplan.search.accounting import usd_per_million_tokens
     from splitplan.workflows.simulation import Setup, plan_pools
     split = api.optimize(small_trace, "llama2-70b", "chat", ["a100-80gb", "h100-80gb"], tp=8, mode="split")
     colocated = api.optimize(small_trace, "llama3.1-8b", "chat", ["h100-80gb@8"], tp=1, mode="colocated")
@@ -402,7 +402,7 @@ def test_a_sequence_cap_sizes_the_token_pool():
     """Issue 28, item 1: with the engine's max_num_seqs, a token pool holds no more running
     requests per instance than the cap (the 99th percentile of the batch its requests see);
     the cap binds where the SLO alone would take fewer instances."""
-    from splitplan.search.plan import size_option
+    from splitplan.search.sizing import size_option
     from splitplan.specs.slo import load_slo
     trace = resample_poisson(load_trace(default_trace_path()), 20.0, 60.0, np.random.default_rng(5))
     inst = Instance(MODEL, load_hardware("h100-80gb"), ENGINE, 8)
@@ -416,7 +416,7 @@ def test_an_aimed_count_search_sizes_as_a_scan_of_every_count(monkeypatch, role,
     """A pool's count search is aimed by how far each count is from holding (smallest_count's
     score): it finds the count a scan upward from 1 finds, whatever binds, in no more checks than
     the same search without the score."""
-    from splitplan.search import plan
+    from splitplan.search import sizing as plan
     from splitplan.specs.slo import load_slo
     trace = resample_poisson(load_trace(default_trace_path()), 150.0, 20.0, np.random.default_rng(5))
     problem = Problem(trace, load_slo("chat"), None, max_num_seqs=max_num_seqs)
@@ -450,7 +450,7 @@ def test_an_aimed_count_search_sizes_as_a_scan_of_every_count(monkeypatch, role,
 def test_an_option_names_what_sized_it_at_one_instance_and_at_its_lower_bound():
     """A light load one instance serves: sized at the minimum, and at a lower bound (a co-located
     pool needs the prompt pool's count) the bound is what binds, not a line it already meets."""
-    from splitplan.search.plan import size_option
+    from splitplan.search.sizing import size_option
     from splitplan.specs.slo import load_slo
     trace = resample_poisson(load_trace(default_trace_path()), 0.5, 60.0, np.random.default_rng(5))
     inst = Instance(MODEL, load_hardware("h100-80gb"), ENGINE, 8)
@@ -468,7 +468,7 @@ def test_shared_machines_ilp_equals_grid(layouts, n_prompt, n_token, objective, 
     """Issue 30, item 2: a machine may hold prefill and decode instances together (every filling
     of an 8-GPU machine by the two options); the ILP's optimum with them equals the exhaustive
     grid's, and a plan of one machine type never costs more than with dedicated machines alone."""
-    from splitplan.search.plan import combos
+    from splitplan.search.types import combos
     prompt = Option("prompt", Instance(MODEL, load_hardware("h100-80gb"), ENGINE, Layout(layouts[0])), n_prompt, "test")
     token = Option("token", Instance(MODEL, load_hardware("h100-80gb"), ENGINE, Layout(layouts[1])), n_token, "test")
     shared = combos([prompt, token])
@@ -537,12 +537,12 @@ def test_the_planner_sends_its_local_share_of_kv_over_gpu_links(small_trace, sha
     import numpy as np
 
     from splitplan.perf.roofline import kv_transfer_time_s
-    from splitplan.search.plan import _decode_values
+    from splitplan.search.evaluation import decode_values
     inst = Instance(load_model("llama3.1-70b"), load_hardware("h100-80gb"), load_engine("vllm"), Layout(4))
     problem = Problem(trace=small_trace, slo=None, reference=None)
     start = small_trace.arrival_s + 0.1
-    _, remote, _ = _decode_values(problem, inst, 2, inst, start)
-    _, mixed, _ = _decode_values(problem, inst, 2, inst, start, local=(inst, share))
+    _, remote, _ = decode_values(problem, inst, 2, inst, start)
+    _, mixed, _ = decode_values(problem, inst, 2, inst, start, local=(inst, share))
     p = small_trace.prompt_tokens
     gain = kv_transfer_time_s(inst, inst, p) - kv_transfer_time_s(inst, inst, p, local=True)
     saved = remote - mixed
@@ -558,7 +558,8 @@ def test_a_plan_on_shared_machines_is_the_same_plan_with_its_kv_local(small_trac
     import numpy as np
 
     from splitplan.perf.roofline import kv_transfer_time_s
-    from splitplan.search.plan import Combo, OptionKey, evaluate
+    from splitplan.search.evaluation import evaluate
+    from splitplan.search.types import Combo, OptionKey
     model, engine = load_model("llama3.1-70b"), load_engine("vllm")
     whole, half = (Instance(model, load_hardware(h), engine, Layout(4)) for h in ("h100-80gb", "h100-80gb@4"))
     combo = Combo(Option("prompt", whole, 1, "t"), Option("token", whole, 1, "t"), 1, 1)
@@ -668,7 +669,7 @@ def test_energy_per_token_stays_at_the_traces_load_whatever_the_headroom(small_t
     """Issue 54, item 9: headroom sizes for a heavier load, but the same machines serving the trace's
     own load use as much energy per token (with it, the compressed trace's fuller batches made
     25 and 100 % headroom report 4 and 13 % less)."""
-    from splitplan.search.plan import predict
+    from splitplan.search.repair import predict
     results = {h: api.optimize(small_trace, "llama2-70b", "chat", ["h100-80gb"], tp=8, mode="split", headroom_pct=h)
                for h in (0, 25, 100)}
     base = results[0].plan

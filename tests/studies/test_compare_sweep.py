@@ -124,7 +124,7 @@ def test_sweep_designs_and_plan(designs, trace, tmp_path):
 
 
 def test_peak_window_is_the_busiest_among_equal_costs():
-    from splitplan.search.plan import Plan, SizedPool
+    from splitplan.search.types import Plan, SizedPool
     from splitplan.workflows.studies import WindowsResult
     same = Plan((SizedPool.of("h100-80gb", 8, Layout(8), 1),), (SizedPool.of("h100-80gb", 8, Layout(8), 1),), (), 76.0, 20.4)
     rows = ({"rate_rps": 0.5, "requests": 30}, {"rate_rps": 4.0, "requests": 240}, {"rate_rps": 1.0, "requests": 60})

@@ -1,0 +1,156 @@
+"""One pool option sized alone on the trace: the smallest instance count that meets every SLO line
+the option's role answers for (capacity.pools), and the line that decided it."""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from splitplan.capacity.pools import (
+    MAX_INSTANCES,
+    BatchTimes,
+    colocated_estimate,
+    prompt_queue_ttft_s,
+    smallest_count,
+)
+from splitplan.perf.roofline import Instance
+from splitplan.perf.slo import achieved, alone_latencies, attainment_pct, meets
+from splitplan.search.evaluation import colocated_values, decode_gaps, decode_values, first_failing, slo_lines
+from splitplan.search.types import Option, Problem
+from splitplan.specs.roles import Role
+from splitplan.specs.slo import METRICS, SloLine
+from splitplan.workload.trace import Trace
+
+
+def _fails_alone(problem: Problem, role: Role, inst: Instance) -> tuple[SloLine, str] | None:
+    """The first line an option misses even running requests alone and why (its value), or None."""
+    alone = alone_latencies(inst, problem.trace.prompt_tokens, problem.trace.output_tokens)  # more instances only approach these
+    for metric in ("tbt", "itl", "tpot") if role == Role.TOKEN else METRICS:
+        for line in slo_lines(problem, metric):
+            value = achieved(line, alone.value(metric), problem.reference)
+            if not meets(line, value):
+                return line, f"{line.label} not met even running requests alone ({line.text(value)} at best, target {line.target})"
+    return None
+
+
+def _busy_guess(inst: Instance, t: Trace) -> int:
+    """Where the count search starts: the instances the prefill work keeps busy on
+    average (a guess, not a bound: a short or bursty trace may need fewer or more)."""
+    work = float(np.sum(inst.prefill_time_s(t.prompt_tokens)))
+    return max(1, min(len(t), math.ceil(work / max(t.span_s, 1e-9))))
+
+
+def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, guess: int | None = None) -> Option:
+    """n*(o) for one option alone, and the line that decided it. `lower` is a known
+    lower bound on n* (a co-located pool needs at least the prompt pool's count); `guess`, where
+    the count search starts (None: the instances the prefill work keeps busy)."""
+    if not inst.fit.fits:
+        return Option(role, inst, None, "", inst.fit.reason)
+    t = problem.trace
+    if role == Role.PROMPT and int(np.max(t.prompt_tokens)) > inst.max_request_tokens:  # (the simulator's rule too)
+        return Option(role, inst, None, "KV memory", "the longest prompt's KV exceeds one instance's KV capacity"
+                      + (" (of one attention DP group)" if inst.layout.dp > 1 else ""))
+    if role == Role.PROMPT:
+        batch_times = [BatchTimes(inst, t.prompt_tokens)]
+
+        def failing(n):
+            ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, [(inst, n)], problem.max_batch_tokens, batch_times,
+                                       chunked=problem.chunked, max_seqs=problem.max_num_seqs, prefix=problem.prefix)
+            scores[n] = _excess(problem, {"ttft": ttft})
+            return first_failing(problem, "ttft", ttft)
+        alone = first_failing(problem, "ttft", np.asarray(inst.prefill_time_s(t.prompt_tokens)) + inst.engine.frontend_latency_s)
+        if alone is not None:
+            return Option(role, inst, None, alone.label, f"{alone.label} not met even without queueing")
+    elif int(np.max(t.prompt_tokens + t.output_tokens)) > inst.max_request_tokens:
+        return Option(role, inst, None, "KV memory", "the longest request's KV exceeds one instance's KV capacity"
+                      + (" (of one attention DP group)" if inst.layout.dp > 1 else ""))
+    elif (alone_miss := _fails_alone(problem, role, inst)) is not None:
+        return Option(role, inst, None, alone_miss[0].label, alone_miss[1])
+    elif role == Role.TOKEN:
+        def failing(n):
+            tbt, decode_s, res = decode_values(problem, inst, n, inst, t.arrival_s)
+            itl, tpot = decode_gaps(t.output_tokens, decode_s, res.step_s, min(res.mean_batch, 1.0), inst.engine.async_scheduling)
+            reached = [(line, achieved(line, values, problem.reference))
+                       for metric, values in (("tbt", tbt), ("itl", itl), ("tpot", tpot)) for line in slo_lines(problem, metric)]
+            scores[n] = max([value / line.limit for line, value in reached]
+                            + [res.kv_peak_fraction, res.batch_p99 / problem.max_num_seqs if problem.max_num_seqs else 0.0])
+            missed = next((line for line, value in reached if not meets(line, value)), None)
+            if missed is not None:
+                return missed
+            if res.kv_peak_fraction > 1:
+                return "KV memory"
+            return "max_num_seqs" if problem.max_num_seqs and res.batch_p99 > problem.max_num_seqs else None
+    else:  # mixed: one pool runs both phases; estimated here, the best simulated (colocated_plan)
+        memo: dict = {}
+
+        def failing(n):
+            values = colocated_estimate(t.arrival_s, t.prompt_tokens, t.output_tokens, inst, n, problem.max_batch_tokens, memo,
+                                        problem.chunked, problem.max_num_seqs)
+            scores[n] = _excess(problem, values)
+            return _mixed_failing(problem, values)
+    scores: dict[int, float] = {}  # (how far each count checked is from holding: where the search is aimed, smallest_count's score)
+    failing = functools.cache(failing)  # (the bisection has usually tried n - 1, which names the binding line)
+    n = smallest_count(lambda k: failing(k) is None, lower, guess or (_busy_guess(inst, t) if role != Role.TOKEN else None),
+                       score=scores.get)
+    if n is None:
+        missed = failing(MAX_INSTANCES)  # (the walk's last check: more instances only approach this)
+        label = getattr(missed, "label", missed)
+        return Option(role, inst, None, label, f"{label} not met at any size (checked up to {MAX_INSTANCES:,} instances)")
+    binding = failing(n - 1) if n > 1 else None
+    if binding is None and n > 1:  # n came from the lower bound: the bound is what binds
+        binding = "prompt-pool size (lower bound)"
+    label = binding if isinstance(binding, str) else (binding.label if binding else "minimum size (1 instance)")
+    return Option(role, inst, n, label)
+
+
+def _excess(problem: Problem, values: dict) -> float:
+    """How far a pool's values (by metric, and its KV peak where known) are from holding every
+    line, smooth in its count: the largest, over the lines, of the share of requests (or gaps)
+    past the line's limit over the share its percentile allows (at most 1 where the line holds,
+    near enough), and the KV peak over the KV held."""
+    worst = float(values.get("kv_peak_fraction", 0.0))
+    for line in problem.slo.lines():
+        if line.metric in values:
+            outside = 100.0 - attainment_pct(line, values[line.metric], problem.reference)
+            worst = max(worst, outside / max(100.0 - line.percentile, 1e-3))
+    return worst
+
+
+def _mixed_failing(problem: Problem, values: dict):
+    """The first line a co-located pool's values miss (or "KV memory"), None when all hold."""
+    for metric in METRICS:
+        line = first_failing(problem, metric, values[metric])
+        if line is not None:
+            return line
+    return "KV memory" if values["kv_peak_fraction"] > 1 else None
+
+
+def simulated_option(problem: Problem, option: Option, replays: dict | None = None) -> Option:
+    """A co-located option sized by the simulator's replay (capacity.pools.colocated_pool),
+    starting from its estimate: the count and binding line every co-located plan reports.
+    With `replays` (a dict), the values of the count found go into it under the option's key,
+    as (count, values), so a plan of that count need not be replayed again."""
+    seen: dict = {}
+    scores: dict[int, float] = {}  # (where the search is aimed: smallest_count's score)
+    kept: list = [None, None]  # (count, values): the smallest count that met every line so far
+
+    def failing(n):
+        if n not in seen:
+            values = colocated_values(problem, option.key, option.inst, n)
+            seen[n], scores[n] = _mixed_failing(problem, values), _excess(problem, values)
+            if seen[n] is None and (kept[0] is None or n < kept[0]):
+                kept[:] = n, values  # (only these values: a replay's arrays are large)
+        return seen[n]
+    n = smallest_count(lambda k: failing(k) is None, 1, option.instances, score=scores.get)  # (steps of 1/8 from the estimate)
+    if n is None:
+        label = getattr(seen[MAX_INSTANCES], "label", seen[MAX_INSTANCES])  # (the walk's last check)
+        return replace(option, instances=None, binding=label,
+                       skipped=f"{label} not met at any size (simulated up to {MAX_INSTANCES:,} instances)")
+    if replays is not None:
+        replays[option.key] = tuple(kept)
+    binding = failing(n - 1) if n > 1 else None
+    return replace(option, instances=n, binding=getattr(binding, "label", binding) or "minimum size (1 instance)",
+                   simulated=True)
