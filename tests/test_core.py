@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import splitplan_core as core
+import splitplan_core as core  # (the module itself: the guard is splitplan.base.core)
 
 from splitplan import api
 
@@ -30,3 +30,14 @@ def test_a_pass_vector_of_another_length_is_refused():
         with pytest.raises(ValueError, match="FIELDS"):
             core.prompt_replay(np.zeros(1), np.ones(1, np.int64), wrong[None, :].copy(), np.zeros(1, np.int64),
                                np.zeros((1, 2)), 8192, False, 1, False, np.empty(0), 16)
+
+
+def test_without_the_built_core_the_package_says_to_install_it():
+    """A checkout run without `pip install .` (no splitplan_core) names the command that builds the core."""
+    import subprocess
+    import sys
+    code = "import sys; sys.modules['splitplan_core'] = None; import splitplan.perf.roofline"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=SOURCE.parents[1])
+    assert run.returncode == 1
+    assert "engine core (the module splitplan_core) is not built" in run.stderr.splitlines()[-1]
+    assert "pip install ." in run.stderr.splitlines()[-1]

@@ -40,8 +40,8 @@ from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
-import splitplan_core as core
 
+from splitplan.base.core import core
 from splitplan.perf.roofline import Instance
 from splitplan.perf.slo import Gaps
 from splitplan.sim import routing

@@ -70,9 +70,9 @@ from types import MappingProxyType
 from typing import Any, ClassVar, overload
 
 import numpy as np
-import splitplan_core as core
 from numpy.typing import ArrayLike
 
+from splitplan.base.core import core
 from splitplan.base.errors import SpecError
 from splitplan.perf import curves
 from splitplan.perf.model import FloatArray, PerfModel, Seconds

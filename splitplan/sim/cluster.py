@@ -75,9 +75,9 @@ from array import array
 from typing import cast
 
 import numpy as np
-import splitplan_core as core
 
 from splitplan.base import limits
+from splitplan.base.core import core
 from splitplan.base.errors import SpecError
 from splitplan.perf.roofline import Instance, local_kv_bytes_per_s
 from splitplan.sim import gaps, routing
