@@ -37,7 +37,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from functools import cached_property
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -49,6 +49,7 @@ from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.sim.metrics import pool_report
 from splitplan.sim.prefix_cache import PrefixCache, PrefixModel
 from splitplan.specs.roles import Role
+from splitplan.specs.slo import METRICS
 
 MAX_INSTANCES = 4096
 
@@ -352,6 +353,40 @@ def _decode_steps(inst: Instance, active: np.ndarray, instances: int, context_to
 
 
 @dataclass(frozen=True)
+class Latencies:
+    """A pool's (or a plan's) predicted latencies, per request in seconds, by the SLO metric a line
+    reads (`of`); and the KV held at its peak over the capacity (0 where the simulator enforced KV
+    memory itself, by admission and preemption)."""
+    ttft: np.ndarray
+    tbt: np.ndarray
+    itl: np.ndarray | Gaps | None  # (None: the simulator recorded no gaps)
+    tpot: np.ndarray
+    e2e: np.ndarray
+    kv_peak_fraction: float = 0.0
+
+    def of(self, metric: str) -> Any:
+        """The values of one of specs.slo.METRICS."""
+        if metric not in METRICS:
+            raise KeyError(metric)
+        return getattr(self, metric)
+
+    @property
+    def by_metric(self) -> dict[str, Any]:
+        """Each metric's values, by its name."""
+        return {metric: getattr(self, metric) for metric in METRICS}
+
+
+@dataclass(frozen=True)
+class SimulatedPool(Latencies):
+    """`colocated_pool`'s replay: its latencies, the pool's busy fraction and prefix hit rate, its
+    GPUs' phases (hardware, GPUs per instance, instances, prefill s, decode s) and the span."""
+    utilization: float = 0.0
+    prefix_hit_rate: float | None = None
+    phases: tuple = ()
+    span_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class DecodeResult:
     step_s: np.ndarray  # per request: mean decode step while it decodes
     kv_peak_fraction: float  # peak KV held per instance / its KV capacity (<= 1 fits)
@@ -390,7 +425,7 @@ def decode_pool(start_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: n
 
 
 def colocated_pool(trace, inst: Instance, instances: int, max_batch_tokens: int, max_num_seqs: int | None = None,
-                   prefix: PrefixModel | None = None) -> dict:
+                   prefix: PrefixModel | None = None) -> SimulatedPool:
     """Per-request TTFT, TBT and E2E on `instances` co-located (non-split) instances: the
     simulator's own replay (sim.cluster), so a co-located plan's verdict is the one
     `simulate` gives it. Mixed batching feeds back on itself (prefills stall the decodes,
@@ -408,9 +443,9 @@ def colocated_pool(trace, inst: Instance, instances: int, max_batch_tokens: int,
                                                 kv_offload_gb=prefix.offload_gb if prefix is not None else 0.0))
     row = pool_report(result, [pool])[0]
     prefill_s, decode_s = sum(x.prefill_s for x in result.instances), sum(x.decode_s for x in result.instances)
-    return {"ttft": result.ttft_s, "tbt": result.tbt_s, "itl": result.itl_s, "tpot": result.tpot_s, "e2e": result.e2e_s,
-            "kv_peak_fraction": 0.0, "utilization": row["utilization"], "prefix_hit_rate": row["prefix_hit_rate"],
-            "phases": [(inst.hardware, inst.layout.gpus, instances, prefill_s, decode_s)], "span_s": result.span_s}
+    return SimulatedPool(result.ttft_s, result.tbt_s, result.itl_s, result.tpot_s, result.e2e_s, 0.0, row["utilization"],
+                         row["prefix_hit_rate"], ((inst.hardware, inst.layout.gpus, instances, prefill_s, decode_s),),
+                         result.span_s)
 
 
 def busy_s(start_s: np.ndarray, end_s: np.ndarray, instances: int) -> float:
@@ -427,7 +462,7 @@ def busy_s(start_s: np.ndarray, end_s: np.ndarray, instances: int) -> float:
 
 def colocated_estimate(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray, inst: Instance,
                        instances: int, max_batch_tokens: int, memo: dict | None = None, chunked: bool = False,
-                       max_seqs: int | None = None) -> dict:
+                       max_seqs: int | None = None) -> Latencies:
     """A fast estimate of `colocated_pool`, to rank co-located options before the best are
     simulated: optimistic, by 5-25 % at moderate load and far more near saturation, where
     the feedback it leaves out takes over.
@@ -480,8 +515,7 @@ def colocated_estimate(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_
     itl = Gaps(np.concatenate([durations[order], res.step_s]), np.concatenate([decoding, gaps - stalled]).astype(float))
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(gaps > 0, decode_s / gaps, np.nan)
-    return {"ttft": ttft, "tbt": decode_s / o, "itl": itl, "tpot": tpot, "e2e": ttft + decode_s,
-            "kv_peak_fraction": res.kv_peak_fraction}
+    return Latencies(ttft, decode_s / o, itl, tpot, ttft + decode_s, res.kv_peak_fraction)
 
 
 def smallest_count(check, lower: int = 1, guess: int | None = None, step_fraction: float = 0.125,

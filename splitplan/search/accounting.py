@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from splitplan.search.evaluation import attainments, evaluate, percentiles_ms
+from splitplan.search.evaluation import Evaluation, attainments, evaluate, percentiles_ms
 from splitplan.search.types import SHARED, AnyKey, AnyOption, Combo, ComboKey, Option, OptionKey, Plan, Problem, SizedPool, bought
 from splitplan.sim.metrics import energy_per_million_tokens, gpu_energy_j
 from splitplan.specs.roles import SPLIT, Role
@@ -27,7 +27,7 @@ def usd_per_million_tokens(cost_usd_per_hour: float, trace: Trace, load_factor: 
             "cost_usd_per_million_output_tokens": usd / max(output, 1.0)}
 
 
-def energy_per_million(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], values: dict,
+def energy_per_million(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], values: Evaluation,
                        idle_instances: list[tuple]) -> dict:
     """The GPU energy per million tokens of the load the trace stands for (sim.metrics' power
     model over the predicted busy time of each pool of `counts`, whose evaluation `values` is,
@@ -39,11 +39,11 @@ def energy_per_million(problem: Problem, counts: dict[AnyKey, int], options: dic
         t = problem.trace
         problem = replace(problem, trace=replace(t, arrival_s=t.arrival_s * problem.load_factor), load_factor=1.0)
         values = evaluate(problem, counts, options)
-    if "phases" not in values:
+    if not values.phases:
         return {}
-    span_s = values["span_s"]
-    joules = sum(gpu_energy_j(hw, gpus, n * span_s, prefill_s, decode_s) for hw, gpus, n, prefill_s, decode_s in values["phases"])
-    joules += sum(gpu_energy_j(hw, gpus, n * span_s, 0.0, 0.0) for hw, gpus, n in idle_instances)
+    joules = sum(gpu_energy_j(hw, gpus, n * values.span_s, prefill_s, decode_s)
+                 for hw, gpus, n, prefill_s, decode_s in values.phases)
+    joules += sum(gpu_energy_j(hw, gpus, n * values.span_s, 0.0, 0.0) for hw, gpus, n in idle_instances)
     t = problem.trace
     return energy_per_million_tokens(joules / 3.6e6, float(t.prompt_tokens.sum()), float(t.output_tokens.sum()))
 
@@ -79,14 +79,14 @@ def with_spares(counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], spa
     return out
 
 
-def sized_pools(counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], values: dict,
+def sized_pools(counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], values: Evaluation,
            sized: dict[AnyKey, int] | None = None) -> dict[Role, tuple[SizedPool, ...]]:
     """The plan's pools per role, each with its instances, GPUs and predicted utilization; a group
     of shared machines is a part in each role's pools, numbered alike. `sized`: the counts the
     values are of, where `counts` keep spares beside them (the utilization of all instances,
     the spare ones counted)."""
     sized = sized or counts
-    hits, busy = values.get("prefix_hit_rate", {}), values["utilization"]
+    hits, busy = values.prefix_hit_rate, values.utilization
 
     def figures(k, role, key):
         held, needed = _held(options[k], counts[k])[role], _needed(options[k], sized[k])[role]
@@ -116,7 +116,7 @@ def _idle(counts: dict[AnyKey, int], sized: dict[AnyKey, int], options: dict[Any
 
 
 def make_plan(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], repairs: int,
-              values: dict, lines) -> Plan:
+              values: Evaluation, lines) -> Plan:
     """The plan of these machine counts (sized on the trace: `values`, the SLO `lines`), with
     `problem.spare_instances` more instances per pool: its cost and power count the spares, its
     predicted latencies and SLO are with the spares out of service."""

@@ -63,6 +63,6 @@ def plan_max_rate(problem, plan, by_key) -> float | None:
     def serves(rate):
         scaled = dataclasses.replace(problem, trace=trace.at_rate(rate))
         values = evaluate(scaled, counts, by_key)
-        return True if values["kv_peak_fraction"] <= 1 and all(ok for _, _, ok in check(scaled, values)) else None
+        return True if values.kv_peak_fraction <= 1 and all(ok for _, _, ok in check(scaled, values)) else None
 
     return bracket_bisect(serves, base, known=True)[0]

@@ -98,6 +98,6 @@ def colocated_plan(problem: Problem, options: list[Option], simulated: dict | No
     if count != held:  # (rounded up to whole machines, or simulated by an earlier call)
         values = evaluate(problem, counts, {best.key: best})
     else:  # (the replay may be of another shape of its machine: the same instances, its pool's figures keyed anew)
-        values = {**values, **{name: {best.key: figure} for name in ("utilization", "prefix_hit_rate")
-                               for figure in values[name].values()}}
+        (busy,), (hits,) = values.utilization.values(), values.prefix_hit_rate.values()  # (one pool)
+        values = replace(values, utilization={best.key: busy}, prefix_hit_rate={best.key: hits})
     return make_plan(problem, counts, {best.key: best}, 0, values, check(problem, values))

@@ -4,12 +4,14 @@ simulator's replay), and how those values meet the SLO's lines."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
 
 from splitplan.capacity.pools import (
     BatchTimes,
+    Latencies,
     busy_s,
     colocated_pool,
     decode_pool,
@@ -68,14 +70,26 @@ def decode_gaps(o: np.ndarray, decode_s: np.ndarray, step_s: np.ndarray, busy: n
         return gaps, np.where(many, decode_s / (o - 1), np.nan)
 
 
-def colocated_values(problem: Problem, key: OptionKey, inst: Instance, instances: int) -> dict:
+@dataclass(frozen=True)
+class Evaluation(Latencies):
+    """A plan evaluated on the whole trace: its latencies (`Latencies.of` a metric), and per pool
+    (keyed as options are) its busy fraction and prefix hit rate; its GPUs' phases (hardware, GPUs
+    per instance, instances, prefill s, decode s) and the span they cover."""
+    utilization: dict = field(default_factory=dict)
+    prefix_hit_rate: dict = field(default_factory=dict)
+    phases: tuple = ()
+    span_s: float = 0.0
+
+
+def colocated_values(problem: Problem, key: OptionKey, inst: Instance, instances: int) -> Evaluation:
     """`evaluate`'s values of a co-located pool of `instances` instances: the simulator's replay."""
-    values = colocated_pool(problem.trace, inst, instances, problem.max_batch_tokens, problem.max_num_seqs, problem.prefix)
-    return {**values, "utilization": {key: values["utilization"]}, "prefix_hit_rate": {key: values["prefix_hit_rate"]}}
+    pool = colocated_pool(problem.trace, inst, instances, problem.max_batch_tokens, problem.max_num_seqs, problem.prefix)
+    return Evaluation(pool.ttft, pool.tbt, pool.itl, pool.tpot, pool.e2e, pool.kv_peak_fraction, {key: pool.utilization},
+                      {key: pool.prefix_hit_rate}, pool.phases, pool.span_s)
 
 
 def evaluate(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, AnyOption], memo: dict | None = None,
-             fewer: tuple | None = None) -> dict:
+             fewer: tuple | None = None) -> Evaluation:
     """Per-request TTFT, TBT and E2E (seconds) of a plan on the trace: split pools,
     or one co-located (mixed) pool.
 
@@ -126,9 +140,8 @@ def evaluate(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, 
     utilization = {k: min(b / (span_s * n), 1.0) for k, b, (_, n) in zip(keys, pool_busy_s, prompt + token, strict=True)}
     token_busy = np.array([utilization[k] for k in token_keys])[kind]  # each request's token instance's
     itl, tpot = decode_gaps(t.output_tokens, decode_s, step_s, token_busy, src.engine.async_scheduling)
-    return {"ttft": ttft, "tbt": tbt, "itl": itl, "tpot": tpot, "e2e": e2e, "kv_peak_fraction": kv_peak,
-            "utilization": utilization, "prefix_hit_rate": hits, "phases": _phases(prompt, prompt_busy_s, token, token_busy_s),
-            "span_s": span_s}
+    return Evaluation(ttft, tbt, itl, tpot, e2e, kv_peak, utilization, hits,
+                      tuple(_phases(prompt, prompt_busy_s, token, token_busy_s)), span_s)
 
 
 def _phases(prompt: list, prompt_busy_s, token: list, token_busy_s) -> list[tuple]:
@@ -184,21 +197,20 @@ def _less(key, instances: int, fewer: tuple | None) -> int:
     return instances - fewer[1] if fewer is not None and key == fewer[0] else instances
 
 
-def check(problem: Problem, values: dict) -> list[tuple[SloLine, float, bool]]:
+def check(problem: Problem, values: Latencies) -> list[tuple[SloLine, float, bool]]:
     out = []
     for line in problem.slo.lines():
-        value = achieved(line, values[line.metric], problem.reference)
+        value = achieved(line, values.of(line.metric), problem.reference)
         out.append((line, value, meets(line, value)))
     return out
 
 
-def attainments(problem: Problem, values: dict) -> tuple[float, ...]:
+def attainments(problem: Problem, values: Latencies) -> tuple[float, ...]:
     """Per SLO line (in `check`'s order), the share of requests (of gaps, for ITL) within its limit, %."""
-    return tuple(attainment_pct(line, values[line.metric], problem.reference) for line in problem.slo.lines())
+    return tuple(attainment_pct(line, values.of(line.metric), problem.reference) for line in problem.slo.lines())
 
 
-def percentiles_ms(values: dict) -> dict:
+def percentiles_ms(values: Latencies) -> dict:
     def pct(v, q):
         return v.percentile(q) if isinstance(v, Gaps) else float(np.nanpercentile(v, q))
-    return {m: {f"p{q}": pct(values[m], q) * 1e3 for q in (50, 90, 99)} for m in METRICS
-            if m in values}
+    return {m: {f"p{q}": pct(values.of(m), q) * 1e3 for q in (50, 90, 99)} for m in METRICS}

@@ -35,7 +35,7 @@ def cliff(problem: Problem, plan: Plan, options: dict[AnyKey, AnyOption], memo: 
         lines = check(problem, values)
         row["slo"] = [{"line": line.label, "achieved": v, "attainment_pct": a, "met": ok}
                       for (line, v, ok), a in zip(lines, attainments(problem, values), strict=True)]
-        failed = [line.label for line, _, ok in lines if not ok] + (["KV memory"] if values.get("kv_peak_fraction", 0.0) > 1 else [])
+        failed = [line.label for line, _, ok in lines if not ok] + (["KV memory"] if values.kv_peak_fraction > 1 else [])
         out.append({**row, "fails": failed[0] if failed else None})
     return tuple(out)
 
@@ -59,10 +59,10 @@ def repair(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, An
     values = evaluate(problem, counts, options, memo)
     lines, failed = score(values)
     for step in range(limit + 1):
-        kv_bad = values["kv_peak_fraction"] > 1
+        kv_bad = values.kv_peak_fraction > 1
         if not failed and not kv_bad:
             return counts, values, lines, step
-        line, value = failed[0] if failed else (None, values["kv_peak_fraction"])
+        line, value = failed[0] if failed else (None, values.kv_peak_fraction)
         best = best_move(problem, counts, options, line, value, memo)
         if best is None:
             break
@@ -87,7 +87,7 @@ def best_move(problem: Problem, counts: dict, options: dict, line: SloLine | Non
         unit = option.inst.unit_machines
         trial = {**counts, option.key: counts.get(option.key, 0) + unit}
         trial_values = evaluate(problem, trial, options, memo)
-        new = trial_values["kv_peak_fraction"] if line is None else achieved(line, trial_values[line.metric], problem.reference)
+        new = trial_values.kv_peak_fraction if line is None else achieved(line, trial_values.of(line.metric), problem.reference)
         gain = (value - new) / (weight(option) * unit)
         if gain > 0 and (best is None or gain > best[0]):
             best = (gain, trial, trial_values)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
 from splitplan.capacity.pools import (
     MAX_INSTANCES,
     BatchTimes,
+    Latencies,
     colocated_estimate,
     prompt_queue_ttft_s,
     smallest_count,
@@ -59,7 +61,7 @@ def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, gu
         def failing(n):
             ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, [(inst, n)], problem.max_batch_tokens, batch_times,
                                        chunked=problem.chunked, max_seqs=problem.max_num_seqs, prefix=problem.prefix)
-            scores[n] = _excess(problem, {"ttft": ttft})
+            scores[n] = _excess(problem, {"ttft": ttft})  # (the one metric a prompt pool answers for)
             return first_failing(problem, "ttft", ttft)
         alone = first_failing(problem, "ttft", np.asarray(inst.prefill_time_s(t.prompt_tokens)) + inst.engine.frontend_latency_s)
         if alone is not None:
@@ -89,7 +91,7 @@ def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, gu
         def failing(n):
             values = colocated_estimate(t.arrival_s, t.prompt_tokens, t.output_tokens, inst, n, problem.max_batch_tokens, memo,
                                         problem.chunked, problem.max_num_seqs)
-            scores[n] = _excess(problem, values)
+            scores[n] = _excess(problem, values.by_metric, values.kv_peak_fraction)
             return _mixed_failing(problem, values)
     scores: dict[int, float] = {}  # (how far each count checked is from holding: where the search is aimed, smallest_count's score)
     failing = functools.cache(failing)  # (the bisection has usually tried n - 1, which names the binding line)
@@ -106,26 +108,26 @@ def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, gu
     return Option(role, inst, n, label)
 
 
-def _excess(problem: Problem, values: dict) -> float:
+def _excess(problem: Problem, predicted: dict[str, Any], kv_peak_fraction: float = 0.0) -> float:
     """How far a pool's values (by metric, and its KV peak where known) are from holding every
     line, smooth in its count: the largest, over the lines, of the share of requests (or gaps)
     past the line's limit over the share its percentile allows (at most 1 where the line holds,
     near enough), and the KV peak over the KV held."""
-    worst = float(values.get("kv_peak_fraction", 0.0))
+    worst = float(kv_peak_fraction)
     for line in problem.slo.lines():
-        if line.metric in values:
-            outside = 100.0 - attainment_pct(line, values[line.metric], problem.reference)
+        if line.metric in predicted:
+            outside = 100.0 - attainment_pct(line, predicted[line.metric], problem.reference)
             worst = max(worst, outside / max(100.0 - line.percentile, 1e-3))
     return worst
 
 
-def _mixed_failing(problem: Problem, values: dict):
+def _mixed_failing(problem: Problem, values: Latencies):
     """The first line a co-located pool's values miss (or "KV memory"), None when all hold."""
     for metric in METRICS:
-        line = first_failing(problem, metric, values[metric])
+        line = first_failing(problem, metric, values.of(metric))
         if line is not None:
             return line
-    return "KV memory" if values["kv_peak_fraction"] > 1 else None
+    return "KV memory" if values.kv_peak_fraction > 1 else None
 
 
 def simulated_option(problem: Problem, option: Option, replays: dict | None = None) -> Option:
@@ -140,7 +142,7 @@ def simulated_option(problem: Problem, option: Option, replays: dict | None = No
     def failing(n):
         if n not in seen:
             values = colocated_values(problem, option.key, option.inst, n)
-            seen[n], scores[n] = _mixed_failing(problem, values), _excess(problem, values)
+            seen[n], scores[n] = _mixed_failing(problem, values), _excess(problem, values.by_metric, values.kv_peak_fraction)
             if seen[n] is None and (kept[0] is None or n < kept[0]):
                 kept[:] = n, values  # (only these values: a replay's arrays are large)
         return seen[n]

@@ -81,7 +81,7 @@ def test_requests_split_over_token_types_in_proportion_to_capacity():
     alone_h = decode_pool(np.zeros(1), np.array([500]), np.array([20]), H100, 1).step_s[0]
     alone_a = decode_pool(np.zeros(1), np.array([500]), np.array([20]), A100, 1).step_s[0]
     assert alone_h < alone_a
-    on_h100 = values["tbt"] < np.median([values["tbt"].min(), values["tbt"].max()])
+    on_h100 = values.tbt < np.median([values.tbt.min(), values.tbt.max()])
     assert on_h100.mean() == pytest.approx(0.4, abs=0.01)
 
 
@@ -101,7 +101,7 @@ def test_repair_adds_the_machine_that_improves_the_failing_line_most_per_dollar(
     gain = {}  # TTFT moves only: one more prompt machine of either type, per dollar
     for key in (K("prompt", "h100-80gb", Layout(8)), K("prompt", "a100-80gb", Layout(8))):
         trial = {**start, key: start.get(key, 0) + 1}
-        gain[key] = (value - achieved(line, evaluate(problem, trial, options)["ttft"], problem.reference)) / options[key].price_usd_per_hour
+        gain[key] = (value - achieved(line, evaluate(problem, trial, options).ttft, problem.reference)) / options[key].price_usd_per_hour
     assert len(set(gain.values())) == 2
     best = max(gain, key=gain.get)
     counts, values = best_move(problem, start, options, line, value)
@@ -163,5 +163,5 @@ def test_a_plans_values_do_not_depend_on_when_the_trace_starts():
     options = _keyed(Option("prompt", H100, 2, "t"), Option("token", H100, 2, "t"))
     counts = {K("prompt", "h100-80gb", Layout(8)): 2, K("token", "h100-80gb", Layout(8)): 2}
     now, then = (evaluate(_problem(t), counts, options) for t in (trace, later))
-    assert now["utilization"] == pytest.approx(then["utilization"], rel=1e-9)
-    assert then["e2e"] == pytest.approx(now["e2e"], rel=1e-9)
+    assert now.utilization == pytest.approx(then.utilization, rel=1e-9)
+    assert then.e2e == pytest.approx(now.e2e, rel=1e-9)

@@ -94,6 +94,41 @@ def test_a_pass_ending_at_an_arrival_ends_before_it_is_routed():
     assert np.array_equal(ttft, python_ttft)
 
 
+def test_a_pass_ending_at_an_arrival_ends_before_it_is_routed_when_it_ends_first():
+    """As above, with the pass that ends at the arrival the first to end: a fast instance holding
+    more tokens than a slow one is free when the third prompt comes, which takes it (were its pass
+    still counted, the slow one)."""
+    fast, slow = INSTANCES[("vllm", "llama2-70b")]
+    end_s = core.pass_time_s(fast.pass_vector, 1.0, 1000.0, 1000.0**2, 0.0, 0.0)
+    assert end_s < core.pass_time_s(slow.pass_vector, 1.0, 900.0, 900.0**2, 0.0, 0.0)
+    (ttft, _, placed), (python_ttft, _, python_placed) = _both(np.array([0.0, 0.0, end_s]), np.array([1000, 900, 400]),
+                                                               [(fast, 1), (slow, 1)], 8192)
+    assert placed == python_placed == [0, 1, 0]
+    assert np.array_equal(ttft, python_ttft)
+
+
+def test_whole_prompt_passes_hold_the_sequence_cap():
+    """max_num_seqs 2, five short prompts at once: the first alone (the instance was idle), then
+    two passes of two, however many the token budget would take."""
+    inst = INSTANCES[("splitwise-sim", "llama2-70b")][0]
+    (ttft, passes, _), (python_ttft, python_passes, _) = _both(np.zeros(5), np.full(5, 100), [(inst, 1)], 8192, max_seqs=2)
+    assert len(passes) == 3 and ttft[1] == ttft[2] < ttft[3] == ttft[4]
+    assert np.array_equal(ttft, python_ttft) and np.array_equal(passes, python_passes)
+
+
+def test_async_scheduling_holds_back_a_prompt_that_came_after_the_next_pass_was_scheduled():
+    """vLLM's async scheduling, whole prompts: a pass that leaves prompts queued has its successor
+    scheduled as it starts, so a prompt arriving during it waits a pass more even where the budget
+    had room: the third long prompt goes alone, the short one that came later after it."""
+    inst = INSTANCES[("vllm", "llama2-70b")][0]
+    assert inst.engine.async_scheduling
+    first_s = core.pass_time_s(inst.pass_vector, 1.0, 100.0, 100.0**2, 0.0, 0.0)
+    arrival = np.array([0.0, 1e-4, 2e-4, first_s + 0.01])  # (the last while the second pass runs)
+    (ttft, passes, _), (python_ttft, python_passes, _) = _both(arrival, np.array([100, 8000, 8000, 100]), [(inst, 1)], 8192)
+    assert len(passes) == 4 and ttft[3] + arrival[3] > ttft[2] + arrival[2]
+    assert np.array_equal(ttft, python_ttft) and np.array_equal(passes, python_passes)
+
+
 @settings(max_examples=80, deadline=None)
 @given(n=st.integers(1, 400), m=st.integers(1, 400), digits=st.integers(0, 2), seed=st.integers(0, 2**16))
 def test_the_merged_searches_are_numpys(n, m, digits, seed):

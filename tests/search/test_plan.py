@@ -223,8 +223,8 @@ def test_colocated_tbt_suffers_from_prefill_stalls():
     mixed = colocated_pool(trace, inst, 4, 2048)
     alone = decode_pool(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, inst, 4)
     plain_tbt = np.maximum(trace.output_tokens - 1, 0) * alone.step_s / trace.output_tokens
-    assert np.mean(mixed["tbt"]) > np.mean(plain_tbt)
-    assert np.all(mixed["e2e"] >= mixed["ttft"])
+    assert np.mean(mixed.tbt) > np.mean(plain_tbt)
+    assert np.all(mixed.e2e >= mixed.ttft)
 
 
 def _scaled(base):
@@ -321,7 +321,7 @@ def test_the_colocated_estimate_ranks_but_the_simulation_sizes():
     assert meets(colocated_pool(trace, inst, n, 2048))
     assert n == 1 or not meets(colocated_pool(trace, inst, n - 1, 2048))
     estimate = colocated_estimate(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, inst, n, 2048)
-    assert np.all(estimate["e2e"] >= estimate["ttft"])
+    assert np.all(estimate.e2e >= estimate.ttft)
 
 
 def test_the_colocated_estimate_predicts_the_gaps_prefills_stretch():
@@ -337,14 +337,14 @@ def test_the_colocated_estimate_predicts_the_gaps_prefills_stretch():
     for n in (4, 8):
         estimate = colocated_estimate(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, inst, n, 8192,
                                       chunked=True, max_seqs=1024)
-        simulated = np.percentile(colocated_pool(trace, inst, n, 8192, 1024)["itl"], 99)
-        p99[n] = estimate["itl"].percentile(99)
+        simulated = np.percentile(colocated_pool(trace, inst, n, 8192, 1024).itl, 99)
+        p99[n] = estimate.itl.percentile(99)
         assert p99[n] == pytest.approx(simulated, rel=0.15), n
         many = trace.output_tokens > 1
-        decode_s = (estimate["e2e"] - estimate["ttft"])[many]
-        assert np.allclose(estimate["tpot"][many], decode_s / (trace.output_tokens[many] - 1))
+        decode_s = (estimate.e2e - estimate.ttft)[many]
+        assert np.allclose(estimate.tpot[many], decode_s / (trace.output_tokens[many] - 1))
     assert p99[4] > 5 * inst.decode_step_time_s(1, 1000)  # stalled by prefills
-    assert p99[8] < 1.1 * estimate["itl"].percentile(50)  # few gaps hold one
+    assert p99[8] < 1.1 * estimate.itl.percentile(50)  # few gaps hold one
 
 
 def test_binding_says_when_whole_machines_decided_the_size():
@@ -570,8 +570,8 @@ def test_a_plan_on_shared_machines_is_the_same_plan_with_its_kv_local(small_trac
     separate = evaluate(problem, dict.fromkeys(apart, 1), apart)
     p = small_trace.prompt_tokens
     gain = kv_transfer_time_s(whole, whole, p) - kv_transfer_time_s(whole, whole, p, local=True)
-    assert np.array_equal(shared["ttft"], separate["ttft"])
-    assert np.allclose(separate["e2e"] - shared["e2e"], gain)
+    assert np.array_equal(shared.ttft, separate.ttft)
+    assert np.allclose(separate.e2e - shared.e2e, gain)
 
 
 def test_a_tp_degree_no_named_machine_takes_is_bad_input_naming_the_machine():
