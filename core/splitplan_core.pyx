@@ -247,10 +247,25 @@ cdef inline double _pass_time_s(const double* c, double prefill_seqs, double pre
     return t.compute_s + t.memory_s + t.network_s + t.overhead_s
 
 
+cdef int _check_width(Py_ssize_t entries) except -1:
+    """A pass vector holds FIELD_COUNT entries: any other width is refused (the formula would read past it)."""
+    if entries != FIELD_COUNT:
+        raise ValueError(f"a pass vector has {FIELD_COUNT} entries (FIELDS), not {entries}")
+    return 0
+
+
 cdef const double* _vector(const double[::1] c) except NULL:
-    if c.shape[0] != FIELD_COUNT:
-        raise ValueError(f"a pass vector has {FIELD_COUNT} entries (FIELDS), not {c.shape[0]}")
+    _check_width(c.shape[0])
     return &c[0]
+
+
+cdef inline Py_ssize_t _least(const int64_t[:] load) noexcept:
+    """The index of the least load, the lowest among equals (as np.argmin)."""
+    cdef Py_ssize_t j, best = 0
+    for j in range(1, load.shape[0]):
+        if load[j] < load[best]:
+            best = j
+    return best
 
 
 def pass_shares(const double[::1] c, double prefill_seqs, double decode_seqs, double has_prefill):
@@ -330,12 +345,8 @@ cdef class _PromptReplay:
     cdef Py_ssize_t least_loaded(self) noexcept:
         """The instance of least load, the lowest index among equals (a scan, or the heap's top
         once stale entries are dropped)."""
-        cdef Py_ssize_t j, best = 0
         if not self.routing_heap:
-            for j in range(1, self.load.shape[0]):
-                if self.load[j] < self.load[best]:
-                    best = j
-            return best
+            return _least(self.load)
         while self.least.items[0].t != self.load[self.least.items[0].key]:
             heap_pop(&self.least)
         return self.least.items[0].key
@@ -440,8 +451,7 @@ def prompt_replay(const double[:] arrival_s, const int64_t[:] tokens, const doub
     requests (`release_s`: empty, or when each request stops counting 1 in its instance's load).
     `vectors[k]` and `decode[k]` (decode requests and their context riding along in every pass) are
     instance type k's, `kind[j]` instance j's type."""
-    if vectors.shape[1] != FIELD_COUNT:
-        raise ValueError(f"a pass vector has {FIELD_COUNT} entries (FIELDS), not {vectors.shape[1]}")
+    _check_width(vectors.shape[1])
     cdef Py_ssize_t n_req = arrival_s.shape[0], n_inst = kind.shape[0], i, j
     cdef _PromptReplay s = _PromptReplay()
     s.tokens, s.vectors, s.kind, s.decode = tokens, vectors, kind, decode
@@ -971,13 +981,6 @@ cdef class _Run:
         self.push(k, WAITING, i)
         return not self.inst[k, RUNNING]
 
-    cdef Py_ssize_t least(self, int64_t[:] load) noexcept:
-        cdef Py_ssize_t j, best = 0
-        for j in range(1, load.shape[0]):
-            if load[j] < load[best]:
-                best = j
-        return best
-
     cdef void route(self, Py_ssize_t* src, Py_ssize_t* dst) noexcept:
         """(the instance that prefills a request, the one that decodes it): the least loaded of
         each side (ties to the lowest), or round-robin; a co-located instance does both."""
@@ -985,7 +988,7 @@ cdef class _Run:
             src[0] = self.prompt_side[self.counters[TURN_P] % self.prompt_side.shape[0]]
             self.counters[TURN_P] += 1
         else:
-            src[0] = self.prompt_side[self.least(self.p_load)]
+            src[0] = self.prompt_side[_least(self.p_load)]
         if self.inst[src[0], ROLE] == MIXED:
             dst[0] = src[0]
             return
@@ -993,7 +996,7 @@ cdef class _Run:
             dst[0] = self.token_side[self.counters[TURN_T] % self.token_side.shape[0]]
             self.counters[TURN_T] += 1
         else:
-            dst[0] = self.token_side[self.least(self.t_load)]
+            dst[0] = self.token_side[_least(self.t_load)]
 
     cdef Py_ssize_t arrive(self, int64_t i, int* how) noexcept:
         """Request i is routed, and refused (longer than max_model_len, or than a prompt instance's
@@ -1056,8 +1059,7 @@ def run(const double[:] arrival, double front_s, const int64_t[:] prompt, const 
     prompt's time alone; `settings` (MAX_BATCH_TOKENS ... ROUND_ROBIN), `kv_bytes` per token.
     Fills `req`, `times` and `inst`; returns (status, per-instance times, counters, iteration end
     times, their instances)."""
-    if vectors.shape[1] != FIELD_COUNT:
-        raise ValueError(f"a pass vector has {FIELD_COUNT} entries (FIELDS), not {vectors.shape[1]}")
+    _check_width(vectors.shape[1])
     cdef _Run s = _Run()
     n, count = arrival.shape[0], len(inst)
     s.arrival, s.prompt, s.out, s.req, s.times, s.inst, s.pools = arrival, prompt, out, req, times, inst, pools
