@@ -743,7 +743,7 @@ def main() -> None:
         if parallel.pool_torn_down():
             _exit_at_once(130)
     # The interpreter's exit would run full collections over every object the run left (the specs,
-    # the trace, SciPy's and pandas' modules): 0.3-0.4 s of a 2.5 s plan. Frozen, they are freed by
-    # their reference counts alone; the exit hooks still run.
+    # the trace, SciPy's modules; 0.3-0.4 s of a 2.5 s plan when numba's were among them, issue 31).
+    # Frozen, they are freed by their reference counts alone; the exit hooks still run.
     gc.freeze()
     sys.exit(code or 0)
