@@ -52,6 +52,7 @@ ROLE: int
 POOL: int
 P_POS: int
 T_POS: int
+NODE: int
 INSTANCE_COLUMNS: int
 # per-instance float columns
 PREFILL_S: int
@@ -72,6 +73,9 @@ MAX_ITERATIONS: int
 CONTEXT: int
 LAYERS: int
 ROUND_ROBIN: int
+CLOSED: int
+LOG: int
+SETTINGS: int
 ITERATIONS: int
 TOKENS_OUT: int
 PREEMPTIONS: int
@@ -80,8 +84,13 @@ ENDS: int
 SEQ: int
 TURN_P: int
 TURN_T: int
+RELEASED: int
+LOGGED: int
 COUNTERS: int
-# roles and statuses
+# events (sim.types.Event's values), roles and statuses
+ARRIVAL: int
+KV_ARRIVED: int
+ITERATION_END: int
 PROMPT: int
 TOKEN: int
 MIXED: int
@@ -103,8 +112,8 @@ def prompt_replay(arrival_s: np.ndarray, tokens: np.ndarray, vectors: np.ndarray
 def ranks(sorted_values: np.ndarray, queries: np.ndarray, order: np.ndarray, right: bool) -> np.ndarray: ...
 def running_peak(times: np.ndarray, weights: np.ndarray, order: np.ndarray) -> float: ...
 def initial_state(prompt: np.ndarray, cached: Any, roles: list[str], pool: list[int], p_pos: list[int],
-                  t_pos: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+                  t_pos: list[int], node: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 def run(arrival: np.ndarray, front_s: float, prompt: np.ndarray, out: np.ndarray, req: np.ndarray, times: np.ndarray,
-        inst: np.ndarray, pools: np.ndarray, pools_s: np.ndarray, settings: np.ndarray, kv_bytes: float,
+        inst: np.ndarray, pools: np.ndarray, pools_s: np.ndarray, local_bps: np.ndarray, settings: np.ndarray, kv_bytes: float,
         vectors: np.ndarray, lines: np.ndarray, single: np.ndarray) -> tuple[int, np.ndarray, np.ndarray, np.ndarray,
-                                                                              np.ndarray]: ...
+                                                                              np.ndarray, np.ndarray, np.ndarray]: ...

@@ -8,9 +8,9 @@ of operations, so its floats equal the Python's to the bit (property tests run b
 - `pass_terms` and its kin: `perf.roofline.Instance._terms` (an instance's constants travel as
   one float64 vector, `FIELDS` names its entries, `Instance.pass_vector` packs it);
 - `prompt_replay`: `capacity.pools.replay_prompts` without prefix caches on analytic instances;
-- `run`: `sim.cluster`'s event loop in an open loop on analytic instances, without prefix caches,
-  borrowing, shared machines, event logs or recorded passes (that module's docstring states the
-  rules);
+- `run`: `sim.cluster`'s event loop on analytic instances, open or closed, shared machines and
+  its event log included, without prefix caches, borrowing or recorded passes (that module's
+  docstring states the rules);
 - `ranks` and `running_peak`: NumPy's searchsorted and a running sum's peak, by cheaper routes.
 
 Events come from one binary heap (`Heap`, apart from the models) keyed (time, then a second key:
@@ -571,7 +571,7 @@ cpdef enum:  # per-instance integer columns: four lists (head, tail, length), th
     RUN = 9
     MEMBERS_HEAD = 12
     MEMBERS_TAIL, BATCH, CTX, KV_USED, ITERS, RUNNING, FIXED, LAUNCH, NEXT_FINISH, ROLE, POOL, P_POS, T_POS,
-    INSTANCE_COLUMNS
+    NODE, INSTANCE_COLUMNS
 
 cpdef enum:  # per-instance float columns
     PREFILL_S, DECODE_S, INTEGRAL, LINK_FREE
@@ -582,11 +582,11 @@ cpdef enum:  # per-pool integer settings, and float ones
 cpdef enum:
     LINK_BPS, KV_LATENCY_S
 
-cpdef enum:  # run-wide integer settings
-    MAX_BATCH_TOKENS, CAP, MAX_ITERATIONS, CONTEXT, LAYERS, ROUND_ROBIN
+cpdef enum:  # run-wide integer settings (CLOSED: a closed loop's clients, 0 for an open loop; LOG: keep the event log)
+    MAX_BATCH_TOKENS, CAP, MAX_ITERATIONS, CONTEXT, LAYERS, ROUND_ROBIN, CLOSED, LOG, SETTINGS
 
-cpdef enum:
-    ITERATIONS, TOKENS_OUT, PREEMPTIONS, EVENTS, ENDS, SEQ, TURN_P, TURN_T, COUNTERS
+cpdef enum:  # (RELEASED: requests whose arrival time is known; LOGGED: events in the log)
+    ITERATIONS, TOKENS_OUT, PREEMPTIONS, EVENTS, ENDS, SEQ, TURN_P, TURN_T, RELEASED, LOGGED, COUNTERS
 
 cpdef enum:  # in ROLES' order
     PROMPT, TOKEN, MIXED
@@ -599,14 +599,16 @@ cpdef enum:
 cdef enum:  # how an instance is settled after an event (_Run.settle)
     START, ADMIT_THEN_START, AFTER_ITERATION
 
-cdef enum:  # what a heap entry is (ties go by sequence number, so this never orders)
-    KV_ARRIVED, ITERATION_END
+cpdef enum:  # what an event is (sim.types.Event's values; a heap entry's kind: ties go by sequence number, so this never orders)
+    ARRIVAL = 1
+    KV_ARRIVED = 2
+    ITERATION_END = 3
 
 
-def initial_state(prompt, cached, roles, pool, p_pos, t_pos):
+def initial_state(prompt, cached, roles, pool, p_pos, t_pos, node):
     """(req, times, inst) for `run` before any event: per request (its prompt tokens, those a cache
     holds), per instance (role names, pool index, position among those that prefill and those that
-    decode, -1 for none)."""
+    decode, -1 for none, and the machine it shares with the other role's instances, -1 for none)."""
     n = len(prompt)
     req = np.zeros((REQUEST_ROWS, n), np.int64)
     req[PLEN], req[BASE], req[DONE], req[CACHED] = prompt, 1, cached, cached
@@ -618,16 +620,16 @@ def initial_state(prompt, cached, roles, pool, p_pos, t_pos):
     inst[:, [MEMBERS_HEAD, MEMBERS_TAIL]] = -1
     inst[:, NEXT_FINISH] = np.iinfo(np.int64).max
     inst[:, ROLE] = [ROLES.index(role) for role in roles]
-    inst[:, POOL], inst[:, P_POS], inst[:, T_POS] = pool, p_pos, t_pos
+    inst[:, POOL], inst[:, P_POS], inst[:, T_POS], inst[:, NODE] = pool, p_pos, t_pos, node
     return req, times, inst
 
 
 cdef class _Run:
-    cdef const double[:] arrival
+    cdef double[:] arrival  # (a closed loop writes each request's when a client sends it)
     cdef const int64_t[:] prompt, out
     cdef int64_t[:, :] req, inst, pools
     cdef double[:, :] times, clock
-    cdef const double[:, :] pools_s, single
+    cdef const double[:, :] pools_s, single, local_bps
     cdef const double[:, :, :] lines
     cdef const double[:, ::1] vectors
     cdef const int64_t[:] settings
@@ -635,6 +637,8 @@ cdef class _Run:
     cdef int64_t[:] p_load, t_load, prompt_side, token_side, counters
     cdef double[:] ends_s
     cdef int64_t[:] ends_at
+    cdef double[:] log_s
+    cdef int64_t[:, :] log_at  # per event: its kind, instance and request (-1: none)
     cdef Heap heap
 
     def __dealloc__(self):
@@ -702,6 +706,13 @@ cdef class _Run:
     cdef inline void finish(self, int64_t i, double now) noexcept:
         self.times[E2E, i] = now - self.arrival[i]
         self.counters[TOKENS_OUT] += self.out[i]
+        self.release_client(now)
+
+    cdef inline void release_client(self, double now) noexcept:
+        """A closed loop: a client is free again and sends the next request now."""
+        if self.settings[CLOSED] and self.counters[RELEASED] < self.arrival.shape[0]:
+            self.arrival[self.counters[RELEASED]] = now
+            self.counters[RELEASED] += 1
 
     cdef inline void unassign(self, Py_ssize_t k, int64_t i) noexcept:
         """Request i no longer holds a decode place on k (finished or rejected)."""
@@ -741,6 +752,7 @@ cdef class _Run:
                 if mixed:
                     self.p_load[self.inst[k, P_POS]] -= self.prompt[i]
                 self.unassign(k, i)
+                self.release_client(now)
                 continue
             if mixed:
                 if (self.inst[k, KV_USED] + self.inst[k, CTX] + self.req[PLEN, i] + 1 > kv_cap
@@ -859,11 +871,13 @@ cdef class _Run:
 
     cdef int send_kv(self, Py_ssize_t k, Py_ssize_t tok, int64_t i, double now) except -1:
         """Request i's KV leaves prompt instance k for token instance tok over both links (FIFO):
-        after the prefill when short, else layer by layer from the prefill's start."""
+        after the prefill when short, else layer by layer from the prefill's start; on one machine,
+        over its GPU links, the NICs free."""
         cdef int64_t source = self.inst[k, POOL], destination = self.inst[tok, POOL]
-        cdef double duration = self.prompt[i] * self.kv_bytes / min(self.pools_s[source, LINK_BPS],
-                                                                    self.pools_s[destination, LINK_BPS])
-        cdef double busy_until = max(self.clock[k, LINK_FREE], self.clock[tok, LINK_FREE])  # both NICs carry the transfer
+        cdef bint local = self.inst[k, NODE] >= 0 and self.inst[k, NODE] == self.inst[tok, NODE]
+        cdef double duration = self.prompt[i] * self.kv_bytes / (
+            self.local_bps[source, destination] if local else min(self.pools_s[source, LINK_BPS], self.pools_s[destination, LINK_BPS]))
+        cdef double busy_until = 0.0 if local else max(self.clock[k, LINK_FREE], self.clock[tok, LINK_FREE])  # both NICs carry the transfer
         cdef double begin, done
         if self.prompt[i] < self.pools[source, LAYERWISE_MIN]:
             begin = max(now, busy_until)
@@ -871,7 +885,8 @@ cdef class _Run:
         else:
             begin = max(self.times[PREFILL_START, i], busy_until)
             done = max(begin + duration, now + duration / self.settings[LAYERS]) + self.pools_s[source, KV_LATENCY_S]
-        self.clock[k, LINK_FREE] = self.clock[tok, LINK_FREE] = begin + duration
+        if not local:
+            self.clock[k, LINK_FREE] = self.clock[tok, LINK_FREE] = begin + duration
         self.counters[SEQ] += 1
         heap_push(&self.heap, done, self.counters[SEQ], KV_ARRIVED, tok, i)
         return 0
@@ -998,7 +1013,7 @@ cdef class _Run:
         else:
             dst[0] = self.token_side[_least(self.t_load)]
 
-    cdef Py_ssize_t arrive(self, int64_t i, int* how) noexcept:
+    cdef Py_ssize_t arrive(self, int64_t i, double now, int* how) noexcept:
         """Request i is routed, and refused (longer than max_model_len, or than a prompt instance's
         KV) or queued: the instance to settle (-1 for none), and how."""
         cdef Py_ssize_t src, dst
@@ -1007,9 +1022,11 @@ cdef class _Run:
         how[0] = START
         if self.settings[CONTEXT] > 0 and self.prompt[i] + self.out[i] > self.settings[CONTEXT]:  # the engine refuses it at once
             self.req[REJECTED, i] = self.req[REFUSED, i] = 1
+            self.release_client(now)
             return -1
         if self.inst[src, ROLE] == PROMPT and self.prompt[i] > self.pools[self.inst[src, POOL], MAX_REQUEST]:  # its prompt's KV never fits
             self.req[REJECTED, i] = 1
+            self.release_client(now)
             return -1
         self.p_load[self.inst[src, P_POS]] += self.prompt[i] + (self.inst[src, ROLE] == MIXED)  # (a co-located one also counts the request held)
         if self.inst[dst, T_POS] >= 0:
@@ -1025,6 +1042,16 @@ cdef class _Run:
         self.push(src, QUEUE, i)
         return src
 
+    cdef int log(self, double now, int64_t kind, int64_t k, int64_t i) except -1:
+        """One event in the log (grown as it fills)."""
+        cdef int64_t at = self.counters[LOGGED]
+        if at == self.log_s.shape[0]:
+            self.log_s, self.log_at = np.concatenate((self.log_s, self.log_s)), np.concatenate((self.log_at, self.log_at))
+        self.log_s[at] = now
+        self.log_at[at, 0], self.log_at[at, 1], self.log_at[at, 2] = kind, k, i
+        self.counters[LOGGED] += 1
+        return 0
+
     cdef int loop(self, double front_s) except -1:
         cdef Py_ssize_t n = self.arrival.shape[0], r = 0, k
         cdef int status = OK, how
@@ -1033,11 +1060,15 @@ cdef class _Run:
         while status == OK and (r < n or self.heap.size):
             if r < n and (not self.heap.size or self.arrival[r] + front_s < self.heap.items[0].t):
                 now = self.arrival[r] + front_s
-                k = self.arrive(r, &how)
+                k = self.arrive(r, now, &how)
+                if self.settings[LOG]:
+                    self.log(now, ARRIVAL, self.req[P_INST, r], r)
                 r += 1
             else:
                 e = heap_pop(&self.heap)
                 now, k = e.t, e.k
+                if self.settings[LOG]:
+                    self.log(now, e.kind, k, e.i)
                 if e.kind == KV_ARRIVED:
                     k, how = (k if self.kv_arrived(k, e.i, now) else -1), ADMIT_THEN_START
                 else:
@@ -1049,27 +1080,37 @@ cdef class _Run:
         return status
 
 
-def run(const double[:] arrival, double front_s, const int64_t[:] prompt, const int64_t[:] out, req, times, inst,
-        pools, const double[:, :] pools_s, const int64_t[:] settings, double kv_bytes, const double[:, ::1] vectors,
-        const double[:, :, :] lines, const double[:, :] single):
+def run(double[:] arrival, double front_s, const int64_t[:] prompt, const int64_t[:] out, req, times, inst,
+        pools, const double[:, :] pools_s, const double[:, :] local_bps, const int64_t[:] settings, double kv_bytes,
+        const double[:, ::1] vectors, const double[:, :, :] lines, const double[:, :] single):
     """Run the requests (arrival times, prompt and output tokens) from `req`, `times` and `inst` as
     `initial_state` makes them. Per pool: `pools` (KV_CAP ... LAYERWISE_MIN), `pools_s` (LINK_BPS,
-    KV_LATENCY_S), `vectors` the pass formula's constants, `lines[pool, b]` a decode step of b
-    requests as (base, per context token, slack) (Instance.decode_line), `single[pool]` each
-    prompt's time alone; `settings` (MAX_BATCH_TOKENS ... ROUND_ROBIN), `kv_bytes` per token.
-    Fills `req`, `times` and `inst`; returns (status, per-instance times, counters, iteration end
-    times, their instances)."""
+    KV_LATENCY_S), `local_bps[a, b]` KV bandwidth from an instance of pool a to one of pool b on its
+    machine, `vectors` the pass formula's constants, `lines[pool, b]` a decode step of b requests as
+    (base, per context token, slack) (Instance.decode_line), `single[pool]` each prompt's time alone;
+    `settings` (MAX_BATCH_TOKENS ... LOG), `kv_bytes` per token. A closed loop's `arrival` holds the
+    first clients' send times and infinity for the rest, each written when a client sends it.
+    Fills `req`, `times`, `inst` (and `arrival`); returns (status, per-instance times, counters,
+    iteration end times, their instances, the event log's times, and its kind, instance and
+    request per event)."""
     _check_width(vectors.shape[1])
+    if settings.shape[0] != SETTINGS:
+        raise ValueError(f"settings: {settings.shape[0]} entries, the core reads {SETTINGS}")
     cdef _Run s = _Run()
     n, count = arrival.shape[0], len(inst)
     s.arrival, s.prompt, s.out, s.req, s.times, s.inst, s.pools = arrival, prompt, out, req, times, inst, pools
-    s.pools_s, s.settings, s.kv_bytes, s.vectors, s.lines, s.single = pools_s, settings, kv_bytes, vectors, lines, single
+    s.pools_s, s.local_bps, s.settings, s.kv_bytes, s.vectors, s.lines, s.single = (pools_s, local_bps, settings, kv_bytes,
+                                                                                    vectors, lines, single)
     s.prompt_side, s.token_side = np.flatnonzero(inst[:, P_POS] >= 0), np.flatnonzero(inst[:, T_POS] >= 0)
     s.p_load, s.t_load = np.zeros(len(s.prompt_side), np.int64), np.zeros(len(s.token_side), np.int64)
     clock, counters = np.zeros((count, 4)), np.zeros(COUNTERS, np.int64)
+    counters[RELEASED] = min(settings[CLOSED], n) if settings[CLOSED] else n
     s.clock, s.counters = clock, counters
     s.ends_s, s.ends_at = np.empty(max(1024, 4 * n)), np.empty(max(1024, 4 * n), np.int64)
+    logged = max(1024, 4 * n) if settings[LOG] else 0
+    s.log_s, s.log_at = np.empty(logged), np.empty((logged, 3), np.int64)
     heap_init(&s.heap, count)
     status = s.loop(front_s)
-    ends = int(counters[ENDS])
-    return int(status), clock, counters, np.asarray(s.ends_s)[:ends].copy(), np.asarray(s.ends_at)[:ends].copy()
+    ends, events = int(counters[ENDS]), int(counters[LOGGED])
+    return (int(status), clock, counters, np.asarray(s.ends_s)[:ends].copy(), np.asarray(s.ends_at)[:ends].copy(),
+            np.asarray(s.log_s)[:events].copy(), np.asarray(s.log_at)[:events].copy())

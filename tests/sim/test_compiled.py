@@ -44,23 +44,29 @@ def assert_same(a, b) -> None:
 @given(seed=st.integers(0, 10_000), engine=st.sampled_from(["lean", "vllm", "sglang-fp8", "trtllm-fp8"]),
        model=st.sampled_from(["llama2-70b", "bloom-176b"]), instances=st.sampled_from([1, 2, 5, 18]),
        load=st.floats(0.5, 3.0), budget=st.sampled_from([512, 2048, 8192]), seqs=st.sampled_from([None, 3, 64]),
-       context=st.sampled_from([None, 2500]), routing=st.sampled_from(["jsq", "round-robin"]), cached=st.booleans())
+       context=st.sampled_from([None, 2500]), routing=st.sampled_from(["jsq", "round-robin"]), cached=st.booleans(),
+       clients=st.sampled_from([None, None, 1, 4, 40]), log=st.booleans())
 @example(seed=1, engine="vllm", model="bloom-176b", instances=2, load=3.0, budget=8192, seqs=None, context=None,
-         routing="jsq", cached=False)  # (BLOOM's KV fills: preemptions)
+         routing="jsq", cached=False, clients=None, log=False)  # (BLOOM's KV fills: preemptions)
 @example(seed=2, engine="lean", model="bloom-176b", instances=1, load=3.0, budget=2048, seqs=3, context=2500,
-         routing="round-robin", cached=True)
-def test_compiled_run_is_the_python_run(seed, engine, model, instances, load, budget, seqs, context, routing, cached):
+         routing="round-robin", cached=True, clients=None, log=True)
+@example(seed=3, engine="vllm", model="bloom-176b", instances=2, load=1.0, budget=2048, seqs=None, context=2500,
+         routing="jsq", cached=False, clients=40, log=True)  # (a closed loop: refusals and rejections free their clients)
+def test_compiled_run_is_the_python_run(seed, engine, model, instances, load, budget, seqs, context, routing, cached, clients,
+                                        log):
     """Whole-prompt and chunked passes, async scheduling and a front-end latency (vllm), the
     sequence cap, refusals past max_model_len, rejections (a request longer than the KV),
     preemptions (BLOOM's small KV at high load), round-robin, join-shortest-queue past 16
-    instances (the Python run's heap), prompts partly cached: the same result, event count included."""
+    instances (the Python run's heap), prompts partly cached, open and closed loops (clients),
+    the event log: the same result, event count and log included."""
     rng = np.random.default_rng(seed)
     trace = resample_poisson(TRACE, load * instances, 20.0, rng)
     if cached:
         trace = dataclasses.replace(trace, cached_tokens=rng.integers(0, 400, len(trace)))
     inst = api.instance(model, "h100-80gb", 8, engine)
     pools = [PoolSpec("mixed", inst, instances)]
-    options = SimOptions(max_batch_tokens=budget, max_num_seqs=seqs, max_model_len=context, routing=routing)
+    options = SimOptions(max_batch_tokens=budget, max_num_seqs=seqs, max_model_len=context, routing=routing,
+                         concurrency=clients, warmup_requests=clients or 0, record_events=log)
     compiled = simulate(trace, pools, options)
     assert_same(compiled, python_run(trace, pools, options))
 
@@ -71,20 +77,32 @@ def test_compiled_run_is_the_python_run(seed, engine, model, instances, load, bu
        token_types=st.sampled_from([("a100-80gb",), ("h100-80gb", "a100-80gb")]), tp=st.sampled_from([4, 8]),
        counts=st.tuples(st.integers(1, 3), st.integers(1, 3)), load=st.floats(0.5, 3.0),
        budget=st.sampled_from([512, 8192]), seqs=st.sampled_from([None, 4]), context=st.sampled_from([None, 2500]),
-       routing=st.sampled_from(["jsq", "round-robin"]))
+       routing=st.sampled_from(["jsq", "round-robin"]), clients=st.sampled_from([None, None, 2, 30]),
+       shared=st.sampled_from([None, None, 1, 2]), log=st.booleans())
 @example(seed=0, engine="vllm", prompt_types=("h100-80gb",), token_types=("a100-80gb",), tp=4, counts=(3, 1), load=3.0,
-         budget=8192, seqs=None, context=None, routing="jsq")  # (a100s at TP 4 hold few: decodes wait, long ones rejected)
+         budget=8192, seqs=None, context=None, routing="jsq", clients=None, shared=None,
+         log=False)  # (a100s at TP 4 hold few: decodes wait, long ones rejected)
+@example(seed=1, engine="vllm", prompt_types=("h100-80gb",), token_types=("h100-80gb",), tp=4, counts=(3, 1), load=3.0,
+         budget=8192, seqs=None, context=None, routing="jsq", clients=30, shared=2,
+         log=True)  # (a closed loop on shared machines: transfers within a machine and between two)
 def test_compiled_split_run_is_the_python_run(seed, engine, prompt_types, token_types, tp, counts, load, budget, seqs,
-                                              context, routing):
+                                              context, routing, clients, shared, log):
     """Prompt and token pools of one or two machine types: KV transfers serialized and layer by
     layer over both instances' links (FIFO), token instances' KV admission and rejections,
-    whole-prompt and chunked prefill, async scheduling, the sequence cap, refusals, round-robin:
-    the same result, event count included."""
+    whole-prompt and chunked prefill, async scheduling, the sequence cap, refusals, round-robin,
+    open and closed loops, the first prompt and token pools' instances sharing `shared` machines
+    (a transfer within one over its GPU links, the NICs free), the event log: the same result,
+    event count and log included."""
     rng = np.random.default_rng(seed)
     trace = resample_poisson(TRACE, load * counts[0], 20.0, rng)
     pools = ([PoolSpec("prompt", api.instance("llama2-70b", hw, tp, engine), counts[0]) for hw in prompt_types]
              + [PoolSpec("token", api.instance("llama2-70b", hw, tp, engine), counts[1]) for hw in token_types])
-    options = SimOptions(max_batch_tokens=budget, max_num_seqs=seqs, max_model_len=context, routing=routing)
+    if shared is not None and prompt_types[0] == token_types[0]:  # (one machine type: its instances share machines)
+        first = (0, len(prompt_types))
+        pools = [dataclasses.replace(p, machines=shared, instances_given=p.instances, shared=0) if k in first else p
+                 for k, p in enumerate(pools)]
+    options = SimOptions(max_batch_tokens=budget, max_num_seqs=seqs, max_model_len=context, routing=routing,
+                         concurrency=clients, warmup_requests=clients or 0, record_events=log)
     compiled = simulate(trace, pools, options)
     assert_same(compiled, python_run(trace, pools, options))
 
@@ -103,7 +121,8 @@ def test_preemptions():
 def test_edge_cases_of_routing_and_batching():
     """Whole prompts (lean) that fill the token budget exactly share a pass; a request that
     arrives as an iteration ends is routed after it (to the instance it freed); a request
-    larger than the KV is rejected and leaves its instance's routing load as it was."""
+    larger than the KV is rejected and leaves its instance's routing load as it was (in a closed
+    loop, its client sends the next)."""
     inst = api.instance("llama2-70b", "h100-80gb", 8, "lean")
     options = SimOptions(max_batch_tokens=2048)
     one, two = [PoolSpec("mixed", inst, 1)], [PoolSpec("mixed", inst, 2)]
@@ -117,6 +136,10 @@ def test_edge_cases_of_routing_and_batching():
         compiled = simulate(trace, pools, options)
         assert check(compiled)
         assert_same(compiled, python_run(trace, pools, options))
+    closed = SimOptions(max_batch_tokens=2048, concurrency=1)  # (the rejected request frees its client for the next)
+    compiled = simulate(too_long, one, closed)
+    assert compiled.rejected.tolist() == [True, False] and np.isfinite(compiled.e2e_s[1])
+    assert_same(compiled, python_run(too_long, one, closed))
 
 
 def test_edge_cases_of_split_pools():
@@ -152,17 +175,26 @@ def test_the_iteration_limit_fails_as_the_python_run(monkeypatch):
 
 
 def test_what_runs_in_python():
-    """Closed loops, measured tables, the mixed pool's borrowing and pools sharing machines run in
-    the Python loop (decode stretches fused: fewer events than iterations); an event log too (every
-    event, as many as the compiled run counts)."""
+    """Measured tables, the mixed pool's borrowing and recorded passes run in the Python loop
+    (decode stretches fused: fewer events than iterations); closed loops, pools sharing machines
+    and event logs run compiled (every iteration an event, as the unfused Python loop counts)."""
     trace = resample_poisson(TRACE, 2.0, 20.0, np.random.default_rng(0))
     inst, half = api.instance("llama2-70b", "a100-80gb", 8, "vllm"), api.instance("llama2-70b", "a100-80gb", 4, "vllm")
     split = [PoolSpec("prompt", inst, 1), PoolSpec("token", inst, 1)]
     compiled = simulate(trace, split)
-    for pools, options in [([PoolSpec("mixed", inst, 1)], SimOptions(concurrency=4)),
-                           ([PoolSpec("mixed", PerfDb(PERF_DB).require(inst), 1)], SimOptions()),
-                           (split, SimOptions(borrow_threshold_tokens=4096)),
-                           ([PoolSpec("prompt", half, 1, shared=1), PoolSpec("token", half, 1, shared=1)], SimOptions())]:
+    for pools, options in [([PoolSpec("mixed", PerfDb(PERF_DB).require(inst), 1)], SimOptions()),
+                           (split, SimOptions(borrow_threshold_tokens=4096)), (split, SimOptions(record_passes=True))]:
         assert simulate(trace, pools, options).events < python_run(trace, pools, options).events
-    logged = simulate(trace, split, SimOptions(record_events=True))  # (unfused: every event)
+    for pools, options in [([PoolSpec("mixed", inst, 1)], SimOptions(concurrency=4)),
+                           ([PoolSpec("prompt", half, 1, shared=1), PoolSpec("token", half, 1, shared=1)], SimOptions()),
+                           (split, SimOptions(record_events=True))]:
+        assert simulate(trace, pools, options).events == python_run(trace, pools, options).events
+    logged = simulate(trace, split, SimOptions(record_events=True))
     assert len(logged.event_log) == logged.events == compiled.events
+
+
+def test_event_kinds_are_the_simulators():
+    from splitplan.base.core import core
+    from splitplan.sim.types import Event
+
+    assert (core.ARRIVAL, core.KV_ARRIVED, core.ITERATION_END) == (Event.ARRIVAL, Event.KV_ARRIVED, Event.ITERATION_END)
