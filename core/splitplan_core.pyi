@@ -22,6 +22,9 @@ T_INST: int
 REJECTED: int
 REFUSED: int
 CACHED: int
+LOOKED: int
+PINNED: int
+PREFIX_NODE: int
 REQUEST_ROWS: int
 # per-request float rows
 TTFT: int
@@ -59,6 +62,8 @@ PREFILL_S: int
 DECODE_S: int
 INTEGRAL: int
 LINK_FREE: int
+HOST_FREE: int
+CLOCK_COLUMNS: int
 # per-pool settings, run-wide settings, counters
 KV_CAP: int
 MAX_REQUEST: int
@@ -67,6 +72,8 @@ DEFERRING: int
 LAYERWISE_MIN: int
 LINK_BPS: int
 KV_LATENCY_S: int
+CPU_TOKENS: int
+LOAD_S_PER_TOKEN: int
 MAX_BATCH_TOKENS: int
 CAP: int
 MAX_ITERATIONS: int
@@ -75,6 +82,9 @@ LAYERS: int
 ROUND_ROBIN: int
 CLOSED: int
 LOG: int
+CACHING: int
+BLOCK: int
+PREFIX_AWARE: int
 SETTINGS: int
 ITERATIONS: int
 TOKENS_OUT: int
@@ -91,6 +101,7 @@ COUNTERS: int
 ARRIVAL: int
 KV_ARRIVED: int
 ITERATION_END: int
+PREFIX_LOADED: int
 PROMPT: int
 TOKEN: int
 MIXED: int
@@ -108,12 +119,24 @@ def pass_terms_array(c: np.ndarray, prefill_seqs: np.ndarray, prefill_tokens: np
 def pass_shares_array(c: np.ndarray, prefill_seqs: np.ndarray, decode_seqs: np.ndarray, has_prefill: float) -> np.ndarray: ...
 def prompt_replay(arrival_s: np.ndarray, tokens: np.ndarray, vectors: np.ndarray, kind: np.ndarray, decode: np.ndarray,
                   max_batch_tokens: int, chunked: bool, cap: int, deferring: bool, release_s: np.ndarray,
-                  heap_past: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+                  heap_past: int, prefix: tuple | None = None) -> tuple: ...
 def ranks(sorted_values: np.ndarray, queries: np.ndarray, order: np.ndarray, right: bool) -> np.ndarray: ...
 def running_peak(times: np.ndarray, weights: np.ndarray, order: np.ndarray) -> float: ...
-def initial_state(prompt: np.ndarray, cached: Any, roles: list[str], pool: list[int], p_pos: list[int],
+def initial_state(prompt: np.ndarray, cached: Any, prefix_node: Any, roles: list[str], pool: list[int], p_pos: list[int],
                   t_pos: list[int], node: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 def run(arrival: np.ndarray, front_s: float, prompt: np.ndarray, out: np.ndarray, req: np.ndarray, times: np.ndarray,
         inst: np.ndarray, pools: np.ndarray, pools_s: np.ndarray, local_bps: np.ndarray, settings: np.ndarray, kv_bytes: float,
-        vectors: np.ndarray, lines: np.ndarray, single: np.ndarray) -> tuple[int, np.ndarray, np.ndarray, np.ndarray,
-                                                                              np.ndarray, np.ndarray, np.ndarray]: ...
+        vectors: np.ndarray, lines: np.ndarray, single: np.ndarray,
+        tree: tuple | None) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list]: ...
+
+class PrefixCache:
+    def __init__(self, parent: np.ndarray, tokens: np.ndarray, depth: np.ndarray, block_tokens: int = 1,
+                 cpu_tokens: float = 0.0) -> None: ...
+    def insert(self, node: int, now: float) -> None: ...
+    def match(self, node: int, prompt_tokens: int) -> tuple[int, int]: ...
+    def peek(self, node: int, prompt_tokens: int) -> int: ...
+    def resident(self, node: int, prompt_tokens: int) -> int: ...
+    def pin(self, node: int) -> None: ...
+    def unpin(self, node: int, now: float) -> None: ...
+    def evict(self, limit_tokens: int) -> None: ...
+    def state(self) -> tuple: ...

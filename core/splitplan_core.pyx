@@ -7,10 +7,11 @@ Each function is the Python rule it stands in for, statement for statement and i
 of operations, so its floats equal the Python's to the bit (property tests run both):
 - `pass_terms` and its kin: `perf.roofline.Instance._terms` (an instance's constants travel as
   one float64 vector, `FIELDS` names its entries, `Instance.pass_vector` packs it);
-- `prompt_replay`: `capacity.pools.replay_prompts` without prefix caches on analytic instances;
-- `run`: `sim.cluster`'s event loop on analytic instances, open or closed, shared machines and
-  its event log included, without prefix caches, borrowing or recorded passes (that module's
-  docstring states the rules);
+- the prefix caches (`PrefixCache`, and per instance in the two below): `sim.prefix_cache.PrefixCache`;
+- `prompt_replay`: `capacity.pools.replay_prompts` on analytic instances, prefix caches included;
+- `run`: `sim.cluster`'s event loop on analytic instances, open or closed, prefix caches and their
+  host tier, shared machines and the event log included, without borrowing or recorded passes
+  (that module's docstring states the rules);
 - `ranks` and `running_peak`: NumPy's searchsorted and a running sum's peak, by cheaper routes.
 
 Events come from one binary heap (`Heap`, apart from the models) keyed (time, then a second key:
@@ -48,7 +49,7 @@ cdef struct Heap:
 
 
 cdef inline bint _before(Entry* x, Entry* y) noexcept nogil:
-    return x.t < y.t or (x.t == y.t and x.key < y.key)
+    return x.t < y.t or (x.t == y.t and (x.key < y.key or (x.key == y.key and x.i < y.i)))
 
 
 cdef int heap_init(Heap* h, Py_ssize_t capacity) except -1:
@@ -103,6 +104,420 @@ cdef Entry heap_pop(Heap* h) noexcept:
             pos = child
         h.items[pos] = last
     return top
+
+
+# ---- the prefix caches --------------------------------------------------------------------------
+# `sim.prefix_cache.PrefixCache`, rule for rule: one per instance, over a trace's prefix tree
+# (parent, tokens, depth per node). A cache keeps a slot per node it holds in either tier or that a
+# request pins (found by an open-addressing table; a slot freed when none of these holds, so a
+# cache's memory follows what it holds, as the Python's dicts do): whether the node is resident,
+# its last use, its resident children, the requests pinning it, and its place in the host tier's
+# least-recently-used list. Eviction candidates sit on a heap keyed (last use, -depth, node),
+# stale entries skipped, as the Python's.
+
+cdef struct Slot:
+    int64_t node
+    double last_use
+    int64_t kids
+    int64_t pins
+    int64_t cpu_prev  # the host tier's list (slots; -1: none)
+    int64_t cpu_next  # (a free slot: the next free one)
+    char resident
+    char in_cpu
+
+
+cdef struct Cache:
+    int64_t* table  # node -> slot + 1 (0: empty), open addressing
+    int64_t* table_node
+    Py_ssize_t table_mask
+    Slot* slots  # (a free slot's node is -1)
+    Py_ssize_t used, capacity, live, free_head  # slots made, allocated, in the table; the first free one (-1: none)
+    int64_t cpu_head, cpu_tail, cpu_count  # the host tier, least recently used first
+    double cpu_cap
+    int64_t cpu_used, free_tokens, resident_tokens, hit_tokens, lookup_tokens, loaded_tokens, evicted
+    Heap heap
+
+
+cdef int cache_init(Cache* c, double cpu_cap) except -1:
+    c.table_mask, c.used, c.capacity, c.live, c.free_head = 63, 0, 32, 0, -1
+    c.table, c.table_node = <int64_t*> malloc(64 * sizeof(int64_t)), <int64_t*> malloc(64 * sizeof(int64_t))
+    c.slots = <Slot*> malloc(c.capacity * sizeof(Slot))
+    if c.table == NULL or c.table_node == NULL or c.slots == NULL:
+        raise MemoryError()
+    cdef Py_ssize_t j
+    for j in range(64):
+        c.table[j] = 0
+    c.cpu_head = c.cpu_tail = -1
+    c.cpu_count = c.cpu_used = c.free_tokens = c.resident_tokens = c.hit_tokens = c.lookup_tokens = c.loaded_tokens = 0
+    c.evicted = 0
+    c.cpu_cap = cpu_cap
+    heap_init(&c.heap, 16)
+    return 0
+
+
+cdef void cache_free(Cache* c) noexcept:
+    free(c.table)
+    free(c.table_node)
+    free(c.slots)
+    heap_free(&c.heap)
+
+
+cdef inline Py_ssize_t _bucket(int64_t node, Py_ssize_t mask) noexcept nogil:
+    return <Py_ssize_t> ((<unsigned long long> node * 11400714819323198485ULL) >> 20) & mask
+
+
+cdef Py_ssize_t cache_find(Cache* c, int64_t node) noexcept:
+    """The slot of `node`, -1 if the cache never met it."""
+    cdef Py_ssize_t j = _bucket(node, c.table_mask)
+    while c.table[j]:
+        if c.table_node[j] == node:
+            return c.table[j] - 1
+        j = (j + 1) & c.table_mask
+    return -1
+
+
+cdef Py_ssize_t cache_slot(Cache* c, int64_t node) except -1:
+    """The slot of `node`, made (not resident, no pins) if the cache never met it."""
+    cdef Py_ssize_t found = cache_find(c, node), j, size, k
+    if found >= 0:
+        return found
+    cdef int64_t* table
+    cdef int64_t* nodes
+    cdef Slot* grown
+    if 2 * (c.live + 1) > c.table_mask + 1:  # (at most half full: the table doubles)
+        size = 2 * (c.table_mask + 1)
+        table, nodes = <int64_t*> malloc(size * sizeof(int64_t)), <int64_t*> malloc(size * sizeof(int64_t))
+        if table == NULL or nodes == NULL:
+            free(table)
+            free(nodes)
+            raise MemoryError()
+        for j in range(size):
+            table[j] = 0
+        for k in range(c.used):
+            if c.slots[k].node < 0:
+                continue
+            j = _bucket(c.slots[k].node, size - 1)
+            while table[j]:
+                j = (j + 1) & (size - 1)
+            table[j], nodes[j] = k + 1, c.slots[k].node
+        free(c.table)
+        free(c.table_node)
+        c.table, c.table_node, c.table_mask = table, nodes, size - 1
+    if c.free_head >= 0:
+        k = c.free_head
+        c.free_head = c.slots[k].cpu_next
+    else:
+        if c.used == c.capacity:
+            grown = <Slot*> realloc(c.slots, 2 * c.capacity * sizeof(Slot))
+            if grown == NULL:
+                raise MemoryError()
+            c.slots, c.capacity = grown, 2 * c.capacity
+        k = c.used
+        c.used += 1
+    j = _bucket(node, c.table_mask)
+    while c.table[j]:
+        j = (j + 1) & c.table_mask
+    c.table[j], c.table_node[j] = k + 1, node
+    c.slots[k].node, c.slots[k].last_use, c.slots[k].kids, c.slots[k].pins = node, 0.0, 0, 0
+    c.slots[k].cpu_prev = c.slots[k].cpu_next = -1
+    c.slots[k].resident = c.slots[k].in_cpu = 0
+    c.live += 1
+    return k
+
+
+cdef void cache_release(Cache* c, Py_ssize_t s) noexcept:
+    """Slot s's node is held in neither tier and pinned by none: the slot is freed (its table entry
+    removed by shifting the entries after it back, as linear probing needs)."""
+    if c.slots[s].resident or c.slots[s].in_cpu or c.slots[s].pins:
+        return
+    cdef Py_ssize_t mask = c.table_mask, i = _bucket(c.slots[s].node, c.table_mask), k, home
+    while c.table[i] != s + 1:
+        i = (i + 1) & mask
+    k = i
+    while True:
+        c.table[i] = 0
+        while True:
+            k = (k + 1) & mask
+            if not c.table[k]:
+                c.slots[s].node, c.slots[s].cpu_next, c.free_head = -1, c.free_head, s
+                c.live -= 1
+                return
+            home = _bucket(c.table_node[k], mask)
+            if (home <= i or home > k) if i <= k else (home <= i and home > k):  # (its home not in (i, k]: it moves to i)
+                break
+        c.table[i], c.table_node[i] = c.table[k], c.table_node[k]
+        i = k
+
+
+cdef class _Tree:
+    """A trace's prefix tree as the caches read it, and a buffer for a path walked root first."""
+    cdef const int64_t[:] parent, tokens, depth
+    cdef int64_t block
+    cdef int64_t* path
+    cdef Py_ssize_t path_length
+
+    def __dealloc__(self):
+        free(self.path)
+
+    cdef int setup(self, const int64_t[:] parent, const int64_t[:] tokens, const int64_t[:] depth, int64_t block) except -1:
+        self.parent, self.tokens, self.depth, self.block = parent, tokens, depth, block
+        cdef Py_ssize_t n = parent.shape[0], node, longest = 1
+        levels = np.zeros(n, np.int64)
+        cdef int64_t[:] level = levels
+        for node in range(n):  # (parents come before their children)
+            level[node] = 1 + (level[parent[node]] if parent[node] >= 0 else 0)
+            longest = max(longest, level[node])
+        self.path = <int64_t*> malloc(longest * sizeof(int64_t))
+        if self.path == NULL:
+            raise MemoryError()
+        return 0
+
+    cdef Py_ssize_t walk(self, int64_t node) noexcept:
+        """The path from `node` to the root into `path` (node first); its length."""
+        cdef Py_ssize_t m = 0
+        while node >= 0:
+            self.path[m] = node
+            m += 1
+            node = self.parent[node]
+        return m
+
+    cdef int64_t gpu_depth(self, Cache* c, int64_t node) noexcept:
+        cdef Py_ssize_t s
+        while node >= 0:
+            s = cache_find(c, node)
+            if s >= 0 and c.slots[s].resident:
+                return self.depth[node]
+            node = self.parent[node]
+        return 0
+
+    cdef int64_t held(self, Cache* c, int64_t node) noexcept:
+        """Tokens of the longest prefix of `node`'s path held in either tier."""
+        if not c.cpu_count:
+            return self.gpu_depth(c, node)
+        cdef int64_t held = 0
+        cdef Py_ssize_t m = self.walk(node), j, s
+        for j in range(m - 1, -1, -1):
+            s = cache_find(c, self.path[j])
+            if s < 0 or not (c.slots[s].resident or c.slots[s].in_cpu):
+                break
+            held = self.depth[self.path[j]]
+        return held
+
+    cdef inline int64_t blocks(self, int64_t held, int64_t prompt) noexcept:
+        return min(held, prompt - 1) // self.block * self.block
+
+    cdef int64_t peek(self, Cache* c, int64_t node, int64_t prompt) noexcept:
+        return self.blocks(self.held(c, node), prompt)
+
+    cdef int64_t resident(self, Cache* c, int64_t node, int64_t prompt) noexcept:
+        return self.blocks(self.gpu_depth(c, node), prompt)
+
+    cdef int64_t match(self, Cache* c, int64_t node, int64_t prompt, int64_t* loaded) noexcept:
+        """`peek`, counted in the hit rate, and into `loaded` those of its tokens in host memory."""
+        cdef int64_t hit = self.peek(c, node, prompt)
+        loaded[0] = max(hit - self.gpu_depth(c, node), 0)
+        c.hit_tokens += hit
+        c.lookup_tokens += prompt
+        c.loaded_tokens += loaded[0]
+        cdef Py_ssize_t m, j, s
+        if loaded[0]:
+            m = self.walk(node)
+            for j in range(m - 1, -1, -1):  # (root first: the deepest is the most recently used)
+                s = cache_find(c, self.path[j])
+                if s >= 0 and c.slots[s].in_cpu:
+                    cpu_unlink(c, s)
+                    cpu_append(c, s)
+        return hit
+
+    cdef int insert(self, Cache* c, int64_t node, double now) except -1:
+        """The path to `node` is computed: resident, used at `now`."""
+        cdef Py_ssize_t m = self.walk(node), j, s, up
+        cdef int64_t n
+        for j in range(m):
+            n = self.path[j]
+            s = cache_slot(c, n)
+            if not c.slots[s].resident:
+                c.slots[s].resident = 1
+                c.resident_tokens += self.tokens[n]
+                if self.parent[n] >= 0:
+                    up = cache_slot(c, self.parent[n])
+                    c.slots[up].kids += 1
+                if not c.slots[s].pins:
+                    c.free_tokens += self.tokens[n]
+            c.slots[s].last_use = now
+            if not c.slots[s].pins:  # (a node the inserting request pins is pushed when it lets go)
+                self.candidate(c, s)
+        if c.cpu_cap:
+            self.write_through(c, node)
+        return 0
+
+    cdef int write_through(self, Cache* c, int64_t node) except -1:
+        cdef Py_ssize_t m = self.walk(node), j, s
+        cdef int64_t n
+        for j in range(m - 1, -1, -1):  # (root first: the last one used is the deepest)
+            n = self.path[j]
+            s = cache_slot(c, n)
+            if c.slots[s].in_cpu:
+                cpu_unlink(c, s)
+                cpu_append(c, s)
+            elif self.tokens[n] <= c.cpu_cap:
+                cpu_append(c, s)
+                c.cpu_used += self.tokens[n]
+        while c.cpu_used > c.cpu_cap:
+            s = c.cpu_head
+            cpu_unlink(c, s)
+            c.cpu_used -= self.tokens[c.slots[s].node]
+            cache_release(c, s)
+        return 0
+
+    cdef int pin(self, Cache* c, int64_t node) except -1:
+        """A running request uses the (resident) path to `node`."""
+        cdef Py_ssize_t m = self.walk(node), j, s
+        for j in range(m):
+            s = cache_slot(c, self.path[j])
+            if c.slots[s].pins == 0 and c.slots[s].resident:
+                c.free_tokens -= self.tokens[self.path[j]]
+            c.slots[s].pins += 1
+        return 0
+
+    cdef int unpin(self, Cache* c, int64_t node, double now) except -1:
+        cdef Py_ssize_t m = self.walk(node), j, s
+        for j in range(m):
+            s = cache_find(c, self.path[j])
+            c.slots[s].pins -= 1
+            if c.slots[s].pins:
+                continue
+            if c.slots[s].resident:
+                c.free_tokens += self.tokens[self.path[j]]
+                c.slots[s].last_use = now
+                self.candidate(c, s)
+            else:
+                cache_release(c, s)
+        return 0
+
+    cdef int candidate(self, Cache* c, Py_ssize_t s) except -1:
+        """The node may be evicted now (a leaf no request pins): on the heap, at its last use."""
+        if not c.slots[s].kids and not c.slots[s].pins:
+            heap_push(&c.heap, c.slots[s].last_use, -self.depth[c.slots[s].node], 0, 0, c.slots[s].node)
+        return 0
+
+    cdef int evict(self, Cache* c, int64_t limit_tokens) except -1:
+        """Drop least recently used unpinned leaves until the unpinned tokens fit `limit_tokens`."""
+        cdef Entry e
+        cdef Py_ssize_t s, up
+        cdef int64_t n
+        while c.free_tokens > limit_tokens and c.heap.size:
+            e = heap_pop(&c.heap)
+            n = e.i
+            s = cache_find(c, n)
+            if s < 0 or not c.slots[s].resident or c.slots[s].last_use != e.t or c.slots[s].kids or c.slots[s].pins:
+                continue  # stale, or not evictable now (it is pushed again when it becomes so)
+            c.slots[s].resident = 0
+            c.free_tokens -= self.tokens[n]
+            c.resident_tokens -= self.tokens[n]
+            c.evicted += 1
+            cache_release(c, s)
+            if self.parent[n] >= 0:
+                up = cache_find(c, self.parent[n])
+                c.slots[up].kids -= 1
+                self.candidate(c, up)
+        return 0
+
+
+cdef object cache_state(Cache* c):
+    """A cache's state as arrays, for `PrefixCache.restore`: per node it met (node, last use, resident
+    children, pins, resident), the host tier's nodes least recently used first, and (cpu_used,
+    free, resident, hit, looked-up, loaded tokens, evicted)."""
+    nodes, last_use = np.empty(c.live, np.int64), np.empty(c.live)
+    counts = np.empty((c.live, 3), np.int64)
+    cdef Py_ssize_t k, m = 0
+    for k in range(c.used):
+        if c.slots[k].node < 0:
+            continue
+        nodes[m], last_use[m] = c.slots[k].node, c.slots[k].last_use
+        counts[m, 0], counts[m, 1], counts[m, 2] = c.slots[k].kids, c.slots[k].pins, c.slots[k].resident
+        m += 1
+    cpu = np.empty(c.cpu_count, np.int64)
+    cdef int64_t at = c.cpu_head
+    k = 0
+    while at >= 0:
+        cpu[k] = c.slots[at].node
+        k += 1
+        at = c.slots[at].cpu_next
+    return (nodes, last_use, counts, cpu, (c.cpu_used, c.free_tokens, c.resident_tokens, c.hit_tokens, c.lookup_tokens,
+                                           c.loaded_tokens, c.evicted))
+
+
+cdef class PrefixCache:
+    """One cache alone over a prefix tree (parent, tokens, depth per node), as `sim.prefix_cache.
+    PrefixCache` is called: the rules the simulator's compiled run keeps per instance, held to
+    that class operation by operation (tests/sim/test_compiled.py)."""
+    cdef _Tree tree
+    cdef Cache c
+    cdef bint ready
+
+    def __cinit__(self, const int64_t[:] parent, const int64_t[:] tokens, const int64_t[:] depth, int64_t block_tokens=1,
+                  double cpu_tokens=0.0):
+        self.tree = _Tree()
+        self.tree.setup(parent, tokens, depth, block_tokens)
+        cache_init(&self.c, cpu_tokens)
+        self.ready = True
+
+    def __dealloc__(self):
+        if self.ready:
+            cache_free(&self.c)
+
+    def insert(self, int64_t node, double now):
+        self.tree.insert(&self.c, node, now)
+
+    def match(self, int64_t node, int64_t prompt_tokens):
+        cdef int64_t loaded
+        cdef int64_t hit = self.tree.match(&self.c, node, prompt_tokens, &loaded)
+        return hit, loaded
+
+    def peek(self, int64_t node, int64_t prompt_tokens):
+        return self.tree.peek(&self.c, node, prompt_tokens)
+
+    def resident(self, int64_t node, int64_t prompt_tokens):
+        return self.tree.resident(&self.c, node, prompt_tokens)
+
+    def pin(self, int64_t node):
+        self.tree.pin(&self.c, node)
+
+    def unpin(self, int64_t node, double now):
+        self.tree.unpin(&self.c, node, now)
+
+    def evict(self, int64_t limit_tokens):
+        self.tree.evict(&self.c, limit_tokens)
+
+    def state(self):
+        """`cache_state`: what `sim.prefix_cache.PrefixCache.restore` takes."""
+        return cache_state(&self.c)
+
+
+cdef inline void cpu_unlink(Cache* c, Py_ssize_t s) noexcept:
+    cdef int64_t before = c.slots[s].cpu_prev, after = c.slots[s].cpu_next
+    if before < 0:
+        c.cpu_head = after
+    else:
+        c.slots[before].cpu_next = after
+    if after < 0:
+        c.cpu_tail = before
+    else:
+        c.slots[after].cpu_prev = before
+    c.slots[s].in_cpu = 0
+    c.cpu_count -= 1
+
+
+cdef inline void cpu_append(Cache* c, Py_ssize_t s) noexcept:
+    c.slots[s].cpu_prev, c.slots[s].cpu_next = c.cpu_tail, -1
+    if c.cpu_tail < 0:
+        c.cpu_head = s
+    else:
+        c.slots[c.cpu_tail].cpu_next = s
+    c.cpu_tail = s
+    c.slots[s].in_cpu = 1
+    c.cpu_count += 1
 
 
 # ---- the pass formula ----------------------------------------------------------------------------
@@ -335,12 +750,27 @@ cdef class _PromptReplay:
     cdef double[:, ::1] busy
     cdef Py_ssize_t written
     cdef bint routing_heap
-    cdef Heap ends  # (time, instance): a pass ends
+    cdef Heap ends  # (time, instance, -1): a pass ends; (time, instance, request): the request's prefix is loaded
     cdef Heap least  # (load, instance): routing past heap_past instances
+    # with prefix caches: the tree, a cache per instance, each request's node and whether it was
+    # looked up, per instance type its KV capacity and host loads' seconds per token, per instance
+    # when its host link is free
+    cdef _Tree tree
+    cdef Cache* caches
+    cdef Py_ssize_t cache_count
+    cdef const int64_t[:] node, kv_cap
+    cdef const double[:] load_s_per_token
+    cdef int64_t[:] looked
+    cdef double[:] host_free
+    cdef bint prefix_aware
 
     def __dealloc__(self):
         heap_free(&self.ends)
         heap_free(&self.least)
+        cdef Py_ssize_t j
+        for j in range(self.cache_count):
+            cache_free(&self.caches[j])
+        free(self.caches)
 
     cdef Py_ssize_t least_loaded(self) noexcept:
         """The instance of least load, the lowest index among equals (a scan, or the heap's top
@@ -351,6 +781,17 @@ cdef class _PromptReplay:
             heap_pop(&self.least)
         return self.least.items[0].key
 
+    cdef Py_ssize_t prefix_pick(self, int64_t i) noexcept:
+        """Prefix-aware routing (the simulator's `_Run.prefix_pick`): the fewest pending prompt
+        tokens there plus request i's less what the instance's cache holds; ties to the lowest."""
+        cdef Py_ssize_t j, best = 0
+        cdef int64_t cost, best_cost = 0
+        for j in range(self.load.shape[0]):
+            cost = self.load[j] + self.tokens[i] - self.tree.peek(&self.caches[j], self.node[i], self.tokens[i])
+            if j == 0 or cost < best_cost:
+                best, best_cost = j, cost
+        return best
+
     cdef int add_load(self, Py_ssize_t j, int64_t tokens) except -1:
         """Instance j's load changes by `tokens` (and the routing heap, when there is one, learns it)."""
         self.load[j] += tokens
@@ -358,21 +799,49 @@ cdef class _PromptReplay:
             heap_push(&self.least, <double> self.load[j], j, 0, 0, 0)
         return 0
 
-    cdef void take(self, Py_ssize_t j, int64_t* out) noexcept:
+    cdef int ready(self, Py_ssize_t j, int64_t r, int64_t before, double now) except -1:
+        """Request r's prefill comes up on instance j (after `before` in its queue, -1 for the head):
+        its cache's hit counts as prefilled (pinned); 0 when part of it is in host memory: it leaves
+        the queue until that is loaded (a heap entry)."""
+        self.looked[r] = 1
+        if self.node[r] < 0:
+            return 1
+        cdef int64_t loaded
+        self.done[r] = self.tree.match(&self.caches[j], self.node[r], self.tokens[r], &loaded)
+        self.tree.pin(&self.caches[j], self.node[r])
+        if not loaded:
+            return 1
+        self.host_free[j] = max(now, self.host_free[j]) + loaded * self.load_s_per_token[self.kind[j]]
+        heap_push(&self.ends, self.host_free[j], j, 0, 0, r)
+        if before < 0:  # (out of the queue)
+            self.first[j] = self.after[r]
+        else:
+            self.after[before] = self.after[r]
+        if self.last[j] == r:
+            self.last[j] = before
+        return 0
+
+    cdef int take(self, Py_ssize_t j, double now, int64_t* out) except -1:
         """The next pass on instance j from its queue's head: (prompts it completes, prompts or
         chunks in it, its prompt tokens, their squares' sum as attention counts them, the completed
-        prompts' tokens). Whole prompts up to the budget (at least one), or, `chunked`, the budget's
-        tokens from the head, the last prompt split (`done` counts what earlier chunks prefilled:
-        without prefix caches nothing else is); async scheduling holds back requests queued after
-        the running pass's successor was scheduled."""
-        cdef int64_t count = 0, seqs = 0, total = 0, sq = 0, whole = 0, room = self.max_batch_tokens, size, d, c
-        cdef int64_t r = self.first[j]
+        prompts' tokens). Whole prompts (less what a prefix cache holds) up to the budget (at least
+        one), or, `chunked`, the budget's tokens from the head, the last prompt split (`done` counts
+        what earlier chunks prefilled and a cache held); async scheduling holds back requests queued
+        after the running pass's successor was scheduled. A head whose prefix is in host memory
+        leaves the queue (`ready`)."""
+        cdef int64_t count = 0, seqs = 0, total = 0, sq = 0, whole = 0, room = self.max_batch_tokens, size, d, c, nxt
+        cdef int64_t r = self.first[j], before = -1
         while r >= 0:
             size = self.tokens[r]
             if self.chunked:
-                d = self.done[r]
                 if room <= 0 or seqs >= self.cap or self.tag[r] >= self.launch[j]:
                     break
+                if self.cache_count and not self.looked[r]:
+                    nxt = self.after[r]
+                    if not self.ready(j, r, before, now):
+                        r = nxt
+                        continue
+                d = self.done[r]
                 c = min(size - d, room)
                 total += c
                 sq += (d + c) * (d + c) - d * d  # causal attention of c new tokens over d + c
@@ -382,18 +851,29 @@ cdef class _PromptReplay:
                 if d + c < size:
                     break
             else:
-                if count and (self.tag[r] >= self.launch[j] or total + size > self.max_batch_tokens or count >= self.cap):
+                if count and self.tag[r] >= self.launch[j]:
                     break
-                total += size
-                sq += size * size
+                if self.cache_count and not self.looked[r]:
+                    nxt = self.after[r]
+                    if not self.ready(j, r, before, now):
+                        r = nxt
+                        continue
+                d = self.done[r]
+                if count and (total + size - d > self.max_batch_tokens or count >= self.cap):
+                    break
+                total += size - d
+                sq += size * size - d * d
                 seqs += 1
             count += 1
             whole += size
+            before = r
             r = self.after[r]
         out[0], out[1], out[2], out[3], out[4] = count, seqs, total, sq, whole
+        return 0
 
     cdef int start(self, Py_ssize_t j, double now) except -1:
-        """Instance j (idle, its queue not empty) begins its next pass at `now`."""
+        """Instance j (idle, its queue not empty) begins its next pass at `now`, if one forms (every
+        head may go to load its prefix; requests held back by async scheduling then join at once)."""
         cdef int64_t r
         cdef int64_t taken[5]
         if self.deferring and self.tag[self.first[j]] >= self.launch[j]:  # nothing was scheduled after all: all join now
@@ -401,7 +881,11 @@ cdef class _PromptReplay:
             while r >= 0:
                 self.tag[r] = -1
                 r = self.after[r]
-        self.take(j, taken)
+        self.take(j, now, taken)
+        if not taken[1]:
+            if self.deferring and self.first[j] >= 0:
+                return self.start(j, now)
+            return 0
         self.run_first[j], self.run_count[j], self.run_whole[j] = self.first[j], taken[0], taken[4]
         cdef int64_t m
         for m in range(taken[0]):
@@ -417,7 +901,7 @@ cdef class _PromptReplay:
             self.fixed[j] = self.first[j] >= 0
         self.busy[self.written, 0], self.busy[self.written, 1], self.busy[self.written, 2] = now, duration, j
         self.written += 1
-        heap_push(&self.ends, now + duration, j, 0, 0, 0)
+        heap_push(&self.ends, now + duration, j, 0, 0, -1)
         return 0
 
     cdef int end_passes(self, double now) except -1:
@@ -426,13 +910,33 @@ cdef class _PromptReplay:
         cdef Entry e
         cdef Py_ssize_t j
         cdef int64_t r, m
+        cdef Cache* c
+        cdef int64_t room
         while self.ends.size and self.ends.items[0].t <= now:
             e = heap_pop(&self.ends)
             j = e.key
+            if e.i >= 0:  # a request's prefix is back from host memory: at the head of the queue
+                self.after[e.i], self.first[j], self.tag[e.i] = self.first[j], e.i, -1
+                if self.last[j] < 0:
+                    self.last[j] = e.i
+                if not self.running[j]:
+                    self.start(j, e.t)
+                continue
             r = self.run_first[j]
             for m in range(self.run_count[j]):
                 self.finish_s[r] = e.t
                 r = self.after[r]
+            if self.cache_count:  # computed: kept, and no longer in use (its KV leaves for its token instance)
+                c = &self.caches[j]
+                r = self.run_first[j]
+                for m in range(self.run_count[j]):
+                    if self.node[r] >= 0:
+                        self.tree.insert(c, self.node[r], e.t)
+                        self.tree.unpin(c, self.node[r], e.t)
+                    r = self.after[r]
+                room = self.kv_cap[self.kind[j]] - (c.resident_tokens - c.free_tokens)
+                if c.free_tokens > room:
+                    self.tree.evict(c, room)
             self.add_load(j, -self.run_whole[j])
             self.running[j] = 0
             if self.first[j] >= 0:
@@ -442,7 +946,7 @@ cdef class _PromptReplay:
 
 def prompt_replay(const double[:] arrival_s, const int64_t[:] tokens, const double[:, ::1] vectors, const int64_t[:] kind,
                   const double[:, :] decode, int64_t max_batch_tokens, bint chunked, int64_t cap, bint deferring,
-                  const double[:] release_s, Py_ssize_t heap_past):
+                  const double[:] release_s, Py_ssize_t heap_past, prefix=None):
     """(each request's prefill end, the passes as (start, duration, instance) rows, each request's
     instance). Requests are routed at arrival to the instance of fewest pending prompt tokens (ties
     to the lowest index; from a heap past `heap_past` instances, as `sim.routing.LeastLoaded`), FCFS
@@ -450,7 +954,10 @@ def prompt_replay(const double[:] arrival_s, const int64_t[:] tokens, const doub
     `max_num_seqs` (`cap`), its async scheduling (`deferring`) and the co-located estimate's held
     requests (`release_s`: empty, or when each request stops counting 1 in its instance's load).
     `vectors[k]` and `decode[k]` (decode requests and their context riding along in every pass) are
-    instance type k's, `kind[j]` instance j's type."""
+    instance type k's, `kind[j]` instance j's type. `prefix`: None, or the engine's prefix caches as
+    (parent, tokens, depth per node of the trace's prefix tree, each request's node, the block
+    tokens, per instance type its KV capacity, host tier (tokens) and host loads' seconds per
+    token, prefix-aware routing); then also each cache's (hit, looked-up) tokens."""
     _check_width(vectors.shape[1])
     cdef Py_ssize_t n_req = arrival_s.shape[0], n_inst = kind.shape[0], i, j
     cdef _PromptReplay s = _PromptReplay()
@@ -474,6 +981,17 @@ def prompt_replay(const double[:] arrival_s, const int64_t[:] tokens, const doub
     if s.routing_heap:
         for j in range(n_inst):
             heap_push(&s.least, 0.0, j, 0, 0, 0)
+    if prefix is not None:
+        parent, node_tokens, depth, s.node, block, s.kv_cap, cpu_tokens, s.load_s_per_token, s.prefix_aware = prefix
+        s.tree = _Tree()
+        s.tree.setup(parent, node_tokens, depth, block)
+        s.looked, s.host_free = np.zeros(n_req, np.int64), np.zeros(n_inst)
+        s.caches = <Cache*> malloc(n_inst * sizeof(Cache))
+        if s.caches == NULL:
+            raise MemoryError()
+        for j in range(n_inst):
+            cache_init(&s.caches[j], cpu_tokens[kind[j]])
+            s.cache_count += 1
     cdef Heap held  # (release time, instance) of requests counted in their instance's load
     heap_init(&held, 16)
     cdef bint any_held = release_s.shape[0] > 0
@@ -485,7 +1003,7 @@ def prompt_replay(const double[:] arrival_s, const int64_t[:] tokens, const doub
                 s.end_passes(now)
             while held.size and held.items[0].t <= now:
                 s.add_load(heap_pop(&held).key, -1)
-            j = 0 if n_inst == 1 else s.least_loaded()
+            j = s.prefix_pick(i) if s.prefix_aware and s.node[i] >= 0 else 0 if n_inst == 1 else s.least_loaded()
             if s.last[j] >= 0:  # queued on j
                 s.after[s.last[j]] = i
             else:
@@ -502,7 +1020,9 @@ def prompt_replay(const double[:] arrival_s, const int64_t[:] tokens, const doub
         s.end_passes(INFINITY)
     finally:
         heap_free(&held)
-    return finish_s, busy[:s.written], placed
+    if prefix is None:
+        return finish_s, busy[:s.written], placed
+    return finish_s, busy[:s.written], placed, [(s.caches[j].hit_tokens, s.caches[j].lookup_tokens) for j in range(n_inst)]
 
 
 # ---- the decode fixed point's helpers ------------------------------------------------------------
@@ -559,7 +1079,7 @@ def running_peak(const double[:] times, const double[:] weights, int64_t[:] orde
 
 cpdef enum:  # per-request integer rows
     NEXT, PREV, AFTER, FINISH_ITER, DEFERRED_AT, PLEN, BASE, DONE, RESUMED, JOIN_ITER, P_INST, T_INST, REJECTED, REFUSED,
-    CACHED, REQUEST_ROWS
+    CACHED, LOOKED, PINNED, PREFIX_NODE, REQUEST_ROWS
 
 cpdef enum:  # per-request float rows
     TTFT, E2E, STALL, PREEMPTED_AT, REJOINED, PREFILL_START, KV_READY, JOIN_TIME, TIME_ROWS
@@ -574,16 +1094,17 @@ cpdef enum:  # per-instance integer columns: four lists (head, tail, length), th
     NODE, INSTANCE_COLUMNS
 
 cpdef enum:  # per-instance float columns
-    PREFILL_S, DECODE_S, INTEGRAL, LINK_FREE
+    PREFILL_S, DECODE_S, INTEGRAL, LINK_FREE, HOST_FREE, CLOCK_COLUMNS
 
 cpdef enum:  # per-pool integer settings, and float ones
     KV_CAP, MAX_REQUEST, CHUNKED, DEFERRING, LAYERWISE_MIN
 
-cpdef enum:
-    LINK_BPS, KV_LATENCY_S
+cpdef enum:  # (CPU_TOKENS: the host tier of a prefilling instance's prefix cache; LOAD_S_PER_TOKEN: loading from it)
+    LINK_BPS, KV_LATENCY_S, CPU_TOKENS, LOAD_S_PER_TOKEN
 
-cpdef enum:  # run-wide integer settings (CLOSED: a closed loop's clients, 0 for an open loop; LOG: keep the event log)
-    MAX_BATCH_TOKENS, CAP, MAX_ITERATIONS, CONTEXT, LAYERS, ROUND_ROBIN, CLOSED, LOG, SETTINGS
+cpdef enum:  # run-wide integer settings (CLOSED: a closed loop's clients, 0 for an open loop; LOG: keep the event log;
+    # CACHING: a prefix cache per instance, reused in blocks of BLOCK tokens; PREFIX_AWARE: routing by it)
+    MAX_BATCH_TOKENS, CAP, MAX_ITERATIONS, CONTEXT, LAYERS, ROUND_ROBIN, CLOSED, LOG, CACHING, BLOCK, PREFIX_AWARE, SETTINGS
 
 cpdef enum:  # (RELEASED: requests whose arrival time is known; LOGGED: events in the log)
     ITERATIONS, TOKENS_OUT, PREEMPTIONS, EVENTS, ENDS, SEQ, TURN_P, TURN_T, RELEASED, LOGGED, COUNTERS
@@ -603,16 +1124,18 @@ cpdef enum:  # what an event is (sim.types.Event's values; a heap entry's kind: 
     ARRIVAL = 1
     KV_ARRIVED = 2
     ITERATION_END = 3
+    PREFIX_LOADED = 4
 
 
-def initial_state(prompt, cached, roles, pool, p_pos, t_pos, node):
+def initial_state(prompt, cached, prefix_node, roles, pool, p_pos, t_pos, node):
     """(req, times, inst) for `run` before any event: per request (its prompt tokens, those a cache
-    holds), per instance (role names, pool index, position among those that prefill and those that
-    decode, -1 for none, and the machine it shares with the other role's instances, -1 for none)."""
+    holds, the node its prefix ends at in the trace's prefix tree, -1 for none), per instance (role
+    names, pool index, position among those that prefill and those that decode, -1 for none, and
+    the machine it shares with the other role's instances, -1 for none)."""
     n = len(prompt)
     req = np.zeros((REQUEST_ROWS, n), np.int64)
     req[PLEN], req[BASE], req[DONE], req[CACHED] = prompt, 1, cached, cached
-    req[JOIN_ITER], req[P_INST], req[T_INST] = -1, -1, -1
+    req[JOIN_ITER], req[P_INST], req[T_INST], req[PINNED], req[PREFIX_NODE] = -1, -1, -1, -1, prefix_node
     times = np.zeros((TIME_ROWS, n))
     times[[TTFT, E2E, REJOINED, KV_READY, JOIN_TIME]] = np.nan
     inst = np.zeros((len(roles), INSTANCE_COLUMNS), np.int64)
@@ -640,9 +1163,16 @@ cdef class _Run:
     cdef double[:] log_s
     cdef int64_t[:, :] log_at  # per event: its kind, instance and request (-1: none)
     cdef Heap heap
+    cdef _Tree tree  # with CACHING: the prefix tree, and a cache per instance
+    cdef Cache* caches
+    cdef Py_ssize_t cache_count
 
     def __dealloc__(self):
         heap_free(&self.heap)
+        cdef Py_ssize_t k
+        for k in range(self.cache_count):
+            cache_free(&self.caches[k])
+        free(self.caches)
 
     # -- the lists
 
@@ -721,7 +1251,7 @@ cdef class _Run:
         if self.inst[k, T_POS] >= 0:
             self.t_load[self.inst[k, T_POS]] -= self.out[i]
 
-    cdef void preempt(self, Py_ssize_t k, double now) noexcept:
+    cdef int preempt(self, Py_ssize_t k, double now) except -1:
         """The newest decode is preempted (its KV freed) and waits at the head of the line to be
         recomputed, its prompt and output so far, then decodes on."""
         cdef int64_t v = self.inst[k, MEMBERS_TAIL]
@@ -731,12 +1261,15 @@ cdef class _Run:
         self.inst[k, CTX] -= self.prompt[v] + have
         self.req[PLEN, v], self.req[BASE, v], self.req[DONE, v] = self.prompt[v] + have, have, 0
         self.req[RESUMED, v] = 1
+        self.unpin(k, v, now)  # (its prefix stays cached, evictable, until it is recomputed)
+        self.req[LOOKED, v] = 0
         self.times[PREEMPTED_AT, v] = now
         self.counters[PREEMPTIONS] += 1
         self.p_load[self.inst[k, P_POS]] += self.req[PLEN, v]
         self.push_front(k, WAITING, v)
+        return 0
 
-    cdef void admit(self, Py_ssize_t k, double now) noexcept:
+    cdef int admit(self, Py_ssize_t k, double now) except -1:
         """Waiting requests, in order, while their KV fits: a token instance reserves a request's
         whole KV and it joins the batch; a co-located one admits it to its prompt queue when its
         prompt (and first token) fits beside what is held. One that can never fit is rejected."""
@@ -751,6 +1284,7 @@ cdef class _Run:
                 self.req[REJECTED, i] = 1
                 if mixed:
                     self.p_load[self.inst[k, P_POS]] -= self.prompt[i]
+                self.unpin(k, i, now)
                 self.unassign(k, i)
                 self.release_client(now)
                 continue
@@ -767,6 +1301,7 @@ cdef class _Run:
             self.pop(k, WAITING)
             self.inst[k, KV_USED] += need
             self.join(k, i, now)
+        return 0
 
     cdef void release(self, Py_ssize_t k, int64_t before) noexcept:
         """Requests deferred by async scheduling that arrived in an iteration before `before` join
@@ -776,12 +1311,12 @@ cdef class _Run:
         while self.inst[k, DEFERRED + 2] and self.req[DEFERRED_AT, self.inst[k, DEFERRED]] < before:
             self.push(k, line, self.pop(k, DEFERRED))
 
-    cdef void whole_prompts(self, Py_ssize_t k, double now, int64_t* taken) noexcept:
+    cdef int whole_prompts(self, Py_ssize_t k, double now, int64_t* taken) except -1:
         """(prompts, tokens, squared tokens) of a whole-prompt pass: prompts from the queue's head
-        up to the budget, at least one."""
+        (less what the prefix cache holds) up to the budget, at least one."""
         cdef int64_t count = 0, total = 0, sq = 0, h, i, d
         cdef int64_t max_batch_tokens = self.settings[MAX_BATCH_TOKENS], cap = self.settings[CAP]
-        while self.inst[k, QUEUE + 2]:
+        while self.ready(k, now) if self.settings[CACHING] else self.inst[k, QUEUE + 2]:
             h = self.inst[k, QUEUE]
             if count and (total + self.req[PLEN, h] - self.req[DONE, h] > max_batch_tokens or count >= cap):
                 break
@@ -795,13 +1330,14 @@ cdef class _Run:
             if not self.req[RESUMED, i]:
                 self.times[PREFILL_START, i] = now
         taken[0], taken[1], taken[2] = count, total, sq
+        return 0
 
-    cdef void chunks(self, Py_ssize_t k, double now, int64_t* taken) noexcept:
+    cdef int chunks(self, Py_ssize_t k, double now, int64_t* taken) except -1:
         """(prompts or chunks, tokens, squared tokens) of a chunked pass: the decodes first, then
         prompt tokens from the queue's head up to the budget, the last prompt split."""
         cdef int64_t total = 0, sq = 0, chunks = 0, i, d, c
         cdef int64_t room = self.settings[MAX_BATCH_TOKENS] - self.inst[k, BATCH], cap = self.settings[CAP]
-        while room > 0 and chunks < cap and self.inst[k, QUEUE + 2]:
+        while room > 0 and chunks < cap and (self.ready(k, now) if self.settings[CACHING] else self.inst[k, QUEUE + 2]):
             i = self.inst[k, QUEUE]
             d = self.req[DONE, i]
             if d == self.req[CACHED, i] and not self.req[RESUMED, i]:
@@ -816,6 +1352,7 @@ cdef class _Run:
                 break
             self.push(k, RUN, self.pop(k, QUEUE))
         taken[0], taken[1], taken[2] = chunks, total, sq
+        return 0
 
     cdef double pass_s(self, Py_ssize_t k, int64_t chunks, int64_t total, int64_t sq) noexcept:
         """The time of instance k's pass (-1.0: its decode batch outgrew `lines`)."""
@@ -869,13 +1406,13 @@ cdef class _Run:
         heap_push(&self.heap, now + duration, self.counters[SEQ], ITERATION_END, k, -1)
         return OK
 
-    cdef int send_kv(self, Py_ssize_t k, Py_ssize_t tok, int64_t i, double now) except -1:
+    cdef int send_kv(self, Py_ssize_t k, Py_ssize_t tok, int64_t i, int64_t sent, double now) except -1:
         """Request i's KV leaves prompt instance k for token instance tok over both links (FIFO):
         after the prefill when short, else layer by layer from the prefill's start; on one machine,
-        over its GPU links, the NICs free."""
+        over its GPU links, the NICs free. `sent`: the prompt's tokens the token instance's cache lacks."""
         cdef int64_t source = self.inst[k, POOL], destination = self.inst[tok, POOL]
         cdef bint local = self.inst[k, NODE] >= 0 and self.inst[k, NODE] == self.inst[tok, NODE]
-        cdef double duration = self.prompt[i] * self.kv_bytes / (
+        cdef double duration = sent * self.kv_bytes / (
             self.local_bps[source, destination] if local else min(self.pools_s[source, LINK_BPS], self.pools_s[destination, LINK_BPS]))
         cdef double busy_until = 0.0 if local else max(self.clock[k, LINK_FREE], self.clock[tok, LINK_FREE])  # both NICs carry the transfer
         cdef double begin, done
@@ -895,17 +1432,22 @@ cdef class _Run:
         cdef Py_ssize_t tok
         if self.req[RESUMED, i]:  # recomputed after a preemption: its next token comes now
             self.times[STALL, i] = max(self.times[STALL, i], now - self.times[PREEMPTED_AT, i])
+            self.keep(k, i, now)
             self.inst[k, KV_USED] -= self.req[PLEN, i]
             self.req[BASE, i] += 1
             if self.req[BASE, i] == self.out[i]:  # that was its last token
                 self.finish(i, now)
                 self.unassign(k, i)
+                self.unpin(k, i, now)
             else:
                 self.join(k, i, now)
             self.req[RESUMED, i] = 0
             return 0
         self.times[TTFT, i] = now - self.arrival[i]
         tok = self.req[T_INST, i]
+        self.keep(k, i, now)  # (in use while it decodes here)
+        if self.out[i] == 1 or tok != k:
+            self.unpin(k, i, now)
         if self.out[i] == 1:  # the first token was the whole answer
             self.finish(i, now)
             self.unassign(tok, i)
@@ -915,10 +1457,14 @@ cdef class _Run:
             self.inst[k, KV_USED] -= self.req[PLEN, i]
             self.join(k, i, now)
             return 0
-        self.send_kv(k, tok, i, now)
+        cdef int64_t sent = self.prompt[i], loaded
+        if self.settings[CACHING] and self.req[PREFIX_NODE, i] >= 0:  # the blocks the token instance holds are not sent
+            sent -= self.tree.match(&self.caches[tok], self.req[PREFIX_NODE, i], self.prompt[i], &loaded)
+            self.pin(tok, i)
+        self.send_kv(k, tok, i, sent, now)
         return 0
 
-    cdef void finish_decodes(self, Py_ssize_t k, double now) noexcept:
+    cdef int finish_decodes(self, Py_ssize_t k, double now) except -1:
         """The decodes whose last token this iteration gave leave the batch."""
         cdef int64_t iters = self.inst[k, ITERS], soonest = INT64_MAX, after
         cdef int64_t i = self.inst[k, MEMBERS_HEAD]
@@ -928,6 +1474,8 @@ cdef class _Run:
                 self.unlink(k, i)
                 if self.inst[k, ROLE] != MIXED:
                     self.inst[k, KV_USED] -= self.prompt[i] + self.out[i]
+                    self.keep(k, i, now)  # (a token instance: the prompt it received)
+                self.unpin(k, i, now)
                 self.inst[k, BATCH] -= 1
                 self.inst[k, CTX] -= self.prompt[i] + self.out[i]
                 self.unassign(k, i)
@@ -936,6 +1484,7 @@ cdef class _Run:
                 soonest = min(soonest, self.req[FINISH_ITER, i])
             i = after
         self.inst[k, NEXT_FINISH] = soonest
+        return 0
 
     cdef int settle(self, Py_ssize_t k, double now, int how) except -1:
         """The one place instances admit waiting requests and start iterations. After an iteration
@@ -954,6 +1503,8 @@ cdef class _Run:
                 self.release(k, INT64_MAX)
             if how != START:
                 self.admit(k, now)
+            if how == AFTER_ITERATION and not attempt and self.settings[CACHING]:
+                self.cache_room(k)
             if how == AFTER_ITERATION or not self.inst[k, RUNNING]:
                 status = self.start(k, now)
             if status != OK:
@@ -996,10 +1547,88 @@ cdef class _Run:
         self.push(k, WAITING, i)
         return not self.inst[k, RUNNING]
 
-    cdef void route(self, Py_ssize_t* src, Py_ssize_t* dst) noexcept:
+    # -- the prefix caches (with CACHING)
+
+    cdef int keep(self, Py_ssize_t k, int64_t i, double now) except -1:
+        """Request i's prompt KV is computed (or received) on k: its cache keeps it."""
+        if self.settings[CACHING] and self.req[PREFIX_NODE, i] >= 0:
+            self.tree.insert(&self.caches[k], self.req[PREFIX_NODE, i], now)
+        return 0
+
+    cdef int pin(self, Py_ssize_t k, int64_t i) except -1:
+        self.tree.pin(&self.caches[k], self.req[PREFIX_NODE, i])
+        self.req[PINNED, i] = k
+        return 0
+
+    cdef int unpin(self, Py_ssize_t k, int64_t i, double now) except -1:
+        """Request i no longer uses its prefix on k (its KV left the instance): evictable."""
+        if self.req[PINNED, i] == k:
+            self.tree.unpin(&self.caches[k], self.req[PREFIX_NODE, i], now)
+            self.req[PINNED, i] = -1
+        return 0
+
+    cdef int lookup(self, Py_ssize_t k, int64_t i, double now) except -1:
+        """When request i's prefill first comes up, the leading tokens k's cache holds count as
+        prefilled, pinned (1); 0 when some are in host memory, loaded over the host link (FIFO)
+        first (a PREFIX_LOADED event). A recomputed request skips what the GPU tier still holds."""
+        if self.req[LOOKED, i]:
+            return 1
+        self.req[LOOKED, i] = 1
+        cdef int64_t node = self.req[PREFIX_NODE, i], hit, loaded
+        if node < 0:
+            return 1
+        if self.req[RESUMED, i]:
+            self.req[DONE, i] = self.tree.resident(&self.caches[k], node, self.prompt[i])
+            self.pin(k, i)
+            return 1
+        hit = self.tree.match(&self.caches[k], node, self.prompt[i], &loaded)
+        self.req[CACHED, i] = self.req[DONE, i] = hit
+        self.pin(k, i)
+        if not loaded:
+            return 1
+        self.clock[k, HOST_FREE] = (max(now, self.clock[k, HOST_FREE])
+                                    + loaded * self.pools_s[self.inst[k, POOL], LOAD_S_PER_TOKEN])
+        self.counters[SEQ] += 1
+        heap_push(&self.heap, self.clock[k, HOST_FREE], self.counters[SEQ], PREFIX_LOADED, k, i)
+        return 0
+
+    cdef int ready(self, Py_ssize_t k, double now) except -1:
+        """Whether k's prompt queue has a head to prefill now, its prefix looked up (`lookup`)."""
+        while self.inst[k, QUEUE + 2]:
+            if self.lookup(k, self.inst[k, QUEUE], now):
+                return 1
+            self.pop(k, QUEUE)  # (back at the head once its prefix is loaded)
+        return 0
+
+    cdef int cache_room(self, Py_ssize_t k) except -1:
+        """k's cache keeps what the running requests leave of its KV memory."""
+        cdef Cache* c = &self.caches[k]
+        cdef int64_t role = self.inst[k, ROLE], held
+        held = (self.inst[k, KV_USED] + self.inst[k, CTX] if role == MIXED else self.inst[k, KV_USED] if role == TOKEN
+                else c.resident_tokens - c.free_tokens)
+        cdef int64_t limit = self.pools[self.inst[k, POOL], KV_CAP] - held
+        if c.free_tokens > limit:
+            self.tree.evict(c, limit)
+        return 0
+
+    cdef Py_ssize_t prefix_pick(self, int64_t i) noexcept:
+        """Prefix-aware routing: the prefilling instance with the fewest prompt tokens to prefill
+        there (its pending ones, and request i's less what its cache holds); ties to the lowest."""
+        cdef Py_ssize_t j, best = -1, k
+        cdef double best_cost = INFINITY, cost
+        for j in range(self.prompt_side.shape[0]):
+            k = self.prompt_side[j]
+            cost = self.p_load[j] + self.prompt[i] - self.tree.peek(&self.caches[k], self.req[PREFIX_NODE, i], self.prompt[i])
+            if cost < best_cost:
+                best, best_cost = k, cost
+        return best
+
+    cdef void route(self, int64_t i, Py_ssize_t* src, Py_ssize_t* dst) noexcept:
         """(the instance that prefills a request, the one that decodes it): the least loaded of
         each side (ties to the lowest), or round-robin; a co-located instance does both."""
-        if self.settings[ROUND_ROBIN]:
+        if self.settings[PREFIX_AWARE] and self.req[PREFIX_NODE, i] >= 0:
+            src[0] = self.prefix_pick(i)
+        elif self.settings[ROUND_ROBIN]:
             src[0] = self.prompt_side[self.counters[TURN_P] % self.prompt_side.shape[0]]
             self.counters[TURN_P] += 1
         else:
@@ -1017,7 +1646,7 @@ cdef class _Run:
         """Request i is routed, and refused (longer than max_model_len, or than a prompt instance's
         KV) or queued: the instance to settle (-1 for none), and how."""
         cdef Py_ssize_t src, dst
-        self.route(&src, &dst)
+        self.route(i, &src, &dst)
         self.req[P_INST, i], self.req[T_INST, i] = src, dst
         how[0] = START
         if self.settings[CONTEXT] > 0 and self.prompt[i] + self.out[i] > self.settings[CONTEXT]:  # the engine refuses it at once
@@ -1071,6 +1700,9 @@ cdef class _Run:
                     self.log(now, e.kind, k, e.i)
                 if e.kind == KV_ARRIVED:
                     k, how = (k if self.kv_arrived(k, e.i, now) else -1), ADMIT_THEN_START
+                elif e.kind == PREFIX_LOADED:  # its prefix is back from host memory: it rejoins the head of the queue
+                    self.push_front(k, QUEUE, e.i)
+                    how = START
                 else:
                     status = self.iteration_end(k, now)
                     how = AFTER_ITERATION
@@ -1082,17 +1714,18 @@ cdef class _Run:
 
 def run(double[:] arrival, double front_s, const int64_t[:] prompt, const int64_t[:] out, req, times, inst,
         pools, const double[:, :] pools_s, const double[:, :] local_bps, const int64_t[:] settings, double kv_bytes,
-        const double[:, ::1] vectors, const double[:, :, :] lines, const double[:, :] single):
+        const double[:, ::1] vectors, const double[:, :, :] lines, const double[:, :] single, tree):
     """Run the requests (arrival times, prompt and output tokens) from `req`, `times` and `inst` as
     `initial_state` makes them. Per pool: `pools` (KV_CAP ... LAYERWISE_MIN), `pools_s` (LINK_BPS,
     KV_LATENCY_S), `local_bps[a, b]` KV bandwidth from an instance of pool a to one of pool b on its
     machine, `vectors` the pass formula's constants, `lines[pool, b]` a decode step of b requests as
     (base, per context token, slack) (Instance.decode_line), `single[pool]` each prompt's time alone;
-    `settings` (MAX_BATCH_TOKENS ... LOG), `kv_bytes` per token. A closed loop's `arrival` holds the
+    `settings` (MAX_BATCH_TOKENS ... PREFIX_AWARE), `kv_bytes` per token; `tree` (parent, tokens,
+    depth per node: the trace's prefix tree) with CACHING. A closed loop's `arrival` holds the
     first clients' send times and infinity for the rest, each written when a client sends it.
     Fills `req`, `times`, `inst` (and `arrival`); returns (status, per-instance times, counters,
-    iteration end times, their instances, the event log's times, and its kind, instance and
-    request per event)."""
+    iteration end times, their instances, the event log's times, its kind, instance and request
+    per event, and with CACHING each instance's cache state, `cache_state`'s)."""
     _check_width(vectors.shape[1])
     if settings.shape[0] != SETTINGS:
         raise ValueError(f"settings: {settings.shape[0]} entries, the core reads {SETTINGS}")
@@ -1103,14 +1736,25 @@ def run(double[:] arrival, double front_s, const int64_t[:] prompt, const int64_
                                                                                     vectors, lines, single)
     s.prompt_side, s.token_side = np.flatnonzero(inst[:, P_POS] >= 0), np.flatnonzero(inst[:, T_POS] >= 0)
     s.p_load, s.t_load = np.zeros(len(s.prompt_side), np.int64), np.zeros(len(s.token_side), np.int64)
-    clock, counters = np.zeros((count, 4)), np.zeros(COUNTERS, np.int64)
+    clock, counters = np.zeros((count, CLOCK_COLUMNS)), np.zeros(COUNTERS, np.int64)
     counters[RELEASED] = min(settings[CLOSED], n) if settings[CLOSED] else n
     s.clock, s.counters = clock, counters
     s.ends_s, s.ends_at = np.empty(max(1024, 4 * n)), np.empty(max(1024, 4 * n), np.int64)
     logged = max(1024, 4 * n) if settings[LOG] else 0
     s.log_s, s.log_at = np.empty(logged), np.empty((logged, 3), np.int64)
     heap_init(&s.heap, count)
+    cdef Py_ssize_t k
+    if settings[CACHING]:
+        s.tree = _Tree()
+        s.tree.setup(tree[0], tree[1], tree[2], settings[BLOCK])
+        s.caches = <Cache*> malloc(count * sizeof(Cache))
+        if s.caches == NULL:
+            raise MemoryError()
+        for k in range(count):
+            cache_init(&s.caches[k], pools_s[inst[k, POOL], CPU_TOKENS])
+            s.cache_count += 1
     status = s.loop(front_s)
+    caches = [cache_state(&s.caches[k]) for k in range(s.cache_count)]
     ends, events = int(counters[ENDS]), int(counters[LOGGED])
     return (int(status), clock, counters, np.asarray(s.ends_s)[:ends].copy(), np.asarray(s.ends_at)[:ends].copy(),
-            np.asarray(s.log_s)[:events].copy(), np.asarray(s.log_at)[:events].copy())
+            np.asarray(s.log_s)[:events].copy(), np.asarray(s.log_at)[:events].copy(), caches)

@@ -8,8 +8,8 @@ batch for the perf model's time, and every request in it gets its first token
 when the batch ends (Splitwise stamps TTFT at the end of the prefill). Queueing,
 and so the bursts of a real trace, are in the TTFT percentiles; no mean-rate
 formula is used. Cost: O(requests x (log n + n)) per evaluation. With the engine's prefix
-caching (`PrefixModel`), each instance keeps a cache as the simulator's (sim.prefix_cache, the
-same class and the same moments: looked up when a prompt's prefill first comes up, kept when it
+caching (`PrefixModel`), each instance keeps a cache as the simulator's (sim.prefix_cache's rules,
+compiled as the simulator's are, and the same moments: looked up when a prompt's prefill first comes up, kept when it
 ends, evicted to what the running prefills leave of the KV memory), so a pool's prefill work is
 the trace's less what its caches hold at its instance count and memory, routed as the simulator
 routes (join-shortest-queue, or prefix-aware).
@@ -118,15 +118,16 @@ def replay_prompts(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list
     instance's load for held_s[i] seconds from its arrival, as the simulator routes
     co-located instances (one per request held). With `prefix`, a prefix cache per instance
     (module docstring); with `cache_stats`, each instance's (hit, looked-up) prompt tokens.
-    Without prefix caches, on analytic instances, the replay is compiled (splitplan_core, the same
+    On analytic instances the replay is compiled (splitplan_core, prefix caches included, the same
     TTFT to the bit); `compiled=False` runs this Python replay anyway (the tests compare the two).
 
     A batch that ends at an arrival's time ends before the arrival is routed, as in
     the simulator, so both give the same TTFT. With the engine's async scheduling, a request that
     arrives while its instance runs a batch after which more was queued joins the batch after the
     next (the simulator's rule); the engine's front-end latency is added to every TTFT."""
-    if compiled and prefix is None and all(isinstance(inst, Instance) for inst, _ in pools):
-        return _compiled_replay(arrival_s, prompt_tokens, pools, max_batch_tokens, times, held_s, chunked, max_seqs)
+    if compiled and all(isinstance(inst, Instance) for inst, _ in pools):
+        return _compiled_replay(arrival_s, prompt_tokens, pools, max_batch_tokens, times, held_s, chunked, max_seqs, prefix,
+                                cache_stats)
     return _python_replay(arrival_s, prompt_tokens, pools, max_batch_tokens, times, held_s, chunked, max_seqs, prefix,
                           cache_stats)
 
@@ -134,7 +135,7 @@ def replay_prompts(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list
 def _python_replay(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[tuple[Instance, int]],
                    max_batch_tokens: int, times: list[BatchTimes] | None, held_s: np.ndarray | None, chunked: bool,
                    max_seqs: int | None, prefix: PrefixModel | None, cache_stats: list | None) -> PromptReplay:
-    """`replay_prompts` in Python: with prefix caches, on measured instances, or asked for."""
+    """`replay_prompts` in Python: on measured instances, or asked for (the tests' oracle)."""
     n_req = len(arrival_s)
     finish_at = [0.0] * n_req
     times = times or [BatchTimes(inst, prompt_tokens) for inst, _ in pools]
@@ -313,17 +314,26 @@ def _python_replay(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list
 
 def _compiled_replay(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[tuple[Instance, int]],
                      max_batch_tokens: int, times: list[BatchTimes] | None, held_s: np.ndarray | None, chunked: bool,
-                     max_seqs: int | None) -> PromptReplay:
-    """`replay_prompts` without prefix caches on analytic instances: the compiled replay
-    (splitplan_core.prompt_replay), the same TTFT to the bit."""
+                     max_seqs: int | None, prefix: PrefixModel | None, cache_stats: list | None) -> PromptReplay:
+    """`replay_prompts` on analytic instances: the compiled replay (splitplan_core.prompt_replay),
+    the same TTFT to the bit."""
     engine = pools[0][0].engine
     decode = np.array([t.decode for t in times] if times else [(0.0, 0.0)] * len(pools))
     release_s = np.empty(0) if held_s is None else np.asarray(arrival_s + held_s, float)
-    finish_s, passes, where = core.prompt_replay(
+    caches = None
+    if prefix is not None:
+        host = [prefix.host_tokens(inst) for inst, _ in pools]
+        caches = (*prefix.arrays(), np.asarray(prefix.tree.request_node, np.int64), prefix.block_tokens,
+                  np.array([int(inst.fit.kv_capacity_tokens) for inst, _ in pools], np.int64), np.array(host, float),
+                  np.array([prefix.load_s_per_token(inst) if h else 0.0 for (inst, _), h in zip(pools, host, strict=True)]),
+                  prefix.prefix_aware)
+    finish_s, passes, where, *stats = core.prompt_replay(
         np.asarray(arrival_s, float), np.asarray(prompt_tokens, np.int64), np.array([inst.pass_vector for inst, _ in pools]),
         np.repeat(np.arange(len(pools)), [count for _, count in pools]), decode, int(max_batch_tokens), bool(chunked),
         int(max_seqs or len(arrival_s)), bool(engine.async_scheduling), release_s,
-        routing.HEAP_ROUTING_INSTANCES)
+        routing.HEAP_ROUTING_INSTANCES, caches)
+    if cache_stats is not None and stats:
+        cache_stats.extend(stats[0])
     return PromptReplay(finish_s - arrival_s + engine.frontend_latency_s, passes, where)
 
 
@@ -431,7 +441,7 @@ def colocated_pool(trace, inst: Instance, instances: int, max_batch_tokens: int,
     `simulate` gives it. Mixed batching feeds back on itself (prefills stall the decodes,
     the longer decodes grow the batch every prefill carries, KV admission queues prompts
     and preempts), which `colocated_estimate` follows only roughly. The replay runs compiled
-    (splitplan_core.run) where it can (no prefix caches, an analytic instance), the Python loop's result
+    (splitplan_core.run) where it can (an analytic instance), the Python loop's result
     to the bit: about 0.5 us an event on this project's 2-core machine, some 25 events a request
     (more with more, smaller instances, each iterating on its own). KV memory is the replay's to
     enforce (admission, preemption), so it shows in the latencies and `kv_peak_fraction` is 0.

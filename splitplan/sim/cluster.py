@@ -61,8 +61,9 @@ A borrowed instance runs mixed iterations (prefill priority).
 Determinism: one event heap keyed on (time, sequence number); the counter
 belongs to the run, so equal times resolve the same way every run.
 
-A run on analytic instances without prefix caches, borrowing or recorded passes runs compiled
-(splitplan_core.run): these rules, the same result to the bit.
+A run on analytic instances without borrowing or recorded passes runs compiled (splitplan_core.run:
+these rules, prefix caches and host tier, closed loops, shared machines and the event log
+included), the same result to the bit.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
 # Decode-only iterations that nothing can interrupt are computed at once (_decode_stretch);
 # off only to check that it changes nothing.
 FUSE_DECODE_STRETCHES = True
-# A run on analytic instances without prefix caches, borrowing or recorded passes runs compiled
+# A run on analytic instances without borrowing or recorded passes runs compiled
 # (splitplan_core.run, the same result); off only to compare the two.
 COMPILED = True
 # plain ints on the hot path
@@ -639,9 +640,9 @@ class _Cluster:
 
     def run(self) -> SimResult:
         """Handle events in time order (heap events before arrivals at equal times) until
-        every request is done; then the result. A run on analytic instances without prefix caches,
-        borrowing or recorded passes runs compiled."""
-        if (COMPILED and not self.caches and self.passes is None and self.options.borrow_threshold_tokens is None
+        every request is done; then the result. A run on analytic instances without borrowing or
+        recorded passes runs compiled."""
+        if (COMPILED and self.passes is None and self.options.borrow_threshold_tokens is None
                 and all(isinstance(pool.perf, Instance) for pool in self.pools)):
             return self._run_compiled()
         next_arrival, log, n, heap, arrival, insts = 0, self.log, self.n, self.heap, self.arrival, self.insts
@@ -686,20 +687,29 @@ class _Cluster:
         pools = np.array([[kv_cap, perf.max_request_tokens, self.chunked[k] is not None, self.deferring[k],
                            perf.engine.layerwise_transfer_min_tokens] for k, (kv_cap, perf) in enumerate(zip(kv_caps, perfs, strict=True))],
                          np.int64)
-        pools_s = np.array([[perf.kv_link_bytes_per_s, perf.factors.kv_transfer_latency_s] for perf in perfs])
+        first = {x.pool: x for x in reversed(self.insts)}  # (each pool's first instance)
+        host = [self.caches[first[k].idx].cpu_cap if self.caches and k in first else 0.0 for k in range(len(perfs))]
+        pools_s = np.array([[perf.kv_link_bytes_per_s, perf.factors.kv_transfer_latency_s, host[k],
+                             self.prefix.load_s_per_token(perf) if host[k] else 0.0] for k, perf in enumerate(perfs)])
         local_bps = np.array([[local_kv_bytes_per_s(a, b) for b in perfs] for a in perfs])
         settings = np.array([self.max_tokens, cap, self.max_iterations, self.context or 0, self.layers,
-                             self.options.routing == "round-robin", self.closed or 0, self.log is not None], np.int64)
+                             self.options.routing == "round-robin", self.closed or 0, self.log is not None, bool(self.caches),
+                             self.prefix.block_tokens if self.caches else 1,
+                             self.options.routing == "prefix-aware" and bool(self.caches)], np.int64)
         machines = {node: m for m, node in enumerate(dict.fromkeys(x.node for x in self.insts if x.node is not None))}
-        req, times, inst = core.initial_state(prompt, self.cached, [str(x.role) for x in self.insts], [x.pool for x in self.insts],
+        req, times, inst = core.initial_state(prompt, self.cached, self.node if self.caches else -1,
+                                              [str(x.role) for x in self.insts], [x.pool for x in self.insts],
                                               [self.p_pos.get(x.idx, -1) for x in self.insts],
                                               [self.t_pos.get(x.idx, -1) for x in self.insts],
                                               [machines.get(x.node, -1) for x in self.insts])
         arrival = np.asarray(self.arrival, float)
-        status, clock, counters, ends_s, ends_at, log_s, log_at = core.run(
+        tree = self.prefix.arrays() if self.caches else None
+        status, clock, counters, ends_s, ends_at, log_s, log_at, caches = core.run(
             arrival, float(self.front), prompt, out, req, times, inst, pools, pools_s, local_bps, settings,
             float(self.kv_bytes), np.array([perf.pass_vector for perf in perfs]), lines,
-            np.array([self.single[k] for k in range(len(perfs))], float))
+            np.array([self.single[k] for k in range(len(perfs))], float), tree)
+        for k, state in enumerate(caches):
+            self.caches[k].restore(*state)
         self.arrival = arrival  # (a closed loop's: the times the clients sent each request)
         if self.log is not None:
             self.log = [(t, Event(kind), k, None if i < 0 else i) for t, (kind, k, i) in zip(log_s.tolist(), log_at.tolist(), strict=True)]

@@ -21,6 +21,8 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import numpy as np
+
 from splitplan.base.errors import SpecError
 from splitplan.workload.prefix import PrefixTree
 
@@ -48,10 +50,18 @@ class PrefixModel:
 
     def cache(self, inst, host: bool = True) -> PrefixCache:
         """A cache for one instance (`inst`: perf.roofline.Instance); `host`: with the host tier."""
-        offload = self.offload_gb * 1e9 / self.kv_bytes(inst) if host and self.offload_gb else 0.0
+        return PrefixCache(self.tree, self.block_tokens, self.host_tokens(inst) if host else 0.0)
+
+    def host_tokens(self, inst) -> float:
+        """The tokens of KV one instance's host tier holds (0.0: none)."""
+        offload = self.offload_gb * 1e9 / self.kv_bytes(inst) if self.offload_gb else 0.0
         if offload:
             host_link_bytes_per_s(inst.hardware)  # (refused before the run, not at its first load)
-        return PrefixCache(self.tree, self.block_tokens, offload)
+        return offload
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The tree as the compiled core reads it: parent, tokens and depth per node (int64)."""
+        return tuple(np.asarray(a, np.int64) for a in (self.tree.parent, self.tree.tokens, self.tree.depth))  # type: ignore[return-value]
 
     def load_s_per_token(self, inst) -> float:
         """Seconds to load one token's KV from host memory over the instance's GPUs' host links."""
@@ -79,6 +89,20 @@ class PrefixCache:
         self.hit_tokens = self.lookup_tokens = 0  # totals of `match`, for the hit rate
         self._heap: list = []  # (last use, -depth, node): eviction candidates, stale entries skipped
         self.evicted = 0
+
+    def restore(self, nodes, last_use, counts, cpu, totals) -> None:
+        """This cache as the compiled run left it (splitplan_core.cache_state): per node it met, its
+        last use, resident children, pins and whether resident; the host tier in LRU order; the
+        totals. (The eviction heap is not kept: the run is over.)"""
+        kids, pins, resident = counts.T.tolist()
+        nodes, last_use = nodes.tolist(), last_use.tolist()
+        self.last_use = {n: t for n, t, r in zip(nodes, last_use, resident, strict=True) if r}
+        self.kids = {n: c for n, c, r in zip(nodes, kids, resident, strict=True) if r}
+        self.pins = {n: c for n, c in zip(nodes, pins, strict=True) if c}
+        self.cpu = OrderedDict.fromkeys(cpu.tolist())
+        (self.cpu_used, self.free_tokens, self.resident_tokens, self.hit_tokens, self.lookup_tokens, self.loaded_tokens,
+         self.evicted) = (int(v) for v in totals)
+        self._heap = []
 
     def _gpu_depth(self, node: int) -> int:
         while node >= 0 and node not in self.last_use:

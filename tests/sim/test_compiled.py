@@ -11,11 +11,19 @@ from hypothesis import strategies as st
 import splitplan.sim.cluster as cluster
 from splitplan import api
 from splitplan.base import limits
+from splitplan.base.core import core
 from splitplan.base.errors import SpecError
+from splitplan.perf.roofline import Instance
 from splitplan.perf.table import PerfDb
-from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
+from splitplan.sim.cluster import PoolSpec, SimOptions, _Cluster, simulate
+from splitplan.sim.prefix_cache import PrefixCache
+from splitplan.specs.engine import load_engine
+from splitplan.specs.hardware import load_hardware
+from splitplan.specs.model import load_model
+from splitplan.specs.roles import Role
+from splitplan.workload.prefix import PrefixTree
 from splitplan.workload.trace import Trace, default_trace_path, load_trace, resample_poisson
-from tests.conftest import PERF_DB
+from tests.conftest import DATA, PERF_DB
 
 TRACE = load_trace(default_trace_path())
 
@@ -194,7 +202,116 @@ def test_what_runs_in_python():
 
 
 def test_event_kinds_are_the_simulators():
-    from splitplan.base.core import core
     from splitplan.sim.types import Event
 
     assert (core.ARRIVAL, core.KV_ARRIVED, core.ITERATION_END) == (Event.ARRIVAL, Event.KV_ARRIVED, Event.ITERATION_END)
+
+
+MOONCAKE = load_trace(DATA / "mooncake_conversation.jsonl.gz")
+
+
+def cache_state(cache) -> tuple:
+    return (cache.last_use, cache.kids, cache.pins, list(cache.cpu), cache.cpu_used, cache.free_tokens, cache.resident_tokens,
+            cache.hit_tokens, cache.lookup_tokens, cache.loaded_tokens, cache.evicted)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), engine=st.sampled_from(["vllm", "sglang-fp8", "lean"]), split=st.booleans(),
+       instances=st.sampled_from([1, 2, 3]), gap_s=st.sampled_from([0.05, 0.5, 2.0]), memory=st.sampled_from([0.3, 0.9]),
+       offload_gb=st.sampled_from([0.0, 0.0, 0.5, 200.0]), routing=st.sampled_from(["jsq", "prefix-aware", "round-robin"]),
+       clients=st.sampled_from([None, None, 8]), budget=st.sampled_from([2048, 8192]), block=st.sampled_from([1, 16, 512]))
+@example(seed=0, engine="vllm", split=False, instances=1, gap_s=0.05, memory=0.3, offload_gb=200.0, routing="jsq",
+         clients=None, budget=8192, block=16)  # (a small KV: preemptions, evictions, loads from the host tier)
+@example(seed=1, engine="vllm", split=True, instances=2, gap_s=0.5, memory=0.3, offload_gb=0.5, routing="prefix-aware",
+         clients=8, budget=2048, block=16)
+def test_compiled_prefix_caches_are_the_python_ones(seed, engine, split, instances, gap_s, memory, offload_gb, routing,
+                                                    clients, budget, block):
+    """A prefix cache per instance over Mooncake's prefix tree (the vendored sample): hits in
+    whole blocks, pins, LRU eviction as running requests need the KV, the host tier written
+    through and loaded back (a request out of its queue meanwhile), prefix-aware routing, token
+    instances receiving only what their cache lacks, preemptions letting go of a prefix and
+    finding it again, open and closed loops, whole-prompt and chunked passes: the same result to
+    the bit, and every cache's end state (resident nodes and their last use, children, pins, the
+    host tier in LRU order, the totals) the same."""
+    rng = np.random.default_rng(seed)
+    keep = np.sort(rng.choice(len(MOONCAKE), 150, replace=False))
+    trace = dataclasses.replace(MOONCAKE.take(keep), arrival_s=np.cumsum(rng.exponential(gap_s, 150)))
+    update = {"memory_usable_fraction": memory, "kv_block_tokens": block}
+    inst = Instance(load_model("llama3.1-8b"), load_hardware("h100-80gb"), load_engine(engine).model_copy(update=update), 1)
+    trace = trace.take(trace.prompt_tokens + trace.output_tokens <= inst.max_request_tokens)
+    pools = ([PoolSpec(Role.PROMPT, inst, 1, instances), PoolSpec(Role.TOKEN, inst, 1, 2)] if split
+             else [PoolSpec(Role.MIXED, inst, 1, instances)])
+    options = SimOptions(max_batch_tokens=budget, prefix_caching=True, kv_offload_gb=offload_gb, routing=routing,
+                         concurrency=clients, warmup_requests=clients or 0)
+    compiled = _Cluster(trace, pools, options)
+    cluster.COMPILED = False
+    try:
+        python = _Cluster(trace, pools, options)
+        python_result = python.run()
+    finally:
+        cluster.COMPILED = True
+    assert_same(compiled.run(), python_result)
+    assert [cache_state(c) for c in compiled.caches.values()] == [cache_state(c) for c in python.caches.values()]
+
+
+@st.composite
+def prefix_trees(draw):
+    """A prefix tree (parents before children), its nodes of a few lengths (equal depths: ties); up to
+    200 nodes, so that a cache's table grows."""
+    n = draw(st.integers(1, 200))
+    parent = [-1] + [draw(st.integers(-1, k - 1)) for k in range(1, n)]
+    tokens = [draw(st.sampled_from([16, 32, 48])) for _ in range(n)]
+    return PrefixTree(np.array(parent, np.int64), np.array(tokens, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+@settings(max_examples=300, deadline=None)
+@given(tree=prefix_trees(), block=st.sampled_from([1, 16]), cpu_tokens=st.sampled_from([0.0, 40.0, 100.0, 1e9]),
+       ops=st.lists(st.tuples(st.sampled_from(["insert", "match", "peek", "resident", "pin", "unpin", "evict"]),
+                              st.integers(0, 1000), st.integers(0, 300)), max_size=150))
+def test_the_cores_prefix_cache_is_the_python_one(tree, block, cpu_tokens, ops):
+    """The compiled cache (splitplan_core.PrefixCache, the one the compiled run keeps per instance)
+    against sim.prefix_cache.PrefixCache, operation by operation over random trees: every answer
+    and the whole state after each operation the same (resident nodes and last uses, children,
+    pins, the host tier in LRU order, the totals), LRU ties (equal times and depths) included."""
+    python = PrefixCache(tree, block, cpu_tokens)
+    compiled = core.PrefixCache(tree.parent, tree.tokens, tree.depth, block, cpu_tokens)
+    now, pinned = 0.0, []
+    for op, x, y in ops:
+        node, now = x % len(tree.parent), now + x % 2
+        if op in ("match", "peek", "resident"):
+            assert getattr(compiled, op)(node, y + 1) == getattr(python, op)(node, y + 1), op
+        elif op == "insert":
+            compiled.insert(node, now), python.insert(node, now)
+        elif op == "pin":
+            compiled.pin(node), python.pin(node)
+            pinned.append(node)
+        elif op == "unpin" and pinned:
+            node = pinned.pop(x % len(pinned))
+            compiled.unpin(node, now), python.unpin(node, now)
+        elif op == "evict":
+            compiled.evict(y - 100), python.evict(y - 100)
+        restored = PrefixCache(tree, block, cpu_tokens)
+        restored.restore(*compiled.state())
+        assert cache_state(restored) == cache_state(python), op
+
+
+def test_the_cores_cache_table_keeps_colliding_nodes_findable():
+    """White box: nodes whose table buckets collide (the core's hash, `_bucket`, for its first
+    64-entry table) fill interleaved probe chains that wrap past the table's end; evicting some of
+    them (LRU, each freeing its slot) must leave every other one findable, as the Python cache's
+    dicts do."""
+    def bucket(node: int) -> int:
+        return ((node * 11400714819323198485) % 2**64 >> 20) & 63
+    nodes = [n for n in range(20_000) if bucket(n) in (61, 62, 63, 0)][:24]
+    tree = PrefixTree(np.full(20_000, -1, np.int64), np.full(20_000, 16, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    order = np.random.default_rng(0).permutation(nodes).tolist()
+    python, compiled = PrefixCache(tree), core.PrefixCache(tree.parent, tree.tokens, tree.depth)
+    for t, node in enumerate(order):
+        python.insert(node, float(t)), compiled.insert(node, float(t))
+    for keep in (20, 13, 7, 2, 0):
+        python.evict(16 * keep), compiled.evict(16 * keep)
+        assert [compiled.peek(n, 100) for n in nodes] == [python.peek(n, 100) for n in nodes]
+        assert sum(compiled.peek(n, 100) > 0 for n in nodes) == keep
+        restored = PrefixCache(tree)
+        restored.restore(*compiled.state())
+        assert cache_state(restored) == cache_state(python)
