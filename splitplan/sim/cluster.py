@@ -674,28 +674,8 @@ class _Cluster:
     def _run_compiled(self) -> SimResult:
         """`run` by the compiled loop (splitplan_core.run): this run's instances and pools as its
         arrays, its state back into this run's, then the result."""
-        n, perfs = self.n, [cast(Instance, pool.perf) for pool in self.pools]
+        perfs = [cast(Instance, pool.perf) for pool in self.pools]
         prompt, out = self.trace.prompt_tokens.astype(np.int64), self.trace.output_tokens.astype(np.int64)
-        cap = int(self.options.max_num_seqs or n + 1)
-        kv_caps = [int(perf.fit.kv_capacity_tokens) for perf in perfs]
-        # the largest decode batch: one request, or requests of at least (shortest prompt + 1) tokens
-        # each within the KV capacity (a co-located instance preempts past it)
-        most = max(1, min(n, cap, max(kv_caps) // (int(prompt.min() if n else 1) + 1)))
-        lines = np.zeros((len(perfs), most + 1, 3))  # (row b: Instance.decode_line(b))
-        for k, perf in enumerate(perfs):
-            lines[k, 1:, 0], lines[k, 1:, 1], lines[k, 1:, 2] = perf.decode_line(np.arange(1, most + 1))
-        pools = np.array([[kv_cap, perf.max_request_tokens, self.chunked[k] is not None, self.deferring[k],
-                           perf.engine.layerwise_transfer_min_tokens] for k, (kv_cap, perf) in enumerate(zip(kv_caps, perfs, strict=True))],
-                         np.int64)
-        first = {x.pool: x for x in reversed(self.insts)}  # (each pool's first instance)
-        host = [self.caches[first[k].idx].cpu_cap if self.caches and k in first else 0.0 for k in range(len(perfs))]
-        pools_s = np.array([[perf.kv_link_bytes_per_s, perf.factors.kv_transfer_latency_s, host[k],
-                             self.prefix.load_s_per_token(perf) if host[k] else 0.0] for k, perf in enumerate(perfs)])
-        local_bps = np.array([[local_kv_bytes_per_s(a, b) for b in perfs] for a in perfs])
-        settings = np.array([self.max_tokens, cap, self.max_iterations, self.context or 0, self.layers,
-                             self.options.routing == "round-robin", self.closed or 0, self.log is not None, bool(self.caches),
-                             self.prefix.block_tokens if self.caches else 1,
-                             self.options.routing == "prefix-aware" and bool(self.caches)], np.int64)
         machines = {node: m for m, node in enumerate(dict.fromkeys(x.node for x in self.insts if x.node is not None))}
         req, times, inst = core.initial_state(prompt, self.cached, self.node if self.caches else -1,
                                               [str(x.role) for x in self.insts], [x.pool for x in self.insts],
@@ -703,11 +683,10 @@ class _Cluster:
                                               [self.t_pos.get(x.idx, -1) for x in self.insts],
                                               [machines.get(x.node, -1) for x in self.insts])
         arrival = np.asarray(self.arrival, float)
-        tree = self.prefix.arrays() if self.caches else None
         status, clock, counters, ends_s, ends_at, log_s, log_at, caches = core.run(
-            arrival, float(self.front), prompt, out, req, times, inst, pools, pools_s, local_bps, settings,
-            float(self.kv_bytes), np.array([perf.pass_vector for perf in perfs]), lines,
-            np.array([self.single[k] for k in range(len(perfs))], float), tree)
+            arrival, float(self.front), prompt, out, req, times, inst, *self._core_pools(perfs), self._core_settings(),
+            float(self.kv_bytes), np.array([perf.pass_vector for perf in perfs]), self._decode_lines(perfs, prompt),
+            np.array([self.single[k] for k in range(len(perfs))], float), self.prefix.arrays() if self.caches else None)
         for k, state in enumerate(caches):
             self.caches[k].restore(*state)
         self.arrival = arrival  # (a closed loop's: the times the clients sent each request)
@@ -719,6 +698,39 @@ class _Cluster:
             raise RuntimeError(f"the compiled run stopped (status {status}): a bug, please report it")
         self._take_compiled(req, times, inst, clock, counters, ends_s, ends_at)
         return self._result()
+
+    def _cap(self) -> int:
+        return int(self.options.max_num_seqs or self.n + 1)
+
+    def _decode_lines(self, perfs: list[Instance], prompt: np.ndarray) -> np.ndarray:
+        """Per pool, `lines[pool, b]`: Instance.decode_line(b) up to the largest decode batch (one
+        request, or requests of at least (shortest prompt + 1) tokens each within the KV capacity: a
+        co-located instance preempts past it)."""
+        kv_cap = max(int(p.fit.kv_capacity_tokens) for p in perfs)
+        most = max(1, min(self.n, self._cap(), kv_cap // (int(prompt.min() if self.n else 1) + 1)))
+        lines = np.zeros((len(perfs), most + 1, 3))
+        for k, perf in enumerate(perfs):
+            lines[k, 1:, 0], lines[k, 1:, 1], lines[k, 1:, 2] = perf.decode_line(np.arange(1, most + 1))
+        return lines
+
+    def _core_pools(self, perfs: list[Instance]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The core's per-pool settings: integers (KV_CAP ... LAYERWISE_MIN), floats (LINK_BPS ...
+        LOAD_S_PER_TOKEN: a prefilling pool's host tier from its instances' caches), and the KV
+        bandwidth between two pools' instances on one machine."""
+        pools = np.array([[int(perf.fit.kv_capacity_tokens), perf.max_request_tokens, self.chunked[k] is not None, self.deferring[k],
+                           perf.engine.layerwise_transfer_min_tokens] for k, perf in enumerate(perfs)], np.int64)
+        first = {x.pool: x for x in reversed(self.insts)}  # (each pool's first instance)
+        host = [self.caches[first[k].idx].cpu_cap if self.caches and k in first else 0.0 for k in range(len(perfs))]
+        pools_s = np.array([[perf.kv_link_bytes_per_s, perf.factors.kv_transfer_latency_s, host[k],
+                             self.prefix.load_s_per_token(perf) if host[k] else 0.0] for k, perf in enumerate(perfs)])
+        return pools, pools_s, np.array([[local_kv_bytes_per_s(a, b) for b in perfs] for a in perfs])
+
+    def _core_settings(self) -> np.ndarray:
+        """The core's run-wide settings (MAX_BATCH_TOKENS ... PREFIX_AWARE)."""
+        caching = bool(self.caches)
+        return np.array([self.max_tokens, self._cap(), self.max_iterations, self.context or 0, self.layers,
+                         self.options.routing == "round-robin", self.closed or 0, self.log is not None, caching,
+                         self.prefix.block_tokens if caching else 1, self.options.routing == "prefix-aware" and caching], np.int64)
 
     def _take_compiled(self, req, times, inst, clock, counters, ends_s, ends_at) -> None:
         """The compiled run's state as this run's: per request, per instance, the counters."""
