@@ -833,15 +833,16 @@ cdef class _PromptReplay:
         cdef int64_t r = self.first[j], before = -1
         while r >= 0:
             size = self.tokens[r]
+            if ((room <= 0 or seqs >= self.cap or self.tag[r] >= self.launch[j]) if self.chunked
+                    else (count and self.tag[r] >= self.launch[j])):
+                break
+            if self.cache_count and not self.looked[r]:
+                nxt = self.after[r]
+                if not self.ready(j, r, before, now):
+                    r = nxt
+                    continue
+            d = self.done[r]
             if self.chunked:
-                if room <= 0 or seqs >= self.cap or self.tag[r] >= self.launch[j]:
-                    break
-                if self.cache_count and not self.looked[r]:
-                    nxt = self.after[r]
-                    if not self.ready(j, r, before, now):
-                        r = nxt
-                        continue
-                d = self.done[r]
                 c = min(size - d, room)
                 total += c
                 sq += (d + c) * (d + c) - d * d  # causal attention of c new tokens over d + c
@@ -851,14 +852,6 @@ cdef class _PromptReplay:
                 if d + c < size:
                     break
             else:
-                if count and self.tag[r] >= self.launch[j]:
-                    break
-                if self.cache_count and not self.looked[r]:
-                    nxt = self.after[r]
-                    if not self.ready(j, r, before, now):
-                        r = nxt
-                        continue
-                d = self.done[r]
                 if count and (total + size - d > self.max_batch_tokens or count >= self.cap):
                     break
                 total += size - d
