@@ -329,6 +329,19 @@ cdef class _Tree:
                     cpu_append(c, s)
         return hit
 
+    cdef Py_ssize_t cheapest(self, Cache* caches, const int64_t[:] instance, const int64_t[:] load, int64_t node,
+                             int64_t prompt) noexcept:
+        """Prefix-aware routing, as KV-aware routers score instances: of the instances `instance[j]`
+        (their caches), the position j with the fewest prompt tokens to prefill there, its pending
+        `load[j]` and the prompt's less what its cache holds; ties to the lowest."""
+        cdef Py_ssize_t j, best = 0
+        cdef int64_t cost, best_cost = 0
+        for j in range(load.shape[0]):
+            cost = load[j] + prompt - self.peek(&caches[instance[j]], node, prompt)
+            if j == 0 or cost < best_cost:
+                best, best_cost = j, cost
+        return best
+
     cdef int insert(self, Cache* c, int64_t node, double now) except -1:
         """The path to `node` is computed: resident, used at `now`."""
         cdef Py_ssize_t m = self.walk(node), j, s, up
@@ -758,7 +771,7 @@ cdef class _PromptReplay:
     cdef _Tree tree
     cdef Cache* caches
     cdef Py_ssize_t cache_count
-    cdef const int64_t[:] node, kv_cap
+    cdef const int64_t[:] node, kv_cap, instances  # (instances: 0, 1, ..., each its cache's index)
     cdef const double[:] load_s_per_token
     cdef int64_t[:] looked
     cdef double[:] host_free
@@ -780,17 +793,6 @@ cdef class _PromptReplay:
         while self.least.items[0].t != self.load[self.least.items[0].key]:
             heap_pop(&self.least)
         return self.least.items[0].key
-
-    cdef Py_ssize_t prefix_pick(self, int64_t i) noexcept:
-        """Prefix-aware routing (the simulator's `_Run.prefix_pick`): the fewest pending prompt
-        tokens there plus request i's less what the instance's cache holds; ties to the lowest."""
-        cdef Py_ssize_t j, best = 0
-        cdef int64_t cost, best_cost = 0
-        for j in range(self.load.shape[0]):
-            cost = self.load[j] + self.tokens[i] - self.tree.peek(&self.caches[j], self.node[i], self.tokens[i])
-            if j == 0 or cost < best_cost:
-                best, best_cost = j, cost
-        return best
 
     cdef int add_load(self, Py_ssize_t j, int64_t tokens) except -1:
         """Instance j's load changes by `tokens` (and the routing heap, when there is one, learns it)."""
@@ -978,7 +980,7 @@ def prompt_replay(const double[:] arrival_s, const int64_t[:] tokens, const doub
         parent, node_tokens, depth, s.node, block, s.kv_cap, cpu_tokens, s.load_s_per_token, s.prefix_aware = prefix
         s.tree = _Tree()
         s.tree.setup(parent, node_tokens, depth, block)
-        s.looked, s.host_free = np.zeros(n_req, np.int64), np.zeros(n_inst)
+        s.looked, s.host_free, s.instances = np.zeros(n_req, np.int64), np.zeros(n_inst), np.arange(n_inst, dtype=np.int64)
         s.caches = <Cache*> malloc(n_inst * sizeof(Cache))
         if s.caches == NULL:
             raise MemoryError()
@@ -996,7 +998,10 @@ def prompt_replay(const double[:] arrival_s, const int64_t[:] tokens, const doub
                 s.end_passes(now)
             while held.size and held.items[0].t <= now:
                 s.add_load(heap_pop(&held).key, -1)
-            j = s.prefix_pick(i) if s.prefix_aware and s.node[i] >= 0 else 0 if n_inst == 1 else s.least_loaded()
+            if s.prefix_aware and s.node[i] >= 0:
+                j = s.tree.cheapest(s.caches, s.instances, s.load, s.node[i], tokens[i])
+            else:
+                j = 0 if n_inst == 1 else s.least_loaded()
             if s.last[j] >= 0:  # queued on j
                 s.after[s.last[j]] = i
             else:
@@ -1604,23 +1609,12 @@ cdef class _Run:
             self.tree.evict(c, limit)
         return 0
 
-    cdef Py_ssize_t prefix_pick(self, int64_t i) noexcept:
-        """Prefix-aware routing: the prefilling instance with the fewest prompt tokens to prefill
-        there (its pending ones, and request i's less what its cache holds); ties to the lowest."""
-        cdef Py_ssize_t j, best = -1, k
-        cdef double best_cost = INFINITY, cost
-        for j in range(self.prompt_side.shape[0]):
-            k = self.prompt_side[j]
-            cost = self.p_load[j] + self.prompt[i] - self.tree.peek(&self.caches[k], self.req[PREFIX_NODE, i], self.prompt[i])
-            if cost < best_cost:
-                best, best_cost = k, cost
-        return best
-
     cdef void route(self, int64_t i, Py_ssize_t* src, Py_ssize_t* dst) noexcept:
         """(the instance that prefills a request, the one that decodes it): the least loaded of
         each side (ties to the lowest), or round-robin; a co-located instance does both."""
         if self.settings[PREFIX_AWARE] and self.req[PREFIX_NODE, i] >= 0:
-            src[0] = self.prefix_pick(i)
+            src[0] = self.prompt_side[self.tree.cheapest(self.caches, self.prompt_side, self.p_load, self.req[PREFIX_NODE, i],
+                                                         self.prompt[i])]
         elif self.settings[ROUND_ROBIN]:
             src[0] = self.prompt_side[self.counters[TURN_P] % self.prompt_side.shape[0]]
             self.counters[TURN_P] += 1

@@ -322,10 +322,9 @@ def _compiled_replay(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: li
     release_s = np.empty(0) if held_s is None else np.asarray(arrival_s + held_s, float)
     caches = None
     if prefix is not None:
-        host = [prefix.host_tokens(inst) for inst, _ in pools]
+        host = np.array([prefix.host_tier(inst) for inst, _ in pools], float).reshape(-1, 2)
         caches = (*prefix.arrays(), np.asarray(prefix.tree.request_node, np.int64), prefix.block_tokens,
-                  np.array([int(inst.fit.kv_capacity_tokens) for inst, _ in pools], np.int64), np.array(host, float),
-                  np.array([prefix.load_s_per_token(inst) if h else 0.0 for (inst, _), h in zip(pools, host, strict=True)]),
+                  np.array([int(inst.fit.kv_capacity_tokens) for inst, _ in pools], np.int64), host[:, 0], host[:, 1],
                   prefix.prefix_aware)
     finish_s, passes, where, *stats = core.prompt_replay(
         np.asarray(arrival_s, float), np.asarray(prompt_tokens, np.int64), np.array([inst.pass_vector for inst, _ in pools]),

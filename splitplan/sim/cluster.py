@@ -715,14 +715,13 @@ class _Cluster:
 
     def _core_pools(self, perfs: list[Instance]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The core's per-pool settings: integers (KV_CAP ... LAYERWISE_MIN), floats (LINK_BPS ...
-        LOAD_S_PER_TOKEN: a prefilling pool's host tier from its instances' caches), and the KV
+        LOAD_S_PER_TOKEN: a prefilling pool's host tier), and the KV
         bandwidth between two pools' instances on one machine."""
         pools = np.array([[int(perf.fit.kv_capacity_tokens), perf.max_request_tokens, self.chunked[k] is not None, self.deferring[k],
                            perf.engine.layerwise_transfer_min_tokens] for k, perf in enumerate(perfs)], np.int64)
-        first = {x.pool: x for x in reversed(self.insts)}  # (each pool's first instance)
-        host = [self.caches[first[k].idx].cpu_cap if self.caches and k in first else 0.0 for k in range(len(perfs))]
-        pools_s = np.array([[perf.kv_link_bytes_per_s, perf.factors.kv_transfer_latency_s, host[k],
-                             self.prefix.load_s_per_token(perf) if host[k] else 0.0] for k, perf in enumerate(perfs)])
+        host = [self.prefix.host_tier(perf) if self.caches and pool.role != TOKEN else (0.0, 0.0)  # (as _prefix_caches gives them)
+                for pool, perf in zip(self.pools, perfs, strict=True)]
+        pools_s = np.array([[perf.kv_link_bytes_per_s, perf.factors.kv_transfer_latency_s, *host[k]] for k, perf in enumerate(perfs)])
         return pools, pools_s, np.array([[local_kv_bytes_per_s(a, b) for b in perfs] for a in perfs])
 
     def _core_settings(self) -> np.ndarray:

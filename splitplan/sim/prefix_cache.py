@@ -59,6 +59,11 @@ class PrefixModel:
             host_link_bytes_per_s(inst.hardware)  # (refused before the run, not at its first load)
         return offload
 
+    def host_tier(self, inst) -> tuple[float, float]:
+        """(the tokens one instance's host tier holds, seconds to load one back): (0.0, 0.0) for none."""
+        tokens = self.host_tokens(inst)
+        return tokens, self.load_s_per_token(inst) if tokens else 0.0
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The tree as the compiled core reads it: parent, tokens and depth per node (int64)."""
         return tuple(np.asarray(a, np.int64) for a in (self.tree.parent, self.tree.tokens, self.tree.depth))  # type: ignore[return-value]
@@ -91,8 +96,8 @@ class PrefixCache:
         self.evicted = 0
 
     def restore(self, nodes, last_use, counts, cpu, totals) -> None:
-        """This cache as the compiled run left it (splitplan_core.cache_state): per node it met, its
-        last use, resident children, pins and whether resident; the host tier in LRU order; the
+        """This cache as the compiled run left it (splitplan_core.cache_state): per node it holds or a
+        request pins, its last use, resident children, pins and whether resident; the host tier in LRU order; the
         totals. (The eviction heap is not kept: the run is over.)"""
         kids, pins, resident = counts.T.tolist()
         nodes, last_use = nodes.tolist(), last_use.tolist()
