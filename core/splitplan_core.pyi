@@ -70,10 +70,23 @@ MAX_REQUEST: int
 CHUNKED: int
 DEFERRING: int
 LAYERWISE_MIN: int
+MEASURED: int
 LINK_BPS: int
 KV_LATENCY_S: int
 CPU_TOKENS: int
 LOAD_S_PER_TOKEN: int
+MIXED_FACTOR: int
+TOKENS_LO: int
+TOKENS_HI: int
+BATCH_LO: int
+BATCH_HI: int
+CONTEXT_LO: int
+CONTEXT_HI: int
+PREFILL_QUERIES: int
+PREFILL_OUTSIDE: int
+DECODE_QUERIES: int
+DECODE_OUTSIDE: int
+MEASURED_COUNTS: int
 MAX_BATCH_TOKENS: int
 CAP: int
 MAX_ITERATIONS: int
@@ -85,6 +98,7 @@ LOG: int
 CACHING: int
 BLOCK: int
 PREFIX_AWARE: int
+RECORD: int
 SETTINGS: int
 ITERATIONS: int
 TOKENS_OUT: int
@@ -96,6 +110,7 @@ TURN_P: int
 TURN_T: int
 RELEASED: int
 LOGGED: int
+RECORDED: int
 COUNTERS: int
 # events (sim.types.Event's values), roles and statuses
 ARRIVAL: int
@@ -126,8 +141,9 @@ def initial_state(prompt: np.ndarray, cached: Any, prefix_node: Any, roles: list
                   t_pos: list[int], node: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 def run(arrival: np.ndarray, front_s: float, prompt: np.ndarray, out: np.ndarray, req: np.ndarray, times: np.ndarray,
         inst: np.ndarray, pools: np.ndarray, pools_s: np.ndarray, local_bps: np.ndarray, settings: np.ndarray, kv_bytes: float,
-        vectors: np.ndarray, lines: np.ndarray, single: np.ndarray,
-        tree: tuple | None) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list]: ...
+        vectors: np.ndarray, lines: np.ndarray, single: np.ndarray, measured: np.ndarray,
+        tree: tuple | None) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list,
+                                     np.ndarray, np.ndarray]: ...
 
 class PrefixCache:
     def __init__(self, parent: np.ndarray, tokens: np.ndarray, depth: np.ndarray, block_tokens: int = 1,

@@ -1094,18 +1094,27 @@ cpdef enum:  # per-instance integer columns: four lists (head, tail, length), th
 cpdef enum:  # per-instance float columns
     PREFILL_S, DECODE_S, INTEGRAL, LINK_FREE, HOST_FREE, CLOCK_COLUMNS
 
-cpdef enum:  # per-pool integer settings, and float ones
-    KV_CAP, MAX_REQUEST, CHUNKED, DEFERRING, LAYERWISE_MIN
+cpdef enum:  # per-pool integer settings (MEASURED: its passes with prompt work timed from `measured`, not the formula)
+    KV_CAP, MAX_REQUEST, CHUNKED, DEFERRING, LAYERWISE_MIN, MEASURED
 
-cpdef enum:  # (CPU_TOKENS: the host tier of a prefilling instance's prefix cache; LOAD_S_PER_TOKEN: loading from it)
-    LINK_BPS, KV_LATENCY_S, CPU_TOKENS, LOAD_S_PER_TOKEN
+cpdef enum:  # per-pool float settings (CPU_TOKENS: the host tier of a prefilling instance's prefix cache;
+    # LOAD_S_PER_TOKEN: loading from it; with MEASURED: MIXED_FACTOR, a pass's time with decodes in it over the
+    # table's, and the measured ranges: the passes' tokens, decode batches and context per decode, outside
+    # which a table's value is extrapolated, and counted)
+    LINK_BPS, KV_LATENCY_S, CPU_TOKENS, LOAD_S_PER_TOKEN, MIXED_FACTOR, TOKENS_LO, TOKENS_HI, BATCH_LO, BATCH_HI,
+    CONTEXT_LO, CONTEXT_HI
+
+cpdef enum:  # per measured pool, what its tables were asked, and how often outside their ranges
+    PREFILL_QUERIES, PREFILL_OUTSIDE, DECODE_QUERIES, DECODE_OUTSIDE, MEASURED_COUNTS
 
 cpdef enum:  # run-wide integer settings (CLOSED: a closed loop's clients, 0 for an open loop; LOG: keep the event log;
-    # CACHING: a prefix cache per instance, reused in blocks of BLOCK tokens; PREFIX_AWARE: routing by it)
-    MAX_BATCH_TOKENS, CAP, MAX_ITERATIONS, CONTEXT, LAYERS, ROUND_ROBIN, CLOSED, LOG, CACHING, BLOCK, PREFIX_AWARE, SETTINGS
+    # CACHING: a prefix cache per instance, reused in blocks of BLOCK tokens; PREFIX_AWARE: routing by it;
+    # RECORD: keep every iteration's pass, `passes`)
+    MAX_BATCH_TOKENS, CAP, MAX_ITERATIONS, CONTEXT, LAYERS, ROUND_ROBIN, CLOSED, LOG, CACHING, BLOCK, PREFIX_AWARE, RECORD,
+    SETTINGS
 
-cpdef enum:  # (RELEASED: requests whose arrival time is known; LOGGED: events in the log)
-    ITERATIONS, TOKENS_OUT, PREEMPTIONS, EVENTS, ENDS, SEQ, TURN_P, TURN_T, RELEASED, LOGGED, COUNTERS
+cpdef enum:  # (RELEASED: requests whose arrival time is known; LOGGED: events in the log; RECORDED: passes kept)
+    ITERATIONS, TOKENS_OUT, PREEMPTIONS, EVENTS, ENDS, SEQ, TURN_P, TURN_T, RELEASED, LOGGED, RECORDED, COUNTERS
 
 cpdef enum:  # in ROLES' order
     PROMPT, TOKEN, MIXED
@@ -1150,7 +1159,8 @@ cdef class _Run:
     cdef const int64_t[:] prompt, out
     cdef int64_t[:, :] req, inst, pools
     cdef double[:, :] times, clock
-    cdef const double[:, :] pools_s, single, local_bps
+    cdef const double[:, :] pools_s, single, local_bps, measured
+    cdef int64_t[:, :] counts  # per pool, MEASURED_COUNTS
     cdef const double[:, :, :] lines
     cdef const double[:, ::1] vectors
     cdef const int64_t[:] settings
@@ -1160,6 +1170,7 @@ cdef class _Run:
     cdef int64_t[:] ends_at
     cdef double[:] log_s
     cdef int64_t[:, :] log_at  # per event: its kind, instance and request (-1: none)
+    cdef double[:, :] passes  # with RECORD, per iteration: prompts, their tokens, squares, decode batch, context, 1, end
     cdef Heap heap
     cdef _Tree tree  # with CACHING: the prefix tree, and a cache per instance
     cdef Cache* caches
@@ -1353,13 +1364,17 @@ cdef class _Run:
         return 0
 
     cdef double pass_s(self, Py_ssize_t k, int64_t chunks, int64_t total, int64_t sq) noexcept:
-        """The time of instance k's pass (-1.0: its decode batch outgrew `lines`)."""
+        """The time of instance k's pass (-1.0: it outgrew `lines` or `measured`)."""
         cdef int64_t pool = self.inst[k, POOL], batch = self.inst[k, BATCH], first
         cdef double duration, base, per_token, slack, attention
         if chunks:
             first = self.inst[k, RUN]
             if chunks == 1 and batch == 0 and first >= 0 and total == self.prompt[first] and not self.req[RESUMED, first]:
                 duration = self.single[pool, first]  # one whole prompt alone: its time is known
+            elif self.pools[pool, MEASURED]:
+                duration = self.measured_pass_s(pool, total, batch)
+                if duration < 0.0:
+                    return -1.0
             else:
                 duration = _pass_time_s(&self.vectors[pool, 0], <double> chunks, <double> total, <double> sq, <double> batch,
                                         <double> self.inst[k, CTX])
@@ -1370,12 +1385,32 @@ cdef class _Run:
         base, per_token, slack = self.lines[pool, batch, 0], self.lines[pool, batch, 1], self.lines[pool, batch, 2]
         attention = self.inst[k, CTX] * per_token
         duration = base + attention + (slack - attention if slack > attention else 0.0)
+        if self.pools[pool, MEASURED]:
+            self.count_decode(pool, batch, self.inst[k, CTX])
         self.clock[k, DECODE_S] += duration
         return duration
 
+    cdef double measured_pass_s(self, int64_t pool, int64_t total, int64_t batch) noexcept:
+        """A measured pool's pass of `total` prompt tokens beside `batch` decodes: the table's time at
+        their sum (as a prompt of that many tokens), counted (-1.0 past the table)."""
+        cdef int64_t x = total + batch
+        if x >= self.measured.shape[1]:
+            return -1.0
+        self.counts[pool, PREFILL_QUERIES] += 1
+        self.counts[pool, PREFILL_OUTSIDE] += x < self.pools_s[pool, TOKENS_LO] or x > self.pools_s[pool, TOKENS_HI]
+        return self.measured[pool, x] * (self.pools_s[pool, MIXED_FACTOR] if batch > 0 else 1.0)
+
+    cdef void count_decode(self, int64_t pool, int64_t batch, int64_t ctx) noexcept:
+        """A measured pool's decode step, counted outside the measured batches or context per decode."""
+        cdef double b = <double> batch, per_request = <double> ctx / <double> batch
+        self.counts[pool, DECODE_QUERIES] += 1
+        self.counts[pool, DECODE_OUTSIDE] += (b < self.pools_s[pool, BATCH_LO] or b > self.pools_s[pool, BATCH_HI]
+                                              or per_request < self.pools_s[pool, CONTEXT_LO]
+                                              or per_request > self.pools_s[pool, CONTEXT_HI])
+
     cdef int start(self, Py_ssize_t k, double now) except -1:
-        """Begin instance k's next iteration, if it has work (BATCH_PAST_TABLE if its decode batch
-        outgrew `lines`, else OK)."""
+        """Begin instance k's next iteration, if it has work (BATCH_PAST_TABLE if its pass outgrew
+        `lines` or `measured`, else OK)."""
         cdef int64_t pool = self.inst[k, POOL], role = self.inst[k, ROLE], batch
         cdef int64_t taken[3]
         while (role == MIXED and self.inst[k, BATCH] > 1
@@ -1395,6 +1430,8 @@ cdef class _Run:
         if duration < 0.0:
             return BATCH_PAST_TABLE
         self.clock[k, INTEGRAL] += batch * duration
+        if self.settings[RECORD]:
+            self.record(taken, batch, self.inst[k, CTX], now + duration)
         self.inst[k, RUNNING] = 1
         if self.pools[pool, DEFERRING]:  # the next iteration is scheduled now if there is work beyond this one
             self.inst[k, LAUNCH] += 1
@@ -1668,6 +1705,16 @@ cdef class _Run:
         self.counters[LOGGED] += 1
         return 0
 
+    cdef int record(self, int64_t* taken, int64_t batch, int64_t ctx, double end) except -1:
+        """One iteration's pass in `passes` (grown as it fills), as SimResult.passes holds it."""
+        cdef int64_t at = self.counters[RECORDED]
+        if at == self.passes.shape[0]:
+            self.passes = np.concatenate((self.passes, self.passes))
+        self.passes[at, 0], self.passes[at, 1], self.passes[at, 2] = taken[0], taken[1], taken[2]
+        self.passes[at, 3], self.passes[at, 4], self.passes[at, 5], self.passes[at, 6] = batch, ctx, 1.0, end
+        self.counters[RECORDED] += 1
+        return 0
+
     cdef int loop(self, double front_s) except -1:
         cdef Py_ssize_t n = self.arrival.shape[0], r = 0, k
         cdef int status = OK, how
@@ -1701,18 +1748,21 @@ cdef class _Run:
 
 def run(double[:] arrival, double front_s, const int64_t[:] prompt, const int64_t[:] out, req, times, inst,
         pools, const double[:, :] pools_s, const double[:, :] local_bps, const int64_t[:] settings, double kv_bytes,
-        const double[:, ::1] vectors, const double[:, :, :] lines, const double[:, :] single, tree):
+        const double[:, ::1] vectors, const double[:, :, :] lines, const double[:, :] single, const double[:, :] measured,
+        tree):
     """Run the requests (arrival times, prompt and output tokens) from `req`, `times` and `inst` as
     `initial_state` makes them. Per pool: `pools` (KV_CAP ... LAYERWISE_MIN), `pools_s` (LINK_BPS,
     KV_LATENCY_S), `local_bps[a, b]` KV bandwidth from an instance of pool a to one of pool b on its
     machine, `vectors` the pass formula's constants, `lines[pool, b]` a decode step of b requests as
-    (base, per context token, slack) (Instance.decode_line), `single[pool]` each prompt's time alone;
+    (base, per context token, slack) (Instance.decode_line), `single[pool]` each prompt's time alone,
+    `measured[pool, x]` a MEASURED pool's pass of x prompt and decode tokens (perf.table);
     `settings` (MAX_BATCH_TOKENS ... PREFIX_AWARE), `kv_bytes` per token; `tree` (parent, tokens,
     depth per node: the trace's prefix tree) with CACHING. A closed loop's `arrival` holds the
     first clients' send times and infinity for the rest, each written when a client sends it.
     Fills `req`, `times`, `inst` (and `arrival`); returns (status, per-instance times, counters,
     iteration end times, their instances, the event log's times, its kind, instance and request
-    per event, and with CACHING each instance's cache state, `cache_state`'s)."""
+    per event, with CACHING each instance's cache state, `cache_state`'s, with RECORD every
+    iteration's pass, and per pool MEASURED_COUNTS)."""
     _check_width(vectors.shape[1])
     if settings.shape[0] != SETTINGS:
         raise ValueError(f"settings: {settings.shape[0]} entries, the core reads {SETTINGS}")
@@ -1721,6 +1771,8 @@ def run(double[:] arrival, double front_s, const int64_t[:] prompt, const int64_
     s.arrival, s.prompt, s.out, s.req, s.times, s.inst, s.pools = arrival, prompt, out, req, times, inst, pools
     s.pools_s, s.local_bps, s.settings, s.kv_bytes, s.vectors, s.lines, s.single = (pools_s, local_bps, settings, kv_bytes,
                                                                                     vectors, lines, single)
+    s.measured, counts = measured, np.zeros((len(pools), MEASURED_COUNTS), np.int64)
+    s.counts = counts
     s.prompt_side, s.token_side = np.flatnonzero(inst[:, P_POS] >= 0), np.flatnonzero(inst[:, T_POS] >= 0)
     s.p_load, s.t_load = np.zeros(len(s.prompt_side), np.int64), np.zeros(len(s.token_side), np.int64)
     clock, counters = np.zeros((count, CLOCK_COLUMNS)), np.zeros(COUNTERS, np.int64)
@@ -1729,6 +1781,7 @@ def run(double[:] arrival, double front_s, const int64_t[:] prompt, const int64_
     s.ends_s, s.ends_at = np.empty(max(1024, 4 * n)), np.empty(max(1024, 4 * n), np.int64)
     logged = max(1024, 4 * n) if settings[LOG] else 0
     s.log_s, s.log_at = np.empty(logged), np.empty((logged, 3), np.int64)
+    s.passes = np.empty((max(1024, 4 * n) if settings[RECORD] else 0, 7))
     heap_init(&s.heap, count)
     cdef Py_ssize_t k
     if settings[CACHING]:
@@ -1742,6 +1795,7 @@ def run(double[:] arrival, double front_s, const int64_t[:] prompt, const int64_
             s.cache_count += 1
     status = s.loop(front_s)
     caches = [cache_state(&s.caches[k]) for k in range(s.cache_count)]
-    ends, events = int(counters[ENDS]), int(counters[LOGGED])
+    ends, events, passes = int(counters[ENDS]), int(counters[LOGGED]), int(counters[RECORDED])
     return (int(status), clock, counters, np.asarray(s.ends_s)[:ends].copy(), np.asarray(s.ends_at)[:ends].copy(),
-            np.asarray(s.log_s)[:events].copy(), np.asarray(s.log_at)[:events].copy(), caches)
+            np.asarray(s.log_s)[:events].copy(), np.asarray(s.log_at)[:events].copy(), caches,
+            np.asarray(s.passes)[:passes].copy(), counts)

@@ -84,6 +84,7 @@ class MeasuredInstance(PassShortcuts):
         self.dec_floor = float(dec.latency_ms.min()) / 1e3
 
     measured = True  # perf.model.PerfModel: lookups outside the table are counted
+    mixed_factor = 1.0  # a pass with prompt work and decodes: this times the table's prefill of their tokens
 
     # Memory, KV and what the instance is: the analytic instance's (physical, not measured).
     model = property(lambda self: self.analytic.model)
@@ -112,8 +113,12 @@ class MeasuredInstance(PassShortcuts):
 
     def _count(self, phase: str, outside) -> None:
         outside = np.asarray(outside)
-        self.queries[phase] += int(outside.size)
-        self.extrapolated[phase] += int(outside.sum())
+        self.counted(phase, int(outside.size), int(outside.sum()))
+
+    def counted(self, phase: str, queries: int, outside: int) -> None:
+        """`queries` lookups of `phase`, `outside` of them outside the measured range."""
+        self.queries[phase] += queries
+        self.extrapolated[phase] += outside
 
     def _prefill(self, tokens):
         y, out = _interp(tokens, self.pre_x, self.pre_y)
@@ -132,20 +137,34 @@ class MeasuredInstance(PassShortcuts):
         `decode_line`) and those outside the measured range."""
         self._count("decode", self.decode_outside(batch, context_total))
 
+    @property
+    def decode_ranges(self) -> tuple[float, float, float, float]:
+        """(fewest, most decodes, least, most context per decode) measured (unbounded context: one point)."""
+        if len(self.ctx_x) > 1:
+            return self.bat_x[0], self.bat_x[-1], self.ctx_x[0], self.ctx_x[-1]
+        return self.bat_x[0], self.bat_x[-1], -np.inf, np.inf
+
     def decode_outside(self, batch, context_total):
         """Which decode steps lie outside the measured batch or per-request context range."""
         b = np.maximum(np.asarray(batch, float), 1.0)
         per_request = np.asarray(context_total, float) / b
-        out = (b < self.bat_x[0]) | (b > self.bat_x[-1])
-        if len(self.ctx_x) > 1:
-            out = out | (per_request < self.ctx_x[0]) | (per_request > self.ctx_x[-1])
-        return out
+        fewest, most, least, longest = self.decode_ranges
+        return (b < fewest) | (b > most) | (per_request < least) | (per_request > longest)
 
-    def decode_line(self, batch: int) -> tuple[float, float, float]:
-        """As `Instance.decode_line`: the step is `max(g(B) + s x C, floor)`, exactly
-        `pass_time_s(decode_seqs=batch, decode_context_tokens=C)` without the counting
-        (the simulator counts its steps outside the measured range afterwards)."""
-        base = float(_interp(max(float(batch), 1.0), self.bat_x, self.bat_g)[0])
+    def core_table(self, tokens: int) -> tuple[np.ndarray, tuple[float, ...]]:
+        """For the compiled run (splitplan_core.run, MEASURED): a pass's time at each count of
+        prompt and decode tokens below `tokens`, as `pass_time_s` reads a pass (not counted), and
+        (MIXED_FACTOR ... CONTEXT_HI): `mixed_factor` and the ranges outside which a lookup is
+        counted as extrapolated (the prefill's tokens, `decode_ranges`)."""
+        values = _interp(np.arange(tokens, dtype=float), self.pre_x, self.pre_y)[0]
+        return values, (self.mixed_factor, self.pre_x[0], self.pre_x[-1], *self.decode_ranges)
+
+    def decode_line(self, batch):
+        """As `Instance.decode_line` (a batch size or an array of them): the step is
+        `max(g(B) + s x C, floor)`, exactly `pass_time_s(decode_seqs=batch, decode_context_tokens=C)`
+        without the counting (the simulator counts its steps outside the measured range)."""
+        base = _interp(np.maximum(np.asarray(batch, float), 1.0), self.bat_x, self.bat_g)[0]
+        base = float(base) if np.ndim(base) == 0 else base
         return base, self.ctx_slope, self.dec_floor - base
 
     def pass_time_s(self, prefill_seqs=0, prefill_tokens=0, prefill_sq_tokens=0, decode_seqs=0, decode_context_tokens=0):
@@ -155,7 +174,7 @@ class MeasuredInstance(PassShortcuts):
         out = np.empty(pre.shape)
         has_prefill = pre > 0
         if has_prefill.any():
-            out[has_prefill] = self._prefill(pre[has_prefill] + dec[has_prefill])
+            out[has_prefill] = self._prefill(pre[has_prefill] + dec[has_prefill]) * np.where(dec[has_prefill] > 0, self.mixed_factor, 1.0)
         if (~has_prefill).any():
             out[~has_prefill] = self._decode(dec[~has_prefill], ctx[~has_prefill])
         return float(out) if out.ndim == 0 else out
@@ -180,6 +199,8 @@ class SplitwiseSimInstance(MeasuredInstance):
     takes 1.1x the prefill of its prompt tokens plus one per decoding request. Both
     curves are extended linearly past their ends, as splitwise-sim's interp1d."""
 
+    mixed_factor = 1.1
+
     def __init__(self, analytic: Instance, rows: pd.DataFrame | None, source: str):
         self.analytic, self.source, self.rows = analytic, source, rows
         self.extrapolated = {"prefill": 0, "decode": 0}
@@ -195,17 +216,14 @@ class SplitwiseSimInstance(MeasuredInstance):
         self.record_decode_steps(b, context_total)
         return _interp(b, self.bt_x, self.token_y)[0]
 
-    def decode_outside(self, batch, context_total):
-        b = np.asarray(batch, float)
-        return (b < self.bt_x[0]) | (b > self.bt_x[-1])
+    @property
+    def decode_ranges(self) -> tuple[float, float, float, float]:
+        return self.bt_x[0], self.bt_x[-1], -np.inf, np.inf
 
-    def decode_line(self, batch: int) -> tuple[float, float, float]:
-        return float(_interp(max(float(batch), 1.0), self.bt_x, self.token_y)[0]), 0.0, 0.0
+    def decode_line(self, batch):
+        step = _interp(np.maximum(np.asarray(batch, float), 1.0), self.bt_x, self.token_y)[0]
+        return (float(step), 0.0, 0.0) if np.ndim(step) == 0 else (step, 0.0, np.zeros_like(step))
 
-    def pass_time_s(self, prefill_seqs=0, prefill_tokens=0, prefill_sq_tokens=0, decode_seqs=0, decode_context_tokens=0):
-        out = MeasuredInstance.pass_time_s(self, prefill_seqs, prefill_tokens, prefill_sq_tokens, decode_seqs, decode_context_tokens)
-        mixed = (np.asarray(prefill_tokens, float) > 0) & (np.asarray(decode_seqs, float) > 0)
-        return out * np.where(mixed, 1.1, 1.0) if np.ndim(out) else out * (1.1 if bool(mixed) else 1.0)
 
 
 INTERPOLATIONS = {"splitplan": MeasuredInstance, "splitwise-sim": SplitwiseSimInstance}

@@ -61,8 +61,8 @@ A borrowed instance runs mixed iterations (prefill priority).
 Determinism: one event heap keyed on (time, sequence number); the counter
 belongs to the run, so equal times resolve the same way every run.
 
-A run on analytic instances without borrowing or recorded passes runs compiled (splitplan_core.run:
-these rules, prefix caches and host tier, closed loops, shared machines and the event log
+A run without borrowing runs compiled (splitplan_core.run: these rules, prefix caches and host
+tier, closed loops, shared machines, the event log, recorded passes and measured tables
 included), the same result to the bit.
 """
 
@@ -81,6 +81,7 @@ from splitplan.base import limits
 from splitplan.base.core import core
 from splitplan.base.errors import SpecError
 from splitplan.perf.roofline import Instance, local_kv_bytes_per_s
+from splitplan.perf.table import MeasuredInstance
 from splitplan.sim import gaps, routing
 from splitplan.sim.prefix_cache import PrefixCache, PrefixModel
 from splitplan.sim.types import (  # noqa: F401  (re-exported)
@@ -105,8 +106,8 @@ def simulate(trace: Trace, pools: list[PoolSpec], options: SimOptions = SimOptio
 # Decode-only iterations that nothing can interrupt are computed at once (_decode_stretch);
 # off only to check that it changes nothing.
 FUSE_DECODE_STRETCHES = True
-# A run on analytic instances without borrowing or recorded passes runs compiled
-# (splitplan_core.run, the same result); off only to compare the two.
+# A run without borrowing runs compiled (splitplan_core.run, the same result); off only to
+# compare the two.
 COMPILED = True
 # plain ints on the hot path
 _KV_ARRIVED, _ITERATION_END, _PREFIX_LOADED = int(Event.KV_ARRIVED), int(Event.ITERATION_END), int(Event.PREFIX_LOADED)
@@ -640,10 +641,8 @@ class _Cluster:
 
     def run(self) -> SimResult:
         """Handle events in time order (heap events before arrivals at equal times) until
-        every request is done; then the result. A run on analytic instances without borrowing or
-        recorded passes runs compiled."""
-        if (COMPILED and self.passes is None and self.options.borrow_threshold_tokens is None
-                and all(isinstance(pool.perf, Instance) for pool in self.pools)):
+        every request is done; then the result. A run without borrowing runs compiled."""
+        if COMPILED and self.options.borrow_threshold_tokens is None:
             return self._run_compiled()
         next_arrival, log, n, heap, arrival, insts = 0, self.log, self.n, self.heap, self.arrival, self.insts
         pop, kv_arrived, iteration_end = heapq.heappop, self._kv_arrived, self._iteration_end
@@ -676,28 +675,31 @@ class _Cluster:
         arrays, its state back into this run's, then the result."""
         perfs = [cast(Instance, pool.perf) for pool in self.pools]
         prompt, out = self.trace.prompt_tokens.astype(np.int64), self.trace.output_tokens.astype(np.int64)
-        machines = {node: m for m, node in enumerate(dict.fromkeys(x.node for x in self.insts if x.node is not None))}
-        req, times, inst = core.initial_state(prompt, self.cached, self.node if self.caches else -1,
-                                              [str(x.role) for x in self.insts], [x.pool for x in self.insts],
-                                              [self.p_pos.get(x.idx, -1) for x in self.insts],
-                                              [self.t_pos.get(x.idx, -1) for x in self.insts],
-                                              [machines.get(x.node, -1) for x in self.insts])
+        req, times, inst = self._core_state(prompt)
         arrival = np.asarray(self.arrival, float)
-        status, clock, counters, ends_s, ends_at, log_s, log_at, caches = core.run(
-            arrival, float(self.front), prompt, out, req, times, inst, *self._core_pools(perfs), self._core_settings(),
-            float(self.kv_bytes), np.array([perf.pass_vector for perf in perfs]), self._decode_lines(perfs, prompt),
-            np.array([self.single[k] for k in range(len(perfs))], float), self.prefix.arrays() if self.caches else None)
-        for k, state in enumerate(caches):
-            self.caches[k].restore(*state)
+        lines = self._decode_lines(perfs, prompt)
+        tables = self._measured_tables(perfs, prompt + out, lines.shape[1])
+        vectors = np.array([np.zeros(len(core.FIELDS)) if p.measured else p.pass_vector for p in perfs])  # (a table times a measured one)
+        status, clock, counters, ends_s, ends_at, log_s, log_at, caches, passes, counts = core.run(
+            arrival, float(self.front), prompt, out, req, times, inst, *self._core_pools(perfs, tables), self._core_settings(),
+            float(self.kv_bytes), vectors, lines, np.array([self.single[k] for k in range(len(perfs))], float), tables[0],
+            self.prefix.arrays() if self.caches else None)
         self.arrival = arrival  # (a closed loop's: the times the clients sent each request)
-        if self.log is not None:
-            self.log = [(t, Event(kind), k, None if i < 0 else i) for t, (kind, k, i) in zip(log_s.tolist(), log_at.tolist(), strict=True)]
         if status == core.TOO_MANY_ITERATIONS:
             raise self._too_many_iterations()
         if status != core.OK:
             raise RuntimeError(f"the compiled run stopped (status {status}): a bug, please report it")
         self._take_compiled(req, times, inst, clock, counters, ends_s, ends_at)
-        return self._result()
+        self._take_records(perfs, caches, counts, log_s, log_at)
+        result = self._result()
+        return result if self.passes is None else dataclasses.replace(result, passes=passes)
+
+    def _core_state(self, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The core's state before any event (splitplan_core.initial_state): per request and per instance."""
+        machines = {node: m for m, node in enumerate(dict.fromkeys(x.node for x in self.insts if x.node is not None))}
+        return core.initial_state(prompt, self.cached, self.node if self.caches else -1, [str(x.role) for x in self.insts],
+                                  [x.pool for x in self.insts], [self.p_pos.get(x.idx, -1) for x in self.insts],
+                                  [self.t_pos.get(x.idx, -1) for x in self.insts], [machines.get(x.node, -1) for x in self.insts])
 
     def _cap(self) -> int:
         return int(self.options.max_num_seqs or self.n + 1)
@@ -713,15 +715,31 @@ class _Cluster:
             lines[k, 1:, 0], lines[k, 1:, 1], lines[k, 1:, 2] = perf.decode_line(np.arange(1, most + 1))
         return lines
 
-    def _core_pools(self, perfs: list[Instance]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The core's per-pool settings: integers (KV_CAP ... LAYERWISE_MIN), floats (LINK_BPS ...
-        LOAD_S_PER_TOKEN: a prefilling pool's host tier), and the KV
+    def _measured_tables(self, perfs: list[Instance], request_tokens: np.ndarray, lines: int) -> tuple[np.ndarray, list[tuple]]:
+        """Per pool, a measured one's pass times by tokens (MeasuredInstance.core_table: up to the
+        longest pass, a whole request recomputed or the budget, beside the largest decode batch), and
+        its (MIXED_FACTOR ... CONTEXT_HI); zeros for an analytic pool."""
+        measured = [cast(MeasuredInstance, p) for p in perfs if p.measured]
+        size = max(self.max_tokens, int(request_tokens.max(initial=0))) + lines + 1 if measured else 0
+        rows, ranges = np.zeros((len(perfs), size)), []
+        for k, perf in enumerate(perfs):
+            if perf.measured:
+                rows[k], ranged = cast(MeasuredInstance, perf).core_table(size)
+                ranges.append(ranged)
+            else:
+                ranges.append((1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
+        return rows, ranges
+
+    def _core_pools(self, perfs: list[Instance], tables: tuple[np.ndarray, list[tuple]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The core's per-pool settings: integers (KV_CAP ... MEASURED), floats (LINK_BPS ...
+        CONTEXT_HI: a prefilling pool's host tier, a measured pool's ranges), and the KV
         bandwidth between two pools' instances on one machine."""
         pools = np.array([[int(perf.fit.kv_capacity_tokens), perf.max_request_tokens, self.chunked[k] is not None, self.deferring[k],
-                           perf.engine.layerwise_transfer_min_tokens] for k, perf in enumerate(perfs)], np.int64)
+                           perf.engine.layerwise_transfer_min_tokens, perf.measured] for k, perf in enumerate(perfs)], np.int64)
         host = [self.prefix.host_tier(perf) if self.caches and pool.role != TOKEN else (0.0, 0.0)  # (as _prefix_caches gives them)
                 for pool, perf in zip(self.pools, perfs, strict=True)]
-        pools_s = np.array([[perf.kv_link_bytes_per_s, perf.factors.kv_transfer_latency_s, *host[k]] for k, perf in enumerate(perfs)])
+        pools_s = np.array([[perf.kv_link_bytes_per_s, perf.factors.kv_transfer_latency_s, *host[k], *tables[1][k]]
+                            for k, perf in enumerate(perfs)])
         return pools, pools_s, np.array([[local_kv_bytes_per_s(a, b) for b in perfs] for a in perfs])
 
     def _core_settings(self) -> np.ndarray:
@@ -729,7 +747,20 @@ class _Cluster:
         caching = bool(self.caches)
         return np.array([self.max_tokens, self._cap(), self.max_iterations, self.context or 0, self.layers,
                          self.options.routing == "round-robin", self.closed or 0, self.log is not None, caching,
-                         self.prefix.block_tokens if caching else 1, self.options.routing == "prefix-aware" and caching], np.int64)
+                         self.prefix.block_tokens if caching else 1, self.options.routing == "prefix-aware" and caching,
+                         self.passes is not None], np.int64)
+
+    def _take_records(self, perfs: list[Instance], caches: list, counts: np.ndarray, log_s: np.ndarray, log_at: np.ndarray) -> None:
+        """The compiled run's caches, measured tables' lookups and event log as this run's."""
+        for k, state in enumerate(caches):
+            self.caches[k].restore(*state)
+        for perf, (prefill, prefill_out, decode, decode_out) in zip(perfs, counts.tolist(), strict=True):
+            if perf.measured:  # (a measured table counts its lookups, and those it extrapolated)
+                table = cast(MeasuredInstance, perf)
+                table.counted("prefill", prefill, prefill_out)
+                table.counted("decode", decode, decode_out)
+        if self.log is not None:
+            self.log = [(t, Event(kind), k, None if i < 0 else i) for t, (kind, k, i) in zip(log_s.tolist(), log_at.tolist(), strict=True)]
 
     def _take_compiled(self, req, times, inst, clock, counters, ends_s, ends_at) -> None:
         """The compiled run's state as this run's: per request, per instance, the counters."""

@@ -218,7 +218,7 @@ def record(run: dict, profile: EngineProfile) -> Schedule | None:
     if len(pools) > 1 or pools[0].perf.engine.frontend_latency_s or result.rejected.any() \
             or any(s.prefix_lookup_tokens for s in result.instances):
         return None
-    passes = result.passes
+    passes = _stretches(result.passes)
     ends = passes[:, 6]
     arrival = result.trace.arrival_s
 
@@ -236,6 +236,21 @@ def record(run: dict, profile: EngineProfile) -> Schedule | None:
     decode = passes[~prompt]
     return Schedule(passes[prompt, :5], decode[:, [3, 4, 5]], prompt, sent, first, finish,
                     result.trace.output_tokens.astype(float))
+
+
+def _stretches(passes: np.ndarray) -> np.ndarray:
+    """One instance's passes (SimResult.passes) with each run of decode-only iterations of one
+    batch, its context growing by the batch each, as one row: nothing joined or left the batch
+    between them, so no request was sent, had its first token or finished inside it."""
+    decode = passes[:, 0] == 0
+    batch, context, count = passes[:, 3], passes[:, 4], passes[:, 5]
+    goes_on = np.zeros(len(passes), bool)  # a row that continues the one before
+    goes_on[1:] = decode[1:] & decode[:-1] & (batch[1:] == batch[:-1]) & (context[1:] == context[:-1] + batch[:-1] * count[:-1])
+    first = np.flatnonzero(~goes_on)
+    merged = passes[first].copy()
+    merged[:, 5] = np.add.reduceat(count, first) if len(first) else count[first]
+    merged[:, 6] = passes[np.append(first[1:], len(passes)) - 1, 6]  # (the end of its last iteration)
+    return merged
 
 
 def _record_unit(profile, run):

@@ -53,20 +53,21 @@ def assert_same(a, b) -> None:
        model=st.sampled_from(["llama2-70b", "bloom-176b"]), instances=st.sampled_from([1, 2, 5, 18]),
        load=st.floats(0.5, 3.0), budget=st.sampled_from([512, 2048, 8192]), seqs=st.sampled_from([None, 3, 64]),
        context=st.sampled_from([None, 2500]), routing=st.sampled_from(["jsq", "round-robin"]), cached=st.booleans(),
-       clients=st.sampled_from([None, None, 1, 4, 40]), log=st.booleans())
+       clients=st.sampled_from([None, None, 1, 4, 40]), log=st.booleans(), record=st.booleans())
 @example(seed=1, engine="vllm", model="bloom-176b", instances=2, load=3.0, budget=8192, seqs=None, context=None,
-         routing="jsq", cached=False, clients=None, log=False)  # (BLOOM's KV fills: preemptions)
+         routing="jsq", cached=False, clients=None, log=False, record=True)  # (BLOOM's KV fills: preemptions)
 @example(seed=2, engine="lean", model="bloom-176b", instances=1, load=3.0, budget=2048, seqs=3, context=2500,
-         routing="round-robin", cached=True, clients=None, log=True)
+         routing="round-robin", cached=True, clients=None, log=True, record=False)
 @example(seed=3, engine="vllm", model="bloom-176b", instances=2, load=1.0, budget=2048, seqs=None, context=2500,
-         routing="jsq", cached=False, clients=40, log=True)  # (a closed loop: refusals and rejections free their clients)
+         routing="jsq", cached=False, clients=40, log=True, record=True)  # (a closed loop: refusals and rejections free their clients)
 def test_compiled_run_is_the_python_run(seed, engine, model, instances, load, budget, seqs, context, routing, cached, clients,
-                                        log):
+                                        log, record):
     """Whole-prompt and chunked passes, async scheduling and a front-end latency (vllm), the
     sequence cap, refusals past max_model_len, rejections (a request longer than the KV),
     preemptions (BLOOM's small KV at high load), round-robin, join-shortest-queue past 16
     instances (the Python run's heap), prompts partly cached, open and closed loops (clients),
-    the event log: the same result, event count and log included."""
+    the event log, every iteration's pass recorded: the same result, event count, log and passes
+    included."""
     rng = np.random.default_rng(seed)
     trace = resample_poisson(TRACE, load * instances, 20.0, rng)
     if cached:
@@ -74,7 +75,7 @@ def test_compiled_run_is_the_python_run(seed, engine, model, instances, load, bu
     inst = api.instance(model, "h100-80gb", 8, engine)
     pools = [PoolSpec("mixed", inst, instances)]
     options = SimOptions(max_batch_tokens=budget, max_num_seqs=seqs, max_model_len=context, routing=routing,
-                         concurrency=clients, warmup_requests=clients or 0, record_events=log)
+                         concurrency=clients, warmup_requests=clients or 0, record_events=log, record_passes=record)
     compiled = simulate(trace, pools, options)
     assert_same(compiled, python_run(trace, pools, options))
 
@@ -86,21 +87,21 @@ def test_compiled_run_is_the_python_run(seed, engine, model, instances, load, bu
        counts=st.tuples(st.integers(1, 3), st.integers(1, 3)), load=st.floats(0.5, 3.0),
        budget=st.sampled_from([512, 8192]), seqs=st.sampled_from([None, 4]), context=st.sampled_from([None, 2500]),
        routing=st.sampled_from(["jsq", "round-robin"]), clients=st.sampled_from([None, None, 2, 30]),
-       shared=st.sampled_from([None, None, 1, 2]), log=st.booleans())
+       shared=st.sampled_from([None, None, 1, 2]), log=st.booleans(), record=st.booleans())
 @example(seed=0, engine="vllm", prompt_types=("h100-80gb",), token_types=("a100-80gb",), tp=4, counts=(3, 1), load=3.0,
          budget=8192, seqs=None, context=None, routing="jsq", clients=None, shared=None,
-         log=False)  # (a100s at TP 4 hold few: decodes wait, long ones rejected)
+         log=False, record=True)  # (a100s at TP 4 hold few: decodes wait, long ones rejected)
 @example(seed=1, engine="vllm", prompt_types=("h100-80gb",), token_types=("h100-80gb",), tp=4, counts=(3, 1), load=3.0,
          budget=8192, seqs=None, context=None, routing="jsq", clients=30, shared=2,
-         log=True)  # (a closed loop on shared machines: transfers within a machine and between two)
+         log=True, record=False)  # (a closed loop on shared machines: transfers within a machine and between two)
 def test_compiled_split_run_is_the_python_run(seed, engine, prompt_types, token_types, tp, counts, load, budget, seqs,
-                                              context, routing, clients, shared, log):
+                                              context, routing, clients, shared, log, record):
     """Prompt and token pools of one or two machine types: KV transfers serialized and layer by
     layer over both instances' links (FIFO), token instances' KV admission and rejections,
     whole-prompt and chunked prefill, async scheduling, the sequence cap, refusals, round-robin,
     open and closed loops, the first prompt and token pools' instances sharing `shared` machines
-    (a transfer within one over its GPU links, the NICs free), the event log: the same result,
-    event count and log included."""
+    (a transfer within one over its GPU links, the NICs free), the event log, the passes: the same
+    result, event count, log and passes included."""
     rng = np.random.default_rng(seed)
     trace = resample_poisson(TRACE, load * counts[0], 20.0, rng)
     pools = ([PoolSpec("prompt", api.instance("llama2-70b", hw, tp, engine), counts[0]) for hw in prompt_types]
@@ -110,9 +111,54 @@ def test_compiled_split_run_is_the_python_run(seed, engine, prompt_types, token_
         pools = [dataclasses.replace(p, machines=shared, instances_given=p.instances, shared=0) if k in first else p
                  for k, p in enumerate(pools)]
     options = SimOptions(max_batch_tokens=budget, max_num_seqs=seqs, max_model_len=context, routing=routing,
-                         concurrency=clients, warmup_requests=clients or 0, record_events=log)
+                         concurrency=clients, warmup_requests=clients or 0, record_events=log, record_passes=record)
     compiled = simulate(trace, pools, options)
     assert_same(compiled, python_run(trace, pools, options))
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), interpolation=st.sampled_from(["splitplan", "splitwise-sim"]), split=st.booleans(),
+       model=st.sampled_from(["llama2-70b", "bloom-176b"]), machine=st.sampled_from(["a100-80gb", "h100-80gb"]),
+       engine=st.sampled_from(["lean", "vllm"]), load=st.floats(0.5, 4.0), budget=st.sampled_from([512, 8192]),
+       clients=st.sampled_from([None, None, 16]), record=st.booleans())
+@example(seed=0, interpolation="splitplan", split=False, model="bloom-176b", machine="a100-80gb", engine="vllm", load=4.0,
+         budget=8192, clients=None, record=True)  # (BLOOM's KV fills: preemptions, recomputed passes past the table)
+def test_compiled_measured_tables_are_the_python_ones(seed, interpolation, split, model, machine, engine, load, budget, clients,
+                                                     record):
+    """Passes timed from a measured table (the vendored Splitwise file, read either way): prompt
+    work at the table's time for its tokens plus the decodes (1.1x with decodes, splitwise-sim's
+    reading), decode steps from its lines; the same result to the bit, and the same lookups
+    counted and extrapolated ones (short prompts and large batches lie outside the table)."""
+    rng = np.random.default_rng(seed)
+    trace = resample_poisson(TRACE, load, 20.0, rng)
+    db = PerfDb(PERF_DB)
+    options = SimOptions(max_batch_tokens=budget, concurrency=clients, warmup_requests=clients or 0, record_passes=record)
+
+    def pools():  # (a measured instance counts its lookups: fresh ones for each run)
+        measured = db.require(api.instance(model, machine, 8, engine), interpolation)
+        return [PoolSpec("prompt", measured, 1), PoolSpec("token", measured, 1)] if split else [PoolSpec("mixed", measured, 2)]
+
+    compiled_pools, python_pools = pools(), pools()
+    assert_same(simulate(trace, compiled_pools, options), python_run(trace, python_pools, options))
+    compiled, python = compiled_pools[0].perf, python_pools[0].perf
+    assert (compiled.queries, compiled.extrapolated) == (python.queries, python.extrapolated)
+    assert compiled.queries["decode"] > 0
+
+
+def test_compiled_measured_tables_count_what_they_extrapolate():
+    """Prompts shorter than the table's first point (60 tokens: it starts at 128), longer than its
+    last (9,000 beside running decodes: it ends at 8,192), a context per decode past its last:
+    counted as extrapolated, as the Python loop counts them."""
+    short, long = np.full(40, 60), np.full(4, 9000)
+    trace = Trace(np.concatenate((np.linspace(0.0, 0.5, 40), np.linspace(1.0, 1.3, 4))), np.concatenate((short, long)),
+                  np.concatenate((np.full(40, 9000), np.full(4, 10))), "short prompts, long answers")
+    counted = []
+    for run in (simulate, python_run):
+        measured = PerfDb(PERF_DB).require(api.instance("llama2-70b", "h100-80gb", 8, "lean"))
+        run(trace, [PoolSpec("mixed", measured, 1)], SimOptions())
+        counted.append((measured.queries, measured.extrapolated))
+    assert counted[0] == counted[1]
+    assert counted[0][1]["prefill"] > 0 and counted[0][1]["decode"] > 0
 
 
 def test_preemptions():
@@ -183,19 +229,19 @@ def test_the_iteration_limit_fails_as_the_python_run(monkeypatch):
 
 
 def test_what_runs_in_python():
-    """Measured tables, the mixed pool's borrowing and recorded passes run in the Python loop
-    (decode stretches fused: fewer events than iterations); closed loops, pools sharing machines
-    and event logs run compiled (every iteration an event, as the unfused Python loop counts)."""
+    """The mixed pool's borrowing runs in the Python loop (decode stretches fused: fewer events
+    than iterations); closed loops, pools sharing machines, event logs, recorded passes and
+    measured tables run compiled (every iteration an event, as the unfused Python loop counts)."""
     trace = resample_poisson(TRACE, 2.0, 20.0, np.random.default_rng(0))
     inst, half = api.instance("llama2-70b", "a100-80gb", 8, "vllm"), api.instance("llama2-70b", "a100-80gb", 4, "vllm")
     split = [PoolSpec("prompt", inst, 1), PoolSpec("token", inst, 1)]
     compiled = simulate(trace, split)
-    for pools, options in [([PoolSpec("mixed", PerfDb(PERF_DB).require(inst), 1)], SimOptions()),
-                           (split, SimOptions(borrow_threshold_tokens=4096)), (split, SimOptions(record_passes=True))]:
+    for pools, options in [(split, SimOptions(borrow_threshold_tokens=4096))]:
         assert simulate(trace, pools, options).events < python_run(trace, pools, options).events
     for pools, options in [([PoolSpec("mixed", inst, 1)], SimOptions(concurrency=4)),
                            ([PoolSpec("prompt", half, 1, shared=1), PoolSpec("token", half, 1, shared=1)], SimOptions()),
-                           (split, SimOptions(record_events=True))]:
+                           (split, SimOptions(record_events=True)), (split, SimOptions(record_passes=True)),
+                           ([PoolSpec("mixed", PerfDb(PERF_DB).require(inst), 1)], SimOptions())]:
         assert simulate(trace, pools, options).events == python_run(trace, pools, options).events
     logged = simulate(trace, split, SimOptions(record_events=True))
     assert len(logged.event_log) == logged.events == compiled.events
