@@ -12,6 +12,7 @@ PREV: int
 AFTER: int
 FINISH_ITER: int
 DEFERRED_AT: int
+DEFERRED_TO: int
 PLEN: int
 BASE: int
 DONE: int
@@ -46,6 +47,7 @@ MEMBERS_TAIL: int
 BATCH: int
 CTX: int
 KV_USED: int
+KV_COMMITTED: int
 ITERS: int
 RUNNING: int
 FIXED: int
@@ -99,6 +101,7 @@ CACHING: int
 BLOCK: int
 PREFIX_AWARE: int
 RECORD: int
+BORROW: int
 SETTINGS: int
 ITERATIONS: int
 TOKENS_OUT: int

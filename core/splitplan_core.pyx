@@ -19,7 +19,7 @@ a sequence number, or an instance), popped in the order Python's heapq pops the 
 """
 
 from libc.math cimport INFINITY, pow
-from libc.stdint cimport INT64_MAX, int64_t
+from libc.stdint cimport INT64_MAX, INT64_MIN, int64_t
 from libc.stdlib cimport free, malloc, realloc
 
 import numpy as np
@@ -1075,9 +1075,9 @@ def running_peak(const double[:] times, const double[:] weights, int64_t[:] orde
 # iterations run one by one (the Python loop computes stretches of them at once, with the same sums
 # in the same order), so `EVENTS` counts every iteration end.
 
-cpdef enum:  # per-request integer rows
-    NEXT, PREV, AFTER, FINISH_ITER, DEFERRED_AT, PLEN, BASE, DONE, RESUMED, JOIN_ITER, P_INST, T_INST, REJECTED, REFUSED,
-    CACHED, LOOKED, PINNED, PREFIX_NODE, REQUEST_ROWS
+cpdef enum:  # per-request integer rows (DEFERRED_TO: the list a request deferred by async scheduling joins)
+    NEXT, PREV, AFTER, FINISH_ITER, DEFERRED_AT, DEFERRED_TO, PLEN, BASE, DONE, RESUMED, JOIN_ITER, P_INST, T_INST, REJECTED,
+    REFUSED, CACHED, LOOKED, PINNED, PREFIX_NODE, REQUEST_ROWS
 
 cpdef enum:  # per-request float rows
     TTFT, E2E, STALL, PREEMPTED_AT, REJOINED, PREFILL_START, KV_READY, JOIN_TIME, TIME_ROWS
@@ -1088,8 +1088,8 @@ cpdef enum:  # per-instance integer columns: four lists (head, tail, length), th
     DEFERRED = 6
     RUN = 9
     MEMBERS_HEAD = 12
-    MEMBERS_TAIL, BATCH, CTX, KV_USED, ITERS, RUNNING, FIXED, LAUNCH, NEXT_FINISH, ROLE, POOL, P_POS, T_POS,
-    NODE, INSTANCE_COLUMNS
+    MEMBERS_TAIL, BATCH, CTX, KV_USED, KV_COMMITTED, ITERS, RUNNING, FIXED, LAUNCH, NEXT_FINISH, ROLE, POOL, P_POS,
+    T_POS, NODE, INSTANCE_COLUMNS
 
 cpdef enum:  # per-instance float columns
     PREFILL_S, DECODE_S, INTEGRAL, LINK_FREE, HOST_FREE, CLOCK_COLUMNS
@@ -1109,9 +1109,9 @@ cpdef enum:  # per measured pool, what its tables were asked, and how often outs
 
 cpdef enum:  # run-wide integer settings (CLOSED: a closed loop's clients, 0 for an open loop; LOG: keep the event log;
     # CACHING: a prefix cache per instance, reused in blocks of BLOCK tokens; PREFIX_AWARE: routing by it;
-    # RECORD: keep every iteration's pass, `passes`)
+    # RECORD: keep every iteration's pass, `passes`; BORROW: the mixed pool's threshold in prompt tokens, -1 for none)
     MAX_BATCH_TOKENS, CAP, MAX_ITERATIONS, CONTEXT, LAYERS, ROUND_ROBIN, CLOSED, LOG, CACHING, BLOCK, PREFIX_AWARE, RECORD,
-    SETTINGS
+    BORROW, SETTINGS
 
 cpdef enum:  # (RELEASED: requests whose arrival time is known; LOGGED: events in the log; RECORDED: passes kept)
     ITERATIONS, TOKENS_OUT, PREEMPTIONS, EVENTS, ENDS, SEQ, TURN_P, TURN_T, RELEASED, LOGGED, RECORDED, COUNTERS
@@ -1255,6 +1255,7 @@ cdef class _Run:
 
     cdef inline void unassign(self, Py_ssize_t k, int64_t i) noexcept:
         """Request i no longer holds a decode place on k (finished or rejected)."""
+        self.inst[k, KV_COMMITTED] -= self.prompt[i] + self.out[i]
         if self.inst[k, ROLE] == MIXED:
             self.p_load[self.inst[k, P_POS]] -= 1
         if self.inst[k, T_POS] >= 0:
@@ -1314,11 +1315,16 @@ cdef class _Run:
 
     cdef void release(self, Py_ssize_t k, int64_t before) noexcept:
         """Requests deferred by async scheduling that arrived in an iteration before `before` join
-        the line they were headed for: a co-located or token instance's wait for KV room, a prompt
-        instance's queue."""
-        cdef int line = QUEUE if self.inst[k, ROLE] == PROMPT else WAITING
+        the line they were headed for (DEFERRED_TO): the wait for KV room, or the prompt queue."""
+        cdef int64_t i
         while self.inst[k, DEFERRED + 2] and self.req[DEFERRED_AT, self.inst[k, DEFERRED]] < before:
-            self.push(k, line, self.pop(k, DEFERRED))
+            i = self.pop(k, DEFERRED)
+            self.push(k, self.req[DEFERRED_TO, i], i)
+
+    cdef void defer(self, Py_ssize_t k, int64_t i, int line) noexcept:
+        """Async scheduling: k's next iteration is already scheduled; request i joins `line` after it."""
+        self.req[DEFERRED_AT, i], self.req[DEFERRED_TO, i] = self.inst[k, LAUNCH], line
+        self.push(k, DEFERRED, i)
 
     cdef int whole_prompts(self, Py_ssize_t k, double now, int64_t* taken) except -1:
         """(prompts, tokens, squared tokens) of a whole-prompt pass: prompts from the queue's head
@@ -1417,7 +1423,7 @@ cdef class _Run:
                and self.inst[k, KV_USED] + self.inst[k, CTX] + self.inst[k, BATCH] > self.pools[pool, KV_CAP]):
             self.preempt(k, now)
         taken[0] = taken[1] = taken[2] = 0
-        if role != TOKEN and self.inst[k, QUEUE + 2]:
+        if self.inst[k, QUEUE + 2]:  # (a token instance's only while lent to prefill: BORROW)
             if self.pools[pool, CHUNKED]:
                 self.chunks(k, now, taken)
             else:
@@ -1487,10 +1493,13 @@ cdef class _Run:
             self.finish(i, now)
             self.unassign(tok, i)
             return 0
-        if tok == k:  # co-located: its KV held since admission, now counted in the batch's context
+        if tok == k:
             self.times[KV_READY, i] = now
-            self.inst[k, KV_USED] -= self.req[PLEN, i]
-            self.join(k, i, now)
+            if self.inst[k, ROLE] == MIXED:  # co-located: its KV held since admission, now counted in the batch's context
+                self.inst[k, KV_USED] -= self.req[PLEN, i]
+                self.join(k, i, now)
+            else:  # an instance lent to the other role (BORROW): its KV is here, admitted as an arrival's
+                self.push(k, WAITING, i)
             return 0
         cdef int64_t sent = self.prompt[i], loaded
         if self.settings[CACHING] and self.req[PREFIX_NODE, i] >= 0:  # the blocks the token instance holds are not sent
@@ -1565,7 +1574,8 @@ cdef class _Run:
         i = self.inst[k, RUN]
         while i >= 0:
             after = self.req[NEXT, i]
-            self.p_load[self.inst[k, P_POS]] -= self.req[PLEN, i]  # a prompt stays pending on its instance until its prefill completes
+            if self.inst[k, P_POS] >= 0:  # a prompt stays pending on its instance until its prefill completes
+                self.p_load[self.inst[k, P_POS]] -= self.req[PLEN, i]
             self.prefill_done(k, i, now)
             i = after
         self.inst[k, RUN], self.inst[k, RUN + 1], self.inst[k, RUN + 2] = -1, -1, 0
@@ -1576,8 +1586,7 @@ cdef class _Run:
         (then settled: ADMIT_THEN_START)."""
         self.times[KV_READY, i] = now
         if self.inst[k, RUNNING] and self.inst[k, FIXED]:  # async scheduling: the next iteration is already scheduled
-            self.req[DEFERRED_AT, i] = self.inst[k, LAUNCH]
-            self.push(k, DEFERRED, i)
+            self.defer(k, i, WAITING)
             return False
         self.push(k, WAITING, i)
         return not self.inst[k, RUNNING]
@@ -1648,10 +1657,14 @@ cdef class _Run:
 
     cdef void route(self, int64_t i, Py_ssize_t* src, Py_ssize_t* dst) noexcept:
         """(the instance that prefills a request, the one that decodes it): the least loaded of
-        each side (ties to the lowest), or round-robin; a co-located instance does both."""
+        each side (ties to the lowest), or round-robin; a co-located instance does both; with BORROW,
+        the mixed pool's choices (`mixed_pool_prompt`, `borrow`)."""
+        cdef bint borrowing = self.settings[BORROW] >= 0
         if self.settings[PREFIX_AWARE] and self.req[PREFIX_NODE, i] >= 0:
             src[0] = self.prompt_side[self.tree.cheapest(self.caches, self.prompt_side, self.p_load, self.req[PREFIX_NODE, i],
                                                          self.prompt[i])]
+        elif borrowing and self.inst[self.prompt_side[0], ROLE] != MIXED:
+            src[0] = self.mixed_pool_prompt(i)
         elif self.settings[ROUND_ROBIN]:
             src[0] = self.prompt_side[self.counters[TURN_P] % self.prompt_side.shape[0]]
             self.counters[TURN_P] += 1
@@ -1665,6 +1678,73 @@ cdef class _Run:
             self.counters[TURN_T] += 1
         else:
             dst[0] = self.token_side[_least(self.t_load)]
+        if borrowing:
+            self.borrow(i, src, dst)
+
+    # -- Splitwise's mixed pool (with BORROW): an instance lent to the other role when a resource is short
+
+    cdef inline bint fits(self, Py_ssize_t k, int64_t need) noexcept:
+        """Whether `need` more KV tokens fit beside what is committed to decode on k."""
+        return self.inst[k, KV_COMMITTED] + need <= self.pools[self.inst[k, POOL], KV_CAP]
+
+    cdef inline bint long_queue(self, Py_ssize_t k, int64_t i) noexcept:
+        return self.inst[k, QUEUE + 2] > 0 and self.p_load[self.inst[k, P_POS]] + self.prompt[i] > self.settings[BORROW]
+
+    cdef Py_ssize_t least_prompt(self, bint lent) noexcept:
+        """The prompt instance with the fewest pending prompt tokens among those lent to decoding
+        (holding KV committed) or those not; -1 for none."""
+        cdef Py_ssize_t best = -1, j, x
+        for j in range(self.prompt_side.shape[0]):
+            x = self.prompt_side[j]
+            if (self.inst[x, KV_COMMITTED] != 0) == lent and (best < 0 or self.p_load[j] < self.p_load[self.inst[best, P_POS]]):
+                best = x
+        return best
+
+    cdef Py_ssize_t mixed_pool_prompt(self, int64_t i) noexcept:
+        """Join-shortest-queue among the prompt instances not lent to decoding; a lent one only
+        when every other queue is long."""
+        cdef Py_ssize_t best = self.least_prompt(False), other
+        if best < 0 or self.long_queue(best, i):
+            other = self.least_prompt(True)
+            if other >= 0 and (best < 0 or not self.long_queue(other, i)):
+                best = other
+        return best
+
+    cdef Py_ssize_t lend_prompt(self, int64_t need) noexcept:
+        """The prompt instance to decode a request no token instance has room for: one already lent
+        with room (the fullest), else the one not lent with the fewest pending prompt tokens that
+        could hold it; -1 for none."""
+        cdef Py_ssize_t best = -1, j, x
+        for j in range(self.prompt_side.shape[0]):
+            x = self.prompt_side[j]
+            if self.inst[x, KV_COMMITTED] and self.fits(x, need) and (best < 0 or self.inst[x, KV_COMMITTED] > self.inst[best, KV_COMMITTED]):
+                best = x
+        if best >= 0:
+            return best
+        for j in range(self.prompt_side.shape[0]):
+            x = self.prompt_side[j]
+            if (not self.inst[x, KV_COMMITTED] and need <= self.pools[self.inst[x, POOL], KV_CAP]
+                    and (best < 0 or self.p_load[j] < self.p_load[self.inst[best, P_POS]])):
+                best = x
+        return best
+
+    cdef void borrow(self, int64_t i, Py_ssize_t* src, Py_ssize_t* dst) noexcept:
+        """Short of KV memory: the token instance with the most room, else a prompt instance lent to
+        decode it; every prompt queue long: its token instance prefills it."""
+        cdef int64_t need = self.prompt[i] + self.out[i], room, most = INT64_MIN
+        cdef Py_ssize_t j, x, lent
+        if not self.fits(dst[0], need):
+            for j in range(self.token_side.shape[0]):
+                x = self.token_side[j]
+                room = self.pools[self.inst[x, POOL], KV_CAP] - self.inst[x, KV_COMMITTED]
+                if room > most:
+                    dst[0], most = x, room
+            if not self.fits(dst[0], need):
+                lent = self.lend_prompt(need)
+                if lent >= 0:
+                    dst[0] = lent
+        if self.inst[dst[0], ROLE] == TOKEN and self.long_queue(src[0], i):
+            src[0] = dst[0]
 
     cdef Py_ssize_t arrive(self, int64_t i, double now, int* how) noexcept:
         """Request i is routed, and refused (longer than max_model_len, or than a prompt instance's
@@ -1681,14 +1761,16 @@ cdef class _Run:
             self.req[REJECTED, i] = 1
             self.release_client(now)
             return -1
-        self.p_load[self.inst[src, P_POS]] += self.prompt[i] + (self.inst[src, ROLE] == MIXED)  # (a co-located one also counts the request held)
+        if self.inst[src, P_POS] >= 0:  # (a co-located one also counts the request held; a lent token instance, nothing)
+            self.p_load[self.inst[src, P_POS]] += self.prompt[i] + (self.inst[src, ROLE] == MIXED)
+        self.inst[dst, KV_COMMITTED] += self.prompt[i] + self.out[i]
         if self.inst[dst, T_POS] >= 0:
             self.t_load[self.inst[dst, T_POS]] += self.out[i]
+        cdef int line = WAITING if self.inst[src, ROLE] == MIXED else QUEUE  # (co-located: prefilled once its KV is reserved)
         if self.inst[src, RUNNING] and self.inst[src, FIXED]:  # async scheduling: the next iteration is already scheduled
-            self.req[DEFERRED_AT, i] = self.inst[src, LAUNCH]
-            self.push(src, DEFERRED, i)
+            self.defer(src, i, line)
             return src
-        if self.inst[src, ROLE] == MIXED:  # prefilled once its KV is reserved
+        if line == WAITING:
             self.push(src, WAITING, i)
             how[0] = ADMIT_THEN_START
             return src

@@ -297,7 +297,7 @@ class _Cluster:
                 self._preempt(inst, now)
         prefill: list[int] = []  # requests whose prefill ends with this iteration
         chunks = 0  # prompts (whole or in part) in it
-        if inst.can_prefill and inst.queue:
+        if inst.queue:  # (a token instance's only while lent to prefill)
             budget = self.chunked[inst.pool]
             prefill, chunks, total, sq = self._whole_prompts(inst, now) if budget is None else self._chunks(inst, now, budget)
         if chunks:
@@ -642,7 +642,7 @@ class _Cluster:
     def run(self) -> SimResult:
         """Handle events in time order (heap events before arrivals at equal times) until
         every request is done; then the result. A run without borrowing runs compiled."""
-        if COMPILED and self.options.borrow_threshold_tokens is None:
+        if COMPILED:
             return self._run_compiled()
         next_arrival, log, n, heap, arrival, insts = 0, self.log, self.n, self.heap, self.arrival, self.insts
         pop, kv_arrived, iteration_end = heapq.heappop, self._kv_arrived, self._iteration_end
@@ -748,7 +748,7 @@ class _Cluster:
         return np.array([self.max_tokens, self._cap(), self.max_iterations, self.context or 0, self.layers,
                          self.options.routing == "round-robin", self.closed or 0, self.log is not None, caching,
                          self.prefix.block_tokens if caching else 1, self.options.routing == "prefix-aware" and caching,
-                         self.passes is not None], np.int64)
+                         self.passes is not None, -1 if (borrow := self.options.borrow_threshold_tokens) is None else borrow], np.int64)
 
     def _take_records(self, perfs: list[Instance], caches: list, counts: np.ndarray, log_s: np.ndarray, log_at: np.ndarray) -> None:
         """The compiled run's caches, measured tables' lookups and event log as this run's."""
@@ -799,7 +799,6 @@ class _Cluster:
                         dst = self._lend_prompt(need) or dst
                 if dst.role == TOKEN and self._long_queue(src, i):
                     src = dst  # every prompt machine's queue is long: borrow the token machine to prefill it
-                    src.can_prefill = True
         return src, dst
 
     def _arrive(self, i: int, now: float) -> InstanceState:
@@ -870,8 +869,6 @@ class _Cluster:
                 self.prompt_load[k] -= self.plen[i]
             self._prefill_done(inst, i, now)
         inst.run_prefill = []
-        if inst.role == TOKEN and not inst.queue:
-            inst.can_prefill = False  # a borrowed machine returns to its pool
         if inst.deferred:  # async scheduling: those that arrived before this iteration began may join
             self._release(inst, inst.launch)
         self._admit(inst, now)

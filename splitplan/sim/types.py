@@ -86,7 +86,7 @@ class SimOptions:
 class InstanceState:
     """One model instance's state during a run (the simulator's, mutable; slots for speed)."""
 
-    __slots__ = ("idx", "pool", "role", "perf", "can_prefill", "queue", "node",
+    __slots__ = ("idx", "pool", "role", "perf", "queue", "node",
                  "waiting", "kv_cap", "max_request", "kv_used", "kv_committed", "members", "batch", "ctx", "iters", "ends", "finishing",
                  "running", "link_free", "host_free", "kv_link_bytes_per_s",
                  "prefill_s", "decode_s", "batch_integral", "run_prefill", "steps", "launch", "fixed", "deferred")
@@ -94,7 +94,6 @@ class InstanceState:
     def __init__(self, idx, pool, role, perf, kv_link_bytes_per_s, node=None):
         self.idx, self.pool, self.role, self.perf = idx, pool, role, perf
         self.node = node  # (shared number, machine) on machines shared with the other role, else None
-        self.can_prefill = role in (PROMPT, MIXED)
         self.queue: deque[int] = deque()
         self.waiting: deque[int] = deque()
         self.kv_cap = perf.fit.kv_capacity_tokens

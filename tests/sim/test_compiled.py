@@ -161,6 +161,62 @@ def test_compiled_measured_tables_count_what_they_extrapolate():
     assert counted[0][1]["prefill"] > 0 and counted[0][1]["decode"] > 0
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), engine=st.sampled_from(["lean", "vllm", "sglang-fp8"]),
+       token_type=st.sampled_from(["a100-80gb", "h100-80gb"]), counts=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       load=st.floats(1.0, 8.0), threshold=st.sampled_from([0, 512, 4096, 20_000]), budget=st.sampled_from([512, 8192]),
+       routing=st.sampled_from(["jsq", "round-robin"]), clients=st.sampled_from([None, None, 30]), record=st.booleans())
+@example(seed=0, engine="vllm", token_type="a100-80gb", counts=(1, 1), load=6.0, threshold=512, budget=8192, routing="jsq",
+         clients=None, record=False)  # (long queues and a full token instance: lent both ways, under async scheduling)
+@example(seed=0, engine="lean", token_type="a100-80gb", counts=(2, 1), load=4.0, threshold=4096, budget=8192, routing="jsq",
+         clients=None, record=True)  # (two prompt instances, one lent)
+def test_compiled_mixed_pool_is_the_python_one(seed, engine, token_type, counts, load, threshold, budget, routing, clients,
+                                              record):
+    """Splitwise's mixed pool: a request whose KV would overfill its token instance goes to the
+    one with most room, else is decoded on a prompt instance (one lent with room, else the least
+    loaded), which takes new prompts only when every other queue is long; a prompt that finds
+    every prompt queue long is prefilled on its token instance; under whole-prompt and chunked
+    passes, async scheduling (requests deferred to the line they were headed for), open and
+    closed loops: the same result to the bit."""
+    rng = np.random.default_rng(seed)
+    trace = resample_poisson(TRACE, load * counts[0], 20.0, rng)
+    pools = [PoolSpec("prompt", api.instance("bloom-176b", "h100-80gb", 8, engine), counts[0]),  # (BLOOM's KV fills)
+             PoolSpec("token", api.instance("bloom-176b", token_type, 8, engine), counts[1])]
+    options = SimOptions(max_batch_tokens=budget, routing=routing, borrow_threshold_tokens=threshold, concurrency=clients,
+                         warmup_requests=clients or 0, record_passes=record)
+    compiled = simulate(trace, pools, options)
+    assert_same(compiled, python_run(trace, pools, options))
+
+
+def _mixed_pool_run(run, prompt, output, tokens: int, threshold: int):
+    """(prefilling, decoding instance per request) of requests 1 ms apart on one BLOOM prompt
+    instance (index 0) and `tokens` token instances (1 ...: 51,700 KV tokens each), whole prompts."""
+    n = len(prompt)
+    trace = Trace(np.arange(n) * 1e-3, np.array(prompt), np.array(output), "hand-made")
+    inst = api.instance("bloom-176b", "h100-80gb", 8, "lean")
+    result = run(trace, [PoolSpec("prompt", inst, 1), PoolSpec("token", inst, tokens)],
+                 SimOptions(borrow_threshold_tokens=threshold))
+    return result.prompt_instance.tolist(), result.token_instance.tolist()
+
+
+@pytest.mark.parametrize("run", [simulate, python_run])
+def test_mixed_pool_borrows_a_token_instance_past_the_threshold_not_at_it(run):
+    """Request 0 is prefilling (its 1,000 tokens pending), 1 waits in the queue (1,000 more); 2's
+    500 make 2,500 pending on a queue that is not empty: long past a threshold of 2,499, not at 2,500."""
+    prompt, output = [1000, 1000, 500], [10, 10, 10]
+    assert _mixed_pool_run(run, prompt, output, 1, 2500)[0] == [0, 0, 0]
+    assert _mixed_pool_run(run, prompt, output, 1, 2499)[0] == [0, 0, 1]
+
+
+@pytest.mark.parametrize("run", [simulate, python_run])
+def test_mixed_pool_sends_a_request_short_of_kv_to_the_first_roomiest_token_instance(run):
+    """Request 0 commits 40,010 KV tokens on token instance 1 with 10 output tokens, 1 and 2 1,100
+    each on instances 2 and 3: request 3 (20,005) goes by join-shortest-queue (output tokens) to 1,
+    does not fit there, and goes to the one with most room, the first of two equal ones: 2."""
+    placed = _mixed_pool_run(run, [40_000, 100, 100, 20_000], [10, 1000, 1000, 5], 3, 10**9)[1]
+    assert placed == [1, 2, 3, 2]
+
+
 def test_preemptions():
     """BLOOM's KV (about 52k tokens an instance) fills at this load: decodes are preempted and
     recomputed, some twice (the longer stall is the one kept); both runs agree."""
@@ -228,20 +284,19 @@ def test_the_iteration_limit_fails_as_the_python_run(monkeypatch):
         python_run(trace, pools, SimOptions())
 
 
-def test_what_runs_in_python():
-    """The mixed pool's borrowing runs in the Python loop (decode stretches fused: fewer events
-    than iterations); closed loops, pools sharing machines, event logs, recorded passes and
-    measured tables run compiled (every iteration an event, as the unfused Python loop counts)."""
+def test_every_run_is_compiled():
+    """Every run is compiled: closed loops, pools sharing machines, event logs, recorded passes,
+    measured tables and the mixed pool's borrowing (every iteration an event, as the unfused
+    Python loop counts)."""
     trace = resample_poisson(TRACE, 2.0, 20.0, np.random.default_rng(0))
     inst, half = api.instance("llama2-70b", "a100-80gb", 8, "vllm"), api.instance("llama2-70b", "a100-80gb", 4, "vllm")
     split = [PoolSpec("prompt", inst, 1), PoolSpec("token", inst, 1)]
     compiled = simulate(trace, split)
-    for pools, options in [(split, SimOptions(borrow_threshold_tokens=4096))]:
-        assert simulate(trace, pools, options).events < python_run(trace, pools, options).events
     for pools, options in [([PoolSpec("mixed", inst, 1)], SimOptions(concurrency=4)),
                            ([PoolSpec("prompt", half, 1, shared=1), PoolSpec("token", half, 1, shared=1)], SimOptions()),
                            (split, SimOptions(record_events=True)), (split, SimOptions(record_passes=True)),
-                           ([PoolSpec("mixed", PerfDb(PERF_DB).require(inst), 1)], SimOptions())]:
+                           ([PoolSpec("mixed", PerfDb(PERF_DB).require(inst), 1)], SimOptions()),
+                           (split, SimOptions(borrow_threshold_tokens=4096))]:
         assert simulate(trace, pools, options).events == python_run(trace, pools, options).events
     logged = simulate(trace, split, SimOptions(record_events=True))
     assert len(logged.event_log) == logged.events == compiled.events
