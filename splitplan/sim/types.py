@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from array import array
-from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -84,42 +83,24 @@ class SimOptions:
 
 
 class InstanceState:
-    """One model instance's state during a run (the simulator's, mutable; slots for speed)."""
+    """One model instance during a run: what it is, and what the run leaves of it (its decode
+    iterations' end times and count, its batch, context and KV at the end, its time by kind)."""
 
-    __slots__ = ("idx", "pool", "role", "perf", "queue", "node",
-                 "waiting", "kv_cap", "max_request", "kv_used", "kv_committed", "members", "batch", "ctx", "iters", "ends", "finishing",
-                 "running", "link_free", "host_free", "kv_link_bytes_per_s",
-                 "prefill_s", "decode_s", "batch_integral", "run_prefill", "steps", "launch", "fixed", "deferred")
+    __slots__ = ("idx", "pool", "role", "perf", "node", "kv_used", "batch", "ctx", "iters", "ends", "link_free", "prefill_s",
+                 "decode_s", "batch_integral")
 
-    def __init__(self, idx, pool, role, perf, kv_link_bytes_per_s, node=None):
+    def __init__(self, idx, pool, role, perf, node=None):
         self.idx, self.pool, self.role, self.perf = idx, pool, role, perf
         self.node = node  # (shared number, machine) on machines shared with the other role, else None
-        self.queue: deque[int] = deque()
-        self.waiting: deque[int] = deque()
-        self.kv_cap = perf.fit.kv_capacity_tokens
-        self.max_request = perf.max_request_tokens  # the longest request one instance holds (in one DP group), as the planner's
         self.kv_used = 0  # token: KV reserved whole; mixed: KV of the admitted requests not yet decoding
-        self.members: list[int] = []  # mixed: the decode batch in join order (the newest is preempted first)
-        self.kv_committed = 0  # KV of the requests routed here to decode and not finished (held, on its way or to come)
         self.batch = 0
         self.ctx = 0
         self.iters = 0
         self.ends = array("d")  # end time of each decode iteration (8 bytes each: runs reach millions)
-        self.finishing: dict[int, list[int]] = {}
-        self.running = False
         self.link_free = 0.0
-        self.host_free = 0.0  # when its host link is free (loads from host memory, FIFO)
-        self.kv_link_bytes_per_s = kv_link_bytes_per_s  # its KV link (a share of the machine's NICs)
         self.prefill_s = 0.0  # time in iterations that hold a prefill
         self.decode_s = 0.0  # time in decode-only iterations
         self.batch_integral = 0.0  # decode batch x time
-        self.run_prefill: list[int] = []
-        self.steps: list[tuple[int, int]] | None = [] if perf.measured else None  # measured: (batch, context)
-        # async scheduling: iterations begun; whether the next one was scheduled when the running one
-        # began; requests that arrived after that, with the iteration they arrived in
-        self.launch = 0
-        self.fixed = False
-        self.deferred: deque = deque()
 
 
 @dataclass(frozen=True)
@@ -163,8 +144,8 @@ class SimResult:
     warmup: np.ndarray | None = None  # bool: a closed loop's warm-up requests, left out of the statistics
     # With SimOptions.record_passes, per iteration in the order they began (of every instance):
     # prompt sequences, prompt tokens, their squares' sum (pass_time_s's arguments), decode batch,
-    # its summed context, iterations (more than 1: decode-only iterations computed at once, the
-    # context that of the first), end time of the last.
+    # its summed context, iterations (1: the column lets a reader merge a stretch of them into one
+    # row, the context that of the first: sim.deployments), end time of the last.
     passes: np.ndarray | None = None
 
     @property

@@ -4,12 +4,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitplan import api
 from splitplan.perf.roofline import kv_transfer_time_s
-from splitplan.sim.cluster import PoolSpec, SimOptions, _Cluster, simulate
+from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.sim.metrics import borrowed as borrowed_counts
 from splitplan.workload.trace import (
     Trace,
@@ -18,6 +18,7 @@ from splitplan.workload.trace import (
     resample_poisson,
 )
 from tests.conftest import PERF_DB
+from tests.sim.python_loop import PythonLoop
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,7 +57,7 @@ def test_conservation_every_request_once_and_tokens(seed, rate, routing, colocat
     trace = resample_poisson(load_trace(default_trace_path()), rate, 20.0, np.random.default_rng(seed))
     inst = BLOOM if small_kv else H100  # BLOOM's KV fills, so borrowing for decode happens
     pools = [PoolSpec("mixed", inst, 2)] if colocated else [PoolSpec("prompt", inst, 2), PoolSpec("token", inst, 1)]
-    cluster = _Cluster(trace, pools, SimOptions(routing=routing, borrow_threshold_tokens=borrow))
+    cluster = PythonLoop(trace, pools, SimOptions(routing=routing, borrow_threshold_tokens=borrow))  # (its routing loads)
     r = cluster.run()
     finished = np.isfinite(r.e2e_s)
     assert finished.sum() + r.rejected.sum() == len(trace)
@@ -353,60 +354,6 @@ def test_gpu_energy_is_tdp_in_prefill_decode_power_in_decode_and_idle_otherwise(
     assert row2["energy_kwh"] == pytest.approx((joules + 8 * r2.span_s * hw.gpu.idle_w) / 3.6e6, rel=1e-9)
 
 
-def _results_equal(a, b) -> None:
-    import dataclasses
-    for f in dataclasses.fields(a):
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        if f.name == "events":
-            assert x <= y
-        elif isinstance(x, np.ndarray):
-            assert np.array_equal(x, y, equal_nan=True), f.name
-        elif f.name == "trace":
-            assert np.array_equal(x.arrival_s, y.arrival_s)
-        else:
-            assert x == y, f.name
-
-
-@settings(max_examples=12, deadline=None)
-@given(st.integers(0, 1000), st.sampled_from(["open", "closed"]), st.sampled_from(["split", "mixed", "small-kv"]),
-       st.sampled_from(["lean", "vllm"]), st.booleans())
-@example(0, "closed", "small-kv", "lean", False)  # (always: a stretch must end before its KV preempts)
-@example(0, "closed", "small-kv", "vllm", False)
-def test_decode_stretches_computed_at_once_change_nothing(seed, loop, pools, engine, measured):
-    """Decode-only iterations before the cluster's next event are computed in one array
-    (sim.cluster._decode_stretch): every result is the same, to the bit, as iteration by
-    iteration; open and closed loops, split and co-located pools of several instances
-    (co-located ones run ahead of the others' events: only an arrival reaches them), preemption (a small KV),
-    async scheduling (vllm), a measured table."""
-    import splitplan.sim.cluster as cluster
-    from splitplan.perf.table import PerfDb
-    from splitplan.workload.trace import closed_loop_workload
-
-    def run():
-        inst = api.instance("llama2-70b" if pools != "small-kv" else "bloom-176b", "a100-80gb", 8, engine)
-        inst = PerfDb(PERF_DB).require(inst) if measured and pools != "small-kv" else inst
-        spec = ([PoolSpec("prompt", inst, 2), PoolSpec("token", inst, 2)] if pools == "split"
-                else [PoolSpec("mixed", inst, 3 if pools == "mixed" else 1)])
-        return simulate(work, spec, options), getattr(inst, "extrapolated", None)
-
-    if loop == "closed" and pools == "small-kv":  # BLOOM's 52k KV tokens on A100s: growth alone preempts
-        work, options = closed_loop_workload(None, 10, 20, 1000, 5000), SimOptions(concurrency=10)
-    elif loop == "closed":
-        work, options = closed_loop_workload(None, 12, 48, seed=seed), SimOptions(concurrency=12)
-    else:
-        work, options = resample_poisson(load_trace(default_trace_path()), 1.5, 60.0, np.random.default_rng(seed)), SimOptions()
-    cluster.COMPILED = False  # (the Python loop's stretches: the compiled run is checked in test_colocated)
-    try:
-        fused, fused_extrapolated = run()
-        cluster.FUSE_DECODE_STRETCHES = False
-        plain, plain_extrapolated = run()
-    finally:
-        cluster.FUSE_DECODE_STRETCHES, cluster.COMPILED = True, True
-    _results_equal(fused, plain)
-    assert fused_extrapolated == plain_extrapolated
-    assert fused.events < plain.events  # (it did skip some)
-
-
 def test_exact_event_sequence_of_one_request():
     """The event core on the smallest scenario, event by event (as SimPy tests its kernel):
     the arrival, the prefill's end, the KV's arrival (serialized: 300 < 512 tokens), then one
@@ -607,19 +554,3 @@ def test_planner_prompt_replay_defers_as_the_simulator_under_async_scheduling(se
     assert np.allclose(planned, r.ttft_s, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("pools", ["split", "mixed"])
-def test_a_long_decode_alone_is_computed_at_once_as_the_loop_computes_it(pools):
-    """A request decoding alone for hundreds of iterations: one stretch, in arrays (more than 64
-    iterations), ending to the bit where the iteration-by-iteration loop ends."""
-    import splitplan.sim.cluster as cluster
-    trace = Trace(np.array([0.0, 100.0]), np.array([800, 300]), np.array([400, 200]), "t")
-    spec = [PoolSpec("prompt", H100, 1), PoolSpec("token", H100, 1)] if pools == "split" else [PoolSpec("mixed", H100, 1)]
-    cluster.COMPILED = False  # (the Python loop's stretches)
-    try:
-        fused = simulate(trace, spec)
-        cluster.FUSE_DECODE_STRETCHES = False
-        plain = simulate(trace, spec)
-    finally:
-        cluster.FUSE_DECODE_STRETCHES, cluster.COMPILED = True, True
-    _results_equal(fused, plain)
-    assert fused.events < plain.events - 500
