@@ -1490,6 +1490,8 @@ cdef class _Run:
         if self.out[i] == 1 or tok != k:
             self.unpin(k, i, now)
         if self.out[i] == 1:  # the first token was the whole answer
+            if self.inst[k, ROLE] == MIXED:  # (its prompt's KV, held since admission, freed)
+                self.inst[k, KV_USED] -= self.req[PLEN, i]
             self.finish(i, now)
             self.unassign(tok, i)
             return 0

@@ -194,8 +194,10 @@ class _Cluster:
         self.arrival = arrival  # (a closed loop's: the times the clients sent each request)
         if status == core.TOO_MANY_ITERATIONS:
             raise self._too_many_iterations()
-        if status != core.OK:
-            raise RuntimeError(f"the compiled run stopped (status {status}): a bug, please report it")
+        lost = int(np.count_nonzero(np.isnan(times[core.E2E]) & (req[core.REJECTED] == 0)))
+        if status != core.OK or lost:  # (every request finishes or is rejected: none may vanish from the statistics)
+            raise RuntimeError(f"the compiled run stopped (status {status}, {lost} requests neither finished nor "
+                               "rejected): a bug, please report it")
         self._take_compiled(req, times, inst, clock, counters, ends_s, ends_at)
         self._take_records(perfs, caches, counts, log_s, log_at)
         result = self._result()

@@ -492,6 +492,8 @@ class PythonLoop(_Cluster):
         if self.output_tokens[i] == 1 or self.t_inst[i] != inst.idx:
             self._unpin(inst, i, now)
         if self.output_tokens[i] == 1:  # the first token was the whole answer
+            if inst.role == MIXED:  # (its prompt's KV, held since admission, freed)
+                inst.kv_used -= self.plen[i]
             self._finish(i, now)
             self._unassign(self.insts[self.t_inst[i]], i)
             return
