@@ -776,6 +776,11 @@ cdef class _PromptReplay:
     cdef int64_t[:] looked
     cdef double[:] host_free
     cdef bint prefix_aware
+    # with measured types: per type whether it is, its pass's time by prompt tokens (its decodes riding
+    # along), the measured range of the table's tokens, and its lookups and those outside it
+    cdef const int64_t[:] is_measured
+    cdef const double[:, :] measured, measured_range
+    cdef int64_t[:, :] counts
 
     def __dealloc__(self):
         heap_free(&self.ends)
@@ -866,6 +871,15 @@ cdef class _PromptReplay:
         out[0], out[1], out[2], out[3], out[4] = count, seqs, total, sq, whole
         return 0
 
+    cdef double measured_pass_s(self, int64_t k, int64_t tokens) except -1.0:
+        """A measured type's pass of `tokens` prompt tokens (its decodes riding along), counted."""
+        if tokens >= self.measured.shape[1]:
+            raise ValueError(f"a pass of {tokens} prompt tokens is past the measured table's {self.measured.shape[1]}")
+        cdef double x = tokens + self.decode[k, 0]
+        self.counts[k, 0] += 1
+        self.counts[k, 1] += x < self.measured_range[k, 0] or x > self.measured_range[k, 1]
+        return self.measured[k, tokens]
+
     cdef int start(self, Py_ssize_t j, double now) except -1:
         """Instance j (idle, its queue not empty) begins its next pass at `now`, if one forms (every
         head may go to load its prefix; requests held back by async scheduling then join at once)."""
@@ -888,8 +902,12 @@ cdef class _PromptReplay:
         if self.first[j] < 0:
             self.last[j] = -1
         cdef int64_t k = self.kind[j]
-        cdef double duration = _pass_time_s(&self.vectors[k, 0], <double> taken[1], <double> taken[2], <double> taken[3],
-                                            self.decode[k, 0], self.decode[k, 1])
+        cdef double duration
+        if self.is_measured.shape[0] and self.is_measured[k]:
+            duration = self.measured_pass_s(k, taken[2])
+        else:
+            duration = _pass_time_s(&self.vectors[k, 0], <double> taken[1], <double> taken[2], <double> taken[3],
+                                    self.decode[k, 0], self.decode[k, 1])
         self.running[j] = 1
         if self.deferring:
             self.launch[j] += 1
@@ -941,10 +959,11 @@ cdef class _PromptReplay:
 
 def prompt_replay(const double[:] arrival_s, const int64_t[:] tokens, const double[:, ::1] vectors, const int64_t[:] kind,
                   const double[:, :] decode, int64_t max_batch_tokens, bint chunked, int64_t cap, bint deferring,
-                  const double[:] release_s, Py_ssize_t heap_past, prefix=None):
+                  const double[:] release_s, Py_ssize_t heap_past, prefix=None, measured=None):
     """(each request's prefill end, the passes as (start, duration, instance) rows, each request's
-    instance). Requests are routed at arrival to the instance of fewest pending prompt tokens (ties
-    to the lowest index; from a heap past `heap_past` instances, as `sim.routing.LeastLoaded`), FCFS
+    instance, with `prefix` each cache's (hit, looked-up) tokens, else None, with `measured` each
+    type's (lookups, outside the measured range), else None). Requests are routed at arrival to the instance of fewest pending prompt tokens (ties
+    to the lowest index; from a heap past `heap_past` instances: the same picks), FCFS
     per instance in whole-prompt batches or, `chunked`, passes of the token budget; the engine's
     `max_num_seqs` (`cap`), its async scheduling (`deferring`) and the co-located estimate's held
     requests (`release_s`: empty, or when each request stops counting 1 in its instance's load).
@@ -952,7 +971,9 @@ def prompt_replay(const double[:] arrival_s, const int64_t[:] tokens, const doub
     instance type k's, `kind[j]` instance j's type. `prefix`: None, or the engine's prefix caches as
     (parent, tokens, depth per node of the trace's prefix tree, each request's node, the block
     tokens, per instance type its KV capacity, host tier (tokens) and host loads' seconds per
-    token, prefix-aware routing); then also each cache's (hit, looked-up) tokens."""
+    token, prefix-aware routing). `measured`: None, or per instance type (whether a measured table
+    times its passes, the table's pass time by prompt tokens with the type's decodes, the (least,
+    most) tokens plus decodes measured)."""
     _check_width(vectors.shape[1])
     cdef Py_ssize_t n_req = arrival_s.shape[0], n_inst = kind.shape[0], i, j
     cdef _PromptReplay s = _PromptReplay()
@@ -987,6 +1008,11 @@ def prompt_replay(const double[:] arrival_s, const int64_t[:] tokens, const doub
         for j in range(n_inst):
             cache_init(&s.caches[j], cpu_tokens[kind[j]])
             s.cache_count += 1
+    counts = None
+    if measured is not None:
+        s.is_measured, s.measured, s.measured_range = measured
+        counts = np.zeros((len(s.is_measured), 2), np.int64)
+        s.counts = counts
     cdef Heap held  # (release time, instance) of requests counted in their instance's load
     heap_init(&held, 16)
     cdef bint any_held = release_s.shape[0] > 0
@@ -1018,9 +1044,8 @@ def prompt_replay(const double[:] arrival_s, const int64_t[:] tokens, const doub
         s.end_passes(INFINITY)
     finally:
         heap_free(&held)
-    if prefix is None:
-        return finish_s, busy[:s.written], placed
-    return finish_s, busy[:s.written], placed, [(s.caches[j].hit_tokens, s.caches[j].lookup_tokens) for j in range(n_inst)]
+    stats = None if prefix is None else [(s.caches[j].hit_tokens, s.caches[j].lookup_tokens) for j in range(n_inst)]
+    return finish_s, busy[:s.written], placed, stats, counts
 
 
 # ---- the decode fixed point's helpers ------------------------------------------------------------

@@ -151,13 +151,22 @@ class MeasuredInstance(PassShortcuts):
         fewest, most, least, longest = self.decode_ranges
         return (b < fewest) | (b > most) | (per_request < least) | (per_request > longest)
 
+    @property
+    def prefill_range(self) -> tuple[float, float]:
+        """(fewest, most) prompt tokens measured (a pass's, its decodes counted as tokens)."""
+        return self.pre_x[0], self.pre_x[-1]
+
+    def pass_row(self, size: int, decode_seqs: float = 0.0) -> np.ndarray:
+        """`pass_time_s(prefill_tokens=t, decode_seqs=decode_seqs)` for every t below `size`, not
+        counted (the compiled loops count their lookups)."""
+        values = _interp(np.arange(size, dtype=float) + decode_seqs, self.pre_x, self.pre_y)[0]
+        return values * (self.mixed_factor if decode_seqs > 0 else 1.0)
+
     def core_table(self, tokens: int) -> tuple[np.ndarray, tuple[float, ...]]:
         """For the compiled run (splitplan_core.run, MEASURED): a pass's time at each count of
-        prompt and decode tokens below `tokens`, as `pass_time_s` reads a pass (not counted), and
-        (MIXED_FACTOR ... CONTEXT_HI): `mixed_factor` and the ranges outside which a lookup is
-        counted as extrapolated (the prefill's tokens, `decode_ranges`)."""
-        values = _interp(np.arange(tokens, dtype=float), self.pre_x, self.pre_y)[0]
-        return values, (self.mixed_factor, self.pre_x[0], self.pre_x[-1], *self.decode_ranges)
+        prompt and decode tokens below `tokens` (`pass_row`), and (MIXED_FACTOR ... CONTEXT_HI):
+        `mixed_factor` and the ranges outside which a lookup is counted as extrapolated."""
+        return self.pass_row(tokens), (self.mixed_factor, *self.prefill_range, *self.decode_ranges)
 
     def decode_line(self, batch):
         """As `Instance.decode_line` (a batch size or an array of them): the step is

@@ -15,6 +15,7 @@ from splitplan.search.types import OptionKey as K
 from splitplan.specs.layout import Layout
 from splitplan.specs.slo import load_slo
 from splitplan.workload.trace import Trace
+from tests.capacity.python_replay import python_replay
 
 H100 = api.instance("llama2-70b", "h100-80gb", 8, "lean")
 A100 = api.instance("llama2-70b", "a100-80gb", 8, "lean")
@@ -129,11 +130,10 @@ def test_repair_grows_an_instance_over_two_machines_by_two_machines():
 
 @pytest.mark.parametrize("held", [False, True])
 def test_routing_from_a_heap_is_the_scan(monkeypatch, held):
-    """Past routing.HEAP_ROUTING_INSTANCES the prompt replay picks the least-loaded instance from a heap; it
+    """Past pools.HEAP_ROUTING_INSTANCES the prompt replay picks the least-loaded instance from a heap; it
     places every request where the scan does (ties to the lowest index) and gives the same TTFT."""
     from splitplan.capacity import pools
     from splitplan.perf.roofline import Instance
-    from splitplan.sim import routing
     from splitplan.specs.engine import load_engine
     from splitplan.specs.hardware import load_hardware
     from splitplan.specs.model import load_model
@@ -144,12 +144,12 @@ def test_routing_from_a_heap_is_the_scan(monkeypatch, held):
     inst = Instance(load_model("llama3.1-8b"), load_hardware("h100-80gb"), load_engine("vllm"), Layout(1))
     held_s = rng.uniform(0.5, 5.0, n) if held else None
 
-    def replay(compiled):
-        ttft, _, placed = pools.replay_prompts(arrival, prompt, [(inst, 24)], 8192, held_s=held_s, chunked=True, compiled=compiled)
+    def replay(run):
+        ttft, _, placed = run(arrival, prompt, [(inst, 24)], 8192, held_s=held_s, chunked=True)
         return ttft, placed.tolist()
-    heap_ttft, heap_placed = replay(True)  # (the compiled replay's heap is set when it is compiled)
-    monkeypatch.setattr(routing, "HEAP_ROUTING_INSTANCES", 10_000)
-    scan_ttft, scan_placed = replay(False)
+    heap_ttft, heap_placed = replay(pools.replay_prompts)
+    monkeypatch.setattr(pools, "HEAP_ROUTING_INSTANCES", 10_000)  # (the Python replay's scan)
+    scan_ttft, scan_placed = replay(python_replay)
     assert heap_placed == scan_placed and len(set(scan_placed)) == 24
     np.testing.assert_array_equal(heap_ttft, scan_ttft)
 

@@ -1,5 +1,5 @@
-"""The compiled prompt replay (splitplan_core.prompt_replay) is the Python replay (capacity.pools): the same
-TTFT, passes and placement to the bit, over random traces and every rule it follows."""
+"""The compiled prompt replay (splitplan_core.prompt_replay) is the Python replay (tests/capacity/python_replay.py):
+the same TTFT, passes and placement to the bit, over random traces and every rule it follows."""
 
 import dataclasses
 
@@ -11,11 +11,13 @@ from hypothesis import strategies as st
 
 from splitplan import api
 from splitplan.capacity.pools import BatchTimes, prompt_queue_ttft_s, replay_prompts
+from splitplan.perf.table import PerfDb
 from splitplan.sim.prefix_cache import PrefixModel
 from splitplan.specs.layout import Layout
 from splitplan.workload.prefix import PrefixTree, synthetic
 from splitplan.workload.trace import load_trace
-from tests.conftest import DATA
+from tests.capacity.python_replay import python_replay
+from tests.conftest import DATA, PERF_DB
 
 MOONCAKE = load_trace(DATA / "mooncake_conversation.jsonl.gz")
 SMALL_KV = api.instance("llama3.1-8b", "h100-80gb", 1, "vllm")
@@ -33,9 +35,9 @@ INSTANCES = {
 
 def _both(arrival, tokens, pools, budget, **kw):
     out = []
-    for compiled in (True, False):
+    for replay in (replay_prompts, python_replay):
         stats: list = []
-        ttft, passes, placed = replay_prompts(arrival, tokens, pools, budget, compiled=compiled, cache_stats=stats, **kw)
+        ttft, passes, placed = replay(arrival, tokens, pools, budget, cache_stats=stats, **kw)
         out.append((ttft, passes, placed.tolist(), stats))
     return out
 
@@ -209,3 +211,33 @@ def test_a_prefix_loaded_from_host_memory_leaves_the_queue_meanwhile():
         load_s = 2000 * prefix.load_s_per_token(SMALL_KV)
         assert ttft[6] > load_s and ttft[7] < ttft[6]  # (the later request ran while the earlier one's prefix loaded)
         assert stats[0][0] == 2000  # (P hit once, from host memory)
+
+
+@settings(max_examples=30, deadline=None)
+@given(interpolation=st.sampled_from(["splitplan", "splitwise-sim"]), n=st.integers(1, 200), rate=st.floats(1, 50),
+       seed=st.integers(0, 2**16), count=st.integers(1, 5), budget=st.sampled_from([256, 2048, 8192]), chunked=st.booleans(),
+       decode=st.booleans())
+def test_the_compiled_replay_times_measured_passes_as_the_python_replay(interpolation, n, rate, seed, count, budget, chunked,
+                                                                        decode):
+    """Passes timed from a measured table (the vendored Splitwise file, read either way; with a
+    decode load riding along, 1.1x in splitwise-sim's reading): the same TTFT, passes and placement;
+    every pass counted as one lookup, those outside the table's tokens as extrapolated."""
+    rng = np.random.default_rng(seed)
+    arrival, tokens = np.cumsum(rng.exponential(1 / rate, n)), rng.integers(1, 12_000, n)
+    measured = PerfDb(PERF_DB).require(api.instance("llama2-70b", "h100-80gb", 8, "lean"), interpolation)
+    kw = {"chunked": chunked, "times": [BatchTimes(measured, tokens, 6.5 if decode else 0.0, 900.0)]}
+    (ttft, busy, placed, _), (python_ttft, python_busy, python_placed, _) = _both(arrival, tokens, [(measured, count)], budget,
+                                                                                  **kw)
+    assert np.array_equal(ttft, python_ttft) and np.array_equal(busy, python_busy) and placed == python_placed
+    counted = PerfDb(PERF_DB).require(api.instance("llama2-70b", "h100-80gb", 8, "lean"), interpolation)
+    _, passes, _ = replay_prompts(arrival, tokens, [(counted, count)], budget, chunked=chunked,
+                                  times=[BatchTimes(counted, tokens, 6.5 if decode else 0.0, 900.0)])
+    assert counted.queries["prefill"] == len(passes)
+
+
+def test_the_compiled_replay_counts_the_passes_a_measured_table_extrapolates():
+    """A 60-token prompt (the table starts at 128), a 9,000-token one (it ends at 8,192), a 1,000-token
+    one: three passes, two extrapolated."""
+    measured = PerfDb(PERF_DB).require(api.instance("llama2-70b", "h100-80gb", 8, "lean"))
+    replay_prompts(np.array([0.0, 10.0, 20.0]), np.array([60, 9000, 1000]), [(measured, 1)], 8192)
+    assert (measured.queries["prefill"], measured.extrapolated["prefill"]) == (3, 2)

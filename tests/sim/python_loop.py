@@ -11,11 +11,44 @@ from collections import deque
 
 import numpy as np
 
+from splitplan.capacity import pools as capacity_pools
 from splitplan.perf.roofline import local_kv_bytes_per_s
-from splitplan.sim import routing
 from splitplan.sim.cluster import _Cluster
 from splitplan.sim.types import MIXED, PROMPT, TOKEN, Event, InstanceState, PoolSpec, SimOptions, SimResult
 from splitplan.workload.trace import Trace
+
+
+class LeastLoaded(list):
+    """Per-instance loads (a list) that find the least-loaded instance in O(log n): every
+    assignment pushes (load, index) on a heap, and entries whose load is no longer the
+    instance's are dropped as they surface."""
+
+    def __init__(self, loads):
+        super().__init__(loads)
+        self._heap = [(load, k) for k, load in enumerate(self)]
+        heapq.heapify(self._heap)
+
+    def __setitem__(self, k, load):
+        super().__setitem__(k, load)
+        heapq.heappush(self._heap, (load, k))
+
+    def least(self) -> int:
+        heap = self._heap
+        while heap[0][0] != self[heap[0][1]]:
+            heapq.heappop(heap)
+        return heap[0][1]
+
+
+def loads(count: int) -> list:
+    """Zero loads for `count` instances: a LeastLoaded past HEAP_ROUTING_INSTANCES (a plain list,
+    faster to update, below: the same picks)."""
+    return LeastLoaded([0] * count) if count > capacity_pools.HEAP_ROUTING_INSTANCES else [0] * count
+
+
+def least_loaded(loads: list) -> int:
+    """The instance of least load, the lowest index among equals."""
+    return loads.least() if isinstance(loads, LeastLoaded) else loads.index(min(loads))
+
 
 # plain ints on the hot path
 _KV_ARRIVED, _ITERATION_END, _PREFIX_LOADED = int(Event.KV_ARRIVED), int(Event.ITERATION_END), int(Event.PREFIX_LOADED)
@@ -64,8 +97,8 @@ class PythonLoop(_Cluster):
         super().__init__(trace, pools, options)
         self.log = [] if options.record_events else None
         self.passes = [] if options.record_passes else None
-        self.prompt_load = routing.loads(len(self.prompt_side))  # queued prompt tokens (+1 per request held: mixed)
-        self.token_load = routing.loads(len(self.token_side))  # output tokens assigned and not finished
+        self.prompt_load = loads(len(self.prompt_side))  # queued prompt tokens (+1 per request held: mixed)
+        self.token_load = loads(len(self.token_side))  # output tokens assigned and not finished
         self.lines: dict[int, dict[int, tuple]] = {k: {} for k in range(len(self.pools))}  # decode steps by batch (filled as met)
         self.cap = self.options.max_num_seqs or math.inf  # requests running on one instance at once
         self.done = list(self.cached)
@@ -146,7 +179,7 @@ class PythonLoop(_Cluster):
         if self.options.routing == "round-robin":
             self.round_robin[which] += 1
             return (self.round_robin[which] - 1) % len(loads)
-        return routing.least_loaded(loads)
+        return least_loaded(loads)
 
     def _prefix_pick(self, i: int) -> LoopInstance:
         """Prefix-aware routing, as KV-aware routers score instances (Dynamo's: the prompt
