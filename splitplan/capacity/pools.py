@@ -114,24 +114,30 @@ def replay_prompts(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list
     times = times or [BatchTimes(inst, prompt_tokens) for inst, _ in pools]
     decode = np.array([t.decode for t in times])
     release_s = np.empty(0) if held_s is None else np.asarray(arrival_s + held_s, float)
-    caches = None
-    if prefix is not None:
-        host = np.array([prefix.host_tier(inst) for inst, _ in pools], float).reshape(-1, 2)
-        caches = (*prefix.arrays(), np.asarray(prefix.tree.request_node, np.int64), prefix.block_tokens,
-                  np.array([int(inst.fit.kv_capacity_tokens) for inst, _ in pools], np.int64), host[:, 0], host[:, 1],
-                  prefix.prefix_aware)
     finish_s, passes, where, stats, counts = core.prompt_replay(
         np.asarray(arrival_s, float), np.asarray(prompt_tokens, np.int64),
         np.array([np.zeros(len(core.FIELDS)) if inst.measured else inst.pass_vector for inst, _ in pools]),
         np.repeat(np.arange(len(pools)), [count for _, count in pools]), decode, int(max_batch_tokens), bool(chunked),
-        int(max_seqs or len(arrival_s)), bool(engine.async_scheduling), release_s, HEAP_ROUTING_INSTANCES, caches,
-        _measured(times, max(int(max_batch_tokens), int(prompt_tokens.max(initial=0))) + 1))
+        int(max_seqs or len(arrival_s)), bool(engine.async_scheduling), release_s, HEAP_ROUTING_INSTANCES,
+        _caches(prefix, pools), _measured(times, max(int(max_batch_tokens), int(prompt_tokens.max(initial=0))) + 1))
     if cache_stats is not None and stats:
         cache_stats.extend(stats)
-    for t, (lookups, outside) in zip(times, counts.tolist() if counts is not None else [], strict=False):
-        if t.inst.measured:
-            cast(MeasuredInstance, t.inst).counted("prefill", lookups, outside)
+    if counts is not None:  # (a measured table counts its lookups)
+        for t, (lookups, outside) in zip(times, counts.tolist(), strict=True):
+            if t.inst.measured:
+                cast(MeasuredInstance, t.inst).counted("prefill", lookups, outside)
     return PromptReplay(finish_s - arrival_s + engine.frontend_latency_s, passes, where)
+
+
+def _caches(prefix: PrefixModel | None, pools: list[tuple[Instance, int]]) -> tuple | None:
+    """The compiled replay's prefix caches (None without): the tree, each request's node, the block,
+    per instance type its KV capacity and host tier, and whether routing is prefix-aware."""
+    if prefix is None:
+        return None
+    host = np.array([prefix.host_tier(inst) for inst, _ in pools], float).reshape(-1, 2)
+    return (*prefix.arrays(), np.asarray(prefix.tree.request_node, np.int64), prefix.block_tokens,
+            np.array([int(inst.fit.kv_capacity_tokens) for inst, _ in pools], np.int64), host[:, 0], host[:, 1],
+            prefix.prefix_aware)
 
 
 def _measured(times: list[BatchTimes], size: int) -> tuple | None:
