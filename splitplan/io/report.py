@@ -113,15 +113,19 @@ def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], caption
     t = _Table()
     t.heading, t.footnote = title, caption or ""
     for i, col in enumerate(columns):
-        values = [r[i] for r in cells]
-        numeric = i > 0 and all(_NUMBER.match(v) for v in values)
-        prose = not numeric and any(len(v) > 24 for v in values)  # only long text wraps; names and numbers never
-        whole = max([len(v) for v in values] + [len(line) for line in col.split("\n")], default=1)
-        t.add_column(col, justify="right" if numeric else "left", no_wrap=not prose,
-                     min_width=min(whole, 16) if prose else whole)
+        _add_column(t, col, [r[i] for r in cells], numeric_ok=i > 0)
     for row in cells:  # as plain text: a name holding `[red]` or a terminal escape shows as written
         t.add_row(*(Text(printable(c)) for c in row))
     return t
+
+
+def _add_column(t: Table, col: str, values: list[str], numeric_ok: bool) -> None:
+    """A column of `table`: right-aligned when every value is a number (never the first column),
+    wrapped only when it holds long text."""
+    numeric = numeric_ok and all(_NUMBER.match(v) for v in values)
+    prose = not numeric and any(len(v) > 24 for v in values)  # only long text wraps; names and numbers never
+    whole = max([len(v) for v in values] + [len(line) for line in col.split("\n")], default=1)
+    t.add_column(col, justify="right" if numeric else "left", no_wrap=not prose, min_width=min(whole, 16) if prose else whole)
 
 
 class _Table(Table):
@@ -172,24 +176,26 @@ def _column_format(values: list, money: bool = False) -> Callable[[Any], str]:
     floats = [v for v in values if isinstance(v, float) and math.isfinite(v)]
     if not floats or any(v is not None and not isinstance(v, (int, float)) for v in values):
         return fmt
-    smallest = min((abs(v) for v in floats if v), default=1.0)
-    decimals = 2 - math.floor(math.log10(smallest))
-    if money and smallest >= 0.01:
-        spec = ",.2f"
-    elif all(v == int(v) for v in floats):
-        spec = ",.0f"
-    elif smallest >= 1:
-        spec = ",.2f"
-    elif decimals > 6:
-        spec = ".4g"
-    else:
-        spec = f",.{decimals}f"
+    spec = _number_spec(floats, money)
 
     def one(value: Any) -> str:
         if isinstance(value, float) and math.isfinite(value):
             return "0" if value == 0 else format(value, spec)
         return fmt(value)
     return one
+
+
+def _number_spec(floats: list[float], money: bool) -> str:
+    """`_column_format`'s format of a column of finite floats."""
+    smallest = min((abs(v) for v in floats if v), default=1.0)
+    decimals = 2 - math.floor(math.log10(smallest))
+    if money and smallest >= 0.01:
+        return ",.2f"
+    if all(v == int(v) for v in floats):
+        return ",.0f"
+    if smallest >= 1:
+        return ",.2f"
+    return ".4g" if decimals > 6 else f",.{decimals}f"
 
 
 def fmt(value: Any) -> str:

@@ -166,17 +166,19 @@ def _grid(problem: Problem, usable: list[AnyOption], primary, secondary) -> dict
     """Exhaustive enumeration of the same integer space as the ILP."""
     ranges = [range(0, o.machines_alone + 1, o.inst.unit_machines) for o in usable]  # machines, in whole units
     budgets = _budgets(problem, usable)
+
+    def total(counts, per_machine) -> float:
+        return sum(c * a for c, a in zip(counts, per_machine, strict=True))
+
+    def feasible(counts) -> bool:
+        covered = all(sum(c // o.inst.unit_machines * _cover(o, r) for c, o in zip(counts, usable, strict=True))
+                      >= 1 - COVER_TOLERANCE for r in SPLIT)
+        return covered and all(total(counts, per_machine) <= limit + 1e-9 for _, per_machine, limit in budgets)
+
+    primaries, secondaries = [primary(o) for o in usable], [secondary(o) for o in usable]
     best, best_key = None, None
-    for counts in itertools.product(*ranges):
-        ok = all(sum(c // o.inst.unit_machines * _cover(o, r) for c, o in zip(counts, usable,
-                                                                              strict=True)) >= 1 - COVER_TOLERANCE for r in SPLIT)
-        if not ok:
-            continue
-        if not all(sum(c * a for c, a in zip(counts, per_machine, strict=True)) <= limit + 1e-9 for _, per_machine, limit in budgets):
-            continue
-        key = (round(sum(c * primary(o) for c, o in zip(counts, usable, strict=True)), 9), round(sum(c * secondary(o) for c,
-                                                                                                     o in zip(counts, usable,
-                                                                                                              strict=True)), 9))
+    for counts in filter(feasible, itertools.product(*ranges)):
+        key = (round(total(counts, primaries), 9), round(total(counts, secondaries), 9))
         if best is None or key < best:
             best, best_key = key, counts
     if best_key is None:

@@ -154,14 +154,10 @@ class EngineProfile(BaseModel):
             measured = ", ".join(e.name for e in engine_catalog() if (e.fit or {}).get("error")) or "none"
             raise SpecError(f"--confidence {confidence:g}: engine profile {self.name} carries no measured error (fit.error); "
                             f"plan at a confidence with one that does ({measured})")
-        out = {}
-        for metric, measured in (("ttft", "ttft_mean"), ("tpot", "tpot_mean"), ("e2e", "e2e_mean")):
-            errors = [_quantile(band[measured], 1 - confidence) for band in error.values()
-                      if measured in band and band.get("stages", band.get("runs", MIN_BAND_SAMPLES)) >= MIN_BAND_SAMPLES]
-            out[metric] = None if not errors else 1 / (1 + min(errors) / 100) if min(errors) < 0 else 1.0
-        e2e = out["e2e"] or max(out["ttft"] or 1.0, out["tpot"] or 1.0)  # (no E2E measured: the larger of the two)
-        tpot = out["tpot"] or 1.0
-        return {"ttft": out["ttft"] or 1.0, "tbt": tpot, "itl": tpot, "tpot": tpot, "e2e": e2e}
+        ttft, tpot, e2e = (_worst_factor(error, f"{metric}_mean", confidence) for metric in ("ttft", "tpot", "e2e"))
+        e2e = e2e or max(ttft or 1.0, tpot or 1.0)  # (no E2E measured: the larger of the two)
+        tpot = tpot or 1.0
+        return {"ttft": ttft or 1.0, "tbt": tpot, "itl": tpot, "tpot": tpot, "e2e": e2e}
 
     def seqs_cap(self, given: int | None = None) -> int | None:
         """The most requests an instance runs at once: `given`, else the profile's (None: no cap)."""
@@ -276,3 +272,12 @@ def _quantile(quantiles: dict[str, float], level: float) -> float:
     the nearest outside)."""
     levels, values = zip(*sorted((int(k[1:]) / 100, float(v)) for k, v in quantiles.items()), strict=True)
     return float(np.interp(level, levels, values))
+
+
+def _worst_factor(error: dict, measured: str, confidence: float) -> float | None:
+    """`latency_factors`' factor of one measured mean (None where no band measured it)."""
+    errors = [_quantile(band[measured], 1 - confidence) for band in error.values()
+              if measured in band and band.get("stages", band.get("runs", MIN_BAND_SAMPLES)) >= MIN_BAND_SAMPLES]
+    if not errors:
+        return None
+    return 1 / (1 + min(errors) / 100) if min(errors) < 0 else 1.0

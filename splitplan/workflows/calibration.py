@@ -40,30 +40,16 @@ def calibrate(perf_db: str, engine: str = CALIBRATION_START, folds: int = 5, max
     fitted and k-fold cross-validated. Non-physical points (see
     `measurements.flag_anomalies`) and, with `max_prefill_batch_tokens`, batched
     prefills beyond that size are left out and listed."""
-    import pandas as pd  # (these on first use: `import splitplan` does not load pandas)
-
-    from splitplan.perf import calibrate as cal
-    from splitplan.perf.measurements import flag_anomalies, read_measurements
+    from splitplan.perf import calibrate as cal  # (on first use: `import splitplan` does not load pandas)
+    from splitplan.perf.measurements import read_measurements
     if folds < 0 or folds == 1:
         raise SpecError(f"--folds {folds}: use 0 (no cross-validation) or k >= 2")
     base = load_engine(engine)
     points = read_measurements(perf_db)
     if points.empty:
         raise SpecError(f"{perf_db}: no measurement rows; add rows under the header")
-    for model, hardware, tp in sorted(set(zip(points.model, points.hardware, points.tp, strict=True))):
-        fit = Instance(load_model(model), load_hardware(hardware), base, Layout(int(tp))).fit  # unknown names fail here, with a suggestion
-        if not fit.fits:
-            raise SpecError(f"{perf_db}: rows of {model} on {hardware} at TP {tp}: {fit.reason}; fix or remove those rows"
-                             + (", or start from an fp8 engine if the runs used fp8 (--engine lean-fp8)"
-                                if "weights need" in fit.reason and base.dtype == "bf16" else ""))
-    reasons = pd.Series("", index=points.index)
-    if not keep_anomalies:
-        reasons[flag_anomalies(points)] = "faster than a smaller batch of the same sweep (failed run)"
-    if max_prefill_batch_tokens is not None:
-        big = (points.phase == "prefill") & (points.batch > 1) & (points.batch * points.prompt_tokens > max_prefill_batch_tokens)
-        reasons[big & (reasons == "")] = f"batched prefill above {max_prefill_batch_tokens} tokens"
-    used = points[reasons == ""].reset_index(drop=True)
-    excluded = points[reasons != ""].assign(reason=reasons[reasons != ""]).reset_index(drop=True)
+    _check_fits(points, base, perf_db)
+    used, excluded = _exclusions(points, keep_anomalies, max_prefill_batch_tokens)
     if used.empty:
         raise SpecError(f"{perf_db}: no points left to fit after exclusions")
     result = cal.calibrate(used, base, folds, progress, partial(run_units, jobs=jobs, progress=progress))
@@ -80,6 +66,33 @@ def calibrate(perf_db: str, engine: str = CALIBRATION_START, folds: int = 5, max
     }
     profile = result.profile.model_copy(update={"fit": provenance})
     return CalibrateResult(profile, summary, result.points, excluded)
+
+
+def _check_fits(points, base: EngineProfile, perf_db: str) -> None:
+    """Every (model, machine, TP) of the measurements holds the model under `base` (SpecError naming the rows)."""
+    for model, hardware, tp in sorted(set(zip(points.model, points.hardware, points.tp, strict=True))):
+        fit = Instance(load_model(model), load_hardware(hardware), base, Layout(int(tp))).fit  # unknown names fail here, with a suggestion
+        if not fit.fits:
+            raise SpecError(f"{perf_db}: rows of {model} on {hardware} at TP {tp}: {fit.reason}; fix or remove those rows"
+                             + (", or start from an fp8 engine if the runs used fp8 (--engine lean-fp8)"
+                                if "weights need" in fit.reason and base.dtype == "bf16" else ""))
+
+
+def _exclusions(points, keep_anomalies: bool, max_prefill_batch_tokens: int | None) -> tuple:
+    """(the points to fit, those left out with their reason): failed runs (faster than a smaller
+    batch of their sweep) unless kept, batched prefills above `max_prefill_batch_tokens`."""
+    import pandas as pd
+
+    from splitplan.perf.measurements import flag_anomalies
+    reasons = pd.Series("", index=points.index)
+    if not keep_anomalies:
+        reasons[flag_anomalies(points)] = "faster than a smaller batch of the same sweep (failed run)"
+    if max_prefill_batch_tokens is not None:
+        big = (points.phase == "prefill") & (points.batch > 1) & (points.batch * points.prompt_tokens > max_prefill_batch_tokens)
+        reasons[big & (reasons == "")] = f"batched prefill above {max_prefill_batch_tokens} tokens"
+    used = points[reasons == ""].reset_index(drop=True)
+    excluded = points[reasons != ""].assign(reason=reasons[reasons != ""]).reset_index(drop=True)
+    return used, excluded
 
 
 @dataclass(frozen=True)

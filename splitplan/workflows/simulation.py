@@ -112,14 +112,18 @@ def pool_specs(pools: list[Pool], model: str, engine: str = DEFAULT_ENGINE, perf
         layout.require_whole(machines, inst.hardware.gpus_per_machine, f"--{role}-pool {hw}:{layout.spec}:{machines}")
         out.append(PoolSpec(Role(role), db.require(inst, perf_interp) if db else inst, machines, count, shared))
     for number in {p.shared for p in out if p.shared is not None}:
-        parts = [p for p in out if p.shared == number]
-        held = sum(p.instances * p.perf.layout.gpus for p in parts)
-        machine = parts[0].perf.hardware
-        if any(p.instances % p.machines for p in parts) or held > parts[0].machines * machine.gpus_per_machine:
-            held_text = " and ".join(f"{p.instances} {p.role} instance(s) in {p.perf.layout}" for p in parts)
-            raise SpecError(f"shared machines {number}: {held_text} "
-                            f"do not fill {parts[0].machines} {machine.name} machine(s) alike ({machine.gpus_per_machine} GPUs each)")
+        _check_shared(number, [p for p in out if p.shared == number])
     return out
+
+
+def _check_shared(number: int, parts: list[PoolSpec]) -> None:
+    """The pools on shared machines `number` fill them alike (SpecError otherwise)."""
+    held = sum(p.instances * p.perf.layout.gpus for p in parts)
+    machine = parts[0].perf.hardware
+    if any(p.instances % p.machines for p in parts) or held > parts[0].machines * machine.gpus_per_machine:
+        held_text = " and ".join(f"{p.instances} {p.role} instance(s) in {p.perf.layout}" for p in parts)
+        raise SpecError(f"shared machines {number}: {held_text} "
+                        f"do not fill {parts[0].machines} {machine.name} machine(s) alike ({machine.gpus_per_machine} GPUs each)")
 
 
 def simulate(trace, pools: list[Pool], model: str, slo: str, engine: str = DEFAULT_ENGINE,
@@ -233,13 +237,19 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
     if setup.borrow_threshold_tokens is not None and not added and all(p.role != Role.MIXED for p in pools):
         pools, sim, removed = trim(trace, pools, sim, setup, limit, spares=spares)
     if added or removed:
-        what = f"{added} machine(s) added" if added else f"{removed} machine(s) removed (mixed pool)"
-        plan = plan_from_pools(pools, predicted=plan.predicted, slo=plan.slo, repairs=plan.repairs,
-                               binding=f"{plan.binding}; simulation: {what}")
-        if planned is not None and planned.problem is not None:
-            plan = predict(planned.problem, plan, {o.key: o for o in planned.options})
-        plan = _with_spares(plan, spares)
+        plan = _changed_plan(plan, pools, spares, planned, f"{added} machine(s) added" if added
+                             else f"{removed} machine(s) removed (mixed pool)")
     return plan, sim, added - removed
+
+
+def _changed_plan(plan, pools: list[Pool], spares, planned: OptimizeResult | None, what: str):
+    """The plan of the pools simulation left (`what` changed, in its binding), with the planner's
+    prediction for them where `planned` gives it, and its spares."""
+    plan = plan_from_pools(pools, predicted=plan.predicted, slo=plan.slo, repairs=plan.repairs,
+                           binding=f"{plan.binding}; simulation: {what}")
+    if planned is not None and planned.problem is not None:
+        plan = predict(planned.problem, plan, {o.key: o for o in planned.options})
+    return _with_spares(plan, spares)
 
 
 def _role_to_grow(pools: list[Pool], metric: str, result) -> Role:
