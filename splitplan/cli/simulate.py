@@ -105,16 +105,7 @@ def simulate(
     max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs, echo)
     caching, routing, kv_offload_gb = cache_settings(echo, prefix_caching, routing, kv_offload_gb)
     replay = plan_workload(echo, trace, trace_columns(time_column, prompt_column, output_column, time_unit), rate, duration, seed)
-    if concurrency is None:
-        if isl is not None or osl is not None or num_requests is not None:
-            raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
-        workload, window = replay.load(max_requests)
-    else:
-        if rate is not None:
-            raise SpecError("--concurrency runs a closed loop (clients send as requests finish); drop --rate")
-        check_request_sizes(model, engine, isl, osl)
-        loaded = load_workload(replay.trace, None, replay.duration_s, replay.seed, replay.columns)
-        workload, window = closed_loop_workload(loaded, concurrency, num_requests, isl, osl, replay.seed), None
+    workload, window = _workload(replay, max_requests, model, engine, rate, concurrency, isl, osl, num_requests)
     workload = shared_prefix(workload, shared_prefix_tokens, prefix_groups)
     sim = api.simulate(workload, pools, model, slo, engine, str(perf_db) if perf_db else None, max_batch_tokens,
                        routing, borrow_threshold, perf_interp, concurrency, max_num_seqs,
@@ -138,6 +129,20 @@ def simulate(
         _emit_json(document)
         return
     _render_simulation(sim.summary, workload, replay.note())
+
+
+def _workload(replay, max_requests: int, model: str, engine: str, rate, concurrency, isl, osl, num_requests) -> tuple:
+    """(the requests to simulate, the window of the trace they are, None for a closed loop): the
+    trace (its busiest `max_requests`), or with `concurrency` a closed loop of its (or isl/osl) sizes."""
+    if concurrency is None:
+        if isl is not None or osl is not None or num_requests is not None:
+            raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
+        return replay.load(max_requests)
+    if rate is not None:
+        raise SpecError("--concurrency runs a closed loop (clients send as requests finish); drop --rate")
+    check_request_sizes(model, engine, isl, osl)
+    loaded = load_workload(replay.trace, None, replay.duration_s, replay.seed, replay.columns)
+    return closed_loop_workload(loaded, concurrency, num_requests, isl, osl, replay.seed), None
 
 
 def _render_simulation(summary: dict, workload, note: str = "") -> None:

@@ -96,23 +96,20 @@ def _compose_command(cmds: list[list[str]]) -> list[str]:
     return ["bash", "-c", " && ".join(shell_words(c, compose=True) for c in cmds)]
 
 
-def launch(dep: Deployment, engine: str, image: str | None) -> Export:
-    # worker -> (its pool, its slot on a machine shared with the pool's other workers)
-    count = sum(g.instances for g in dep.groups)
-    if count > limits.MAX_LAUNCH_WORKERS:
-        raise SpecError(f"{printable(dep.source)}: {count:,} workers; launch.sh lists each (at most {limits.MAX_LAUNCH_WORKERS:,}): "
-                        "export to dynamo or llm-d, which count replicas")
-    workers = {f"{g.name}-{i}": (g, g.first_slot + i % g.instances_per_machine)
-               for g in dep.groups for i in range(g.instances)}
-    entries: dict[str, tuple] = {}  # entry name -> (commands, GPU ids, worker)
+def _entries(engine: str, dep: Deployment, workers: dict) -> dict[str, tuple]:
+    """Entry name -> (its commands, its GPU ids, its worker): one per worker and node of it."""
+    entries: dict[str, tuple] = {}
     for worker, (g, slot) in workers.items():
         nodes = _node_commands(engine, dep, g, worker, slot)
         first = g.first_gpu + (slot - g.first_slot) * g.gpus_per_node
         gpus = [str(k) for k in range(first, first + g.gpus_per_node)]
         for r, cmds in enumerate(nodes):
             entries[worker if len(nodes) == 1 else f"{worker}-node{r}"] = (cmds, gpus, worker)
-    router = _router(engine, dep, workers)
-    image = image or IMAGES[engine]
+    return entries
+
+
+def _script(engine: str, dep: Deployment, entries: dict[str, tuple], router: list) -> list[str]:
+    """launch.sh's lines: a case per entry (its GPUs, its commands) and the router's."""
     script = ["#!/usr/bin/env bash",
               f"# splitplan export --to {engine}: {dep.model_id}, written for {engine} {VERSIONS[engine]} and {ROUTERS[engine]}.",
               f"# Plan: {printable(dep.source)}. Run `./launch.sh NAME` on the machine of each entry below, and `./launch.sh router`.",
@@ -123,8 +120,22 @@ def launch(dep: Deployment, engine: str, image: str | None) -> Export:
         script.append(f"    export CUDA_VISIBLE_DEVICES={','.join(gpus)}")
         script += [f"    {shell_words(c)}" for c in cmds]
         script.append("    ;;")
-    script += ["  router)", f"    {shell_words(router)}", "    ;;",
-               "  *)", f"    echo \"usage: $0 {{{'|'.join([*entries, 'router'])}}}\" >&2", "    exit 2", "    ;;", "esac", ""]
+    return script + ["  router)", f"    {shell_words(router)}", "    ;;",
+                     "  *)", f"    echo \"usage: $0 {{{'|'.join([*entries, 'router'])}}}\" >&2", "    exit 2", "    ;;", "esac", ""]
+
+
+def launch(dep: Deployment, engine: str, image: str | None) -> Export:
+    # worker -> (its pool, its slot on a machine shared with the pool's other workers)
+    count = sum(g.instances for g in dep.groups)
+    if count > limits.MAX_LAUNCH_WORKERS:
+        raise SpecError(f"{printable(dep.source)}: {count:,} workers; launch.sh lists each (at most {limits.MAX_LAUNCH_WORKERS:,}): "
+                        "export to dynamo or llm-d, which count replicas")
+    workers = {f"{g.name}-{i}": (g, g.first_slot + i % g.instances_per_machine)
+               for g in dep.groups for i in range(g.instances)}
+    entries = _entries(engine, dep, workers)
+    router = _router(engine, dep, workers)
+    image = image or IMAGES[engine]
+    script = _script(engine, dep, entries, router)
     services = {}
     for name, (cmds, gpus, _) in entries.items():
         services[name] = {"image": image, "network_mode": "host", "ipc": "host",

@@ -117,7 +117,14 @@ def fit_profile(points: pd.DataFrame, base: EngineProfile) -> EngineProfile:
         start = EngineFactors(**{**defaults.model_dump(), **_kept(base, hw, int(tp))})
         local[(model, hw, int(tp))], ended = _fit(rows.reset_index(drop=True), with_defaults, start, LOCAL)
         on_bounds |= {f"{hw}/tp{int(tp)}/{model}.{n}": why for n, why in ended.items()}
+    # the fitted factors replace the base's, and with them the base's sources for its factors
+    return base.model_copy(update={"defaults": defaults, "hardware_overrides": _overrides(local), "efficiency_sources": {},
+                                   "fit": {"at_bound": on_bounds}})
 
+
+def _overrides(local: dict[tuple, EngineFactors]) -> dict[str, EngineFactors]:
+    """A profile's overrides from factors fitted per (model, machine, TP): per machine and per
+    (machine, TP) their medians, per (machine, TP, model) the fit, in sorted order."""
     def median(factors: list[EngineFactors]) -> EngineFactors:
         values = {n: float(np.median([getattr(f, n) for f in factors])) for n in FIT_BOUNDS}
         return EngineFactors(**{**factors[0].model_dump(), **values})
@@ -127,12 +134,8 @@ def fit_profile(points: pd.DataFrame, base: EngineProfile) -> EngineProfile:
         overrides[hw] = median([f for (_, h, _), f in local.items() if h == hw])
         for tp in sorted({t for _, h, t in local if h == hw}):
             overrides[f"{hw}/tp{tp}"] = median([f for (_, h, t), f in local.items() if h == hw and t == tp])
-            for (model, h, t), f in sorted(local.items()):
-                if h == hw and t == tp:
-                    overrides[f"{hw}/tp{tp}/{model}"] = f
-    # the fitted factors replace the base's, and with them the base's sources for its factors
-    return base.model_copy(update={"defaults": defaults, "hardware_overrides": overrides, "efficiency_sources": {},
-                                   "fit": {"at_bound": on_bounds}})
+            overrides |= {f"{hw}/tp{tp}/{model}": f for (model, h, t), f in sorted(local.items()) if h == hw and t == tp}
+    return overrides
 
 
 def _kept(base: EngineProfile, hw: str, tp: int) -> dict:

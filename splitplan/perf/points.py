@@ -58,15 +58,19 @@ def candidate_layouts(model, hw, engine, tp: int | None = None) -> list[Layout]:
     if tp:
         return [Layout(tp)] if tp in hw.tp_degrees() else []
     out = [Layout(t) for t in hw.tp_degrees()]
-    gpm = hw.gpus_per_machine
     widest = max((t for t in hw.tp_degrees() if t <= 8 and model.num_attention_heads % t == 0), default=1)
     if model.is_moe:
-        wide = [g for g in WIDE_EP_GPUS if (g % gpm == 0 or gpm % g == 0) and model.num_local_experts % g == 0]
-        out += [Layout(1, g, g) for g in wide]  # decode's layout: attention on every GPU
-        out += [Layout(widest, g // widest, g) for g in wide if g > widest]  # prefill's: a long prompt on TP GPUs
-    if not any(Instance(model, hw, engine, layout).fit.fits for layout in out if layout.gpus <= gpm):
+        out += _wide_ep_layouts(model, hw.gpus_per_machine, widest)
+    if not any(Instance(model, hw, engine, layout).fit.fits for layout in out if layout.gpus <= hw.gpus_per_machine):
         out += [Layout(widest, pp=p) for p in PIPELINE_STAGES]
     return out
+
+
+def _wide_ep_layouts(model, gpus_per_machine: int, widest: int) -> list[Layout]:
+    """A MoE model's wide-EP layouts over WIDE_EP_GPUS that tile machines and split its experts:
+    attention on every GPU (decode's), then on TP groups of `widest` (prefill's: a long prompt on TP GPUs)."""
+    wide = [g for g in WIDE_EP_GPUS if (g % gpus_per_machine == 0 or gpus_per_machine % g == 0) and model.num_local_experts % g == 0]
+    return [Layout(1, g, g) for g in wide] + [Layout(widest, g // widest, g) for g in wide if g > widest]
 
 
 def reference_instance(model, hardware: str, tp: int, engine, db=None, interpolation: str = "splitplan"):

@@ -311,24 +311,8 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
             arrival = (time - origin_ns) / 1e9
         else:
             arrival = time * cols.time_unit_s
-        for name, values in ((cols.prompt, prompt), (cols.output, output)):
-            bad = (values < 1) | (values != np.floor(values)) | (values > MAX_REQUEST_TOKENS)
-            if bad.any():
-                row = int(np.argmax(bad))
-                raise TraceError(f"{path}: line {first + row}: column {name} is {values[row]:g}; token counts must be "
-                                 f"whole numbers from 1 to {MAX_REQUEST_TOKENS:,}")
-        steps = np.diff(arrival, prepend=arrival[0] if previous is None else previous)
-        if (steps < 0).any():
-            row = int(np.argmax(steps < 0))
-            before = arrival[row - 1] if row else previous
-            raise TraceError(f"{path}: line {first + row}: arrival goes back in time ({arrival[row]:g} s after "
-                             f"{before:g} s); sort the trace by time")
         origin = arrival[0] if origin is None else origin
-        far = arrival - origin > MAX_TRACE_SPAN_S
-        if far.any():
-            row = int(np.argmax(far))
-            raise TraceError(f"{path}: line {first + row}: arrival {excerpt(_cell(chunk, cols.time, row))} is more than "
-                             f"{MAX_TRACE_SPAN_S / 86400:.0f} days after the first; are the times in ms, us or ns? (--time-unit)")
+        _check_block(path, cols, first, chunk, arrival, prompt, output, previous, origin)
         previous = arrival[-1]
         extra.read(chunk, first, prompt)
         arrivals.append(arrival)
@@ -341,6 +325,30 @@ def load_trace(path: str | Path, columns: Columns | None = None) -> Trace:
     if columns is None and not wall_clock:  # (times detected, not named: the unit is a guess)
         _warn_if_milliseconds(path, cols, arrival)
     return Trace(arrival - arrival[0], prompt, output, str(path), prefix=extra.tree(prompt, output))
+
+
+def _check_block(path: Path, cols: Columns, first: int, chunk, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray,
+                 previous: float | None, origin: float) -> None:
+    """A block of `load_trace`'s rows (from line `first`) within bounds: whole token counts from 1 to
+    MAX_REQUEST_TOKENS, arrivals in order (after `previous`, the last block's) and within
+    MAX_TRACE_SPAN_S of the first (`origin`); TraceError naming the line otherwise."""
+    for name, values in ((cols.prompt, prompt), (cols.output, output)):
+        bad = (values < 1) | (values != np.floor(values)) | (values > MAX_REQUEST_TOKENS)
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise TraceError(f"{path}: line {first + row}: column {name} is {values[row]:g}; token counts must be "
+                             f"whole numbers from 1 to {MAX_REQUEST_TOKENS:,}")
+    steps = np.diff(arrival, prepend=arrival[0] if previous is None else previous)
+    if (steps < 0).any():
+        row = int(np.argmax(steps < 0))
+        before = arrival[row - 1] if row else previous
+        raise TraceError(f"{path}: line {first + row}: arrival goes back in time ({arrival[row]:g} s after "
+                         f"{before:g} s); sort the trace by time")
+    far = arrival - origin > MAX_TRACE_SPAN_S
+    if far.any():
+        row = int(np.argmax(far))
+        raise TraceError(f"{path}: line {first + row}: arrival {excerpt(_cell(chunk, cols.time, row))} is more than "
+                         f"{MAX_TRACE_SPAN_S / 86400:.0f} days after the first; are the times in ms, us or ns? (--time-unit)")
 
 
 SLOWEST_PLAUSIBLE_RPS = 0.01  # whole-number times in seconds slower than this on average look like milliseconds
