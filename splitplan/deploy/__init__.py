@@ -422,6 +422,27 @@ def storage_text(dep: Deployment) -> str:
             f"{round((STORAGE_SPARE - 1) * 100)} % to spare, and {CACHE_GIB} Gi for the engine's compile caches")
 
 
+def _group_mapping(dep: Deployment, g, kubernetes: bool, mapping: list, unexpressed: list) -> None:
+    """`common_mapping`'s rows of one pool's workers: their count and layout, where they run."""
+    mapping.append((f"{g.role}_pools[{g.hardware.name}].machines, layout",
+                    f"{g.instances} {ROLE_NAMES[g.role]} worker(s) of {g.layout.gpus} GPU(s) ({g.layout})"
+                    + (f", each over {g.nodes_per_instance} nodes" if g.nodes_per_instance > 1 else "")))
+    if g.shared is not None and g.role == "token" and kubernetes:
+        unexpressed.append(f"shared machines {g.shared}: the prefill and decode pods that share them in the plan are "
+                           "placed by the scheduler (llm-d: with a preferred pod affinity to each other's node), "
+                           "not pinned to one node together")
+    labels = dep.node_labels(g) if kubernetes else {}
+    if labels:
+        mapping.append((f"{g.role}_pools[{g.hardware.name}].hardware",
+                        "nodeSelector " + ", ".join(f"{k}={v}" for k, v in labels.items())
+                        + (" (--node-selector)" if dep.node_selector is not None else " (the hardware file's kubernetes_node_labels)")
+                        + f"; toleration of {g.hardware.kubernetes_gpu_resource}" + _pinning(labels)))
+    else:
+        unexpressed.append(f"{g.role}_pools[{g.hardware.name}].hardware: the machine type is not selected; pin the "
+                           f"workers to {g.hardware.gpu.name} nodes with your cluster's node labels"
+                           + (" (--node-selector KEY=VALUE)" if kubernetes else ""))
+
+
 def common_mapping(dep: Deployment, engine: str, kubernetes: bool = False) -> tuple[list[tuple[str, str]], list[str]]:
     """The mapping rows and the unexpressed facts every target shares (`engine`: what runs;
     `kubernetes`: the target writes pods, placed by `Deployment.pod_spec`)."""
@@ -431,23 +452,7 @@ def common_mapping(dep: Deployment, engine: str, kubernetes: bool = False) -> tu
         f"inputs.engine {dep.engine.name}: the plan was sized with that engine's timing, not {engine}'s; "
         f"re-plan with --engine {engine}-fp8 to size for {engine}"]
     for g in dep.groups:
-        mapping.append((f"{g.role}_pools[{g.hardware.name}].machines, layout",
-                        f"{g.instances} {ROLE_NAMES[g.role]} worker(s) of {g.layout.gpus} GPU(s) ({g.layout})"
-                        + (f", each over {g.nodes_per_instance} nodes" if g.nodes_per_instance > 1 else "")))
-        if g.shared is not None and g.role == "token" and kubernetes:
-            unexpressed.append(f"shared machines {g.shared}: the prefill and decode pods that share them in the plan are "
-                               "placed by the scheduler (llm-d: with a preferred pod affinity to each other's node), "
-                               "not pinned to one node together")
-        labels = dep.node_labels(g) if kubernetes else {}
-        if labels:
-            mapping.append((f"{g.role}_pools[{g.hardware.name}].hardware",
-                            "nodeSelector " + ", ".join(f"{k}={v}" for k, v in labels.items())
-                            + (" (--node-selector)" if dep.node_selector is not None else " (the hardware file's kubernetes_node_labels)")
-                            + f"; toleration of {g.hardware.kubernetes_gpu_resource}" + _pinning(labels)))
-        else:
-            unexpressed.append(f"{g.role}_pools[{g.hardware.name}].hardware: the machine type is not selected; pin the "
-                               f"workers to {g.hardware.gpu.name} nodes with your cluster's node labels"
-                               + (" (--node-selector KEY=VALUE)" if kubernetes else ""))
+        _group_mapping(dep, g, kubernetes, mapping, unexpressed)
     if kubernetes and dep.model_cache_pvc:
         mapping.append(("--model-cache-pvc", f"every serving pod mounts the claim {dep.model_cache_pvc} at {MODEL_CACHE_PATH} "
                         "(HF_HOME): the weights download once; pods on several nodes need a ReadWriteMany claim"))

@@ -49,52 +49,13 @@ def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, gu
     """n*(o) for one option alone, and the line that decided it. `lower` is a known
     lower bound on n* (a co-located pool needs at least the prompt pool's count); `guess`, where
     the count search starts (None: the instances the prefill work keeps busy)."""
-    if not inst.fit.fits:
-        return Option(role, inst, None, "", inst.fit.reason)
+    refused = _refused(problem, role, inst)
+    if refused is not None:
+        return refused
     t = problem.trace
-    if role == Role.PROMPT and int(np.max(t.prompt_tokens)) > inst.max_request_tokens:  # (the simulator's rule too)
-        return Option(role, inst, None, "KV memory", "the longest prompt's KV exceeds one instance's KV capacity"
-                      + (" (of one attention DP group)" if inst.layout.dp > 1 else ""))
-    if role == Role.PROMPT:
-        batch_times = [BatchTimes(inst, t.prompt_tokens)]
-
-        def failing(n):
-            ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, [(inst, n)], problem.max_batch_tokens, batch_times,
-                                       chunked=problem.chunked, max_seqs=problem.max_num_seqs, prefix=problem.prefix)
-            scores[n] = _excess(problem, {"ttft": ttft})  # (the one metric a prompt pool answers for)
-            return first_failing(problem, "ttft", ttft)
-        alone = first_failing(problem, "ttft", np.asarray(inst.prefill_time_s(t.prompt_tokens)) + inst.engine.frontend_latency_s)
-        if alone is not None:
-            return Option(role, inst, None, alone.label, f"{alone.label} not met even without queueing")
-    elif int(np.max(t.prompt_tokens + t.output_tokens)) > inst.max_request_tokens:
-        return Option(role, inst, None, "KV memory", "the longest request's KV exceeds one instance's KV capacity"
-                      + (" (of one attention DP group)" if inst.layout.dp > 1 else ""))
-    elif (alone_miss := _fails_alone(problem, role, inst)) is not None:
-        return Option(role, inst, None, alone_miss[0].label, alone_miss[1])
-    elif role == Role.TOKEN:
-        def failing(n):
-            tbt, decode_s, res = decode_values(problem, inst, n, inst, t.arrival_s)
-            itl, tpot = decode_gaps(t.output_tokens, decode_s, res.step_s, min(res.mean_batch, 1.0), inst.engine.async_scheduling)
-            reached = [(line, achieved(line, values, problem.reference))
-                       for metric, values in (("tbt", tbt), ("itl", itl), ("tpot", tpot)) for line in slo_lines(problem, metric)]
-            scores[n] = max([value / line.limit for line, value in reached]
-                            + [res.kv_peak_fraction, res.batch_p99 / problem.max_num_seqs if problem.max_num_seqs else 0.0])
-            missed = next((line for line, value in reached if not meets(line, value)), None)
-            if missed is not None:
-                return missed
-            if res.kv_peak_fraction > 1:
-                return "KV memory"
-            return "max_num_seqs" if problem.max_num_seqs and res.batch_p99 > problem.max_num_seqs else None
-    else:  # mixed: one pool runs both phases; estimated here, the best simulated (colocated_plan)
-        memo: dict = {}
-
-        def failing(n):
-            values = colocated_estimate(t.arrival_s, t.prompt_tokens, t.output_tokens, inst, n, problem.max_batch_tokens, memo,
-                                        problem.chunked, problem.max_num_seqs)
-            scores[n] = _excess(problem, values.by_metric, values.kv_peak_fraction)
-            return _mixed_failing(problem, values)
     scores: dict[int, float] = {}  # (how far each count checked is from holding: where the search is aimed, smallest_count's score)
-    failing = functools.cache(failing)  # (the bisection has usually tried n - 1, which names the binding line)
+    check = {Role.PROMPT: _prompt_check, Role.TOKEN: _token_check}.get(role, _mixed_check)
+    failing = functools.cache(check(problem, inst, scores))  # (the bisection has usually tried n - 1, which names the binding line)
     n = smallest_count(lambda k: failing(k) is None, lower, guess or (_busy_guess(inst, t) if role != Role.TOKEN else None),
                        score=scores.get)
     if n is None:
@@ -106,6 +67,72 @@ def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, gu
         binding = "prompt-pool size (lower bound)"
     label = binding if isinstance(binding, str) else (binding.label if binding else "minimum size (1 instance)")
     return Option(role, inst, n, label)
+
+
+def _refused(problem: Problem, role: Role, inst: Instance) -> Option | None:
+    """The option unsized, and why, where no count can hold: the model does not fit, the longest
+    prompt's (prompt pool) or request's KV exceeds one instance's, or a line fails with one request alone."""
+    if not inst.fit.fits:
+        return Option(role, inst, None, "", inst.fit.reason)
+    t = problem.trace
+    group = " (of one attention DP group)" if inst.layout.dp > 1 else ""
+    if role == Role.PROMPT:
+        if int(np.max(t.prompt_tokens)) > inst.max_request_tokens:  # (the simulator's rule too)
+            return Option(role, inst, None, "KV memory", "the longest prompt's KV exceeds one instance's KV capacity" + group)
+        alone = first_failing(problem, "ttft", np.asarray(inst.prefill_time_s(t.prompt_tokens)) + inst.engine.frontend_latency_s)
+        return None if alone is None else Option(role, inst, None, alone.label, f"{alone.label} not met even without queueing")
+    if int(np.max(t.prompt_tokens + t.output_tokens)) > inst.max_request_tokens:
+        return Option(role, inst, None, "KV memory", "the longest request's KV exceeds one instance's KV capacity" + group)
+    alone_miss = _fails_alone(problem, role, inst)
+    return None if alone_miss is None else Option(role, inst, None, alone_miss[0].label, alone_miss[1])
+
+
+def _prompt_check(problem: Problem, inst: Instance, scores: dict):
+    """A prompt pool of n instances: the TTFT line it misses (None: none), its score in `scores`."""
+    t = problem.trace
+    batch_times = [BatchTimes(inst, t.prompt_tokens)]
+
+    def failing(n):
+        ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, [(inst, n)], problem.max_batch_tokens, batch_times,
+                                   chunked=problem.chunked, max_seqs=problem.max_num_seqs, prefix=problem.prefix)
+        scores[n] = _excess(problem, {"ttft": ttft})  # (the one metric a prompt pool answers for)
+        return first_failing(problem, "ttft", ttft)
+    return failing
+
+
+def _token_check(problem: Problem, inst: Instance, scores: dict):
+    """A token pool of n instances: the TBT, ITL or TPOT line it misses, or "KV memory" or
+    "max_num_seqs" (None: none), its score in `scores`."""
+    t = problem.trace
+
+    def failing(n):
+        tbt, decode_s, res = decode_values(problem, inst, n, inst, t.arrival_s)
+        itl, tpot = decode_gaps(t.output_tokens, decode_s, res.step_s, min(res.mean_batch, 1.0), inst.engine.async_scheduling)
+        reached = [(line, achieved(line, values, problem.reference))
+                   for metric, values in (("tbt", tbt), ("itl", itl), ("tpot", tpot)) for line in slo_lines(problem, metric)]
+        scores[n] = max([value / line.limit for line, value in reached]
+                        + [res.kv_peak_fraction, res.batch_p99 / problem.max_num_seqs if problem.max_num_seqs else 0.0])
+        missed = next((line for line, value in reached if not meets(line, value)), None)
+        if missed is not None:
+            return missed
+        if res.kv_peak_fraction > 1:
+            return "KV memory"
+        return "max_num_seqs" if problem.max_num_seqs and res.batch_p99 > problem.max_num_seqs else None
+    return failing
+
+
+def _mixed_check(problem: Problem, inst: Instance, scores: dict):
+    """A co-located pool of n instances, estimated (the best is simulated: colocated_plan): the line
+    it misses (None: none), its score in `scores`."""
+    t = problem.trace
+    memo: dict = {}
+
+    def failing(n):
+        values = colocated_estimate(t.arrival_s, t.prompt_tokens, t.output_tokens, inst, n, problem.max_batch_tokens, memo,
+                                    problem.chunked, problem.max_num_seqs)
+        scores[n] = _excess(problem, values.by_metric, values.kv_peak_fraction)
+        return _mixed_failing(problem, values)
+    return failing
 
 
 def _excess(problem: Problem, predicted: dict[str, Any], kv_peak_fraction: float = 0.0) -> float:

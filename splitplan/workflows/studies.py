@@ -160,25 +160,7 @@ def compare(trace, designs: str, scenario: str, model: str = DEFAULT_MODEL, slo:
     spec = load_designs(designs)
     base_name = baseline or spec.designs[0].name
     spec.get(base_name)
-    budget = {}
-    if scenario in ("iso-power", "iso-cost"):
-        given = [x for x in (budget_machines, max_power_kw, max_cost_per_hour) if x]
-        if len(given) != 1:
-            raise SpecError(f"--scenario {scenario} needs exactly one budget: --budget-machines TYPE=N, --max-power-kw or "
-                            "--max-cost-per-hour")
-        if budget_machines:
-            if len(budget_machines) != 1:
-                raise SpecError("--budget-machines takes one TYPE=N (the budget is the power or cost of N such machines)")
-            (hw, n), = budget_machines.items()
-            spec_hw = load_hardware(hw)
-            if scenario == "iso-power":
-                max_power_kw = n * spec_hw.provisioned_power_w / 1e3
-            else:
-                max_cost_per_hour = n * spec_hw.price_usd_per_hour
-        if scenario == "iso-power" and max_power_kw is None or scenario == "iso-cost" and max_cost_per_hour is None:
-            option = "--max-power-kw" if scenario == "iso-power" else "--max-cost-per-hour"
-            raise SpecError(f"--scenario {scenario}: give the budget as {option} or --budget-machines")
-        budget = {"max_power_kw": max_power_kw} if scenario == "iso-power" else {"max_cost_per_hour": max_cost_per_hour}
+    budget = _budget(scenario, budget_machines, max_power_kw, max_cost_per_hour) if scenario in ("iso-power", "iso-cost") else {}
     options = OptimizeOptions(engine=engine, perf_db=perf_db, max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs,
                               max_power_kw=budget.get("max_power_kw"), max_cost_per_hour=budget.get("max_cost_per_hour"))
     base_rate = rate or trace.mean_rate_rps
@@ -189,6 +171,29 @@ def compare(trace, designs: str, scenario: str, model: str = DEFAULT_MODEL, slo:
     results = run_units(_design_unit, list(spec.designs), job, jobs, executor, ray_address, progress,
                         describe=lambda d: f"design {d.name}")
     return CompareResult(scenario, tuple(results), base_name, budget)
+
+
+def _budget(scenario: str, budget_machines: dict[str, int] | None, max_power_kw: float | None,
+            max_cost_per_hour: float | None) -> dict[str, float | None]:
+    """An iso-power or iso-cost study's one budget: the kW or USD/h given, or those of N machines of
+    a type (`budget_machines`); SpecError unless exactly one is given."""
+    given = [x for x in (budget_machines, max_power_kw, max_cost_per_hour) if x]
+    if len(given) != 1:
+        raise SpecError(f"--scenario {scenario} needs exactly one budget: --budget-machines TYPE=N, --max-power-kw or "
+                        "--max-cost-per-hour")
+    if budget_machines:
+        if len(budget_machines) != 1:
+            raise SpecError("--budget-machines takes one TYPE=N (the budget is the power or cost of N such machines)")
+        (hw, n), = budget_machines.items()
+        spec_hw = load_hardware(hw)
+        if scenario == "iso-power":
+            max_power_kw = n * spec_hw.provisioned_power_w / 1e3
+        else:
+            max_cost_per_hour = n * spec_hw.price_usd_per_hour
+    if scenario == "iso-power" and max_power_kw is None or scenario == "iso-cost" and max_cost_per_hour is None:
+        option = "--max-power-kw" if scenario == "iso-power" else "--max-cost-per-hour"
+        raise SpecError(f"--scenario {scenario}: give the budget as {option} or --budget-machines")
+    return {"max_power_kw": max_power_kw} if scenario == "iso-power" else {"max_cost_per_hour": max_cost_per_hour}
 
 
 def _resampled(trace, duration_s, seed, rate):
