@@ -70,7 +70,7 @@ from splitplan.workload.trace import (
 )
 
 if TYPE_CHECKING:
-    from splitplan.search.optimize import OptimizeOptions
+    from splitplan.search.optimize import Mode, OptimizeOptions
 
 
 @app.command()
@@ -154,15 +154,14 @@ def optimize(
     recorded = {**trace_record(trace, columns), "rate_rps": rate, "duration_s": duration if rate else None, "seed": seed}
     engine = with_precision(engine, weights, kv_cache)
     max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs)
-    mode = api.Mode.COLOCATED if no_split else api.Mode.SPLIT if split_only else api.Mode.BEST
     options = api.OptimizeOptions(
         hardware=_names(hardware, "--hardware"), prompt_hardware=_names(prompt_hardware, "--prompt-hardware"),
         token_hardware=_names(token_hardware, "--token-hardware"), tp=tp,
         objective="cost" if objective is Objective.throughput else objective.value, engine=engine, search=search.value,
         solver=solver, max_cost_per_hour=max_cost_per_hour, max_power_kw=max_power_kw, max_machines=_limits(max_machines),
         max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs, prefix_caching=cache_switch(prefix_caching), routing=routing,
-        kv_offload_gb=kv_offload_gb or 0.0, perf_db=str(perf_db) if perf_db else None, perf_interp=perf_interp, mode=mode,
-        pareto=pareto, jobs=jobs if jobs > 0 else os.cpu_count() or 1, headroom_pct=headroom, spare_instances=spare,
+        kv_offload_gb=kv_offload_gb or 0.0, perf_db=str(perf_db) if perf_db else None, perf_interp=perf_interp,
+        mode=_mode(no_split, split_only), pareto=pareto, jobs=_jobs(jobs), headroom_pct=headroom, spare_instances=spare,
         confidence=confidence)
     if concurrency is not None:
         _no_clash_with_closed_loop(rate=rate is not None, window=window is not None, pareto=pareto, validate=validate,
@@ -173,8 +172,7 @@ def optimize(
         return
     lead_s = None if scale_up_lead is None else parse_duration(scale_up_lead, "--scale-up-lead", zero=True)
     if window is not None:
-        if validate or pareto or objective is Objective.throughput:
-            raise SpecError("--window plans each window by cost or power; drop --validate/--pareto/throughput")
+        _check_window(validate, pareto, objective)
         _plan_windows(load_workload(loaded, rate, duration, seed), parse_duration(window), model, slo, format, output_dir,
                       options, executor.value, ray_address, lead_s, recorded)
         return
@@ -194,6 +192,20 @@ def optimize(
               "mixed_pool_threshold": borrow_threshold, **options.inputs(), "objective": objective.value,
               "prefix_caching": "on" if _caching(options) else "off"}
     _emit_plan(result, workload, inputs, format, output_dir, plot, pareto)
+
+
+def _mode(no_split: bool, split_only: bool) -> Mode:
+    return api.Mode.COLOCATED if no_split else api.Mode.SPLIT if split_only else api.Mode.BEST
+
+
+def _jobs(jobs: int) -> int:
+    """--jobs N, 0 for one per core."""
+    return jobs if jobs > 0 else os.cpu_count() or 1
+
+
+def _check_window(validate: bool, pareto: bool, objective: Objective) -> None:
+    if validate or pareto or objective is Objective.throughput:
+        raise SpecError("--window plans each window by cost or power; drop --validate/--pareto/throughput")
 
 
 def _check_flags(split_only: bool, no_split: bool, perf_interp: str, perf_db, borrow_threshold, validate: bool,

@@ -112,15 +112,36 @@ def evaluate(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, 
     ttft, prompt_busy_s, rates = replayed
     hits = dict(zip(prompt_keys, rates, strict=True)) if rates else {}  # (rates: with a prefix cache)
     src = max(prompt, key=lambda pair: pair[1])[0]
-    # Requests go to token types in proportion to their capacity (a deterministic interleave).
-    share = np.array([n / o.instances for _, o, n, _ in token_parts])
+    kind = _token_kinds(token_parts, len(t))
     prompt_instances = sum(n for _, n in prompt)
+    tbt, decode_s, step_s, kv_peak, token_busy_s = _token_pools(problem, token_parts, options, kind, src, t.arrival_s + ttft,
+                                                                prompt_instances)
+    e2e = ttft + decode_s
+    span_s = max(float(np.max(t.arrival_s + e2e) - t.arrival_s[0]), 1e-9)  # as the simulator's utilization
+    keys = prompt_keys + token_keys
+    pool_busy_s = [*prompt_busy_s, *token_busy_s]
+    utilization = {k: min(b / (span_s * n), 1.0) for k, b, (_, n) in zip(keys, pool_busy_s, prompt + token, strict=True)}
+    token_busy = np.array([utilization[k] for k in token_keys])[kind]  # each request's token instance's
+    itl, tpot = decode_gaps(t.output_tokens, decode_s, step_s, token_busy, src.engine.async_scheduling)
+    return Evaluation(ttft, tbt, itl, tpot, e2e, kv_peak, utilization, hits,
+                      tuple(_phases(prompt, prompt_busy_s, token, token_busy_s)), span_s)
+
+
+def _token_kinds(token_parts: list[tuple], requests: int) -> np.ndarray:
+    """Each request's token pool: in proportion to their capacity (a deterministic interleave)."""
+    share = np.array([n / o.instances for _, o, n, _ in token_parts])
     cut = np.cumsum(share / share.sum())
-    kind = np.minimum(np.searchsorted(cut, (np.arange(len(t)) * 0.6180339887498949) % 1.0, side="right"), len(token) - 1)
+    return np.minimum(np.searchsorted(cut, (np.arange(requests) * 0.6180339887498949) % 1.0, side="right"), len(token_parts) - 1)
+
+
+def _token_pools(problem: Problem, token_parts: list[tuple], options: dict, kind: np.ndarray, src: Instance, start: np.ndarray,
+                 prompt_instances: int) -> tuple:
+    """(per request TBT, decode seconds and step seconds, the largest KV peak fraction, busy seconds
+    per token pool) of the token pools, request i on pool kind[i] from start[i] (its first token)."""
+    t = problem.trace
     tbt, decode_s, step_s = np.empty(len(t)), np.empty(len(t)), np.empty(len(t))
     kv_peak = 0.0
-    start = t.arrival_s + ttft
-    token_busy_s = np.zeros(len(token))
+    token_busy_s = np.zeros(len(token_parts))
     for j, (_, option, n, combo) in enumerate(token_parts):
         inst, idx = option.inst, np.flatnonzero(kind == j)
         # on shared machines, a request's prompt instance is on its token instance's machine as
@@ -133,15 +154,7 @@ def evaluate(problem: Problem, counts: dict[AnyKey, int], options: dict[AnyKey, 
             kv_peak = max(kv_peak, res.kv_peak_fraction)
             steps_s = np.maximum(t.output_tokens[idx] - 1, 0) * res.step_s  # (after the KV transfer)
             token_busy_s[j] = busy_s(start[idx] + decode_s[idx] - steps_s, start[idx] + decode_s[idx], n)
-    e2e = ttft + decode_s
-    span_s = max(float(np.max(t.arrival_s + e2e) - t.arrival_s[0]), 1e-9)  # as the simulator's utilization
-    keys = prompt_keys + token_keys
-    pool_busy_s = [*prompt_busy_s, *token_busy_s]
-    utilization = {k: min(b / (span_s * n), 1.0) for k, b, (_, n) in zip(keys, pool_busy_s, prompt + token, strict=True)}
-    token_busy = np.array([utilization[k] for k in token_keys])[kind]  # each request's token instance's
-    itl, tpot = decode_gaps(t.output_tokens, decode_s, step_s, token_busy, src.engine.async_scheduling)
-    return Evaluation(ttft, tbt, itl, tpot, e2e, kv_peak, utilization, hits,
-                      tuple(_phases(prompt, prompt_busy_s, token, token_busy_s)), span_s)
+    return tbt, decode_s, step_s, kv_peak, token_busy_s
 
 
 def _phases(prompt: list, prompt_busy_s, token: list, token_busy_s) -> list[tuple]:

@@ -290,9 +290,7 @@ def _prepare(trace, model: str, slo: str | SloProfile, opts: OptimizeOptions) ->
     db = load_perf_db(opts.perf_db) if opts.perf_db else None
     if opts.objective not in ("cost", "power"):
         raise SpecError(f"--objective {opts.objective}: choose cost or power")
-    names = list(opts.hardware or [h.name for h in hardware_catalog()])
-    named = set(opts.hardware or []) | set(opts.prompt_hardware or []) | set(opts.token_hardware or [])
-    machines = load_machines(sorted(set(names) | named))
+    names, named, machines = _hardware(opts)
     caps = _caps(opts.max_machines or {}, machines)
     if opts.tp is not None:
         _check_tp(opts.tp, [machines[n] for n in sorted(named)], list(machines.values()))
@@ -308,6 +306,14 @@ def _prepare(trace, model: str, slo: str | SloProfile, opts: OptimizeOptions) ->
                       opts.max_power_kw, caps, opts.solver, eng.seqs_cap(opts.max_num_seqs), eng.chunked, prefixes, load_factor,
                       opts.spare_instances)
     return _Search(opts, m, eng, db, machines, names, problem, unservable)
+
+
+def _hardware(opts: OptimizeOptions) -> tuple[list[str], set[str], dict]:
+    """(the machine types considered: --hardware or the catalog, every type named by a hardware
+    option, and each of both loaded by name)."""
+    names = list(opts.hardware or [h.name for h in hardware_catalog()])
+    named = set(opts.hardware or []) | set(opts.prompt_hardware or []) | set(opts.token_hardware or [])
+    return names, named, load_machines(sorted(set(names) | named))
 
 
 def _caps(max_machines: Mapping[str, int], machines: dict) -> tuple:
@@ -355,10 +361,7 @@ def _split_or_colocated(run: _Search, options: list, mixed: list, simulated: dic
             raise no_split from None
         colocated = None
     mixed = [as_simulated(simulated, o) for o in mixed]
-    split_wins = split_plan is not None and (opts.mode.recommends_split or colocated is None
-                                             or plan_key(problem.objective, split_plan) <= plan_key(problem.objective, colocated))
-    best = split_plan if split_wins else colocated
-    assert best is not None  # (with neither a split nor a co-located plan, one of them raised above)
+    best = _better(problem, opts, split_plan, colocated)
     found = [p for p in (split_plan, colocated) if p is not None]
     shown = alts[: opts.alternatives - 1] + [p for p in found if p is not best]
     front = _frontier(problem, options, mixed, [*alts, *found]) if opts.pareto else ()
@@ -366,6 +369,16 @@ def _split_or_colocated(run: _Search, options: list, mixed: list, simulated: dic
     return OptimizeResult(best, tuple(sorted(shown, key=lambda p: plan_key(problem.objective, p))), tuple(options + mixed),
                           colocated, pareto=front, unservable=run.unservable, problem=problem, split=split_plan,
                           objective=problem.objective, notes=notes)
+
+
+def _better(problem, opts: OptimizeOptions, split_plan, colocated):
+    """The split plan where the mode recommends it or it is no worse under the objective (or no
+    co-located plan was sized), else the co-located one."""
+    split_wins = split_plan is not None and (opts.mode.recommends_split or colocated is None
+                                             or plan_key(problem.objective, split_plan) <= plan_key(problem.objective, colocated))
+    best = split_plan if split_wins else colocated
+    assert best is not None  # (with neither a split nor a co-located plan, one of them raised before)
+    return best
 
 
 def _frontier(problem, options: list, mixed: list, plans: list) -> tuple:
@@ -552,19 +565,7 @@ def _best_split(problem, options, search: str, alternatives: int):
     and the best verified one wins. The rest are the runner-ups."""
 
     by_key = {o.key: o for o in options}
-    candidates = [solve_counts(problem, options, search)]
-    usable = [o for o in options if o.instances and o.role in SPLIT]
-    pairs = sorted(
-        ((p, t) for p in usable if p.role == Role.PROMPT for t in usable if t.role == Role.TOKEN),
-        key=lambda pt: (_objective(problem.objective, pt[0]) * pt[0].machines_alone
-                        + _objective(problem.objective, pt[1]) * pt[1].machines_alone, pt[0].key, pt[1].key),
-    )
-    seen_pairs: set[tuple[str, str]] = set()
-    for p, t in pairs:
-        pair = (p.inst.hardware.family, t.inst.hardware.family)  # (its cheapest shapes)
-        if pair not in seen_pairs and len(seen_pairs) < alternatives + 1:
-            seen_pairs.add(pair)
-            candidates.append({p.key: p.machines_alone, t.key: t.machines_alone})
+    candidates = [solve_counts(problem, options, search), *_homogeneous_pairs(problem, options, alternatives)]
     plans: list[Plan] = []
     memo: dict = {}
     failures: list = []
@@ -582,6 +583,25 @@ def _best_split(problem, options, search: str, alternatives: int):
         if other.prompt_pools + other.token_pools != plan.prompt_pools + plan.token_pools and other not in alts:
             alts.append(other)
     return plan, alts
+
+
+def _homogeneous_pairs(problem, options, alternatives: int) -> list[dict]:
+    """The counts of the best homogeneous plan of each (prompt, token) machine pair, cheapest
+    first (by each option's count alone), at most `alternatives` + 1 pairs."""
+    usable = [o for o in options if o.instances and o.role in SPLIT]
+    pairs = sorted(
+        ((p, t) for p in usable if p.role == Role.PROMPT for t in usable if t.role == Role.TOKEN),
+        key=lambda pt: (_objective(problem.objective, pt[0]) * pt[0].machines_alone
+                        + _objective(problem.objective, pt[1]) * pt[1].machines_alone, pt[0].key, pt[1].key),
+    )
+    seen_pairs: set[tuple[str, str]] = set()
+    candidates = []
+    for p, t in pairs:
+        pair = (p.inst.hardware.family, t.inst.hardware.family)  # (its cheapest shapes)
+        if pair not in seen_pairs and len(seen_pairs) < alternatives + 1:
+            seen_pairs.add(pair)
+            candidates.append({p.key: p.machines_alone, t.key: t.machines_alone})
+    return candidates
 
 
 def _objective(objective: str, option) -> float:
