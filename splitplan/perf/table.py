@@ -75,7 +75,6 @@ class MeasuredInstance(PassShortcuts):
         self.pre_y = np.maximum.accumulate(pre.latency_ms.to_numpy(float) / 1e3)
         ref = dec.groupby("context_tokens").batch.nunique().idxmax()  # the batch sweep's context
         by_batch = dec[dec.context_tokens == ref].sort_values("batch")
-        self.ctx_ref = float(ref)
         by_ctx = dec[dec.batch == 1]
         self.ctx_x = np.sort(by_ctx.context_tokens.unique().astype(float))  # the context range measured
         self.ctx_slope = analytic.decode_line(1)[1]

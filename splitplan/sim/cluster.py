@@ -80,7 +80,7 @@ from splitplan.base.errors import SpecError
 from splitplan.perf.roofline import Instance, local_kv_bytes_per_s
 from splitplan.perf.table import MeasuredInstance
 from splitplan.sim import gaps
-from splitplan.sim.prefix_cache import PrefixCache, PrefixModel
+from splitplan.sim.prefix_cache import CacheState, PrefixModel
 from splitplan.sim.types import (  # noqa: F401  (re-exported)
     MIXED,
     PROMPT,
@@ -132,8 +132,9 @@ class _Cluster:
         # the engine's prefix cache, per instance (where the trace records prefixes): a prefilling one
         # skips what it holds (with --kv-offload-gb, also what its host memory holds, loaded back
         # first); a token instance receives only the KV it does not hold
-        self.caches: dict[int, PrefixCache] = {}
-        if options.prefix_caching and trace.prefix is not None:
+        self.caching = bool(options.prefix_caching and trace.prefix is not None)
+        self.caches: dict[int, CacheState] = {}  # (after the run)
+        if self.caching:
             self._prefix_caches(trace.prefix)
         self.front = self.pools[0].perf.engine.frontend_latency_s  # a request reaches the engine this long after it is sent
         self.events = 0
@@ -144,10 +145,8 @@ class _Cluster:
         closed = self.closed
         if closed is None:
             self.arrival = self.trace.arrival_s.tolist()
-            self.released = self.n  # requests whose arrival time is known
-            return
-        self.arrival = [0.0] * min(closed, self.n) + [math.inf] * max(self.n - closed, 0)
-        self.released = min(closed, self.n)
+        else:
+            self.arrival = [0.0] * min(closed, self.n) + [math.inf] * max(self.n - closed, 0)
 
     def _place_instances(self) -> None:
         """Every pool's instances, numbered in pool order (a shared pool's on its shared machines),
@@ -172,9 +171,8 @@ class _Cluster:
         self.deferring = {k: pool.perf.engine.async_scheduling for k, pool in enumerate(self.pools)}
 
     def _prefix_caches(self, tree) -> None:
-        """The engine's prefix cache per instance, over the trace's prefix tree."""
+        """The engine's prefix caches (one per instance: host tiers on those that prefill), over the trace's prefix tree."""
         self.prefix = PrefixModel(tree, self.pools[0].perf.engine.kv_block_tokens, self.options.kv_offload_gb)
-        self.caches = {x.idx: self.prefix.cache(x.perf, host=x.role != TOKEN) for x in self.insts}
         self.node = tree.request_node.tolist()
 
     def run(self) -> SimResult:
@@ -190,7 +188,7 @@ class _Cluster:
         status, clock, counters, ends_s, ends_at, log_s, log_at, caches, passes, counts = core.run(
             arrival, float(self.front), prompt, out, req, times, inst, *self._core_pools(perfs, tables), self._core_settings(),
             float(self.kv_bytes), vectors, lines, np.array([self.single[k] for k in range(len(perfs))], float), tables[0],
-            self.prefix.arrays() if self.caches else None)
+            self.prefix.arrays() if self.caching else None)
         self.arrival = arrival  # (a closed loop's: the times the clients sent each request)
         if status == core.TOO_MANY_ITERATIONS:
             raise self._too_many_iterations()
@@ -206,7 +204,7 @@ class _Cluster:
     def _core_state(self, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The core's state before any event (splitplan_core.initial_state): per request and per instance."""
         machines = {node: m for m, node in enumerate(dict.fromkeys(x.node for x in self.insts if x.node is not None))}
-        return core.initial_state(prompt, self.cached, self.node if self.caches else -1, [str(x.role) for x in self.insts],
+        return core.initial_state(prompt, self.cached, self.node if self.caching else -1, [str(x.role) for x in self.insts],
                                   [x.pool for x in self.insts], [self.p_pos.get(x.idx, -1) for x in self.insts],
                                   [self.t_pos.get(x.idx, -1) for x in self.insts], [machines.get(x.node, -1) for x in self.insts])
 
@@ -245,7 +243,7 @@ class _Cluster:
         bandwidth between two pools' instances on one machine."""
         pools = np.array([[int(perf.fit.kv_capacity_tokens), perf.max_request_tokens, self.chunked[k] is not None, self.deferring[k],
                            perf.engine.layerwise_transfer_min_tokens, perf.measured] for k, perf in enumerate(perfs)], np.int64)
-        host = [self.prefix.host_tier(perf) if self.caches and pool.role != TOKEN else (0.0, 0.0)  # (as _prefix_caches gives them)
+        host = [self.prefix.host_tier(perf) if self.caching and pool.role != TOKEN else (0.0, 0.0)  # (a prefilling pool's host tier)
                 for pool, perf in zip(self.pools, perfs, strict=True)]
         pools_s = np.array([[perf.kv_link_bytes_per_s, perf.factors.kv_transfer_latency_s, *host[k], *tables[1][k]]
                             for k, perf in enumerate(perfs)])
@@ -253,7 +251,7 @@ class _Cluster:
 
     def _core_settings(self) -> np.ndarray:
         """The core's run-wide settings (MAX_BATCH_TOKENS ... BORROW)."""
-        caching = bool(self.caches)
+        caching = self.caching
         return np.array([self.max_tokens, self._cap(), self.max_iterations, self.context or 0, self.layers,
                          self.options.routing == "round-robin", self.closed or 0, self.options.record_events, caching,
                          self.prefix.block_tokens if caching else 1, self.options.routing == "prefix-aware" and caching,
@@ -261,8 +259,7 @@ class _Cluster:
 
     def _take_records(self, perfs: list[Instance], caches: list, counts: np.ndarray, log_s: np.ndarray, log_at: np.ndarray) -> None:
         """The compiled run's caches, measured tables' lookups and event log as this run's."""
-        for k, state in enumerate(caches):
-            self.caches[k].restore(*state)
+        self.caches = {k: CacheState.from_core(*state) for k, state in enumerate(caches)}
         for perf, (prefill, prefill_out, decode, decode_out) in zip(perfs, counts.tolist(), strict=True):
             if perf.measured:  # (a measured table counts its lookups, and those it extrapolated)
                 table = cast(MeasuredInstance, perf)
@@ -284,9 +281,8 @@ class _Cluster:
         bounds = np.searchsorted(ends_at[order], np.arange(len(self.insts) + 1))
         for k, x in enumerate(self.insts):
             x.ends = array("d", ends_s[order[bounds[k]:bounds[k + 1]]].tobytes())
-            x.iters, x.batch, x.ctx, x.kv_used = (int(v) for v in inst[k, [core.ITERS, core.BATCH, core.CTX, core.KV_USED]])
-            x.prefill_s, x.decode_s, x.batch_integral, x.link_free = (
-                float(v) for v in clock[k, [core.PREFILL_S, core.DECODE_S, core.INTEGRAL, core.LINK_FREE]])
+            x.batch, x.ctx, x.kv_used = (int(v) for v in inst[k, [core.BATCH, core.CTX, core.KV_USED]])
+            x.prefill_s, x.decode_s, x.batch_integral = (float(v) for v in clock[k, [core.PREFILL_S, core.DECODE_S, core.INTEGRAL]])
 
     def _too_many_iterations(self) -> SpecError:
         return SpecError(f"the simulation passed {self.max_iterations:,} decode iterations (one a token of "

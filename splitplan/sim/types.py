@@ -86,7 +86,7 @@ class InstanceState:
     """One model instance during a run: what it is, and what the run leaves of it (its decode
     iterations' end times and count, its batch, context and KV at the end, its time by kind)."""
 
-    __slots__ = ("idx", "pool", "role", "perf", "node", "kv_used", "batch", "ctx", "iters", "ends", "link_free", "prefill_s",
+    __slots__ = ("idx", "pool", "role", "perf", "node", "kv_used", "batch", "ctx", "ends", "prefill_s",
                  "decode_s", "batch_integral")
 
     def __init__(self, idx, pool, role, perf, node=None):
@@ -95,9 +95,7 @@ class InstanceState:
         self.kv_used = 0  # token: KV reserved whole; mixed: KV of the admitted requests not yet decoding
         self.batch = 0
         self.ctx = 0
-        self.iters = 0
         self.ends = array("d")  # end time of each decode iteration (8 bytes each: runs reach millions)
-        self.link_free = 0.0
         self.prefill_s = 0.0  # time in iterations that hold a prefill
         self.decode_s = 0.0  # time in decode-only iterations
         self.batch_integral = 0.0  # decode batch x time

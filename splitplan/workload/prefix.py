@@ -45,32 +45,6 @@ class PrefixTree:
                 depth[node] += depth[self.parent[node]]
         return depth
 
-    @cached_property
-    def _paths(self) -> dict:
-        return {}
-
-    def path(self, node: int) -> tuple[int, ...]:
-        """The nodes from `node` up to the root (remembered per node asked: a cache walks the paths
-        of requests' nodes again and again)."""
-        path = self._paths.get(node)
-        if path is None:
-            parent, walk, n = self._parents, [], node
-            while n >= 0:
-                walk.append(n)
-                n = parent[n]
-            path = self._paths[node] = tuple(walk)
-        return path
-
-    @cached_property
-    def _parents(self) -> list[int]:
-        return self.parent.tolist()
-
-    @cached_property
-    def lists(self) -> tuple[list[int], list[int], list[int]]:
-        """parent, tokens and depth as Python lists, made once and shared by every cache of the tree
-        (a simulation of thousands of instances keeps one copy)."""
-        return self._parents, self.tokens.tolist(), self.depth.tolist()
-
     def __getstate__(self) -> dict:  # (what is computed from the fields is not pickled: made again where used)
         return {k: self.__dict__[k] for k in ("parent", "tokens", "request_node", "output_node")}
 

@@ -11,8 +11,9 @@ import numpy as np
 
 from splitplan.capacity.pools import BatchTimes, PromptReplay
 from splitplan.perf.roofline import Instance
-from splitplan.sim.prefix_cache import PrefixCache, PrefixModel
+from splitplan.sim.prefix_cache import PrefixModel
 from tests.sim.python_loop import least_loaded, loads
+from tests.sim.python_prefix_cache import PrefixCache, cache_for
 
 
 class PassTimes:
@@ -40,7 +41,7 @@ def _prefix_caches(prefix: PrefixModel | None, instances: list[Instance]) -> tup
     """(a prefix cache per instance, each request's prefix node), both empty without prefix caching."""
     if prefix is None:
         return [], []
-    return [prefix.cache(inst) for inst in instances], prefix.tree.request_node.tolist()
+    return [cache_for(prefix, inst) for inst in instances], prefix.tree.request_node.tolist()
 
 
 def python_replay(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[tuple[Instance, int]],

@@ -16,6 +16,7 @@ from splitplan.perf.roofline import local_kv_bytes_per_s
 from splitplan.sim.cluster import _Cluster
 from splitplan.sim.types import MIXED, PROMPT, TOKEN, Event, InstanceState, PoolSpec, SimOptions, SimResult
 from splitplan.workload.trace import Trace
+from tests.sim.python_prefix_cache import cache_for
 
 
 class LeastLoaded(list):
@@ -62,7 +63,7 @@ class LoopInstance(InstanceState):
     """An instance's state in the Python loop: its lines and what it holds."""
 
     __slots__ = ("queue", "waiting", "kv_cap", "max_request", "kv_committed", "members", "finishing", "running", "host_free",
-                 "kv_link_bytes_per_s", "run_prefill", "steps", "launch", "fixed", "deferred")
+                 "kv_link_bytes_per_s", "run_prefill", "steps", "launch", "fixed", "deferred", "iters", "link_free")
 
     def __init__(self, idx, pool, role, perf, node=None):
         super().__init__(idx, pool, role, perf, node)
@@ -74,6 +75,8 @@ class LoopInstance(InstanceState):
         self.kv_committed = 0  # KV of the requests routed here to decode and not finished (held, on its way or to come)
         self.finishing: dict[int, list[int]] = {}
         self.running = False
+        self.iters = 0  # decode iterations run
+        self.link_free = 0.0  # when its KV link is free
         self.host_free = 0.0  # when its host link is free (loads from host memory, FIFO)
         self.kv_link_bytes_per_s = perf.kv_link_bytes_per_s  # its KV link (a share of the machine's NICs)
         self.run_prefill: list[int] = []
@@ -102,11 +105,14 @@ class PythonLoop(_Cluster):
         self.lines: dict[int, dict[int, tuple]] = {k: {} for k in range(len(self.pools))}  # decode steps by batch (filled as met)
         self.cap = self.options.max_num_seqs or math.inf  # requests running on one instance at once
         self.done = list(self.cached)
+        if self.caching:  # (the run's caches, the Python class's)
+            self.caches = {x.idx: cache_for(self.prefix, x.perf, host=x.role != TOKEN) for x in self.insts}  # type: ignore[misc]
         self._request_state()
         self.heap: list = []
         self.seq = 0
         self.tokens_out = 0
         self.round_robin = [0, 0]
+        self.released = self.n if self.closed is None else min(self.closed, self.n)  # requests whose arrival time is known
 
     def _request_state(self) -> None:
         """Per request: its scheduling state and what the run records of it."""

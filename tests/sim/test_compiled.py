@@ -15,7 +15,7 @@ from splitplan.base.errors import SpecError
 from splitplan.perf.roofline import Instance
 from splitplan.perf.table import PerfDb
 from splitplan.sim.cluster import PoolSpec, SimOptions, _Cluster, simulate
-from splitplan.sim.prefix_cache import PrefixCache
+from splitplan.sim.prefix_cache import CacheState
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
@@ -24,6 +24,7 @@ from splitplan.workload.prefix import PrefixTree
 from splitplan.workload.trace import Trace, default_trace_path, load_trace, resample_poisson
 from tests.conftest import DATA, PERF_DB
 from tests.sim.python_loop import PythonLoop, python_run
+from tests.sim.python_prefix_cache import PrefixCache
 
 TRACE = load_trace(default_trace_path())
 
@@ -397,9 +398,7 @@ def test_the_cores_prefix_cache_is_the_python_one(tree, block, cpu_tokens, ops):
             compiled.unpin(node, now), python.unpin(node, now)
         elif op == "evict":
             compiled.evict(y - 100), python.evict(y - 100)
-        restored = PrefixCache(tree, block, cpu_tokens)
-        restored.restore(*compiled.state())
-        assert cache_state(restored) == cache_state(python), op
+        assert cache_state(CacheState.from_core(*compiled.state())) == cache_state(python), op
 
 
 def test_the_cores_cache_table_keeps_colliding_nodes_findable():
@@ -419,6 +418,4 @@ def test_the_cores_cache_table_keeps_colliding_nodes_findable():
         python.evict(16 * keep), compiled.evict(16 * keep)
         assert [compiled.peek(n, 100) for n in nodes] == [python.peek(n, 100) for n in nodes]
         assert sum(compiled.peek(n, 100) > 0 for n in nodes) == keep
-        restored = PrefixCache(tree)
-        restored.restore(*compiled.state())
-        assert cache_state(restored) == cache_state(python)
+        assert cache_state(CacheState.from_core(*compiled.state())) == cache_state(python)

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from splitplan.perf.roofline import Instance
 from splitplan.sim.cluster import PoolSpec, SimOptions, _Cluster
 from splitplan.sim.metrics import pool_report
-from splitplan.sim.prefix_cache import PrefixCache
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
@@ -19,6 +18,7 @@ from splitplan.specs.roles import Role
 from splitplan.workload.prefix import PrefixTree, infinite_cache_reuse
 from splitplan.workload.trace import load_trace, with_shared_prefix
 from tests.conftest import DATA
+from tests.sim.python_prefix_cache import PrefixCache
 
 
 def _tree(parent, tokens, request_node=()):
@@ -134,7 +134,7 @@ def test_the_simulator_skips_what_its_caches_hold():
     assert on.tokens_out == off.tokens_out  # every request served either way
     for cache in cluster.caches.values():  # every request done: nothing pinned, the books balance
         assert cache.pins == {} and cache.free_tokens == cache.resident_tokens
-        assert cache.resident_tokens == sum(cache.tokens[n] for n in cache.last_use)
+        assert cache.resident_tokens == sum(int(mooncake.prefix.tokens[n]) for n in cache.last_use)
     again = _run(mooncake, True)[1]
     assert np.array_equal(on.ttft_s, again.ttft_s, equal_nan=True)  # deterministic
 
