@@ -226,8 +226,7 @@ class _Cluster:
         """Per pool, a measured one's pass times by tokens (MeasuredInstance.core_table: up to the
         longest pass, a whole request recomputed or the budget, beside the largest decode batch), and
         its (MIXED_FACTOR ... CONTEXT_HI); zeros for an analytic pool."""
-        measured = [cast(MeasuredInstance, p) for p in perfs if p.measured]
-        size = max(self.max_tokens, int(request_tokens.max(initial=0))) + lines + 1 if measured else 0
+        size = max(self.max_tokens, int(request_tokens.max(initial=0))) + lines + 1 if any(p.measured for p in perfs) else 0
         rows, ranges = np.zeros((len(perfs), size)), []
         for k, perf in enumerate(perfs):
             if perf.measured:
