@@ -43,9 +43,9 @@ def compare(trace, row, engine: str, interp: str) -> dict:
     summary = api.simulate(trace, pools, "bloom-176b", "splitwise", engine, str(PERF_DB), 2048, "jsq", 8192, interp).summary
     out = {}
     for metric, q in METRICS:
-        ours, theirs = summary[f"{metric}_ms"][f"p{q}"], float(getattr(row, f"{metric}_p{q}_ms"))
+        ours, theirs = summary.latency_ms(metric)[f"p{q}"], float(getattr(row, f"{metric}_p{q}_ms"))
         out[f"{metric} p{q}"] = (ours, theirs, ours / theirs - 1)
-    out["borrowed decodes"] = summary["borrowed"]["decodes_on_prompt_machines"]
+    out["borrowed decodes"] = summary.borrowed["decodes_on_prompt_machines"]
     return out
 
 

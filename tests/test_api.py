@@ -25,7 +25,7 @@ def test_results_have_frames_and_json():
     document = result.to_json()["plan"]
     assert isinstance(result.to_frame(), pd.DataFrame) and (document.get("prompt_pools") or document.get("mixed_pools"))
     sim = splitplan.simulate(result.plan, rate=4, duration_s=30)
-    assert len(sim.to_frame()) == sim.summary["requests"] and "summary" in sim.to_json()
+    assert len(sim.to_frame()) == sim.summary.requests and "summary" in sim.to_json()
     sweep = splitplan.sweep([2, 4], pools=[("prompt", "h100-80gb", 8, 1), ("token", "h100-80gb", 8, 1)], duration_s=30)
     assert len(sweep.to_frame()) == 2 and sweep.to_json()["mode"] == "plan"
 
@@ -38,7 +38,7 @@ def test_optimize_closed_loop_keeps_only_plans_whose_closed_loop_met_the_slo(mon
 
     def missing(*args, **kwargs):  # the simulation misses one line: no plan may be returned
         out = real(*args, **kwargs)
-        out.summary["slo"][0]["met"] = False
+        out.summary.slo[0]["met"] = False
         return out
 
     work = closed_loop_workload(None, 8, None, 1024, 64)

@@ -44,7 +44,7 @@ def test_the_prompt_queue_starts_after_the_api_front_end():
     trace = load_workload(None, 0.5, 60, 0)
     sim = api.simulate(trace, [Pool(Role.PROMPT, "h100-80gb", 8, 2), Pool(Role.TOKEN, "h100-80gb", 8, 1)],
                                  "llama2-70b", "chat", "vllm")
-    assert sim.summary["prompt_queue_ms"]["p50"] == 0
+    assert sim.summary.prompt_queue_ms["p50"] == 0
     served = ~sim.result.rejected  # (refused or never fitting: no prefill starts)
     assert served.sum() > 10 and np.all(sim.result.prompt_queue_s[served] >= 0)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -45,6 +46,9 @@ from splitplan.io import report
 from splitplan.specs.layout import Layout
 from splitplan.specs.roles import Pool
 from splitplan.workload.trace import EMBEDDED_HELP, closed_loop_workload, load_workload
+
+if TYPE_CHECKING:
+    from splitplan.sim.metrics import SimulationSummary
 
 
 @app.command()
@@ -120,7 +124,7 @@ def simulate(
               "window": window, "concurrency": concurrency, "isl": isl, "osl": osl,
               "prefix_caching": "on" if sim.pools[0].perf.engine.caches_prefixes(caching) else "off",
               "kv_offload_gb": kv_offload_gb}
-    document = {"schema_version": report.SCHEMA_VERSION, "inputs": inputs, "summary": sim.summary}
+    document = {"schema_version": report.SCHEMA_VERSION, "inputs": inputs, "summary": sim.summary.to_json()}
     if output_dir is not None:
         from splitplan.sim.metrics import requests_csv
         files = {"requests.csv": requests_csv(sim.result, sim.result.names), "summary.json": report.to_json(document)}
@@ -145,17 +149,18 @@ def _workload(replay, max_requests: int, model: str, engine: str, rate, concurre
     return closed_loop_workload(loaded, concurrency, num_requests, isl, osl, replay.seed), None
 
 
-def _render_simulation(summary: dict, workload, note: str = "") -> None:
+def _render_simulation(summary: SimulationSummary, workload, note: str = "") -> None:
     con = report.console()
-    metrics = [("TTFT", "ttft_ms"), ("TBT (E2E-TTFT)/output", "tbt_ms"), ("TBT max gap", "tbt_max_ms"),
-               ("ITL (every gap)", "itl_ms"), ("TPOT (E2E-TTFT)/(output-1)", "tpot_ms"), ("E2E", "e2e_ms"),
-               ("prompt queue", "prompt_queue_ms"), ("KV transfer", "transfer_ms"), ("decode queue", "decode_queue_ms")]
+    metrics = [("TTFT", summary.ttft_ms), ("TBT (E2E-TTFT)/output", summary.tbt_ms), ("TBT max gap", summary.tbt_max_ms),
+               ("ITL (every gap)", summary.itl_ms), ("TPOT (E2E-TTFT)/(output-1)", summary.tpot_ms), ("E2E", summary.e2e_ms),
+               ("prompt queue", summary.prompt_queue_ms), ("KV transfer", summary.transfer_ms),
+               ("decode queue", summary.decode_queue_ms)]
     rate = workload.mean_rate_rps
-    con.print(report.table(f"Simulated {summary['finished']:,} of {summary['requests']:,} requests from {workload.source} "
+    con.print(report.table(f"Simulated {summary.finished:,} of {summary.requests:,} requests from {workload.source} "
                            + (f"at {report.significant(rate)} req/s " if math.isfinite(rate) else "")
-                           + f"over {summary['span_s']:,.1f} s{note}", ["ms", "p50", "p90", "p99"],
-                           [(name, summary[key]["p50"], summary[key]["p90"], summary[key]["p99"]) for name, key in metrics]))
-    bench = summary["benchmark"]
+                           + f"over {summary.span_s:,.1f} s{note}", ["ms", "p50", "p90", "p99"],
+                           [(name, p["p50"], p["p90"], p["p99"]) for name, p in metrics]))
+    bench = summary.benchmark
     con.print(report.table("As a serving benchmark reports it (TPOT = (E2E - TTFT) / (output - 1))",
                            ["ms", "mean", "median", "p99"],
                            [(name, bench[key]["mean"], bench[key]["median"], bench[key]["p99"])
@@ -164,28 +169,28 @@ def _render_simulation(summary: dict, workload, note: str = "") -> None:
                                    f"{bench['output_tokens_per_s']:,.0f} output tokens/s, "
                                    f"{bench['output_tokens_per_s_per_gpu']:,.0f} per GPU ({bench['gpus']} GPUs)"))
     con.print(report.table("SLO", ["line", "target", "achieved", "attainment %", "met"],
-                           report.slo_rows(summary["slo"])))
-    cached = any(x["prefix_hit_rate"] is not None for x in summary["pools"])  # (--prefix-caching on)
+                           report.slo_rows(summary.slo)))
+    cached = any(x["prefix_hit_rate"] is not None for x in summary.pools)  # (--prefix-caching on)
     con.print(report.table("Pools", ["role", "hardware", "layout", "machines", "utilization", "mean batch", "energy kWh"]
                            + ["prefix hit %"] * cached,
                            [(x["role"], x["hardware"], str(Layout(x["tp"], x["dp"], x["ep"], x["pp"])), x["machines"],
                              f"{x['utilization']:.0%}", x["mean_batch"], x["energy_kwh"])
                             + ((f"{x['prefix_hit_rate']:.1%}" if x["prefix_hit_rate"] is not None else "",) if cached else ())
-                            for x in summary["pools"]],
-                           caption=f"tokens out {summary['tokens_out']:,} of {summary['tokens_asked']:,}; "
-                                   f"{summary['rejected_kv']} request(s) never fit an instance's KV"
-                                   + (f", {summary['refused_context']:,} longer than the model's context window were "
-                                      "refused (left out of the SLO)" if summary["refused_context"] else "") + "; "
-                                   f"GPU energy {report.significant(summary['energy_kwh'])} kWh, "
-                                   f"{report.significant(summary['energy_kwh_per_million_tokens'])} kWh per million tokens "
-                                   f"({report.significant(summary['energy_kwh_per_million_output_tokens'])} per million output tokens; "
-                                   f"power figures: {report.power_text(summary['power_sources'])})"))
-    moved = summary["borrowed"]
+                            for x in summary.pools],
+                           caption=f"tokens out {summary.tokens_out:,} of {summary.tokens_asked:,}; "
+                                   f"{summary.rejected_kv} request(s) never fit an instance's KV"
+                                   + (f", {summary.refused_context:,} longer than the model's context window were "
+                                      "refused (left out of the SLO)" if summary.refused_context else "") + "; "
+                                   f"GPU energy {report.significant(summary.energy_kwh)} kWh, "
+                                   f"{report.significant(summary.energy_kwh_per_million_tokens)} kWh per million tokens "
+                                   f"({report.significant(summary.energy_kwh_per_million_output_tokens)} per million output tokens; "
+                                   f"power figures: {report.power_text(summary.power_sources)})"))
+    moved = summary.borrowed
     if any(moved.values()):
         con.print(f"mixed pool: {moved['prefills_on_token_machines']:,} prefill(s) ran on token machines, "
                   f"{moved['decodes_on_prompt_machines']:,} decode(s) on prompt machines")
-    if "extrapolated_pct" in summary:
-        e = summary["extrapolated_pct"]
+    if summary.extrapolated_pct is not None:
+        e = summary.extrapolated_pct
         con.print(f"perf-db: {e['prefill']:.1f} % of prefill and {e['decode']:.1f} % of decode lookups extrapolated "
                   "beyond the measurements")
 

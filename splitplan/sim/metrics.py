@@ -10,6 +10,9 @@ Energy per million tokens (`energy_per_million_tokens`) divides it by the tokens
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import numpy as np
 
 from splitplan.base import csv_text
@@ -130,48 +133,76 @@ def borrowed(result: SimResult) -> dict:
             "decodes_on_prompt_machines": int(np.sum(roles[result.token_instance] == Role.PROMPT))}
 
 
-def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, reference: Reference | None) -> dict:
+@dataclass(frozen=True)
+class SimulationSummary:
+    """A simulation's figures (`summarize_result`); `to_json()` is the document's `summary`.
+    Latencies are percentiles (`percentiles_ms`: p50, p90, p99 and the mean, ms) over the
+    requests the statistics cover (all but the refused and a closed loop's warm-up)."""
+
+    requests: int
+    finished: int
+    rejected_kv: int  # requests whose KV never fit an instance
+    refused_context: int  # longer than max_model_len, refused at arrival
+    preemptions: int  # co-located decodes preempted for KV memory (0: none)
+    tokens_asked: int
+    tokens_out: int
+    span_s: float
+    throughput_rps: float
+    warmup_requests: int  # a closed loop's, left out of the statistics
+    ttft_ms: dict
+    tbt_ms: dict
+    tbt_max_ms: dict
+    itl_ms: dict  # every gap between consecutive tokens, all requests
+    tpot_ms: dict  # per request: (E2E - TTFT) / (output - 1)
+    e2e_ms: dict
+    prompt_queue_ms: dict
+    transfer_ms: dict
+    decode_queue_ms: dict
+    benchmark: dict  # benchmark_report's
+    slo: list[dict]  # per line (slo_report): its value, limit and whether it was met
+    pools: list[dict]  # pool_report's rows
+    borrowed: dict  # the mixed pool's moves
+    energy_kwh: float
+    energy_kwh_per_million_tokens: float
+    energy_kwh_per_million_output_tokens: float
+    power_sources: list[dict]
+    events: int
+    extrapolated_pct: dict | None = None  # measured tables: the share of lookups outside them, per phase
+
+    def latency_ms(self, metric: str) -> dict:
+        """The percentiles of an SLO metric (ttft, tbt, itl, tpot, e2e)."""
+        return getattr(self, f"{metric}_ms")
+
+    @property
+    def slo_met(self) -> bool:
+        return all(line["met"] for line in self.slo)
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        if self.extrapolated_pct is None:
+            del out["extrapolated_pct"]
+        return out
+
+
+def summarize_result(result: SimResult, pools: list[PoolSpec], slo: SloProfile, reference: Reference | None) -> SimulationSummary:
     t = result.trace
     finished = np.isfinite(result.e2e_s)
     pool_rows = pool_report(result, pools)
     energy_kwh = sum(r["energy_kwh"] for r in pool_rows)
     m = result.measured  # the requests the statistics cover (all but the refused and a closed loop's warm-up)
-    summary = {
-        "requests": len(t),
-        "finished": int(finished.sum()),
-        "rejected_kv": int(result.rejected.sum() - (~result.served).sum()),
-        "refused_context": int((~result.served).sum()),
-        "preemptions": int(result.preemptions),  # co-located decodes preempted for KV memory (0: none)
-        "tokens_asked": int(t.output_tokens.sum()),
-        "tokens_out": int(result.tokens_out),
-        "span_s": result.span_s,
-        "throughput_rps": float(finished.sum() / max(result.span_s, 1e-9)),
-        "warmup_requests": int(result.warmup.sum()) if result.warmup is not None else 0,  # (left out below)
-        "ttft_ms": percentiles_ms(result.ttft_s[m]),
-        "tbt_ms": percentiles_ms(result.tbt_s[m]),
-        "tbt_max_ms": percentiles_ms(result.tbt_max_s[m]),
-        "itl_ms": percentiles_ms(result.gaps_s),  # every gap between consecutive tokens, all requests
-        "tpot_ms": percentiles_ms(result.tpot_s[m]),  # per request: (E2E - TTFT) / (output - 1)
-        "e2e_ms": percentiles_ms(result.e2e_s[m]),
-        "prompt_queue_ms": percentiles_ms(result.prompt_queue_s[m]),
-        "transfer_ms": percentiles_ms(result.transfer_s[m]),
-        "decode_queue_ms": percentiles_ms(result.decode_queue_s[m]),
-        "benchmark": benchmark_report(result, pools),
-        "slo": slo_report(result, slo, reference),
-        "pools": pool_rows,
-        "borrowed": borrowed(result),
-        "energy_kwh": energy_kwh,
-        **energy_per_million_tokens(energy_kwh, float(t.prompt_tokens[np.isfinite(result.ttft_s)].sum()), float(result.tokens_out)),
-        "power_sources": power_sources(pool.perf.hardware for pool in pools),
-        "events": result.events,
-    }
     measured = [pool.perf for pool in pools if pool.perf.measured]
-    if measured:
-        summary["extrapolated_pct"] = {
-            phase: 100.0 * sum(m.extrapolated[phase] for m in measured) / max(sum(m.queries[phase] for m in measured), 1)
-            for phase in ("prefill", "decode")
-        }
-    return summary
+    extrapolated = {phase: 100.0 * sum(m.extrapolated[phase] for m in measured) / max(sum(m.queries[phase] for m in measured), 1)
+                    for phase in ("prefill", "decode")} if measured else None
+    return SimulationSummary(
+        len(t), int(finished.sum()), int(result.rejected.sum() - (~result.served).sum()), int((~result.served).sum()),
+        int(result.preemptions), int(t.output_tokens.sum()), int(result.tokens_out), result.span_s,
+        float(finished.sum() / max(result.span_s, 1e-9)), int(result.warmup.sum()) if result.warmup is not None else 0,
+        percentiles_ms(result.ttft_s[m]), percentiles_ms(result.tbt_s[m]), percentiles_ms(result.tbt_max_s[m]),
+        percentiles_ms(result.gaps_s), percentiles_ms(result.tpot_s[m]), percentiles_ms(result.e2e_s[m]),
+        percentiles_ms(result.prompt_queue_s[m]), percentiles_ms(result.transfer_s[m]), percentiles_ms(result.decode_queue_s[m]),
+        benchmark_report(result, pools), slo_report(result, slo, reference), pool_rows, borrowed(result), energy_kwh,
+        **energy_per_million_tokens(energy_kwh, float(t.prompt_tokens[np.isfinite(result.ttft_s)].sum()), float(result.tokens_out)),
+        power_sources=power_sources(pool.perf.hardware for pool in pools), events=result.events, extrapolated_pct=extrapolated)
 
 
 def requests_csv(result: SimResult, names: list[str]) -> str:

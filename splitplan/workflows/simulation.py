@@ -25,7 +25,7 @@ from splitplan.search.repair import predict
 from splitplan.search.types import Plan, SizedPool, bought
 from splitplan.sim.cluster import PoolSpec, SimOptions
 from splitplan.sim.cluster import simulate as run
-from splitplan.sim.metrics import requests_csv, summarize_result
+from splitplan.sim.metrics import SimulationSummary, requests_csv, summarize_result
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import hardware_catalog, load_hardware
 from splitplan.specs.layout import Layout, as_layout
@@ -42,20 +42,20 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class SimulateResult:
     result: SimResult
-    summary: dict
+    summary: SimulationSummary
     pools: tuple
 
     @property
     def slo_met(self) -> bool:
-        return all(line["met"] for line in self.summary["slo"])
+        return self.summary.slo_met
 
     def outcome(self) -> dict:
         """What a study keeps of a simulation: whether every SLO line was met, and the
         percentiles (ms) of every metric a line can name (TTFT, TBT, ITL, TPOT, E2E)."""
-        return {"slo_met": self.slo_met, **{f"{m}_ms": self.summary[f"{m}_ms"] for m in METRICS}}
+        return {"slo_met": self.slo_met, **{f"{m}_ms": self.summary.latency_ms(m) for m in METRICS}}
 
     def to_json(self) -> dict:
-        return {"schema_version": SCHEMA_VERSION, "summary": self.summary}
+        return {"schema_version": SCHEMA_VERSION, "summary": self.summary.to_json()}
 
     def to_frame(self):
         """One row per request (the `requests.csv` columns)."""
@@ -227,7 +227,7 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
     pools, spares = plan_pools(plan), _spares(plan)
     for added in range(limit + 1):
         sim = setup.simulate(trace, in_service(pools, spares))
-        failed = [s for s in sim.summary["slo"] if not s["met"]]
+        failed = [s for s in sim.summary.slo if not s["met"]]
         if not failed:
             break
         if added == limit:
@@ -320,7 +320,7 @@ def validate_result(result: OptimizeResult, trace, setup: Setup, jobs: int = 1, 
     plan, sim, added = validate(result.plan, trace, setup.model, setup.slo, planned=result, setup=setup)
     if progress:
         progress()
-    simulated = {**{k: sim.summary[k] for k in (*(f"{m}_ms" for m in METRICS), "slo")},
+    simulated = {**{f"{m}_ms": sim.summary.latency_ms(m) for m in METRICS}, "slo": sim.summary.slo,
                  "machines_added": added}
     return dataclasses.replace(result, plan=plan, simulated=simulated, alternatives_simulated=tuple(runner_ups),
                                pareto=tuple(_at_max_rate(p, problem.trace, setup) for p in result.pareto))
@@ -332,7 +332,7 @@ def _at_max_rate(plan, trace, setup: Setup):
     if plan.max_rate_rps is None:
         return plan
     sim = setup.simulate(trace.at_rate(plan.max_rate_rps), plan_pools(plan))
-    return dataclasses.replace(plan, max_rate_simulated={"slo_met": sim.slo_met, "slo": sim.summary["slo"]})
+    return dataclasses.replace(plan, max_rate_simulated={"slo_met": sim.slo_met, "slo": sim.summary.slo})
 
 
 def simulate_plans(plans, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
@@ -370,7 +370,7 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
         sim = setup.simulate(workload, in_service(plan_pools(result.plan), _spares(result.plan)), concurrency)
         met = sim.slo_met
         rounds_out.append({"planned_rate_rps": rate, "plan": plan_text(result.plan), "cost_usd_per_hour": result.plan.cost_usd_per_hour,
-                           "power_kw": result.plan.power_kw, "simulated_rate_rps": sim.summary["throughput_rps"], "slo_met": met})
+                           "power_kw": result.plan.power_kw, "simulated_rate_rps": sim.summary.throughput_rps, "slo_met": met})
         if progress:
             progress(rounds_out[-1])
         if met and (best is None or plan_key(opts.objective, result.plan) < plan_key(opts.objective, best[0].plan)):
@@ -381,7 +381,7 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
             break
         rate = following
     if best is None:
-        missed = ", ".join(line["line"] for line in sim.summary["slo"] if not line["met"])
+        missed = ", ".join(line["line"] for line in sim.summary.slo if not line["met"])
         raise InfeasibleError(f"no plan met the SLO in a closed loop of {concurrency} clients: the plan for "
                               f"{rounds_out[0]['planned_rate_rps']:.3g} req/s ({rounds_out[0]['plan']}) missed {missed}")
     return _trimmed_closed_loop(workload, concurrency, *best, rounds_out, setup)
@@ -412,7 +412,7 @@ def _trimmed_closed_loop(workload, concurrency: int, result: OptimizeResult, sim
                                binding=f"{result.plan.binding}; closed loop: {removed} machine(s) removed by simulation")
         plan = _with_spares(predict(result.problem, plan, {o.key: o for o in result.options}), spares)
         result = dataclasses.replace(result, plan=plan)
-    closed = {"concurrency": concurrency, "rounds": rounds_out, "benchmark": sim.summary["benchmark"],
-              "slo": sim.summary["slo"], "throughput_rps": sim.summary["throughput_rps"], "machines_removed": removed,
-              "warmup_requests": sim.summary["warmup_requests"]}
+    closed = {"concurrency": concurrency, "rounds": rounds_out, "benchmark": sim.summary.benchmark,
+              "slo": sim.summary.slo, "throughput_rps": sim.summary.throughput_rps, "machines_removed": removed,
+              "warmup_requests": sim.summary.warmup_requests}
     return dataclasses.replace(result, closed_loop=closed)

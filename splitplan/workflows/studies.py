@@ -252,7 +252,7 @@ def _sweep_unit(job: _SweepJob, unit):
     trace = _resampled(job.base, job.duration_s, job.seed, rate)
     if job.pools is not None:
         sim = job.setup.simulate(trace, job.pools)
-        metrics = {m: sim.summary[f"{m}_ms"] for m in METRICS}
+        metrics = {m: sim.summary.latency_ms(m) for m in METRICS}
         return _sweep_row(name, rate, plan_from_pools(job.pools), metrics, trace, sim.slo_met)
     try:
         result = optimize(trace, job.setup.model, job.setup.slo, options=_design_options(job.options, design))

@@ -112,13 +112,13 @@ def test_an_itl_line_sees_the_stalls_a_per_request_tbt_hides(tmp_path):
     tbt.write_text("name: chat-tbt\nttft: {p50: {max_ms: 500}, p99: {max_ms: 2000}}\ntbt: {p50: {max_ms: 50}, p99: {max_ms: 100}}\n")
     tbt_only = api.optimize(trace, "llama2-70b", str(tbt), ["a100-80gb", "h100-80gb"], tp=8, mode="colocated", engine="lean")
     sim = Setup("llama2-70b", str(tbt), "lean").simulate(tbt_only.problem.trace, plan_pools(tbt_only.plan)).summary
-    assert sim["tbt_ms"]["p99"] <= 100 < sim["itl_ms"]["p99"]
+    assert sim.tbt_ms["p99"] <= 100 < sim.itl_ms["p99"]
     slo = tmp_path / "chat-itl.yaml"
     slo.write_text("name: chat-itl\nttft: {p99: {max_ms: 2000}}\nitl: {p99: {max_ms: 100}}\n")
     sized = api.optimize(trace, "llama2-70b", str(slo), ["a100-80gb", "h100-80gb"], tp=8, mode="colocated", engine="lean")
     again = Setup("llama2-70b", str(slo), "lean").simulate(sized.problem.trace, plan_pools(sized.plan)).summary
-    assert sized.plan.predicted["itl"]["p99"] == pytest.approx(again["itl_ms"]["p99"], rel=1e-9)
-    assert again["itl_ms"]["p99"] <= 100 and all(line["met"] for line in again["slo"])
+    assert sized.plan.predicted["itl"]["p99"] == pytest.approx(again.itl_ms["p99"], rel=1e-9)
+    assert again.itl_ms["p99"] <= 100 and all(line["met"] for line in again.slo)
     assert sized.plan.cost_usd_per_hour > tbt_only.plan.cost_usd_per_hour
 
 
@@ -132,4 +132,4 @@ def test_a_split_plans_predicted_gaps_are_the_simulators_within_10_percent():
     result = api.optimize(trace, "llama2-70b", "chat", ["h100-80gb", "a100-80gb"], tp=8, mode="split")
     simulated = Setup("llama2-70b", "chat").simulate(result.problem.trace, plan_pools(result.plan)).summary
     for q in ("p50", "p90", "p99"):
-        assert result.plan.predicted["itl"][q] == pytest.approx(simulated["itl_ms"][q], rel=0.10), q
+        assert result.plan.predicted["itl"][q] == pytest.approx(simulated.itl_ms[q], rel=0.10), q

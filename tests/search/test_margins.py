@@ -85,7 +85,7 @@ def test_validation_keeps_the_spares_and_simulates_the_plan_without_them():
                          "llama2-70b", "chat")
     everything = api.simulate(TRACE, api.plan_pools(result.plan), "llama2-70b", "chat")
     assert checked.simulated["machines_added"] == 0
-    assert checked.simulated["ttft_ms"] == alone.summary["ttft_ms"] != everything.summary["ttft_ms"]
+    assert checked.simulated["ttft_ms"] == alone.summary.ttft_ms != everything.summary.ttft_ms
 
 
 @pytest.mark.parametrize("options", [H100_SPLIT, {"hardware": ["a100-80gb", "h100-80gb"], "tp": 8, "mode": "split"},
@@ -94,18 +94,18 @@ def test_planned_energy_per_token_is_the_simulators_within_two_percent(options):
     plan = api.optimize(TRACE, "llama2-70b", "chat", **options).plan
     sim = api.simulate(TRACE, api.plan_pools(plan), "llama2-70b", "chat").summary
     for key in ("energy_kwh_per_million_tokens", "energy_kwh_per_million_output_tokens"):
-        assert getattr(plan, key) == pytest.approx(sim[key], rel=0.02)
+        assert getattr(plan, key) == pytest.approx(getattr(sim, key), rel=0.02)
 
 
 def test_energy_per_token_is_the_power_model_over_the_tokens_served():
     fits = TRACE.take(TRACE.prompt_tokens + TRACE.output_tokens <= 4096)  # (llama2-70b's context: every request served)
     sim = api.simulate(fits, [Pool(Role.PROMPT, "h100-80gb", Layout(8), 2), Pool(Role.TOKEN, "h100-80gb", Layout(8), 1)],
                        "llama2-70b", "chat").summary
-    assert sim["finished"] == sim["requests"] == len(fits) and sim["tokens_out"] == fits.output_tokens.sum()
+    assert sim.finished == sim.requests == len(fits) and sim.tokens_out == fits.output_tokens.sum()
     served = float(fits.prompt_tokens.sum() + fits.output_tokens.sum())
-    assert sim["energy_kwh_per_million_tokens"] == pytest.approx(sim["energy_kwh"] * 1e6 / served, rel=1e-12)
-    assert sim["energy_kwh_per_million_output_tokens"] == pytest.approx(sim["energy_kwh"] * 1e6 / sim["tokens_out"], rel=1e-12)
-    (h100,) = sim["power_sources"]
+    assert sim.energy_kwh_per_million_tokens == pytest.approx(sim.energy_kwh * 1e6 / served, rel=1e-12)
+    assert sim.energy_kwh_per_million_output_tokens == pytest.approx(sim.energy_kwh * 1e6 / sim.tokens_out, rel=1e-12)
+    (h100,) = sim.power_sources
     assert (h100["prefill_w"], h100["decode_w"], h100["idle_w"]) == (700, 380, 75)
     assert "Splitwise" in h100["source"] and h100["source_date"] == "2023-11"
 

@@ -186,7 +186,7 @@ def test_measured_table_matches_its_points_and_reports_extrapolation(tmp_path):
         "max_position_embeddings: 4096", "max_position_embeddings: 32768"))
     r = api.simulate(trace, [("prompt", "a100-80gb", 8, 1), ("token", "a100-80gb", 8, 1)], str(long_context), "chat",
                      engine="lean", perf_db=str(PERF_DB))  # (whole prompts: one 20k-token pass)
-    assert r.summary["extrapolated_pct"] == {"prefill": 50.0, "decode": 50.0}
+    assert r.summary.extrapolated_pct == {"prefill": 50.0, "decode": 50.0}
 
 
 def test_validate_grows_an_undersized_plan_until_the_simulation_meets_the_slo():
@@ -195,7 +195,7 @@ def test_validate_grows_an_undersized_plan_until_the_simulation_meets_the_slo():
     grown, sim, added = api.validate(small, trace, "llama2-70b", "chat")
     assert added > 0 and grown.machines == 2 + added and "simulation: " in grown.binding
     assert grown.cost_usd_per_hour == pytest.approx(38.0 * grown.machines)
-    assert all(line["met"] for line in sim.summary["slo"])
+    assert all(line["met"] for line in sim.summary.slo)
 
 
 # --- routing and the planner agree (issue 12) ---------------------------------------------
@@ -458,7 +458,7 @@ def test_inter_token_gaps_are_every_gap_and_add_up_to_each_decode(seed, rate, la
     assert np.sum(r.itl_s) == pytest.approx(np.sum(r.e2e_s[done] - r.ttft_s[done]), rel=1e-9)
     assert np.max(r.itl_s) == pytest.approx(np.nanmax(r.tbt_max_s[done]), rel=1e-12)
     summary = api.simulate(trace, [("prompt", "h100-80gb", 8, 2), ("token", "h100-80gb", 8, 1)], "llama2-70b", "chat").summary
-    assert set(summary["itl_ms"]) == set(summary["tpot_ms"]) == {"p50", "p90", "p99"}
+    assert set(summary.itl_ms) == set(summary.tpot_ms) == {"p50", "p90", "p99"}
 
 
 # --- the closed loop as benchmarks run it (issue 28, item 4) ------------------------------------
@@ -472,13 +472,13 @@ def test_a_closed_loops_warm_up_is_left_out_of_the_statistics():
     pools = [("mixed", "h100-80gb", 8, 1)]
     warm = api.simulate(work, pools, "llama3.1-8b", "chat", concurrency=64).summary
     cold = api.simulate(work, pools, "llama3.1-8b", "chat", concurrency=64, warmup_requests=0).summary
-    assert warm["warmup_requests"] == 64 and cold["warmup_requests"] == 0
-    assert warm["ttft_ms"]["p99"] < cold["ttft_ms"]["p99"]
-    assert warm["benchmark"]["ttft_ms"]["mean"] < cold["benchmark"]["ttft_ms"]["mean"]
-    ttft_p99 = next(x for x in warm["slo"] if x["line"] == "TTFT p99")["achieved"]
-    assert ttft_p99 == pytest.approx(warm["ttft_ms"]["p99"])
+    assert warm.warmup_requests == 64 and cold.warmup_requests == 0
+    assert warm.ttft_ms["p99"] < cold.ttft_ms["p99"]
+    assert warm.benchmark["ttft_ms"]["mean"] < cold.benchmark["ttft_ms"]["mean"]
+    ttft_p99 = next(x for x in warm.slo if x["line"] == "TTFT p99")["achieved"]
+    assert ttft_p99 == pytest.approx(warm.ttft_ms["p99"])
     open_loop = api.simulate(one(500, 20), pools, "llama3.1-8b", "chat").summary
-    assert open_loop["warmup_requests"] == 0  # (an open loop has no warm-up)
+    assert open_loop.warmup_requests == 0  # (an open loop has no warm-up)
 
 
 def test_the_closed_loop_search_keeps_looking_past_a_self_consistent_plan():
