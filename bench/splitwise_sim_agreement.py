@@ -40,7 +40,7 @@ SETTINGS = {"like splitwise-sim": ("splitwise-sim", "splitwise-sim"), "splitplan
 
 def compare(trace, row, engine: str, interp: str) -> dict:
     pools = [("prompt", "h100-80gb", 8, int(row.prompt_machines)), ("token", "h100-80gb", 8, int(row.token_machines))]
-    summary = api.simulate(trace, pools, "bloom-176b", "splitwise", engine, str(PERF_DB), 2048, "jsq", 8192, interp).summary
+    summary = api.simulate_pools(trace, pools, "bloom-176b", "splitwise", engine, str(PERF_DB), 2048, "jsq", 8192, interp).summary
     out = {}
     for metric, q in METRICS:
         ours, theirs = summary.latency_ms(metric)[f"p{q}"], float(getattr(row, f"{metric}_p{q}_ms"))

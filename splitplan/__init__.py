@@ -74,7 +74,7 @@ def simulate(plan_or_pools, trace=None, model: str = DEFAULT_MODEL, slo: str = D
     """Simulate a Plan (from `plan()`) or a list of (role, hardware, tp, machines)."""
     from splitplan import api
     pools = plan_or_pools if isinstance(plan_or_pools, list) else api.plan_pools(plan_or_pools)
-    return api.simulate(workload(trace, rate, duration_s, seed), pools, model, slo, **options)
+    return api.simulate_pools(workload(trace, rate, duration_s, seed), pools, model, slo, **options)
 
 
 def compare(designs: str = "splitwise-designs", scenario: str = "iso-power", trace=None, **options) -> CompareResult:

@@ -31,8 +31,8 @@ from splitplan.workflows.simulation import (
     plan_pools,
     pool_specs,
     setup_for,
-    simulate,
     simulate_plans,
+    simulate_pools,
     validate,
     validate_result,
 )
@@ -51,7 +51,7 @@ __all__ = [
     "DEFAULT_ENGINE", "DEFAULT_MODEL", "DEFAULT_SLO", "MAX_BATCH_TOKENS", "SCENARIOS",
     "instance", "instance_facts", "perf_points",
     "Mode", "OptimizeOptions", "OptimizeResult", "objective_value", "optimize", "max_rate", "optimize_closed_loop",
-    "Setup", "SimulateResult", "simulate", "simulate_plans", "validate", "validate_result", "pool_specs", "plan_from_pools",
+    "Setup", "SimulateResult", "simulate_plans", "simulate_pools", "validate", "validate_result", "pool_specs", "plan_from_pools",
     "plan_pools", "setup_for",
     "CalibrateResult", "DeploymentCalibration", "calibrate", "calibrate_deployments",
     "CompareResult", "DesignResult", "SweepResult", "WindowsResult", "compare", "sweep", "plan_windows",

@@ -34,7 +34,7 @@ def test_optimize_closed_loop_keeps_only_plans_whose_closed_loop_met_the_slo(mon
     from splitplan import api
     from splitplan.base.errors import InfeasibleError
     from splitplan.workload.trace import closed_loop_workload
-    real = api.simulate
+    real = api.simulate_pools
 
     def missing(*args, **kwargs):  # the simulation misses one line: no plan may be returned
         out = real(*args, **kwargs)
@@ -46,7 +46,7 @@ def test_optimize_closed_loop_keeps_only_plans_whose_closed_loop_met_the_slo(mon
     ok = api.optimize_closed_loop(work, 8, "llama3.1-70b", "chat", **kwargs)
     assert ok.closed_loop["rounds"][0]["slo_met"] and ok.closed_loop["concurrency"] == 8
     import splitplan.workflows.simulation as simulation
-    monkeypatch.setattr(simulation, "simulate", missing)
+    monkeypatch.setattr(simulation, "simulate_pools", missing)
     with pytest.raises(InfeasibleError, match="no plan met the SLO in a closed loop of 8 clients.*missed TTFT p50"):
         api.optimize_closed_loop(work, 8, "llama3.1-70b", "chat", **kwargs)
 

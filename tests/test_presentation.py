@@ -42,7 +42,7 @@ def test_catalogs_fit_an_80_column_terminal_and_say_what_they_left_out(monkeypat
 def test_the_prompt_queue_starts_after_the_api_front_end():
     """At a light load nothing queues for a prefill: 0, not the vllm profile's 9.13 ms of front end."""
     trace = load_workload(None, 0.5, 60, 0)
-    sim = api.simulate(trace, [Pool(Role.PROMPT, "h100-80gb", 8, 2), Pool(Role.TOKEN, "h100-80gb", 8, 1)],
+    sim = api.simulate_pools(trace, [Pool(Role.PROMPT, "h100-80gb", 8, 2), Pool(Role.TOKEN, "h100-80gb", 8, 1)],
                                  "llama2-70b", "chat", "vllm")
     assert sim.summary.prompt_queue_ms["p50"] == 0
     served = ~sim.result.rejected  # (refused or never fitting: no prefill starts)

@@ -31,7 +31,7 @@ def test_one_request_trace(tmp_path):
     result = api.optimize(one, "llama2-70b", "splitwise", H, tp=8)
     assert result.plan.machines == 1 and result.split.machines == 2 and all(ok for _, _, ok in result.plan.slo)
     assert summarize(one)["mean_rate_rps"] is None
-    sim = api.simulate(one, api.plan_pools(result.plan), "llama2-70b", "splitwise")
+    sim = api.simulate_pools(one, api.plan_pools(result.plan), "llama2-70b", "splitwise")
     assert sim.summary.finished == 1
     path = tmp_path / "one.csv"
     path.write_text("arrival_timestamp,prompt_size,token_size\n5.0,1500,40\n")
@@ -44,7 +44,7 @@ def test_two_hour_gap_changes_nothing_but_the_span():
     a = api.optimize(part, "llama2-70b", "splitwise", H, tp=8)
     b = api.optimize(gap, "llama2-70b", "splitwise", H, tp=8)
     assert b.plan.cost_usd_per_hour <= a.plan.cost_usd_per_hour  # the gap can only relieve the queues
-    sim = api.simulate(gap, api.plan_pools(b.plan), "llama2-70b", "splitwise")
+    sim = api.simulate_pools(gap, api.plan_pools(b.plan), "llama2-70b", "splitwise")
     assert sim.summary.finished + sim.summary.refused_context == len(gap)  # (beyond Llama 2's context: refused)
 
 
@@ -70,7 +70,7 @@ def test_a_request_beyond_the_context_window_is_left_out_by_the_planner_and_refu
     result = api.optimize(trace, "llama2-70b", "chat", ["h100-80gb"], tp=8)
     u = result.unservable
     assert u["requests"] == int(beyond.sum()) and "context window (4,096 tokens)" in u["reason"]
-    sim = api.simulate(trace, api.plan_pools(result.plan), "llama2-70b", "chat")
+    sim = api.simulate_pools(trace, api.plan_pools(result.plan), "llama2-70b", "chat")
     assert sim.summary.refused_context == int(beyond.sum()) and sim.summary.rejected_kv == 0
     assert np.isnan(sim.result.ttft_s[beyond]).all() and np.isfinite(sim.result.e2e_s[~beyond]).all()
     assert all(line["met"] for line in sim.summary.slo)  # the refused are reported apart, as the planner leaves them out

@@ -111,7 +111,7 @@ def simulate(
     replay = plan_workload(echo, trace, trace_columns(time_column, prompt_column, output_column, time_unit), rate, duration, seed)
     workload, window = _workload(replay, max_requests, model, engine, rate, concurrency, isl, osl, num_requests)
     workload = shared_prefix(workload, shared_prefix_tokens, prefix_groups)
-    sim = api.simulate(workload, pools, model, slo, engine, str(perf_db) if perf_db else None, max_batch_tokens,
+    sim = api.simulate_pools(workload, pools, model, slo, engine, str(perf_db) if perf_db else None, max_batch_tokens,
                        routing, borrow_threshold, perf_interp, concurrency, max_num_seqs,
                        prefix_caching=caching, kv_offload_gb=kv_offload_gb)
     workload = sim.result.trace

@@ -84,7 +84,7 @@ class Setup:
     kv_offload_gb: float = 0.0  # host memory per prefilling instance, for its prefix cache
 
     def simulate(self, trace, pools: list[Pool], concurrency: int | None = None) -> SimulateResult:
-        return simulate(trace, pools, self.model, self.slo, self.engine, self.perf_db, self.max_batch_tokens, self.routing,
+        return simulate_pools(trace, pools, self.model, self.slo, self.engine, self.perf_db, self.max_batch_tokens, self.routing,
                         borrow_threshold_tokens=self.borrow_threshold_tokens, perf_interp=self.perf_interp,
                         concurrency=concurrency, max_num_seqs=self.max_num_seqs, prefix_caching=self.prefix_caching,
                         kv_offload_gb=self.kv_offload_gb)
@@ -126,7 +126,7 @@ def _check_shared(number: int, parts: list[PoolSpec]) -> None:
                         f"do not fill {parts[0].machines} {machine.name} machine(s) alike ({machine.gpus_per_machine} GPUs each)")
 
 
-def simulate(trace, pools: list[Pool], model: str, slo: str, engine: str = DEFAULT_ENGINE,
+def simulate_pools(trace, pools: list[Pool], model: str, slo: str, engine: str = DEFAULT_ENGINE,
              perf_db: str | None = None, max_batch_tokens: int | None = None, routing: str = "jsq",
              borrow_threshold_tokens: int | None = None, perf_interp: str = "splitplan",
              concurrency: int | None = None, max_num_seqs: int | None = None,

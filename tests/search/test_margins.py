@@ -80,10 +80,10 @@ def test_validation_keeps_the_spares_and_simulates_the_plan_without_them():
     setup = api.setup_for("llama2-70b", "chat", api.OptimizeOptions(**H100_SPLIT))
     checked = api.validate_result(result, TRACE, setup)
     assert [p.spare_instances for p in checked.plan.pools] == [1, 1]
-    alone = api.simulate(TRACE, in_service(api.plan_pools(result.plan), {(Role.PROMPT, "h100-80gb", Layout(8)): 1,
+    alone = api.simulate_pools(TRACE, in_service(api.plan_pools(result.plan), {(Role.PROMPT, "h100-80gb", Layout(8)): 1,
                                                                        (Role.TOKEN, "h100-80gb", Layout(8)): 1}),
                          "llama2-70b", "chat")
-    everything = api.simulate(TRACE, api.plan_pools(result.plan), "llama2-70b", "chat")
+    everything = api.simulate_pools(TRACE, api.plan_pools(result.plan), "llama2-70b", "chat")
     assert checked.simulated["machines_added"] == 0
     assert checked.simulated["ttft_ms"] == alone.summary.ttft_ms != everything.summary.ttft_ms
 
@@ -92,14 +92,14 @@ def test_validation_keeps_the_spares_and_simulates_the_plan_without_them():
                                      {"hardware": ["h100-80gb"], "mode": "colocated"}])
 def test_planned_energy_per_token_is_the_simulators_within_two_percent(options):
     plan = api.optimize(TRACE, "llama2-70b", "chat", **options).plan
-    sim = api.simulate(TRACE, api.plan_pools(plan), "llama2-70b", "chat").summary
+    sim = api.simulate_pools(TRACE, api.plan_pools(plan), "llama2-70b", "chat").summary
     for key in ("energy_kwh_per_million_tokens", "energy_kwh_per_million_output_tokens"):
         assert getattr(plan, key) == pytest.approx(getattr(sim, key), rel=0.02)
 
 
 def test_energy_per_token_is_the_power_model_over_the_tokens_served():
     fits = TRACE.take(TRACE.prompt_tokens + TRACE.output_tokens <= 4096)  # (llama2-70b's context: every request served)
-    sim = api.simulate(fits, [Pool(Role.PROMPT, "h100-80gb", Layout(8), 2), Pool(Role.TOKEN, "h100-80gb", Layout(8), 1)],
+    sim = api.simulate_pools(fits, [Pool(Role.PROMPT, "h100-80gb", Layout(8), 2), Pool(Role.TOKEN, "h100-80gb", Layout(8), 1)],
                        "llama2-70b", "chat").summary
     assert sim.finished == sim.requests == len(fits) and sim.tokens_out == fits.output_tokens.sum()
     served = float(fits.prompt_tokens.sum() + fits.output_tokens.sum())

@@ -650,10 +650,10 @@ def test_a_plan_says_how_close_it_is_to_failing(small_trace):
         assert ok and line.percentile <= attained <= 100  # (a line that holds has at least its percentile within)
     (edge,) = plan.cliff
     (pool,) = plan.mixed_pools
-    as_planned = api.simulate(small_trace, [Pool(Role.MIXED, "h100-80gb@2", Layout(2), pool.machines)], "llama2-70b", "chat")
+    as_planned = api.simulate_pools(small_trace, [Pool(Role.MIXED, "h100-80gb@2", Layout(2), pool.machines)], "llama2-70b", "chat")
     assert list(plan.attainment_pct) == pytest.approx([x["attainment_pct"] for x in as_planned.summary.slo], rel=1e-9)
     assert (edge["instances"], edge["fewer"]) == (pool.instances, pool.instances - 1)
-    fewer = api.simulate(small_trace, [Pool(Role.MIXED, "h100-80gb@2", Layout(2), pool.machines - 1)], "llama2-70b", "chat")
+    fewer = api.simulate_pools(small_trace, [Pool(Role.MIXED, "h100-80gb@2", Layout(2), pool.machines - 1)], "llama2-70b", "chat")
     simulated = {x["line"]: x for x in fewer.summary.slo}
     for row in edge["slo"]:
         assert row["achieved"] == pytest.approx(simulated[row["line"]]["achieved"], rel=1e-6)

@@ -184,7 +184,7 @@ def test_measured_table_matches_its_points_and_reports_extrapolation(tmp_path):
     long_context = tmp_path / "llama2-70b.yaml"  # (beyond Llama 2's 4,096 tokens, which the engine would refuse)
     long_context.write_text((ROOT / "model_specs" / "llama2-70b.yaml").read_text().replace(
         "max_position_embeddings: 4096", "max_position_embeddings: 32768"))
-    r = api.simulate(trace, [("prompt", "a100-80gb", 8, 1), ("token", "a100-80gb", 8, 1)], str(long_context), "chat",
+    r = api.simulate_pools(trace, [("prompt", "a100-80gb", 8, 1), ("token", "a100-80gb", 8, 1)], str(long_context), "chat",
                      engine="lean", perf_db=str(PERF_DB))  # (whole prompts: one 20k-token pass)
     assert r.summary.extrapolated_pct == {"prefill": 50.0, "decode": 50.0}
 
@@ -457,7 +457,7 @@ def test_inter_token_gaps_are_every_gap_and_add_up_to_each_decode(seed, rate, la
     assert len(r.itl_s) == int(np.sum(trace.output_tokens[done] - 1))
     assert np.sum(r.itl_s) == pytest.approx(np.sum(r.e2e_s[done] - r.ttft_s[done]), rel=1e-9)
     assert np.max(r.itl_s) == pytest.approx(np.nanmax(r.tbt_max_s[done]), rel=1e-12)
-    summary = api.simulate(trace, [("prompt", "h100-80gb", 8, 2), ("token", "h100-80gb", 8, 1)], "llama2-70b", "chat").summary
+    summary = api.simulate_pools(trace, [("prompt", "h100-80gb", 8, 2), ("token", "h100-80gb", 8, 1)], "llama2-70b", "chat").summary
     assert set(summary.itl_ms) == set(summary.tpot_ms) == {"p50", "p90", "p99"}
 
 
@@ -470,14 +470,14 @@ def test_a_closed_loops_warm_up_is_left_out_of_the_statistics():
     from splitplan.workload.trace import closed_loop_workload
     work = closed_loop_workload(None, 64, 320, 2048, 64)
     pools = [("mixed", "h100-80gb", 8, 1)]
-    warm = api.simulate(work, pools, "llama3.1-8b", "chat", concurrency=64).summary
-    cold = api.simulate(work, pools, "llama3.1-8b", "chat", concurrency=64, warmup_requests=0).summary
+    warm = api.simulate_pools(work, pools, "llama3.1-8b", "chat", concurrency=64).summary
+    cold = api.simulate_pools(work, pools, "llama3.1-8b", "chat", concurrency=64, warmup_requests=0).summary
     assert warm.warmup_requests == 64 and cold.warmup_requests == 0
     assert warm.ttft_ms["p99"] < cold.ttft_ms["p99"]
     assert warm.benchmark["ttft_ms"]["mean"] < cold.benchmark["ttft_ms"]["mean"]
     ttft_p99 = next(x for x in warm.slo if x["line"] == "TTFT p99")["achieved"]
     assert ttft_p99 == pytest.approx(warm.ttft_ms["p99"])
-    open_loop = api.simulate(one(500, 20), pools, "llama3.1-8b", "chat").summary
+    open_loop = api.simulate_pools(one(500, 20), pools, "llama3.1-8b", "chat").summary
     assert open_loop.warmup_requests == 0  # (an open loop has no warm-up)
 
 
