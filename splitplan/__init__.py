@@ -19,6 +19,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import os
 from typing import TYPE_CHECKING
 
 from splitplan.base.defaults import DEFAULT_MODEL, DEFAULT_SLO
@@ -69,12 +70,18 @@ def plan(trace=None, model: str = DEFAULT_MODEL, slo: str = DEFAULT_SLO, rate: f
     return api.optimize(workload(trace, rate, duration_s, seed), model, slo, **options)
 
 
-def simulate(plan_or_pools, trace=None, model: str = DEFAULT_MODEL, slo: str = DEFAULT_SLO, rate: float | None = None,
-             duration_s: float = 120.0, seed: int = 0, **options) -> SimulateResult:
-    """Simulate a Plan (from `plan()`) or a list of (role, hardware, tp, machines)."""
+def simulate(plan_or_pools, trace=None, model: str | None = None, slo: str | None = None, rate: float | None = None,
+             duration_s: float | None = None, seed: int | None = None, **options) -> SimulateResult:
+    """Simulate a Plan (from `plan()`) or a list of (role, hardware, tp, machines) (the defaults:
+    DEFAULT_MODEL, DEFAULT_SLO, 120 s, seed 0); or a plan.json (a path) as `splitplan simulate --plan`
+    does, with the settings it records, each replaced where given here (`simulate_plan`)."""
     from splitplan import api
+    if isinstance(plan_or_pools, (str, os.PathLike)):
+        from splitplan.workflows.plan_replay import simulate_plan
+        return simulate_plan(plan_or_pools, trace, rate, duration_s, seed, model, slo, **options)
     pools = plan_or_pools if isinstance(plan_or_pools, list) else api.plan_pools(plan_or_pools)
-    return api.simulate_pools(workload(trace, rate, duration_s, seed), pools, model, slo, **options)
+    return api.simulate_pools(workload(trace, rate, 120.0 if duration_s is None else duration_s, seed or 0), pools,
+                              model or DEFAULT_MODEL, slo or DEFAULT_SLO, **options)
 
 
 def compare(designs: str = "splitwise-designs", scenario: str = "iso-power", trace=None, **options) -> CompareResult:

@@ -66,3 +66,25 @@ def test_export_writes_a_plan_as_the_cli_does(tmp_path):
     assert list(splitplan.export(plan, "dynamo").files) == ["dynamo.yaml"]
     with pytest.raises(splitplan.base.errors.SpecError, match="--to k8s: choose"):
         splitplan.export(plan, "k8s")
+
+
+def test_a_plan_json_simulates_as_the_cli_simulates_it(tmp_path):
+    """splitplan.simulate("plan.json") replays the plan as `simulate --plan` does: its workload (the
+    rate it was made at), model, SLO and engine; an option given replaces the plan's."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from splitplan.cli import app
+    from splitplan.io import report
+    made = CliRunner().invoke(app, ["optimize", "--model", "llama3.1-8b", "--rate", "6", "--duration", "30", "--hardware",
+                                    "h100-80gb", "--engine", "vllm", "--output-dir", str(tmp_path)])
+    assert made.exit_code == 0, made.output
+    plan = tmp_path / "plan.json"
+    sim = splitplan.simulate(plan)
+    assert sim.summary.requests == len(splitplan.workload(rate=6, duration_s=30))  # (the plan's own rate and duration)
+    faster = splitplan.simulate(str(plan), rate=9)
+    assert faster.summary.requests > sim.summary.requests
+    cli = CliRunner().invoke(app, ["simulate", "--plan", str(plan), "--format", "json"])
+    assert cli.exit_code == 0, cli.output
+    assert json.loads(report.to_json(sim.summary.to_json())) == json.loads(cli.stdout)["summary"]

@@ -20,7 +20,6 @@ import numpy as np
 import typer
 
 from splitplan.base import limits
-from splitplan.base.defaults import DEFAULT_ENGINE, DEFAULT_MODEL, DEFAULT_SLO
 from splitplan.base.errors import InputWarning, SpecError, SplitplanError
 from splitplan.base.inputs import excerpt, printable
 from splitplan.io import report
@@ -480,23 +479,6 @@ MAX_NUM_SEQS = typer.Option(None, "--max-num-seqs", help="At most this many requ
                                                          "wait, as vLLM's --max-num-seqs (default: the engine profile's, else no cap).")
 
 
-def scheduler_settings(engine: str, max_num_batched_tokens: int | None, max_num_seqs: int | None,
-                       echo: dict | None = None) -> tuple[int, int | None]:
-    """The token budget and sequence cap a run uses: the options given, else the plan's (its
-    `inputs`, `echo`), else the engine profile's. A chunked iteration carries every running
-    decode, so a budget below the cap is refused, as vLLM refuses it (max_num_batched_tokens
-    must be >= max_num_seqs): exit 2."""
-    from splitplan.specs.engine import load_engine
-    eng, echo = load_engine(engine), echo or {}
-    budget = eng.batch_tokens(max_num_batched_tokens or echo.get("max_batch_tokens"))
-    cap = eng.seqs_cap(max_num_seqs or echo.get("max_num_seqs"))
-    if eng.chunked and cap is not None and budget < cap:
-        raise SpecError(f"--max-num-batched-tokens {budget:,} is below --max-num-seqs {cap:,} (engine {eng.name}, chunked "
-                        f"prefill): every running request takes a token of each iteration; give at least {cap:,} tokens "
-                        "or fewer sequences")
-    return budget, cap
-
-
 def with_precision(engine: str, weights: Weights | None, kv_cache: KvCache | None) -> str:
     """The engine profile with --weights and --kv-cache applied (`lean@weights=fp4`)."""
     return engine_spec(engine, weights.value if weights else None, kv_cache.value if kv_cache else None)
@@ -524,22 +506,6 @@ PREFIX_CACHING = typer.Option(None, "--prefix-caching", help="on or off (default
 KV_OFFLOAD_GB = typer.Option(None, "--kv-offload-gb", help="With prefix caching: host memory (GB) per prefilling instance "
                              "that also keeps prefixes (written through, loaded back over its GPUs' host links at the "
                              "hardware spec's bandwidth), as vLLM's --kv-offloading-size (default 0: none).")
-
-
-def cache_switch(value: str | None) -> bool | None:
-    """--prefix-caching on|off (None: the engine profile's)."""
-    if value not in (None, "on", "off"):
-        raise SpecError(f"--prefix-caching {value}: choose on or off")
-    return None if value is None else value == "on"
-
-
-def cache_settings(echo: dict, prefix_caching: str | None, routing: str | None,
-                   kv_offload_gb: float | None) -> tuple[bool | None, str, float]:
-    """Prefix caching (None: the engine profile's), routing and host-memory tier of a run: the
-    options given, else the plan's (its `inputs`, typed by plan_document.Inputs), else the defaults."""
-    caching = cache_switch(prefix_caching if prefix_caching is not None else echo.get("prefix_caching"))
-    offload = kv_offload_gb if kv_offload_gb is not None else echo.get("kv_offload_gb")
-    return caching, routing or echo.get("routing") or "jsq", float(offload or 0.0)
 
 
 def shared_prefix(trace, shared_tokens: int | None, groups: int | None):
@@ -582,107 +548,6 @@ def check_request_sizes(model: str, engine: str, isl: int | None, osl: int | Non
         given = " + ".join(f"{flag} {v:,}" for flag, v in (("--isl", isl), ("--osl", osl)) if v is not None)
         raise SpecError(f"{given}: requests of {longest:,} tokens exceed {excerpt(m.name)}'s context window "
                         f"({context:,} tokens), which the engine refuses; give shorter ones")
-
-
-def trace_record(trace: Path | None, columns) -> dict:
-    """--trace and its column options as a plan records them (inputs.trace_file, trace_columns),
-    so that simulate --plan and sweep --plan replay the same requests: an embedded trace by its
-    short name, a file by its absolute path, None for the default embedded trace."""
-    from splitplan.workload.trace import embedded
-    name = None if trace is None else str(trace) if embedded(trace) is not None else str(Path(trace).resolve())
-    return {"trace_file": name, "trace_columns": None if columns is None else {
-        "time": columns.time, "prompt": columns.prompt, "output": columns.output, "time_unit_s": columns.time_unit_s}}
-
-
-class PlanWorkload(NamedTuple):
-    """The workload a command re-checking a plan replays, each setting by plan_settings' rule:
-    the option given, else the plan's recorded one (its `inputs`: trace_file, trace_columns,
-    rate_rps, duration_s, seed, headroom_pct, max_requests, and a --window plan's window_s and
-    window), else the default. `overridden`: the options given where the plan records its own."""
-
-    trace: str | Path | None
-    columns: Any
-    rate: float | None
-    duration_s: float
-    seed: int
-    headroom_pct: float = 0.0
-    window: tuple[float, float] | None = None  # a --window plan's (window seconds, its start)
-    max_requests: int | None = None  # the plan's peak stretch
-    overridden: tuple[str, ...] = ()
-
-    def load(self, max_requests: int):
-        """The requests, as optimize made them: the trace, resampled at the rate, the plan's
-        window or peak stretch of it, with the plan's headroom; and the stretch (peak_window's)."""
-        from splitplan.workload.trace import load_workload, peak_window, windows, with_headroom
-        workload = load_workload(load_workload(self.trace, None, self.duration_s, self.seed, self.columns), self.rate,
-                                 self.duration_s, self.seed)
-        if self.window is not None:
-            window_s, start_s = self.window
-            found = [part for start, part in windows(workload, window_s) if math.isclose(start, start_s, abs_tol=1e-6)]
-            if not found:
-                raise SpecError(f"the plan's window at {start_s:g} s holds no request of {workload.source}: give --trace")
-            workload = found[0]
-        workload, stretch = peak_window(workload, self.max_requests or max_requests)
-        return with_headroom(workload, self.headroom_pct), stretch
-
-    def note(self) -> str:
-        """What the title says of a plan's workload replaced by options (empty when none is)."""
-        return f" (the plan's workload but {', '.join(self.overridden)})" if self.overridden else ""
-
-
-def plan_workload(echo: dict, trace: Path | None, columns, rate: float | None, duration_s: float | None,
-                  seed: int | None) -> PlanWorkload:
-    """simulate's and sweep's workload for a plan (`echo`, its inputs; {} without one): see PlanWorkload."""
-    from splitplan.workload.trace import Columns
-    if not echo:
-        return PlanWorkload(trace, columns, rate, _first(duration_s, 120.0), _first(seed, 0))
-    _check_recorded_trace(echo, trace)
-    given = {"--trace": trace_record(trace, None)["trace_file"] if trace is not None else None, "--rate": rate,
-             "--duration": duration_s, "--seed": seed}
-    theirs = {"--trace": echo.get("trace_file"), "--rate": echo.get("rate_rps"), "--duration": echo.get("duration_s"),
-              "--seed": echo.get("seed")}
-    changed = [flag for flag, value in given.items() if value is not None and value != theirs[flag]]
-    other_trace = "--trace" in changed  # (the plan's rate resampled its own trace, not this one)
-    stored = echo.get("trace_columns")
-    headroom, window, stretch = (0.0, None, None) if changed else _own_requests(echo)
-    return PlanWorkload(
-        trace if other_trace else theirs["--trace"],
-        columns if columns is not None or other_trace else Columns(**stored) if stored else None,
-        _first(rate, None if other_trace else theirs["--rate"]), _first(duration_s, theirs["--duration"], 120.0),
-        _first(seed, theirs["--seed"], 0), headroom, window, stretch,
-        overridden=tuple(f"{flag} {given[flag]:g}" if isinstance(given[flag], float) else f"{flag} {printable(str(given[flag]))}"
-                         for flag in changed))
-
-
-def _first(*values):
-    """The first of `values` that is not None (the option given, else the plan's, else the default)."""
-    return next((v for v in values if v is not None), None)
-
-
-def _check_recorded_trace(echo: dict, trace: Path | None) -> None:
-    """An older plan.json records its trace by description only: refused unless --trace names it."""
-    from splitplan.workload.trace import default_trace_path
-    made_on = str(echo.get("trace") or "")
-    if trace is None and echo.get("trace_file") is None and made_on and not made_on.startswith(default_trace_path().name):
-        raise SpecError(f"the plan was made on {excerpt(made_on)}, which it does not record as a file (an older "
-                        "plan.json): give --trace (and --rate, --duration, --seed as it was made)")
-
-
-def _own_requests(echo: dict) -> tuple[float, tuple[float, float] | None, int | None]:
-    """What makes a plan's own requests of its workload: its headroom, and its --window plan's window
-    or its peak stretch (PlanWorkload's headroom_pct, window and max_requests)."""
-    window = echo.get("window") or {}
-    return (float(echo.get("headroom_pct") or 0.0),
-            (float(echo["window_s"]), float(window["start_s"])) if window and echo.get("window_s") else None,
-            int(window["requests"]) if window.get("requests") and not echo.get("window_s") else None)
-
-
-def plan_settings(echo: dict, model: str | None, slo: str | None, engine: str | None) -> tuple[str, str, str]:
-    """Model, SLO profile and engine profile, by one rule for every command that reads a
-    plan: the option given on the command line, else the plan's own (its `inputs`), else the
-    default."""
-    return (model or echo.get("model") or DEFAULT_MODEL, slo or echo.get("slo") or DEFAULT_SLO,
-            engine or echo.get("engine") or DEFAULT_ENGINE)
 
 
 def parse_rates(text: str) -> list[float]:

@@ -47,13 +47,10 @@ from splitplan.cli.common import (
     _require_matplotlib,
     api,
     app,
-    cache_switch,
     check_request_sizes,
     figure_png,
     parse_duration,
-    scheduler_settings,
     trace_columns,
-    trace_record,
     user_errors,
     with_precision,
 )
@@ -61,6 +58,7 @@ from splitplan.io import plan_document, report
 from splitplan.search.documents import power_sources_of
 from splitplan.specs.engine import load_engine
 from splitplan.specs.slo import METRICS
+from splitplan.workflows.plan_replay import cache_switch, scheduler_settings, trace_record
 from splitplan.workload.trace import (
     EMBEDDED_HELP,
     closed_loop_workload,

@@ -31,12 +31,8 @@ from splitplan.cli.common import (
     _emit_json,
     api,
     app,
-    cache_settings,
     check_request_sizes,
     plan_input,
-    plan_settings,
-    plan_workload,
-    scheduler_settings,
     shared_prefix,
     trace_columns,
     user_errors,
@@ -45,6 +41,7 @@ from splitplan.cli.common import (
 from splitplan.io import report
 from splitplan.specs.layout import Layout
 from splitplan.specs.roles import Pool
+from splitplan.workflows.plan_replay import cache_settings, plan_settings, plan_workload, scheduler_settings
 from splitplan.workload.trace import EMBEDDED_HELP, closed_loop_workload, load_workload
 
 if TYPE_CHECKING:

@@ -37,14 +37,12 @@ from splitplan.cli.common import (
     figure_png,
     parse_rates,
     plan_input,
-    plan_settings,
-    plan_workload,
-    scheduler_settings,
     trace_columns,
     user_errors,
     with_precision,
 )
 from splitplan.io import report
+from splitplan.workflows.plan_replay import plan_settings, plan_workload, scheduler_settings
 from splitplan.workload.trace import EMBEDDED_HELP, load_workload
 
 
