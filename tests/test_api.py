@@ -88,3 +88,17 @@ def test_a_plan_json_simulates_as_the_cli_simulates_it(tmp_path):
     cli = CliRunner().invoke(app, ["simulate", "--plan", str(plan), "--format", "json"])
     assert cli.exit_code == 0, cli.output
     assert json.loads(report.to_json(sim.summary.to_json())) == json.loads(cli.stdout)["summary"]
+
+
+def test_a_commands_plan_pins_end_with_the_command(tmp_path):
+    """`simulate --plan` uses the plan's own copy of its specs while it runs; after it, in the same
+    process, the catalog's entries are as they were (no spec of the plan stays pinned)."""
+    from typer.testing import CliRunner
+
+    from splitplan.cli import app
+    from splitplan.specs import catalog
+    made = CliRunner().invoke(app, ["optimize", "--model", "llama3.1-8b", "--rate", "4", "--duration", "30", "--hardware",
+                                    "h100-80gb", "--output-dir", str(tmp_path)])
+    assert made.exit_code == 0, made.output
+    assert CliRunner().invoke(app, ["simulate", "--plan", str(tmp_path / "plan.json")]).exit_code == 0
+    assert catalog.pinned("model_specs", "llama3.1-8b") is None and catalog.pinned("hardware_specs", "h100-80gb") is None

@@ -23,6 +23,7 @@ from splitplan.base import limits
 from splitplan.base.errors import InputWarning, SpecError, SplitplanError
 from splitplan.base.inputs import excerpt, printable
 from splitplan.io import report
+from splitplan.specs import catalog
 from splitplan.specs.engine import engine_spec
 from splitplan.specs.layout import Layout, parse_layout
 from splitplan.specs.roles import Pool, Role
@@ -210,7 +211,8 @@ def _number(value: float) -> str:
 def user_errors(command: Callable) -> Callable:
     """Check the numeric options' bounds, then map SplitplanError to one `error: ...` line on
     stderr and its exit code (a failed write to stdout too: `error: cannot write output: ...`),
-    and Ctrl-C to `error: interrupted` and exit code 130."""
+    and Ctrl-C to `error: interrupted` and exit code 130. The specs a plan.json pins hold for the
+    command, not after it (catalog.pins_held: a command run in a process, as tests and scripts do)."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -218,7 +220,7 @@ def user_errors(command: Callable) -> Callable:
         sys.stdout = _GuardedOutput(real)
         try:
             check_bounds(command, kwargs)
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), catalog.pins_held():
                 warnings.simplefilter("always", InputWarning)
                 warnings.showwarning = _warn_line  # (restored on leaving: the library's warnings as one line each)
                 result = command(*args, **kwargs)
