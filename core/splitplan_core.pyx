@@ -1,17 +1,18 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """splitplan's engine core, compiled when the package is built (Cython, by `pip install .`):
-the pass formula, the prompt pools' FCFS replay, the simulator's compiled run and two helpers of
-the decode fixed point. Nothing here compiles at run time.
-
-Each function is the Python rule it stands in for, statement for statement and in the same order
-of operations, so its floats equal the Python's to the bit (property tests run both):
+the pass formula, the prompt pools' FCFS replay, the simulator's run and two helpers of the decode
+fixed point. Nothing here compiles at run time. It is the scheduler's one implementation; the
+tests hold each function to a Python statement of the same rule, statement for statement and in
+the same order of operations, so its floats equal the Python's to the bit (property tests run both):
 - `pass_terms` and its kin: `perf.roofline.Instance._terms` (an instance's constants travel as
   one float64 vector, `FIELDS` names its entries, `Instance.pass_vector` packs it);
-- the prefix caches (`PrefixCache`, and per instance in the two below): `sim.prefix_cache.PrefixCache`;
-- `prompt_replay`: `capacity.pools.replay_prompts` on analytic instances, prefix caches included;
-- `run`: `sim.cluster`'s event loop on analytic instances, open or closed, prefix caches and their
-  host tier, shared machines and the event log included, without borrowing or recorded passes
-  (that module's docstring states the rules);
+- the prefix caches (`PrefixCache`, and per instance in the two below): the rules of
+  `sim.prefix_cache`'s docstring, held to `tests/sim/python_prefix_cache.py`;
+- `prompt_replay`: `capacity.pools.replay_prompts` (prefix caches and measured tables included),
+  held to `tests/capacity/python_replay.py`;
+- `run`: the simulator, every rule of `sim.cluster`'s docstring (open or closed loops, prefix caches
+  and their host tier, shared machines, Splitwise's mixed pool, measured tables, the event log and
+  recorded passes), held to `tests/sim/python_loop.py`;
 - `ranks` and `running_peak`: NumPy's searchsorted and a running sum's peak, by cheaper routes.
 
 Events come from one binary heap (`Heap`, apart from the models) keyed (time, then a second key:
@@ -107,7 +108,7 @@ cdef Entry heap_pop(Heap* h) noexcept:
 
 
 # ---- the prefix caches --------------------------------------------------------------------------
-# `sim.prefix_cache.PrefixCache`, rule for rule: one per instance, over a trace's prefix tree
+# `sim.prefix_cache`'s rules (tests/sim/python_prefix_cache.py): one per instance, over a trace's prefix tree
 # (parent, tokens, depth per node). A cache keeps a slot per node it holds in either tier or that a
 # request pins (found by an open-addressing table; a slot freed when none of these holds, so a
 # cache's memory follows what it holds, as the Python's dicts do): whether the node is resident,
@@ -438,9 +439,9 @@ cdef class _Tree:
 
 
 cdef object cache_state(Cache* c):
-    """A cache's state as arrays, for `PrefixCache.restore`: per node it met (node, last use, resident
-    children, pins, resident), the host tier's nodes least recently used first, and (cpu_used,
-    free, resident, hit, looked-up, loaded tokens, evicted)."""
+    """A cache's state as arrays, for `sim.prefix_cache.CacheState.from_core`: per node it holds or a
+    request pins (node, last use, resident children, pins, resident), the host tier's nodes least
+    recently used first, and (cpu_used, free, resident, hit, looked-up, loaded tokens, evicted)."""
     nodes, last_use = np.empty(c.live, np.int64), np.empty(c.live)
     counts = np.empty((c.live, 3), np.int64)
     cdef Py_ssize_t k, m = 0
@@ -504,7 +505,7 @@ cdef class PrefixCache:
         self.tree.evict(&self.c, limit_tokens)
 
     def state(self):
-        """`cache_state`: what `sim.prefix_cache.PrefixCache.restore` takes."""
+        """`cache_state`: what `sim.prefix_cache.CacheState.from_core` takes."""
         return cache_state(&self.c)
 
 
@@ -1097,8 +1098,7 @@ def running_peak(const double[:] times, const double[:] weights, int64_t[:] orde
 # instance's prompt queue, its requests waiting for KV room, those deferred by async scheduling and
 # those its running pass prefills are linked lists over the requests (`NEXT`; a request is in one
 # at most), its decode batch a doubly linked list in join order (`PREV`, `AFTER`). Decode-only
-# iterations run one by one (the Python loop computes stretches of them at once, with the same sums
-# in the same order), so `EVENTS` counts every iteration end.
+# iterations run one by one, so `EVENTS` counts every iteration end.
 
 cpdef enum:  # per-request integer rows (DEFERRED_TO: the list a request deferred by async scheduling joins)
     NEXT, PREV, AFTER, FINISH_ITER, DEFERRED_AT, DEFERRED_TO, PLEN, BASE, DONE, RESUMED, JOIN_ITER, P_INST, T_INST, REJECTED,

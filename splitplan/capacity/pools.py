@@ -257,8 +257,7 @@ def colocated_pool(trace, inst: Instance, instances: int, max_batch_tokens: int,
     `simulate` gives it. Mixed batching feeds back on itself (prefills stall the decodes,
     the longer decodes grow the batch every prefill carries, KV admission queues prompts
     and preempts), which `colocated_estimate` follows only roughly. The replay runs compiled
-    (splitplan_core.run) where it can (an analytic instance), the Python loop's result
-    to the bit: about 0.5 us an event on this project's 2-core machine, some 25 events a request
+    (splitplan_core.run): about 0.5 us an event on this project's 2-core machine, some 25 events a request
     (more with more, smaller instances, each iterating on its own). KV memory is the replay's to
     enforce (admission, preemption), so it shows in the latencies and `kv_peak_fraction` is 0.
     With `prefix`, the simulator's prefix caches."""
