@@ -688,6 +688,13 @@ cdef const double* _vector(const double[::1] c) except NULL:
     return &c[0]
 
 
+cdef inline void _count_lookup(int64_t[:, :] counts, Py_ssize_t k, double x, double lowest, double highest) noexcept:
+    """A measured table's lookup at `x` (counts[k, 0]), and whether it lies outside the measured
+    [lowest, highest] (counts[k, 1]: extrapolated)."""
+    counts[k, 0] += 1
+    counts[k, 1] += x < lowest or x > highest
+
+
 cdef inline Py_ssize_t _least(const int64_t[:] load) noexcept:
     """The index of the least load, the lowest among equals (as np.argmin)."""
     cdef Py_ssize_t j, best = 0
@@ -876,9 +883,7 @@ cdef class _PromptReplay:
         """A measured type's pass of `tokens` prompt tokens (its decodes riding along), counted."""
         if tokens >= self.measured.shape[1]:
             raise ValueError(f"a pass of {tokens} prompt tokens is past the measured table's {self.measured.shape[1]}")
-        cdef double x = tokens + self.decode[k, 0]
-        self.counts[k, 0] += 1
-        self.counts[k, 1] += x < self.measured_range[k, 0] or x > self.measured_range[k, 1]
+        _count_lookup(self.counts, k, tokens + self.decode[k, 0], self.measured_range[k, 0], self.measured_range[k, 1])
         return self.measured[k, tokens]
 
     cdef int start(self, Py_ssize_t j, double now) except -1:
@@ -1129,7 +1134,8 @@ cpdef enum:  # per-pool float settings (CPU_TOKENS: the host tier of a prefillin
     LINK_BPS, KV_LATENCY_S, CPU_TOKENS, LOAD_S_PER_TOKEN, MIXED_FACTOR, TOKENS_LO, TOKENS_HI, BATCH_LO, BATCH_HI,
     CONTEXT_LO, CONTEXT_HI
 
-cpdef enum:  # per measured pool, what its tables were asked, and how often outside their ranges
+cpdef enum:  # per measured pool, what its tables were asked, and how often outside their ranges (the prefill's
+    # first: _count_lookup's columns)
     PREFILL_QUERIES, PREFILL_OUTSIDE, DECODE_QUERIES, DECODE_OUTSIDE, MEASURED_COUNTS
 
 cpdef enum:  # run-wide integer settings (CLOSED: a closed loop's clients, 0 for an open loop; LOG: keep the event log;
@@ -1427,8 +1433,7 @@ cdef class _Run:
         cdef int64_t x = total + batch
         if x >= self.measured.shape[1]:
             return -1.0
-        self.counts[pool, PREFILL_QUERIES] += 1
-        self.counts[pool, PREFILL_OUTSIDE] += x < self.pools_s[pool, TOKENS_LO] or x > self.pools_s[pool, TOKENS_HI]
+        _count_lookup(self.counts, pool, <double> x, self.pools_s[pool, TOKENS_LO], self.pools_s[pool, TOKENS_HI])  # (PREFILL_QUERIES, PREFILL_OUTSIDE)
         return self.measured[pool, x] * (self.pools_s[pool, MIXED_FACTOR] if batch > 0 else 1.0)
 
     cdef void count_decode(self, int64_t pool, int64_t batch, int64_t ctx) noexcept:

@@ -41,7 +41,7 @@ import numpy as np
 from splitplan.base.core import core
 from splitplan.perf.roofline import Instance
 from splitplan.perf.slo import Gaps
-from splitplan.perf.table import MeasuredInstance
+from splitplan.perf.table import MeasuredInstance, core_vectors
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.sim.metrics import pool_report
 from splitplan.sim.prefix_cache import PrefixModel
@@ -53,16 +53,14 @@ HEAP_ROUTING_INSTANCES = 16  # above this many instances the replay routes from 
 
 
 class BatchTimes:
-    """What times one instance type's passes over one trace: the instance, and `decode_batch`
-    requests of `decode_context_tokens` context riding along in every pass (co-located mixed
-    batching); for a measured instance, its pass times by prompt tokens (`measured_row`), kept
-    across replays (e.g. while searching for the smallest instance count)."""
+    """What times one instance type's passes: the instance, and `decode_batch` requests of
+    `decode_context_tokens` context riding along in every pass (co-located mixed batching); for a
+    measured instance, its pass times by prompt tokens (`measured_row`), kept across replays (e.g.
+    while searching for the smallest instance count)."""
 
-    def __init__(self, inst: Instance, prompt_tokens: np.ndarray, decode_batch: float = 0.0,
-                 decode_context_tokens: float = 0.0):
+    def __init__(self, inst: Instance, decode_batch: float = 0.0, decode_context_tokens: float = 0.0):
         self.inst = inst
         self.decode = (float(decode_batch), float(decode_batch * decode_context_tokens))
-        self.prompt_tokens = prompt_tokens
         self.rows: dict[int, np.ndarray] = {}
 
     def measured_row(self, size: int) -> np.ndarray:
@@ -111,12 +109,12 @@ def replay_prompts(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list
     arrives while its instance runs a batch after which more was queued joins the batch after the
     next (the simulator's rule); the engine's front-end latency is added to every TTFT."""
     engine = pools[0][0].engine
-    times = times or [BatchTimes(inst, prompt_tokens) for inst, _ in pools]
+    times = times or [BatchTimes(inst) for inst, _ in pools]
     decode = np.array([t.decode for t in times])
     release_s = np.empty(0) if held_s is None else np.asarray(arrival_s + held_s, float)
     finish_s, passes, where, stats, counts = core.prompt_replay(
         np.asarray(arrival_s, float), np.asarray(prompt_tokens, np.int64),
-        np.array([np.zeros(len(core.FIELDS)) if inst.measured else inst.pass_vector for inst, _ in pools]),
+        core_vectors([inst for inst, _ in pools]),
         np.repeat(np.arange(len(pools)), [count for _, count in pools]), decode, int(max_batch_tokens), bool(chunked),
         int(max_seqs or len(arrival_s)), bool(engine.async_scheduling), release_s, HEAP_ROUTING_INSTANCES,
         _caches(prefix, pools), _measured(times, max(int(max_batch_tokens), int(prompt_tokens.max(initial=0))) + 1))
@@ -314,7 +312,7 @@ def colocated_estimate(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_
     unstalled = decode_pool(arrival_s + alone_s, prompt_tokens, output_tokens, inst, instances)
     load = (round(unstalled.mean_batch * 4) / 4, round(unstalled.context_tokens / 64) * 64)
     if load not in memo:
-        memo[load] = BatchTimes(inst, prompt_tokens, *load)
+        memo[load] = BatchTimes(inst, *load)
     prefill_share = min(float(np.sum(alone_s)) / instances / max(float(np.ptp(arrival_s)), 1e-9), 0.9)
     held_s = alone_s + o * unstalled.step_s / (1 - prefill_share)  # until it is about to finish
     replayed = replay_prompts(arrival_s, prompt_tokens, [(inst, instances)], max_batch_tokens, [memo[load]], held_s,

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from splitplan.base.core import core
 from splitplan.base.errors import SpecError
 from splitplan.perf.roofline import Fit, Instance, Latency, PassShortcuts
 from splitplan.specs.hardware import load_hardware
@@ -155,11 +156,15 @@ class MeasuredInstance(PassShortcuts):
         """(fewest, most) prompt tokens measured (a pass's, its decodes counted as tokens)."""
         return self.pre_x[0], self.pre_x[-1]
 
+    def _with_decodes(self, prefill_s, decode_seqs):
+        """A pass with prompt work: the table's time for its tokens, `mixed_factor` times it where
+        decodes ride along."""
+        return prefill_s * np.where(np.asarray(decode_seqs) > 0, self.mixed_factor, 1.0)
+
     def pass_row(self, size: int, decode_seqs: float = 0.0) -> np.ndarray:
         """`pass_time_s(prefill_tokens=t, decode_seqs=decode_seqs)` for every t below `size`, not
         counted (the compiled loops count their lookups)."""
-        values = _interp(np.arange(size, dtype=float) + decode_seqs, self.pre_x, self.pre_y)[0]
-        return values * (self.mixed_factor if decode_seqs > 0 else 1.0)
+        return self._with_decodes(_interp(np.arange(size, dtype=float) + decode_seqs, self.pre_x, self.pre_y)[0], decode_seqs)
 
     def core_table(self, tokens: int) -> tuple[np.ndarray, tuple[float, ...]]:
         """For the compiled run (splitplan_core.run, MEASURED): a pass's time at each count of
@@ -182,7 +187,7 @@ class MeasuredInstance(PassShortcuts):
         out = np.empty(pre.shape)
         has_prefill = pre > 0
         if has_prefill.any():
-            out[has_prefill] = self._prefill(pre[has_prefill] + dec[has_prefill]) * np.where(dec[has_prefill] > 0, self.mixed_factor, 1.0)
+            out[has_prefill] = self._with_decodes(self._prefill(pre[has_prefill] + dec[has_prefill]), dec[has_prefill])
         if (~has_prefill).any():
             out[~has_prefill] = self._decode(dec[~has_prefill], ctx[~has_prefill])
         return float(out) if out.ndim == 0 else out
@@ -235,6 +240,12 @@ class SplitwiseSimInstance(MeasuredInstance):
 
 
 INTERPOLATIONS = {"splitplan": MeasuredInstance, "splitwise-sim": SplitwiseSimInstance}
+
+
+def core_vectors(perfs) -> np.ndarray:
+    """Per instance the pass formula's constants as the compiled core takes them (`pass_vector`);
+    zeros for a measured instance, whose table times its passes instead."""
+    return np.array([np.zeros(len(core.FIELDS)) if p.measured else p.pass_vector for p in perfs])
 
 
 def _spec_names(column: pd.Series, load) -> pd.Series:

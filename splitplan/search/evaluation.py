@@ -175,7 +175,7 @@ def _prompt_replay(problem: Problem, prompt_parts: list[tuple], memo: dict) -> t
     if replayed is None:
         for (family, layout, _), (_, o, _, _) in zip(same, prompt_parts, strict=True):
             if ("batch", family, layout) not in memo:
-                memo["batch", family, layout] = BatchTimes(o.inst, t.prompt_tokens)
+                memo["batch", family, layout] = BatchTimes(o.inst)
         batches = [memo["batch", family, layout] for family, layout, _ in same]
         stats: list = []
         ttft, passes, _ = replay_prompts(t.arrival_s, t.prompt_tokens, prompt, problem.max_batch_tokens, batches,

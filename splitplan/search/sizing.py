@@ -90,7 +90,7 @@ def _refused(problem: Problem, role: Role, inst: Instance) -> Option | None:
 def _prompt_check(problem: Problem, inst: Instance, scores: dict):
     """A prompt pool of n instances: the TTFT line it misses (None: none), its score in `scores`."""
     t = problem.trace
-    batch_times = [BatchTimes(inst, t.prompt_tokens)]
+    batch_times = [BatchTimes(inst)]
 
     def failing(n):
         ttft = prompt_queue_ttft_s(t.arrival_s, t.prompt_tokens, [(inst, n)], problem.max_batch_tokens, batch_times,

@@ -78,7 +78,7 @@ from splitplan.base import limits
 from splitplan.base.core import core
 from splitplan.base.errors import SpecError
 from splitplan.perf.roofline import Instance, local_kv_bytes_per_s
-from splitplan.perf.table import MeasuredInstance
+from splitplan.perf.table import MeasuredInstance, core_vectors
 from splitplan.sim import gaps
 from splitplan.sim.prefix_cache import CacheState, PrefixModel
 from splitplan.sim.types import (  # noqa: F401  (re-exported)
@@ -184,10 +184,9 @@ class _Cluster:
         arrival = np.asarray(self.arrival, float)
         lines = self._decode_lines(perfs, prompt)
         tables = self._measured_tables(perfs, prompt + out, lines.shape[1])
-        vectors = np.array([np.zeros(len(core.FIELDS)) if p.measured else p.pass_vector for p in perfs])  # (a table times a measured one)
         status, clock, counters, ends_s, ends_at, log_s, log_at, caches, passes, counts = core.run(
             arrival, float(self.front), prompt, out, req, times, inst, *self._core_pools(perfs, tables), self._core_settings(),
-            float(self.kv_bytes), vectors, lines, np.array([self.single[k] for k in range(len(perfs))], float), tables[0],
+            float(self.kv_bytes), core_vectors(perfs), lines, np.array([self.single[k] for k in range(len(perfs))], float), tables[0],
             self.prefix.arrays() if self.caching else None)
         self.arrival = arrival  # (a closed loop's: the times the clients sent each request)
         if status == core.TOO_MANY_ITERATIONS:
@@ -198,8 +197,9 @@ class _Cluster:
                                "rejected): a bug, please report it")
         self._take_compiled(req, times, inst, clock, counters, ends_s, ends_at)
         self._take_records(perfs, caches, counts, log_s, log_at)
-        result = self._result()
-        return dataclasses.replace(result, passes=passes) if self.options.record_passes else result
+        if self.options.record_passes:
+            self.passes = passes
+        return self._result()
 
     def _core_state(self, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The core's state before any event (splitplan_core.initial_state): per request and per instance."""

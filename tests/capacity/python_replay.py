@@ -20,8 +20,8 @@ class PassTimes:
     """A BatchTimes' passes as the perf model times them: every prompt alone at once, other passes
     as they appear (cached)."""
 
-    def __init__(self, times: BatchTimes):
-        self.inst, self.decode, self.prompt_tokens = times.inst, times.decode, times.prompt_tokens
+    def __init__(self, times: BatchTimes, prompt_tokens: np.ndarray):
+        self.inst, self.decode, self.prompt_tokens = times.inst, times.decode, prompt_tokens
         self.cache: dict = {}
 
     @cached_property
@@ -51,7 +51,7 @@ def python_replay(arrival_s: np.ndarray, prompt_tokens: np.ndarray, pools: list[
     """`replay_prompts` in Python."""
     n_req = len(arrival_s)
     finish_at = [0.0] * n_req
-    times = [PassTimes(t) for t in times or [BatchTimes(inst, prompt_tokens) for inst, _ in pools]]
+    times = [PassTimes(t, prompt_tokens) for t in times or [BatchTimes(inst) for inst, _ in pools]]
     kind = [k for k, (_, count) in enumerate(pools) for _ in range(count)]
     load = loads(len(kind))  # pending prompt tokens per instance
     queues: list[deque[int]] = [deque() for _ in kind]

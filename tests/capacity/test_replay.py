@@ -80,7 +80,7 @@ def test_the_compiled_replay_is_the_python_replay(engine, n, rate, seed, counts,
     if held:
         kw["held_s"] = rng.uniform(0, 3, n)
     if decode:  # a decode load riding along every pass (the co-located estimate's)
-        kw["times"] = [BatchTimes(inst, tokens, 6.5, 900.0) for inst, _ in pools]
+        kw["times"] = [BatchTimes(inst, 6.5, 900.0) for inst, _ in pools]
     (ttft, busy, placed, stats), (python_ttft, python_busy, python_placed, python_stats) = _both(arrival, tokens, pools,
                                                                                                   budget, **kw)
     assert np.array_equal(ttft, python_ttft)
@@ -225,13 +225,13 @@ def test_the_compiled_replay_times_measured_passes_as_the_python_replay(interpol
     rng = np.random.default_rng(seed)
     arrival, tokens = np.cumsum(rng.exponential(1 / rate, n)), rng.integers(1, 12_000, n)
     measured = PerfDb(PERF_DB).require(api.instance("llama2-70b", "h100-80gb", 8, "lean"), interpolation)
-    kw = {"chunked": chunked, "times": [BatchTimes(measured, tokens, 6.5 if decode else 0.0, 900.0)]}
+    kw = {"chunked": chunked, "times": [BatchTimes(measured, 6.5 if decode else 0.0, 900.0)]}
     (ttft, busy, placed, _), (python_ttft, python_busy, python_placed, _) = _both(arrival, tokens, [(measured, count)], budget,
                                                                                   **kw)
     assert np.array_equal(ttft, python_ttft) and np.array_equal(busy, python_busy) and placed == python_placed
     counted = PerfDb(PERF_DB).require(api.instance("llama2-70b", "h100-80gb", 8, "lean"), interpolation)
     _, passes, _ = replay_prompts(arrival, tokens, [(counted, count)], budget, chunked=chunked,
-                                  times=[BatchTimes(counted, tokens, 6.5 if decode else 0.0, 900.0)])
+                                  times=[BatchTimes(counted, 6.5 if decode else 0.0, 900.0)])
     assert counted.queries["prefill"] == len(passes)
 
 
