@@ -41,7 +41,7 @@ from splitplan.cli.common import (
 from splitplan.io import report
 from splitplan.specs.layout import Layout
 from splitplan.specs.roles import Pool
-from splitplan.workflows.plan_replay import cache_settings, plan_settings, plan_workload, scheduler_settings
+from splitplan.workflows.plan_replay import cache_settings, cache_switch, plan_settings, plan_workload, scheduler_settings
 from splitplan.workload.trace import EMBEDDED_HELP, closed_loop_workload, load_workload
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ def simulate(
     model, slo, engine = plan_settings(echo, model, slo, engine)
     engine = with_precision(engine, weights, kv_cache)
     max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs, echo)
-    caching, routing, kv_offload_gb = cache_settings(echo, prefix_caching, routing, kv_offload_gb)
+    caching, routing, kv_offload_gb = cache_settings(echo, cache_switch(prefix_caching), routing, kv_offload_gb)
     replay = plan_workload(echo, trace, trace_columns(time_column, prompt_column, output_column, time_unit), rate, duration, seed)
     workload, window = _workload(replay, max_requests, model, engine, rate, concurrency, isl, osl, num_requests)
     workload = shared_prefix(workload, shared_prefix_tokens, prefix_groups)

@@ -41,11 +41,11 @@ def cache_switch(value: str | None) -> bool | None:
     return None if value is None else value == "on"
 
 
-def cache_settings(echo: dict, prefix_caching: str | None, routing: str | None,
+def cache_settings(echo: dict, prefix_caching: bool | None, routing: str | None,
                    kv_offload_gb: float | None) -> tuple[bool | None, str, float]:
     """Prefix caching (None: the engine profile's), routing and host-memory tier of a run: the
     options given, else the plan's (its `inputs`, typed by plan_document.Inputs), else the defaults."""
-    caching = cache_switch(prefix_caching if prefix_caching is not None else echo.get("prefix_caching"))
+    caching = prefix_caching if prefix_caching is not None else cache_switch(echo.get("prefix_caching"))
     offload = kv_offload_gb if kv_offload_gb is not None else echo.get("kv_offload_gb")
     return caching, routing or echo.get("routing") or "jsq", float(offload or 0.0)
 
@@ -174,8 +174,7 @@ def simulate_plan(plan: str | os.PathLike, trace=None, rate: float | None = None
         echo = document.inputs
         model, slo, engine = plan_settings(echo, model, slo, engine)
         budget, cap = scheduler_settings(engine, max_batch_tokens, max_num_seqs, echo)
-        switch = None if prefix_caching is None else "on" if prefix_caching else "off"
-        caching, routing, offload_gb = cache_settings(echo, switch, routing, kv_offload_gb)
+        caching, routing, offload_gb = cache_settings(echo, prefix_caching, routing, kv_offload_gb)
         workload, _ = plan_workload(echo, trace, None, rate, duration_s, seed).load(max_requests)
         return simulate_pools(workload, document.pools, model, slo, engine, max_batch_tokens=budget, routing=routing,
                               max_num_seqs=cap, prefix_caching=caching, kv_offload_gb=offload_gb, **options)
