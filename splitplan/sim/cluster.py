@@ -118,8 +118,7 @@ class _Cluster:
         self.prompt_tokens = self.trace.prompt_tokens.tolist()
         self.output_tokens = self.trace.output_tokens.tolist()
         self.insts: list[InstanceState] = []
-        self.iterations = 0  # decode iterations of every instance, bounded (limits.MAX_SIM_ITERATIONS)
-        self.max_iterations = limits.MAX_SIM_ITERATIONS
+        self.max_iterations = limits.MAX_SIM_ITERATIONS  # decode iterations of every instance, at most
         self._place_instances()
         self.model = self.pools[0].perf.model
         self.context = self.options.max_model_len  # a longer request is refused at arrival (None: no limit)
@@ -274,7 +273,7 @@ class _Cluster:
         self.base, self.join_iter, self.p_inst, self.t_inst = req[core.BASE], req[core.JOIN_ITER], req[core.P_INST], req[core.T_INST]
         self.rejected, self.refused = req[core.REJECTED] > 0, req[core.REFUSED] > 0
         self.tokens_out, self.preemptions = int(counters[core.TOKENS_OUT]), int(counters[core.PREEMPTIONS])
-        self.events, self.iterations = int(counters[core.EVENTS]), int(counters[core.ITERATIONS])
+        self.events = int(counters[core.EVENTS])
         small = np.uint16 if len(self.insts) <= np.iinfo(np.uint16).max else np.int64  # (NumPy radix-sorts 16-bit keys)
         order = np.argsort(ends_at.astype(small), kind="stable")
         bounds = np.searchsorted(ends_at[order], np.arange(len(self.insts) + 1))

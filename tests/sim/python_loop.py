@@ -111,6 +111,7 @@ class PythonLoop(_Cluster):
         self.heap: list = []
         self.seq = 0
         self.tokens_out = 0
+        self.iterations = 0  # decode iterations of every instance, bounded (max_iterations)
         self.round_robin = [0, 0]
         self.released = self.n if self.closed is None else min(self.closed, self.n)  # requests whose arrival time is known
 
