@@ -62,12 +62,21 @@ def workload(trace=None, rate: float | None = None, duration_s: float = 120.0, s
 
 def plan(trace=None, model: str = DEFAULT_MODEL, slo: str = DEFAULT_SLO, rate: float | None = None,
          duration_s: float = 120.0, seed: int = 0, **options) -> OptimizeResult:
-    """The cheapest (or lowest-power, `objective="power"`) plan meeting the SLO; options
-    as `splitplan.api.optimize` (hardware, prompt_hardware, token_hardware, tp, engine,
-    search, max_cost_per_hour, max_power_kw, max_machines, mode, pareto, jobs, perf_db: the fields of
-    `splitplan.api.OptimizeOptions`, or `options=` one)."""
+    """The cheapest (or lowest-power, `objective="power"`) plan meeting the SLO, as `splitplan
+    optimize` finds it (`splitplan.api.plan_for`). Options: the fields of `splitplan.api.Planning`
+    (validate, mixed_pool_threshold, throughput, concurrency, isl, osl, num_requests, max_requests,
+    executor, ray_address) and of `splitplan.api.OptimizeOptions` (hardware, prompt_hardware,
+    token_hardware, tp, objective, engine, search, max_cost_per_hour, max_power_kw, max_machines,
+    mode, pareto, jobs, perf_db, ...), or `options=` one. A plan per window: `plan_windows`."""
+    import dataclasses
+
     from splitplan import api
-    return api.optimize(workload(trace, rate, duration_s, seed), model, slo, **options)
+    asked = {f.name for f in dataclasses.fields(api.Planning)} - {"rate_rps", "duration_s", "seed", "window_s", "scale_up_lead_s"}
+    planning = api.Planning(rate_rps=rate, duration_s=duration_s, seed=seed, **{k: options.pop(k) for k in asked & set(options)})
+    search = dataclasses.replace(options.pop("options", None) or api.OptimizeOptions(), **options)
+    result = api.plan_for(workload(trace), model, slo, search, planning).result
+    assert result is not None  # (a plan per window is plan_windows')
+    return result
 
 
 def simulate(plan_or_pools, trace=None, model: str | None = None, slo: str | None = None, rate: float | None = None,

@@ -2,9 +2,10 @@
 
 Each function takes names or paths (or loaded specs), makes one pass through the
 pure layers and returns plain data. The work lives where its idea does:
-`perf.points` (instances and single passes), `search.optimize` (plans),
-`search.rate` (rate searches, closed loops), `simulation` (simulating and validating
-plans), `calibration` (fitting engine profiles), `studies` (compare, sweep, windows).
+`perf.points` (instances and single passes), `search.optimize` (plans), `search.rate` (rate
+searches), `planning` (optimize's workflows chosen: a plan, the highest rate, a closed loop,
+windows, each validated or not), `simulation` (simulating and validating plans, closed loops),
+`calibration` (fitting engine profiles), `studies` (compare, sweep, windows).
 """
 
 from splitplan.base.defaults import (
@@ -22,6 +23,7 @@ from splitplan.workflows.calibration import (
     calibrate,
     calibrate_deployments,
 )
+from splitplan.workflows.planning import Planned, Planning, plan_for
 from splitplan.workflows.schedule import Schedule, follow
 from splitplan.workflows.simulation import (
     Setup,
@@ -55,5 +57,5 @@ __all__ = [
     "plan_pools", "setup_for",
     "CalibrateResult", "DeploymentCalibration", "calibrate", "calibrate_deployments",
     "CompareResult", "DesignResult", "SweepResult", "WindowsResult", "compare", "sweep", "plan_windows",
-    "Schedule", "follow",
+    "Schedule", "follow", "Planning", "Planned", "plan_for",
 ]

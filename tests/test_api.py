@@ -44,7 +44,7 @@ def test_optimize_closed_loop_keeps_only_plans_whose_closed_loop_met_the_slo(mon
     work = closed_loop_workload(None, 8, None, 1024, 64)
     kwargs = dict(hardware=["h100-80gb"], engine="lean-fp8")
     ok = api.optimize_closed_loop(work, 8, "llama3.1-70b", "chat", **kwargs)
-    assert ok.closed_loop["rounds"][0]["slo_met"] and ok.closed_loop["concurrency"] == 8
+    assert ok.closed_loop.rounds[0].slo_met and ok.closed_loop.concurrency == 8
     import splitplan.workflows.simulation as simulation
     monkeypatch.setattr(simulation, "simulate_pools", missing)
     with pytest.raises(InfeasibleError, match="no plan met the SLO in a closed loop of 8 clients.*missed TTFT p50"):
@@ -102,3 +102,29 @@ def test_a_commands_plan_pins_end_with_the_command(tmp_path):
     assert made.exit_code == 0, made.output
     assert CliRunner().invoke(app, ["simulate", "--plan", str(tmp_path / "plan.json")]).exit_code == 0
     assert catalog.pinned("model_specs", "llama3.1-8b") is None and catalog.pinned("hardware_specs", "h100-80gb") is None
+
+
+def test_plan_runs_optimizes_workflows_as_the_cli_does():
+    """splitplan.plan is `splitplan optimize`'s one workflow choice (api.plan_for): with validate=True
+    the plan is simulated and grown as `--validate` does, and a closed loop is planned with
+    concurrency=; contradicting options are refused as the CLI refuses them."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from splitplan.base.errors import SpecError
+    from splitplan.cli import app
+    from splitplan.io import report
+    args = dict(model="llama3.1-8b", rate=6, duration_s=30, hardware=["h100-80gb"], engine="vllm", jobs=1)
+    checked = splitplan.plan(validate=True, **args)
+    assert checked.simulated is not None and len(checked.alternatives_simulated) == len(checked.alternatives)
+    cli = CliRunner().invoke(app, ["optimize", "--model", "llama3.1-8b", "--rate", "6", "--duration", "30", "--hardware",
+                                   "h100-80gb", "--engine", "vllm", "--jobs", "1", "--validate", "--format", "json"])
+    assert cli.exit_code == 0, cli.output
+    assert json.loads(report.to_json(checked.to_json()))["plan"] == json.loads(cli.stdout)["plan"]
+    loop = splitplan.plan(model="llama3.1-8b", concurrency=4, isl=512, osl=64, hardware=["h100-80gb"], engine="vllm", jobs=1)
+    assert loop.closed_loop.concurrency == 4
+    with pytest.raises(SpecError, match="--mixed-pool-threshold .* add --validate"):
+        splitplan.plan(mixed_pool_threshold=4096, **args)
+    with pytest.raises(SpecError, match="--concurrency plans a closed loop.*drop --validate"):
+        splitplan.plan(model="llama3.1-8b", concurrency=4, validate=True)

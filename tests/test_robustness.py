@@ -56,8 +56,8 @@ def test_prompt_longer_than_any_kv_is_reported_as_a_class_not_a_crash(tmp_path):
     engine.write_text((ROOT / "engine_profiles" / "lean.yaml").read_text() + "\nmax_model_len: 1000000\n")
     result = api.optimize(long, "llama2-13b", "batch", ["l40s-48gb"], tp=2, engine=str(engine))
     u = result.unservable
-    assert u["requests"] == len(long.prompt_tokens[::50]) and u["min_prompt_tokens"] == 200_000
-    assert "exceed the KV capacity" in u["reason"]
+    assert u.requests == len(long.prompt_tokens[::50]) and u.min_prompt_tokens == 200_000
+    assert "exceed the KV capacity" in u.reason
     everything = dataclasses.replace(long, prompt_tokens=np.full(len(long), 200_000))
     with pytest.raises(InfeasibleError, match="no request can be served"):
         api.optimize(everything, "llama2-13b", "batch", ["l40s-48gb"], tp=2, engine=str(engine))
@@ -69,7 +69,7 @@ def test_a_request_beyond_the_context_window_is_left_out_by_the_planner_and_refu
     assert beyond.any()
     result = api.optimize(trace, "llama2-70b", "chat", ["h100-80gb"], tp=8)
     u = result.unservable
-    assert u["requests"] == int(beyond.sum()) and "context window (4,096 tokens)" in u["reason"]
+    assert u.requests == int(beyond.sum()) and "context window (4,096 tokens)" in u.reason
     sim = api.simulate_pools(trace, api.plan_pools(result.plan), "llama2-70b", "chat")
     assert sim.summary.refused_context == int(beyond.sum()) and sim.summary.rejected_kv == 0
     assert np.isnan(sim.result.ttft_s[beyond]).all() and np.isfinite(sim.result.e2e_s[~beyond]).all()

@@ -536,22 +536,6 @@ def trace_columns(time_column: str | None, prompt_column: str | None, output_col
     return Columns(time, prompt_column or default.prompt, output_column or default.output, unit)
 
 
-def check_request_sizes(model: str, engine: str, isl: int | None, osl: int | None) -> None:
-    """--isl and --osl of a closed loop within what the engine takes for the model (its
-    max_model_len: the model's context window unless the profile says otherwise)."""
-    if isl is None and osl is None:
-        return
-    from splitplan.specs.engine import load_engine
-    from splitplan.specs.model import load_model
-    m = load_model(model)
-    context = load_engine(engine).context_tokens(m)
-    longest = (isl or 1) + (osl or 1)
-    if context is not None and longest > context:
-        given = " + ".join(f"{flag} {v:,}" for flag, v in (("--isl", isl), ("--osl", osl)) if v is not None)
-        raise SpecError(f"{given}: requests of {longest:,} tokens exceed {excerpt(m.name)}'s context window "
-                        f"({context:,} tokens), which the engine refuses; give shorter ones")
-
-
 def parse_rates(text: str) -> list[float]:
     """`5,10,20` or `START:STOP:COUNT` (evenly spaced, both ends included); at most MAX_RATES
     rates, each in the bounds of --rate."""

@@ -47,7 +47,6 @@ from splitplan.cli.common import (
     _require_matplotlib,
     api,
     app,
-    check_request_sizes,
     figure_png,
     parse_duration,
     trace_columns,
@@ -61,10 +60,7 @@ from splitplan.specs.slo import METRICS
 from splitplan.workflows.plan_replay import cache_switch, scheduler_settings, trace_record
 from splitplan.workload.trace import (
     EMBEDDED_HELP,
-    closed_loop_workload,
     load_workload,
-    peak_window,
-    resample_poisson,
 )
 
 if TYPE_CHECKING:
@@ -146,7 +142,13 @@ def optimize(
         help="Instances each pool keeps beyond what the load needs (N+1 is --spare 1); predicted latencies are with them out."),
 ) -> None:
     """The cheapest (or lowest-power) prompt/token machine plan meeting every SLO line on the trace."""
-    _check_flags(split_only, no_split, perf_interp, perf_db, borrow_threshold, validate, concurrency, (isl, osl, num_requests))
+    _check_flags(split_only, no_split, perf_interp, perf_db, plot, pareto)
+    planning = api.Planning(
+        throughput=objective is Objective.throughput, rate_rps=rate, duration_s=duration, seed=seed, max_requests=max_requests,
+        validate=validate, mixed_pool_threshold=borrow_threshold, concurrency=concurrency, isl=isl, osl=osl,
+        num_requests=num_requests, window_s=None if window is None else parse_duration(window),
+        scale_up_lead_s=None if scale_up_lead is None else parse_duration(scale_up_lead, "--scale-up-lead", zero=True),
+        executor=executor.value, ray_address=ray_address)
     columns = trace_columns(time_column, prompt_column, output_column, time_unit)
     loaded = load_workload(trace, None, duration, seed, columns)  # read once
     recorded = {**trace_record(trace, columns), "rate_rps": rate, "duration_s": duration if rate else None, "seed": seed}
@@ -161,34 +163,18 @@ def optimize(
         kv_offload_gb=kv_offload_gb or 0.0, perf_db=str(perf_db) if perf_db else None, perf_interp=perf_interp,
         mode=_mode(no_split, split_only), pareto=pareto, jobs=_jobs(jobs), headroom_pct=headroom, spare_instances=spare,
         confidence=confidence)
+    planned = api.plan_for(loaded, model, slo, options, planning, progress=_progress)
+    workload, result = planned.workload, planned.result
+    if result is None:
+        _emit_windows(planned, model, slo, format, output_dir, options, recorded)
+        return
     if concurrency is not None:
-        _no_clash_with_closed_loop(rate=rate is not None, window=window is not None, pareto=pareto, validate=validate,
-                                   throughput=objective is Objective.throughput, headroom=headroom > 0)
-        check_request_sizes(model, engine, isl, osl)
-        _closed_loop(closed_loop_workload(loaded, concurrency, num_requests, isl, osl, seed), concurrency, model, slo, seed,
-                     options, format, output_dir, {"isl": isl, "osl": osl})
-        return
-    lead_s = None if scale_up_lead is None else parse_duration(scale_up_lead, "--scale-up-lead", zero=True)
-    if window is not None:
-        _check_window(validate, pareto, objective)
-        _plan_windows(load_workload(loaded, rate, duration, seed), parse_duration(window), model, slo, format, output_dir,
-                      options, executor.value, ray_address, lead_s, recorded)
-        return
-    if lead_s is not None:
-        raise SpecError("--scale-up-lead times the schedule of a --window plan: add --window")
-    workload, stretch = peak_window(load_workload(loaded, rate, duration, seed), max_requests)
-    _check_plan_options(plot, pareto, no_split, objective)
-    if objective is Objective.throughput:
-        result, workload = _highest_rate(peak_window(loaded, max_requests)[0], rate, duration, seed,
-                                         rate or workload.mean_rate_rps, model, slo, options)
+        inputs = {"trace": workload.source, "requests": len(workload), "concurrency": concurrency, "isl": isl, "osl": osl,
+                  "seed": seed, "model": model, "slo": slo, **options.inputs(), "perf_db": options.perf_db}
     else:
-        result = api.optimize(workload, model, slo, options=options)
-    if validate:
-        result = _validate(result, workload, model, slo, options, borrow_threshold, executor.value, ray_address)
-    inputs = {"trace": workload.source, "requests": len(workload), **recorded, "model": model, "slo": slo, "window": stretch,
-              "validate": validate,
-              "mixed_pool_threshold": borrow_threshold, **options.inputs(), "objective": objective.value,
-              "prefix_caching": "on" if _caching(options) else "off"}
+        inputs = {"trace": workload.source, "requests": len(workload), **recorded, "model": model, "slo": slo,
+                  "window": planned.stretch, "validate": validate, "mixed_pool_threshold": borrow_threshold, **options.inputs(),
+                  "objective": objective.value, "prefix_caching": "on" if _caching(options) else "off"}
     _emit_plan(result, workload, inputs, format, output_dir, plot, pareto)
 
 
@@ -201,78 +187,21 @@ def _jobs(jobs: int) -> int:
     return jobs if jobs > 0 else os.cpu_count() or 1
 
 
-def _check_window(validate: bool, pareto: bool, objective: Objective) -> None:
-    if validate or pareto or objective is Objective.throughput:
-        raise SpecError("--window plans each window by cost or power; drop --validate/--pareto/throughput")
-
-
-def _check_flags(split_only: bool, no_split: bool, perf_interp: str, perf_db, borrow_threshold, validate: bool,
-                 concurrency: int | None, closed_loop_sizes: tuple) -> None:
-    """Options that contradict each other, or need another one: exit 2."""
-    if concurrency is None and any(x is not None for x in closed_loop_sizes):
-        raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
+def _check_flags(split_only: bool, no_split: bool, perf_interp: str, perf_db, plot, pareto: bool) -> None:
+    """Flags that contradict each other, or need another one: exit 2 (the workflows' own in api.Planning)."""
     if split_only and no_split:
         raise SpecError("--split-only and --no-split ask for opposite plans: keep one")
     if perf_interp != "splitplan" and perf_db is None:
         raise SpecError(f"--perf-interp {perf_interp} says how --perf-db is read: add --perf-db FILE")
-    if borrow_threshold is not None and not validate:
-        raise SpecError("--mixed-pool-threshold is Splitwise's mixed pool in the simulator, which the planner does not "
-                        "model: add --validate (the plan is simulated with it and trimmed while it meets the SLO)")
+    if plot is not None:
+        if not pareto:
+            raise SpecError("--plot draws the Pareto frontier: add --pareto")
+        _require_matplotlib()
 
 
 def _caching(options: OptimizeOptions) -> bool:
     """Whether the engine's prefix caches are on: --prefix-caching, else the engine profile's."""
     return load_engine(options.engine).caches_prefixes(options.prefix_caching)
-
-
-def _check_plan_options(plot, pareto: bool, no_split: bool, objective) -> None:
-    if plot is not None:
-        if not pareto:
-            raise SpecError("--plot draws the Pareto frontier: add --pareto")
-        _require_matplotlib()
-    if pareto and (no_split or objective is Objective.throughput):
-        raise SpecError("--pareto compares split plans by cost and power: drop --no-split / --objective throughput")
-    if objective is Objective.throughput and no_split:
-        raise SpecError("--objective throughput plans split pools; drop --no-split")
-
-
-def _no_clash_with_closed_loop(**given) -> None:
-    flags = {"rate": "--rate", "window": "--window", "pareto": "--pareto", "validate": "--validate",
-             "throughput": "--objective throughput", "headroom": "--headroom (for headroom, raise --concurrency)"}
-    clash = [flags[k] for k, on in given.items() if on]
-    if clash:
-        raise SpecError(f"--concurrency plans a closed loop (its rate follows from its latency, checked by simulation); "
-                        f"drop {', '.join(clash)}")
-
-
-def _closed_loop(workload, concurrency, model, slo, seed, options: OptimizeOptions, format, output_dir, sizes) -> None:
-    with _progress("closed loop: plan at the rate Little's law gives, simulate, replan") as step:
-        result = api.optimize_closed_loop(workload, concurrency, model, slo, seed, progress=lambda r: step(), options=options)
-    _emit_plan(result, workload, {"trace": workload.source, "requests": len(workload), "concurrency": concurrency,
-                                  **sizes, "seed": seed, "model": model, "slo": slo, **options.inputs(), "perf_db": options.perf_db},
-               format, output_dir, None, False)
-
-
-def _highest_rate(base, rate, duration, seed, start_rps, model, slo, options: OptimizeOptions):
-    """--objective throughput: the result at the highest rate served, and the workload at that rate."""
-    def workload_at(r):  # Poisson resample when --rate was given, else the trace's timestamps compressed
-        if rate is not None:
-            return resample_poisson(base, r, duration, np.random.default_rng(seed))
-        return base.at_rate(r)
-
-    with _progress("searching the highest rate") as step:
-        result = api.max_rate(workload_at, start_rps, model, slo,
-                              progress=lambda r, ok: step(f"{report.significant(r)} req/s: {'served' if ok else 'not served'}"),
-                              options=options)
-    return result, workload_at(result.max_rate_rps)
-
-
-def _validate(result, workload, model, slo, options: OptimizeOptions, borrow_threshold, executor, ray_address):
-    """--validate: the runner-ups simulated, the plan grown until its simulation meets the SLO
-    (with --mixed-pool-threshold, trimmed while it still meets it)."""
-    setup = api.setup_for(model, slo, options, borrow_threshold)
-    with _progress("validating the runner-ups and the plan by simulation", total=len(result.alternatives) + 1) as step:
-        return api.validate_result(result, workload, setup, options.jobs, executor, ray_address, step)
 
 
 def _emit_plan(result, workload, inputs: dict, format, output_dir, plot, pareto: bool) -> None:
@@ -335,13 +264,10 @@ def pareto_figure(result, title: str):
     return fig
 
 
-def _plan_windows(workload, window_s, model, slo, format, output_dir, options: OptimizeOptions, executor, ray_address,
-                  lead_s: float | None, recorded: dict) -> None:
-    count = int(np.unique(np.floor(workload.arrival_s / window_s)).size)
-    with _progress("planning windows", total=count) as step:
-        result = api.plan_windows(workload, window_s, model, slo, options.jobs, executor, ray_address, step, options=options)
-    with _progress("the schedule on the peak plan's pools") as step:
-        schedule = api.follow(workload, result, model, slo, options, lead_s, options.jobs, executor, ray_address, step)
+def _emit_windows(planned, model: str, slo: str, format, output_dir, options: OptimizeOptions, recorded: dict) -> None:
+    """A plan per window and its schedule as JSON, CSV or tables, and their files."""
+    result, schedule, workload = planned.windows, planned.schedule, planned.workload
+    window_s = result.window_s
     document = {**result.to_json(), "schedule": schedule.to_json()}
     if output_dir is not None:
         files = {"windows.csv": result.to_frame().to_csv(index=False, float_format="%.6g"), "windows.json": report.to_json(document),
@@ -466,25 +392,25 @@ def _summary_rows(result) -> list[tuple[str, str]]:
     return rows
 
 
-def _render_simulated(con, plan, simulated: dict) -> None:
+def _render_simulated(con, plan, simulated) -> None:
     """--validate: predicted against simulated percentiles, and the simulation against the SLO."""
-    compared = [(f"{m.upper()} {q}", plan.predicted[m][q], simulated[f"{m}_ms"][q])
+    compared = [(f"{m.upper()} {q}", plan.predicted[m][q], getattr(simulated, f"{m}_ms")[q])
                 for m in METRICS for q in ("p50", "p90", "p99")]
-    changed = simulated["machines_added"]
+    changed = simulated.machines_added
     what = f"{changed} machine(s) added" if changed >= 0 else f"{-changed} machine(s) removed (mixed pool)"
     con.print(report.table(f"Predicted vs simulated, ms ({what} by validation)",
                            ["percentile", "predicted", "simulated"], compared))
     con.print(report.table("Simulated against the SLO", ["line", "target", "achieved", "attainment %", "met"],
-                           report.slo_rows(simulated["slo"])))
+                           report.slo_rows(simulated.slo)))
 
 
-def _render_closed_loop(con, loop: dict) -> None:
+def _render_closed_loop(con, loop) -> None:
     """--concurrency: the rounds of the closed-loop search and the plan's simulated benchmark."""
-    con.print(report.table(f"Closed loop of {loop['concurrency']} clients: each round plans the rate the last plan's "
+    con.print(report.table(f"Closed loop of {loop.concurrency} clients: each round plans the rate the last plan's "
                            "simulation ran at (Little's law)", ["planned req/s", "plan", "$/h", "simulated req/s", "SLO met"],
-                           [(r["planned_rate_rps"], r["plan"], r["cost_usd_per_hour"], r["simulated_rate_rps"],
-                             "yes" if r["slo_met"] else "NO") for r in loop["rounds"]]))
-    bench = loop["benchmark"]
+                           [(r.planned_rate_rps, r.plan, r.cost_usd_per_hour, r.simulated_rate_rps,
+                             "yes" if r.slo_met else "NO") for r in loop.rounds]))
+    bench = loop.benchmark
     con.print(report.table("The plan's simulated closed loop, as a serving benchmark reports it", ["ms", "mean", "median", "p99"],
                            [(name, bench[key]["mean"], bench[key]["median"], bench[key]["p99"])
                             for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))],
@@ -496,8 +422,8 @@ def _render_warnings(con, result) -> None:
     """Requests left out, the result's warnings, and how many options were skipped or not sized."""
     if result.unservable:
         u = result.unservable
-        con.print(f"[bold]warning:[/bold] {u['requests']:,} request(s) ({u['share_pct']:.2f} %, prompts of "
-                  f"{u['min_prompt_tokens']:,}-{u['max_prompt_tokens']:,} tokens) cannot be served: {u['reason']}.")
+        con.print(f"[bold]warning:[/bold] {u.requests:,} request(s) ({u.share_pct:.2f} %, prompts of "
+                  f"{u.min_prompt_tokens:,}-{u.max_prompt_tokens:,} tokens) cannot be served: {u.reason}.")
     for warning in result.warnings:
         con.print(f"[bold]warning:[/bold] {warning}.")
     from splitplan.search.optimize import NOT_SIZED  # (loaded with the search it ran)
@@ -535,7 +461,7 @@ def _margins_text(problem) -> str:
 def _confidence_text(result) -> str:
     """--confidence as the plan table states it, with the nominal plan."""
     c, nominal = result.confidence, result.nominal
-    f = c["factors"]
-    return (f"sized so every line holds at the {c['quantile']:.0%} quantile of {c['engine']}'s measured error: latencies up to "
+    f = c.factors
+    return (f"sized so every line holds at the {c.quantile:.0%} quantile of {c.engine}'s measured error: latencies up to "
             f"{f['ttft']:.2f}x (TTFT), {f['tpot']:.2f}x (TPOT, ITL, TBT), {f['e2e']:.2f}x (E2E) the predicted; nominal plan: "
             f"{report.plan_text(nominal)} at {_in_objective(result.objective, nominal)}")

@@ -31,7 +31,6 @@ from splitplan.cli.common import (
     _emit_json,
     api,
     app,
-    check_request_sizes,
     plan_input,
     shared_prefix,
     trace_columns,
@@ -42,7 +41,7 @@ from splitplan.io import report
 from splitplan.specs.layout import Layout
 from splitplan.specs.roles import Pool
 from splitplan.workflows.plan_replay import cache_settings, cache_switch, plan_settings, plan_workload, scheduler_settings
-from splitplan.workload.trace import EMBEDDED_HELP, closed_loop_workload, load_workload
+from splitplan.workload.trace import EMBEDDED_HELP, check_request_sizes, closed_loop_workload, load_workload
 
 if TYPE_CHECKING:
     from splitplan.sim.metrics import SimulationSummary

@@ -59,18 +59,18 @@ def optimize_json(result, inputs: dict) -> dict:
     body = plan_json(result.plan)
     body["alternatives"] = [plan_json(a) for a in result.alternatives]
     body["split_saving_pct"] = result.split_saving_pct
-    body["unservable"] = result.unservable
+    body["unservable"] = None if result.unservable is None else result.unservable.to_json()
     if result.max_rate_rps is not None:
         body["max_rate_rps"] = result.max_rate_rps
     if result.closed_loop is not None:
-        body["closed_loop"] = result.closed_loop
+        body["closed_loop"] = result.closed_loop.to_json()
     if result.confidence is not None:
-        body["confidence"] = result.confidence
+        body["confidence"] = result.confidence.to_json()
         body["nominal"] = plan_json(result.nominal)
     if result.simulated is not None:
-        body["simulated"] = result.simulated
+        body["simulated"] = result.simulated.to_json()
         for alternative, outcome in zip(body["alternatives"], result.alternatives_simulated, strict=True):
-            alternative["simulated"] = outcome
+            alternative["simulated"] = outcome.to_json()
     return {"schema_version": SCHEMA_VERSION, "inputs": inputs, "plan": body, "power_sources": power_sources_of(result),
             "warnings": result.warnings}
 

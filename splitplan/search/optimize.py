@@ -26,10 +26,11 @@ from splitplan.search.bracket import plan_max_rate
 from splitplan.search.colocated import as_simulated, closest_fit, colocated_plan
 from splitplan.search.documents import optimize_json, plan_json, plans_csv
 from splitplan.search.frontier import cost_power_frontier, nondominated
+from splitplan.search.outcomes import ClosedLoop, Confidence, ConfidenceLine, SimulatedOutcome, Unservable, Validation
 from splitplan.search.repair import cliff, repair
 from splitplan.search.sizing import size_option
 from splitplan.search.solve import solve_counts
-from splitplan.search.types import MachineCap, Option, Plan, Problem, combos
+from splitplan.search.types import AnyOption, MachineCap, Option, Plan, Problem, combos
 from splitplan.sim.prefix_cache import PrefixModel, host_link_bytes_per_s
 from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.hardware import HardwareSpec, hardware_catalog, load_hardware, load_machines, price_date_warning
@@ -44,20 +45,20 @@ NOT_SIZED = "not sized"  # the reason a co-located option left out by its cost b
 @dataclass(frozen=True)
 class OptimizeResult:
     plan: Plan  # the best plan under the objective, split or co-located
-    alternatives: tuple  # runner-ups, the best co-located (or split) plan among them
-    options: tuple  # every evaluated Option, sized or skipped
+    alternatives: tuple[Plan, ...]  # runner-ups, the best co-located (or split) plan among them
+    options: tuple[AnyOption, ...]  # every evaluated option, sized or skipped
     colocated: Plan | None = None  # the best co-located plan (None if none meets the SLO)
     max_rate_rps: float | None = None  # objective throughput: the highest rate served
-    pareto: tuple = ()  # with pareto=True: plans no other plan beats on both cost and power
-    unservable: dict | None = None  # requests no token instance can hold, left out of the sizing
+    pareto: tuple[Plan, ...] = ()  # with pareto=True: plans no other plan beats on both cost and power
+    unservable: Unservable | None = None  # requests no token instance can hold, left out of the sizing
     problem: Problem | None = field(default=None, repr=False, compare=False)  # what was solved (trace, SLO, budgets)
-    closed_loop: dict | None = None  # optimize_closed_loop: the rounds, and the plan's simulated closed loop
-    simulated: dict | None = None  # simulation.validate_result: the plan's simulation and the machines it added
-    alternatives_simulated: tuple = ()  # simulation.validate_result: each runner-up's simulated outcome
+    closed_loop: ClosedLoop | None = None  # optimize_closed_loop: the rounds, and the plan's simulated closed loop
+    simulated: Validation | None = None  # simulation.validate_result: the plan's simulation and the machines it added
+    alternatives_simulated: tuple[SimulatedOutcome, ...] = ()  # simulation.validate_result: each runner-up's simulated outcome
     split: Plan | None = None  # the best split plan (None when none was planned or none meets the SLO)
     objective: str = "cost"  # what `plan` minimizes: cost or power
-    notes: tuple = ()  # what else the reader should know (why no split plan was found)
-    confidence: dict | None = None  # with a confidence: the quantile, the latency factors and each line's sized-for limit
+    notes: tuple[str, ...] = ()  # what else the reader should know (why no split plan was found)
+    confidence: Confidence | None = None  # with a confidence: the quantile, the latency factors and each line's sized-for limit
     nominal: Plan | None = None  # with a confidence: the plan that meets the lines as predicted
 
     @property
@@ -189,7 +190,7 @@ class _Search:
     machines: dict[str, HardwareSpec]  # every machine considered, by the name it was given as
     names: list[str]  # the machine types considered for every role (`hardware`, else the catalog)
     problem: Problem
-    unservable: dict | None  # requests no instance can hold, left out of the sizing
+    unservable: Unservable | None  # requests no instance can hold, left out of the sizing
 
     @property
     def prompt_names(self) -> list:
@@ -276,11 +277,10 @@ def _at_confidence(trace, model: str, slo: str | SloProfile, opts: OptimizeOptio
     nominal = optimize(trace, model, profile, options=plain)
     tight = tightened(profile, factors)
     result = optimize(trace, model, tight, options=plain)
-    lines = [{"line": line.label, "target": line.limit, "unit": line.unit, "factor": factors[line.metric], "sized_for": t.limit}
-             for line, t in zip(profile.lines(), tight.lines(), strict=True)]
-    return dataclasses.replace(result, nominal=nominal.plan, confidence={
-        "quantile": opts.confidence, "engine": eng.name, "factors": factors, "lines": lines,
-        "error_source": (eng.fit or {}).get("error_source", "")})
+    lines = tuple(ConfidenceLine(line.label, line.limit, line.unit, factors[line.metric], t.limit)
+                  for line, t in zip(profile.lines(), tight.lines(), strict=True))
+    return dataclasses.replace(result, nominal=nominal.plan, confidence=Confidence(
+        cast(float, opts.confidence), eng.name, factors, lines, (eng.fit or {}).get("error_source", "")))
 
 
 def _prepare(trace, model: str, slo: str | SloProfile, opts: OptimizeOptions) -> _Search:
@@ -448,15 +448,10 @@ def _servable(trace, model, engine, token_machines, tp, prompt_machines=()):
                   f"{prompt_best[2]}); they are left out of the sizing")
     if not too_long.any():
         return trace, None
-    report = {
-        "requests": int(too_long.sum()),
-        "share_pct": float(too_long.mean() * 100),
-        "min_prompt_tokens": int(trace.prompt_tokens[too_long].min()),
-        "max_prompt_tokens": int(trace.prompt_tokens[too_long].max()),
-        "reason": reason,
-    }
+    report = Unservable(int(too_long.sum()), float(too_long.mean() * 100), int(trace.prompt_tokens[too_long].min()),
+                        int(trace.prompt_tokens[too_long].max()), reason)
     if too_long.all():
-        raise InfeasibleError(f"no request can be served: {report['reason']}")
+        raise InfeasibleError(f"no request can be served: {report.reason}")
     keep = ~too_long
     return trace.take(keep), report
 

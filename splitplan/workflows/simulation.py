@@ -21,6 +21,7 @@ from splitplan.perf.points import instance, reference_instance
 from splitplan.perf.roofline import Instance
 from splitplan.perf.slo import alone_latencies, reference_for
 from splitplan.perf.table import load_perf_db
+from splitplan.search.outcomes import ClosedLoop, ClosedLoopRound, SimulatedOutcome, Validation
 from splitplan.search.repair import predict
 from splitplan.search.types import Plan, SizedPool, bought
 from splitplan.sim.cluster import PoolSpec, SimOptions
@@ -49,10 +50,10 @@ class SimulateResult:
     def slo_met(self) -> bool:
         return self.summary.slo_met
 
-    def outcome(self) -> dict:
+    def outcome(self) -> SimulatedOutcome:
         """What a study keeps of a simulation: whether every SLO line was met, and the
         percentiles (ms) of every metric a line can name (TTFT, TBT, ITL, TPOT, E2E)."""
-        return {"slo_met": self.slo_met, **{f"{m}_ms": self.summary.latency_ms(m) for m in METRICS}}
+        return SimulatedOutcome(self.slo_met, **{f"{m}_ms": self.summary.latency_ms(m) for m in METRICS})
 
     def to_json(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, "summary": self.summary.to_json()}
@@ -320,8 +321,7 @@ def validate_result(result: OptimizeResult, trace, setup: Setup, jobs: int = 1, 
     plan, sim, added = validate(result.plan, trace, setup.model, setup.slo, planned=result, setup=setup)
     if progress:
         progress()
-    simulated = {**{f"{m}_ms": sim.summary.latency_ms(m) for m in METRICS}, "slo": sim.summary.slo,
-                 "machines_added": added}
+    simulated = Validation(**{f"{m}_ms": sim.summary.latency_ms(m) for m in METRICS}, slo=sim.summary.slo, machines_added=added)
     return dataclasses.replace(result, plan=plan, simulated=simulated, alternatives_simulated=tuple(runner_ups),
                                pareto=tuple(_at_max_rate(p, problem.trace, setup) for p in result.pareto))
 
@@ -337,7 +337,7 @@ def _at_max_rate(plan, trace, setup: Setup):
 
 def simulate_plans(plans, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
                    max_batch_tokens: int | None = None, jobs: int = 1, executor: str = "local", ray_address: str | None = None,
-                   progress=None, setup: Setup | None = None) -> list[dict]:
+                   progress=None, setup: Setup | None = None) -> list[SimulatedOutcome]:
     """Simulate several plans on the same trace (a work unit each; spare instances out of
     service); `setup`, else one from the arguments, says how."""
     setup = setup or Setup(model, slo, engine, perf_db, max_batch_tokens)
@@ -369,8 +369,8 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
         result = optimize(open_loop, model, slo, options=opts)
         sim = setup.simulate(workload, in_service(plan_pools(result.plan), _spares(result.plan)), concurrency)
         met = sim.slo_met
-        rounds_out.append({"planned_rate_rps": rate, "plan": plan_text(result.plan), "cost_usd_per_hour": result.plan.cost_usd_per_hour,
-                           "power_kw": result.plan.power_kw, "simulated_rate_rps": sim.summary.throughput_rps, "slo_met": met})
+        rounds_out.append(ClosedLoopRound(rate, plan_text(result.plan), result.plan.cost_usd_per_hour, result.plan.power_kw,
+                                          sim.summary.throughput_rps, met))
         if progress:
             progress(rounds_out[-1])
         if met and (best is None or plan_key(opts.objective, result.plan) < plan_key(opts.objective, best[0].plan)):
@@ -383,7 +383,7 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
     if best is None:
         missed = ", ".join(line["line"] for line in sim.summary.slo if not line["met"])
         raise InfeasibleError(f"no plan met the SLO in a closed loop of {concurrency} clients: the plan for "
-                              f"{rounds_out[0]['planned_rate_rps']:.3g} req/s ({rounds_out[0]['plan']}) missed {missed}")
+                              f"{rounds_out[0].planned_rate_rps:.3g} req/s ({rounds_out[0].plan}) missed {missed}")
     return _trimmed_closed_loop(workload, concurrency, *best, rounds_out, setup)
 
 
@@ -412,7 +412,6 @@ def _trimmed_closed_loop(workload, concurrency: int, result: OptimizeResult, sim
                                binding=f"{result.plan.binding}; closed loop: {removed} machine(s) removed by simulation")
         plan = _with_spares(predict(result.problem, plan, {o.key: o for o in result.options}), spares)
         result = dataclasses.replace(result, plan=plan)
-    closed = {"concurrency": concurrency, "rounds": rounds_out, "benchmark": sim.summary.benchmark,
-              "slo": sim.summary.slo, "throughput_rps": sim.summary.throughput_rps, "machines_removed": removed,
-              "warmup_requests": sim.summary.warmup_requests}
+    closed = ClosedLoop(concurrency, tuple(rounds_out), sim.summary.benchmark, sim.summary.slo, sim.summary.throughput_rps,
+                        removed, sim.summary.warmup_requests)
     return dataclasses.replace(result, closed_loop=closed)

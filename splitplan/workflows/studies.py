@@ -21,6 +21,7 @@ from splitplan.base.parallel import run_units
 from splitplan.io.report import SCHEMA_VERSION, plan_json, pools_text
 from splitplan.search.accounting import usd_per_million_tokens
 from splitplan.search.optimize import Mode, OptimizeOptions, optimize
+from splitplan.search.outcomes import SimulatedOutcome
 from splitplan.search.rate import max_rate
 from splitplan.search.types import Plan
 from splitplan.specs.design import Design, load_designs
@@ -39,7 +40,7 @@ class DesignResult:
     plan: Plan | None
     max_rate_rps: float | None
     error: str = ""
-    simulated: dict | None = None
+    simulated: SimulatedOutcome | None = None
 
     def row(self) -> dict:
         p = self.plan
@@ -90,7 +91,7 @@ class CompareResult:
 
     def to_json(self) -> dict:
         rows = [{**r.row(), "ratio_to_baseline": self.ratio(r),
-                 **({"simulated": r.simulated} if r.simulated is not None else {})} for r in self.designs]
+                 **({"simulated": r.simulated.to_json()} if r.simulated is not None else {})} for r in self.designs]
         return {"schema_version": SCHEMA_VERSION, "scenario": self.scenario, "baseline": self.baseline,
                 "budget": self.budget, "designs": rows, "warnings": self.warnings}
 

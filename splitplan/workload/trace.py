@@ -612,6 +612,22 @@ def closed_loop_workload(trace: str | Path | Trace | None, concurrency: int, num
     return Trace(np.zeros(n), prompt.astype(np.int64), output.astype(np.int64), f"{source}; {n} requests", prefix=tree)
 
 
+def check_request_sizes(model: str, engine: str, isl: int | None, osl: int | None) -> None:
+    """--isl and --osl of a closed loop within what the engine takes for the model (its
+    max_model_len: the model's context window unless the profile says otherwise)."""
+    if isl is None and osl is None:
+        return
+    from splitplan.specs.engine import load_engine
+    from splitplan.specs.model import load_model
+    m = load_model(model)
+    context = load_engine(engine).context_tokens(m)
+    longest = (isl or 1) + (osl or 1)
+    if context is not None and longest > context:
+        given = " + ".join(f"{flag} {v:,}" for flag, v in (("--isl", isl), ("--osl", osl)) if v is not None)
+        raise SpecError(f"{given}: requests of {longest:,} tokens exceed {excerpt(m.name)}'s context window "
+                        f"({context:,} tokens), which the engine refuses; give shorter ones")
+
+
 def windows(trace: Trace, window_s: float) -> list[tuple[float, Trace]]:
     """The trace's `window_s`-second windows that hold requests, in order: each one's start
     (seconds into the trace) and its requests, timed from the first one's arrival."""

@@ -84,8 +84,8 @@ def test_validation_keeps_the_spares_and_simulates_the_plan_without_them():
                                                                        (Role.TOKEN, "h100-80gb", Layout(8)): 1}),
                          "llama2-70b", "chat")
     everything = api.simulate_pools(TRACE, api.plan_pools(result.plan), "llama2-70b", "chat")
-    assert checked.simulated["machines_added"] == 0
-    assert checked.simulated["ttft_ms"] == alone.summary.ttft_ms != everything.summary.ttft_ms
+    assert checked.simulated.machines_added == 0
+    assert checked.simulated.ttft_ms == alone.summary.ttft_ms != everything.summary.ttft_ms
 
 
 @pytest.mark.parametrize("options", [H100_SPLIT, {"hardware": ["a100-80gb", "h100-80gb"], "tp": 8, "mode": "split"},
@@ -173,12 +173,12 @@ def test_a_plan_at_a_confidence_meets_each_line_divided_by_its_factor_beside_the
     nominal = api.optimize(trace, "llama2-70b", "chat", **a100).plan
     assert result.nominal == nominal and result.plan.cost_usd_per_hour > nominal.cost_usd_per_hour
     assert all(met for _, _, met in nominal.slo)  # (as predicted, the nominal plan meets every line)
-    for row, (line, achieved, met) in zip(result.confidence["lines"], result.plan.slo, strict=True):
-        assert row["sized_for"] == pytest.approx(row["target"] / row["factor"]) == pytest.approx(line.limit)
-        assert met and achieved * row["factor"] <= row["target"] * (1 + 1e-9)  # (each line holds at its factor)
-    factors = result.confidence["factors"]
+    for row, (line, achieved, met) in zip(result.confidence.lines, result.plan.slo, strict=True):
+        assert row.sized_for == pytest.approx(row.target / row.factor) == pytest.approx(line.limit)
+        assert met and achieved * row.factor <= row.target * (1 + 1e-9)  # (each line holds at its factor)
+    factors = result.confidence.factors
     assert any(achieved * factors[line.metric] > line.limit for line, achieved, _ in nominal.slo)  # (the nominal would not)
-    assert result.confidence["quantile"] == 0.9 and "in-sample" in result.confidence["error_source"]
+    assert result.confidence.quantile == 0.9 and "in-sample" in result.confidence.error_source
 
 
 def test_optimize_confidence_on_the_command_line(tmp_path):

@@ -489,7 +489,7 @@ def test_the_closed_loop_search_keeps_looking_past_a_self_consistent_plan():
     work = closed_loop_workload(default_trace_path(), 128)
     result = api.optimize_closed_loop(work, 128, "llama2-70b", "chat", hardware=["h100-80gb"], tp=8)
     loop = result.closed_loop
-    assert loop["machines_removed"] >= 1 and all(x["met"] for x in loop["slo"])
+    assert loop.machines_removed >= 1 and all(x["met"] for x in loop.slo)
     assert "closed loop: " in result.plan.binding
     setup, pools = Setup("llama2-70b", "chat"), plan_pools(result.plan)
     for k, pool in enumerate(pools):
