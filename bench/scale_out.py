@@ -37,14 +37,14 @@ def main() -> None:
     results, walls = {}, {}
     for name, options in runs.items():
         start = time.perf_counter()
-        results[name] = api.sweep(trace, rates, designs="splitwise-designs", only=DESIGNS, duration_s=args.duration,
+        results[name] = api.sweep(rates, trace, designs="splitwise-designs", only=DESIGNS, duration_s=args.duration,
                                   **options).to_json()
         walls[name] = time.perf_counter() - start
     import ray  # a cluster that is already up, as with --ray-address auto: no start-up in the timing
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     runs["Ray already running (2 CPUs)"] = dict(jobs=2, executor="ray")
     start = time.perf_counter()
-    results["Ray already running (2 CPUs)"] = api.sweep(trace, rates, designs="splitwise-designs", only=DESIGNS,
+    results["Ray already running (2 CPUs)"] = api.sweep(rates, trace, designs="splitwise-designs", only=DESIGNS,
                                                         duration_s=args.duration, executor="ray", jobs=2).to_json()
     walls["Ray already running (2 CPUs)"] = time.perf_counter() - start
     ray.shutdown()

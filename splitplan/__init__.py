@@ -35,12 +35,18 @@ if TYPE_CHECKING:
         OptimizeResult,
         SimulateResult,
         SweepResult,
+        calibrate,
+        compare,
+        plan_windows,
+        sweep,
     )
     from splitplan.deploy import Export
 
-# Imported on first use, so `import splitplan` (and the CLI's --help) stays fast.
+# Imported on first use, so `import splitplan` (and the CLI's --help) stays fast. The studies and
+# calibration are the library's own functions (splitplan.api's), one signature each.
 _LAZY = {"CalibrateResult": "splitplan.api", "CompareResult": "splitplan.api", "OptimizeResult": "splitplan.api",
-         "SimulateResult": "splitplan.api", "SweepResult": "splitplan.api", "Export": "splitplan.deploy"}
+         "SimulateResult": "splitplan.api", "SweepResult": "splitplan.api", "Export": "splitplan.deploy",
+         "compare": "splitplan.api", "sweep": "splitplan.api", "plan_windows": "splitplan.api", "calibrate": "splitplan.api"}
 
 
 def __getattr__(name: str):
@@ -91,31 +97,6 @@ def simulate(plan_or_pools, trace=None, model: str | None = None, slo: str | Non
     pools = plan_or_pools if isinstance(plan_or_pools, list) else api.plan_pools(plan_or_pools)
     return api.simulate_pools(workload(trace, rate, 120.0 if duration_s is None else duration_s, seed or 0), pools,
                               model or DEFAULT_MODEL, slo or DEFAULT_SLO, **options)
-
-
-def compare(designs: str = "splitwise-designs", scenario: str = "iso-power", trace=None, **options) -> CompareResult:
-    """Every design in one scenario; options as `splitplan.api.compare`."""
-    from splitplan import api
-    return api.compare(workload(trace), designs, scenario, **options)
-
-
-def sweep(rates: list[float], trace=None, **options) -> SweepResult:
-    """A load sweep over `rates`; options as `splitplan.api.sweep` (designs or pools)."""
-    from splitplan import api
-    return api.sweep(workload(trace), list(rates), **options)
-
-
-def plan_windows(window_s: float, trace=None, model: str = DEFAULT_MODEL, slo: str = DEFAULT_SLO, **options):
-    """A plan per `window_s`-second window of a timestamped trace (`WindowsResult`);
-    options as `splitplan.api.plan_windows` (jobs, executor, ray_address, and optimize's)."""
-    from splitplan import api
-    return api.plan_windows(workload(trace), window_s, model, slo, **options)
-
-
-def calibrate(perf_db: str, **options) -> CalibrateResult:
-    """Fit an engine profile to measurements; options as `splitplan.api.calibrate`."""
-    from splitplan import api
-    return api.calibrate(perf_db, **options)
 
 
 def export(plan, to: str, output=None, **options) -> Export:

@@ -128,3 +128,12 @@ def test_plan_runs_optimizes_workflows_as_the_cli_does():
         splitplan.plan(mixed_pool_threshold=4096, **args)
     with pytest.raises(SpecError, match="--concurrency plans a closed loop.*drop --validate"):
         splitplan.plan(model="llama3.1-8b", concurrency=4, validate=True)
+
+
+def test_one_entry_layer_a_name_is_one_function():
+    """A name both splitplan and splitplan.api export is one object: the top level adds functions
+    of its own (plan, simulate, export, workload), never a second signature for the same name."""
+    from splitplan import api
+    shared = set(splitplan.__all__) & set(api.__all__)
+    assert {"compare", "sweep", "calibrate", "plan_windows", "OptimizeResult"} <= shared
+    assert all(getattr(splitplan, name) is getattr(api, name) for name in shared)

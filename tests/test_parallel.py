@@ -51,8 +51,8 @@ def test_compare_and_sweep_same_json_on_ray_and_local(local_ray):
 @pytest.mark.integration
 def test_windows_same_on_ray_and_local(local_ray):
     options = dict(hardware=["h100-80gb"], tp=8)
-    a = api.plan_windows(TRACE, 1200, "llama2-70b", "splitwise", jobs=2, **options).to_json()
-    b = api.plan_windows(TRACE, 1200, "llama2-70b", "splitwise", executor="ray", **options).to_json()
+    a = api.plan_windows(1200, TRACE, "llama2-70b", "splitwise", jobs=2, **options).to_json()
+    b = api.plan_windows(1200, TRACE, "llama2-70b", "splitwise", executor="ray", **options).to_json()
     assert a == b and len(a["windows"]) == 3
 
 

@@ -95,7 +95,7 @@ def compare(
     max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs)
     from splitplan.specs.design import load_designs
     with _progress(f"{scenario.value}: designs", total=len(load_designs(designs).designs)) as step:
-        result = api.compare(base, designs, scenario.value, model, slo, engine, _limits(budget_machines, "--budget-machines") or None,
+        result = api.compare(designs, scenario.value, base, model, slo, engine, _limits(budget_machines, "--budget-machines") or None,
                              max_power_kw, max_cost_per_hour, rate, duration, seed, baseline, validate,
                              str(perf_db) if perf_db else None, max_batch_tokens, jobs=jobs if jobs > 0 else (os.cpu_count() or 1),
                              progress=step, executor=executor.value, ray_address=ray_address, max_num_seqs=max_num_seqs)
@@ -196,7 +196,7 @@ def sweep(
     else:
         units = len(rate_list)
     with _progress("sweep: (design, rate) units", total=units) as step:
-        result = api.sweep(base, rate_list, model, slo, designs, design or None, pools or None, engine,
+        result = api.sweep(rate_list, base, model, slo, designs, design or None, pools or None, engine,
                            objective.value, duration, seed, str(perf_db) if perf_db else None, max_batch_tokens,
                            jobs=jobs if jobs > 0 else (os.cpu_count() or 1), progress=step,
                            executor=executor.value, ray_address=ray_address, max_num_seqs=max_num_seqs)

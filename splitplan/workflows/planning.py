@@ -142,7 +142,7 @@ def _windows(workload: Trace, model: str, slo: str, options: OptimizeOptions, pl
     count = int(np.unique(np.floor(workload.arrival_s / window_s)).size) if window_s > 0 else None
     run = (options.jobs, planning.executor, planning.ray_address)
     with progress("planning windows", count) as step:
-        windows = plan_windows(workload, window_s, model, slo, *run, step, options=options)
+        windows = plan_windows(window_s, workload, model, slo, *run, step, options=options)
     with progress("the schedule on the peak plan's pools") as step:
         schedule = follow(workload, windows, model, slo, options, planning.scale_up_lead_s, *run, step)
     return Planned(workload, windows=windows, schedule=schedule)

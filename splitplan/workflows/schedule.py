@@ -96,7 +96,7 @@ def follow(trace, windows: WindowsResult, model: str, slo: str, options: Optimiz
     plans = list(windows.plans)
     redo = [k for k, p in enumerate(plans) if p is None or not _labels(p) <= labels]
     if redo:
-        again = plan_windows(trace, windows.window_s, model, slo, jobs, executor, ray_address, progress,
+        again = plan_windows(windows.window_s, trace, model, slo, jobs, executor, ray_address, progress,
                              options=_on_pools_of(peak, options), only=[windows.rows[k]["window"] for k in redo])
         for k, plan in zip(redo, again.plans, strict=True):
             plans[k] = plan if plan is not None and _labels(plan) <= labels else None

@@ -29,7 +29,7 @@ from splitplan.specs.hardware import load_hardware, price_date_warning
 from splitplan.specs.roles import Pool
 from splitplan.specs.slo import METRICS
 from splitplan.workflows.simulation import Setup, plan_from_pools, plan_pools, pool_specs
-from splitplan.workload.trace import Trace, resample_poisson, windows
+from splitplan.workload.trace import Trace, load_workload, resample_poisson, windows
 
 SCENARIOS = ("iso-power", "iso-cost", "iso-throughput-cost", "iso-throughput-power")
 
@@ -141,13 +141,15 @@ def _design_options(base: OptimizeOptions, design) -> OptimizeOptions:
                                mode=Mode.SPLIT_ALONE if design.split else Mode.COLOCATED)
 
 
-def compare(trace, designs: str, scenario: str, model: str = DEFAULT_MODEL, slo: str = STUDY_SLO,
+def compare(designs: str = "splitwise-designs", scenario: str = "iso-power", trace=None, model: str = DEFAULT_MODEL,
+            slo: str = STUDY_SLO,
             engine: str = DEFAULT_ENGINE, budget_machines: dict[str, int] | None = None,
             max_power_kw: float | None = None, max_cost_per_hour: float | None = None, rate: float | None = None,
             duration_s: float = 120.0, seed: int = 0, baseline: str | None = None, validate: bool = False,
             perf_db: str | None = None, max_batch_tokens: int | None = None, jobs: int = 1, progress=None,
             executor: str = "local", ray_address: str | None = None, max_num_seqs: int | None = None) -> CompareResult:
-    """Splitwise's provisioning study as one call: every design of `designs` in `scenario`.
+    """Splitwise's provisioning study as one call: every design of `designs` (a designs file's
+    name or path) in `scenario`, on `trace` (a path, a Trace, or None: the embedded Azure code trace).
 
     iso-power / iso-cost: the highest rate each design serves within the budget
     (`max_power_kw`, `max_cost_per_hour`, or `budget_machines` TYPE=N, read as the
@@ -158,7 +160,7 @@ def compare(trace, designs: str, scenario: str, model: str = DEFAULT_MODEL, slo:
 
     if scenario not in SCENARIOS:
         raise SpecError(f"--scenario {scenario}: choose one of {', '.join(SCENARIOS)}")
-    spec = load_designs(designs)
+    spec, trace = load_designs(designs), load_workload(trace)
     base_name = baseline or spec.designs[0].name
     spec.get(base_name)
     budget = _budget(scenario, budget_machines, max_power_kw, max_cost_per_hour) if scenario in ("iso-power", "iso-cost") else {}
@@ -262,7 +264,7 @@ def _sweep_unit(job: _SweepJob, unit):
     return _sweep_row(name, rate, result.plan, result.plan.predicted, trace, all(ok for _, _, ok in result.plan.slo))
 
 
-def sweep(trace, rates: list[float], model: str = DEFAULT_MODEL, slo: str = DEFAULT_SLO, designs: str | None = None,
+def sweep(rates: list[float], trace=None, model: str = DEFAULT_MODEL, slo: str = DEFAULT_SLO, designs: str | None = None,
           only: list[str] | None = None, pools: list[Pool] | None = None,
           engine: str = DEFAULT_ENGINE, objective: str = "cost", duration_s: float = 120.0, seed: int = 0,
           perf_db: str | None = None, max_batch_tokens: int | None = None, jobs: int = 1, progress=None,
@@ -270,7 +272,9 @@ def sweep(trace, rates: list[float], model: str = DEFAULT_MODEL, slo: str = DEFA
     """A load sweep. With `designs`: the cheapest (or lowest-power) plan of each design
     at each rate, with its predicted percentiles and cost per million tokens. With
     `pools`: one fixed plan simulated at each rate (latency against load). Every rate
-    is a Poisson resample of the trace's sizes for `duration_s`."""
+    is a Poisson resample of the sizes of `trace` (a path, a Trace, or None: the embedded Azure
+    code trace) for `duration_s`."""
+    rates, trace = list(rates), load_workload(trace)
     if not rates or any(r <= 0 for r in rates):
         raise SpecError("--rates: give one or more rates > 0 (e.g. 5,10,20 or 5:80:16)")
     if (designs is None) == (pools is None):
@@ -339,15 +343,16 @@ def _window_unit(shared, unit):
             "error": None}, plan
 
 
-def plan_windows(trace, window_s: float, model: str, slo: str, jobs: int = 1, executor: str = "local",
+def plan_windows(window_s: float, trace=None, model: str = DEFAULT_MODEL, slo: str = DEFAULT_SLO, jobs: int = 1, executor: str = "local",
                  ray_address: str | None = None, progress=None, options: OptimizeOptions | None = None,
                  only: list[int] | None = None, **settings) -> WindowsResult:
-    """Size each `window_s`-second window of a timestamped trace on its own (a work unit
-    each): how a cluster that follows the load compares with a static plan for the peak.
+    """Size each `window_s`-second window of a timestamped trace (a path, a Trace, or None: the
+    embedded Azure code trace) on its own (a work unit each): how a cluster that follows the load
+    compares with a static plan for the peak; options as `optimize` takes them.
     `only`: these windows (numbered as the result numbers them: the windows with requests)."""
     if window_s <= 0:
         raise SpecError(f"--window {window_s:g} s: must be > 0")
-    units = [(k, start_s, part) for k, (start_s, part) in enumerate(windows(trace, window_s))]
+    units = [(k, start_s, part) for k, (start_s, part) in enumerate(windows(load_workload(trace), window_s))]
     if only is not None:
         units = [u for u in units if u[0] in set(only)]
     shared = (model, slo, dataclasses.replace(options or OptimizeOptions(), **settings, jobs=1, cliff=False))

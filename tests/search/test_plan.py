@@ -685,5 +685,5 @@ def test_plans_only_compared_carry_no_cliff(small_trace):
     kw = dict(hardware=["h100-80gb"], tp=8, mode="split")
     assert api.optimize(small_trace, "llama2-70b", "chat", **kw).plan.cliff
     assert api.optimize(small_trace, "llama2-70b", "chat", cliff=False, **kw).plan.cliff == ()
-    windows = api.plan_windows(small_trace, 60.0, "llama2-70b", "chat", hardware=["h100-80gb"], tp=8)
+    windows = api.plan_windows(60.0, small_trace, "llama2-70b", "chat", hardware=["h100-80gb"], tp=8)
     assert all(p is None or p.cliff == () for p in windows.plans)

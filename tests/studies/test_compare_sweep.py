@@ -41,7 +41,7 @@ def test_shipped_splitwise_designs():
 
 
 def test_iso_power_rates_within_budget_and_ratio(designs, trace):
-    result = api.compare(trace, designs, "iso-power", budget_machines={"h100-80gb": 6}, duration_s=30)
+    result = api.compare(designs, "iso-power", trace, budget_machines={"h100-80gb": 6}, duration_s=30)
     budget_kw = 6 * 10.2
     assert result.budget == {"max_power_kw": pytest.approx(budget_kw)}
     for r in result.designs:
@@ -58,27 +58,27 @@ def test_iso_power_rates_within_budget_and_ratio(designs, trace):
 
 
 def test_iso_throughput_cost_reports_the_traces_rate_and_a_bigger_budget_never_lowers_rate(designs, trace):
-    result = api.compare(trace, designs, "iso-throughput-cost", rate=8.0, duration_s=30)
+    result = api.compare(designs, "iso-throughput-cost", trace, rate=8.0, duration_s=30)
     assert all(r.max_rate_rps == 8.0 and r.plan is not None for r in result.designs)
-    small = api.compare(trace, designs, "iso-cost", max_cost_per_hour=120, duration_s=30)
-    big = api.compare(trace, designs, "iso-cost", max_cost_per_hour=240, duration_s=30)
+    small = api.compare(designs, "iso-cost", trace, max_cost_per_hour=120, duration_s=30)
+    big = api.compare(designs, "iso-cost", trace, max_cost_per_hour=240, duration_s=30)
     for a, b in zip(small.designs, big.designs, strict=True):
         assert b.max_rate_rps >= a.max_rate_rps
 
 
 def test_jobs_do_not_change_the_answer(designs, trace):
-    one = api.compare(trace, designs, "iso-throughput-power", rate=6.0, duration_s=30, jobs=1).to_json()
-    two = api.compare(trace, designs, "iso-throughput-power", rate=6.0, duration_s=30, jobs=2).to_json()
+    one = api.compare(designs, "iso-throughput-power", trace, rate=6.0, duration_s=30, jobs=1).to_json()
+    two = api.compare(designs, "iso-throughput-power", trace, rate=6.0, duration_s=30, jobs=2).to_json()
     assert one == two
 
 
 def test_budget_errors(designs, trace):
     with pytest.raises(SpecError, match="exactly one budget"):
-        api.compare(trace, designs, "iso-power")
+        api.compare(designs, "iso-power", trace)
     with pytest.raises(SpecError, match="choose one of"):
-        api.compare(trace, designs, "iso-speed")
+        api.compare(designs, "iso-speed", trace)
     with pytest.raises(SpecError, match="design 'nope'"):
-        api.compare(trace, designs, "iso-throughput-cost", baseline="nope")
+        api.compare(designs, "iso-throughput-cost", trace, baseline="nope")
 
 
 def test_compare_cli_json_csv_plot(designs, tmp_path):
@@ -107,11 +107,11 @@ def test_bad_designs_file(tmp_path):
 
 
 def test_sweep_designs_and_plan(designs, trace, tmp_path):
-    result = api.sweep(trace, [3.0, 12.0], designs=designs, only=["Split-HH"], duration_s=30)
+    result = api.sweep([3.0, 12.0], trace, designs=designs, only=["Split-HH"], duration_s=30)
     frame = result.to_frame()
     assert list(frame.rate_rps) == [3.0, 12.0] and (frame.cost_per_million_tokens_usd > 0).all()
     assert frame.cost_usd_per_hour.is_monotonic_increasing
-    fixed = api.sweep(trace, [2.0, 20.0], pools=[("prompt", "h100-80gb", 8, 1), ("token", "h100-80gb", 8, 1)],
+    fixed = api.sweep([2.0, 20.0], trace, pools=[("prompt", "h100-80gb", 8, 1), ("token", "h100-80gb", 8, 1)],
                       slo="chat", duration_s=30).to_frame()
     assert fixed.ttft_p99_ms.iloc[1] > fixed.ttft_p99_ms.iloc[0]  # more load, longer queues
     out = tmp_path / "sweep.csv"

@@ -161,7 +161,7 @@ def test_a_subset_of_a_trace_keeps_each_requests_prefix():
     assert np.array_equal(part.prefix.request_node, trace.prefix.request_node[keep])
     assert np.array_equal(part.prompt_tokens, trace.prompt_tokens[keep])
     from splitplan.workflows.studies import plan_windows
-    windows = plan_windows(trace.take(slice(0, 300)), 30.0, "llama3.1-8b", "chat", hardware=["h100-80gb"])
+    windows = plan_windows(30.0, trace.take(slice(0, 300)), "llama3.1-8b", "chat", hardware=["h100-80gb"])
     plans = [p for p in windows.plans if p is not None]
     assert len(plans) > 1
     assert all(pool.prefix_hit_rate is not None for p in plans for pool in p.prompt_pools + p.mixed_pools)
