@@ -41,12 +41,14 @@ if TYPE_CHECKING:
         sweep,
     )
     from splitplan.deploy import Export
+    from splitplan.specs.catalog import Catalog
 
 # Imported on first use, so `import splitplan` (and the CLI's --help) stays fast. The studies and
 # calibration are the library's own functions (splitplan.api's), one signature each.
 _LAZY = {"CalibrateResult": "splitplan.api", "CompareResult": "splitplan.api", "OptimizeResult": "splitplan.api",
          "SimulateResult": "splitplan.api", "SweepResult": "splitplan.api", "Export": "splitplan.deploy",
-         "compare": "splitplan.api", "sweep": "splitplan.api", "plan_windows": "splitplan.api", "calibrate": "splitplan.api"}
+         "compare": "splitplan.api", "sweep": "splitplan.api", "plan_windows": "splitplan.api", "calibrate": "splitplan.api",
+         "Catalog": "splitplan.specs.catalog"}
 
 
 def __getattr__(name: str):
@@ -56,7 +58,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'splitplan' has no attribute {name!r}")
 
 __all__ = ["plan", "simulate", "compare", "sweep", "calibrate", "export", "plan_windows", "workload", "Trace", "load_trace",
-           "resample_poisson", "OptimizeResult", "SimulateResult", "CompareResult", "SweepResult", "CalibrateResult", "Export"]
+           "resample_poisson", "OptimizeResult", "SimulateResult", "CompareResult", "SweepResult", "CalibrateResult", "Export",
+           "Catalog"]
 
 
 def workload(trace=None, rate: float | None = None, duration_s: float = 120.0, seed: int = 0) -> Trace:

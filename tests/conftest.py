@@ -1,7 +1,6 @@
 import os
 from pathlib import Path
 
-import pytest
 from hypothesis import settings
 
 # Vendored (licenses in NOTICE): the tests need no ../shared.
@@ -13,13 +12,3 @@ PERF_DB = DATA / "splitwise_perf_model.csv"
 settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
-
-
-@pytest.fixture(autouse=True)
-def _shipped_catalog_after_each_test():
-    """A CLI run with --catalog leaves its folders set in the process (the next CLI run resets
-    them); a later test that calls the library directly must not look there."""
-    yield
-    from splitplan.specs.catalog import set_user_catalogs, unpin_all
-    set_user_catalogs([])
-    unpin_all()

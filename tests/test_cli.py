@@ -562,22 +562,19 @@ def test_long_work_reports_progress_in_a_log(monkeypatch, capsys):
 def test_a_user_catalog_is_searched_before_the_shipped_one(tmp_path, monkeypatch):
     """After a non-editable install the shipped catalog is inside the package: users add
     entries in their own folder, by --catalog DIR or SPLITPLAN_PATH."""
-    from splitplan.specs.catalog import data_dir, set_user_catalogs
+    from splitplan.specs.catalog import data_dir
     (tmp_path / "hardware_specs").mkdir()
     text = (data_dir("hardware_specs") / "h200-141gb.yaml").read_text()
     (tmp_path / "hardware_specs" / "my-h200.yaml").write_text(text.replace("price_usd_per_hour: 36.0", "price_usd_per_hour: 20.0"))
-    try:
-        listed = json.loads(run("--catalog", str(tmp_path), "hardware", "list", "--format", "json").stdout)
-        assert {h["name"]: h["price_usd_per_hour"] for h in listed}["my-h200"] == 20.0
-        assert run("hardware", "list", "--format", "json").stdout.count("my-h200") == 0  # only when asked
-        monkeypatch.setenv("SPLITPLAN_PATH", str(tmp_path))
-        plan = json.loads(run("optimize", "--hardware", "my-h200", "--tp", "8", "--rate", "2", "--duration", "20",
-                              "--format", "json").stdout)["plan"]
-        assert plan["cost_usd_per_hour"] == 20.0
-        bad = run("--catalog", str(tmp_path / "nope"), "hardware", "list")
-        assert bad.exit_code == 2 and "--catalog" in bad.stderr
-    finally:
-        set_user_catalogs([])
+    listed = json.loads(run("--catalog", str(tmp_path), "hardware", "list", "--format", "json").stdout)
+    assert {h["name"]: h["price_usd_per_hour"] for h in listed}["my-h200"] == 20.0
+    assert run("hardware", "list", "--format", "json").stdout.count("my-h200") == 0  # only when asked
+    monkeypatch.setenv("SPLITPLAN_PATH", str(tmp_path))
+    plan = json.loads(run("optimize", "--hardware", "my-h200", "--tp", "8", "--rate", "2", "--duration", "20",
+                          "--format", "json").stdout)["plan"]
+    assert plan["cost_usd_per_hour"] == 20.0
+    bad = run("--catalog", str(tmp_path / "nope"), "hardware", "list")
+    assert bad.exit_code == 2 and "--catalog" in bad.stderr
 
 
 @pytest.mark.parametrize("command,wider", [

@@ -110,6 +110,7 @@ RAY_HELP = "Ray cluster: auto (the running one) or ray://HOST:10001; without it 
 
 
 _DEBUG = {"on": False}
+_CATALOG: dict[str, tuple] = {"folders": ()}  # --catalog, for the command the root callback precedes
 
 
 def _print_version(value: bool) -> None:
@@ -130,10 +131,10 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for
               help="Tables at full width (default: at most 120 columns, text cells wrapped).")) -> None:
     _DEBUG["on"] = debug
     report.set_wide(wide)
-    from splitplan.specs.catalog import set_user_catalogs, unpin_all
-    unpin_all()  # (specs a plan read in an earlier invocation of this process carried)
+    from splitplan.specs.catalog import Catalog
     try:
-        set_user_catalogs(catalog)
+        Catalog.of(catalog)  # (checked here: exit 2 before any command)
+        _CATALOG["folders"] = tuple(catalog)
     except SplitplanError as exc:
         echo_error(str(exc))
         raise typer.Exit(exc.exit_code) from None
@@ -211,8 +212,10 @@ def _number(value: float) -> str:
 def user_errors(command: Callable) -> Callable:
     """Check the numeric options' bounds, then map SplitplanError to one `error: ...` line on
     stderr and its exit code (a failed write to stdout too: `error: cannot write output: ...`),
-    and Ctrl-C to `error: interrupted` and exit code 130. The specs a plan.json pins hold for the
-    command, not after it (catalog.pins_held: a command run in a process, as tests and scripts do)."""
+    and Ctrl-C to `error: interrupted` and exit code 130. The command runs with --catalog's folders
+    in effect (catalog.Catalog.of); a plan.json it reads (`read_plan`) puts the plan's specs in
+    effect for the rest of the command, not after it (a command run in a process, as tests and
+    scripts do)."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -220,7 +223,7 @@ def user_errors(command: Callable) -> Callable:
         sys.stdout = _GuardedOutput(real)
         try:
             check_bounds(command, kwargs)
-            with warnings.catch_warnings(), catalog.pins_held():
+            with warnings.catch_warnings(), catalog.Catalog.of(_CATALOG["folders"]).active():
                 warnings.simplefilter("always", InputWarning)
                 warnings.showwarning = _warn_line  # (restored on leaving: the library's warnings as one line each)
                 result = command(*args, **kwargs)
@@ -445,7 +448,9 @@ def read_plan(path: Path, option: str = "--plan") -> tuple[list[Pool], dict]:
     """Pools and inputs of a plan.json (plan_document.read: checked whole, its specs pinned);
     its notes (a catalog entry that changed since the plan was made) on stderr."""
     from splitplan.io import plan_document
+    from splitplan.specs.catalog import activate
     plan = plan_document.read(path, option)
+    activate(plan.catalog)  # (for the rest of the command: user_errors' catalog block ends it)
     for note in plan.notes:
         typer.echo(f"note: {printable(note)}", err=True)
     return plan.pools, plan.inputs

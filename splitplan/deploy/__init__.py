@@ -23,7 +23,6 @@ from pathlib import Path
 from splitplan.base.defaults import MAX_BATCH_TOKENS
 from splitplan.base.errors import SpecError
 from splitplan.base.inputs import excerpt, printable
-from splitplan.specs import catalog
 from splitplan.specs.engine import BYTES, EngineProfile, load_engine
 from splitplan.specs.hardware import HardwareSpec, label_key_ok, label_value_ok, load_hardware
 from splitplan.specs.layout import Layout
@@ -337,8 +336,8 @@ def export_plan(plan: str | Path, target: str, backend: str | None = None, model
     on it (deploy.schedule), from `schedule_start` in `timezone`, running `outside` (peak, min or zero)
     in the hours no window covers; the notes then say what runs there."""
     from splitplan.io import plan_document
-    with catalog.pins_held():  # (the plan's specs while it is exported, not after)
-        read = plan_document.read(Path(plan), option)
+    read = plan_document.read(Path(plan), option)
+    with read.catalog.active():  # (the plan's specs while it is exported)
         dep = deployment(read.pools, read.inputs, str(plan), model_id, node_selector, model_cache_pvc)
         out = export(dep, target, backend, image, scaled=schedule is not None)
         if schedule is None:

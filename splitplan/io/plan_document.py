@@ -23,6 +23,7 @@ from splitplan.base import limits
 from splitplan.base.defaults import MAX_BATCH_TOKENS
 from splitplan.base.errors import SpecError, SplitplanError
 from splitplan.base.inputs import excerpt, parse_document, read_text
+from splitplan.specs.catalog import Catalog, current
 from splitplan.specs.layout import MAX_GPUS, Layout, parse_layout
 from splitplan.specs.roles import Pool, Role
 
@@ -323,11 +324,13 @@ def with_specs(doc: dict) -> dict:
 
 class Plan:
     """A plan.json as read: its pools `(role, hardware, layout, machines, instances, shared)` (the
-    last two None but on shared machines), its inputs, and notes on the specs it carries (a
-    catalog entry that differs from the plan's copy)."""
+    last two None but on shared machines), its inputs, notes on the specs it carries (a catalog
+    entry that differs from the plan's copy) and the catalog its pools resolve in (the one it was
+    read in, with the plan's copies of its specs: `with plan.catalog.active():`)."""
 
-    def __init__(self, doc: PlanDocument, notes: list[str]):
+    def __init__(self, doc: PlanDocument, notes: list[str], catalog: Catalog):
         self.document = doc
+        self.catalog = catalog
         self.pools = [Pool(Role(role), p.hardware, p.parallel, p.machines,
                                   *((p.instances, p.shared) if p.shared is not None else ()))
                       for role, p in doc.plan.pools()]
@@ -336,9 +339,9 @@ class Plan:
 
 
 def read(path: Path, option: str = "--plan") -> Plan:
-    """The plan at `path`, checked whole; its specs are used in place of the catalog's entries of
-    the same names (catalog.pin) from here on, or until the `catalog.pins_held()` block it is read
-    in ends. SpecError naming `option`, the file and the key."""
+    """The plan at `path`, checked whole, with the catalog in effect plus the specs it carries
+    (`Plan.catalog`: they are used in place of the entries of the same names where it is active).
+    SpecError naming `option`, the file and the key."""
     from splitplan.specs._load import validation_message
     where = f"{option} {excerpt(path, 200)}"
     try:
@@ -358,13 +361,12 @@ def read(path: Path, option: str = "--plan") -> Plan:
         doc = PlanDocument.model_validate(raw)
     except ValidationError as exc:
         raise SpecError(f"{where}: {validation_message(PlanDocument, exc)}") from None
-    return Plan(doc, _pin(doc.specs, where) if doc.specs else [])
+    return Plan(doc, *_pinned(doc.specs, where)) if doc.specs else Plan(doc, [], current())
 
 
-def _pin(specs: Specs, where: str) -> list[str]:
+def _pinned(specs: Specs, where: str) -> tuple[list[str], Catalog]:
     """Check each carried spec (its SHA-256, that it loads), note where the catalog's entry of
-    that name differs, and pin the copies."""
-    from splitplan.specs import catalog
+    that name differs; the catalog in effect with the copies in place of its entries."""
     notes, held = [], []
     for kind, copies in specs.model_dump().items():
         for name, copy in copies.items():
@@ -373,22 +375,17 @@ def _pin(specs: Specs, where: str) -> list[str]:
                 raise SpecError(f"{where}: {key}: the spec is not the one its sha256 names (edited since written); "
                                 "run `splitplan optimize --output-dir` again")
             try:
-                current = digest(_dump(kind, name))
+                entry = digest(_dump(kind, name))
             except SplitplanError:
-                current = None  # not in this catalog: the plan's copy is all there is
-            if current is not None and current != copy["sha256"]:
+                entry = None  # not in this catalog: the plan's copy is all there is
+            if entry is not None and entry != copy["sha256"]:
                 notes.append(f"{kind} {excerpt(name)} differs in the catalog from the copy the plan was made with; "
                              "using the plan's copy (re-plan to use the catalog's)")
             spec = copy["spec"]
             if kind == "engine" and "scheduler" not in spec:  # written before schedulers were named: whole prompts first
                 spec = {**spec, "scheduler": "prefill-priority"}
             held.append((kind, name, spec, f"{where}#{key}"))
-    for kind, name, spec, origin in held:
-        catalog.pin(KINDS[kind], name, spec, origin)
-    try:
+    with current().with_pins([(KINDS[kind], name, spec, origin) for kind, name, spec, origin in held]).active() as pins:
         for kind, name, _, _ in held:
             _loader(kind)(name)
-    except SplitplanError:
-        catalog.unpin_all()
-        raise
-    return notes
+    return notes, pins

@@ -69,7 +69,7 @@ def load_spec(model: type[M], path: Path, data: dict[str, Any] | None = None) ->
 
 
 def load_named(model: type[M], kind: str, name_or_path: str, what: str) -> tuple[M, Path]:
-    """A spec a plan carries (catalog.pin), a catalog entry (by name, from the `kind` folder;
+    """A spec a plan carries (Catalog.pinned), a catalog entry (by name, from the `kind` folder;
     its `name`, where written, is its file's) or a user file (by path, named after its file
     unless it names itself); returns the spec and its path."""
     held = pinned(kind, name_or_path)

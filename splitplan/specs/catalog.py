@@ -3,18 +3,26 @@
 A catalog kind (`hardware_specs`, `model_specs`, `engine_profiles`, `slo_profiles`,
 `designs`) is searched in the user's catalog folders first, then in the shipped one. A user
 folder has the shipped layout (`DIR/hardware_specs/my-gpu.yaml`, ...) and comes from
-`--catalog DIR` (set_user_catalogs) and the `SPLITPLAN_PATH` environment variable (folders
-separated by the OS path separator, `:` on Linux), in that order; a user entry with a shipped
-entry's name takes its place.
+`--catalog DIR` and the `SPLITPLAN_PATH` environment variable (folders separated by the OS path
+separator, `:` on Linux), in that order; a user entry with a shipped entry's name takes its place.
+Specs a plan carries (plan_document) are used in place of entries of the same names.
+
+A `Catalog` is a value: its folders and the plan's specs. The loaders read the one in effect
+(`current()`: the one a block made active, else the folders of SPLITPLAN_PATH), each caching
+what it loaded per catalog; nothing is set process-wide.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
+import json
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -36,28 +44,94 @@ def data_dir(kind: str) -> Path:
     return Path(__file__).resolve().parents[2] / kind
 
 
-_USER_DIRS: list[Path] = []  # from --catalog
+@dataclass(frozen=True)
+class Catalog:
+    """Where specs come from: user folders searched in order before the shipped ones, and the
+    specs a plan carries (`pins`: kind, name, the spec as JSON, where it comes from), used in
+    place of entries of the same names. Made by `Catalog.of` and `with_pins`; in effect inside
+    `with catalog.active():`."""
+
+    folders: tuple[Path, ...] = ()
+    pins: tuple[tuple[str, str, str, str], ...] = ()
+
+    @classmethod
+    def of(cls, folders: Sequence[str | Path] = ()) -> Catalog:
+        """`folders` (`--catalog`), then SPLITPLAN_PATH's."""
+        for d in folders:
+            if not Path(d).is_dir():
+                raise SpecError(f"--catalog {d}: not a folder; give a folder holding hardware_specs/, model_specs/, ...")
+        return cls(tuple(Path(d) for d in folders) + _env_folders(os.environ.get("SPLITPLAN_PATH", "")))
+
+    def with_pins(self, held: Sequence[tuple[str, str, dict, str]]) -> Catalog:
+        """This catalog with specs (kind, name, spec, origin) used in place of its entries."""
+        kept = {(k, n): (k, n, j, o) for k, n, j, o in self.pins}
+        kept.update({(k, n): (k, n, json.dumps(spec, sort_keys=True), o) for k, n, spec, o in held})
+        return replace(self, pins=tuple(kept.values()))
+
+    def search_dirs(self, kind: str) -> list[Path]:
+        """Where entries of `kind` are looked up, first match wins."""
+        return [d / kind for d in self.folders if _is_dir(d / kind)] + [data_dir(kind)]
+
+    def pinned(self, kind: str, name: str) -> tuple[dict, str] | None:
+        """A plan's copy of the `kind` entry `name` (its spec, where it comes from), or None."""
+        return next(((json.loads(spec), origin) for k, n, spec, origin in self.pins if (k, n) == (kind, name)), None)
+
+    def names(self, kind: str) -> list[str]:
+        return sorted({p.stem for folder in self.search_dirs(kind) for p in _entries(folder)}
+                      | {n for k, n, _, _ in self.pins if k == kind})
+
+    @contextmanager
+    def active(self) -> Iterator[Catalog]:
+        """This catalog in effect inside the block (in this thread or task), the one before after it."""
+        token = _CURRENT.set(self)
+        try:
+            yield self
+        finally:
+            _CURRENT.reset(token)
 
 
-def set_user_catalogs(dirs: Sequence[str | Path]) -> None:
-    """Catalog folders searched before SPLITPLAN_PATH's and the shipped ones (`--catalog`)."""
-    for d in dirs:
-        if not Path(d).is_dir():
-            raise SpecError(f"--catalog {d}: not a folder; give a folder holding hardware_specs/, model_specs/, ...")
-    _USER_DIRS[:] = [Path(d) for d in dirs]
-    _clear_caches()
+_CURRENT: ContextVar[Catalog | None] = ContextVar("splitplan_catalog", default=None)
 
 
-def _clear_caches() -> None:
-    from splitplan.specs import design, engine, hardware, model, slo
-    for loader in (hardware.load_hardware, model.load_model, engine.load_engine, slo.load_slo, design.load_designs):
-        loader.cache_clear()
+@functools.lru_cache(maxsize=8)
+def _env_folders(value: str) -> tuple[Path, ...]:
+    return tuple(Path(d) for d in value.split(os.pathsep) if d)
+
+
+@functools.lru_cache(maxsize=8)
+def _default(value: str) -> Catalog:
+    return Catalog(_env_folders(value))
+
+
+def current() -> Catalog:
+    """The catalog in effect: the one made active, else SPLITPLAN_PATH's folders and the shipped ones."""
+    active = _CURRENT.get()
+    return active if active is not None else _default(os.environ.get("SPLITPLAN_PATH", ""))
+
+
+def per_catalog(maxsize: int) -> Callable:
+    """A loader of specs by name or path, cached per catalog in effect (the name resolves to
+    another entry in another catalog)."""
+    def wrap(load: Callable) -> Callable:
+        cached = functools.lru_cache(maxsize)(lambda catalog, name: load(name))
+
+        @functools.wraps(load)
+        def loader(name_or_path):
+            return cached(current(), name_or_path)
+        loader.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+        return loader
+    return wrap
+
+
+def activate(catalog: Catalog) -> None:
+    """`catalog` in effect until the innermost `active()` block around this call ends (where
+    that block began, the catalog before it is restored); the CLI runs each command in one."""
+    _CURRENT.set(catalog)
 
 
 def search_dirs(kind: str) -> list[Path]:
-    """Where entries of `kind` are looked up, first match wins."""
-    env = [Path(d) for d in os.environ.get("SPLITPLAN_PATH", "").split(os.pathsep) if d]
-    return [d / kind for d in _USER_DIRS + env if _is_dir(d / kind)] + [data_dir(kind)]
+    """Where entries of `kind` are looked up in the catalog in effect."""
+    return current().search_dirs(kind)
 
 
 def _is_dir(folder: Path) -> bool:
@@ -98,7 +172,7 @@ def _require_readable(path: Path) -> None:
 
 
 def catalog_names(kind: str) -> list[str]:
-    return sorted({p.stem for folder in search_dirs(kind) for p in _entries(folder)} | set(_PINNED.get(kind, {})))
+    return current().names(kind)
 
 
 def is_path(name_or_path: str) -> bool:
@@ -108,36 +182,9 @@ def is_path(name_or_path: str) -> bool:
     return path.suffix in _SUFFIXES or path.parent != Path(".")
 
 
-# Specs a plan carries (plan_document): (data, where they come from) by kind and name, used in
-# place of the catalog's entries of those names while the plan is read.
-_PINNED: dict[str, dict[str, tuple[dict, str]]] = {}
-
-
-def pin(kind: str, name: str, data: dict, origin: str) -> None:
-    _PINNED.setdefault(kind, {})[name] = (data, origin)
-    _clear_caches()
-
-
-def unpin_all() -> None:
-    _PINNED.clear()
-    _clear_caches()
-
-
 def pinned(kind: str, name: str) -> tuple[dict, str] | None:
-    return _PINNED.get(kind, {}).get(name)
-
-
-@contextmanager
-def pins_held() -> Iterator[None]:
-    """Specs pinned inside the block (a plan read there) hold until it ends; then the pins are
-    those before it, so a library call that reads a plan leaves the catalog as it found it."""
-    saved = {kind: dict(names) for kind, names in _PINNED.items()}
-    try:
-        yield
-    finally:
-        _PINNED.clear()
-        _PINNED.update(saved)
-        _clear_caches()
+    """A plan's copy of an entry in the catalog in effect (Catalog.pinned)."""
+    return current().pinned(kind, name)
 
 
 def suggest(name: str, choices: list[str]) -> str:

@@ -7,13 +7,13 @@ every degree that fits is tried.
 
 from __future__ import annotations
 
-import functools
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from splitplan.base.errors import SpecError
 from splitplan.specs._load import load_named
+from splitplan.specs.catalog import per_catalog
 from splitplan.specs.hardware import load_hardware
 
 
@@ -62,7 +62,7 @@ class Designs(BaseModel):
         raise SpecError(f"design '{name}' is not in {self.name}; choose one of {', '.join(d.name for d in self.designs)}")
 
 
-@functools.lru_cache(maxsize=64)
+@per_catalog(maxsize=64)
 def load_designs(name_or_path: str) -> Designs:
     designs, path = load_named(Designs, "designs", name_or_path, "designs")
     for d in designs.designs:

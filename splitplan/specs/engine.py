@@ -10,7 +10,6 @@ override use the profile's defaults.
 
 from __future__ import annotations
 
-import functools
 from typing import Annotated, Any, Literal, get_args
 
 import numpy as np
@@ -20,7 +19,7 @@ from splitplan.base.defaults import MAX_BATCH_TOKENS
 from splitplan.base.errors import SpecError
 from splitplan.base.inputs import excerpt
 from splitplan.specs._load import load_named
-from splitplan.specs.catalog import catalog_names
+from splitplan.specs.catalog import catalog_names, per_catalog
 from splitplan.specs.hardware import KernelEngine
 
 # The precisions weights and the KV cache may be stored in (--weights, --kv-cache).
@@ -221,7 +220,7 @@ def engine_spec(engine: str, weights: str | None = None, kv: str | None = None) 
     return f"{base}@" + ",".join(f"{k}={v}" for k, v in sorted(merged.items()))
 
 
-@functools.lru_cache(maxsize=256)
+@per_catalog(maxsize=256)
 def load_engine(name_or_path: str) -> EngineProfile:
     """A profile by name or path, with `@weights=...,kv=...` precisions applied (`engine_spec`)."""
     base, _, options = name_or_path.partition("@")

@@ -7,7 +7,6 @@ Every figure carries a source and a date.
 
 from __future__ import annotations
 
-import functools
 import re
 from itertools import pairwise
 from typing import Annotated, Literal
@@ -16,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from splitplan.base.errors import SpecError
 from splitplan.specs._load import load_named
-from splitplan.specs.catalog import catalog_names, pinned
+from splitplan.specs.catalog import catalog_names, per_catalog, pinned
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
 Frac = Annotated[float, Field(gt=0, le=1)]
@@ -361,7 +360,7 @@ def _divisors(n: int) -> list[int]:
 _SHAPE = re.compile(r"^(.+)@(\d{1,4})$")
 
 
-@functools.lru_cache(maxsize=256)
+@per_catalog(maxsize=256)
 def load_hardware(name_or_path: str) -> HardwareSpec:
     """A machine type by catalog name or path; `NAME@G` is its shape of G GPUs (a plan's copy of
     a shape, where a plan is read, is used as it is)."""

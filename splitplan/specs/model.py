@@ -9,7 +9,6 @@ mapped to the Llama-style names. The FFN is gated (SwiGLU, 3 matrices) when
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -19,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from splitplan.base.errors import SpecError
 from splitplan.base.inputs import excerpt
 from splitplan.specs._load import load_spec, of_kind, read_entry, read_mapping
-from splitplan.specs.catalog import catalog_names, is_path, pinned, resolve
+from splitplan.specs.catalog import catalog_names, is_path, per_catalog, pinned, resolve
 
 _ALIASES = {
     "n_layer": "num_hidden_layers",
@@ -249,7 +248,7 @@ def _canonical(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@functools.lru_cache(maxsize=256)
+@per_catalog(maxsize=256)
 def load_model(name_or_path: str) -> ModelSpec:
     held = pinned("model_specs", name_or_path)
     if held is not None:  # a spec a plan carries (as read: canonicalized below)

@@ -6,7 +6,6 @@ consecutive tokens (percentiles over all gaps of all requests), and `tpot`, per 
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 from typing import Annotated
@@ -15,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from splitplan.base.errors import SpecError
 from splitplan.specs._load import load_named
+from splitplan.specs.catalog import per_catalog
 from splitplan.specs.hardware import load_hardware
 
 _PCT = re.compile(r"^p(\d+(?:\.\d+)?)$")
@@ -139,7 +139,7 @@ class SloLine:
         return f"{value:,.4g} ms" if self.unit == "ms" else f"{value:.3g}x"
 
 
-@functools.lru_cache(maxsize=256)
+@per_catalog(maxsize=256)
 def load_slo(name_or_path: str) -> SloProfile:
     profile, path = load_named(SloProfile, "slo_profiles", name_or_path, "SLO profile")
     if profile.reference is not None:

@@ -165,10 +165,9 @@ def simulate_plan(plan: str | os.PathLike, trace=None, rate: float | None = None
 
     from splitplan.base.errors import InputWarning
     from splitplan.io import plan_document
-    from splitplan.specs import catalog
     from splitplan.workflows.simulation import simulate_pools
-    with catalog.pins_held():  # (the plan's specs while it is simulated, not after)
-        document = plan_document.read(Path(plan), "plan")
+    document = plan_document.read(Path(plan), "plan")
+    with document.catalog.active():  # (the plan's specs while it is simulated)
         for note in document.notes:
             warnings.warn(note, InputWarning, stacklevel=2)
         echo = document.inputs

@@ -219,3 +219,31 @@ def test_shape_counts_must_pack(tmp_path):
     text = Path(catalog_path("gb200-nvl72")).read_text()
     with pytest.raises(SpecError, match="rack-scale machine"):
         load_hardware(_write(tmp_path, "rack.yaml", text + "\nshapes:\n" + SHAPE.format(gpus=2)))
+
+
+def test_a_catalog_is_a_value_in_effect_only_where_it_is_active(tmp_path):
+    """Issue 56, item 4: a user folder whose entry has a shipped entry's name takes its place only
+    inside `with catalog.active():` (nested blocks restore the outer one; another thread sees the
+    shipped catalog meanwhile), and each catalog's loads are cached apart."""
+    import threading
+
+    from splitplan.specs.catalog import Catalog, current, data_dir
+    (tmp_path / "hardware_specs").mkdir()
+    text = (data_dir("hardware_specs") / "h100-80gb.yaml").read_text()
+    (tmp_path / "hardware_specs" / "h100-80gb.yaml").write_text(text.replace("price_usd_per_hour: 38.0", "price_usd_per_hour: 1.0"))
+    shipped = load_hardware("h100-80gb").price_usd_per_hour
+    mine = Catalog.of([tmp_path])
+    seen = []
+    with mine.active():
+        assert load_hardware("h100-80gb").price_usd_per_hour == 1.0 and current() == mine
+        with Catalog.of().active():
+            assert load_hardware("h100-80gb").price_usd_per_hour == shipped
+        assert load_hardware("h100-80gb").price_usd_per_hour == 1.0
+        other = threading.Thread(target=lambda: seen.append(load_hardware("h100-80gb").price_usd_per_hour))
+        other.start()
+        other.join()
+    assert seen == [shipped] and load_hardware("h100-80gb").price_usd_per_hour == shipped
+    pinned = mine.with_pins([("hardware_specs", "h100-80gb", {**load_hardware("h100-80gb").model_dump(mode="json"),
+                                                                 "price_usd_per_hour": 2.0}, "a plan")])
+    with pinned.active():  # (a plan's copy in place of the folder's entry)
+        assert load_hardware("h100-80gb").price_usd_per_hour == 2.0
