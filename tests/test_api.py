@@ -137,3 +137,19 @@ def test_one_entry_layer_a_name_is_one_function():
     shared = set(splitplan.__all__) & set(api.__all__)
     assert {"compare", "sweep", "calibrate", "plan_windows", "OptimizeResult"} <= shared
     assert all(getattr(splitplan, name) is getattr(api, name) for name in shared)
+
+
+def test_loaded_specs_are_taken_where_names_are():
+    """A model, SLO profile and engine profile loaded (from any file) are passed as they are where
+    a catalog name is taken: the same plan and simulation as by name."""
+    from splitplan import api
+    from splitplan.specs.engine import load_engine
+    from splitplan.specs.model import load_model
+    from splitplan.specs.slo import load_slo
+    trace = splitplan.workload(rate=4, duration_s=30)
+    by_name = api.optimize(trace, "llama3.1-8b", "chat", ["h100-80gb"], engine="vllm", jobs=1)
+    loaded = dict(model=load_model("llama3.1-8b"), slo=load_slo("chat"), engine=load_engine("vllm"))
+    by_spec = api.optimize(trace, loaded["model"], loaded["slo"], ["h100-80gb"], engine=loaded["engine"], jobs=1)
+    assert by_spec.plan == by_name.plan
+    assert (splitplan.simulate(by_spec.plan, trace, **loaded).summary
+            == splitplan.simulate(by_name.plan, trace, "llama3.1-8b", "chat", engine="vllm").summary)

@@ -26,6 +26,8 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from splitplan.base.errors import SpecError
 from splitplan.base.inputs import excerpt, printable
 
@@ -111,12 +113,14 @@ def current() -> Catalog:
 
 def per_catalog(maxsize: int) -> Callable:
     """A loader of specs by name or path, cached per catalog in effect (the name resolves to
-    another entry in another catalog)."""
+    another entry in another catalog); a spec already loaded is taken as it is."""
     def wrap(load: Callable) -> Callable:
         cached = functools.lru_cache(maxsize)(lambda catalog, name: load(name))
 
         @functools.wraps(load)
         def loader(name_or_path):
+            if isinstance(name_or_path, BaseModel):  # (a spec, loaded)
+                return name_or_path
             return cached(current(), name_or_path)
         loader.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
         return loader
