@@ -70,8 +70,8 @@ def run_case(trace, label, rate, hardware, slo, model="llama2-70b", engine="lean
     predicted = {line.label: value for line, value, _ in plan.slo}
     lines = []
     for row in sim.summary.slo:
-        p, s = predicted.get(row["line"]), row["achieved"]
-        lines.append((row["line"], p, s, row["met"], None if p is None or s is None else relative(p, s)))
+        p, s = predicted.get(row.line), row.achieved
+        lines.append((row.line, p, s, row.met, None if p is None or s is None else relative(p, s)))
     return {"case": (label, rate, "+".join(hardware), slo), "plan": plan_text(plan), "added": added,
             "lines": lines, "seconds": time.perf_counter() - start}
 

@@ -1,5 +1,6 @@
 """The Python API documented in docs/API.md."""
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -38,8 +39,8 @@ def test_optimize_closed_loop_keeps_only_plans_whose_closed_loop_met_the_slo(mon
 
     def missing(*args, **kwargs):  # the simulation misses one line: no plan may be returned
         out = real(*args, **kwargs)
-        out.summary.slo[0]["met"] = False
-        return out
+        missed = dataclasses.replace(out.summary.slo[0], met=False)
+        return dataclasses.replace(out, summary=dataclasses.replace(out.summary, slo=(missed, *out.summary.slo[1:])))
 
     work = closed_loop_workload(None, 8, None, 1024, 64)
     kwargs = dict(hardware=["h100-80gb"], engine="lean-fp8")

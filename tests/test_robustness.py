@@ -73,7 +73,7 @@ def test_a_request_beyond_the_context_window_is_left_out_by_the_planner_and_refu
     sim = api.simulate_pools(trace, api.plan_pools(result.plan), "llama2-70b", "chat")
     assert sim.summary.refused_context == int(beyond.sum()) and sim.summary.rejected_kv == 0
     assert np.isnan(sim.result.ttft_s[beyond]).all() and np.isfinite(sim.result.e2e_s[~beyond]).all()
-    assert all(line["met"] for line in sim.summary.slo)  # the refused are reported apart, as the planner leaves them out
+    assert all(line.met for line in sim.summary.slo)  # the refused are reported apart, as the planner leaves them out
 
 
 def test_slo_only_one_machine_type_meets(tmp_path):

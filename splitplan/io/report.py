@@ -336,15 +336,10 @@ def file_names(source: str) -> str:
     return PurePath(path).name + rest
 
 
-def slo_rows(lines: list[dict]) -> list[tuple]:
-    """Table rows of a simulated SLO report: line, target and achieved with their unit,
-    attainment, met."""
-    from splitplan.specs.slo import SloLine
-    rows = []
-    for x in lines:
-        line = SloLine.from_json(x)
-        rows.append((x["line"], line.target, line.text(x["achieved"]), x["attainment_pct"], "yes" if x["met"] else "NO"))
-    return rows
+def slo_rows(lines) -> list[tuple]:
+    """Table rows of a simulated SLO report (SloLineResult): line, target and achieved with their
+    unit, attainment, met."""
+    return [(x.line, x.slo_line.target, x.slo_line.text(x.achieved), x.attainment_pct, "yes" if x.met else "NO") for x in lines]
 
 
 def candidates_csv(result) -> str:

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from splitplan.sim.metrics import SloLineResult
 
 
 class _Document:
@@ -72,7 +76,7 @@ class Validation(_Document):
     itl_ms: dict
     tpot_ms: dict
     e2e_ms: dict
-    slo: list[dict]
+    slo: tuple[SloLineResult, ...]
     machines_added: int
 
 
@@ -97,7 +101,7 @@ class ClosedLoop(_Document):
     concurrency: int
     rounds: tuple[ClosedLoopRound, ...]
     benchmark: dict
-    slo: list[dict]
+    slo: tuple[SloLineResult, ...]
     throughput_rps: float
     machines_removed: int
     warmup_requests: int

@@ -19,7 +19,7 @@ from splitplan.base import csv_text
 from splitplan.perf.slo import Reference, achieved, attainment_pct, meets
 from splitplan.sim.cluster import PoolSpec, SimResult
 from splitplan.specs.roles import Role
-from splitplan.specs.slo import SloProfile
+from splitplan.specs.slo import SloLine, SloProfile
 
 PCTS = (50, 90, 99)
 
@@ -50,7 +50,30 @@ def benchmark_report(result: SimResult, pools: list[PoolSpec]) -> dict:
             "output_tokens_per_s_per_gpu": result.tokens_out / span / max(gpus, 1)}
 
 
-def slo_report(result: SimResult, slo: SloProfile, reference: Reference | None) -> list[dict]:
+@dataclass(frozen=True)
+class SloLineResult:
+    """One SLO line in a simulation: the line (its label, metric, percentile, target and unit),
+    the value achieved (None where no request has one), whether it was met, and the share of
+    requests (gaps, for ITL) within its limit."""
+
+    line: str
+    metric: str
+    percentile: float
+    target: float
+    unit: str
+    achieved: float | None
+    met: bool
+    attainment_pct: float
+
+    @property
+    def slo_line(self) -> SloLine:
+        return SloLine.from_json(dataclasses.asdict(self))
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def slo_report(result: SimResult, slo: SloProfile, reference: Reference | None) -> tuple[SloLineResult, ...]:
     """Per SLO line: target, achieved percentile, met, and the share of requests within it, over
     the requests the engine takes (those over its max_model_len are refused and reported apart,
     as the planner leaves them out). Rejected requests (KV never fits) count as misses."""
@@ -60,10 +83,10 @@ def slo_report(result: SimResult, slo: SloProfile, reference: Reference | None) 
     for line in slo.lines():
         keep = None if line.metric == "itl" else served  # (gaps, not requests)
         value = achieved(line, values[line.metric], reference, keep)
-        out.append({"line": line.label, "metric": line.metric, "percentile": line.percentile, "target": line.limit,
-                    "unit": line.unit, "achieved": value if np.isfinite(value) else None,
-                    "met": meets(line, value), "attainment_pct": attainment_pct(line, values[line.metric], reference, keep)})
-    return out
+        out.append(SloLineResult(line.label, line.metric, line.percentile, line.limit, line.unit,
+                                 value if np.isfinite(value) else None, meets(line, value),
+                                 attainment_pct(line, values[line.metric], reference, keep)))
+    return tuple(out)
 
 
 DECODE_SHARE_OF_TDP = 0.55  # a decode-only iteration's draw where the catalog has no figure (splitplan's assumption)
@@ -159,7 +182,7 @@ class SimulationSummary:
     transfer_ms: dict
     decode_queue_ms: dict
     benchmark: dict  # benchmark_report's
-    slo: list[dict]  # per line (slo_report): its value, limit and whether it was met
+    slo: tuple[SloLineResult, ...]  # per line (slo_report): its value, limit and whether it was met
     pools: list[dict]  # pool_report's rows
     borrowed: dict  # the mixed pool's moves
     energy_kwh: float
@@ -175,7 +198,7 @@ class SimulationSummary:
 
     @property
     def slo_met(self) -> bool:
-        return all(line["met"] for line in self.slo)
+        return all(line.met for line in self.slo)
 
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)

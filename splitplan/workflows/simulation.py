@@ -228,12 +228,12 @@ def validate(plan, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, pe
     pools, spares = plan_pools(plan), _spares(plan)
     for added in range(limit + 1):
         sim = setup.simulate(trace, in_service(pools, spares))
-        failed = [s for s in sim.summary.slo if not s["met"]]
+        failed = [s for s in sim.summary.slo if not s.met]
         if not failed:
             break
         if added == limit:
-            raise InfeasibleError(f"the simulated plan still misses {failed[0]['line']} after {limit} added machines")
-        _grow(pools, _role_to_grow(pools, failed[0]["metric"], sim.result))
+            raise InfeasibleError(f"the simulated plan still misses {failed[0].line} after {limit} added machines")
+        _grow(pools, _role_to_grow(pools, failed[0].metric, sim.result))
     removed = 0
     if setup.borrow_threshold_tokens is not None and not added and all(p.role != Role.MIXED for p in pools):
         pools, sim, removed = trim(trace, pools, sim, setup, limit, spares=spares)
@@ -332,7 +332,7 @@ def _at_max_rate(plan, trace, setup: Setup):
     if plan.max_rate_rps is None:
         return plan
     sim = setup.simulate(trace.at_rate(plan.max_rate_rps), plan_pools(plan))
-    return dataclasses.replace(plan, max_rate_simulated={"slo_met": sim.slo_met, "slo": sim.summary.slo})
+    return dataclasses.replace(plan, max_rate_simulated={"slo_met": sim.slo_met, "slo": [x.to_json() for x in sim.summary.slo]})
 
 
 def simulate_plans(plans, trace, model: str, slo: str, engine: str = DEFAULT_ENGINE, perf_db: str | None = None,
@@ -381,7 +381,7 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
             break
         rate = following
     if best is None:
-        missed = ", ".join(line["line"] for line in sim.summary.slo if not line["met"])
+        missed = ", ".join(line.line for line in sim.summary.slo if not line.met)
         raise InfeasibleError(f"no plan met the SLO in a closed loop of {concurrency} clients: the plan for "
                               f"{rounds_out[0].planned_rate_rps:.3g} req/s ({rounds_out[0].plan}) missed {missed}")
     return _trimmed_closed_loop(workload, concurrency, *best, rounds_out, setup)

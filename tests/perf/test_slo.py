@@ -118,7 +118,7 @@ def test_an_itl_line_sees_the_stalls_a_per_request_tbt_hides(tmp_path):
     sized = api.optimize(trace, "llama2-70b", str(slo), ["a100-80gb", "h100-80gb"], tp=8, mode="colocated", engine="lean")
     again = Setup("llama2-70b", str(slo), "lean").simulate(sized.problem.trace, plan_pools(sized.plan)).summary
     assert sized.plan.predicted["itl"]["p99"] == pytest.approx(again.itl_ms["p99"], rel=1e-9)
-    assert again.itl_ms["p99"] <= 100 and all(line["met"] for line in again.slo)
+    assert again.itl_ms["p99"] <= 100 and all(line.met for line in again.slo)
     assert sized.plan.cost_usd_per_hour > tbt_only.plan.cost_usd_per_hour
 
 

@@ -296,7 +296,7 @@ def test_a_colocated_plan_reports_what_its_simulation_gives():
         sim = Setup("llama2-70b", "chat").simulate(result.problem.trace, plan_pools(plan))
         assert sim.slo_met
         for line, value, _ in plan.slo:
-            simulated = next(x["achieved"] for x in sim.summary.slo if x["line"] == line.label)
+            simulated = next(x.achieved for x in sim.summary.slo if x.line == line.label)
             assert value == pytest.approx(simulated, rel=1e-9), line.label
     chosen = next(o for o in result.options if o.key.hardware == result.plan.mixed_pools[0].hardware
                   and o.key.layout == result.plan.mixed_pools[0].layout)
@@ -502,7 +502,7 @@ def test_a_light_load_on_whole_machines_shares_one_machine(small_trace):
     rows = sim.summary.pools
     assert [(r["role"], r["instances"], r["shared"]) for r in rows] == [("prompt", prompt.instances, 0), ("token", token.instances, 0)]
     for line in sim.summary.slo:
-        assert line["met"], line
+        assert line.met, line
     for metric in ("ttft", "itl", "e2e"):  # the planner's local KV share, as the simulator's
         assert plan.predicted[metric]["p50"] == pytest.approx(sim.summary.latency_ms(metric)["p50"], rel=0.1), metric
 
@@ -651,15 +651,15 @@ def test_a_plan_says_how_close_it_is_to_failing(small_trace):
     (edge,) = plan.cliff
     (pool,) = plan.mixed_pools
     as_planned = api.simulate_pools(small_trace, [Pool(Role.MIXED, "h100-80gb@2", Layout(2), pool.machines)], "llama2-70b", "chat")
-    assert list(plan.attainment_pct) == pytest.approx([x["attainment_pct"] for x in as_planned.summary.slo], rel=1e-9)
+    assert list(plan.attainment_pct) == pytest.approx([x.attainment_pct for x in as_planned.summary.slo], rel=1e-9)
     assert (edge["instances"], edge["fewer"]) == (pool.instances, pool.instances - 1)
     fewer = api.simulate_pools(small_trace, [Pool(Role.MIXED, "h100-80gb@2", Layout(2), pool.machines - 1)], "llama2-70b", "chat")
-    simulated = {x["line"]: x for x in fewer.summary.slo}
+    simulated = {x.line: x.to_json() for x in fewer.summary.slo}
     for row in edge["slo"]:
         assert row["achieved"] == pytest.approx(simulated[row["line"]]["achieved"], rel=1e-6)
         assert row["met"] == simulated[row["line"]]["met"]
         assert row["attainment_pct"] == pytest.approx(simulated[row["line"]]["attainment_pct"], rel=1e-9)
-    assert edge["fails"] == next((x["line"] for x in fewer.summary.slo if not x["met"]), None)
+    assert edge["fails"] == next((x.line for x in fewer.summary.slo if not x.met), None)
     split = api.optimize(small_trace, "llama2-70b", "chat", ["h100-80gb@2"], tp=2, mode="split").plan
     assert {(c["role"], c["instances"]) for c in split.cliff} == {(r, p.instances) for r, p in split.by_role()}
     assert all(c["fails"] == "no instance left" for c in split.cliff if c["instances"] == 1)

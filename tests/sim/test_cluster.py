@@ -195,7 +195,7 @@ def test_validate_grows_an_undersized_plan_until_the_simulation_meets_the_slo():
     grown, sim, added = api.validate(small, trace, "llama2-70b", "chat")
     assert added > 0 and grown.machines == 2 + added and "simulation: " in grown.binding
     assert grown.cost_usd_per_hour == pytest.approx(38.0 * grown.machines)
-    assert all(line["met"] for line in sim.summary.slo)
+    assert all(line.met for line in sim.summary.slo)
 
 
 # --- routing and the planner agree (issue 12) ---------------------------------------------
@@ -475,7 +475,7 @@ def test_a_closed_loops_warm_up_is_left_out_of_the_statistics():
     assert warm.warmup_requests == 64 and cold.warmup_requests == 0
     assert warm.ttft_ms["p99"] < cold.ttft_ms["p99"]
     assert warm.benchmark["ttft_ms"]["mean"] < cold.benchmark["ttft_ms"]["mean"]
-    ttft_p99 = next(x for x in warm.slo if x["line"] == "TTFT p99")["achieved"]
+    ttft_p99 = next(x for x in warm.slo if x.line == "TTFT p99").achieved
     assert ttft_p99 == pytest.approx(warm.ttft_ms["p99"])
     open_loop = api.simulate_pools(one(500, 20), pools, "llama3.1-8b", "chat").summary
     assert open_loop.warmup_requests == 0  # (an open loop has no warm-up)
@@ -489,7 +489,7 @@ def test_the_closed_loop_search_keeps_looking_past_a_self_consistent_plan():
     work = closed_loop_workload(default_trace_path(), 128)
     result = api.optimize_closed_loop(work, 128, "llama2-70b", "chat", hardware=["h100-80gb"], tp=8)
     loop = result.closed_loop
-    assert loop.machines_removed >= 1 and all(x["met"] for x in loop.slo)
+    assert loop.machines_removed >= 1 and all(x.met for x in loop.slo)
     assert "closed loop: " in result.plan.binding
     setup, pools = Setup("llama2-70b", "chat"), plan_pools(result.plan)
     for k, pool in enumerate(pools):
