@@ -89,6 +89,11 @@ def test_a_plan_json_simulates_as_the_cli_simulates_it(tmp_path):
     cli = CliRunner().invoke(app, ["simulate", "--plan", str(plan), "--format", "json"])
     assert cli.exit_code == 0, cli.output
     assert json.loads(report.to_json(sim.summary.to_json())) == json.loads(cli.stdout)["summary"]
+    fp8 = splitplan.simulate(plan, weights="fp8", kv="fp8")  # (the engine's precisions, as --weights and --kv-cache set them)
+    cli = CliRunner().invoke(app, ["simulate", "--plan", str(plan), "--weights", "fp8", "--kv-cache", "fp8", "--format", "json"])
+    assert cli.exit_code == 0, cli.output
+    assert json.loads(report.to_json(fp8.summary.to_json())) == json.loads(cli.stdout)["summary"] != json.loads(
+        report.to_json(sim.summary.to_json()))
 
 
 def test_a_commands_plan_pins_end_with_the_command(tmp_path):

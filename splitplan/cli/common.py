@@ -488,7 +488,12 @@ MAX_NUM_SEQS = typer.Option(None, "--max-num-seqs", help="At most this many requ
 
 def with_precision(engine: str, weights: Weights | None, kv_cache: KvCache | None) -> str:
     """The engine profile with --weights and --kv-cache applied (`lean@weights=fp4`)."""
-    return engine_spec(engine, weights.value if weights else None, kv_cache.value if kv_cache else None)
+    return engine_spec(engine, *_precisions(weights, kv_cache))
+
+
+def _precisions(weights: Weights | None, kv_cache: KvCache | None) -> tuple[str | None, str | None]:
+    """--weights and --kv-cache as specs.engine.engine_spec takes them."""
+    return weights.value if weights else None, kv_cache.value if kv_cache else None
 
 
 # The trace-column options of every command that reads a trace (one declaration, shared).

@@ -29,18 +29,18 @@ from splitplan.cli.common import (
     KvCache,
     Weights,
     _emit_json,
+    _precisions,
     api,
     app,
     plan_input,
     shared_prefix,
     trace_columns,
     user_errors,
-    with_precision,
 )
 from splitplan.io import report
 from splitplan.specs.layout import Layout
 from splitplan.specs.roles import Pool
-from splitplan.workflows.plan_replay import cache_settings, cache_switch, plan_settings, plan_workload, scheduler_settings
+from splitplan.workflows.plan_replay import cache_switch, plan_workload, replay_settings
 from splitplan.workload.trace import EMBEDDED_HELP, check_request_sizes, closed_loop_workload, load_workload
 
 if TYPE_CHECKING:
@@ -100,10 +100,9 @@ def simulate(
     pools, echo = plan_input(plan, prompt_pool, token_pool, mixed_pool)
     if not pools:
         raise SpecError("nothing to simulate: give --plan plan.json or --prompt-pool and --token-pool (or --mixed-pool)")
-    model, slo, engine = plan_settings(echo, model, slo, engine)
-    engine = with_precision(engine, weights, kv_cache)
-    max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs, echo)
-    caching, routing, kv_offload_gb = cache_settings(echo, cache_switch(prefix_caching), routing, kv_offload_gb)
+    model, slo, engine, max_batch_tokens, max_num_seqs, caching, routing, kv_offload_gb = replay_settings(
+        echo, model, slo, engine, *_precisions(weights, kv_cache), max_batch_tokens, max_num_seqs, cache_switch(prefix_caching),
+        routing, kv_offload_gb)
     replay = plan_workload(echo, trace, trace_columns(time_column, prompt_column, output_column, time_unit), rate, duration, seed)
     workload, window = _workload(replay, max_requests, model, engine, rate, concurrency, isl, osl, num_requests)
     workload = shared_prefix(workload, shared_prefix_tokens, prefix_groups)

@@ -30,6 +30,7 @@ from splitplan.cli.common import (
     _emit_json,
     _limits,
     _plain_ticks,
+    _precisions,
     _progress,
     _require_matplotlib,
     api,
@@ -42,7 +43,7 @@ from splitplan.cli.common import (
     with_precision,
 )
 from splitplan.io import report
-from splitplan.workflows.plan_replay import plan_settings, plan_workload, scheduler_settings
+from splitplan.workflows.plan_replay import plan_workload, replay_settings, scheduler_settings
 from splitplan.workload.trace import EMBEDDED_HELP, load_workload
 
 
@@ -181,9 +182,9 @@ def sweep(
     if objective is Objective.throughput:
         raise SpecError("--objective throughput does not apply to a sweep; use cost or power")
     pools, echo = plan_input(plan, prompt_pool, token_pool, mixed_pool)
-    model, slo, engine = plan_settings(echo, model, slo, engine)
-    engine = with_precision(engine, weights, kv_cache)
-    max_batch_tokens, max_num_seqs = scheduler_settings(engine, max_batch_tokens, max_num_seqs, echo)
+    model, slo, engine, max_batch_tokens, max_num_seqs, *_ = replay_settings(echo, model, slo, engine,
+                                                                            *_precisions(weights, kv_cache), max_batch_tokens,
+                                                                            max_num_seqs)
     replay = plan_workload(echo, trace, trace_columns(time_column, prompt_column, output_column, time_unit), None, duration, seed)
     duration, seed = replay.duration_s, replay.seed
     base = load_workload(replay.trace, None, duration, seed, replay.columns)

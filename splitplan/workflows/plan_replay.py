@@ -151,16 +151,46 @@ def plan_settings(echo: dict, model: str | None, slo: str | None, engine: str | 
             engine or echo.get("engine") or DEFAULT_ENGINE)
 
 
+class ReplaySettings(NamedTuple):
+    """A run's model, SLO, engine (with its precisions), scheduler and prefix-cache settings, each
+    the option given, else the plan's (its `inputs`), else the default (`replay_settings`)."""
+
+    model: str
+    slo: str
+    engine: str
+    max_batch_tokens: int
+    max_num_seqs: int | None
+    prefix_caching: bool | None
+    routing: str
+    kv_offload_gb: float
+
+
+def replay_settings(echo: dict, model: str | None = None, slo: str | None = None, engine: str | None = None,
+                    weights: str | None = None, kv: str | None = None, max_batch_tokens: int | None = None,
+                    max_num_seqs: int | None = None, prefix_caching: bool | None = None, routing: str | None = None,
+                    kv_offload_gb: float | None = None) -> ReplaySettings:
+    """The settings of a run re-checking a plan (`echo`: its inputs; {} for inline pools), in the
+    order they depend on each other: model, SLO and engine (plan_settings), the engine's weight and
+    KV precisions (specs.engine.engine_spec), its scheduler (scheduler_settings, checked against
+    that engine) and prefix caches (cache_settings)."""
+    from splitplan.specs.engine import engine_spec
+    model, slo, engine = plan_settings(echo, model, slo, engine)
+    engine = engine_spec(engine, weights, kv)
+    budget, cap = scheduler_settings(engine, max_batch_tokens, max_num_seqs, echo)
+    return ReplaySettings(model, slo, engine, budget, cap, *cache_settings(echo, prefix_caching, routing, kv_offload_gb))
+
+
 def simulate_plan(plan: str | os.PathLike, trace=None, rate: float | None = None, duration_s: float | None = None,
                   seed: int | None = None, model: str | None = None, slo: str | None = None, engine: str | None = None,
                   max_requests: int = 100_000, max_batch_tokens: int | None = None, max_num_seqs: int | None = None,
                   prefix_caching: bool | None = None, routing: str | None = None, kv_offload_gb: float | None = None,
-                  **options) -> SimulateResult:
+                  weights: str | None = None, kv: str | None = None, **options) -> SimulateResult:
     """A plan.json simulated as `splitplan simulate --plan` simulates it: its pools, with its own
     specs (the catalog is as it was afterwards), on its own workload (`PlanWorkload`: its trace,
-    rate, window or peak stretch, headroom) and its model, SLO, engine, scheduler and prefix-cache
-    settings, each unless given here; `options` as `simulate_pools` takes them (perf_db, concurrency, ...).
-    The plan's notes (a catalog entry that changed since it was made) are InputWarnings."""
+    rate, window or peak stretch, headroom) and its model, SLO, engine (`weights`, `kv`: its
+    precisions), scheduler and prefix-cache settings (replay_settings), each unless given here;
+    `options` as `simulate_pools` takes them (perf_db, concurrency, ...). The plan's notes (a
+    catalog entry that changed since it was made) are InputWarnings."""
     import warnings
 
     from splitplan.base.errors import InputWarning
@@ -171,9 +201,9 @@ def simulate_plan(plan: str | os.PathLike, trace=None, rate: float | None = None
         for note in document.notes:
             warnings.warn(note, InputWarning, stacklevel=2)
         echo = document.inputs
-        model, slo, engine = plan_settings(echo, model, slo, engine)
-        budget, cap = scheduler_settings(engine, max_batch_tokens, max_num_seqs, echo)
-        caching, routing, offload_gb = cache_settings(echo, prefix_caching, routing, kv_offload_gb)
+        s = replay_settings(echo, model, slo, engine, weights, kv, max_batch_tokens, max_num_seqs, prefix_caching, routing,
+                            kv_offload_gb)
         workload, _ = plan_workload(echo, trace, None, rate, duration_s, seed).load(max_requests)
-        return simulate_pools(workload, document.pools, model, slo, engine, max_batch_tokens=budget, routing=routing,
-                              max_num_seqs=cap, prefix_caching=caching, kv_offload_gb=offload_gb, **options)
+        return simulate_pools(workload, document.pools, s.model, s.slo, s.engine, max_batch_tokens=s.max_batch_tokens,
+                              routing=s.routing, max_num_seqs=s.max_num_seqs, prefix_caching=s.prefix_caching,
+                              kv_offload_gb=s.kv_offload_gb, **options)
