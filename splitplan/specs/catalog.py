@@ -122,7 +122,6 @@ def per_catalog(maxsize: int) -> Callable:
             if isinstance(name_or_path, BaseModel):  # (a spec, loaded)
                 return name_or_path
             return cached(current(), name_or_path)
-        loader.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
         return loader
     return wrap
 
