@@ -940,3 +940,17 @@ def test_simulate_a_window_plan_replays_its_window(tmp_path):
     window = json.loads((out / "plan.json").read_text())["inputs"]["window"]
     own = json.loads(run("simulate", "--plan", str(out / "plan.json"), "--format", "json").stdout)["inputs"]
     assert own["requests"] == window["requests"] and f"[window {window['window']}]" in own["trace"]
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--window", "10m", "--validate"], "--window plans each window by cost or power"),
+    (["--window", "10m", "--pareto"], "--window plans each window by cost or power"),
+    (["--window", "10m", "--objective", "throughput", "--max-machines", "h100-80gb=4"], "--window plans each window"),
+    (["--pareto", "--no-split"], "--pareto compares split plans"),
+    (["--pareto", "--objective", "throughput", "--max-machines", "h100-80gb=4"], "--pareto compares split plans"),
+    (["--objective", "throughput", "--no-split", "--max-machines", "h100-80gb=4"], "--objective throughput plans split pools"),
+])
+def test_optimize_refuses_workflows_that_contradict_each_other(flags, says):
+    """The workflow's own contradictions (api.Planning.check) are exit 2 with one line, before any sizing."""
+    out = run("optimize", "--hardware", "h100-80gb", "--tp", "8", *flags)
+    assert out.exit_code == 2 and says in out.stderr and out.stderr.count("\n") == 1, out.stderr
