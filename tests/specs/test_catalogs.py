@@ -247,3 +247,19 @@ def test_a_catalog_is_a_value_in_effect_only_where_it_is_active(tmp_path):
                                                                  "price_usd_per_hour": 2.0}, "a plan")])
     with pinned.active():  # (a plan's copy in place of the folder's entry)
         assert load_hardware("h100-80gb").price_usd_per_hour == 2.0
+
+
+def test_a_catalogs_pins_add_up_and_are_listed_as_entries():
+    """A second plan's specs are added to the first's (a name both carry takes the later copy), and
+    a carried entry is listed with the folders' (suggestions, the catalog of machines)."""
+    from splitplan.specs.catalog import Catalog
+    spec = load_hardware("h100-80gb").model_dump(mode="json")
+    first = Catalog().with_pins([("hardware_specs", "gpu-a", {**spec, "name": "gpu-a"}, "plan 1"),
+                                 ("hardware_specs", "gpu-c", {**spec, "name": "gpu-c"}, "plan 1")])
+    both = first.with_pins([("hardware_specs", "gpu-b", {**spec, "name": "gpu-b"}, "plan 2"),
+                            ("hardware_specs", "gpu-a", {**spec, "name": "gpu-a", "price_usd_per_hour": 1.0}, "plan 2")])
+    assert both.pinned("hardware_specs", "gpu-b")[1] == "plan 2" and both.pinned("hardware_specs", "gpu-c")[1] == "plan 1"
+    assert both.pinned("hardware_specs", "gpu-a") == ({**spec, "name": "gpu-a", "price_usd_per_hour": 1.0}, "plan 2")
+    assert {"gpu-a", "gpu-b", "h100-80gb"} <= set(both.names("hardware_specs"))
+    with both.active():
+        assert {"gpu-a", "gpu-b"} <= {h.name for h in hardware_catalog()}
