@@ -159,3 +159,29 @@ def test_loaded_specs_are_taken_where_names_are():
     assert by_spec.plan == by_name.plan
     assert (splitplan.simulate(by_spec.plan, trace, **loaded).summary
             == splitplan.simulate(by_name.plan, trace, "llama3.1-8b", "chat", engine="vllm").summary)
+
+
+def test_the_highest_rate_is_searched_on_resamples_when_a_rate_is_given():
+    """optimize --objective throughput --rate R --duration D: each rate tried is a Poisson resample
+    of D seconds (the plan's workload spans D seconds at the rate found); without --rate, the
+    trace's own timestamps compressed (the same requests, a shorter span)."""
+    from splitplan import api
+    trace = splitplan.workload()
+    options = api.OptimizeOptions(hardware=["h100-80gb"], tp=8, max_machines={"h100-80gb": 4}, jobs=1)
+    resampled = api.plan_for(trace, "llama2-70b", "chat", options, api.Planning(throughput=True, rate_rps=5, duration_s=30))
+    rate = resampled.result.max_rate_rps
+    assert resampled.workload.span_s == pytest.approx(30, rel=0.15) and len(resampled.workload) == pytest.approx(rate * 30, rel=0.2)
+    compressed = api.plan_for(trace.take(slice(0, 300)), "llama2-70b", "chat", options, api.Planning(throughput=True))
+    assert len(compressed.workload) == 300
+
+
+def test_a_simulations_outcome_says_whether_every_line_was_met():
+    """What a study and --validate keep of a simulation (SimulateResult.outcome): met for a plan
+    large enough, not met for one prompt and one token machine at ten times the load."""
+    from splitplan import api
+    pools = [("prompt", "h100-80gb", 8, 1), ("token", "h100-80gb", 8, 1)]
+    light = api.simulate_pools(splitplan.workload(rate=1, duration_s=30), pools, "llama2-70b", "chat")
+    heavy = api.simulate_pools(splitplan.workload(rate=40, duration_s=30), pools, "llama2-70b", "chat")
+    assert light.outcome().slo_met is light.slo_met is True
+    assert heavy.outcome().slo_met is heavy.slo_met is False
+    assert heavy.outcome().ttft_ms == heavy.summary.ttft_ms
