@@ -954,3 +954,11 @@ def test_optimize_refuses_workflows_that_contradict_each_other(flags, says):
     """The workflow's own contradictions (api.Planning.check) are exit 2 with one line, before any sizing."""
     out = run("optimize", "--hardware", "h100-80gb", "--tp", "8", *flags)
     assert out.exit_code == 2 and says in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+@pytest.mark.parametrize("command", [["optimize", "--hardware", "h100-80gb", "--tp", "8"], ["simulate", "--mixed-pool", "h100-80gb:8:1"]])
+def test_a_closed_loop_of_requests_longer_than_the_context_window_is_refused(command):
+    """--isl + --osl past the model's context window (Llama 2: 4,096 tokens) is refused before any
+    work, naming both and the window, as the engine would refuse every request."""
+    result = run(*command, "--concurrency", "4", "--isl", "4000", "--osl", "200")
+    assert result.exit_code == 2 and "--isl 4,000 + --osl 200: requests of 4,200 tokens exceed" in result.stderr, result.output
