@@ -219,14 +219,22 @@ class DecodeResult:
     batch_p99: float  # the per-instance batch the requests see, 99th percentile (against max_num_seqs)
 
 
+def decode_step_alone_s(inst: Instance, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
+    """Each request's decode step alone at its mean context (its prompt and half its output):
+    where `decode_pool`'s fixed point starts, the same for every instance count."""
+    return np.asarray(inst.decode_step_time_s(1, prompt_tokens.astype(float) + output_tokens.astype(float) / 2))
+
+
 def decode_pool(start_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray, inst: Instance,
-                instances: int, max_iterations: int = 12, tolerance: float = 1e-2) -> DecodeResult:
+                instances: int, max_iterations: int = 12, tolerance: float = 1e-2,
+                step_alone_s: np.ndarray | None = None) -> DecodeResult:
     """Continuous-batching fixed point for `instances` identical token instances,
-    iterated until no request's step time moves by more than `tolerance` (relative)."""
+    iterated until no request's step time moves by more than `tolerance` (relative).
+    `step_alone_s`: `decode_step_alone_s` of these requests, where a count search computed it once."""
     p = prompt_tokens.astype(float)
     o = output_tokens.astype(float)
     order_start = np.sort(start_s)
-    step = np.asarray(inst.decode_step_time_s(1, p + o / 2))
+    step = decode_step_alone_s(inst, prompt_tokens, output_tokens) if step_alone_s is None else step_alone_s
     for _ in range(max_iterations):
         end = start_s + o * step
         mid = (start_s + end) / 2
@@ -299,7 +307,8 @@ def colocated_estimate(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_
     carries comes from a first decode pass that starts each request after its
     prefill alone; the prompts are then replayed once with that load. `memo` (a
     dict reused across calls on the same trace and instance) keeps batch times
-    per decode load, rounded to 1/4 request and 64 tokens of context. `chunked` and
+    per decode load, rounded to 1/4 request and 64 tokens of context, and (under "alone") each
+    request's prefill and decode step alone, which do not depend on the count. `chunked` and
     `max_seqs`: the engine's scheduler, as `prompt_queue_ttft_s` takes them.
 
     The inter-token gaps (`itl`, a `Gaps`): every prefill batch stretches one gap of each request
@@ -308,8 +317,10 @@ def colocated_estimate(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_
     """
     o = output_tokens.astype(float)
     memo = {} if memo is None else memo
-    alone_s = inst.prefill_time_s(prompt_tokens)
-    unstalled = decode_pool(arrival_s + alone_s, prompt_tokens, output_tokens, inst, instances)
+    if "alone" not in memo:
+        memo["alone"] = (inst.prefill_time_s(prompt_tokens), decode_step_alone_s(inst, prompt_tokens, output_tokens))
+    alone_s, step_alone_s = memo["alone"]
+    unstalled = decode_pool(arrival_s + alone_s, prompt_tokens, output_tokens, inst, instances, step_alone_s=step_alone_s)
     load = (round(unstalled.mean_batch * 4) / 4, round(unstalled.context_tokens / 64) * 64)
     if load not in memo:
         memo[load] = BatchTimes(inst, *load)
@@ -319,7 +330,7 @@ def colocated_estimate(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_
                               chunked=chunked, max_seqs=max_seqs)
     ttft = replayed.ttft_s
     start = arrival_s + ttft
-    res = decode_pool(start, prompt_tokens, output_tokens, inst, instances)
+    res = decode_pool(start, prompt_tokens, output_tokens, inst, instances, step_alone_s=step_alone_s)
     # Each request is stalled by its own instance's prefills: batches keyed by (instance, start).
     starts, durations, where = replayed.passes.T
     offset = float(np.max(starts + durations)) + 1.0  # past every batch

@@ -36,14 +36,14 @@ def first_failing(problem: Problem, metric: str, values: np.ndarray | Gaps) -> S
 
 
 def decode_values(problem: Problem, inst: Instance, n: int, src: Instance, start_s: np.ndarray, idx=slice(None),
-                   local: tuple[Instance, float] | None = None):
+                   local: tuple[Instance, float] | None = None, step_alone_s: np.ndarray | None = None):
     """TBT, decode seconds (KV transfer included) and the decode pool's result of the requests
     `idx` on `n` token instances `inst`, their KV from `src`; with `local` (a prompt instance and a
     share), that share of them (spread deterministically) prefilled on their token instance's
     machine, their KV over its GPU links."""
     t = problem.trace
     p, o = t.prompt_tokens[idx], t.output_tokens[idx]
-    result = decode_pool(start_s, p, o, inst, n)
+    result = decode_pool(start_s, p, o, inst, n, step_alone_s=step_alone_s)
     transfer = kv_transfer_time_s(src, inst, p)
     if local is not None:
         mine = (np.arange(len(p)) * 0.41421356237309503) % 1.0 < local[1]

@@ -15,6 +15,7 @@ from splitplan.capacity.pools import (
     BatchTimes,
     Latencies,
     colocated_estimate,
+    decode_step_alone_s,
     prompt_queue_ttft_s,
     smallest_count,
 )
@@ -104,9 +105,10 @@ def _token_check(problem: Problem, inst: Instance, scores: dict):
     """A token pool of n instances: the TBT, ITL or TPOT line it misses, or "KV memory" or
     "max_num_seqs" (None: none), its score in `scores`."""
     t = problem.trace
+    step_alone_s = decode_step_alone_s(inst, t.prompt_tokens, t.output_tokens)  # (the same for every count)
 
     def failing(n):
-        tbt, decode_s, res = decode_values(problem, inst, n, inst, t.arrival_s)
+        tbt, decode_s, res = decode_values(problem, inst, n, inst, t.arrival_s, step_alone_s=step_alone_s)
         itl, tpot = decode_gaps(t.output_tokens, decode_s, res.step_s, min(res.mean_batch, 1.0), inst.engine.async_scheduling)
         reached = [(line, achieved(line, values, problem.reference))
                    for metric, values in (("tbt", tbt), ("itl", itl), ("tpot", tpot)) for line in slo_lines(problem, metric)]
