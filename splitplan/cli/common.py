@@ -110,7 +110,7 @@ RAY_HELP = "Ray cluster: auto (the running one) or ray://HOST:10001; without it 
 
 
 _DEBUG = {"on": False}
-_CATALOG: dict[str, tuple] = {"folders": ()}  # --catalog, for the command the root callback precedes
+_CATALOG: dict[str, catalog.Catalog | None] = {"in effect": None}  # --catalog's, for the command the root callback precedes
 
 
 def _print_version(value: bool) -> None:
@@ -133,8 +133,7 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for
     report.set_wide(wide)
     from splitplan.specs.catalog import Catalog
     try:
-        Catalog.of(catalog)  # (checked here: exit 2 before any command)
-        _CATALOG["folders"] = tuple(catalog)
+        _CATALOG["in effect"] = Catalog.of(catalog)  # (checked here: exit 2 before any command)
     except SplitplanError as exc:
         echo_error(str(exc))
         raise typer.Exit(exc.exit_code) from None
@@ -223,7 +222,7 @@ def user_errors(command: Callable) -> Callable:
         sys.stdout = _GuardedOutput(real)
         try:
             check_bounds(command, kwargs)
-            with warnings.catch_warnings(), catalog.Catalog.of(_CATALOG["folders"]).active():
+            with warnings.catch_warnings(), (_CATALOG["in effect"] or catalog.Catalog.of()).active():
                 warnings.simplefilter("always", InputWarning)
                 warnings.showwarning = _warn_line  # (restored on leaving: the library's warnings as one line each)
                 result = command(*args, **kwargs)

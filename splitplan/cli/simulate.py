@@ -41,7 +41,7 @@ from splitplan.io import report
 from splitplan.specs.layout import Layout
 from splitplan.specs.roles import Pool
 from splitplan.workflows.plan_replay import cache_switch, plan_workload, replay_settings
-from splitplan.workload.trace import EMBEDDED_HELP, check_request_sizes, closed_loop_workload, load_workload
+from splitplan.workload.trace import EMBEDDED_HELP, check_closed_loop, check_request_sizes, closed_loop_workload, load_workload
 
 if TYPE_CHECKING:
     from splitplan.sim.metrics import SimulationSummary
@@ -107,8 +107,8 @@ def simulate(
     workload, window = _workload(replay, max_requests, model, engine, rate, concurrency, isl, osl, num_requests)
     workload = shared_prefix(workload, shared_prefix_tokens, prefix_groups)
     sim = api.simulate_pools(workload, pools, model, slo, engine, str(perf_db) if perf_db else None, max_batch_tokens,
-                       routing, borrow_threshold, perf_interp, concurrency, max_num_seqs,
-                       prefix_caching=caching, kv_offload_gb=kv_offload_gb)
+                             routing, borrow_threshold, perf_interp, concurrency, max_num_seqs,
+                             prefix_caching=caching, kv_offload_gb=kv_offload_gb)
     workload = sim.result.trace
     inputs = {"trace": workload.source, "requests": len(workload), "rate_rps": replay.rate,
               "duration_s": replay.duration_s if replay.rate else None, "seed": replay.seed, "overridden": list(replay.overridden),
@@ -133,9 +133,8 @@ def simulate(
 def _workload(replay, max_requests: int, model: str, engine: str, rate, concurrency, isl, osl, num_requests) -> tuple:
     """(the requests to simulate, the window of the trace they are, None for a closed loop): the
     trace (its busiest `max_requests`), or with `concurrency` a closed loop of its (or isl/osl) sizes."""
+    check_closed_loop(concurrency, isl, osl, num_requests)
     if concurrency is None:
-        if isl is not None or osl is not None or num_requests is not None:
-            raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
         return replay.load(max_requests)
     if rate is not None:
         raise SpecError("--concurrency runs a closed loop (clients send as requests finish); drop --rate")

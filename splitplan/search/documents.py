@@ -33,6 +33,7 @@ def plan_text(plan) -> str:
 
 
 def plan_json(plan) -> dict:
+    from splitplan.sim.metrics import SloLineResult  # (each SLO line's row, as a simulation writes it)
     pools = ({"mixed_pools": pools_json(plan.mixed_pools)} if plan.mixed_pools else
              {"prompt_pools": pools_json(plan.prompt_pools), "token_pools": pools_json(plan.token_pools)})
     return {
@@ -46,8 +47,7 @@ def plan_json(plan) -> dict:
         "energy_kwh_per_million_tokens": plan.energy_kwh_per_million_tokens,
         "energy_kwh_per_million_output_tokens": plan.energy_kwh_per_million_output_tokens,
         "predicted": {f"{m}_ms": v for m, v in plan.predicted.items()},
-        "slo": [{"line": line.label, "metric": line.metric, "percentile": line.percentile, "target": line.limit,
-                 "unit": line.unit, "achieved": v, "met": ok, "attainment_pct": a}
+        "slo": [SloLineResult.of(line, v, ok, a).to_json()
                 for (line, v, ok), a in zip(plan.slo, plan.attainment_pct or [None] * len(plan.slo), strict=True)],
         "binding": plan.binding,
         **({"cliff": list(plan.cliff)} if plan.cliff else {}),

@@ -63,7 +63,12 @@ class SloLineResult:
     unit: str
     achieved: float | None
     met: bool
-    attainment_pct: float
+    attainment_pct: float | None  # (None: a plan predicted without it)
+
+    @classmethod
+    def of(cls, line: SloLine, achieved: float | None, met: bool, attainment_pct: float | None) -> SloLineResult:
+        """The outcome of `line`: its label, metric, percentile, limit and unit, and what was reached."""
+        return cls(line.label, line.metric, line.percentile, line.limit, line.unit, achieved, met, attainment_pct)
 
     @property
     def slo_line(self) -> SloLine:
@@ -83,9 +88,8 @@ def slo_report(result: SimResult, slo: SloProfile, reference: Reference | None) 
     for line in slo.lines():
         keep = None if line.metric == "itl" else served  # (gaps, not requests)
         value = achieved(line, values[line.metric], reference, keep)
-        out.append(SloLineResult(line.label, line.metric, line.percentile, line.limit, line.unit,
-                                 value if np.isfinite(value) else None, meets(line, value),
-                                 attainment_pct(line, values[line.metric], reference, keep)))
+        out.append(SloLineResult.of(line, value if np.isfinite(value) else None, meets(line, value),
+                                    attainment_pct(line, values[line.metric], reference, keep)))
     return tuple(out)
 
 

@@ -17,7 +17,15 @@ from splitplan.search.rate import max_rate
 from splitplan.workflows.schedule import Schedule, follow
 from splitplan.workflows.simulation import optimize_closed_loop, setup_for, validate_result
 from splitplan.workflows.studies import WindowsResult, plan_windows
-from splitplan.workload.trace import Trace, check_request_sizes, closed_loop_workload, load_workload, peak_window, resample_poisson
+from splitplan.workload.trace import (
+    Trace,
+    check_closed_loop,
+    check_request_sizes,
+    closed_loop_workload,
+    load_workload,
+    peak_window,
+    resample_poisson,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,8 +55,7 @@ class Planning:
     ray_address: str | None = None
 
     def __post_init__(self) -> None:
-        if self.concurrency is None and any(x is not None for x in (self.isl, self.osl, self.num_requests)):
-            raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
+        check_closed_loop(self.concurrency, self.isl, self.osl, self.num_requests)
         if self.mixed_pool_threshold is not None and not self.validate:
             raise SpecError("--mixed-pool-threshold is Splitwise's mixed pool in the simulator, which the planner does not "
                             "model: add --validate (the plan is simulated with it and trimmed while it meets the SLO)")

@@ -86,9 +86,9 @@ class Setup:
 
     def simulate(self, trace, pools: list[Pool], concurrency: int | None = None) -> SimulateResult:
         return simulate_pools(trace, pools, self.model, self.slo, self.engine, self.perf_db, self.max_batch_tokens, self.routing,
-                        borrow_threshold_tokens=self.borrow_threshold_tokens, perf_interp=self.perf_interp,
-                        concurrency=concurrency, max_num_seqs=self.max_num_seqs, prefix_caching=self.prefix_caching,
-                        kv_offload_gb=self.kv_offload_gb)
+                              borrow_threshold_tokens=self.borrow_threshold_tokens, perf_interp=self.perf_interp,
+                              concurrency=concurrency, max_num_seqs=self.max_num_seqs, prefix_caching=self.prefix_caching,
+                              kv_offload_gb=self.kv_offload_gb)
 
 
 def setup_for(model: str, slo: str, options: OptimizeOptions, borrow_threshold_tokens: int | None = None) -> Setup:
@@ -128,11 +128,11 @@ def _check_shared(number: int, parts: list[PoolSpec]) -> None:
 
 
 def simulate_pools(trace, pools: list[Pool], model: str, slo: str, engine: str = DEFAULT_ENGINE,
-             perf_db: str | None = None, max_batch_tokens: int | None = None, routing: str = "jsq",
-             borrow_threshold_tokens: int | None = None, perf_interp: str = "splitplan",
-             concurrency: int | None = None, max_num_seqs: int | None = None,
-             warmup_requests: int | None = None, prefix_caching: bool | None = None,
-             kv_offload_gb: float = 0.0) -> SimulateResult:
+                   perf_db: str | None = None, max_batch_tokens: int | None = None, routing: str = "jsq",
+                   borrow_threshold_tokens: int | None = None, perf_interp: str = "splitplan",
+                   concurrency: int | None = None, max_num_seqs: int | None = None,
+                   warmup_requests: int | None = None, prefix_caching: bool | None = None,
+                   kv_offload_gb: float = 0.0) -> SimulateResult:
     """Replay `trace` through the cluster request by request (sim.cluster) and summarize.
     With `concurrency`, a closed loop of that many clients (workload.closed_loop_workload
     makes its requests); the trace's timestamps are ignored, and the first `warmup_requests`

@@ -612,6 +612,12 @@ def closed_loop_workload(trace: str | Path | Trace | None, concurrency: int, num
     return Trace(np.zeros(n), prompt.astype(np.int64), output.astype(np.int64), f"{source}; {n} requests", prefix=tree)
 
 
+def check_closed_loop(concurrency: int | None, isl: int | None, osl: int | None, num_requests: int | None) -> None:
+    """--isl, --osl and --num-requests size a closed loop's requests: refused without --concurrency."""
+    if concurrency is None and any(x is not None for x in (isl, osl, num_requests)):
+        raise SpecError("--isl, --osl and --num-requests describe a closed-loop run: add --concurrency N")
+
+
 def check_request_sizes(model: str, engine: str, isl: int | None, osl: int | None) -> None:
     """--isl and --osl of a closed loop within what the engine takes for the model (its
     max_model_len: the model's context window unless the profile says otherwise)."""
