@@ -18,9 +18,12 @@ from splitplan.perf.points import instance, instance_facts, perf_points
 from splitplan.search.optimize import Mode, OptimizeOptions, OptimizeResult, objective_value, optimize
 from splitplan.search.rate import max_rate
 from splitplan.workflows.calibration import (
+    BenchCalibration,
+    BenchSettings,
     CalibrateResult,
     DeploymentCalibration,
     calibrate,
+    calibrate_bench,
     calibrate_deployments,
 )
 from splitplan.workflows.planning import Planned, Planning, plan_for
@@ -55,7 +58,8 @@ __all__ = [
     "Mode", "OptimizeOptions", "OptimizeResult", "objective_value", "optimize", "max_rate", "optimize_closed_loop",
     "Setup", "SimulateResult", "simulate_plans", "simulate_pools", "validate", "validate_result", "pool_specs", "plan_from_pools",
     "plan_pools", "setup_for",
-    "CalibrateResult", "DeploymentCalibration", "calibrate", "calibrate_deployments",
+    "CalibrateResult", "DeploymentCalibration", "calibrate", "calibrate_deployments", "BenchCalibration", "BenchSettings",
+    "calibrate_bench",
     "CompareResult", "DesignResult", "SweepResult", "WindowsResult", "compare", "sweep", "plan_windows",
     "Schedule", "follow", "Planning", "Planned", "plan_for",
 ]

@@ -38,7 +38,9 @@ def test_readme_command_runs(line, monkeypatch, tmp_path):
             shipped, args[k] = ROOT / args[k], str(tmp_path / Path(args[k]).name)
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    if shipped is not None and args[0] == "calibrate":
+    if shipped is not None and args[0] == "calibrate" and "--bench" in args:
+        _same_bench_profile(Path(args[args.index("--output") + 1]), shipped)
+    elif shipped is not None and args[0] == "calibrate":
         _same_profile(Path(args[args.index("--output") + 1]), shipped)
     if shipped is not None and "--output-dir" in args:  # (examples/schedule: what the README's export reads)
         made = Path(args[args.index("--output-dir") + 1])
@@ -73,6 +75,17 @@ def _same_profile(made: Path, shipped: Path) -> None:
         ape = np.abs(predict_ms(points, load_engine(str(profile))) - measured) / measured * 100
         return points.assign(ape=ape).groupby(["model", "hardware", "tp", "phase"]).ape.mean()
     assert (mape(made) - mape(shipped)).abs().max() < 1.0
+
+
+def _same_bench_profile(made: Path, shipped: Path) -> None:
+    """The README's calibrate --bench line reproduces the shipped example profile: the same keys,
+    and every figure's MAPE (before, fitted, held out) within half a point."""
+    import yaml
+    a, b = yaml.safe_load(made.read_text()), yaml.safe_load(shipped.read_text())
+    assert a.keys() == b.keys() and a["fit"].keys() == b["fit"].keys()
+    for figure, row in b["fit"]["mape_pct"].items():
+        for column in ("before", "fitted", "held_out"):
+            assert abs(a["fit"]["mape_pct"][figure][column] - row[column]) < 0.5, (figure, column)
 
 
 def test_every_fitted_profile_names_the_command_that_writes_it():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import cast
 
 import typer
 
@@ -11,6 +12,10 @@ from splitplan.base.defaults import CALIBRATION_START
 from splitplan.base.errors import SpecError
 from splitplan.base.inputs import printable
 from splitplan.cli.common import (
+    KV_OFFLOAD_GB,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    PREFIX_CACHING,
     Format,
     _emit_json,
     _progress,
@@ -21,6 +26,7 @@ from splitplan.cli.common import (
     user_errors,
 )
 from splitplan.io import report
+from splitplan.workflows.plan_replay import cache_switch
 
 
 @app.command()
@@ -31,11 +37,27 @@ def calibrate(
         help="Measured whole deployments (aiconfigurator silicon CSV: TTFT and TPOT of closed-loop runs), replayed by the simulator."),
     backend: str | None = typer.Option(None, "--backend",
         help="With --deployments: the serving engine whose runs to fit (vllm, sglang, trtllm)."),
+    bench: list[Path] | None = typer.Option(None, "--bench",
+        help="Serving benchmark results (files or directories; repeatable): vllm bench serve --save-result JSON, inference-perf "
+             "stage reports, a GuideLLM JSON report or an AIPerf/genai-perf profile export, each run replayed as it ran."),
+    bench_format: str | None = typer.Option(None, "--bench-format",
+        help="With --bench: vllm, inference-perf, guidellm or aiperf (default: detected from each file's content)."),
+    trace: list[Path] | None = typer.Option(None, "--trace",
+        help="With --bench: the run's own requests (arrivals, sizes, prefix columns), where the results do not record them; "
+             "one for every run, or one per --bench."),
+    model: str | None = typer.Option(None, "--model", help="With --bench: the model (default: the one a result records)."),
+    hardware: str | None = typer.Option(None, "--hardware", help="With --bench: the machine type the runs ran on."),
+    tp: int | None = typer.Option(None, "--tp", help="With --bench: the tensor-parallel degree (default: the one a result records)."),
+    max_batch_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int | None = MAX_NUM_SEQS,
+    prefix_caching: str | None = PREFIX_CACHING,
+    kv_offload_gb: float | None = KV_OFFLOAD_GB,
     output: Path | None = typer.Option(None, "--output", help="Write the fitted engine profile (YAML) here."),
     engine: str | None = typer.Option(None, "--engine",
-        help="Starting profile (and the 'before' reference); default lean, lean-fp8 with --deployments."),
+        help="Starting profile (and the 'before' reference); default lean, lean-fp8 with --deployments, vllm with --bench."),
     folds: int = typer.Option(5, "--folds",
-        help="k of the k-fold cross-validation (0: none); with --deployments any k > 0 means held-out folds by machine (or band)."),
+        help="k of the k-fold cross-validation (0: none); with --deployments any k > 0 means held-out folds by machine (or band), "
+             "with --bench each run held out in turn."),
     max_prefill_batch_tokens: int | None = typer.Option(None, "--max-prefill-batch-tokens",
         help="Leave out batched prefills above this many tokens."),
     keep_anomalies: bool = typer.Option(False, "--keep-anomalies", help="Fit points that are faster than a smaller batch too."),
@@ -46,15 +68,36 @@ def calibrate(
     format: Format = typer.Option(Format.table, "--format", help="table or json"),
 ) -> None:
     """Fit an engine profile to measurements and report its error, in-sample and cross-validated."""
-    if (perf_db is None) == (deployments is None):
-        raise SpecError("give --perf-db (single forward passes) or --deployments (whole serving runs), one of them")
+    if len([x for x in (perf_db, deployments, bench) if x]) != 1:
+        raise SpecError("give --bench (your serving benchmarks), --perf-db (single forward passes) or --deployments "
+                        "(aiconfigurator's measured deployments), one of them")
+    if bench:
+        settings = api.BenchSettings(model, hardware, tp, max_batch_tokens, max_num_seqs, cache_switch(prefix_caching),
+                                     kv_offload_gb or 0.0)
+        _calibrate_bench(bench, bench_format, trace or [], settings, engine or "vllm", folds, output, description, residuals,
+                         plot, jobs, format)
+        return
+    _without_bench({"--bench-format": bench_format, "--trace": trace, "--model": model, "--hardware": hardware, "--tp": tp,
+                    "--max-num-batched-tokens": max_batch_tokens, "--max-num-seqs": max_num_seqs,
+                    "--prefix-caching": prefix_caching, "--kv-offload-gb": kv_offload_gb})
     if deployments is not None:
         _calibrate_deployments(deployments, backend, engine or "lean-fp8", folds, output, description, residuals, jobs, format)
-        return
-    if backend is not None:
+    elif backend is not None:
         raise SpecError("--backend goes with --deployments")
-    assert perf_db is not None  # (one of the two: checked above)
-    engine = engine or CALIBRATION_START
+    else:
+        _calibrate_passes(cast(Path, perf_db), engine or CALIBRATION_START, folds, max_prefill_batch_tokens, keep_anomalies, output,
+                          description, residuals, plot, jobs, format)
+
+
+def _without_bench(flags: dict) -> None:
+    """The options that only --bench takes, refused without it (exit 2, naming the first given)."""
+    given = [flag for flag, value in flags.items() if value not in (None, [])]
+    if given:
+        raise SpecError(f"{given[0]} goes with --bench")
+
+
+def _calibrate_passes(perf_db: Path, engine: str, folds: int, max_prefill_batch_tokens, keep_anomalies: bool, output,
+                      description, residuals, plot, jobs: int, format) -> None:
     if plot is not None:
         _require_matplotlib()
     with _progress("calibrate: fit and cross-validation folds", total=1 + (folds if folds >= 2 else 0)) as step:
@@ -162,6 +205,73 @@ def _calibrate_deployments(path: Path, backend: str | None, engine: str, folds: 
                            [(name, getattr(d, name)) for name in type(d).model_fields]))
     if result.dropped:
         con.print("Left out of the file: " + "; ".join(f"{n} x {reason}" for reason, n in result.dropped.items()))
+
+
+def _calibrate_bench(paths: list[Path], bench_format, traces: list[Path], settings, engine: str, folds: int, output,
+                     description, residuals, plot, jobs: int, format) -> None:
+    if plot is not None:
+        _require_matplotlib()
+    with _progress("calibrate: fit and held-out runs") as step:
+        result = api.calibrate_bench([str(p) for p in paths], settings, engine, bench_format, [str(t) for t in traces],
+                                     folds != 0, jobs if jobs > 0 else (os.cpu_count() or 1), step)
+    command = _bench_command(paths, traces, bench_format, settings, engine)
+    header = (f"Engine profile fitted by: {printable(command)}\nFit error (MAPE %, before, fitted and held out) is under "
+              "fit.mape_pct; fit.error is what optimize --confidence sizes with.")
+    profile = _write_calibration(result.profile, description, output, header, printable(command), residuals, result.runs,
+                                 {plot: _bench_plot(result.runs)} if plot else {})
+    if format is Format.json:
+        _emit_json(result.to_json())
+        return
+    con = report.console()
+    con.print(report.table("Error % per run and figure (predicted / measured - 1)",
+                           ["run", "figure", "measured ms", "before", "fitted", "held out"],
+                           [(printable(r["run"]), r["metric"], r["measured_ms"], _pct(r["before_ms"], r["measured_ms"]),
+                             _pct(r["fitted_ms"], r["measured_ms"]), _pct(r["held_out_ms"], r["measured_ms"]))
+                            for r in result.runs.to_dict("records")]))
+    con.print(report.table("MAPE % per figure", ["figure", "runs", "before", "fitted", "held out"],
+                           [(m, v["runs"], *(_one(v[k]) for k in ("before", "fitted", "held_out")))
+                            for m, v in result.summary.items()]))
+    con.print(report.table(f"Factors on {profile.fit['machine']} (pinned: the share the runs fixed; the rest is the prior, "
+                           f"{printable(engine)})", ["factor", "prior", "fitted", "pinned %", "from"],
+                           [(f["factor"], f["prior"], f["fitted"], _one(f["pinned_pct"]), f["source"])
+                            for f in result.factors.to_dict("records")]))
+
+
+def _bench_command(paths: list[Path], traces: list[Path], bench_format, settings, engine: str) -> str:
+    """The calibrate --bench command as given (the profile's source)."""
+    flags = (("--bench-format", bench_format), ("--model", settings.model), ("--hardware", settings.hardware),
+             ("--tp", settings.tp), ("--max-num-batched-tokens", settings.max_num_batched_tokens),
+             ("--max-num-seqs", settings.max_num_seqs), ("--kv-offload-gb", settings.kv_offload_gb or None),
+             ("--prefix-caching", {True: "on", False: "off"}.get(settings.prefix_caching)), ("--engine", engine))
+    return " ".join(["splitplan calibrate", *(f"--bench {p}" for p in paths), *(f"--trace {t}" for t in traces),
+                     *(f"{flag} {value}" for flag, value in flags if value is not None)])
+
+
+def _one(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}"
+
+
+def _pct(value: float, measured: float) -> str:
+    return "" if value != value else f"{(value / measured - 1) * 100:+.1f}"
+
+
+def _bench_plot(runs) -> bytes:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figures = [m for m in ("ttft_mean", "tpot_mean", "e2e_mean") if (runs.metric == m).any()]
+    fig, axes = plt.subplots(1, len(figures), figsize=(4.5 * len(figures), 4.5), squeeze=False)
+    for ax, metric in zip(axes[0], figures, strict=True):
+        rows = runs[runs.metric == metric]
+        for column, marker in (("before_ms", "o"), ("fitted_ms", "s"), ("held_out_ms", "x")):
+            if rows[column].notna().any():
+                ax.scatter(rows.measured_ms, rows[column], marker=marker, label=column.removesuffix("_ms").replace("_", " "))
+        lo, hi = rows.measured_ms.min() * 0.8, rows.measured_ms.max() * 1.25
+        ax.plot([lo, hi], [lo, hi], color="black", lw=0.8)
+        ax.set(xscale="log", yscale="log", xlabel="measured ms", ylabel="predicted ms", title=metric.replace("_", " "))
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return figure_png(fig)
 
 
 def _calibration_plot(points) -> bytes:

@@ -153,6 +153,11 @@ class EngineProfile(BaseModel):
             measured = ", ".join(e.name for e in engine_catalog() if (e.fit or {}).get("error")) or "none"
             raise SpecError(f"--confidence {confidence:g}: engine profile {self.name} carries no measured error (fit.error); "
                             f"plan at a confidence with one that does ({measured})")
+        most = max(band.get("stages", band.get("runs", MIN_BAND_SAMPLES)) for band in error.values())
+        if most < MIN_BAND_SAMPLES:
+            raise SpecError(f"--confidence {confidence:g}: engine profile {self.name} measured its error (fit.error) on {most} "
+                            f"run(s), too few for its quantiles: calibrate it on at least {MIN_BAND_SAMPLES} runs or load stages "
+                            "(splitplan calibrate --bench), or plan without --confidence")
         ttft, tpot, e2e = (_worst_factor(error, f"{metric}_mean", confidence) for metric in ("ttft", "tpot", "e2e"))
         e2e = e2e or max(ttft or 1.0, tpot or 1.0)  # (no E2E measured: the larger of the two)
         tpot = tpot or 1.0

@@ -3,8 +3,10 @@ runs (sim.deployments), with held-out error."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -150,3 +152,296 @@ def calibrate_deployments(path: str, backend: str, engine: str = "lean-fp8", fol
     if held is not None:
         runs_out = runs_out.assign(cv_ttft_ms=held[:, 0], cv_tpot_ms=held[:, 1])
     return DeploymentCalibration(profile, table, runs_out, dropped)
+
+
+# --- calibrate --bench: serving benchmarks a team already ran -------------------------------
+
+MAX_REPLAY_REQUESTS = 6_000  # measured requests replayed per run (the first ones: a longer run's steady state repeats)
+SUMMARY_METRICS = ("ttft_mean", "tpot_mean", "e2e_mean")
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What `calibrate --bench` takes from flags where a benchmark file does not record it (or to
+    override what it records): as `simulate` takes them."""
+
+    model: str | None = None
+    hardware: str | None = None
+    tp: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    prefix_caching: bool | None = None
+    kv_offload_gb: float = 0.0
+
+
+@dataclass(frozen=True)
+class BenchCalibration:
+    profile: EngineProfile
+    runs: Any  # DataFrame: a row per run and measured figure: measured, before, fitted and held-out ms
+    factors: Any  # DataFrame: a row per fitted factor: prior, fitted, pinned share
+    summary: dict  # per figure: MAPE % before, fitted, held out
+
+    def to_json(self) -> dict:
+        return {"runs": self.runs.to_dict("records"), "factors": self.factors.to_dict("records"), "mape_pct": self.summary,
+                "fit": self.profile.fit}
+
+
+def _model_key(name: str) -> str:
+    """A model's name as a repository or catalog spells it, reduced to what tells models apart:
+    meta-llama/Llama-3.1-8B-Instruct and llama3.1-8b are both llama318b."""
+    import re
+    base = re.sub(r"[-_]v\d+(\.\d+)*(?=$|[-_])", "", name.lower().rstrip("/").rsplit("/", 1)[-1])
+    words = re.split(r"[-_.\s]+", base)
+    kept = [w for w in words if w not in ("instruct", "hf", "chat", "it", "base", "fp8", "fp4", "bf16")]
+    return re.sub(r"[^a-z0-9]", "", "".join(kept))
+
+
+def _catalog_model(run, settings: BenchSettings) -> str:
+    """--model, else the catalog model the run records (by name or Hugging Face repository); SpecError
+    naming the flag where it records none the catalog knows."""
+    from splitplan.base.inputs import excerpt
+    from splitplan.specs.model import model_catalog
+    if settings.model:
+        return settings.model
+    recorded = run.settings.get("model")
+    if isinstance(recorded, str) and recorded:
+        catalog = model_catalog()
+        exact = [s.name for s in catalog if recorded in (s.name, s.hf_repo)]
+        close = exact or sorted({s.name for s in catalog
+                                 if _model_key(recorded) in (_model_key(s.name), _model_key(s.hf_repo or s.name))})
+        if len(close) == 1:
+            return close[0]
+    said = f" (it records {excerpt(recorded)})" if recorded else ""
+    raise SpecError(f"{run.source}: no model the catalog knows{said}: give --model NAME (splitplan catalog lists them)")
+
+
+def _check_precision(run, base: EngineProfile, settings: BenchSettings) -> None:
+    """A run that served fp8 or fp4 weights (its model's repository says so) is fitted from a
+    profile of that precision: a bf16 profile's factors would absorb the precision's speed."""
+    import re
+    recorded = "" if settings.model else str(run.settings.get("model") or "")
+    found = re.search(r"(?<![a-z0-9])(nv)?(fp8|fp4)(?![a-z0-9])", recorded.lower())
+    if found and found.group(2) != base.weights:
+        raise SpecError(f"{run.source}: the run served {recorded} ({found.group(2)} weights) and --engine {base.name} has "
+                        f"{base.weights} weights: start from a {found.group(2)} profile (e.g. --engine vllm-fp8), or give --model")
+
+
+def _check_load(run, timed: bool = False) -> None:
+    """A run's rate and concurrency within splitplan.base.limits; and a run at a rate capped at a
+    concurrency (vllm bench serve --request-rate with --max-concurrency) replays as an open loop
+    only where the cap did not bind (by Little's law: requests in flight, rate x mean E2E, well
+    under it) or its send times are recorded."""
+    from splitplan.base.limits import MAX_CONCURRENCY, MAX_RATE_RPS
+    if run.rate_rps is not None and not 1e-6 <= run.rate_rps <= MAX_RATE_RPS:
+        raise SpecError(f"{run.source}: a request rate of {run.rate_rps:g} req/s; expected 1e-06 to {MAX_RATE_RPS:g}")
+    if run.concurrency is not None and run.concurrency > MAX_CONCURRENCY:
+        raise SpecError(f"{run.source}: a concurrency of {run.concurrency:,}; at most {MAX_CONCURRENCY:,} clients")
+    e2e_ms = run.measured_ms.get("e2e_mean")
+    if run.rate_rps and run.concurrency and run.start_s is None and e2e_ms and not timed \
+            and run.rate_rps * e2e_ms / 1e3 > 0.8 * run.concurrency:
+        raise SpecError(f"{run.source}: {run.rate_rps:g} req/s capped at {run.concurrency} in flight, and about "
+                        f"{run.rate_rps * e2e_ms / 1e3:.0f} were: the cap held requests back at times the file does not "
+                        "record; rerun with --save-detailed (per-request start_times), or give --trace with the send times")
+
+
+def _required(run, key: str, value, flag: str):
+    if value is None:
+        what = {"tp": "tensor-parallel degree", "hardware": "machine type"}[key]
+        raise SpecError(f"{run.source}: the run records no {what}: give {flag}")
+    return value
+
+
+def _arrivals(run, n: int, seed: int = 0) -> np.ndarray:
+    """Send times of `n` requests at the run's rate and arrival process, scaled to end at n / rate
+    as vllm bench serve and inference-perf scale theirs; all at 0 without a rate."""
+    if run.rate_rps is None:
+        return np.zeros(n)
+    rng = np.random.default_rng(seed)
+    if run.arrival == "constant":
+        gaps = np.ones(n)
+    elif run.arrival == "gamma":
+        gaps = rng.gamma(run.burstiness, 1.0 / run.burstiness, n)
+    else:
+        gaps = rng.exponential(1.0, n)
+    times = np.concatenate(([0.0], np.cumsum(gaps)[:-1]))
+    return times * (n / run.rate_rps) / max(float(np.sum(gaps)), 1e-12)
+
+
+def _requests(run, trace):
+    """The measured requests as a Trace: the --trace (its arrivals and sizes) over the file's, else
+    the file's per-request record, else its mean sizes; at most MAX_REPLAY_REQUESTS."""
+    from splitplan.workload.trace import Trace
+    if trace is not None:
+        return trace.take(slice(0, MAX_REPLAY_REQUESTS)) if len(trace) > MAX_REPLAY_REQUESTS else trace
+    if run.input_tokens is not None and run.output_tokens is not None and len(run.input_tokens):
+        k = min(len(run.input_tokens), MAX_REPLAY_REQUESTS)
+        arrival = run.start_s[:k] if run.start_s is not None and not run.closed_loop else _arrivals(run, k)
+        return Trace(arrival - arrival[0], np.maximum(run.input_tokens[:k], 1).astype(np.int64),
+                     np.maximum(run.output_tokens[:k], 1).astype(np.int64), run.source)
+    if run.isl_mean and run.osl_mean and run.requests:
+        k = min(run.requests, MAX_REPLAY_REQUESTS)
+        return Trace(_arrivals(run, k), np.full(k, max(round(run.isl_mean), 1), np.int64),
+                     np.full(k, max(round(run.osl_mean), 1), np.int64), run.source)
+    raise SpecError(f"{run.source}: the run records no request sizes (input and output lengths): give --trace FILE with "
+                    "its requests")
+
+
+def _within_context(run, trace, context: int | None):
+    """The requests the engine took: those longer than its context window (prompt and output)
+    were refused and are not among a run's measured ones."""
+    if context is None:
+        return trace
+    fits = trace.prompt_tokens + trace.output_tokens <= context
+    if not fits.any():
+        raise SpecError(f"{run.source}: every request is longer than the model's {context:,}-token context; check the "
+                        "request sizes (or --trace) and --model")
+    return trace if fits.all() else trace.take(fits)
+
+
+def _with_warmup(trace, warm: int):
+    """`trace` after `warm` requests of its first ones' sizes, sent at its mean pace before it."""
+    if not warm:
+        return trace
+    step = trace.span_s / (len(trace) - 1) if len(trace) > 1 else 0.0
+    ahead = trace.take(np.concatenate([np.arange(warm), np.arange(len(trace))]))
+    return dataclasses.replace(ahead, arrival_s=np.concatenate([np.arange(warm) * step, trace.arrival_s + warm * step]))
+
+
+def bench_replay(run, settings: BenchSettings, base: EngineProfile, trace=None):
+    """One BenchRun (workload.benchmarks) as sim.bench_fit.Replay: its requests (`trace`, a Trace,
+    where given: the run's own), with the warm-up the tool sent first (the first requests' sizes
+    again at the same pace), its instance and the engine's scheduler as it ran."""
+    from splitplan.sim.bench_fit import Replay
+    from splitplan.sim.types import SimOptions
+    model = load_model(_catalog_model(run, settings))
+    hardware = load_hardware(_required(run, "hardware", settings.hardware, "--hardware NAME"))
+    tp = int(_required(run, "tp", settings.tp or run.settings.get("tp"), "--tp N"))
+    if not run.measured_ms:
+        raise SpecError(f"{run.source}: records no TTFT, TPOT or E2E figure to fit to")
+    _check_load(run, timed=trace is not None)
+    _check_precision(run, base, settings)
+    inst = Instance(model, hardware, base, Layout(tp))
+    if not inst.fit.fits:
+        raise SpecError(f"{run.source}: {model.name} at TP {tp} on {hardware.name}: {inst.fit.reason}; check --tp and --hardware")
+    measured = _within_context(run, _requests(run, trace), base.context_tokens(model))
+    warm = min(run.warmup_requests, len(measured))
+    batch = settings.max_num_batched_tokens or run.settings.get("max_num_batched_tokens")
+    seqs = settings.max_num_seqs or run.settings.get("max_num_seqs")
+    caching = settings.prefix_caching if settings.prefix_caching is not None else run.settings.get("prefix_caching")
+    options = SimOptions(base.batch_tokens(batch), concurrency=run.concurrency if run.closed_loop else None,
+                         max_model_len=base.context_tokens(model), max_num_seqs=base.seqs_cap(seqs),
+                         warmup_requests=warm, prefix_caching=base.caches_prefixes(caching, kv_offload_gb=settings.kv_offload_gb),
+                         kv_offload_gb=settings.kv_offload_gb)
+    return Replay(run.source, _with_warmup(measured, warm), inst, options, warm, dict(run.measured_ms), run.tpot_of_means)
+
+
+def _fold_unit(shared, held: int):
+    from splitplan.sim import bench_fit
+    replays, base = shared
+    fold = bench_fit.fit([r for k, r in enumerate(replays) if k != held], base)
+    return bench_fit.predict(replays[held], fold.profile)
+
+
+def calibrate_bench(paths: list[str], settings: BenchSettings = BenchSettings(), engine: str | EngineProfile = "vllm",
+                    bench_format: str | None = None, traces: list | None = None, folds: bool = True, jobs: int = 1,
+                    progress=None) -> BenchCalibration:
+    """Fit `engine`'s factors for the runs' model and machine to serving benchmarks (vllm bench
+    serve, inference-perf, GuideLLM, AIPerf: workload.benchmarks), each run replayed as it ran
+    (sim.bench_fit); report each run's error before and after, and held out (each run predicted by
+    a fit without it) when there are several, and write that error into the profile (`fit.error`)
+    for `optimize --confidence`. `traces`: one trace (a path or a Trace) for every run, or one per
+    path, in order."""
+    from splitplan.sim import bench_fit
+    base = engine if isinstance(engine, EngineProfile) else load_engine(engine)
+    replays = bench_replays(paths, settings, base, bench_format, traces or [])
+    result = bench_fit.fit(replays, base)
+    if progress:
+        progress()
+    held = None
+    if folds and len(replays) > 1:
+        held = run_units(_fold_unit, list(range(len(replays))), (replays, base), jobs, progress=progress)
+    predicted = {"before": [bench_fit.predict(r, base) for r in replays],
+                 "fitted": [bench_fit.predict(r, result.profile) for r in replays], "held_out": held}
+    table, factors = _bench_frames(replays, predicted, result)
+    summary = _bench_summary(table)
+    profile = _calibrated(base, result, replays, paths, {
+        "factors": {f["factor"]: {k: v for k, v in f.items() if k != "factor"} for f in factors.to_dict("records")},
+        "mape_pct": summary, "at_bound": result.at_bound,
+        "error_source": ("held out: each run predicted by a fit without it" if held else
+                         "in-sample (one run, or --folds 0): the error of the fitted runs themselves"),
+        "error": _error_quantiles(table, "held_out_ms" if held else "fitted_ms")})
+    return BenchCalibration(profile, table, factors, summary)
+
+
+def _bench_frames(replays: list, predicted: dict, result) -> tuple:
+    """(a row per run and figure: measured and predicted ms; a row per factor: prior, fitted, pinned)."""
+    import pandas as pd
+
+    from splitplan.sim.bench_fit import PINNED
+    table = pd.DataFrame([{"run": r.name, "metric": metric, "measured_ms": value,
+                           **{f"{k}_ms": v[i][metric] if v else float("nan") for k, v in predicted.items()}}
+                          for i, r in enumerate(replays) for metric, value in r.measured_ms.items()])
+    factors = pd.DataFrame([{"factor": k, "prior": result.prior[k], "fitted": result.fitted[k],
+                             "pinned_pct": round(100 * result.pinned[k], 1),
+                             "source": "runs" if result.pinned[k] >= PINNED else "prior"} for k in result.names])
+    return table, factors
+
+
+def _calibrated(base: EngineProfile, result, replays: list, paths: list[str], fit: dict) -> EngineProfile:
+    """The fitted profile as written: named for its base, its machine's source and `fit` saying how."""
+    machine, models = replays[0].instance.hardware.name, ", ".join(sorted({r.instance.model.name for r in replays}))
+    return result.profile.model_copy(update={
+        "name": f"{base.name}-calibrated",
+        "description": f"{base.description}; calibrated on {len(replays)} measured run(s) of {models} on {machine}",
+        "source": f"splitplan calibrate --bench {' '.join(map(str, paths))} --engine {base.name}",
+        "efficiency_sources": {**base.efficiency_sources,
+                               machine: f"calibrated (splitplan calibrate --bench) on {len(replays)} measured run(s)"},
+        "fit": {"data": [str(p) for p in paths], "runs": len(replays), "machine": machine, "model": models,
+                "method": "splitplan calibrate --bench: each run replayed as it ran by the simulator; maximum a posteriori "
+                          "fit (scipy least_squares) of log(simulated/measured) figures with a Gaussian prior at the "
+                          f"starting profile ({base.name}) per factor, within physical bounds", **fit}})
+
+
+def bench_replays(paths: list[str], settings: BenchSettings, base: EngineProfile, bench_format: str | None,
+                  traces: list) -> list:
+    """Every run of `paths` as a sim.bench_fit.Replay, each with its trace (`traces`: one for all,
+    or one per path of one run each), all on one machine type."""
+    from splitplan.workload.benchmarks import read_benchmarks
+    from splitplan.workload.trace import Trace, load_trace
+    by_path = [read_benchmarks([Path(p)], bench_format) for p in paths]
+    if len(traces) not in (0, 1, len(paths)):
+        raise SpecError(f"--trace given {len(traces)} times for {len(paths)} --bench: give one for all, or one per --bench")
+    if len(traces) > 1 and any(len(group) > 1 for group in by_path):
+        raise SpecError("a --bench with several runs cannot share one --trace per path: give each run its own file")
+    loaded = [t if isinstance(t, Trace) else load_trace(t) for t in traces]
+    replays = [bench_replay(run, settings, base, loaded[0] if len(loaded) == 1 else (loaded[k] if loaded else None))
+               for k, group in enumerate(by_path) for run in group]
+    machines = {r.instance.hardware.name for r in replays}
+    if len(machines) > 1:
+        raise SpecError(f"runs on {', '.join(sorted(machines))}: calibrate one machine type at a time")
+    return replays
+
+
+def _bench_summary(table) -> dict:
+    """Per measured figure: runs, MAPE % before, fitted and held out."""
+    out = {}
+    for metric, group in table.groupby("metric", sort=False):
+        row: dict[str, Any] = {"runs": len(group)}
+        for column in ("before", "fitted", "held_out"):
+            err = (group[f"{column}_ms"] / group.measured_ms - 1).abs() * 100
+            row[column] = round(float(err.mean()), 1) if err.notna().any() else None
+        out[metric] = row
+    return out
+
+
+def _error_quantiles(table, column: str) -> dict:
+    """fit.error as engine profiles carry it (specs.engine.EngineProfile.latency_factors): over
+    all runs, quantiles of the signed error of mean TTFT, TPOT and E2E, in %."""
+    levels = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
+    band: dict[str, Any] = {"runs": int(table.run.nunique())}
+    for metric in SUMMARY_METRICS:
+        rows = table[table.metric == metric]
+        err = ((rows[column] / rows.measured_ms - 1) * 100).dropna()
+        if len(err):
+            band[metric] = {f"q{round(q * 100):02d}": round(float(np.quantile(err, q)), 1) for q in levels}
+    return {"all": band}

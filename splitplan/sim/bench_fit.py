@@ -1,0 +1,178 @@
+"""Serving benchmarks replayed as they ran, and an engine profile's factors fitted to them
+(`splitplan calibrate --bench`).
+
+A `Replay` is one measured run made ready for the simulator: its requests (sizes in send order;
+arrival times for an open loop), its load (a closed loop of `concurrency` clients, or the
+arrivals), the warm-up the benchmark sent first and left out, the one co-located instance it ran
+on, the engine's scheduler settings, and what it measured (`BenchRun.measured_ms`). `predict`
+simulates it under a profile and computes each measured figure as the tool did: means and
+percentiles over the measured requests, TPOT as a mean per request or, where the tool derives
+it so (inference-perf), from the means.
+
+The fit (`fit`) is a maximum a posteriori estimate: the log ratio of predicted to measured
+figures (each with its noise, `METRIC_NOISE`: a mean is steadier than a p99) and, for each
+factor (`BENCH_FACTORS`), a Gaussian prior at the starting profile's value, within physical
+bounds. A factor the runs do not pin stays at the prior; how much of each factor the data pinned
+is its `pinned` share: 1 - its posterior variance over its prior variance, from the fit's
+Jacobian (0: the prior alone, 1: the data alone). One light-load run pins a decode step and the
+overheads it adds to, not a whole profile; runs at several loads pin more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from splitplan.perf.bounds import at_bounds
+from splitplan.perf.bounds import bounds as fit_bounds
+from splitplan.perf.roofline import Instance
+from splitplan.sim.cluster import PoolSpec, simulate
+from splitplan.sim.types import SimOptions
+from splitplan.specs.engine import EngineProfile
+from splitplan.specs.roles import Role
+from splitplan.workload.trace import Trace
+
+# name: (lower, upper, prior spread, relative): an efficiency's spread is a share of its prior
+# value, an overhead's is in seconds. Bounds are physical (perf.bounds lowers compute's to the
+# GPU's measured GEMM ceiling); the spreads say how far a team's engine build and machine
+# plausibly sit from the shipped profile's.
+BENCH_FACTORS = {
+    "compute_efficiency": (0.1, 1.0, 0.25, True),
+    "memory_efficiency": (0.3, 0.95, 0.15, True),
+    "prefill_overhead_s": (0.0, 0.05, 2e-3, False),
+    "decode_overhead_s": (0.0, 0.02, 1e-3, False),
+    "sequence_overhead_s": (0.0, 2e-4, 2e-5, False),
+    "frontend_latency_s": (0.0, 0.05, 5e-3, False),  # (engine-wide: the API server's, not the GPU's)
+}
+# Spread of log(predicted / measured) a figure is trusted to: a benchmark's means repeat within a
+# few %, its tail percentiles much less (and a light run's TTFT tail is its few cold prompts,
+# which would otherwise drag the prefill's efficiency: bench/bench_calibration.py).
+METRIC_NOISE = {"mean": 0.03, "p50": 0.05, "p90": 0.2, "p99": 0.4}
+PINNED = 0.5  # a factor whose pinned share reaches this is said to be pinned by the data
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One measured run ready to simulate (module docstring)."""
+
+    name: str
+    trace: Trace  # the warm-up's requests first
+    instance: Instance  # the run's instance (its model, machine, layout), under the starting profile
+    options: SimOptions
+    warmup: int  # the trace's first requests, left out of the figures
+    measured_ms: dict[str, float]
+    tpot_of_means: bool = False
+
+    def under(self, profile: EngineProfile) -> Instance:
+        return Instance(self.instance.model, self.instance.hardware, profile, self.instance.layout)
+
+
+def predict(replay: Replay, profile: EngineProfile) -> dict[str, float]:
+    """The run's figures (ms, those it measured) simulated under `profile`; NaN where no
+    measured request completed (or the instance cannot hold the model)."""
+    inst = replay.under(profile)
+    if not inst.fit.fits:
+        return {m: float("nan") for m in replay.measured_ms}
+    result = simulate(replay.trace, [PoolSpec(Role.MIXED, inst, inst.unit_machines, 1)],
+                      dataclasses.replace(replay.options, inter_token_gaps=False))
+    ttft, e2e = result.ttft_s[replay.warmup:] * 1e3, result.e2e_s[replay.warmup:] * 1e3
+    outputs = replay.trace.output_tokens[replay.warmup:].astype(float)
+    done = np.isfinite(e2e) & np.isfinite(ttft)
+    if not done.any():
+        return {m: float("nan") for m in replay.measured_ms}
+    ttft, e2e, outputs = ttft[done], e2e[done], outputs[done]
+    figures = {}
+    for name, values in (("ttft", ttft), ("e2e", e2e)):
+        figures[f"{name}_mean"] = float(np.mean(values))
+        for q in (50, 90, 99):
+            figures[f"{name}_p{q}"] = float(np.percentile(values, q))
+    if replay.tpot_of_means:
+        figures["tpot_mean"] = (figures["e2e_mean"] - figures["ttft_mean"]) / max(float(np.mean(outputs)) - 1, 1.0)
+    else:
+        many = outputs > 1
+        figures["tpot_mean"] = float(np.mean((e2e[many] - ttft[many]) / (outputs[many] - 1))) if many.any() else float("nan")
+    return {m: figures[m] for m in replay.measured_ms}
+
+
+def metric_noise(metric: str) -> float:
+    return METRIC_NOISE[metric.rsplit("_", 1)[1]]
+
+
+def factor_value(profile: EngineProfile, name: str, hardware: str, tp: int, model: str) -> float:
+    """`name`'s value for this machine, TP and model (a profile field, or its factors there)."""
+    if name in type(profile).model_fields:
+        return float(getattr(profile, name))
+    return float(getattr(profile.factors(hardware, tp, model), name))
+
+
+def with_factors(profile: EngineProfile, values: dict[str, float], hardware: str) -> EngineProfile:
+    """`profile` with `values` set: engine-wide ones (a profile field) on the profile, the rest as
+    the machine's overrides (`hardware_overrides[hardware]`), its narrower keys (`HW/tpN...`,
+    fitted to other data) dropped so that these apply at every TP and model there."""
+    values = dict(values)
+    top = {k: values.pop(k) for k in list(values) if k in type(profile).model_fields}
+    overrides = {k: v for k, v in profile.hardware_overrides.items() if not k.startswith(f"{hardware}/")}
+    mine = overrides.get(hardware)
+    merged = {**(mine.model_dump(exclude_unset=True) if mine else {}), **values}
+    overrides[hardware] = type(profile.defaults).model_validate(merged)
+    return profile.model_copy(update={**top, "hardware_overrides": overrides})
+
+
+@dataclass(frozen=True)
+class BenchFit:
+    profile: EngineProfile
+    names: tuple[str, ...]  # the factors fitted
+    prior: dict[str, float]
+    fitted: dict[str, float]
+    pinned: dict[str, float]  # share of each factor the data pinned (module docstring)
+    at_bound: dict[str, str]
+    evaluations: int
+
+
+def fitted_names(base: EngineProfile, replays: list[Replay]) -> list[str]:
+    """The factors of BENCH_FACTORS these runs can move: all but the efficiencies measured kernel
+    curves replace on their machine (sim.deployments.timed_by_curves)."""
+    from splitplan.sim.deployments import timed_by_curves
+    hw = replays[0].instance.hardware
+    return [k for k in BENCH_FACTORS if not timed_by_curves(k, base, hw)]
+
+
+def fit(replays: list[Replay], base: EngineProfile, max_evaluations: int = 40) -> BenchFit:
+    """`base` with BENCH_FACTORS fitted to the runs (all on one machine type), as the module
+    docstring says; every run is simulated at every evaluation."""
+    from scipy.optimize import least_squares  # (on first use)
+    inst = replays[0].instance
+    hardware, tp, model = inst.hardware.name, inst.layout.tp, inst.model.name
+    names = fitted_names(base, replays)
+    lower, upper, why = fit_bounds({k: BENCH_FACTORS[k] for k in names}, names, [inst.hardware], base.weights)
+    prior = np.clip([factor_value(base, k, hardware, tp, model) for k in names], lower, upper)
+    spread = np.array([BENCH_FACTORS[k][2] * (prior[i] if BENCH_FACTORS[k][3] else 1.0) for i, k in enumerate(names)])
+    spread = np.maximum(spread, 1e-9)
+    measured = [(r, m, v) for r in replays for m, v in r.measured_ms.items() if v > 0]
+    target = np.log([v for _, _, v in measured])
+    noise = np.array([metric_noise(m) for _, m, _ in measured])
+
+    def profile_at(u) -> EngineProfile:  # (u - 1: each factor's distance from its prior, in prior spreads)
+        return with_factors(base, dict(zip(names, (float(v) for v in prior + (u - 1) * spread), strict=True)), hardware)
+
+    def residuals(u):
+        profile = profile_at(u)
+        predicted = {r.name: predict(r, profile) for r in replays}
+        values = np.array([predicted[r.name][m] for r, m, _ in measured])
+        data = np.where(np.isfinite(values) & (values > 0), (np.log(np.maximum(values, 1e-12)) - target) / noise, 1e3)
+        return np.concatenate([data, u - 1])
+
+    # in prior spreads, every factor moves on one scale: the finite-difference step (a tenth of a
+    # spread) is a change the simulator resolves, and the Jacobian is per spread as the posterior
+    # wants it; the prior sits at 1, not 0 (the trust region starts as large as the start vector)
+    result = least_squares(residuals, np.ones(len(names)), bounds=(1 + (lower - prior) / spread, 1 + (upper - prior) / spread),
+                           diff_step=0.1, max_nfev=max_evaluations)
+    jac = np.asarray(result.jac)[: len(measured)]
+    posterior = np.linalg.inv(jac.T @ jac + np.eye(len(names)))
+    pinned = {k: float(np.clip(1 - posterior[i, i], 0, 1)) for i, k in enumerate(names)}
+    x = prior + (result.x - 1) * spread
+    ended = at_bounds(names, x, lower, upper, why)
+    return BenchFit(profile_at(result.x), tuple(names), dict(zip(names, map(float, prior), strict=True)),
+                    dict(zip(names, map(float, x), strict=True)), pinned, ended, int(result.nfev))
