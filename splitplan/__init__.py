@@ -30,12 +30,15 @@ from splitplan.workload.trace import Trace, load_trace, resample_poisson  # noqa
 
 if TYPE_CHECKING:
     from splitplan.api import (
+        BenchCalibration,
+        BenchSettings,
         CalibrateResult,
         CompareResult,
         OptimizeResult,
         SimulateResult,
         SweepResult,
         calibrate,
+        calibrate_bench,
         compare,
         plan_windows,
         sweep,
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
 _LAZY = {"CalibrateResult": "splitplan.api", "CompareResult": "splitplan.api", "OptimizeResult": "splitplan.api",
          "SimulateResult": "splitplan.api", "SweepResult": "splitplan.api", "Export": "splitplan.deploy",
          "compare": "splitplan.api", "sweep": "splitplan.api", "plan_windows": "splitplan.api", "calibrate": "splitplan.api",
+         "calibrate_bench": "splitplan.api", "BenchSettings": "splitplan.api", "BenchCalibration": "splitplan.api",
          "Catalog": "splitplan.specs.catalog"}
 
 
@@ -57,7 +61,8 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'splitplan' has no attribute {name!r}")
 
-__all__ = ["plan", "simulate", "compare", "sweep", "calibrate", "export", "plan_windows", "workload", "Trace", "load_trace",
+__all__ = ["plan", "simulate", "compare", "sweep", "calibrate", "calibrate_bench", "BenchSettings", "BenchCalibration",
+           "export", "plan_windows", "workload", "Trace", "load_trace",
            "resample_poisson", "OptimizeResult", "SimulateResult", "CompareResult", "SweepResult", "CalibrateResult", "Export",
            "Catalog"]
 

@@ -109,8 +109,6 @@ def _directory(path: Path, fmt: str | None) -> list[BenchRun]:
     names = {p.name for p in files}
     if any(re.fullmatch(r"stage_\d+_lifecycle_metrics\.json", n) for n in names):
         files = [p for p in files if p.name != "summary_lifecycle_metrics.json"]  # (every stage at once)
-    if "profile_export_aiperf.json" in names:  # (its records are read with it)
-        files = [p for p in files if p.name != "profile_export.jsonl"]
     out: list[BenchRun] = []
     for p in files:
         out += _file(p, fmt, explicit=False)

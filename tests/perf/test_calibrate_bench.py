@@ -184,6 +184,9 @@ def test_a_fit_finds_the_runs_the_simulator_made_under_a_known_profile(tmp_path,
     assert profile.hardware_overrides[HW].memory_efficiency < 0.8  # (from 0.85, toward TRUTH's 0.7)
     assert profile.fit["error"]["all"]["runs"] == 2 and set(profile.fit["error"]["all"]) >= {"ttft_mean", "tpot_mean"}
     assert profile.fit["mape_pct"]["tpot_mean"]["before"] > 15
+    rows = table[table.metric == "ttft_mean"]
+    held = (rows.held_out_ms / rows.measured_ms - 1) * 100
+    assert profile.fit["error"]["all"]["ttft_mean"]["q10"] == pytest.approx(np.quantile(held, 0.1), abs=0.051)
 
 
 def test_one_light_run_pins_the_decode_step_and_leaves_the_rest_at_the_prior(tmp_path, light):
@@ -223,6 +226,15 @@ def test_five_runs_give_an_error_optimize_sizes_with():
         "runs": 5, "ttft_mean": {"q10": -20.0, "q50": 0.0}, "tpot_mean": {"q10": -10.0, "q50": 0.0}}}}})
     factors = mine.latency_factors(0.9)
     assert factors["ttft"] == pytest.approx(1 / 0.8) and factors["tpot"] == pytest.approx(1 / 0.9)
+
+
+def test_requests_longer_than_the_context_were_refused_by_the_engine_and_are_not_replayed(light):
+    sizes = light["isl"].astype(float)
+    sizes[[5, 9]] = 200_000  # (Llama-3.1-8B's context is 131,072 tokens)
+    run = BenchRun("long", "vllm", {"ttft_mean": 50.0}, light["n"], 2.0, input_tokens=sizes,
+                   output_tokens=light["osl"].astype(float), start_s=light["start"], settings={"model": HF_MODEL, "tp": 1})
+    replay = bench_replay(run, BenchSettings(hardware=HW), load_engine("vllm"))
+    assert len(replay.trace) == light["n"] - 2 and replay.trace.prompt_tokens.max() < 200_000
 
 
 def test_a_closed_loop_and_a_summary_only_file_replay_as_they_ran(tmp_path):
@@ -283,3 +295,132 @@ def test_the_plot_draws_predicted_against_measured_per_figure(tmp_path, light):
     out = tmp_path / "fit.png"
     result = run("--bench", _write(tmp_path / "v.json", vllm_result(light)), "--hardware", HW, "--plot", out)
     assert result.exit_code == 0 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("figure", ["ttft_mean", "ttft_p99"])  # (data that pin the front end, and data that barely do)
+def test_the_fit_is_the_posterior_mode_of_its_figures_and_priors(monkeypatch, figure):
+    """With a figure that depends on the front end alone (predict stubbed), the fit is the
+    maximum a posteriori estimate computed by hand (where the data pin it, and where they barely
+    do): log error over its noise and the factor's distance from the prior over its spread, both
+    squared; the other factors stay at their prior with nothing pinned; the front end's pinned
+    share is J^2 / (J^2 + 1) in prior spreads."""
+    from scipy.optimize import minimize_scalar
+
+    base = load_engine("vllm")
+    run = BenchRun("stub", "vllm", {figure: 40.0}, 10, 1.0, input_tokens=np.full(10, 100.0),
+                   output_tokens=np.full(10, 10.0), start_s=np.arange(10.0), settings={"model": HF_MODEL, "tp": 1})
+    replay = bench_replay(run, BenchSettings(hardware=HW), base)
+    monkeypatch.setattr(bench_fit, "predict", lambda r, p: {figure: 1000 * p.frontend_latency_s + 10})
+    result = bench_fit.fit([replay], base)
+    prior, spread = base.frontend_latency_s, bench_fit.BENCH_FACTORS["frontend_latency_s"][2]
+    noise = bench_fit.metric_noise(figure)
+
+    def cost(f):
+        return (np.log((1000 * f + 10) / 40) / noise) ** 2 + ((f - prior) / spread) ** 2
+    best = minimize_scalar(cost, bounds=(0, 0.05), method="bounded", options={"xatol": 1e-9}).x
+    assert result.fitted["frontend_latency_s"] == pytest.approx(best, rel=1e-3)
+    assert prior < best < 0.03  # (the data pull toward 30 ms, the prior back toward 9)
+    for name in ("memory_efficiency", "decode_overhead_s", "compute_efficiency"):
+        assert result.fitted[name] == pytest.approx(result.prior[name]) and result.pinned[name] < 0.01
+    jac = 1000 * spread / (1000 * best + 10) / noise  # d(log ttft / noise) per prior spread
+    assert result.pinned["frontend_latency_s"] == pytest.approx(jac ** 2 / (jac ** 2 + 1), rel=0.05)
+
+
+def test_the_fitted_factors_apply_on_the_machine_at_every_tp_and_model():
+    base = load_engine("vllm")
+    narrow = base.model_copy(update={"hardware_overrides": {
+        **base.hardware_overrides, f"{HW}/tp1": type(base.defaults)(memory_efficiency=0.5),
+        "a100-80gb/tp1": type(base.defaults)(memory_efficiency=0.4)}})
+    fitted = bench_fit.with_factors(narrow, {"memory_efficiency": 0.7, "frontend_latency_s": 0.02}, HW)
+    assert fitted.factors(HW, 1, "llama3.1-8b").memory_efficiency == 0.7  # (the narrower key, fitted elsewhere, gone)
+    assert fitted.factors("a100-80gb", 1).memory_efficiency == 0.4 and fitted.frontend_latency_s == 0.02
+
+
+def test_a_tool_that_derives_tpot_from_its_means_is_predicted_the_same_way(light):
+    run = BenchRun("ip", "inference-perf", {"ttft_mean": 1.0, "e2e_mean": 1.0, "tpot_mean": 1.0}, light["n"], 2.0,
+                   tpot_of_means=True, input_tokens=light["isl"].astype(float), output_tokens=light["osl"].astype(float),
+                   start_s=light["start"], settings={"model": HF_MODEL, "tp": 1})
+    figures = bench_fit.predict(bench_replay(run, BenchSettings(hardware=HW), truth()), truth())
+    assert figures["tpot_mean"] == pytest.approx((figures["e2e_mean"] - figures["ttft_mean"]) / (light["osl"].mean() - 1))
+    assert figures["tpot_mean"] != pytest.approx(light["tpot_mean"], rel=1e-4)  # (not the mean per request)
+
+
+def test_a_warmup_the_tool_left_out_is_sent_first_and_left_out(tmp_path, light):
+    from splitplan.sim.cluster import PoolSpec, simulate
+    from splitplan.specs.roles import Role
+    report = guidellm_report([light])
+    report["benchmarks"][0]["config"]["warmup"] = {"value": 10, "mode": "requests"}
+    (run,) = read_benchmarks([_write(tmp_path / "g.json", report)])
+    assert run.warmup_requests == 10
+    replay = bench_replay(run, BenchSettings(hardware=HW, tp=1), truth())
+    assert replay.warmup == 10 and len(replay.trace) == light["n"] + 10
+    assert np.array_equal(replay.trace.prompt_tokens[:10], light["isl"][:10])
+    assert np.all(np.diff(replay.trace.arrival_s) >= 0)
+    inst = replay.under(truth())
+    sim = simulate(replay.trace, [PoolSpec(Role.MIXED, inst, 1, 1)], replay.options)
+    assert bench_fit.predict(replay, truth())["ttft_mean"] == pytest.approx(float(np.mean(sim.ttft_s[10:])) * 1e3)
+
+
+@pytest.mark.parametrize(("arrival", "burstiness", "cv"), [("poisson", 1.0, 1.0), ("constant", 1.0, 0.0), ("gamma", 0.25, 2.0)])
+def test_a_rate_without_send_times_replays_the_tools_arrival_process(arrival, burstiness, cv):
+    """vllm bench serve draws gaps from a gamma of shape `burstiness` (1: Poisson), inference-perf
+    and AIPerf constant or Poisson ones, each scaled to end at requests / rate."""
+    from splitplan.workflows.calibration import _arrivals
+    run = BenchRun("r", "vllm", {}, 4000, 4.0, arrival, burstiness)
+    times = _arrivals(run, 4000)
+    gaps = np.diff(times)
+    assert times[0] == 0 and times[-1] + gaps.mean() == pytest.approx(4000 / 4.0, rel=1e-3)
+    assert gaps.std() / gaps.mean() == pytest.approx(cv, abs=0.1)
+
+
+def test_one_trace_per_bench_path_needs_one_run_per_path(tmp_path, light):
+    report = guidellm_report([light, light])
+    path = _write(tmp_path / "g.json", report)
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_timestamp,prompt_size,token_size\n0,100,10\n1,100,10\n")
+    result = run("--bench", path, "--bench", _write(tmp_path / "v.json", vllm_result(light)), "--trace", trace,
+                 "--trace", trace, "--hardware", HW, "--tp", "1")
+    assert result.exit_code == 2 and "give each run its own file" in result.output
+
+
+def _guidellm_with(light, strategy, warmup=None):
+    report = guidellm_report([light])
+    report["benchmarks"][0]["config"].update({"strategy": strategy, "warmup": warmup or {}})
+    return report
+
+
+@pytest.mark.parametrize(("kind", "make", "load"), [
+    ("guidellm", lambda m: _guidellm_with(m, {"type_": "synchronous"}), (None, 1, 0)),
+    ("guidellm", lambda m: _guidellm_with(m, {"type_": "throughput", "max_concurrency": 16}), (None, 16, 0)),
+    ("guidellm", lambda m: _guidellm_with(m, {"type_": "constant", "rate": 3.0}, {"percent": 0.2}), (3.0, None, 30)),
+    ("guidellm", lambda m: _guidellm_with(m, {"type_": "poisson", "rate": 2.0}, {"value": 5.0}), (2.0, None, 10)),
+    ("aiperf", lambda m: {**aiperf_export(m), "input_config": {"loadgen": {"concurrency": 8, "warmup_request_count": 4}}},
+     (None, 8, 4)),
+    ("aiperf", lambda m: {**aiperf_export(m), "input_config": {"concurrency": 8, "model": [HF_MODEL]}}, (None, 8, 0)),
+    ("inference-perf", lambda m: {**inference_perf_report(m), "load_summary": {"count": 10, "concurrency": 6}}, (None, 6, 0)),
+])
+def test_each_tools_load_is_read_as_it_ran(tmp_path, light, kind, make, load):
+    """Rate, clients and the warm-up the tool sent first (GuideLLM's `percent` of the run or seconds
+    at its rate, AIPerf's warmup_request_count)."""
+    name = {"aiperf": "profile_export_aiperf.json", "inference-perf": "stage_3_lifecycle_metrics.json"}.get(kind, "r.json")
+    (run_,) = read_benchmarks([_write(tmp_path / name, make(light))])
+    assert (run_.tool, run_.rate_rps, run_.concurrency, run_.warmup_requests) == (kind, *load)
+    assert run_.closed_loop == (load[1] is not None)
+
+
+def test_aiperf_figures_in_seconds_are_taken_as_seconds(tmp_path, light):
+    doc = aiperf_export(light)
+    doc["request_latency"] = {k: (v / 1e3 if k != "unit" else "s") for k, v in doc["request_latency"].items()}
+    (run_,) = read_benchmarks([_write(tmp_path / "profile_export_aiperf.json", doc)])
+    assert run_.measured_ms["e2e_p99"] == pytest.approx(light["e2e_p99"])
+
+
+def test_failed_requests_of_a_detailed_vllm_result_are_left_out(tmp_path, light):
+    doc = vllm_result(light)
+    doc["errors"][4] = "HTTP 500"  # (vllm records each failure's error, and 0 output tokens)
+    doc["output_lens"][4] = 0
+    without_errors = {**doc, "output_lens": [*doc["output_lens"][:7], 0, *doc["output_lens"][8:]]}
+    del without_errors["errors"]  # (a file without the errors list: its zero outputs are the failures)
+    for name, d, dropped in (("a.json", doc, [4]), ("b.json", without_errors, [4, 7])):
+        (run_,) = read_benchmarks([_write(tmp_path / name, d)])
+        assert np.array_equal(run_.input_tokens, np.delete(light["isl"], dropped))
