@@ -218,10 +218,12 @@ def _check_precision(run, base: EngineProfile, settings: BenchSettings) -> None:
     profile of that precision: a bf16 profile's factors would absorb the precision's speed."""
     import re
     recorded = "" if settings.model else str(run.settings.get("model") or "")
-    found = re.search(r"(?<![a-z0-9])(nv)?(fp8|fp4)(?![a-z0-9])", recorded.lower())
-    if found and found.group(2) != base.weights:
-        raise SpecError(f"{run.source}: the run served {recorded} ({found.group(2)} weights) and --engine {base.name} has "
-                        f"{base.weights} weights: start from a {found.group(2)} profile (e.g. --engine vllm-fp8), or give --model")
+    found = re.search(r"(?<![a-z0-9])(?:nv)?(fp8|fp4)(?![a-z0-9])", recorded.lower())
+    precision = run.settings.get("precision") or (found.group(1) if found else None)
+    if precision and precision != base.weights:
+        said = f"served {recorded}" if found and not run.settings.get("precision") else "records its precision"
+        raise SpecError(f"{run.source}: the run {said} ({precision} weights) and --engine {base.name} has {base.weights} "
+                        f"weights: start from a profile of that precision (e.g. --engine vllm-fp8 for fp8), or give --model")
 
 
 def _check_load(run, timed: bool = False) -> None:
@@ -274,14 +276,28 @@ def _requests(run, trace):
     if run.input_tokens is not None and run.output_tokens is not None and len(run.input_tokens):
         k = min(len(run.input_tokens), MAX_REPLAY_REQUESTS)
         arrival = run.start_s[:k] if run.start_s is not None and not run.closed_loop else _arrivals(run, k)
-        return Trace(arrival - arrival[0], np.maximum(run.input_tokens[:k], 1).astype(np.int64),
-                     np.maximum(run.output_tokens[:k], 1).astype(np.int64), run.source)
+        prompt = np.maximum(run.input_tokens[:k], 1).astype(np.int64)
+        cached = None if run.cached_tokens is None else np.minimum(run.cached_tokens[:k], prompt - 1).astype(np.int64)
+        return Trace(arrival - arrival[0], prompt, np.maximum(run.output_tokens[:k], 1).astype(np.int64), run.source, cached)
     if run.isl_mean and run.osl_mean and run.requests:
         k = min(run.requests, MAX_REPLAY_REQUESTS)
-        return Trace(_arrivals(run, k), np.full(k, max(round(run.isl_mean), 1), np.int64),
-                     np.full(k, max(round(run.osl_mean), 1), np.int64), run.source)
+        rng = np.random.default_rng(0)
+        return Trace(_arrivals(run, k), _lengths(run.isl_quantiles, run.isl_mean, k, rng),
+                     _lengths(run.osl_quantiles, run.osl_mean, k, rng), run.source)
     raise SpecError(f"{run.source}: the run records no request sizes (input and output lengths): give --trace FILE with "
                     "its requests")
+
+
+def _lengths(quantiles: dict[float, float], mean: float, n: int, rng) -> np.ndarray:
+    """`n` lengths drawn from the recorded quantiles (linear between them), scaled to the recorded
+    mean; the mean every time where fewer than two quantiles are recorded. (Prompt and output
+    lengths are drawn apart: a summary does not record how they go together.)"""
+    if len(quantiles) < 2:
+        return np.full(n, max(round(mean), 1), np.int64)
+    levels, values = zip(*sorted(quantiles.items()), strict=True)
+    drawn = np.interp(rng.random(n), levels, values)
+    drawn *= mean / drawn.mean() if drawn.mean() > 0 else 1.0
+    return np.maximum(np.round(drawn), 1).astype(np.int64)
 
 
 def _within_context(run, trace, context: int | None):

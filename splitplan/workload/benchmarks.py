@@ -80,6 +80,11 @@ class BenchRun:
     osl_mean: float | None = None
     stage: int | None = None  # inference-perf's load stage
     settings: dict[str, Any] = field(default_factory=dict)  # model, tp, max_num_batched_tokens, max_num_seqs, prefix_caching
+    sent: int | None = None  # requests sent, failed ones included (inference-perf's load_summary.count)
+    cached_tokens: np.ndarray | None = None  # per measured request, prompt tokens the server's prefix cache held
+    # Where only a summary is kept: the recorded quantiles of the prompt and output lengths (level: tokens).
+    isl_quantiles: dict[float, float] = field(default_factory=dict)
+    osl_quantiles: dict[float, float] = field(default_factory=dict)
 
     @property
     def closed_loop(self) -> bool:
@@ -104,15 +109,21 @@ def read_benchmarks(paths: list[str | Path], fmt: str | None = None) -> list[Ben
     return runs
 
 
+def _natural(path: Path) -> list:
+    """A file name's sort key with its numbers as numbers (stage_2 before stage_10)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+
+
 def _directory(path: Path, fmt: str | None) -> list[BenchRun]:
-    files = sorted(p for p in path.iterdir() if p.suffix in SUFFIXES and p.is_file())
+    files = sorted((p for p in path.iterdir() if p.suffix in SUFFIXES and p.is_file()), key=_natural)
     names = {p.name for p in files}
     if any(re.fullmatch(r"stage_\d+_lifecycle_metrics\.json", n) for n in names):
         files = [p for p in files if p.name != "summary_lifecycle_metrics.json"]  # (every stage at once)
     out: list[BenchRun] = []
     for p in files:
         out += _file(p, fmt, explicit=False)
-    return out
+    records = path / "per_request_lifecycle_metrics.json"
+    return _inference_perf_requests(records, out) if records.is_file() else out
 
 
 def _documents(path: Path) -> list[Any]:
@@ -223,6 +234,34 @@ def _figures(doc: Any, path: Path, keys: dict[str, str], scale_ms: dict[str, flo
     return out
 
 
+GUIDELLM_LEVELS = {"p001": 0.001, "p01": 0.01, "p05": 0.05, "p10": 0.1, "p25": 0.25, "p50": 0.5, "p75": 0.75, "p90": 0.9,
+                   "p95": 0.95, "p99": 0.99, "p999": 0.999}
+
+
+def _quantiles(doc: Any, path: Path, key: str) -> dict[float, float]:
+    """The quantiles (level: tokens) of the length distribution at `key`: `min`, `median`, `max`
+    and `pNN` (NN percent: inference-perf's p90 and p99.9, AIPerf's p1 to p99) at its top level,
+    GuideLLM's under `percentiles` (its p001 is 0.1 %, p999 99.9 %)."""
+    dist = _get(doc, path, key, required=False)
+    if not isinstance(dist, dict):
+        return {}
+    named = {"min": 0.0, "median": 0.5, "max": 1.0}
+    levels = {name: named[name] if name in named else _percent(name) for name in dist}
+    if isinstance(dist.get("percentiles"), dict):
+        levels |= {f"percentiles.{name}": GUIDELLM_LEVELS.get(name) for name in dist["percentiles"]}
+    out = {}
+    for name, level in levels.items():
+        tokens = _number(doc, path, f"{key}.{name}", required=False) if level is not None else None
+        if tokens is not None and level is not None:
+            out[level] = min(tokens, float(MAX_REQUEST_TOKENS))
+    return out
+
+
+def _percent(name: str) -> float | None:
+    found = re.fullmatch(r"p(\d+(?:\.\d+)?)", name)
+    return float(found.group(1)) / 100 if found and float(found.group(1)) <= 100 else None
+
+
 def _int_setting(value: Any) -> int | None:
     try:
         number = float(value)
@@ -244,6 +283,9 @@ def _settings(doc: dict, path: Path | None = None) -> dict[str, Any]:
             out[key] = _int_setting(doc.get(name))
             if out[key] > most:
                 raise TraceError(f"{path}: {name} is {out[key]:,}; at most {most:,}")
+    precision = str(doc.get("quantization") or doc.get("precision") or "").lower()
+    if precision in ("fp8", "fp4", "nvfp4", "mxfp4", "bf16", "fp16"):
+        out["precision"] = "fp4" if "fp4" in precision else "bf16" if precision == "fp16" else precision
     caching = str(doc.get("prefix_caching", doc.get("enable_prefix_caching", ""))).lower()
     if caching in ("true", "on", "1", "false", "off", "0"):
         out["prefix_caching"] = caching in ("true", "on", "1")
@@ -317,7 +359,60 @@ def _inference_perf(path: Path, doc: dict) -> BenchRun:
     stage = re.fullmatch(r"stage_(\d+)_lifecycle_metrics\.json", path.name)
     return BenchRun(str(path), "inference-perf", measured, int(_number(successes, path, "count") or 0), rate,
                     _config_type(path), 1.0, concurrency, 0, True, isl_mean=_number(prompt, path, "mean", required=False),
-                    osl_mean=osl, stage=int(stage.group(1)) if stage else None)
+                    osl_mean=osl, stage=int(stage.group(1)) if stage else None,
+                    sent=int(_number(load, path, "count", required=False) or 0),
+                    isl_quantiles=_quantiles(doc, path, "successes.prompt_len" if "prompt_len" in successes
+                                             else "successes.prompt_tokens"),
+                    osl_quantiles=_quantiles(doc, path, "successes.output_len"))
+
+
+def _inference_perf_requests(path: Path, runs: list[BenchRun]) -> list[BenchRun]:
+    """`runs` with inference-perf's stages (in order) given their requests from its per-request
+    records (`per_request_lifecycle_metrics.json`: `start_time`, `info` with the prompt and output
+    tokens, `error`; older versions `info.input_tokens`/`info.output_tokens`, newer
+    `info.request_metrics.text.input_tokens`/`info.response_metrics.output_tokens`, with the
+    prompt tokens the server's prefix cache held in `server_usage.prompt_tokens_details`). The
+    records carry no stage: stages ran one after another, so each takes the next
+    `load_summary.count` records by send time, and the counts must add up."""
+    from dataclasses import replace
+    stages = sorted((r for r in runs if r.tool == "inference-perf" and r.stage is not None), key=lambda r: r.stage or 0)
+    if not stages:
+        return runs
+    (records,) = _documents(path)
+    if not isinstance(records, list):
+        raise TraceError(f"{path}: not a list of per-request records")
+    rows = np.array(sorted(_record(r, Path(f"{path} (record {k})")) for k, r in enumerate(records)), float).reshape(-1, 5)
+    ends = np.cumsum([r.sent or 0 for r in stages])
+    if ends[-1] != len(rows):
+        raise TraceError(f"{path}: {len(rows):,} records, and the stage reports beside it sent {ends[-1]:,} requests; keep "
+                         "each run's reports in a directory of its own")
+    given = {}
+    for run, table in zip(stages, np.split(rows, ends[:-1]), strict=True):
+        table = table[table[:, 4] > 0]
+        given[id(run)] = replace(run, input_tokens=table[:, 1], output_tokens=table[:, 2],
+                                 start_s=table[:, 0] - table[0, 0] if len(table) else None,
+                                 cached_tokens=None if np.isnan(table[:, 3]).any() else table[:, 3])
+    return [given.get(id(r), r) for r in runs]
+
+
+def _record(record: Any, where: Path) -> tuple[float, float, float, float, float]:
+    """(send time, prompt tokens, output tokens, cached prompt tokens or NaN, 1 if it succeeded)."""
+    if not isinstance(record, dict):
+        raise TraceError(f"{where}: not a per-request record")
+    info = record.get("info") or {}
+    prompt = _number(info, where, "input_tokens", required=False)
+    if prompt is None:
+        prompt = float(_number(info, where, "request_metrics.text.input_tokens") or 0.0)
+    output = _number(info, where, "output_tokens", required=False)
+    if output is None:
+        output = _number(info, where, "response_metrics.output_tokens", required=False) or 0.0
+    cached = _number(info, where, "response_metrics.server_usage.prompt_tokens_details.cached_tokens", required=False)
+    for key, value in (("input tokens", prompt), ("output tokens", output)):
+        if value > MAX_REQUEST_TOKENS:
+            raise TraceError(f"{where}: {key} {value:,.0f}; at most {MAX_REQUEST_TOKENS:,}")
+    ok = record.get("error") is None and output > 0
+    return (_number(record, where, "start_time") or 0.0, prompt, output, np.nan if cached is None else min(cached, prompt),
+            float(ok))
 
 
 def _config_type(path: Path) -> str:
@@ -352,7 +447,9 @@ def _guidellm(path: Path, report: dict) -> list[BenchRun]:
             str(where), "guidellm", measured, count, rate, arrival, 1.0, concurrency, warmup, False, inputs, outputs, starts,
             _number(metrics, where, "prompt_token_count.successful.mean", required=False),
             _number(metrics, where, "output_token_count.successful.mean", required=False),
-            None, {"model": _get(bench, where, "config.backend.model", required=False)}))
+            None, {"model": _get(bench, where, "config.backend.model", required=False)},
+            isl_quantiles=_quantiles(metrics, where, "prompt_token_count.successful"),
+            osl_quantiles=_quantiles(metrics, where, "output_token_count.successful")))
     return runs
 
 
@@ -425,7 +522,9 @@ def _aiperf(path: Path, doc: dict) -> BenchRun:
                     int(_number(loadgen, path, "warmup_request_count", required=False) or 0), False, inputs, outputs, starts,
                     _number(doc, path, "input_sequence_length.avg", required=False),
                     _number(doc, path, "output_sequence_length.avg", required=False),
-                    None, {"model": models[0] if isinstance(models, list) and models else models} | _settings(config, path))
+                    None, {"model": models[0] if isinstance(models, list) and models else models} | _settings(config, path),
+                    isl_quantiles=_quantiles(doc, path, "input_sequence_length"),
+                    osl_quantiles=_quantiles(doc, path, "output_sequence_length"))
 
 
 def _unit_ms(doc: dict, path: Path, key: str) -> float:

@@ -424,3 +424,107 @@ def test_failed_requests_of_a_detailed_vllm_result_are_left_out(tmp_path, light)
     for name, d, dropped in (("a.json", doc, [4]), ("b.json", without_errors, [4, 7])):
         (run_,) = read_benchmarks([_write(tmp_path / name, d)])
         assert np.array_equal(run_.input_tokens, np.delete(light["isl"], dropped))
+
+
+def _inference_perf_dir(tmp_path, light, newer: bool):
+    """Two stage reports and the per-request records inference-perf keeps (request_lifecycle
+    per_request): stage 0 the light run's requests, stage 1 the same again an hour later; the
+    newer records nest the token counts and carry the server's cached prompt tokens."""
+    folder = tmp_path / ("newer" if newer else "older")
+    folder.mkdir()
+    for stage in (0, 1):
+        _write(folder / f"stage_{stage}_lifecycle_metrics.json", inference_perf_report(light))
+    records = []
+    for stage in (0, 1):
+        for k, (i, o, t) in enumerate(zip(light["isl"], light["osl"], light["start"], strict=True)):
+            info = ({"request_metrics": {"text": {"input_tokens": int(i)}},
+                     "response_metrics": {"output_tokens": int(o), "server_usage": {"prompt_tokens": int(i),
+                                                                                    "prompt_tokens_details": {"cached_tokens": 64}}}}
+                    if newer else {"input_tokens": int(i), "output_tokens": int(o), "output_token_times": []})
+            if stage and "input_tokens" in info:
+                info["input_tokens"] += 1  # (stage 1's prompts a token longer: the stages are told apart)
+            elif stage:
+                info["request_metrics"]["text"]["input_tokens"] += 1
+            records.append({"start_time": 3600.0 * stage + float(t) + 100, "end_time": 0.0, "request": "", "response": "",
+                            "info": info, "error": {"error_type": "x", "error_msg": "y"} if k == 3 else None})
+    _write(folder / "per_request_lifecycle_metrics.json", records[::-1])  # (in any order: sorted by send time)
+    return folder
+
+
+@pytest.mark.parametrize("newer", [False, True])
+def test_inference_perf_per_request_records_give_each_stage_its_requests(tmp_path, light, newer):
+    stages = read_benchmarks([_inference_perf_dir(tmp_path, light, newer)])
+    assert [s.stage for s in stages] == [0, 1]
+    for k, stage in enumerate(stages):
+        assert np.array_equal(stage.input_tokens, np.delete(light["isl"], 3) + k)  # (its failed request left out)
+        assert np.allclose(stage.start_s, np.delete(light["start"], 3) - light["start"][0])
+    cached = stages[0].cached_tokens
+    assert (cached is not None and (cached == 64).all()) if newer else cached is None
+    if newer:  # the prompt tokens the server's cache held are not prefilled in the replay
+        replay = bench_replay(stages[0], BenchSettings(hardware=HW, tp=1, model="llama3.1-8b"), load_engine("vllm"))
+        assert (replay.trace.cached_tokens == 64).all()
+
+
+def test_stages_are_read_in_their_order(tmp_path, light):
+    for stage in (2, 10):
+        _write(tmp_path / f"stage_{stage}_lifecycle_metrics.json", inference_perf_report(light))
+    assert [s.stage for s in read_benchmarks([tmp_path])] == [2, 10]
+
+
+def test_inference_perf_records_that_do_not_add_up_to_the_stages_are_refused(tmp_path, light):
+    folder = _inference_perf_dir(tmp_path, light, False)
+    report = inference_perf_report(light)
+    report["load_summary"]["count"] = light["n"] - 1
+    _write(folder / "stage_1_lifecycle_metrics.json", report)
+    result = run("--bench", folder, "--hardware", HW, "--tp", "1", "--model", "llama3.1-8b")
+    assert result.exit_code == 2 and "keep each run's reports in a directory of its own" in result.output
+
+
+def test_a_summary_keeps_its_length_distribution(tmp_path, light):
+    report = inference_perf_report(light)
+    report["successes"]["prompt_len"] = {"mean": 600.0, "min": 100.0, "median": 500.0, "p90": 1200.0, "p99": 1900.0,
+                                         "max": 2000.0}
+    (stage,) = read_benchmarks([_write(tmp_path / "stage_0_lifecycle_metrics.json", report)])
+    assert stage.isl_quantiles == {0.0: 100.0, 0.5: 500.0, 0.9: 1200.0, 0.99: 1900.0, 1.0: 2000.0}
+    replay = bench_replay(stage, BenchSettings(hardware=HW, tp=1, model="llama3.1-8b"), load_engine("vllm"))
+    prompts = replay.trace.prompt_tokens
+    assert prompts.mean() == pytest.approx(600, rel=0.01) and prompts.min() >= 80 and prompts.max() <= 2400
+    assert np.median(prompts) == pytest.approx(500 * 600 / 560, rel=0.1)  # (the drawn shape, scaled to the mean)
+    assert len(set(replay.trace.output_tokens)) == 1  # (no output quantiles recorded: the mean)
+    guide = guidellm_report([light])
+    guide["benchmarks"][0]["metrics"]["prompt_token_count"]["successful"]["percentiles"] = {"p001": 5.0, "p999": 999.0}
+    assert read_benchmarks([_write(tmp_path / "g.json", guide)])[0].isl_quantiles[0.001] == 5.0
+
+
+def test_a_precision_the_file_records_must_match_the_profile(tmp_path, light):
+    path = _write(tmp_path / "v.json", {**vllm_result(light), "quantization": "fp8"})
+    result = run("--bench", path, "--hardware", HW)
+    assert result.exit_code == 2 and "records its precision (fp8 weights)" in result.output
+
+
+def test_the_trace_gives_the_runs_prompt_reuse_to_the_prefix_cache(tmp_path, light):
+    """A --trace with prefix columns: with prefix caching on, the shared prompt is computed once
+    and the predicted TTFT falls."""
+    n = 60
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_timestamp,prompt_size,token_size,prefix_id,prefix_tokens\n"
+                     + "".join(f"{k * 0.5},{3000},{50},sys,2900\n" for k in range(n)))
+    path = _write(tmp_path / "v.json", {**vllm_result(light, detailed=False), "request_rate": 2.0})
+    figures = {}
+    for switch in ("on", "off"):
+        result = run("--bench", path, "--trace", trace, "--hardware", HW, "--prefix-caching", switch, "--format", "json",
+                     "--folds", "0")
+        assert result.exit_code == 0, result.output
+        rows = json.loads(result.stdout)["runs"]
+        figures[switch] = next(r["before_ms"] for r in rows if r["metric"] == "ttft_mean")
+    assert figures["on"] < 0.7 * figures["off"]
+
+
+def test_a_factor_that_ends_on_its_bound_is_reported(tmp_path, light):
+    doc = vllm_result(light)
+    for key in ("mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms"):
+        doc[key] = 1.0  # (faster than any front end: the fit drives it to zero)
+    result = run("--bench", _write(tmp_path / "v.json", doc), "--hardware", HW, "--folds", "0", "--output", tmp_path / "m.yaml")
+    assert result.exit_code == 0, result.output
+    assert "warning: fitted factor frontend_latency_s ended on its lower bound" in result.output
+    assert "frontend_latency_s" in load_engine(str(tmp_path / "m.yaml")).fit["at_bound"]
