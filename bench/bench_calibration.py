@@ -42,9 +42,9 @@ import fit_vllm  # noqa: E402
 import real_runs as rr  # noqa: E402
 
 from splitplan.base.parallel import run_units  # noqa: E402
-from splitplan.sim import bench_fit  # noqa: E402
+from splitplan.sim.bench_replay import BenchSettings, bench_replay, predict
 from splitplan.specs.engine import load_engine  # noqa: E402
-from splitplan.workflows.calibration import BenchSettings, bench_replay, calibrate_bench  # noqa: E402
+from splitplan.workflows.calibration import calibrate_bench  # noqa: E402
 from splitplan.workload.benchmarks import read_benchmarks  # noqa: E402
 
 COLLAPSE_MS = 5_000.0
@@ -92,13 +92,13 @@ def one_run(shared, item) -> list[dict]:
     for _, row in stages.iterrows():
         run = read_benchmarks([paths[int(row.stage_index)]])[0]
         replay = bench_replay(run, settings(row), base, rr.stage_trace(data, row))
-        before, after = bench_fit.predict(replay, base), bench_fit.predict(replay, result.profile)
+        before, after = predict(replay, base), predict(replay, result.profile)
         out.append({"engine": engine, "run": run_id, "model": row.model_arg, "tp": int(row.tp), "stage": int(row.stage_index),
                     "rate_rps": float(row.stage_rate_rps), "fitted_on": bool(row.stage_index == light.stage_index),
                     "fit_s": seconds, **{f"measured_{m}": run.measured_ms[m] for m in ("ttft_mean", "tpot_mean")},
                     **{f"before_{m}": before[m] for m in ("ttft_mean", "tpot_mean")},
                     **{f"after_{m}": after[m] for m in ("ttft_mean", "tpot_mean")},
-                    "collapsed": bool(bench_fit.predict(replay, result.profile).get("ttft_p50", 0) > COLLAPSE_MS)
+                    "collapsed": bool(predict(replay, result.profile).get("ttft_p50", 0) > COLLAPSE_MS)
                     and not bool(row.overloaded),
                     "factors": result.factors.to_dict("records")})
     return out

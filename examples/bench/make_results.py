@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from splitplan.sim import bench_fit
+from splitplan.sim.bench_replay import BenchSettings, bench_replay, predict
 from splitplan.specs.engine import load_engine
-from splitplan.workflows.calibration import BenchSettings, bench_replay
 from splitplan.workload.benchmarks import METRICS, BenchRun
 
 HERE = Path(__file__).resolve().parent
@@ -40,7 +40,7 @@ def result(rate: float, rng: np.random.Generator) -> dict:
     start = np.concatenate([[0.0], np.cumsum(rng.exponential(1 / rate, REQUESTS))[:-1]])
     run = BenchRun("example", "vllm", dict.fromkeys(METRICS, 1.0), REQUESTS, rate, input_tokens=isl.astype(float),
                    output_tokens=osl.astype(float), start_s=start, settings={"model": MODEL, "tp": 1})
-    figures = bench_fit.predict(bench_replay(run, BenchSettings(hardware=HARDWARE), truth()), truth())
+    figures = predict(bench_replay(run, BenchSettings(hardware=HARDWARE), truth()), truth())
     m = {k: v * (1 + rng.uniform(-0.02, 0.02)) for k, v in figures.items()}
     return {"date": "20261206-120000", "backend": "vllm", "label": "SIMULATED by examples/bench/make_results.py, not measured",
             "model_id": MODEL, "tokenizer_id": MODEL, "num_prompts": REQUESTS, "request_rate": rate, "burstiness": 1.0,

@@ -1,13 +1,5 @@
-"""Serving benchmarks replayed as they ran, and an engine profile's factors fitted to them
-(`splitplan calibrate --bench`).
-
-A `Replay` is one measured run made ready for the simulator: its requests (sizes in send order;
-arrival times for an open loop), its load (a closed loop of `concurrency` clients, or the
-arrivals), the warm-up the benchmark sent first and left out, the one co-located instance it ran
-on, the engine's scheduler settings, and what it measured (`BenchRun.measured_ms`). `predict`
-simulates it under a profile and computes each measured figure as the tool did: means and
-percentiles over the measured requests, TPOT as a mean per request or, where the tool derives
-it so (inference-perf), from the means.
+"""An engine profile's factors fitted to serving benchmarks replayed as they ran
+(`splitplan calibrate --bench`; the replays: sim.bench_replay).
 
 The fit (`fit`) is a maximum a posteriori estimate: the log ratio of predicted to measured
 figures (each with its noise, `METRIC_NOISE`: a mean is steadier than a p99) and, for each
@@ -20,19 +12,14 @@ overheads it adds to, not a whole profile; runs at several loads pin more.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from splitplan.perf.bounds import at_bounds
 from splitplan.perf.bounds import bounds as fit_bounds
-from splitplan.perf.roofline import Instance
-from splitplan.sim.cluster import PoolSpec, simulate
-from splitplan.sim.types import SimOptions
+from splitplan.sim.bench_replay import Replay, predict
 from splitplan.specs.engine import EngineProfile
-from splitplan.specs.roles import Role
-from splitplan.workload.trace import Trace
 
 # name: (lower, upper, prior spread, relative): an efficiency's spread is a share of its prior
 # value, an overhead's is in seconds. Bounds are physical (perf.bounds lowers compute's to the
@@ -51,49 +38,6 @@ BENCH_FACTORS = {
 # which would otherwise drag the prefill's efficiency: bench/bench_calibration.py).
 METRIC_NOISE = {"mean": 0.03, "p50": 0.05, "p90": 0.2, "p99": 0.4}
 PINNED = 0.5  # a factor whose pinned share reaches this is said to be pinned by the data
-
-
-@dataclass(frozen=True)
-class Replay:
-    """One measured run ready to simulate (module docstring)."""
-
-    name: str
-    trace: Trace  # the warm-up's requests first
-    instance: Instance  # the run's instance (its model, machine, layout), under the starting profile
-    options: SimOptions
-    warmup: int  # the trace's first requests, left out of the figures
-    measured_ms: dict[str, float]
-    tpot_of_means: bool = False
-
-    def under(self, profile: EngineProfile) -> Instance:
-        return Instance(self.instance.model, self.instance.hardware, profile, self.instance.layout)
-
-
-def predict(replay: Replay, profile: EngineProfile) -> dict[str, float]:
-    """The run's figures (ms, those it measured) simulated under `profile`; NaN where no
-    measured request completed (or the instance cannot hold the model)."""
-    inst = replay.under(profile)
-    if not inst.fit.fits:
-        return {m: float("nan") for m in replay.measured_ms}
-    result = simulate(replay.trace, [PoolSpec(Role.MIXED, inst, inst.unit_machines, 1)],
-                      dataclasses.replace(replay.options, inter_token_gaps=False))
-    ttft, e2e = result.ttft_s[replay.warmup:] * 1e3, result.e2e_s[replay.warmup:] * 1e3
-    outputs = replay.trace.output_tokens[replay.warmup:].astype(float)
-    done = np.isfinite(e2e) & np.isfinite(ttft)
-    if not done.any():
-        return {m: float("nan") for m in replay.measured_ms}
-    ttft, e2e, outputs = ttft[done], e2e[done], outputs[done]
-    figures = {}
-    for name, values in (("ttft", ttft), ("e2e", e2e)):
-        figures[f"{name}_mean"] = float(np.mean(values))
-        for q in (50, 90, 99):
-            figures[f"{name}_p{q}"] = float(np.percentile(values, q))
-    if replay.tpot_of_means:
-        figures["tpot_mean"] = (figures["e2e_mean"] - figures["ttft_mean"]) / max(float(np.mean(outputs)) - 1, 1.0)
-    else:
-        many = outputs > 1
-        figures["tpot_mean"] = float(np.mean((e2e[many] - ttft[many]) / (outputs[many] - 1))) if many.any() else float("nan")
-    return {m: figures[m] for m in replay.measured_ms}
 
 
 def metric_noise(metric: str) -> float:

@@ -309,3 +309,20 @@ def _misspelt(path, data: dict) -> None:
 def model_catalog() -> list[ModelSpec]:
     return [load_model(n) for n in catalog_names("model_specs")]
 
+
+def _model_key(name: str) -> str:
+    """A model's name as a repository or catalog spells it, reduced to what tells models apart:
+    meta-llama/Llama-3.1-8B-Instruct and llama3.1-8b are both llama318b."""
+    import re
+    base = re.sub(r"[-_]v\d+(\.\d+)*(?=$|[-_])", "", name.lower().rstrip("/").rsplit("/", 1)[-1])
+    words = re.split(r"[-_.\s]+", base)
+    kept = [w for w in words if w not in ("instruct", "hf", "chat", "it", "base", "fp8", "fp4", "bf16")]
+    return re.sub(r"[^a-z0-9]", "", "".join(kept))
+
+
+def catalog_name_of(recorded: str) -> str | None:
+    """The catalog model a benchmark's model name means (a catalog name or a Hugging Face
+    repository, its instruct/chat/-hf and precision suffixes aside), None where none or several do."""
+    named = sorted({s.name for s in model_catalog()
+                    if _model_key(recorded) in (_model_key(s.name), _model_key(s.hf_repo or s.name))})
+    return named[0] if len(named) == 1 else None

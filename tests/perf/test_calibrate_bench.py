@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 
 from splitplan.cli import app
 from splitplan.sim import bench_fit
+from splitplan.sim.bench_replay import BenchSettings, bench_replay, predict
 from splitplan.specs.engine import load_engine
-from splitplan.workflows.calibration import BenchSettings, bench_replay, calibrate_bench
+from splitplan.workflows.calibration import calibrate_bench
 from splitplan.workload.benchmarks import BenchRun, read_benchmarks
 
 HF_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -40,7 +41,7 @@ def measured_run(rate_rps: float, n: int = 120, seed: int = 1, concurrency: int 
     run = BenchRun("fixture", "vllm", dict.fromkeys(FIGURES, 1.0), n, rate_rps or None, concurrency=concurrency,
                    input_tokens=isl.astype(float), output_tokens=osl.astype(float), start_s=start,
                    settings={"model": HF_MODEL, "tp": 1})
-    figures = bench_fit.predict(bench_replay(run, BenchSettings(hardware=HW), truth()), truth())
+    figures = predict(bench_replay(run, BenchSettings(hardware=HW), truth()), truth())
     return {"isl": isl, "osl": osl, "start": start, "rate": rate_rps, "n": n, "concurrency": concurrency, **figures}
 
 
@@ -340,7 +341,7 @@ def test_a_tool_that_derives_tpot_from_its_means_is_predicted_the_same_way(light
     run = BenchRun("ip", "inference-perf", {"ttft_mean": 1.0, "e2e_mean": 1.0, "tpot_mean": 1.0}, light["n"], 2.0,
                    tpot_of_means=True, input_tokens=light["isl"].astype(float), output_tokens=light["osl"].astype(float),
                    start_s=light["start"], settings={"model": HF_MODEL, "tp": 1})
-    figures = bench_fit.predict(bench_replay(run, BenchSettings(hardware=HW), truth()), truth())
+    figures = predict(bench_replay(run, BenchSettings(hardware=HW), truth()), truth())
     assert figures["tpot_mean"] == pytest.approx((figures["e2e_mean"] - figures["ttft_mean"]) / (light["osl"].mean() - 1))
     assert figures["tpot_mean"] != pytest.approx(light["tpot_mean"], rel=1e-4)  # (not the mean per request)
 
@@ -358,14 +359,14 @@ def test_a_warmup_the_tool_left_out_is_sent_first_and_left_out(tmp_path, light):
     assert np.all(np.diff(replay.trace.arrival_s) >= 0)
     inst = replay.under(truth())
     sim = simulate(replay.trace, [PoolSpec(Role.MIXED, inst, 1, 1)], replay.options)
-    assert bench_fit.predict(replay, truth())["ttft_mean"] == pytest.approx(float(np.mean(sim.ttft_s[10:])) * 1e3)
+    assert predict(replay, truth())["ttft_mean"] == pytest.approx(float(np.mean(sim.ttft_s[10:])) * 1e3)
 
 
 @pytest.mark.parametrize(("arrival", "burstiness", "cv"), [("poisson", 1.0, 1.0), ("constant", 1.0, 0.0), ("gamma", 0.25, 2.0)])
 def test_a_rate_without_send_times_replays_the_tools_arrival_process(arrival, burstiness, cv):
     """vllm bench serve draws gaps from a gamma of shape `burstiness` (1: Poisson), inference-perf
     and AIPerf constant or Poisson ones, each scaled to end at requests / rate."""
-    from splitplan.workflows.calibration import _arrivals
+    from splitplan.sim.bench_replay import _arrivals
     run = BenchRun("r", "vllm", {}, 4000, 4.0, arrival, burstiness)
     times = _arrivals(run, 4000)
     gaps = np.diff(times)
@@ -528,3 +529,13 @@ def test_a_factor_that_ends_on_its_bound_is_reported(tmp_path, light):
     assert result.exit_code == 0, result.output
     assert "warning: fitted factor frontend_latency_s ended on its lower bound" in result.output
     assert "frontend_latency_s" in load_engine(str(tmp_path / "m.yaml")).fit["at_bound"]
+
+
+@pytest.mark.parametrize(("recorded", "name"), [
+    ("meta-llama/Llama-3.1-8B-Instruct", "llama3.1-8b"), ("meta-llama/Llama-2-7b-hf", "llama2-7b"),
+    ("mistralai/Mixtral-8x7B-v0.1", "mixtral-8x7b"), ("nvidia/Llama-3.1-8B-Instruct-FP8", "llama3.1-8b"),
+    ("Qwen/Qwen3-32B", "qwen3-32b"), ("llama3.1-70b", "llama3.1-70b"), ("acme/MyModel-7B", None),
+])
+def test_a_benchmarks_model_name_finds_its_catalog_model(recorded, name):
+    from splitplan.specs.model import catalog_name_of
+    assert catalog_name_of(recorded) == name
