@@ -533,7 +533,8 @@ def test_a_factor_that_ends_on_its_bound_is_reported(tmp_path, light):
 
 @pytest.mark.parametrize(("recorded", "name"), [
     ("meta-llama/Llama-3.1-8B-Instruct", "llama3.1-8b"), ("meta-llama/Llama-2-7b-hf", "llama2-7b"),
-    ("mistralai/Mixtral-8x7B-v0.1", "mixtral-8x7b"), ("nvidia/Llama-3.1-8B-Instruct-FP8", "llama3.1-8b"),
+    ("mistralai/Mixtral-8x7B-v0.1", "mixtral-8x7b"), ("mistralai/Mixtral-8x7B-Instruct-v0.3", "mixtral-8x7b"),
+    ("nvidia/Llama-3.1-8B-Instruct-FP8", "llama3.1-8b"),
     ("Qwen/Qwen3-32B", "qwen3-32b"), ("llama3.1-70b", "llama3.1-70b"), ("acme/MyModel-7B", None),
 ])
 def test_a_benchmarks_model_name_finds_its_catalog_model(recorded, name):
