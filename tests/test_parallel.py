@@ -67,6 +67,31 @@ def test_failing_unit_is_named(executor, request):
                   describe=lambda pools: f"plan {pools!r}")
 
 
+def _pid_after(parent: int, item: float) -> int:
+    time.sleep(item)
+    return os.getpid()
+
+
+def _die_in_a_worker(parent: int, item: int) -> int:
+    if os.getpid() != parent:
+        os._exit(3)  # (a worker killed mid-unit: out of memory, say)
+    time.sleep(0.2)
+    return item
+
+
+def test_this_process_takes_units_beside_its_workers_and_results_keep_their_order():
+    """jobs=2: one forked worker and this process, each taking the next unit left, so neither
+    waits while units remain; the results come back in input order whoever ran them."""
+    pids = run_units(_pid_after, [0.05] * 12, os.getpid(), jobs=2)
+    assert os.getpid() in pids and len(set(pids)) == 2
+    assert run_units(pow, [2, 3, 4, 5], 2, jobs=2) == [4, 8, 16, 32]
+
+
+def test_a_worker_that_dies_loses_its_units_loudly_not_silently():
+    with pytest.raises(WorkUnitError, match="its worker process ended before it finished"):
+        run_units(_die_in_a_worker, list(range(10)), os.getpid(), jobs=2)
+
+
 def test_user_errors_in_units_keep_their_kind():
     shared = (TRACE, Setup("llama2-70b", "splitwise", "lean", None, 2048))
     with pytest.raises(SpecError, match=r"work unit 1 of 1 .*unknown hardware 'h100'"):
@@ -109,7 +134,7 @@ def test_forked_workers_end_when_the_parent_is_killed(tmp_path, how):
     script = tmp_path / "busy.py"
     script.write_text("import time\nfrom splitplan.base.parallel import run_units\n\n"
                       "def slow(shared, item):\n    time.sleep(120)\n\n"
-                      "if __name__ == '__main__':\n    run_units(slow, list(range(4)), None, jobs=2)\n")
+                      "if __name__ == '__main__':\n    run_units(slow, list(range(4)), None, jobs=3)\n")  # (2 workers beside it)
     parent = subprocess.Popen([sys.executable, str(script)])
     workers = _wait_for_children(parent.pid, 2)
     assert len(workers) >= 2
@@ -155,7 +180,7 @@ def test_ctrl_c_ends_the_workers_at_once_with_one_line():
     # whose commands start with SIGINT ignored)
     command = [sys.executable, "-c", "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
                "from splitplan.cli import main; main()", "compare", "--scenario", "iso-power",
-               "--budget-machines", "h100-80gb=40", "--duration", "60", "--jobs", "2"]
+               "--budget-machines", "h100-80gb=40", "--duration", "60", "--jobs", "3"]  # (2 workers beside it)
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     workers = _wait_for_children(process.pid, 2, 60)
     assert len(workers) >= 2

@@ -28,13 +28,14 @@ import threading
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import InvalidStateError, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from splitplan.base.errors import SpecError, SplitplanError
 from splitplan.base.inputs import reason
 
 EXECUTORS = ("local", "ray")
-_SHARED: tuple | None = None  # (fn, shared), set just before the workers fork
+_SHARED: tuple | None = None  # (fn, shared, items, next unit's index), set just before the workers fork
 
 
 class WorkUnitError(SplitplanError):
@@ -51,12 +52,6 @@ def _guarded(fn, shared, item):
         return False, (type(exc), str(exc), "")
     except Exception as exc:  # noqa: BLE001 - reported with its unit and traceback, then raised
         return False, (None, f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=4))
-
-
-def _run(item):
-    assert _SHARED is not None  # (set before the workers fork)
-    fn, shared = _SHARED
-    return _guarded(fn, shared, item)
 
 
 def _unwrap(outcome, index: int, total: int, items: Sequence, describe: Callable[[Any], str]):
@@ -116,6 +111,9 @@ def pool_torn_down() -> bool:
 
 
 def _local_map(fn, items, shared, jobs, tick) -> list:
+    """`_guarded(fn, shared, item)` per item in input order: in this process, and where `jobs` > 1
+    in `jobs` - 1 forked workers beside it, each (this one too) taking the next unit left until
+    none is (a counter in shared memory), so no process waits while units remain."""
     global _SHARED
     if jobs <= 1 or len(items) < 2 or "fork" not in multiprocessing.get_all_start_methods():
         out = []
@@ -123,15 +121,21 @@ def _local_map(fn, items, shared, jobs, tick) -> list:
             out.append(_guarded(fn, shared, item))
             tick()
         return out
-    _SHARED = (fn, shared)
+    context = multiprocessing.get_context("fork")
+    _SHARED = (fn, shared, items, context.Value("q", 0))
+    outcomes: list = [None] * len(items)
     try:
-        with ProcessPoolExecutor(min(jobs, len(items)), mp_context=multiprocessing.get_context("fork"),
-                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
-            out = []
+        forked = min(jobs, len(items)) - 1
+        with ProcessPoolExecutor(forked, mp_context=context, initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
             try:
-                for outcome in pool.map(_run, items):
-                    out.append(outcome)
+                workers = [pool.submit(_drain) for _ in range(forked)]
+                for k, outcome in _drain():
+                    outcomes[k] = outcome
                     tick()
+                for worker in workers:
+                    for k, outcome in _worker_units(worker):
+                        outcomes[k] = outcome
+                        tick()
             except KeyboardInterrupt:  # Ctrl-C: end the workers now instead of waiting for their units
                 _TORN_DOWN.append(pool)
                 threading.excepthook = _quiet_cancelled_futures(threading.excepthook)
@@ -139,9 +143,33 @@ def _local_map(fn, items, shared, jobs, tick) -> list:
                     process.terminate()
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
-            return out
     finally:
         _SHARED = None
+    lost = (False, (None, "its worker process ended before it finished (killed, or out of memory?)", ""))
+    return [lost if outcome is None else outcome for outcome in outcomes]
+
+
+def _drain() -> list:
+    """The units this process takes, one at a time from the shared counter, until none is left:
+    (index, outcome) each."""
+    assert _SHARED is not None  # (set before the workers fork)
+    fn, shared, items, counter = _SHARED
+    done: list[tuple[int, Any]] = []
+    while True:
+        with counter.get_lock():
+            k = counter.value
+            counter.value += 1
+        if k >= len(items):
+            return done
+        done.append((k, _guarded(fn, shared, items[k])))
+
+
+def _worker_units(worker) -> list:
+    """A worker's (index, outcome) pairs; none where its process died (its units are then reported lost)."""
+    try:
+        return worker.result()
+    except BrokenProcessPool:
+        return []
 
 
 @contextlib.contextmanager
