@@ -54,7 +54,7 @@ from splitplan.base.limits import MAX_REQUEST_TOKENS
 
 FORMATS = ("vllm", "inference-perf", "guidellm", "aiperf")
 METRICS = ("ttft_mean", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_mean", "e2e_mean", "e2e_p50", "e2e_p90", "e2e_p99")
-MAX_BENCH_BYTES = 1 << 30  # a --save-detailed file keeps every generated text: hundreds of MB for long runs
+MAX_BENCH_BYTES = 512 << 20  # a --save-detailed file keeps every generated text: tens to hundreds of MB for long runs
 SUFFIXES = (".json", ".jsonl")
 
 
