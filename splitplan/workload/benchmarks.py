@@ -190,6 +190,16 @@ def _get(doc: Any, path: Path, keys: str, required: bool = True) -> Any:
     return value
 
 
+def _section(doc: Any, path: Path, keys: str, required: bool = True) -> dict:
+    """doc[a][b]... for keys "a.b..." where it must be an object ({} where absent and not required)."""
+    value = _get(doc, path, keys, required)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TraceError(f"{path}: {keys} is {excerpt(repr(value))}; expected an object of the tool's report")
+    return value
+
+
 def _number(doc: Any, path: Path, keys: str, required: bool = True, positive: bool = False) -> float | None:
     value = _get(doc, path, keys, required)
     if value is None:
@@ -344,8 +354,8 @@ def _within(path: Path, key: str, values: np.ndarray, ok: np.ndarray, low: float
 
 
 def _inference_perf(path: Path, doc: dict) -> BenchRun:
-    successes = _get(doc, path, "successes")
-    latency = _get(successes, path, "latency")
+    successes = _section(doc, path, "successes")
+    latency = _section(doc, path, "successes.latency")
     names = ("mean", "median", "p90", "p99")
     measured = _figures(latency, path, _keys("ttft", "time_to_first_token.{}", names)
                         | _keys("e2e", "request_latency.{}", names), 1e3)
@@ -353,7 +363,7 @@ def _inference_perf(path: Path, doc: dict) -> BenchRun:
     osl = _number(successes, path, "output_len.mean", required=False)
     if osl is not None and osl > 1 and "ttft_mean" in measured and "e2e_mean" in measured:
         measured["tpot_mean"] = (measured["e2e_mean"] - measured["ttft_mean"]) / (osl - 1)
-    load = _get(doc, path, "load_summary")
+    load = _section(doc, path, "load_summary")
     concurrency = _int_setting(load.get("concurrency"))
     rate = None if concurrency else _number(load, path, "requested_rate", required=False, positive=True)
     stage = re.fullmatch(r"stage_(\d+)_lifecycle_metrics\.json", path.name)
@@ -432,7 +442,7 @@ def _guidellm(path: Path, report: dict) -> list[BenchRun]:
         where = Path(f"{path} (benchmarks[{k}])")
         if not isinstance(bench, dict):
             raise TraceError(f"{where}: not a benchmark object")
-        metrics = _get(bench, where, "metrics")
+        metrics = _section(bench, where, "metrics")
         names = ("mean", "percentiles.p50", "percentiles.p90", "percentiles.p99")
         measured = _figures(metrics, where, _keys("ttft", "time_to_first_token_ms.successful.{}", names)
                             | _keys("e2e", "request_latency.successful.{}", names)
@@ -456,7 +466,7 @@ def _guidellm(path: Path, report: dict) -> list[BenchRun]:
 def _guidellm_load(bench: dict, where: Path) -> tuple[float | None, str, int | None]:
     """(rate, arrival process, concurrency) of GuideLLM's strategy: synchronous is one client,
     concurrent `streams` clients, throughput everything at once (up to its max_concurrency)."""
-    strategy = _get(bench, where, "config.strategy", required=False) or _get(bench, where, "args.strategy")
+    strategy = _section(bench, where, "config.strategy", required=False) or _section(bench, where, "args.strategy")
     kind = str(strategy.get("type_", ""))
     if kind in ("constant", "poisson"):
         return _number(strategy, where, "rate", positive=True), kind, None
@@ -488,7 +498,7 @@ def _guidellm_warmup(bench: dict, where: Path, count: int, rate: float | None, c
                      e2e_ms: float | None) -> int:
     """Requests GuideLLM sent in its warm-up (`config.warmup`: a share of the run, a request
     count, or seconds) and left out of its statistics."""
-    warmup = _get(bench, where, "config.warmup", required=False) or {}
+    warmup = _section(bench, where, "config.warmup", required=False)
     percent = _number(warmup, where, "percent", required=False)
     if percent:
         return round(count * min(percent, 0.99) / (1 - min(percent, 0.99)))
@@ -503,8 +513,8 @@ def _guidellm_warmup(bench: dict, where: Path, count: int, rate: float | None, c
 
 
 def _aiperf(path: Path, doc: dict) -> BenchRun:
-    config = doc.get("input_config") or {}
-    loadgen = config.get("loadgen") or config
+    config = _section(doc, path, "input_config", required=False)
+    loadgen = _section(doc, path, "input_config.loadgen", required=False) or config
     names = ("avg", "p50", "p90", "p99")
     measured = _figures(doc, path, _keys("ttft", "time_to_first_token.{}", names) | _keys("e2e", "request_latency.{}", names)
                         | {"tpot_mean": "inter_token_latency.avg"},
@@ -528,7 +538,8 @@ def _aiperf(path: Path, doc: dict) -> BenchRun:
 
 
 def _unit_ms(doc: dict, path: Path, key: str) -> float:
-    unit = str((doc.get(key) or {}).get("unit", "ms")).lower()
+    section = doc.get(key)
+    unit = str(section.get("unit", "ms") if isinstance(section, dict) else "ms").lower()
     factors = {"ms": 1.0, "s": 1e3, "sec": 1e3, "us": 1e-3, "ns": 1e-6}
     if unit not in factors:
         raise TraceError(f"{path}: {key}.unit is {excerpt(unit)}; expected ms, s, us or ns")

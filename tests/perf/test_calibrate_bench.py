@@ -13,6 +13,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from splitplan.cli import app
@@ -540,3 +542,41 @@ def test_a_factor_that_ends_on_its_bound_is_reported(tmp_path, light):
 def test_a_benchmarks_model_name_finds_its_catalog_model(recorded, name):
     from splitplan.specs.model import catalog_name_of
     assert catalog_name_of(recorded) == name
+
+
+def _hostile(base: dict, draw) -> dict:
+    """`base` with some of its keys given values of any JSON type."""
+    values = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True, allow_infinity=True),
+                       st.text(max_size=8), st.lists(st.integers(-5, 5), max_size=3), st.dictionaries(st.text(max_size=4),
+                                                                                                       st.integers(), max_size=2))
+    keys = draw(st.lists(st.sampled_from(sorted(base)), max_size=4, unique=True))
+    return {**base, **{k: draw(values) for k in keys}}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_hostile_benchmark_files_fail_as_bad_input_never_as_a_crash(tmp_path_factory, data):
+    """Any key of any format holding any JSON value: the file is read, or refused as bad input
+    (exit 2's errors), and a run read is replayed or refused likewise; never another exception."""
+    from splitplan.base.errors import SplitplanError
+    light = measured_run(2.0, n=12)
+    kind = data.draw(st.sampled_from(["vllm", "inference-perf", "guidellm", "aiperf"]))
+    doc = {"vllm": vllm_result(light), "inference-perf": inference_perf_report(light),
+           "guidellm": guidellm_report([light]), "aiperf": aiperf_export(light)}[kind]
+    if kind == "guidellm":
+        bench = doc["benchmarks"][0]
+        bench["metrics"] = _hostile(bench["metrics"], data.draw)
+        doc["benchmarks"][0] = _hostile(bench, data.draw)
+    else:
+        doc = _hostile(doc, data.draw)
+    folder = tmp_path_factory.mktemp("hostile")
+    name = {"aiperf": "profile_export_aiperf.json", "inference-perf": "stage_0_lifecycle_metrics.json"}.get(kind, "r.json")
+    path = folder / name
+    path.write_text(json.dumps(doc))
+    try:
+        runs = read_benchmarks([path], kind)
+        for run_ in runs:
+            predict(bench_replay(run_, BenchSettings(hardware=HW, tp=1, model="llama3.1-8b"), load_engine("vllm")),
+                    load_engine("vllm"))
+    except SplitplanError:
+        pass
