@@ -2,6 +2,7 @@
 how well are its other stages predicted?
 
     python bench/bench_calibration.py [--data DIR] [--engines held-out,vllm,lean] [--jobs N] [--evaluations N]
+                                      [--deployments CSV | --no-closed-loops]
 
 `../shared/data/real-runs/` (README there; measured figures, used here and never copied into
 the project) holds open-loop vLLM v0.15.1 runs on one H100 server, driven by inference-perf, one
@@ -14,6 +15,15 @@ fits the starting profile to the lightest stage's report alone; every other stag
 then replayed under the fitted profile and its mean TPOT and TTFT compared with the measured.
 Target (issue 57): within 5 % on mean TPOT and 15 % on mean TTFT, and no stage the engine served
 predicted to collapse (TTFT p50 above 5 s).
+
+Closed loops too (`--deployments`, default `../shared/data/perf/aiconfigurator_silicon_sample.csv`;
+measured figures, used here and never copied): NVIDIA's aggregated runs at fixed ISL/OSL, a
+concurrency each (per instance), mean TTFT and TPOT. Every series of one engine, machine, model,
+precision, TP and ISL/OSL measured at three concurrencies or more is written out as `vllm bench
+serve` summaries (`max_concurrency`, rate `inf`, the token totals and the two means: what a team
+keeps without `--save-detailed`), fitted on its lowest concurrency alone from the engine's shipped
+fp8 profile (`vllm-fp8`, `trtllm-fp8`; both fitted to this sample, so their "before" is
+in-sample engine-wide), and its other concurrencies predicted.
 
 Starting profiles (`--engines`): `held-out`, the realistic case, is the shipped `vllm` profile as
 bench/fit_vllm.py fits it but without the run's model (its held-out-by-model fold: the profile
@@ -48,6 +58,9 @@ from splitplan.workflows.calibration import calibrate_bench  # noqa: E402
 from splitplan.workload.benchmarks import read_benchmarks  # noqa: E402
 
 COLLAPSE_MS = 5_000.0
+DEPLOYMENTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "perf" / "aiconfigurator_silicon_sample.csv"
+FP8_PROFILES = {"vllm": "vllm-fp8", "trtllm": "trtllm-fp8", "sglang": "sglang-fp8"}
+SERIES = ["engine", "machine", "model", "precision", "tp", "isl", "osl"]
 
 
 def stage_report(row: pd.Series, isl_mean: float) -> dict:
@@ -114,13 +127,76 @@ def held_out(runs: pd.DataFrame, model: str, args):
     return fold.model_copy(update={"fit": None})
 
 
+def vllm_summary(run: dict) -> dict:
+    """A closed-loop run as `vllm bench serve --max-concurrency C --save-result` keeps it without
+    --save-detailed: ten requests a client (sim.deployments.REQUESTS_PER_CLIENT), its means."""
+    n = 10 * int(run["concurrency"])
+    return {"backend": run["engine"], "model_id": run["model"], "request_rate": "inf", "burstiness": 1.0,
+            "max_concurrency": int(run["concurrency"]), "completed": n, "duration": 1.0, "tp": str(int(run["tp"])),
+            "total_input_tokens": n * int(run["isl"]), "total_output_tokens": n * int(run["osl"]),
+            "mean_ttft_ms": float(run["ttft_ms"]), "mean_tpot_ms": float(run["tpot_ms"])}
+
+
+def one_series(shared, item) -> list[dict]:
+    folder, = shared
+    key, series = item
+    series = series.sort_values("concurrency").to_dict("records")
+    where = folder / "-".join(map(str, key))
+    where.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for run in series:
+        paths.append(where / f"c{int(run['concurrency'])}.json")
+        paths[-1].write_text(json.dumps(vllm_summary(run)))
+    base = load_engine(FP8_PROFILES[series[0]["engine"]])
+    settings_ = BenchSettings(model=series[0]["model"], hardware=series[0]["machine"], tp=int(series[0]["tp"]))
+    result = calibrate_bench([str(paths[0])], settings_, base, folds=False)
+    out = []
+    for run, path in zip(series, paths, strict=True):
+        replay = bench_replay(read_benchmarks([path])[0], settings_, base)
+        before, after = predict(replay, base), predict(replay, result.profile)
+        out.append({"engine": run["engine"], "series": str(key), "concurrency": int(run["concurrency"]),
+                    "fitted_on": path == paths[0], "measured_ttft_mean": run["ttft_ms"], "measured_tpot_mean": run["tpot_ms"],
+                    **{f"before_{m}": before[m] for m in ("ttft_mean", "tpot_mean")},
+                    **{f"after_{m}": after[m] for m in ("ttft_mean", "tpot_mean")}})
+    return out
+
+
+def closed_loops(args) -> None:
+    from splitplan.sim.deployments import read_deployments
+    runs, _ = read_deployments(args.deployments)
+    runs = runs[runs.engine.isin(list(FP8_PROFILES)) & (runs.precision == "fp8")]
+    series = [(key, g) for key, g in runs.groupby(SERIES, sort=True) if g.concurrency.nunique() >= 3]
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [r for part in run_units(one_series, series, (Path(tmp),), args.jobs, describe=lambda item: str(item[0]))
+                for r in part]
+    frame = pd.DataFrame(rows)
+    held = frame[~frame.fitted_on]
+    print(f"\n### closed loops: {len(series)} series of aiconfigurator's fp8 runs, each fitted on its lowest concurrency\n")
+    table = []
+    for engine, g in [*held.groupby("engine", sort=True), ("all", held)]:
+        row = {"engine": engine, "series": g.series.nunique(), "predicted runs": len(g)}
+        for metric in ("ttft_mean", "tpot_mean"):
+            for when in ("before", "after"):
+                err = (g[f"{when}_{metric}"] / g[f"measured_{metric}"] - 1) * 100
+                row[f"{metric} {when}"] = f"{err.abs().mean():.1f} / {err.median():+.1f} (worst {err.abs().max():.0f})"
+        table.append(row)
+    print(rr.markdown(pd.DataFrame(table)))
+    print("\ncells: MAPE % / median signed error % (worst absolute %)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=rr.DATA)
     parser.add_argument("--engines", default="held-out,vllm,lean")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--evaluations", type=int, default=12, help="least-squares steps of each held-out fold's fit")
+    parser.add_argument("--deployments", type=Path, default=DEPLOYMENTS)
+    parser.add_argument("--no-closed-loops", action="store_true")
+    parser.add_argument("--closed-loops-only", action="store_true")
     args = parser.parse_args()
+    if args.closed_loops_only:
+        closed_loops(args)
+        return
     runs = pd.read_csv(args.data / "runs.csv")
     runs = runs[runs.include == 1]
     models = sorted(runs.model_arg.unique())
@@ -152,6 +228,8 @@ def main() -> None:
                                 for f in g.factors.iloc[0])
             print(f"- {run_id}: {factors}")
         print()
+    if not args.no_closed_loops:
+        closed_loops(args)
 
 
 if __name__ == "__main__":

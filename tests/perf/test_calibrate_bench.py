@@ -177,8 +177,11 @@ def test_a_fit_finds_the_runs_the_simulator_made_under_a_known_profile(tmp_path,
     means = table[table.metric.isin(["ttft_mean", "tpot_mean", "e2e_mean"])]
     before = (means.before_ms / means.measured_ms - 1).abs()
     assert before.max() > 0.15  # (the shipped profile is off by the changes TRUTH made)
-    assert ((means.fitted_ms / means.measured_ms - 1).abs() < 0.03).all()
-    assert ((means.held_out_ms / means.measured_ms - 1).abs() < 0.06).all()  # each run predicted by a fit on the other
+    decode = means[means.metric != "ttft_mean"]  # (the figures the model is trusted on to a few %)
+    assert ((decode.fitted_ms / decode.measured_ms - 1).abs() < 0.03).all()
+    assert ((decode.held_out_ms / decode.measured_ms - 1).abs() < 0.06).all()  # each run predicted by a fit on the other
+    ttft = means[means.metric == "ttft_mean"]  # (trusted to 25 %: moved toward the measured, the prior holding it back)
+    assert ((ttft.fitted_ms / ttft.measured_ms - 1).abs() < (ttft.before_ms / ttft.measured_ms - 1).abs() / 2).all()
     # the decode step the runs pin: TRUTH's at their batch, whatever split of bandwidth and overhead makes it
     replay = bench_replay(read_benchmarks([paths[1]])[0], BenchSettings(hardware=HW), truth())
     step = [replay.under(p).decode_step_time_s(16, 700) for p in (truth(), result.profile)]
@@ -321,7 +324,7 @@ def test_the_fit_is_the_posterior_mode_of_its_figures_and_priors(monkeypatch, fi
     def cost(f):
         return (np.log((1000 * f + 10) / 40) / noise) ** 2 + ((f - prior) / spread) ** 2
     best = minimize_scalar(cost, bounds=(0, 0.05), method="bounded", options={"xatol": 1e-9}).x
-    assert result.fitted["frontend_latency_s"] == pytest.approx(best, rel=1e-3)
+    assert result.fitted["frontend_latency_s"] == pytest.approx(best, rel=1e-2)
     assert prior < best < 0.03  # (the data pull toward 30 ms, the prior back toward 9)
     for name in ("memory_efficiency", "decode_overhead_s", "compute_efficiency"):
         assert result.fitted[name] == pytest.approx(result.prior[name]) and result.pinned[name] < 0.01
@@ -525,12 +528,12 @@ def test_the_trace_gives_the_runs_prompt_reuse_to_the_prefix_cache(tmp_path, lig
 
 def test_a_factor_that_ends_on_its_bound_is_reported(tmp_path, light):
     doc = vllm_result(light)
-    for key in ("mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms"):
-        doc[key] = 1.0  # (faster than any front end: the fit drives it to zero)
+    doc["mean_tpot_ms"] = 0.5  # (a decode step faster than the HBM can stream the weights: past physics)
     result = run("--bench", _write(tmp_path / "v.json", doc), "--hardware", HW, "--folds", "0", "--output", tmp_path / "m.yaml")
     assert result.exit_code == 0, result.output
-    assert "warning: fitted factor frontend_latency_s ended on its lower bound" in result.output
-    assert "frontend_latency_s" in load_engine(str(tmp_path / "m.yaml")).fit["at_bound"]
+    ended = load_engine(str(tmp_path / "m.yaml")).fit["at_bound"]
+    assert "memory_efficiency" in ended and "upper bound 0.95" in ended["memory_efficiency"]
+    assert "warning: fitted factor memory_efficiency ended on its upper bound 0.95" in result.output
 
 
 @pytest.mark.parametrize(("recorded", "name"), [
@@ -580,3 +583,17 @@ def test_hostile_benchmark_files_fail_as_bad_input_never_as_a_crash(tmp_path_fac
                     load_engine("vllm"))
     except SplitplanError:
         pass
+
+
+def test_a_ttft_the_model_cannot_explain_does_not_drag_the_gemms_past_physics(tmp_path, light):
+    """The runs' TTFT twice what any plausible engine gives (queueing the model leaves out, say):
+    TTFT is trusted only as far as the model is (METRIC_NOISE), so the fit moves the prefill
+    efficiency part way, not to whatever explains the figure, and the decode figures stay fitted."""
+    doc = vllm_result(light)
+    for key in ("mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms"):
+        doc[key] *= 2
+    result = calibrate_bench([str(_write(tmp_path / "v.json", doc))], BenchSettings(hardware=HW), "vllm", folds=False)
+    fitted = dict(zip(result.factors.factor, result.factors.fitted, strict=True))
+    assert fitted["compute_efficiency"] > 0.5  # (from 0.75; trusted like a decode figure, it went to 0.3)
+    tpot = result.runs[result.runs.metric == "tpot_mean"]
+    assert (tpot.fitted_ms / tpot.measured_ms - 1).abs().max() < 0.05
