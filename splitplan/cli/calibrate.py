@@ -37,12 +37,12 @@ def calibrate(
         help="Measured whole deployments (aiconfigurator silicon CSV: TTFT and TPOT of closed-loop runs), replayed by the simulator."),
     backend: str | None = typer.Option(None, "--backend",
         help="With --deployments: the serving engine whose runs to fit (vllm, sglang, trtllm)."),
-    bench: list[Path] | None = typer.Option(None, "--bench",
+    bench: list[Path] | None = typer.Option(None, "--bench", metavar="PATH",
         help="Serving benchmark results (files or directories; repeatable): vllm bench serve --save-result JSON, inference-perf "
              "stage reports, a GuideLLM JSON report or an AIPerf/genai-perf profile export, each run replayed as it ran."),
     bench_format: str | None = typer.Option(None, "--bench-format",
         help="With --bench: vllm, inference-perf, guidellm or aiperf (default: detected from each file's content)."),
-    trace: list[Path] | None = typer.Option(None, "--trace",
+    trace: list[Path] | None = typer.Option(None, "--trace", metavar="PATH",
         help="With --bench: the run's own requests (arrivals, sizes, prefix columns), where the results do not record them; "
              "one for every run, or one per --bench."),
     model: str | None = typer.Option(None, "--model", help="With --bench: the model (default: the one a result records)."),
