@@ -341,8 +341,11 @@ def _vllm_requests(doc: dict, path: Path) -> Requests:
                                    ("start_times", starts, -np.inf, np.inf)):
         if values is not None:
             _within(path, key, values, ok, low, high)
-    kept = None if starts is None else starts[ok]
-    return inputs[ok], outputs[ok], None if kept is None or not len(kept) else kept - kept.min()
+    if starts is None or not ok.any():
+        return inputs[ok], outputs[ok], None
+    order = np.argsort(starts[ok], kind="stable")  # (the lists follow the order requests were made, not when each began)
+    kept = starts[ok][order]
+    return inputs[ok][order], outputs[ok][order], kept - kept[0]
 
 
 def _within(path: Path, key: str, values: np.ndarray, ok: np.ndarray, low: float, high: float) -> None:

@@ -421,6 +421,15 @@ def test_aiperf_figures_in_seconds_are_taken_as_seconds(tmp_path, light):
     assert run_.measured_ms["e2e_p99"] == pytest.approx(light["e2e_p99"])
 
 
+def test_a_vllm_result_is_read_in_send_order(tmp_path, light):
+    doc = vllm_result(light)
+    swap = [1, 0, *range(2, light["n"])]  # (the first two requests began in the other order)
+    for key in ("input_lens", "output_lens", "start_times"):
+        doc[key] = [doc[key][k] for k in swap]
+    (run_,) = read_benchmarks([_write(tmp_path / "v.json", doc)])
+    assert np.array_equal(run_.input_tokens, light["isl"]) and np.all(np.diff(run_.start_s) >= 0)
+
+
 def test_failed_requests_of_a_detailed_vllm_result_are_left_out(tmp_path, light):
     doc = vllm_result(light)
     doc["errors"][4] = "HTTP 500"  # (vllm records each failure's error, and 0 output tokens)
