@@ -114,8 +114,13 @@ def _natural(path: Path) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
 
 
+# Per-request records, read with the report beside them (not parsed on their own: they can be large).
+RECORDS = ("per_request_lifecycle_metrics.json", "profile_export.jsonl")
+
+
 def _directory(path: Path, fmt: str | None) -> list[BenchRun]:
-    files = sorted((p for p in path.iterdir() if p.suffix in SUFFIXES and p.is_file()), key=_natural)
+    files = sorted((p for p in path.iterdir() if p.suffix in SUFFIXES and p.is_file() and p.name not in RECORDS),
+                   key=_natural)
     names = {p.name for p in files}
     if any(re.fullmatch(r"stage_\d+_lifecycle_metrics\.json", n) for n in names):
         files = [p for p in files if p.name != "summary_lifecycle_metrics.json"]  # (every stage at once)
