@@ -77,7 +77,6 @@ class BenchFit:
     fitted: dict[str, float]
     pinned: dict[str, float]  # share of each factor the data pinned (module docstring)
     at_bound: dict[str, str]
-    evaluations: int
 
 
 def fitted_names(base: EngineProfile, replays: list[Replay]) -> list[str]:
@@ -124,4 +123,4 @@ def fit(replays: list[Replay], base: EngineProfile, max_evaluations: int = 40) -
     x = prior + (result.x - 1) * spread
     ended = at_bounds(names, x, lower, upper, why)
     return BenchFit(profile_at(result.x), tuple(names), dict(zip(names, map(float, prior), strict=True)),
-                    dict(zip(names, map(float, x), strict=True)), pinned, ended, int(result.nfev))
+                    dict(zip(names, map(float, x), strict=True)), pinned, ended)
