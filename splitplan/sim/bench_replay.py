@@ -62,8 +62,11 @@ class Replay:
     warmup: int  # the trace's first requests, left out of the figures
     measured_ms: dict[str, float]
     tpot_of_means: bool = False
+    memory_fraction: float | None = None  # the GPU memory the engine was given, where the run records it
 
     def under(self, profile: EngineProfile) -> Instance:
+        if self.memory_fraction is not None:
+            profile = profile.model_copy(update={"memory_usable_fraction": self.memory_fraction})
         return Instance(self.instance.model, self.instance.hardware, profile, self.instance.layout)
 
 
@@ -223,18 +226,22 @@ def bench_replay(run, settings: BenchSettings, base: EngineProfile, trace=None):
         raise SpecError(f"{run.source}: records no TTFT, TPOT or E2E figure to fit to")
     _check_load(run, timed=trace is not None)
     _check_precision(run, base, settings)
-    inst = Instance(model, hardware, base, Layout(tp))
+    fraction = run.settings.get("gpu_memory_utilization")
+    inst = Instance(model, hardware, base if fraction is None else base.model_copy(update={"memory_usable_fraction": fraction}),
+                    Layout(tp))
     if not inst.fit.fits:
         raise SpecError(f"{run.source}: {model.name} at TP {tp} on {hardware.name}: {inst.fit.reason}; check --tp and --hardware")
-    measured = _within_context(run, _requests(run, trace), base.context_tokens(model))
+    context = run.settings.get("max_model_len") or base.context_tokens(model)
+    measured = _within_context(run, _requests(run, trace), context)
     warm = min(run.warmup_requests, len(measured))
     batch = settings.max_num_batched_tokens or run.settings.get("max_num_batched_tokens")
     seqs = settings.max_num_seqs or run.settings.get("max_num_seqs")
     caching = settings.prefix_caching if settings.prefix_caching is not None else run.settings.get("prefix_caching")
     options = SimOptions(base.batch_tokens(batch), concurrency=run.concurrency if run.closed_loop else None,
-                         max_model_len=base.context_tokens(model), max_num_seqs=base.seqs_cap(seqs),
+                         max_model_len=context, max_num_seqs=base.seqs_cap(seqs),
                          warmup_requests=warm, prefix_caching=base.caches_prefixes(caching, kv_offload_gb=settings.kv_offload_gb),
                          kv_offload_gb=settings.kv_offload_gb)
-    return Replay(run.source, _with_warmup(measured, warm), inst, options, warm, dict(run.measured_ms), run.tpot_of_means)
+    return Replay(run.source, _with_warmup(measured, warm), inst, options, warm, dict(run.measured_ms), run.tpot_of_means,
+                  fraction)
 
 

@@ -79,7 +79,8 @@ class BenchRun:
     isl_mean: float | None = None
     osl_mean: float | None = None
     stage: int | None = None  # inference-perf's load stage
-    settings: dict[str, Any] = field(default_factory=dict)  # model, tp, max_num_batched_tokens, max_num_seqs, prefix_caching
+    # model, tp, max_num_batched_tokens, max_num_seqs, max_model_len, gpu_memory_utilization, prefix_caching, precision
+    settings: dict[str, Any] = field(default_factory=dict)
     sent: int | None = None  # requests sent, failed ones included (inference-perf's load_summary.count)
     cached_tokens: np.ndarray | None = None  # per measured request, prompt tokens the server's prefix cache held
     # Where only a summary is kept: the recorded quantiles of the prompt and output lengths (level: tokens).
@@ -286,7 +287,17 @@ def _int_setting(value: Any) -> int | None:
 
 
 SETTINGS = {"tp": (("tp", "tensor_parallel_size", "tp_size"), 1024),
-            "max_num_batched_tokens": (("max_num_batched_tokens",), 10_000_000), "max_num_seqs": (("max_num_seqs",), 1_000_000)}
+            "max_num_batched_tokens": (("max_num_batched_tokens",), 10_000_000), "max_num_seqs": (("max_num_seqs",), 1_000_000),
+            "max_model_len": (("max_model_len",), MAX_REQUEST_TOKENS)}
+
+
+def _fraction(value: Any) -> float | None:
+    """A share in (0, 1] as a file records it (a number or its text), else None."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if 0 < number <= 1 else None
 
 
 def _settings(doc: dict, path: Path | None = None) -> dict[str, Any]:
@@ -298,6 +309,9 @@ def _settings(doc: dict, path: Path | None = None) -> dict[str, Any]:
             out[key] = _int_setting(doc.get(name))
             if out[key] > most:
                 raise TraceError(f"{path}: {name} is {out[key]:,}; at most {most:,}")
+    fraction = _fraction(doc.get("gpu_memory_utilization"))
+    if fraction is not None:
+        out["gpu_memory_utilization"] = fraction
     precision = str(doc.get("quantization") or doc.get("precision") or "").lower()
     if precision in ("fp8", "fp4", "nvfp4", "mxfp4", "bf16", "fp16"):
         out["precision"] = "fp4" if "fp4" in precision else "bf16" if precision == "fp16" else precision

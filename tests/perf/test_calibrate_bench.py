@@ -421,6 +421,19 @@ def test_aiperf_figures_in_seconds_are_taken_as_seconds(tmp_path, light):
     assert run_.measured_ms["e2e_p99"] == pytest.approx(light["e2e_p99"])
 
 
+def test_the_engine_memory_and_context_a_run_records_are_the_replays(tmp_path, light):
+    """vllm bench serve --metadata gpu_memory_utilization=0.5 max_model_len=1000: the replayed
+    instance has half its GPUs' memory for the engine, and longer requests were refused."""
+    doc = {**vllm_result(light), "gpu_memory_utilization": "0.5", "max_model_len": "1000"}
+    (run_,) = read_benchmarks([_write(tmp_path / "v.json", doc)])
+    base = load_engine("vllm")
+    replay = bench_replay(run_, BenchSettings(hardware=HW), base)
+    fitted = bench_fit.with_factors(base, {"memory_efficiency": 0.8}, HW)
+    assert replay.under(fitted).engine.memory_usable_fraction == 0.5 and replay.instance.engine.memory_usable_fraction == 0.5
+    assert replay.options.max_model_len == 1000
+    assert len(replay.trace) == int(np.sum(light["isl"] + light["osl"] <= 1000))
+
+
 def test_a_vllm_result_is_read_in_send_order(tmp_path, light):
     doc = vllm_result(light)
     swap = [1, 0, *range(2, light["n"])]  # (the first two requests began in the other order)
