@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from functools import partial
 from pathlib import Path
 
@@ -27,10 +26,7 @@ import yaml
 
 from splitplan.base.parallel import run_units
 from splitplan.sim import deployments as dep
-from splitplan.specs.engine import load_engine
-
-sys.path.insert(0, str(Path(__file__).parent))
-from real_runs import ERROR_LEVELS  # noqa: E402
+from splitplan.specs.engine import error_quantiles, load_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT.parent / "shared" / "data" / "perf" / "aiconfigurator_silicon_sample.csv"
@@ -44,8 +40,8 @@ def quantiles(frame: pd.DataFrame, predicted: np.ndarray) -> dict:
     for band, idx in [*frame.groupby("band", sort=False).indices.items(), ("all", np.arange(len(frame)))]:
         e = err[idx]
         keep = np.isfinite(e).all(axis=1)
-        out[str(band)] = {"runs": int(keep.sum()), **{m: {f"q{round(q * 100):02d}": round(float(np.quantile(e[keep, j] * 100, q)), 1)
-                                                         for q in ERROR_LEVELS} for j, m in enumerate(("ttft_mean", "tpot_mean"))}}
+        out[str(band)] = {"runs": int(keep.sum()), **{m: error_quantiles(e[keep, j] * 100)
+                                                         for j, m in enumerate(("ttft_mean", "tpot_mean"))}}
     return out
 
 

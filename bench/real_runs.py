@@ -45,6 +45,7 @@ import pandas as pd
 from splitplan.base.parallel import run_units
 from splitplan.perf.roofline import Instance
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
+from splitplan.specs.engine import error_quantiles as engine_error_quantiles
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.model import load_model
@@ -149,18 +150,14 @@ def errors(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-ERROR_LEVELS = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
-
-
 def error_quantiles(frame: pd.DataFrame) -> dict:
     """A profile's measured error distribution, as engine profiles carry it (`fit.error`): per
-    load band and over all stages, the quantiles (ERROR_LEVELS) of the signed error
+    load band and over all stages, the quantiles (specs.engine.ERROR_LEVELS) of the signed error
     (predicted / measured - 1) of mean TTFT, TPOT and E2E, in %."""
     out = {}
     for band, g in [*frame.groupby("band", sort=False), ("all", frame)]:
-        out[str(band)] = {"stages": len(g), **{m: {f"q{round(q * 100):02d}": round(float(np.quantile(
-            (g[f"predicted_{m}"] / g[f"measured_{m}"] - 1) * 100, q)), 1) for q in ERROR_LEVELS}
-            for m in ("ttft_mean", "tpot_mean", "e2e_mean")}}
+        out[str(band)] = {"stages": len(g), **{m: engine_error_quantiles((g[f"predicted_{m}"] / g[f"measured_{m}"] - 1) * 100)
+                                               for m in ("ttft_mean", "tpot_mean", "e2e_mean")}}
     return out
 
 

@@ -153,7 +153,7 @@ class EngineProfile(BaseModel):
             measured = ", ".join(e.name for e in engine_catalog() if (e.fit or {}).get("error")) or "none"
             raise SpecError(f"--confidence {confidence:g}: engine profile {self.name} carries no measured error (fit.error); "
                             f"plan at a confidence with one that does ({measured})")
-        most = max(band.get("stages", band.get("runs", MIN_BAND_SAMPLES)) for band in error.values())
+        most = max(_samples(band) for band in error.values())
         if most < MIN_BAND_SAMPLES:
             raise SpecError(f"--confidence {confidence:g}: engine profile {self.name} measured its error (fit.error) on {most} "
                             f"run(s), too few for its quantiles: calibrate it on at least {MIN_BAND_SAMPLES} runs or load stages "
@@ -269,6 +269,18 @@ def engine_to_yaml(profile: EngineProfile, header: str = "") -> str:
 
 
 MIN_BAND_SAMPLES = 5  # a load band's measurements below which its quantiles are too few to size on (its runs count in `all`)
+ERROR_LEVELS = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)  # the quantiles a measured error (fit.error) records
+
+
+def error_quantiles(signed_pct) -> dict[str, float]:
+    """One figure's measured error as `fit.error` records it: the quantiles (ERROR_LEVELS) of its
+    signed error in % (predicted / measured - 1), keyed `q01`, `q05`, ..., to a tenth."""
+    return {f"q{round(q * 100):02d}": round(float(np.quantile(signed_pct, q)), 1) for q in ERROR_LEVELS}
+
+
+def _samples(band: dict) -> int:
+    """How many measurements a band of `fit.error` holds (its `stages` or `runs`; enough where it does not say)."""
+    return band.get("stages", band.get("runs", MIN_BAND_SAMPLES))
 
 
 def _quantile(quantiles: dict[str, float], level: float) -> float:
@@ -281,7 +293,7 @@ def _quantile(quantiles: dict[str, float], level: float) -> float:
 def _worst_factor(error: dict, measured: str, confidence: float) -> float | None:
     """`latency_factors`' factor of one measured mean (None where no band measured it)."""
     errors = [_quantile(band[measured], 1 - confidence) for band in error.values()
-              if measured in band and band.get("stages", band.get("runs", MIN_BAND_SAMPLES)) >= MIN_BAND_SAMPLES]
+              if measured in band and _samples(band) >= MIN_BAND_SAMPLES]
     if not errors:
         return None
     return 1 / (1 + min(errors) / 100) if min(errors) < 0 else 1.0

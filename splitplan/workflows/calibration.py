@@ -15,7 +15,7 @@ from splitplan.base.errors import SpecError
 from splitplan.base.parallel import run_units
 from splitplan.perf.roofline import Instance
 from splitplan.sim.bench_replay import BenchSettings, bench_replay
-from splitplan.specs.engine import EngineProfile, load_engine
+from splitplan.specs.engine import EngineProfile, error_quantiles, load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.layout import Layout
 from splitplan.specs.model import load_model
@@ -269,11 +269,10 @@ def _bench_summary(table) -> dict:
 def _error_quantiles(table, column: str) -> dict:
     """fit.error as engine profiles carry it (specs.engine.EngineProfile.latency_factors): over
     all runs, quantiles of the signed error of mean TTFT, TPOT and E2E, in %."""
-    levels = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
     band: dict[str, Any] = {"runs": int(table.run.nunique())}
     for metric in SUMMARY_METRICS:
         rows = table[table.metric == metric]
         err = ((rows[column] / rows.measured_ms - 1) * 100).dropna()
         if len(err):
-            band[metric] = {f"q{round(q * 100):02d}": round(float(np.quantile(err, q)), 1) for q in levels}
+            band[metric] = error_quantiles(err)
     return {"all": band}
