@@ -57,7 +57,7 @@ class Replay:
 
     name: str
     trace: Trace  # the warm-up's requests first
-    instance: Instance  # the run's instance (its model, machine, layout), under the starting profile
+    instance: Instance  # the run's instance (its model, machine, layout), under the starting profile as the run had it
     options: SimOptions
     warmup: int  # the trace's first requests, left out of the figures
     measured_ms: dict[str, float]
@@ -65,9 +65,13 @@ class Replay:
     memory_fraction: float | None = None  # the GPU memory the engine was given, where the run records it
 
     def under(self, profile: EngineProfile) -> Instance:
-        if self.memory_fraction is not None:
-            profile = profile.model_copy(update={"memory_usable_fraction": self.memory_fraction})
-        return Instance(self.instance.model, self.instance.hardware, profile, self.instance.layout)
+        return Instance(self.instance.model, self.instance.hardware, _as_run(profile, self.memory_fraction),
+                        self.instance.layout)
+
+
+def _as_run(profile: EngineProfile, memory_fraction: float | None) -> EngineProfile:
+    """`profile` with the share of GPU memory the run gave the engine, where it records one."""
+    return profile if memory_fraction is None else profile.model_copy(update={"memory_usable_fraction": memory_fraction})
 
 
 def predict(replay: Replay, profile: EngineProfile) -> dict[str, float]:
@@ -216,7 +220,7 @@ def _with_warmup(trace, warm: int):
 
 
 def bench_replay(run, settings: BenchSettings, base: EngineProfile, trace=None):
-    """One BenchRun (workload.benchmarks) as sim.bench_fit.Replay: its requests (`trace`, a Trace,
+    """One BenchRun (workload.benchmarks) as a Replay: its requests (`trace`, a Trace,
     where given: the run's own), with the warm-up the tool sent first (the first requests' sizes
     again at the same pace), its instance and the engine's scheduler as it ran."""
     model = load_model(_catalog_model(run, settings))
@@ -227,8 +231,7 @@ def bench_replay(run, settings: BenchSettings, base: EngineProfile, trace=None):
     _check_load(run, timed=trace is not None)
     _check_precision(run, base, settings)
     fraction = run.settings.get("gpu_memory_utilization")
-    inst = Instance(model, hardware, base if fraction is None else base.model_copy(update={"memory_usable_fraction": fraction}),
-                    Layout(tp))
+    inst = Instance(model, hardware, _as_run(base, fraction), Layout(tp))
     if not inst.fit.fits:
         raise SpecError(f"{run.source}: {model.name} at TP {tp} on {hardware.name}: {inst.fit.reason}; check --tp and --hardware")
     context = run.settings.get("max_model_len") or base.context_tokens(model)

@@ -240,7 +240,7 @@ def _calibrated(base: EngineProfile, result, replays: list, paths: list[str], fi
 
 def bench_replays(paths: list[str], settings: BenchSettings, base: EngineProfile, bench_format: str | None,
                   traces: list) -> list:
-    """Every run of `paths` as a sim.bench_fit.Replay, each with its trace (`traces`: one for all,
+    """Every run of `paths` as a sim.bench_replay.Replay, each with its trace (`traces`: one for all,
     or one per path of one run each); all on --hardware's machine type (no tool records it)."""
     from splitplan.workload.benchmarks import read_benchmarks
     from splitplan.workload.trace import Trace, load_trace

@@ -360,11 +360,16 @@ def _vllm_requests(doc: dict, path: Path) -> Requests:
                                    ("start_times", starts, -np.inf, np.inf)):
         if values is not None:
             _within(path, key, values, ok, low, high)
-    if starts is None or not ok.any():
-        return inputs[ok], outputs[ok], None
-    order = np.argsort(starts[ok], kind="stable")  # (the lists follow the order requests were made, not when each began)
-    kept = starts[ok][order]
-    return inputs[ok][order], outputs[ok][order], kept - kept[0]
+    # (the lists follow the order the requests were made, not when each began)
+    return _in_send_order(inputs[ok], outputs[ok], None if starts is None else starts[ok])
+
+
+def _in_send_order(inputs: np.ndarray, outputs: np.ndarray, starts: np.ndarray | None) -> Requests:
+    """The requests' sizes and send times sorted by send time, the times from the first (none: as given)."""
+    if starts is None or not len(starts):
+        return inputs, outputs, None
+    order = np.argsort(starts, kind="stable")
+    return inputs[order], outputs[order], starts[order] - starts[order][0]
 
 
 def _within(path: Path, key: str, values: np.ndarray, ok: np.ndarray, low: float, high: float) -> None:
@@ -509,11 +514,7 @@ def _guidellm_requests(requests: Any, where: Path) -> Requests:
     for key, values in (("requests.successful[].prompt_tokens", inputs), ("requests.successful[].output_tokens", outputs)):
         _within(where, key, values, np.ones(len(values), bool), 0, MAX_REQUEST_TOKENS)
     first = [_number(r, where, "request_start_time", required=False) for r in rows]
-    if any(v is None for v in first):
-        return inputs, outputs, None
-    order = np.argsort(np.array(first, float), kind="stable")
-    starts = np.array(first, float)[order]
-    return inputs[order], outputs[order], starts - starts[0]
+    return _in_send_order(inputs, outputs, None if any(v is None for v in first) else np.array(first, float))
 
 
 def _guidellm_warmup(bench: dict, where: Path, count: int, rate: float | None, concurrency: int | None,
