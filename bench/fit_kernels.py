@@ -14,10 +14,15 @@ range) on the shapes serving produces:
 - generation attention: the same, context = isl + step;
 - all-reduce: bf16, the graph-captured kernel where the table has both (serving's decode and
   vLLM's piecewise graphs), per GPU count; the tables' message_size counts elements (the
-  collector all-reduces a tensor of that many), so a message is 2 bytes per element.
+  collector all-reduces a tensor of that many), so a message is 2 bytes per element;
+- MoE experts: gated (SwiGLU) fused MoE layers of 1 to 16,384 tokens on one GPU of each expert
+  layout measured (moe_tp_size x moe_ep_size; the collectors give the GPU 1/ep of the routed rows),
+  bf16, fp8 (block-scaled where the engine has it, else per-tensor) and NVFP4 weights, routed by
+  NVIDIA's default power law (alpha 1.01, imbalanced as served); per shape the fastest kernel the
+  engine offers (an engine picks its MoE backend per GPU and precision).
 
 Held out by model shape: the GEMM shapes fall in five folds by their (n, k), the attention shapes
-by their (heads, KV heads, head dim); each fold is predicted by a fit without it. Prints the MAPE
+by their (heads, KV heads, head dim), the MoE shapes by their (hidden, inter, experts, top-k); each fold is predicted by a fit without it. Prints the MAPE
 % / median signed error % per engine, GPU, operator class and precision (the target of issue 55:
 10 % in every cell of more than 20 points), and flags any parameter fitted onto its bound.
 `--write` writes the curves fitted on every shape into `hardware_specs/*.yaml` (`kernels:`);
@@ -38,6 +43,7 @@ import yaml
 from scipy.optimize import least_squares
 
 from splitplan.perf import curves
+from splitplan.specs.engine import BYTES
 from splitplan.specs.hardware import load_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +60,12 @@ CONTEXT = {"efficiency": (0.5, 0.02, 1.0), "half_tokens": (100.0, 0.0, 1e5), "la
 GENERATION = {"memory_efficiency": (0.7, 0.05, 1.0), "efficiency": (0.3, 0.01, 1.0), "s_per_sequence": (1e-7, 0.0, 1e-4),
               "s_per_kv_head": (1e-8, 0.0, 1e-4), "latency_s": (1e-5, 0.0, 1e-3)}
 ALL_REDUCE = {"latency_s": (5e-6, 0.0, 1e-3), "bytes_per_s": (2e11, 1e8, 1e13)}
+MOE = {"efficiency": (0.5, 0.02, 1.0), "half_rows": (50.0, 0.0, 1e4), "memory_efficiency": (0.6, 0.05, 1.0),
+       "row_passes": (2.0, 0.0, 100.0), "token_passes": (1.0, 0.0, 100.0), "latency_s": (2e-5, 0.0, 1e-3)}
+# a weight precision's MoE tables, the first the engine has: DeepSeek's and Qwen3's fp8 checkpoints are block-scaled
+MOE_DTYPES = {"bf16": ("bfloat16",), "fp8": ("fp8_block", "fp8"), "fp4": ("nvfp4",)}
+MOE_ROUTING = "power_law_1.01"  # aiconfigurator's default routing (imbalanced, as served), not the balanced rows
+MOE_SHAPE = ["num_tokens", "hidden_size", "inter_size", "num_experts", "topk", "moe_tp_size", "moe_ep_size"]  # curves.moe_s's order
 
 
 def table(system: str, kind: str, engine: str, name: str) -> pd.DataFrame:
@@ -119,6 +131,13 @@ def operator_frames(system: str, engine: str) -> dict[tuple[str, str], pd.DataFr
             frame = frame[frame.attn_dtype == "bfloat16"]
             for dtype, precision in DTYPES.items():
                 out[f"{op}_attention", precision] = frame[frame.kv_cache_dtype == dtype]
+    moe = table(system, "moe", engine, "moe_perf.parquet")
+    if not moe.empty:  # gated experts, tokens as for GEMMs; per shape the fastest kernel the engine has
+        moe = moe[(moe.distribution == MOE_ROUTING) & (moe.num_tokens <= 16384) & ~moe.kernel_source.str.contains("nongated")]
+        for precision, dtypes in MOE_DTYPES.items():
+            dtype = next((d for d in dtypes if (moe.moe_dtype == d).any()), None)
+            if dtype is not None:
+                out["moe", precision] = moe[moe.moe_dtype == dtype].groupby(MOE_SHAPE, as_index=False).latency.min()
     reduce = table(system, "comm", engine, "custom_allreduce_perf.parquet")
     if not reduce.empty:
         reduce = reduce[reduce.allreduce_dtype == "bfloat16"]
@@ -133,7 +152,7 @@ def fit_gpu(name: str, engine: str):
     """(curves as the hardware spec's `kernels.<engine>` mapping, rows of held-out errors, bounds hit)."""
     hw = load_hardware(name)
     bf16, bandwidth = hw.peak_flops_per_s("bf16"), hw.memory_bytes_per_s
-    curves_out: dict = {"gemm": {}, "context_attention": {}, "generation_attention": {}, "all_reduce": []}
+    curves_out: dict = {"gemm": {}, "context_attention": {}, "generation_attention": {}, "all_reduce": [], "moe": {}}
     errors, bounds, mape = [], [], {}
     for (op, key), frame in operator_frames(SYSTEMS[name], engine).items():
         if op == "gemm":
@@ -144,6 +163,14 @@ def fit_gpu(name: str, engine: str):
                 c, peak, bandwidth, f.m.to_numpy(float), f.n.to_numpy(float), f.k.to_numpy(float), wbpe), GEMM, frame,
                 _folds(frame.n, frame.k))
             size = frame.m.to_numpy(float)
+        elif op == "moe":
+            if not hw.has_tensor_cores(key):
+                continue
+            peak, wbpe = hw.peak_flops_per_s(key), BYTES[key]
+            params, err, hit = fit(lambda c, f, peak=peak, wbpe=wbpe: curves.moe_s(
+                c, peak, bandwidth, *(f[col].to_numpy(float) for col in MOE_SHAPE), wbpe), MOE, frame,
+                _folds(frame.hidden_size, frame.inter_size, frame.num_experts, frame.topk))
+            size = frame.num_tokens.to_numpy(float)
         elif op == "context_attention":
             params, err, hit = fit(lambda c, f: curves.context_attention_s(
                 c, bf16, f.batch_size.to_numpy(float), f.isl.to_numpy(float), f.num_heads.to_numpy(float),
@@ -179,7 +206,8 @@ def fit_gpu(name: str, engine: str):
     return {"source": source, **curves_out, "mape_pct": mape}, errors, bounds
 
 
-BANDS = {"gemm": [(1, 16), (17, 256), (257, 4096), (4097, 16384)], "context_attention": [(1, 512), (513, 4096), (4097, 1 << 30)],
+TOKEN_BANDS = [(1, 16), (17, 256), (257, 4096), (4097, 16384)]
+BANDS = {"gemm": TOKEN_BANDS, "moe": TOKEN_BANDS, "context_attention": [(1, 512), (513, 4096), (4097, 1 << 30)],
          "generation_attention": [(1, 512), (513, 4096), (4097, 1 << 30)], "all_reduce": [(0, 1 << 40)]}
 
 
@@ -211,14 +239,13 @@ def sample(out: Path) -> None:
     """A small sample of the measured tables for the tests (vLLM on H100 and H200), with its license."""
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    for name in ("h100-80gb", "h200-141gb"):
-        for (op, key), frame in operator_frames(SYSTEMS[name], "vllm").items():
-            if op == "all_reduce":
-                continue
-            part = frame.iloc[np.sort(rng.choice(len(frame), size=min(60, len(frame)), replace=False))]
-            columns = [c for c in ("m", "n", "k", "batch_size", "isl", "step", "num_heads", "num_key_value_heads",
-                                   "head_dim", "latency") if c in part]
-            part[columns].to_csv(out / f"{name}_{op}_{key}.csv", index=False)
+    frames = [(name, op, key, frame) for name in ("h100-80gb", "h200-141gb")
+              for (op, key), frame in operator_frames(SYSTEMS[name], "vllm").items() if op != "all_reduce"]
+    for name, op, key, frame in sorted(frames, key=lambda f: f[1] == "moe"):  # (MoE last: the others' draws as before)
+        part = frame.iloc[np.sort(rng.choice(len(frame), size=min(60, len(frame)), replace=False))]
+        columns = [c for c in ("m", "n", "k", "batch_size", "isl", "step", "num_heads", "num_key_value_heads",
+                               "head_dim", *MOE_SHAPE, "latency") if c in part]
+        part[columns].to_csv(out / f"{name}_{op}_{key}.csv", index=False)
 
 
 def main() -> None:

@@ -26,10 +26,13 @@ than 20 points.
 from __future__ import annotations
 
 from importlib import resources
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
+from fit_kernels import MOE_SHAPE, operator_frames  # (this folder: one reading of the MoE tables)
 
+from splitplan.perf import curves
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 
@@ -38,7 +41,8 @@ SYSTEMS = {"a100-80gb": ("a100_sxm", "0.14.0"), "h100-80gb": ("h100_sxm", "0.24.
 PROFILES = {"bfloat16": ("bf16", "vllm"), "fp8": ("fp8", "vllm-fp8")}
 BANDS = {"GEMM": [(1, 16), (17, 256), (257, 4096), (4097, 16384)],  # m, tokens
          "context attention": [(1, 512), (513, 4096), (4097, 1 << 20)],  # prompt tokens
-         "generation attention": [(1, 512), (513, 4096), (4097, 1 << 20)]}  # context tokens
+         "generation attention": [(1, 512), (513, 4096), (4097, 1 << 20)],  # context tokens
+         "MoE experts": [(1, 16), (17, 256), (257, 4096), (4097, 16384)]}  # tokens entering the layer
 
 
 def gemm_s(hw, engine, m, n, k) -> np.ndarray:
@@ -62,6 +66,18 @@ def generation_s(hw, engine, b, c, heads, kv_heads, d) -> np.ndarray:
     compute = 4 * heads * d * b * c / (hw.peak_flops_per_s(engine.dtype) * f.compute_efficiency)
     moved = 2 * kv_heads * d * b * c * engine.kv_bytes_per_element
     return np.maximum(compute, moved / (hw.memory_bytes_per_s * f.memory_efficiency))
+
+
+def moe_s(hw, engine, f: pd.DataFrame) -> np.ndarray:
+    """The pass formula's routed experts on one GPU with the profile's factors: the GEMMs' efficiency and ramp
+    times moe_efficiency, the touched experts' weights at the achieved bandwidth (perf.curves.moe_s without
+    the measured passes and latency)."""
+    x = engine.factors(hw.name, 1)
+    factors = SimpleNamespace(efficiency=x.compute_efficiency * x.moe_efficiency, half_rows=x.gemm_half_tokens,
+                              memory_efficiency=x.memory_efficiency, row_passes=0.0, token_passes=0.0, latency_s=0.0)
+    peak = hw.peak_flops_per_s(engine.weights) * hw.prefill_clock_fraction
+    return curves.moe_s(factors, peak, hw.memory_bytes_per_s, *(f[c].to_numpy(float) for c in MOE_SHAPE),
+                        engine.weight_bytes_per_element)
 
 
 def _errors(op: str, gpu: str, precision: str, size, predicted_s, measured_ms) -> pd.DataFrame:
@@ -104,6 +120,10 @@ def rows() -> pd.DataFrame:
                 b, heads, kv_heads, d = (part[c].to_numpy(float) for c in ("batch_size", "num_heads", "num_key_value_heads", "head_dim"))
                 tokens = part.isl.to_numpy(float) + (part.step.to_numpy(float) if op == "generation attention" else 0.0)
                 out.append(_errors(op, name, precision, tokens, timing(hw, engine, b, tokens, heads, kv_heads, d), part.latency))
+        for (op, precision), part in operator_frames(system, "vllm").items():
+            if op == "moe" and hw.has_tensor_cores(precision):
+                engine = load_engine({"bf16": "vllm", "fp8": "vllm-fp8"}.get(precision, f"vllm-fp8@weights={precision}"))
+                out.append(_errors("MoE experts", name, precision, part.num_tokens, moe_s(hw, engine, part), part.latency))
     return pd.concat(out, ignore_index=True)
 
 

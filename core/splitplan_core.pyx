@@ -547,7 +547,8 @@ FIELDS = (
     # measured kernel curves (perf.curves), or their roofline defaults (the same bandwidth, no extra time)
     "gemm_bytes_per_s", "gemm_pass_s_per_token", "gemm_latency_s", "prefill_attention_half_tokens",
     "prefill_attention_latency_s", "kv_bytes_per_s", "decode_attention_efficiency", "decode_attention_s_per_seq",
-    "decode_attention_latency_s",
+    "decode_attention_latency_s", "moe_compute_efficiency", "moe_half_rows", "moe_bytes_per_s", "moe_latency_s",
+    "moe_s_per_row", "moe_s_per_token",
     # the engine's factors and the model's experts the formula reads
     "knee_slowdown", "knee_tokens", "moe_efficiency", "attention_efficiency", "decode_overhead_s", "prefill_overhead_s",
     "sequence_overhead_s", "prefill_sequence_overhead_s", "is_moe", "experts", "experts_per_token", "expert_params",
@@ -558,7 +559,8 @@ cdef enum:  # FIELDS' order
     ACT_BYTES, Q_DIM, KV_DIM, PREFILL_ATTN_FLOPS, DECODE_FLOPS, DECODE_BYTES, EXPERT_SHARE, LM_HEAD, COLL_S_PER_TOKEN,
     COLL_LATENCY, A2A_S_PER_TOKEN, A2A_LATENCY, HOP_S_PER_TOKEN, HOP_LATENCY, DP, PP, DIVIDES, GPU_LAUNCH, HOST_LAUNCH,
     PACKED, CLOCK_SLOWDOWN, CAPPED_SLOWDOWN, GEMM_BPS, GEMM_PASS_S, GEMM_LATENCY, PREFILL_ATTN_HALF, PREFILL_ATTN_LATENCY,
-    KV_BPS, DECODE_ATTN_EFF, DECODE_ATTN_S_PER_SEQ, DECODE_ATTN_LATENCY, KNEE_SLOWDOWN, KNEE_TOKENS, MOE_EFF, ATTN_EFF,
+    KV_BPS, DECODE_ATTN_EFF, DECODE_ATTN_S_PER_SEQ, DECODE_ATTN_LATENCY, MOE_COMPUTE_EFF, MOE_HALF, MOE_BPS,
+    MOE_LATENCY, MOE_S_PER_ROW, MOE_S_PER_TOKEN, KNEE_SLOWDOWN, KNEE_TOKENS, MOE_EFF, ATTN_EFF,
     DECODE_OVERHEAD, PREFILL_OVERHEAD, SEQ_OVERHEAD, PREFILL_SEQ_OVERHEAD, IS_MOE, EXPERTS, TOP_K, EXPERT_PARAMS,
     FIELD_COUNT
 
@@ -583,8 +585,9 @@ cdef inline void _shares(const double* c, double prefill_seqs, double decode_seq
     groups[0] = 1.0 if dp == 1 else min(dp, max((prefill_seqs + decode_seqs) * micro[0], 1.0))
 
 
-cdef inline double _gemm_efficiency(const double* c, double rows) noexcept nogil:
-    return c[COMPUTE_EFF] * rows / (rows + c[GEMM_HALF])
+cdef inline double _ramped(double efficiency, double half, double rows) noexcept nogil:
+    """An efficiency ramped by the rows a GEMM has: efficiency x rows / (rows + half)."""
+    return efficiency * rows / (rows + half)
 
 
 cdef Terms _terms(const double* c, double prefill_seqs, double prefill_tokens, double prefill_sq_tokens,
@@ -615,7 +618,7 @@ cdef Terms _terms(const double* c, double prefill_seqs, double prefill_tokens, d
         bandwidth, fixed_s, extra_s = c[GEMM_BPS], 0.0, 0.0
         if k == 0:
             class_flops, class_bytes = a_tok * c[DENSE_FLOPS], c[DENSE_BYTES] + a_tok * c[ACT_BYTES]
-            class_peak = gemm_peak * _gemm_efficiency(c, safe_tok)
+            class_peak = gemm_peak * _ramped(c[COMPUTE_EFF], c[GEMM_HALF], safe_tok)
             fixed_s, extra_s = c[GEMM_LATENCY], a_tok * c[GEMM_PASS_S]
         elif k == 1:
             if not c[IS_MOE]:
@@ -625,7 +628,9 @@ cdef Terms _terms(const double* c, double prefill_seqs, double prefill_tokens, d
             rows = max(n_tok * top_k / max(touched, 1e-9), 1.0)
             class_flops = 2 * n_tok * top_k * c[EXPERT_PARAMS] * c[EXPERT_SHARE]
             class_bytes = touched * c[EXPERT_PARAMS] * c[WEIGHT_BPE] * c[EXPERT_SHARE]
-            class_peak = gemm_peak * _gemm_efficiency(c, rows) * c[MOE_EFF]
+            class_peak = gemm_peak * _ramped(c[MOE_COMPUTE_EFF], c[MOE_HALF], rows) * c[MOE_EFF]
+            bandwidth, fixed_s = c[MOE_BPS], c[MOE_LATENCY]
+            extra_s = n_tok * top_k * (c[EXPERT_SHARE] * c[MOE_S_PER_ROW]) + a_tok * top_k * c[MOE_S_PER_TOKEN]
         elif k == 2:
             group_pre = pre_tok / groups
             pre_sq = group_pre * group_pre if c[PACKED] else prefill_sq_tokens * micro / groups
@@ -642,7 +647,7 @@ cdef Terms _terms(const double* c, double prefill_seqs, double prefill_tokens, d
             fixed_s = c[DECODE_ATTN_S_PER_SEQ] * group_decode + c[DECODE_ATTN_LATENCY] * (1.0 if group_decode > 0 else 0.0)
         else:  # one row per sequence (the last prompt token, or the decoded token)
             class_flops, class_bytes = 2 * n_seq * c[LM_HEAD] / layers, c[LM_HEAD] * c[WEIGHT_BPE] / layers
-            class_peak = gemm_peak * _gemm_efficiency(c, max(n_seq, 1.0))
+            class_peak = gemm_peak * _ramped(c[COMPUTE_EFF], c[GEMM_HALF], max(n_seq, 1.0))
         tc = layers * class_flops / class_peak + layers * (fixed_s + extra_s)
         tm = layers * class_bytes / bandwidth + layers * fixed_s
         compute_s = compute_s + tc * (tc > tm)

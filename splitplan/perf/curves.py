@@ -24,6 +24,16 @@ clock. Every function takes floats or NumPy arrays.
   FLOPs at `efficiency` of the bf16 peak, plus b (`s_per_sequence` + H_kv `s_per_kv_head`) and
   `latency_s`.
 - All-reduce among g GPUs of S bytes: `latency_s` + S / `bytes_per_s` (per GPU count measured).
+- Routed experts (one fused MoE layer on one GPU of an `ep` x `tp` expert layout: T tokens enter,
+  each routed to k of E experts; the GPU holds E / ep of them, each a 1/tp slice of its
+  `matrices` hidden x inter matrices): its R = T k / ep rows over the U = E / ep (1 - (1 - k/E)^T)
+  experts they touch, 2 R matrices hidden inter / tp FLOPs at the weights' peak times
+  `efficiency` ramped by the rows per touched expert, r / (r + half_rows), plus the activation
+  traffic of the routing (`row_passes` 2-byte reads of each routed row, `token_passes` of each
+  token's k copies, whichever GPU computes them: the permutes, the padding a grouped kernel
+  walks), or the touched experts' weights read at `memory_efficiency` of the bandwidth, whichever
+  is slower; plus `latency_s`. Fitted to NVIDIA's power-law-routed tables (its default), so the
+  routing's imbalance is in the efficiencies.
 """
 
 from __future__ import annotations
@@ -65,3 +75,16 @@ def generation_attention_s(curve, bf16_flops_per_s: float, memory_bytes_per_s: f
 def all_reduce_s(curve, message_bytes):
     """Seconds of an all-reduce of `message_bytes` among the curve's GPUs."""
     return curve.latency_s + message_bytes / curve.bytes_per_s
+
+
+def moe_s(curve, peak_flops_per_s: float, memory_bytes_per_s: float, tokens, hidden, inter, experts, top_k, tp, ep,
+          weight_bytes_per_element: float, matrices: float = 3.0):
+    """Seconds of one fused MoE layer's routed experts on one GPU (`curve` a `MoeCurve`)."""
+    rows = tokens * top_k / ep
+    touched = experts / ep * (1 - (1 - top_k / experts) ** tokens)
+    per_expert = np.maximum(rows / np.maximum(touched, 1e-9), 1.0)
+    params = matrices * hidden * inter / tp
+    compute = (2 * rows * params / (peak_flops_per_s * curve.efficiency * per_expert / (per_expert + curve.half_rows))
+               + (rows * curve.row_passes + tokens * top_k * curve.token_passes) * hidden * ACTIVATION_BYTES / memory_bytes_per_s)
+    moved = touched * params * weight_bytes_per_element
+    return np.maximum(compute, moved / (memory_bytes_per_s * curve.memory_efficiency)) + curve.latency_s

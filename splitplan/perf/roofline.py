@@ -51,8 +51,8 @@ Modelling assumptions (units: seconds, FLOPs and bytes per GPU):
 - Mixed batches (prefill and decode in one iteration) are the same formula with
   both kinds of attention: the co-located baseline needs nothing else.
 - Measured kernel curves (perf.curves): where the engine profile names them (`kernel_curves`)
-  and the GPU's file carries them, the dense GEMMs, prefill and decode attention and TP
-  all-reduces take the curves' efficiencies, bandwidths, fixed latencies and per-GPU-count
+  and the GPU's file carries them, the dense GEMMs, prefill and decode attention, TP
+  all-reduces and routed experts take the curves' efficiencies, bandwidths, fixed latencies and per-GPU-count
   collective terms in place of the profile's factors (`Instance._curves`), measured at the clock
   the GPU holds under load (only a power cap slows them further); `timing_sources` says which.
 
@@ -82,7 +82,7 @@ from splitplan.specs.layout import Layout
 from splitplan.specs.model import ModelSpec
 
 BOUNDS = ("compute", "memory", "network", "overhead")
-MEASURED_OPERATORS = ("GEMMs", "prefill attention", "decode attention", "all-reduce")  # what kernel curves time
+MEASURED_OPERATORS = ("GEMMs", "prefill attention", "decode attention", "all-reduce", "MoE experts")  # what kernel curves time
 
 
 def _num(x):
@@ -166,6 +166,13 @@ class PassConstants:
     decode_attention_efficiency: float  # of the activations' peak, where decode attention is compute-bound
     decode_attention_s_per_seq: float
     decode_attention_latency_s: float
+    moe_compute_efficiency: float  # routed experts': of the weights' peak, ramped by rows per touched expert
+    moe_half_rows: float
+    moe_bytes_per_s: float  # the touched experts' weights read
+    moe_latency_s: float  # per layer on average (the MoE layers' share)
+    moe_s_per_row: float  # activation passes per routed row
+    moe_s_per_token: float  # and per token's top-k copies, per layer on average
+    moe_efficiency: float  # the engine's factor on the above (1 where a curve times the experts)
 
 
 class PassShortcuts:
@@ -381,7 +388,8 @@ class Instance(PassShortcuts):
             return dict.fromkeys(MEASURED_OPERATORS)
         return dict(zip(MEASURED_OPERATORS, (
             k.gemm.get(eng.weights), k.context_attention.get(eng.kv), k.generation_attention.get(eng.kv),  # type: ignore[call-overload]
-            k.all_reduce_among(t) if 1 < t <= self.hardware.nvlink_domain else None), strict=True))
+            k.all_reduce_among(t) if 1 < t <= self.hardware.nvlink_domain else None,
+            k.moe.get(eng.weights) if self.model.is_moe else None), strict=True))  # type: ignore[call-overload]
 
     @cached_property
     def timing_sources(self) -> dict[str, str]:
@@ -392,7 +400,9 @@ class Instance(PassShortcuts):
                else f"roofline: datasheet peak and bandwidth, {eng.name}'s factors" for op, curve in self._measured.items()}
         if self.layout.tp == 1:
             out["all-reduce"] = "none (TP 1)"
-        if self.model.is_moe:
+        if not self.model.is_moe:
+            del out["MoE experts"]
+        elif self._measured["MoE experts"] is None:
             out["MoE experts"] = f"{'the GEMM curve' if self._measured['GEMMs'] else 'the roofline'} times {eng.name}'s moe_efficiency"
         return out
 
@@ -409,8 +419,9 @@ class Instance(PassShortcuts):
                "prefill_attention_latency_s": 0.0, "kv_bytes_per_s": bandwidth * f.memory_efficiency,
                "decode_attention_efficiency": f.compute_efficiency, "decode_attention_s_per_seq": 0.0, "decode_attention_latency_s": 0.0,
                "collective_s_per_token": (2 * (t - 1) / t * m.hidden_size * 2 / self._link_bytes_per_s(t, f)) if t > 1 else 0.0,
-               "collective_latency_s": f.collective_latency_s if t > 1 else 0.0}
-        gemm, context, generation, reduce = self._measured.values()
+               "collective_latency_s": f.collective_latency_s if t > 1 else 0.0, "moe_latency_s": 0.0,
+               "moe_s_per_row": 0.0, "moe_s_per_token": 0.0, "moe_efficiency": f.moe_efficiency}
+        gemm, context, generation, reduce, moe = self._measured.values()
         if gemm is not None:
             # per layer, the (n, k) of its GEMMs: QKV and O projections, the FFN's gate-and-up (fused) and down
             shapes = np.array([((m.q_dim + 2 * m.kv_dim) / t, m.hidden_size), (m.hidden_size, m.q_dim / t),
@@ -434,6 +445,17 @@ class Instance(PassShortcuts):
         if reduce is not None:  # two per layer, of the tokens' bf16 activations
             out |= {"collective_s_per_token": m.hidden_size * curves.ACTIVATION_BYTES / reduce.bytes_per_s,
                     "collective_latency_s": reduce.latency_s}
+        # routed experts take the GEMMs' ramp and bandwidth unless their own curve times them
+        out |= {"moe_compute_efficiency": out["compute_efficiency"], "moe_half_rows": out["gemm_half_tokens"],
+                "moe_bytes_per_s": out["gemm_bytes_per_s"]}
+        if moe is not None:  # (per layer on average: the MoE layers' share of the layers)
+            moe_share, row_s = m.moe_layers / m.num_hidden_layers, m.hidden_size * curves.ACTIVATION_BYTES / bandwidth
+            # a GPU passes the rows of its expert group (1/ep of them) where the formula's share is 1/(ep moe_tp)
+            out |= {"moe_compute_efficiency": moe.efficiency, "moe_half_rows": moe.half_rows,
+                    "moe_bytes_per_s": bandwidth * moe.memory_efficiency, "moe_latency_s": moe.latency_s * moe_share,
+                    "moe_s_per_row": moe.row_passes * row_s * self.layout.moe_tp,
+                    "moe_s_per_token": moe.token_passes * row_s * moe_share,
+                    "moe_efficiency": 1.0}
         return out
 
     @cached_property

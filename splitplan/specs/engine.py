@@ -20,10 +20,9 @@ from splitplan.base.errors import SpecError
 from splitplan.base.inputs import excerpt
 from splitplan.specs._load import load_named
 from splitplan.specs.catalog import catalog_names, per_catalog
-from splitplan.specs.hardware import KernelEngine
+from splitplan.specs.hardware import KernelEngine, WeightPrecision
 
 # The precisions weights and the KV cache may be stored in (--weights, --kv-cache).
-WeightPrecision = Literal["bf16", "fp8", "fp4"]
 KvPrecision = Literal["bf16", "fp8"]
 WEIGHT_PRECISIONS: tuple[str, ...] = get_args(WeightPrecision)
 KV_PRECISIONS: tuple[str, ...] = get_args(KvPrecision)

@@ -19,6 +19,7 @@ from splitplan.specs.catalog import catalog_names, per_catalog, pinned
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
 Frac = Annotated[float, Field(gt=0, le=1)]
+WeightPrecision = Literal["bf16", "fp8", "fp4"]
 # Dynamic power grows about as the cube of the clock over the DVFS range (P ~ C V^2 f, with the
 # voltage rising about linearly with f). Checked against Splitwise (ISCA 2024): an H100 capped to
 # 350 W of its 700 W (75 W idle) is predicted ((350-75)/(700-75))^(1/3) = 0.76 of its clock, prefill
@@ -54,7 +55,7 @@ class GpuSpec(BaseModel):
     clock_source: str = "none: datasheet clock assumed sustained"
     # The best dense GEMM throughput measured on this GPU per precision (bf16, fp8, fp4), and its
     # source: the ceiling no fitted compute_efficiency may pass (compute_efficiency_ceiling).
-    gemm_tflop_per_s: dict[Literal["bf16", "fp8", "fp4"], Annotated[float, Field(gt=0, le=100_000)]] = {}
+    gemm_tflop_per_s: dict[WeightPrecision, Annotated[float, Field(gt=0, le=100_000)]] = {}
     gemm_source: str = ""
 
     @model_validator(mode="after")
@@ -116,13 +117,25 @@ class AllReduceCurve(BaseModel):
     bytes_per_s: Annotated[float, Field(gt=0, le=1e14)]  # message bytes per second
 
 
+class MoeCurve(BaseModel):
+    """A fused MoE layer's routed experts on one GPU (`perf.curves.moe_s`)."""
+
+    model_config = _STRICT
+    efficiency: Frac  # of the weights' dense peak at the datasheet clock, approached as rows per expert grow
+    half_rows: Positive  # rows per touched expert at which it is half that
+    memory_efficiency: Frac  # of the datasheet bandwidth, reading the touched experts' weights
+    row_passes: Positive  # 2-byte reads of each routed row (permutes, quantization, the epilogue)
+    token_passes: Positive  # and of each token's top-k copies, whichever GPU computes them
+    latency_s: Seconds
+
+
 Precision = Literal["bf16", "fp8"]
 
 
 class KernelCurves(BaseModel):
-    """One engine's measured kernels on this GPU as curves: GEMMs per weight precision,
-    attention per KV-cache precision, all-reduces per GPU count. What they leave out (MoE experts,
-    MLA, all-to-alls) the engine profile's factors time, as on a GPU with no curves."""
+    """One engine's measured kernels on this GPU as curves: GEMMs and MoE experts per weight
+    precision, attention per KV-cache precision, all-reduces per GPU count. What they leave out
+    (MLA, all-to-alls) the engine profile's factors time, as on a GPU with no curves."""
 
     model_config = _STRICT
     source: str
@@ -130,6 +143,7 @@ class KernelCurves(BaseModel):
     context_attention: dict[Precision, ContextAttentionCurve] = {}
     generation_attention: dict[Precision, GenerationAttentionCurve] = {}
     all_reduce: tuple[AllReduceCurve, ...] = ()
+    moe: dict[WeightPrecision, MoeCurve] = {}
     # held-out MAPE % per operator class and precision (bench/fit_kernels.py), for the record
     mape_pct: dict[str, float] = {}
 

@@ -20,7 +20,8 @@ SAMPLE = Path(__file__).resolve().parents[1] / "data" / "kernels"
 BYTES = {"bf16": 2.0, "fp8": 1.0}
 # MAPE % the fit reaches held out over every measured shape (bench/fit_kernels.py), with a margin for a 60-row sample
 TOLERANCE_PCT = {("gemm", "bf16"): 10, ("gemm", "fp8"): 18, ("context_attention", "bf16"): 30,
-                 ("context_attention", "fp8"): 30, ("generation_attention", "bf16"): 20, ("generation_attention", "fp8"): 20}
+                 ("context_attention", "fp8"): 30, ("generation_attention", "bf16"): 20, ("generation_attention", "fp8"): 20,
+                 ("moe", "bf16"): 25, ("moe", "fp8"): 25}
 
 
 def _curved(name="vllm-fp8"):
@@ -37,6 +38,10 @@ def _predict(hw, op: str, precision: str, f: pd.DataFrame) -> np.ndarray:
     if op == "context_attention":
         return curves.context_attention_s(k.context_attention[precision], bf16, col["batch_size"], col["isl"],
                                           col["num_heads"], col["head_dim"])
+    if op == "moe":
+        return curves.moe_s(k.moe[precision], hw.peak_flops_per_s(precision), bandwidth, col["num_tokens"], col["hidden_size"],
+                            col["inter_size"], col["num_experts"], col["topk"], col["moe_tp_size"], col["moe_ep_size"],
+                            BYTES[precision])
     return curves.generation_attention_s(k.generation_attention[precision], bf16, bandwidth, col["batch_size"],
                                          col["isl"] + col["step"], col["num_heads"], col["num_key_value_heads"],
                                          col["head_dim"], BYTES[precision])
@@ -163,3 +168,71 @@ def test_prefill_attention_ramps_as_its_curve():
     before, after = (Instance(model, h, engine, layout).pass_time_s(1, p, p * p) for h in (hw, slower))
     per_layer = 2 * model.q_dim / 4 * p * 500 / (hw.peak_flops_per_s("bf16") * context.efficiency)
     assert after - before == pytest.approx(80 * per_layer, rel=1e-6)
+
+
+def _with_moe(hw, **change):
+    """`hw` with vLLM's fp8 MoE curve changed."""
+    k = hw.kernels["vllm"]
+    moe = k.moe["fp8"].model_copy(update=change)
+    return hw.model_copy(update={"kernels": {"vllm": k.model_copy(update={"moe": {**k.moe, "fp8": moe}})}})
+
+
+@pytest.mark.parametrize("layout", ["tp8", "tp8ep8"])
+def test_routed_experts_take_their_curve(layout):
+    """With an MoE curve, a layer's routed experts cost its fixed latency once per MoE layer, its
+    token passes per token's top-k copies on every GPU, and its row passes per routed row of the
+    GPU's expert group (all of them at EP 1, an eighth at EP 8): each term checked by moving it
+    (DeepSeek-V3: 58 of its 61 layers are MoE layers)."""
+    hw, engine, model = load_hardware("h200-141gb"), _curved(), load_model("deepseek-v3")
+    lay = parse_layout(layout, "x")
+    tokens, k, moe_layers = 4096.0, model.num_experts_per_tok, model.moe_layers
+    row_s = model.hidden_size * curves.ACTIVATION_BYTES / hw.memory_bytes_per_s
+
+    def prefill(h):
+        return Instance(model, h, engine, lay).pass_time_s(1, tokens, tokens**2)
+
+    base = hw.kernels["vllm"].moe["fp8"]
+    before = prefill(hw)
+    assert prefill(_with_moe(hw, latency_s=base.latency_s + 1e-5)) - before == pytest.approx(1e-5 * moe_layers, rel=1e-6)
+    assert (prefill(_with_moe(hw, token_passes=base.token_passes + 1)) - before
+            == pytest.approx(moe_layers * tokens * k * row_s, rel=1e-6))
+    rows = tokens * k / lay.ep
+    assert (prefill(_with_moe(hw, row_passes=base.row_passes + 1)) - before
+            == pytest.approx(moe_layers * rows * row_s, rel=1e-6))
+    # the efficiency ramps by rows per touched expert: half_rows + D costs each FLOP D / rows more
+    c, experts = Instance(model, hw, engine, lay).constants, model.num_local_experts
+    touched = experts * (1 - (1 - k / experts) ** tokens)
+    flops = c.layers_per_stage * 2 * tokens * k * model.expert_params * c.routed_expert_share
+    expected = flops / (c.gemm_peak_flops_per_s * base.efficiency) * 100 / (tokens * k / touched)
+    assert prefill(_with_moe(hw, half_rows=base.half_rows + 100)) - before == pytest.approx(expected, rel=1e-6)
+    # a one-token step reads its k experts' weights at the curve's bandwidth: half of it doubles that read
+    def step(h):
+        return Instance(model, h, engine, lay).pass_time_s(decode_seqs=1.0, decode_context_tokens=1024.0)
+
+    read = (c.layers_per_stage * k * model.expert_params * engine.weight_bytes_per_element * c.routed_expert_share
+            / (hw.memory_bytes_per_s * base.memory_efficiency))
+    assert step(_with_moe(hw, memory_efficiency=base.memory_efficiency / 2)) - step(hw) == pytest.approx(read, rel=1e-6)
+
+
+def test_routed_experts_without_their_curve_keep_the_gemms_and_the_factor():
+    hw, model = load_hardware("h200-141gb"), load_model("qwen3-235b-a22b")
+    curved = Instance(model, hw, _curved(), parse_layout("tp4", "x"))
+    plain = Instance(model, hw, load_engine("vllm-fp8"), parse_layout("tp4", "x"))
+    c, p = curved.constants, plain.constants
+    assert c.moe_efficiency == 1.0 and c.moe_compute_efficiency == hw.kernels["vllm"].moe["fp8"].efficiency
+    assert p.moe_efficiency == plain.factors.moe_efficiency
+    assert (p.moe_compute_efficiency, p.moe_half_rows, p.moe_bytes_per_s) == (
+        p.compute_efficiency, p.gemm_half_tokens, p.gemm_bytes_per_s)
+    assert p.moe_latency_s == p.moe_s_per_row == p.moe_s_per_token == 0.0
+    assert curved.timing_sources["MoE experts"] == "measured vllm kernels on h200-141gb"
+    assert plain.timing_sources["MoE experts"] == "the roofline times vllm-fp8's moe_efficiency"
+    assert "MoE experts" not in _instance(_curved()).timing_sources  # a dense model has none
+
+
+def test_more_tokens_never_take_the_experts_less_time():
+    hw = load_hardware("h200-141gb")
+    tokens = np.arange(1, 16385, dtype=float)
+    for precision, curve in hw.kernels["vllm"].moe.items():
+        t = curves.moe_s(curve, hw.peak_flops_per_s(precision), hw.memory_bytes_per_s, tokens, 4096.0, 1536.0, 128.0, 8.0,
+                         4.0, 1.0, BYTES[precision])
+        assert (np.diff(t) >= 0).all()
