@@ -22,9 +22,10 @@ range) on the shapes serving produces:
   engine offers (an engine picks its MoE backend per GPU and precision).
 
 Held out by model shape: the GEMM shapes fall in five folds by their (n, k), the attention shapes
-by their (heads, KV heads, head dim), the MoE shapes by their (hidden, inter, experts, top-k); each fold is predicted by a fit without it. Prints the MAPE
-% / median signed error % per engine, GPU, operator class and precision (the target of issue 55:
-10 % in every cell of more than 20 points), and flags any parameter fitted onto its bound.
+by their (heads, KV heads, head dim), the MoE shapes by their (hidden, inter, experts, top-k);
+each fold is predicted by a fit without it. Prints the MAPE % / median signed error % per engine,
+GPU, operator class and precision (the target of issue 55: 10 % in every cell of more than 20
+points), and flags any parameter fitted onto its bound.
 `--write` writes the curves fitted on every shape into `hardware_specs/*.yaml` (`kernels:`);
 `--sample DIR` writes the small vendored sample the tests check the curves against.
 """

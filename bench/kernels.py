@@ -16,6 +16,11 @@ its operator class (core/splitplan_core.pyx, `pass_terms`), nothing fitted here:
   b p (2 H d + 2 H_kv d) activation bytes, whichever is slower;
 - generation attention (class 3), b requests over a context of c tokens: 4 H d b c FLOPs at the
   activations' peak times compute_efficiency, or 2 H_kv d b c KV bytes, whichever is slower.
+- MoE experts (class 1), one fused layer on one GPU of each measured expert layout (the tables
+  fit_kernels.py reads: power-law routing, the fastest kernel per shape): the routed rows' FLOPs at
+  the weights' peak times compute_efficiency x moe_efficiency ramped by rows per touched expert, or
+  the touched experts' weights at the achieved bandwidth (perf.curves.moe_s without its passes
+  and latency), with `vllm`, `vllm-fp8` and `vllm-fp8@weights=fp4`.
 bf16 GEMMs and bf16-KV attention with the `vllm` profile, fp8 GEMMs and fp8-KV attention with
 `vllm-fp8` (which also computes attention at fp8, as the model does), each with its factors for
 that machine. Prints MAPE % / median signed error % of the model against the measured latency per
