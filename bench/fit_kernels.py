@@ -13,7 +13,7 @@ range) on the shapes serving produces:
 - context attention: full attention, one beam, bf16 and fp8 KV;
 - generation attention: the same, context = isl + step;
 - all-reduce: bf16, the graph-captured kernel where the table has both (serving's decode and
-  vLLM's piecewise graphs), per GPU count; the tables' message_size counts elements (the
+  vLLM's piecewise graphs), per GPU count, as the faster of two lines (`fit_all_reduce`); the tables' message_size counts elements (the
   collector all-reduces a tensor of that many), so a message is 2 bytes per element;
 - MoE experts: gated (SwiGLU) fused MoE layers of 1 to 16,384 tokens on one GPU of each expert
   layout measured (moe_tp_size x moe_ep_size; the collectors give the GPU 1/ep of the routed rows),
@@ -60,7 +60,8 @@ GEMM = {"efficiency": (0.7, 0.05, 1.0), "half_tokens": (50.0, 0.0, 4096.0), "hal
 CONTEXT = {"efficiency": (0.5, 0.02, 1.0), "half_tokens": (100.0, 0.0, 1e5), "latency_s": (1e-5, 0.0, 1e-3)}
 GENERATION = {"memory_efficiency": (0.7, 0.05, 1.0), "efficiency": (0.3, 0.01, 1.0), "s_per_sequence": (1e-7, 0.0, 1e-4),
               "s_per_kv_head": (1e-8, 0.0, 1e-4), "latency_s": (1e-5, 0.0, 1e-3)}
-ALL_REDUCE = {"latency_s": (5e-6, 0.0, 1e-3), "bytes_per_s": (2e11, 1e8, 1e13)}
+ALL_REDUCE = {"latency_s": (5e-6, 0.0, 1e-3), "bytes_per_s": (2e11, 1e8, 1e13),
+              "large_latency_s": (5e-5, 0.0, 1e-2), "large_bytes_per_s": (3e11, 1e8, 1e13)}
 MOE = {"efficiency": (0.5, 0.02, 1.0), "half_rows": (50.0, 0.0, 1e4), "memory_efficiency": (0.6, 0.05, 1.0),
        "row_passes": (2.0, 0.0, 100.0), "token_passes": (1.0, 0.0, 100.0), "latency_s": (2e-5, 0.0, 1e-3)}
 # a weight precision's MoE tables, the first the engine has: DeepSeek's and Qwen3's fp8 checkpoints are block-scaled
@@ -100,6 +101,30 @@ def fit(form, spec: dict, frame: pd.DataFrame, groups: np.ndarray | None):
     on_bound = [n for n in names if np.isclose(params[n], spec[n][1], rtol=1e-3, atol=1e-12) and spec[n][1] > 0
                 or np.isclose(params[n], spec[n][2], rtol=1e-3)]
     return params, errors, on_bound
+
+
+def fit_all_reduce(frame: pd.DataFrame, message_bytes: np.ndarray):
+    """`fit` of the two-algorithm all-reduce (in-sample errors %), started from straight lines through
+    the smaller and the larger messages split at each of seven sizes, the best fit kept (one start
+    finds a local minimum where one line serves all sizes)."""
+    measured_s = frame.latency.to_numpy(float) * 1e-3
+    order, best = np.argsort(message_bytes), None
+    for share in np.linspace(0.2, 0.8, 7):
+        cut = int(share * len(order))
+        lines = [np.polyfit(message_bytes[part], measured_s[part], 1) for part in (order[:cut], order[cut:])]
+        starts = [max(line[1], 1e-6) for line in lines], [1 / max(line[0], 1e-13) for line in lines]
+        spec = {name: (float(np.clip(start, lo * 1.01 + 1e-12, hi / 1.01)), lo, hi) for (name, (_, lo, hi)), start
+                in zip(ALL_REDUCE.items(), (starts[0][0], starts[1][0], starts[0][1], starts[1][1]), strict=True)}
+        params, _, hit = fit(lambda c, f: curves.all_reduce_s(c, f.message_size.to_numpy(float) * curves.ACTIVATION_BYTES),
+                             spec, frame, None)
+        if params["bytes_per_s"] > params["large_bytes_per_s"]:  # (the large-message line is the higher bandwidth)
+            swap = dict(zip(ALL_REDUCE, ("large_latency_s", "large_bytes_per_s", "latency_s", "bytes_per_s"), strict=True))
+            params, hit = {name: params[swap[name]] for name in ALL_REDUCE}, [swap[name] for name in hit]
+        err = (curves.all_reduce_s(SimpleNamespace(**params), message_bytes) / measured_s - 1) * 100
+        if best is None or np.abs(err).mean() < np.abs(best[1]).mean():
+            best = params, err, hit
+    assert best is not None
+    return best
 
 
 def _folds(*columns) -> np.ndarray:
@@ -186,9 +211,7 @@ def fit_gpu(name: str, engine: str):
             size = (frame.isl + frame.step).to_numpy(float)
         else:  # all-reduce: too few shapes to hold out; the error is in-sample
             size = frame.message_size.to_numpy(float) * curves.ACTIVATION_BYTES
-            params, _, hit = fit(lambda c, f: curves.all_reduce_s(c, f.message_size.to_numpy(float) * curves.ACTIVATION_BYTES),
-                                 ALL_REDUCE, frame, None)
-            err = (curves.all_reduce_s(SimpleNamespace(**params), size) / (frame.latency.to_numpy(float) * 1e-3) - 1) * 100
+            params, err, hit = fit_all_reduce(frame, size)
         label = f"{op} {key}" if op != "all_reduce" else f"all_reduce {key} GPUs"
         bounds += [f"{engine} {name} {label}: {p}" for p in hit]
         errors.append(pd.DataFrame({"engine": engine, "gpu": name, "op": op, "key": key, "size": size, "error_pct": err}))

@@ -23,7 +23,9 @@ clock. Every function takes floats or NumPy arrays.
   the larger of 2 H_kv d b c KV elements read at `memory_efficiency` of the bandwidth and 4 H d b c
   FLOPs at `efficiency` of the bf16 peak, plus b (`s_per_sequence` + H_kv `s_per_kv_head`) and
   `latency_s`.
-- All-reduce among g GPUs of S bytes: `latency_s` + S / `bytes_per_s` (per GPU count measured).
+- All-reduce among g GPUs of S bytes (per GPU count measured): the faster of `latency_s` + S /
+  `bytes_per_s` and `large_latency_s` + S / `large_bytes_per_s` (the engines switch algorithms as
+  messages grow: one-shot for small ones, two-shot or NCCL's for large ones).
 - Routed experts (one fused MoE layer on one GPU of an `ep` x `tp` expert layout: T tokens enter,
   each routed to k of E experts; the GPU holds E / ep of them, each a 1/tp slice of its
   `matrices` hidden x inter matrices): its R = T k / ep rows over the U = E / ep (1 - (1 - k/E)^T)
@@ -73,8 +75,16 @@ def generation_attention_s(curve, bf16_flops_per_s: float, memory_bytes_per_s: f
 
 
 def all_reduce_s(curve, message_bytes):
-    """Seconds of an all-reduce of `message_bytes` among the curve's GPUs."""
-    return curve.latency_s + message_bytes / curve.bytes_per_s
+    """Seconds of an all-reduce of `message_bytes` among the curve's GPUs (`curve` an `AllReduceCurve`)."""
+    (small_s, small_bytes_per_s), (large_s, large_bytes_per_s) = all_reduce_lines(curve)
+    return np.minimum(small_s + message_bytes / small_bytes_per_s, large_s + message_bytes / large_bytes_per_s)
+
+
+def all_reduce_lines(curve) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(latency_s, bytes_per_s) of the small- and the large-message algorithm (the small one's twice
+    where the curve has one)."""
+    small = (curve.latency_s, curve.bytes_per_s)
+    return small, small if curve.large_latency_s is None else (curve.large_latency_s, curve.large_bytes_per_s)
 
 
 def moe_s(curve, peak_flops_per_s: float, memory_bytes_per_s: float, tokens, hidden, inter, experts, top_k, tp, ep,

@@ -143,6 +143,8 @@ class PassConstants:
     lm_head_params: float  # per GPU, 1/pp of it per stage time
     collective_s_per_token: float  # TP all-reduce
     collective_latency_s: float
+    large_collective_s_per_token: float  # the large-message algorithm's (the same without a measured curve)
+    large_collective_latency_s: float
     all_to_all_s_per_token: float  # expert dispatch and combine (EP or DP attention)
     all_to_all_latency_s: float
     hop_s_per_token: float  # pipeline stage boundary
@@ -442,9 +444,14 @@ class Instance(PassShortcuts):
                     "decode_attention_efficiency": generation.efficiency * of_bf16,
                     "decode_attention_s_per_seq": generation.s_per_sequence + self.kv_heads_per_gpu * generation.s_per_kv_head,
                     "decode_attention_latency_s": generation.latency_s}
-        if reduce is not None:  # two per layer, of the tokens' bf16 activations
-            out |= {"collective_s_per_token": m.hidden_size * curves.ACTIVATION_BYTES / reduce.bytes_per_s,
-                    "collective_latency_s": reduce.latency_s}
+        out |= {"large_collective_s_per_token": out["collective_s_per_token"],
+                "large_collective_latency_s": out["collective_latency_s"]}
+        if reduce is not None:  # two per layer, of the tokens' bf16 activations, by the faster algorithm
+            (small_s, small_bytes_per_s), (large_s, large_bytes_per_s) = curves.all_reduce_lines(reduce)
+            out |= {"collective_s_per_token": m.hidden_size * curves.ACTIVATION_BYTES / small_bytes_per_s,
+                    "collective_latency_s": small_s,
+                    "large_collective_s_per_token": m.hidden_size * curves.ACTIVATION_BYTES / large_bytes_per_s,
+                    "large_collective_latency_s": large_s}
         # routed experts take the GEMMs' ramp and bandwidth unless their own curve times them
         out |= {"moe_compute_efficiency": out["compute_efficiency"], "moe_half_rows": out["gemm_half_tokens"],
                 "moe_bytes_per_s": out["gemm_bytes_per_s"]}

@@ -109,12 +109,22 @@ class GenerationAttentionCurve(BaseModel):
 
 
 class AllReduceCurve(BaseModel):
-    """An all-reduce among `gpus` GPUs of one machine (`perf.curves.all_reduce_s`)."""
+    """An all-reduce among `gpus` GPUs of one machine (`perf.curves.all_reduce_s`): the faster of
+    two algorithms, as the engines switch from a one-shot kernel to a bandwidth-bound one (two-shot,
+    NCCL) as messages grow; without the second, the first alone."""
 
     model_config = _STRICT
     gpus: Annotated[int, Field(ge=2, le=72)]
     latency_s: Seconds
     bytes_per_s: Annotated[float, Field(gt=0, le=1e14)]  # message bytes per second
+    large_latency_s: Seconds | None = None  # the large-message algorithm's
+    large_bytes_per_s: Annotated[float, Field(gt=0, le=1e14)] | None = None
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> AllReduceCurve:
+        if (self.large_latency_s is None) != (self.large_bytes_per_s is None):
+            raise ValueError("large_latency_s and large_bytes_per_s come together")
+        return self
 
 
 class MoeCurve(BaseModel):

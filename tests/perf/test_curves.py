@@ -236,3 +236,35 @@ def test_more_tokens_never_take_the_experts_less_time():
         t = curves.moe_s(curve, hw.peak_flops_per_s(precision), hw.memory_bytes_per_s, tokens, 4096.0, 1536.0, 128.0, 8.0,
                          4.0, 1.0, BYTES[precision])
         assert (np.diff(t) >= 0).all()
+
+
+def test_an_all_reduce_takes_the_faster_algorithm_for_its_message():
+    """A decode step's small all-reduces take the small-message line, a long prefill's the large-message
+    one: doubling the large-message bandwidth takes half its bytes' time off the prefill and leaves the
+    one-token step as it was."""
+    hw, engine, model = load_hardware("h200-141gb"), _curved(), load_model("llama3.1-70b")
+    k = hw.kernels["vllm"]
+    reduce = k.all_reduce_among(4)
+    assert reduce.large_latency_s is not None and reduce.large_bytes_per_s is not None
+    small, large = 4096.0, 8192 * model.hidden_size * curves.ACTIVATION_BYTES
+    assert curves.all_reduce_s(reduce, small) == reduce.latency_s + small / reduce.bytes_per_s
+    assert curves.all_reduce_s(reduce, large) == reduce.large_latency_s + large / reduce.large_bytes_per_s
+    slower_reduce = reduce.model_copy(update={"large_bytes_per_s": reduce.large_bytes_per_s * 2})
+    slower = hw.model_copy(update={"kernels": {"vllm": k.model_copy(update={
+        "all_reduce": tuple(slower_reduce if c.gpus == 4 else c for c in k.all_reduce)})}})
+    layout = parse_layout("tp4", "x")
+    prefill, step = zip(*[(Instance(model, h, engine, layout).pass_time_s(1, 8192.0, 8192.0**2),
+                           Instance(model, h, engine, layout).pass_time_s(decode_seqs=1.0, decode_context_tokens=1024.0))
+                          for h in (hw, slower)], strict=True)
+    assert step[1] == step[0]
+    assert prefill[1] - prefill[0] == pytest.approx(-80 * large / reduce.large_bytes_per_s, rel=1e-6)
+
+
+def test_an_all_reduce_of_one_algorithm_is_its_line():
+    """A curve written before the two-algorithm form (a plan's saved hardware) still reads: one line."""
+    from splitplan.specs.hardware import AllReduceCurve
+
+    one = AllReduceCurve(gpus=8, latency_s=1e-5, bytes_per_s=1e11)
+    assert curves.all_reduce_s(one, np.array([0.0, 1e9])).tolist() == [1e-5, 1e-5 + 1e-2]
+    with pytest.raises(ValueError, match="come together"):
+        AllReduceCurve(gpus=8, latency_s=1e-5, bytes_per_s=1e11, large_latency_s=1e-4)
