@@ -13,8 +13,9 @@ range) on the shapes serving produces:
 - context attention: full attention, one beam, bf16 and fp8 KV;
 - generation attention: the same, context = isl + step;
 - all-reduce: bf16, the graph-captured kernel where the table has both (serving's decode and
-  vLLM's piecewise graphs), per GPU count, as the faster of two lines (`fit_all_reduce`); the tables' message_size counts elements (the
-  collector all-reduces a tensor of that many), so a message is 2 bytes per element;
+  vLLM's piecewise graphs), per GPU count, as the faster of two lines (`fit_all_reduce`); the
+  tables' message_size counts elements (the collector all-reduces a tensor of that many), so a
+  message is 2 bytes per element;
 - MoE experts: gated (SwiGLU) fused MoE layers of 1 to 16,384 tokens on one GPU of each expert
   layout measured (moe_tp_size x moe_ep_size; the collectors give the GPU 1/ep of the routed rows),
   bf16, fp8 (block-scaled where the engine has it, else per-tensor) and NVFP4 weights, routed by

@@ -35,7 +35,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
-from fit_kernels import MOE_SHAPE, operator_frames  # (this folder: one reading of the MoE tables)
+from fit_kernels import MOE_SHAPE, TOKEN_BANDS, operator_frames  # (this folder: one reading of the MoE tables)
 
 from splitplan.perf import curves
 from splitplan.specs.engine import load_engine
@@ -44,10 +44,10 @@ from splitplan.specs.hardware import load_hardware
 SYSTEMS = {"a100-80gb": ("a100_sxm", "0.14.0"), "h100-80gb": ("h100_sxm", "0.24.0"), "h200-141gb": ("h200_sxm", "0.24.0"),
            "b200-180gb": ("b200_sxm", "0.24.0"), "gb200-nvl72": ("gb200", "0.24.0"), "l40s-48gb": ("l40s", "0.24.0")}
 PROFILES = {"bfloat16": ("bf16", "vllm"), "fp8": ("fp8", "vllm-fp8")}
-BANDS = {"GEMM": [(1, 16), (17, 256), (257, 4096), (4097, 16384)],  # m, tokens
+BANDS = {"GEMM": TOKEN_BANDS,  # m, tokens
          "context attention": [(1, 512), (513, 4096), (4097, 1 << 20)],  # prompt tokens
          "generation attention": [(1, 512), (513, 4096), (4097, 1 << 20)],  # context tokens
-         "MoE experts": [(1, 16), (17, 256), (257, 4096), (4097, 16384)]}  # tokens entering the layer
+         "MoE experts": TOKEN_BANDS}  # tokens entering the layer
 
 
 def gemm_s(hw, engine, m, n, k) -> np.ndarray:

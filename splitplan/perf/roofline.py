@@ -52,9 +52,10 @@ Modelling assumptions (units: seconds, FLOPs and bytes per GPU):
   both kinds of attention: the co-located baseline needs nothing else.
 - Measured kernel curves (perf.curves): where the engine profile names them (`kernel_curves`)
   and the GPU's file carries them, the dense GEMMs, prefill and decode attention, TP
-  all-reduces and routed experts take the curves' efficiencies, bandwidths, fixed latencies and per-GPU-count
-  collective terms in place of the profile's factors (`Instance._curves`), measured at the clock
-  the GPU holds under load (only a power cap slows them further); `timing_sources` says which.
+  all-reduces and routed experts take the curves' efficiencies, bandwidths, fixed latencies and
+  per-GPU-count collective terms in place of the profile's factors (`Instance._curves`), measured
+  at the clock the GPU holds under load (only a power cap slows them further); `timing_sources`
+  says which.
 
 All functions are pure and accept numpy arrays, so the capacity search and the
 simulator can evaluate thousands of passes at once.
