@@ -20,7 +20,6 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from splitplan.base.defaults import MAX_BATCH_TOKENS
 from splitplan.base.errors import SpecError
 from splitplan.base.inputs import excerpt, printable
 from splitplan.specs.engine import BYTES, EngineProfile, load_engine
@@ -296,8 +295,9 @@ def deployment(pools: list[Pool], inputs: dict, source: str, model_id_option: st
     if len(set(names)) != len(names):  # (slugs carry a hash where they differ from the text: a guard)
         raise SpecError(f"{printable(source)}: two pools share the name {excerpt(max(names, key=names.count))}; "
                         "give each machine type its own name")
-    return Deployment(source, model, repo, engine, int(inputs.get("max_batch_tokens", MAX_BATCH_TOKENS)), groups,
-                      repo_given=model_id_option is not None, max_num_seqs=inputs.get("max_num_seqs"),
+    # the scheduler the plan was priced with (as simulate --plan replays it): the plan's, else the profile's
+    return Deployment(source, model, repo, engine, engine.batch_tokens(inputs.get("max_batch_tokens")), groups,
+                      repo_given=model_id_option is not None, max_num_seqs=engine.seqs_cap(inputs.get("max_num_seqs")),
                       node_selector=node_selector(node_labels), model_cache_pvc=claim_name(model_cache_pvc),
                       quantization=None if model_id_option is not None else _online_quantization(source, model, repo, engine, groups))
 

@@ -16,7 +16,7 @@ from importlib import resources
 import yaml
 
 from splitplan.deploy import ROLE_NAMES, VERSIONS, Deployment, Export, common_mapping, storage_text
-from splitplan.deploy.engines import BATCH_TOKENS_FLAG, SEQS_FLAG, model_args, parallel_args, pool_flags, setting_args
+from splitplan.deploy.engines import model_args, parallel_args, pool_flags, setting_args, setting_mapping
 
 # The template flags splitplan sets itself (each takes a value), removed before its own are added. A
 # worker's role flags (--disaggregation-mode, the KV transfer backend or connector) are the
@@ -66,7 +66,7 @@ def dynamo(dep: Deployment, backend: str, image: str | None, scaled: bool = Fals
         where = f"{g.role} pool {g.hardware.name}:{g.layout.spec}"
         container = c["podTemplate"]["spec"]["containers"][0]
         container["args"] = (model_args(backend, dep.model_id) + parallel_args(backend, g.layout, where)
-                             + setting_args(backend, dep)
+                             + setting_args(backend, dep, g.layout)
                              + _strip(container["args"]))
         del container["resources"]["limits"]["nvidia.com/gpu"]
         container["resources"]["limits"][g.hardware.kubernetes_gpu_resource] = str(g.gpus_per_node)
@@ -98,8 +98,7 @@ def dynamo(dep: Deployment, backend: str, image: str | None, scaled: bool = Fals
                            "instances over several nodes in multinode.nodeCount"),
         ("the model's weights", f"resources.requests.ephemeral-storage {dep.pod_requests(dep.groups[0])['ephemeral-storage']} "
                                 "per pod: " + storage_text(dep)),
-        ("inputs.max_batch_tokens", BATCH_TOKENS_FLAG[backend]),
-        *([("inputs.max_num_seqs", SEQS_FLAG[backend])] if dep.max_num_seqs else []),
+        *setting_mapping(backend, dep),
     ]
     if dep.split:
         mapping.append(("prompt/token pools", "prefill and decode components, each with its role's flags as the Dynamo "

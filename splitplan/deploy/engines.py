@@ -56,13 +56,44 @@ def role_args(engine: str, role: str) -> list[str]:
     return ["--disaggregation-mode", "prefill" if role == "prompt" else "decode", "--disaggregation-transfer-backend", "nixl"]
 
 
-def setting_args(engine: str, dep) -> list[str]:
+def rank_limits(engine: str, layout: Layout, dep) -> tuple[int, int | None]:
+    """The token budget and sequence cap to give each instance of `layout`: the plan prices them
+    per instance. SGLang takes them so and divides them over its DP attention ranks itself
+    (`--chunked-prefill-size // dp`, `--max-running-requests // dp`: server_args and the
+    scheduler); each vLLM DP rank is an engine core that schedules alone with the flags' values
+    (docs: serving/data_parallel_deployment), so a DP layout gets the plan's values over its
+    ranks (at least 1), never more in all than was priced. A vLLM rank's budget below its
+    sequence cap fails to start (max_num_batched_tokens >= max_num_seqs): with no cap in the plan
+    its ranks get their budget as the cap, what a chunked pass can carry."""
+    seqs = dep.max_num_seqs
+    if engine != "vllm" or layout.dp == 1:
+        return dep.max_batch_tokens, seqs
+    per_rank = max(1, dep.max_batch_tokens // layout.dp)
+    return per_rank, max(1, seqs // layout.dp) if seqs else per_rank
+
+
+def setting_args(engine: str, dep, layout: Layout) -> list[str]:
     """The deployment's online weight quantization (where the checkpoint holds wider weights than
-    planned), KV-cache precision, token budget and, where it has one, its sequence cap."""
+    planned), KV-cache precision, token budget and, where it has one, its sequence cap
+    (`rank_limits`)."""
     args = ["--quantization", dep.quantization] if dep.quantization else []
     args += ["--kv-cache-dtype", "fp8" if engine == "vllm" else "fp8_e4m3"] if dep.engine.kv == "fp8" else []
-    return (args + [BATCH_TOKENS_FLAG[engine], str(dep.max_batch_tokens)]
-            + ([SEQS_FLAG[engine], str(dep.max_num_seqs)] if dep.max_num_seqs else []))
+    tokens, seqs = rank_limits(engine, layout, dep)
+    return args + [BATCH_TOKENS_FLAG[engine], str(tokens)] + ([SEQS_FLAG[engine], str(seqs)] if seqs else [])
+
+
+def setting_mapping(engine: str, dep) -> list[tuple[str, str]]:
+    """The export's mapping rows of the token budget and sequence cap."""
+    ranks = sorted({g.layout.dp for g in dep.groups if g.layout.dp > 1}) if engine == "vllm" else []
+    per_rank = (f" per data-parallel rank: the plan's value over the ranks (DP {', '.join(map(str, ranks))}), each vLLM "
+                "DP rank scheduling alone") if ranks else ""
+    rows = [("inputs.max_batch_tokens", BATCH_TOKENS_FLAG[engine] + per_rank)]
+    if dep.max_num_seqs:
+        rows.append(("inputs.max_num_seqs", SEQS_FLAG[engine] + per_rank))
+    elif ranks:
+        rows.append(("inputs.max_num_seqs (none)", f"{SEQS_FLAG[engine]} of the data-parallel pools: their rank's budget, "
+                                                   "as vLLM refuses a cap above it"))
+    return rows
 
 
 def model_args(engine: str, model_id: str) -> list[str]:

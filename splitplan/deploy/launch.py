@@ -23,14 +23,13 @@ from splitplan.base.errors import SpecError
 from splitplan.base.inputs import printable
 from splitplan.deploy import VERSIONS, Deployment, Expand, Export, Group, common_mapping, shell_words
 from splitplan.deploy.engines import (
-    BATCH_TOKENS_FLAG,
-    SEQS_FLAG,
     dp_ranks_per_node,
     model_args,
     parallel_args,
     pool_flags,
     role_args,
     setting_args,
+    setting_mapping,
 )
 
 PORT = 8100  # a worker's HTTP port (the router listens on 8000)
@@ -48,7 +47,7 @@ def _node_commands(engine: str, dep: Deployment, g: Group, worker: str, slot: in
     vLLM on the head); `slot` numbers the workers that share a machine (their GPUs, HTTP port and
     bootstrap port)."""
     base = (model_args(engine, dep.model_id) + parallel_args(engine, g.layout, f"{g.role} pool {g.hardware.name}")
-            + role_args(engine, g.role) + setting_args(engine, dep))
+            + role_args(engine, g.role) + setting_args(engine, dep, g.layout))
     head = f"${{{_host_var(worker)}}}"  # (a name of [A-Z0-9_]: the worker's name is a slug)
     nodes = g.nodes_per_instance
     if engine == "sglang":
@@ -150,8 +149,7 @@ def launch(dep: Deployment, engine: str, image: str | None) -> Export:
         ("pool layout", "each worker's parallel flags (" + pool_flags(engine, dep.groups) + ")"),
         ("pool instances", "one launch.sh entry and compose service per worker and node"),
         ("inputs.engine", f"KV cache {dep.engine.kv}"),
-        ("inputs.max_batch_tokens", BATCH_TOKENS_FLAG[engine]),
-        *([("inputs.max_num_seqs", SEQS_FLAG[engine])] if dep.max_num_seqs else []),
+        *setting_mapping(engine, dep),
         ("prompt/token pools" if dep.split else "mixed pool", f"the {ROUTERS[engine]} command"
          + (" in prefill/decode mode, KV over NIXL" if dep.split else "")),
     ]

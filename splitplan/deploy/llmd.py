@@ -29,7 +29,7 @@ from splitplan.deploy import (
     shell_words,
     storage_text,
 )
-from splitplan.deploy.engines import BATCH_TOKENS_FLAG, SEQS_FLAG, dp_ranks_per_node, parallel_args, pool_flags, role_args, setting_args
+from splitplan.deploy.engines import dp_ranks_per_node, parallel_args, pool_flags, role_args, setting_args, setting_mapping
 
 SIDECAR_IMAGE = f"ghcr.io/llm-d/llm-d-router-disagg-sidecar:v{VERSIONS['llm-d']}"
 IMAGE = f"vllm/vllm-openai:v{VERSIONS['vllm']}"
@@ -52,7 +52,7 @@ def _labels(dep: Deployment, g, serving: bool) -> dict:
 def _serve(dep: Deployment, g, port: int) -> list[str]:
     where = f"{g.role} pool {g.hardware.name}:{g.layout.spec}"
     return (["vllm", "serve", dep.model_id, *parallel_args("vllm", g.layout, where), *role_args("vllm", g.role),
-             *setting_args("vllm", dep), "--port", str(port)])
+             *setting_args("vllm", dep, g.layout), "--port", str(port)])
 
 
 def _container(dep: Deployment, g, image: str, name: str, script: str, serving_port: int | None) -> dict:
@@ -166,8 +166,7 @@ def llmd(dep: Deployment, image: str | None) -> Export:
         ("inputs.engine", f"KV cache {dep.engine.kv}"),
         ("pod requests", f"{CPUS_PER_GPU} CPUs and {MEMORY_GIB_PER_GPU} Gi of memory per GPU (as llm-d's P/D guide requests "
                          "for its decode pods), and ephemeral-storage for " + storage_text(dep)),
-        ("inputs.max_batch_tokens", BATCH_TOKENS_FLAG["vllm"]),
-        *([("inputs.max_num_seqs", SEQS_FLAG["vllm"])] if dep.max_num_seqs else []),
+        *setting_mapping("vllm", dep),
         ("prompt/token pools" if dep.split else "mixed pool",
          "pods labelled llm-d.ai/role prefill and decode, KV over NIXL, llm-d's routing sidecar on decode pods"
          if dep.split else "pods without llm-d.ai/role (the router's decode filter takes them for both phases)"),

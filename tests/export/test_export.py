@@ -129,6 +129,31 @@ def test_dynamo_workers_carry_their_templates_role_flags(tmp_path, backend, pool
         assert not any("kv_both" in f for flags in ours.values() for f in flags)
 
 
+FLAGS = {"vllm": ("--max-num-batched-tokens", "--max-num-seqs", "--data-parallel-size"),
+         "sglang": ("--chunked-prefill-size", "--max-running-requests", "--dp-size")}
+
+
+@pytest.mark.parametrize("plan, engine, prefill, decode", [
+    ({"engine": "vllm-fp8"}, "vllm", (2048, 1024), (128, 64)),
+    ({"engine": "sglang-fp8"}, "sglang", (2048, None), (2048, None)),
+    ({"engine": "sglang-fp8"}, "vllm", (2048, None), (128, 128)),
+])
+def test_each_rank_gets_what_the_plan_priced_per_instance(tmp_path, plan, engine, prefill, decode):
+    """A plan prices the token budget and sequence cap per instance (vllm-fp8's cap 1,024 where the
+    plan names none, as simulate --plan replays it). SGLang divides both over its DP attention ranks
+    itself; each vLLM DP rank schedules alone, so the DP16 decode instance gets 2,048 / 16 tokens
+    and 1,024 / 16 sequences a rank, and, planned without a cap, its rank's budget as the cap (vLLM
+    refuses a cap above the budget)."""
+    tokens_flag, seqs_flag, dp_flag = FLAGS[engine]
+    seen = set()
+    for line in _files(tmp_path, engine, SPLIT, **plan)["launch.sh"].splitlines():
+        words = line.split()
+        if tokens_flag in words:
+            limits = tuple(int(words[words.index(f) + 1]) if f in words else None for f in (tokens_flag, seqs_flag))
+            seen.add((dp_flag in words, limits))
+    assert seen == {(False, prefill), (True, decode)}
+
+
 def test_an_instance_over_two_machines_is_one_replica_of_two_nodes(tmp_path):
     doc = yaml.safe_load(_files(tmp_path, "dynamo", SPLIT)["dynamo.yaml"])
     prefill, decode = doc["spec"]["components"][1:]
