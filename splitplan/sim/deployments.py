@@ -159,7 +159,10 @@ def _replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUES
         clients //= pools[0].instances
         pools = [dataclasses.replace(pools[0], instances_given=1)]
     work = closed_loop_workload(None, clients, max(requests_per_client * clients, 8), int(run["isl"]), int(run["osl"]))
-    options = SimOptions(concurrency=clients, inter_token_gaps=False, record_passes=record_passes)
+    # the scheduler settings the run records (`max_batch_tokens`, `max_num_seqs`), else SimOptions' (the
+    # aiconfigurator sample records none: 2,048 tokens, no cap, as the fp8 profiles were fitted)
+    options = SimOptions(int(run.get("max_batch_tokens") or SimOptions.max_batch_tokens), concurrency=clients,
+                         inter_token_gaps=False, record_passes=record_passes, max_num_seqs=run.get("max_num_seqs"))
     return simulate(work, pools, options), pools
 
 

@@ -102,6 +102,19 @@ def test_one_client_replays_back_to_back_requests_in_milliseconds():
     assert tpot_ms == pytest.approx(np.mean(steps) * 1e3, rel=1e-6)
 
 
+def test_a_run_is_replayed_with_the_scheduler_settings_it_records():
+    """A run recording its token budget and sequence cap is replayed with them (bench/replay_settings.py);
+    one recording none, at SimOptions' 2,048 tokens and no cap. Four clients of 1,000-token prompts: a
+    larger budget batches more whole prompts per prefill, each first token waiting for its batch; a cap
+    of one request runs the requests one after another."""
+    profile = load_engine("lean-fp8")
+    run = {"model": "llama3.1-8b", "machine": "h100-80gb", "tp": 8, "concurrency": 4, "isl": 1000, "osl": 8}
+    ttft_ms, tpot_ms = dep.replay(run, profile)
+    assert dep.replay({**run, "max_batch_tokens": 2048}, profile) == (ttft_ms, tpot_ms)
+    assert dep.replay({**run, "max_batch_tokens": 1000}, profile)[0] < ttft_ms < dep.replay({**run, "max_batch_tokens": 4000}, profile)[0]
+    assert dep.replay({**run, "max_num_seqs": 1}, profile)[0] > 2 * ttft_ms
+
+
 def test_a_disaggregated_run_keeps_its_load_per_instance_on_whole_machines():
     """One TP-4 prefill worker (half an 8-GPU machine) and one DP-8 EP-8 decode worker: scaled by 2,
     two prefill instances fill one machine, two decode instances two machines, twice the clients."""
