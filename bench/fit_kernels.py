@@ -16,6 +16,11 @@ range) on the shapes serving produces:
   vLLM's piecewise graphs), per GPU count, as the faster of two lines (`fit_all_reduce`); the
   tables' message_size counts elements (the collector all-reduces a tensor of that many), so a
   message is 2 bytes per element;
+- expert all-to-all: DeepEP's dispatch plus combine among the GPUs of one node (8; a GB200 tray's 4:
+  the tables' only GPU count), bf16, of 1 to 16,384 tokens a GPU, its low-latency and high-throughput kernels
+  each a line (vLLM 0.24 and TensorRT-LLM 1.3.0rc11 `moe_a2a_perf`, SGLang 0.5.12 `wideep_deepep_ll`
+  and `_normal`: the versions that have them), the high-throughput time per shape the fastest over
+  the SMs measured;
 - MoE experts: gated (SwiGLU) fused MoE layers of 1 to 16,384 tokens on one GPU of each expert
   layout measured (moe_tp_size x moe_ep_size; the collectors give the GPU 1/ep of the routed rows),
   bf16, fp8 (block-scaled where the engine has it, else per-tensor) and NVFP4 weights, routed by
@@ -23,7 +28,8 @@ range) on the shapes serving produces:
   engine offers (an engine picks its MoE backend per GPU and precision).
 
 Held out by model shape: the GEMM shapes fall in five folds by their (n, k), the attention shapes
-by their (heads, KV heads, head dim), the MoE shapes by their (hidden, inter, experts, top-k);
+by their (heads, KV heads, head dim), the MoE shapes by their (hidden, inter, experts, top-k), the
+all-to-all shapes by their (hidden, top-k, experts);
 each fold is predicted by a fit without it. Prints the MAPE % / median signed error % per engine,
 GPU, operator class and precision (the target of issue 55: 10 % in every cell of more than 20
 points), and flags any parameter fitted onto its bound.
@@ -69,10 +75,14 @@ MOE = {"efficiency": (0.5, 0.02, 1.0), "half_rows": (50.0, 0.0, 1e4), "memory_ef
 MOE_DTYPES = {"bf16": ("bfloat16",), "fp8": ("fp8_block", "fp8"), "fp4": ("nvfp4",)}
 MOE_ROUTING = "power_law_1.01"  # aiconfigurator's default routing (imbalanced, as served), not the balanced rows
 MOE_SHAPE = ["num_tokens", "hidden_size", "inter_size", "num_experts", "topk", "moe_tp_size", "moe_ep_size"]  # curves.moe_s's order
+ALL_TO_ALL = {"latency_s": (5e-5, 0.0, 1e-2), "bytes_per_s": (2e11, 1e8, 1e13), "s_per_copy": (1e-8, 0.0, 1e-5)}
+A2A_VERSIONS = {"vllm": "0.24.0", "sglang": "0.5.12", "trtllm": "1.3.0rc11"}  # (the versions with all-to-all tables)
+A2A_SHAPE = ["num_tokens", "hidden_size", "topk", "num_experts"]
+NODE_GPUS = {"gb200": 4}  # the all-to-all tables' one node (8 GPUs; a GB200 compute tray, 4): their only GPU count
 
 
-def table(system: str, kind: str, engine: str, name: str) -> pd.DataFrame:
-    version = VERSIONS[engine][system == "a100_sxm"]
+def table(system: str, kind: str, engine: str, name: str, version: str | None = None) -> pd.DataFrame:
+    version = version or VERSIONS[engine][system == "a100_sxm"]
     path = resources.files("aiconfigurator_core") / "systems" / "data" / system / kind / engine / version / name
     return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
 
@@ -144,6 +154,31 @@ def _attention(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[keep]
 
 
+def all_to_all_frames(system: str, engine: str) -> dict[tuple[str, str], pd.DataFrame]:
+    """("all_to_all", kernels): dispatch plus combine (ms) per shape among one machine's GPUs."""
+    version = A2A_VERSIONS[engine]
+    if engine == "sglang":
+        frames = {}
+        for kernels, name, parts in (("low-latency", "ll", ("dispatch_avg_t_us", "combine_avg_t_us")),
+                                     ("high-throughput", "normal", ("dispatch_transmit_us", "dispatch_notify_us",
+                                                                    "combine_transmit_us", "combine_notify_us"))):
+            t = table(system, "comm", engine, f"wideep_deepep_{name}_perf.parquet", version)
+            if not t.empty:
+                t = t[t.node_num == 1].rename(columns={"num_token": "num_tokens", "num_topk": "topk"})
+                frames[kernels] = t.assign(latency=sum(t[c] for c in parts) * 1e-3)
+    else:
+        t = table(system, "comm", engine, "moe_a2a_perf.parquet", version)
+        t = t[(t.node_num == 1) & (t.ep_size == NODE_GPUS.get(system, 8)) & t.comm_dtype.isin(["bfloat16", "default"])] if len(t) else t
+        if t.empty:
+            return {}
+        t = t.pivot_table(index=[*A2A_SHAPE, "comm_backend", "sms"], columns="phase", values="latency").dropna().reset_index()
+        t["latency"] = (t["dispatch"] + t["combine"]) * 1e-3
+        frames = {kernels: t[t.comm_backend.str.endswith(suffix)] for kernels, suffix in (("low-latency", "_ll"),
+                                                                                          ("high-throughput", "_ht"))}
+    return {("all_to_all", kernels): f[f.num_tokens <= 16384].groupby(A2A_SHAPE, as_index=False).latency.min()
+            for kernels, f in frames.items() if len(f)}
+
+
 def operator_frames(system: str, engine: str) -> dict[tuple[str, str], pd.DataFrame]:
     """(operator class, precision): the measured rows serving's shapes produce."""
     out = {}
@@ -165,6 +200,7 @@ def operator_frames(system: str, engine: str) -> dict[tuple[str, str], pd.DataFr
             dtype = next((d for d in dtypes if (moe.moe_dtype == d).any()), None)
             if dtype is not None:
                 out["moe", precision] = moe[moe.moe_dtype == dtype].groupby(MOE_SHAPE, as_index=False).latency.min()
+    out |= all_to_all_frames(system, engine)
     reduce = table(system, "comm", engine, "custom_allreduce_perf.parquet")
     if not reduce.empty:
         reduce = reduce[reduce.allreduce_dtype == "bfloat16"]
@@ -180,7 +216,7 @@ def fit_gpu(name: str, engine: str):
     hw = load_hardware(name)
     bf16, bandwidth = hw.peak_flops_per_s("bf16"), hw.memory_bytes_per_s
     curves_out: dict = {"gemm": {}, "context_attention": {}, "generation_attention": {}, "all_reduce": [], "moe": {}}
-    errors, bounds, mape = [], [], {}
+    errors, bounds, mape, lines = [], [], {}, {}
     for (op, key), frame in operator_frames(SYSTEMS[name], engine).items():
         if op == "gemm":
             if key == "fp8" and not hw.gpu.fp8_tflop_per_s:
@@ -210,6 +246,12 @@ def fit_gpu(name: str, engine: str):
                 f.num_key_value_heads.to_numpy(float), f.head_dim.to_numpy(float), kvb), GENERATION, frame,
                 _folds(frame.num_heads, frame.num_key_value_heads, frame.head_dim))
             size = (frame.isl + frame.step).to_numpy(float)
+        elif op == "all_to_all":
+            gpus = NODE_GPUS.get(SYSTEMS[name], 8)
+            params, err, hit = fit(lambda c, f, low=key == "low-latency", gpus=gpus: curves.all_to_all_s(
+                c, f.num_tokens.to_numpy(float), f.hidden_size.to_numpy(float), f.topk.to_numpy(float), gpus, low),
+                ALL_TO_ALL, frame, _folds(frame.hidden_size, frame.topk, frame.num_experts))
+            size = frame.num_tokens.to_numpy(float)
         else:  # all-reduce: too few shapes to hold out; the error is in-sample
             size = frame.message_size.to_numpy(float) * curves.ACTIVATION_BYTES
             params, err, hit = fit_all_reduce(frame, size)
@@ -220,19 +262,25 @@ def fit_gpu(name: str, engine: str):
         rounded = {k: float(f"{v:.4g}") for k, v in params.items()}
         if op == "all_reduce":
             curves_out["all_reduce"].append({"gpus": int(key), **rounded})
+        elif op == "all_to_all":
+            lines[key.replace("-", "_")] = rounded
         else:
             curves_out[op][key] = rounded
+    if len(lines) == 2:  # (a curve needs both kernel families)
+        curves_out["all_to_all"] = [{"gpus": NODE_GPUS.get(SYSTEMS[name], 8), "low_latency": lines["low_latency"],
+                                     "high_throughput": lines["high_throughput"]}]
     version = VERSIONS[engine][name == "a100-80gb"]
     curves_out = {k: v for k, v in curves_out.items() if v}
     if not curves_out:
         return None, errors, bounds
-    source = (f"NVIDIA aiconfigurator-core 0.12.0 (Apache-2.0), measured {engine} {version} kernel tables of "
+    a2a = f" (all-to-all: {A2A_VERSIONS[engine]})" if "all_to_all" in curves_out and A2A_VERSIONS[engine] != version else ""
+    source = (f"NVIDIA aiconfigurator-core 0.12.0 (Apache-2.0), measured {engine} {version}{a2a} kernel tables of "
               f"{SYSTEMS[name]}; fitted by python bench/fit_kernels.py --write, 2026-12")
     return {"source": source, **curves_out, "mape_pct": mape}, errors, bounds
 
 
 TOKEN_BANDS = [(1, 16), (17, 256), (257, 4096), (4097, 16384)]
-BANDS = {"gemm": TOKEN_BANDS, "moe": TOKEN_BANDS, "context_attention": [(1, 512), (513, 4096), (4097, 1 << 30)],
+BANDS = {"gemm": TOKEN_BANDS, "moe": TOKEN_BANDS, "all_to_all": TOKEN_BANDS, "context_attention": [(1, 512), (513, 4096), (4097, 1 << 30)],
          "generation_attention": [(1, 512), (513, 4096), (4097, 1 << 30)], "all_reduce": [(0, 1 << 40)]}
 
 
@@ -266,7 +314,8 @@ def sample(out: Path) -> None:
     rng = np.random.default_rng(0)
     frames = [(name, op, key, frame) for name in ("h100-80gb", "h200-141gb")
               for (op, key), frame in operator_frames(SYSTEMS[name], "vllm").items() if op != "all_reduce"]
-    for name, op, key, frame in sorted(frames, key=lambda f: f[1] == "moe"):  # (MoE last: the others' draws as before)
+    later = {"moe": 1, "all_to_all": 2}  # (the later operators last: the others' draws as before)
+    for name, op, key, frame in sorted(frames, key=lambda f: later.get(f[1], 0)):
         part = frame.iloc[np.sort(rng.choice(len(frame), size=min(60, len(frame)), replace=False))]
         columns = [c for c in ("m", "n", "k", "batch_size", "isl", "step", "num_heads", "num_key_value_heads",
                                "head_dim", *MOE_SHAPE, "latency") if c in part]

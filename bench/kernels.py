@@ -21,6 +21,10 @@ its operator class (core/splitplan_core.pyx, `pass_terms`), nothing fitted here:
   the weights' peak times compute_efficiency x moe_efficiency ramped by rows per touched expert, or
   the touched experts' weights at the achieved bandwidth (perf.curves.moe_s without its passes
   and latency), with `vllm`, `vllm-fp8` and `vllm-fp8@weights=fp4`.
+- expert all-to-all, DeepEP's dispatch plus combine of t tokens a GPU holds among one node's g
+  GPUs (fit_kernels.py's tables, each kernel family apart): 2 t min(k, g) (g - 1) / g hidden bf16
+  bytes over NVLink at link_efficiency, plus two collective latencies (the pass formula's
+  roofline all-to-all), with `vllm`.
 bf16 GEMMs and bf16-KV attention with the `vllm` profile, fp8 GEMMs and fp8-KV attention with
 `vllm-fp8` (which also computes attention at fp8, as the model does), each with its factors for
 that machine. Prints MAPE % / median signed error % of the model against the measured latency per
@@ -35,7 +39,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
-from fit_kernels import MOE_SHAPE, TOKEN_BANDS, operator_frames  # (this folder: one reading of the MoE tables)
+from fit_kernels import MOE_SHAPE, NODE_GPUS, TOKEN_BANDS, operator_frames  # (this folder: one reading of the tables)
 
 from splitplan.perf import curves
 from splitplan.specs.engine import load_engine
@@ -47,7 +51,8 @@ PROFILES = {"bfloat16": ("bf16", "vllm"), "fp8": ("fp8", "vllm-fp8")}
 BANDS = {"GEMM": TOKEN_BANDS,  # m, tokens
          "context attention": [(1, 512), (513, 4096), (4097, 1 << 20)],  # prompt tokens
          "generation attention": [(1, 512), (513, 4096), (4097, 1 << 20)],  # context tokens
-         "MoE experts": TOKEN_BANDS}  # tokens entering the layer
+         "MoE experts": TOKEN_BANDS,  # tokens entering the layer
+         "all-to-all": TOKEN_BANDS}  # tokens a GPU dispatches
 
 
 def gemm_s(hw, engine, m, n, k) -> np.ndarray:
@@ -83,6 +88,13 @@ def moe_s(hw, engine, f: pd.DataFrame) -> np.ndarray:
     peak = hw.peak_flops_per_s(engine.weights) * hw.prefill_clock_fraction
     return curves.moe_s(factors, peak, hw.memory_bytes_per_s, *(f[c].to_numpy(float) for c in MOE_SHAPE),
                         engine.weight_bytes_per_element)
+
+
+def all_to_all_s(hw, engine, gpus: int, f: pd.DataFrame) -> np.ndarray:
+    """The pass formula's roofline all-to-all (dispatch and combine) of a GPU's tokens among `gpus` GPUs."""
+    x = engine.factors(hw.name, 1)
+    copy_bytes = 2 * np.minimum(f.topk, gpus) * (gpus - 1) / gpus * f.hidden_size * engine.bytes_per_element
+    return (f.num_tokens * copy_bytes / (hw.intra_node_bytes_per_s * x.link_efficiency)).to_numpy(float) + 2 * x.collective_latency_s
 
 
 def _errors(op: str, gpu: str, precision: str, size, predicted_s, measured_ms) -> pd.DataFrame:
@@ -129,6 +141,9 @@ def rows() -> pd.DataFrame:
             if op == "moe" and hw.has_tensor_cores(precision):
                 engine = load_engine({"bf16": "vllm", "fp8": "vllm-fp8"}.get(precision, f"vllm-fp8@weights={precision}"))
                 out.append(_errors("MoE experts", name, precision, part.num_tokens, moe_s(hw, engine, part), part.latency))
+            elif op == "all_to_all":
+                timed = all_to_all_s(hw, load_engine("vllm"), NODE_GPUS.get(system, 8), part)
+                out.append(_errors("all-to-all", name, precision, part.num_tokens, timed, part.latency))
     return pd.concat(out, ignore_index=True)
 
 

@@ -13,7 +13,8 @@ benchmark ran it (sim.deployments.replay: `concurrency` clients, ten requests ea
 an instance's share) and its mean TTFT and mean TPOT compared with the measured ones.
 
 Two predictions (three with `--kernel-curves`: the shipped profiles timed by their engine's
-measured kernel curves, issue 55):
+measured kernel curves, issue 55; four with `--deepep`: those with the expert exchange timed by
+DeepEP's measured kernels too, `expert_all_to_all: deepep`):
 - shipped: the engine's shipped profile (`vllm-fp8`, `sglang-fp8`, `trtllm-fp8`), fitted on dense
   models only (bench/fidelity.py): every MoE run is held out from that fit.
 - cv: held-out folds by machine. For each engine and each machine, the profile's
@@ -110,10 +111,12 @@ def _profile(run: dict) -> str:
 
 def _unit(profile, run):
     """`run` replayed with `profile`: a profile, or None (the engine's shipped one) or "curves" (that one
-    timed by its engine's measured kernel curves, `kernel_curves`)."""
+    timed by its engine's measured kernel curves, `kernel_curves`) or "deepep" (and its expert exchange
+    by DeepEP's)."""
     if not isinstance(profile, EngineProfile):
         shipped = load_engine(_profile(run))
-        profile = shipped.model_copy(update={"kernel_curves": run["engine"]}) if profile == "curves" else shipped
+        curved = {"kernel_curves": run["engine"], "expert_all_to_all": "deepep" if profile == "deepep" else None}
+        profile = shipped.model_copy(update=curved) if profile in ("curves", "deepep") else shipped
     try:
         return replay(run, profile)
     except SpecError:  # a layout the catalog model cannot take (heads, experts)
@@ -158,6 +161,7 @@ def main() -> None:
     parser.add_argument("--no-cv", action="store_true", help="the shipped profiles only")
     parser.add_argument("--kernel-curves", action="store_true",
                         help="also the shipped profiles timed by their engine's measured kernel curves (issue 55)")
+    parser.add_argument("--deepep", action="store_true", help="also those with the expert exchange on DeepEP's measured kernels")
     args = parser.parse_args()
     runs, dropped = runs_of(args.data, args.max_concurrency)
     shipped = predict(runs, args.jobs)
@@ -168,6 +172,8 @@ def main() -> None:
     tags = {"shipped": shipped}
     if args.kernel_curves:
         tags["curves"] = predict(runs, args.jobs, "curves")
+    if args.deepep:
+        tags["deepep"] = predict(runs, args.jobs, "deepep")
     if not args.no_cv:
         print("cross-validating by machine:", flush=True)
         tags["cv"] = cross_validated(runs, args.jobs, args.max_evaluations, args.train_runs)

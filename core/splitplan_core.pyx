@@ -542,7 +542,7 @@ FIELDS = (
     "activation_bytes_per_token", "q_dim_per_gpu", "kv_dim_per_gpu", "prefill_attention_flops_per_sq_token",
     "decode_flops_per_context_token", "decode_bytes_per_context_token", "routed_expert_share", "lm_head_params",
     "collective_s_per_token", "collective_latency_s", "large_collective_s_per_token", "large_collective_latency_s",
-    "all_to_all_s_per_token", "all_to_all_latency_s",
+    "all_to_all_s_per_token", "all_to_all_latency_s", "decode_all_to_all_s_per_token", "decode_all_to_all_latency_s",
     "hop_s_per_token", "hop_latency_s", "dp", "pp", "divides_pass", "gpu_launch_s", "host_launch_s",
     "packed_attention", "clock_slowdown", "capped_clock_slowdown",
     # measured kernel curves (perf.curves), or their roofline defaults (the same bandwidth, no extra time)
@@ -558,8 +558,8 @@ FIELDS = (
 cdef enum:  # FIELDS' order
     LAYERS_PER_STAGE, ACT_BPE, WEIGHT_BPE, PEAK, GEMM_PEAK, MEMORY_BPS, COMPUTE_EFF, GEMM_HALF, DENSE_FLOPS, DENSE_BYTES,
     ACT_BYTES, Q_DIM, KV_DIM, PREFILL_ATTN_FLOPS, DECODE_FLOPS, DECODE_BYTES, EXPERT_SHARE, LM_HEAD, COLL_S_PER_TOKEN,
-    COLL_LATENCY, LARGE_COLL_S_PER_TOKEN, LARGE_COLL_LATENCY, A2A_S_PER_TOKEN, A2A_LATENCY, HOP_S_PER_TOKEN, HOP_LATENCY,
-    DP, PP, DIVIDES, GPU_LAUNCH, HOST_LAUNCH,
+    COLL_LATENCY, LARGE_COLL_S_PER_TOKEN, LARGE_COLL_LATENCY, A2A_S_PER_TOKEN, A2A_LATENCY, DECODE_A2A_S_PER_TOKEN,
+    DECODE_A2A_LATENCY, HOP_S_PER_TOKEN, HOP_LATENCY, DP, PP, DIVIDES, GPU_LAUNCH, HOST_LAUNCH,
     PACKED, CLOCK_SLOWDOWN, CAPPED_SLOWDOWN, GEMM_BPS, GEMM_PASS_S, GEMM_LATENCY, PREFILL_ATTN_HALF, PREFILL_ATTN_LATENCY,
     KV_BPS, DECODE_ATTN_EFF, DECODE_ATTN_S_PER_SEQ, DECODE_ATTN_LATENCY, MOE_COMPUTE_EFF, MOE_HALF, MOE_BPS,
     MOE_LATENCY, MOE_S_PER_ROW, MOE_S_PER_TOKEN, KNEE_SLOWDOWN, KNEE_TOKENS, MOE_EFF, ATTN_EFF,
@@ -659,8 +659,11 @@ cdef Terms _terms(const double* c, double prefill_seqs, double prefill_tokens, d
     # two TP all-reduces per layer, each by the faster of the engine's small- and large-message algorithms
     cdef double network_s = 2 * layers * min(a_tok * c[COLL_S_PER_TOKEN] * knee + c[COLL_LATENCY],
                                              a_tok * c[LARGE_COLL_S_PER_TOKEN] * knee + c[LARGE_COLL_LATENCY])
-    if c[DIVIDES] > 0:  # expert all-to-alls (the busiest group sends) and pipeline hops
-        network_s = (network_s + layers * (n_tok * c[A2A_S_PER_TOKEN] * c[DP] / groups + c[A2A_LATENCY])
+    # expert all-to-alls (the busiest group sends; a decode-only pass by the engine's decode kernels) and pipeline hops
+    cdef double a2a_s = c[A2A_S_PER_TOKEN] if has_prefill > 0 else c[DECODE_A2A_S_PER_TOKEN]
+    cdef double a2a_latency_s = c[A2A_LATENCY] if has_prefill > 0 else c[DECODE_A2A_LATENCY]
+    if c[DIVIDES] > 0:
+        network_s = (network_s + layers * (n_tok * a2a_s * c[DP] / groups + a2a_latency_s)
                      + n_tok * c[HOP_S_PER_TOKEN] + c[HOP_LATENCY])
     cdef double gpu_s = compute_s + memory_s + network_s + c[GPU_LAUNCH]
     cdef double overhead_s = (

@@ -265,7 +265,8 @@ def deployment(pools: list[Pool], inputs: dict, source: str, model_id_option: st
     """The Deployment of a plan's pools (role, hardware, layout, machines) and inputs (as
     plan_document.read gives them), with --node-selector and --model-cache-pvc; SpecError when the
     repository to serve is not one (or the model names none), a pool does not hold whole
-    instances, or a label or claim name is not one."""
+    instances, a label or claim name is not one, or the plan priced an expert exchange the
+    export cannot set."""
     model = load_model(str(inputs["model"]))
     if model_id_option is not None:
         repo = model_id(model_id_option, "--model-id")
@@ -291,6 +292,10 @@ def deployment(pools: list[Pool], inputs: dict, source: str, model_id_option: st
     for g in groups:
         g.layout.require_whole(g.machines, g.hardware.gpus_per_machine, f"{printable(source)}: {g.role} pool "
                                f"{excerpt(g.hardware.name)}:{g.layout.spec}:{g.machines}")
+    if engine.expert_all_to_all and model.is_moe and any(g.layout.ep > 1 or g.layout.dp > 1 for g in groups):
+        raise SpecError(f"{printable(source)}: engine {excerpt(engine.name)} prices the expert exchange on "
+                        f"{engine.expert_all_to_all}'s kernels (expert_all_to_all), whose engine flags export does not "
+                        "write; re-plan with a profile without it to deploy the engines' default exchange")
     names = [g.name for g in groups]
     if len(set(names)) != len(names):  # (slugs carry a hash where they differ from the text: a guard)
         raise SpecError(f"{printable(source)}: two pools share the name {excerpt(max(names, key=names.count))}; "

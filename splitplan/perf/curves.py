@@ -36,6 +36,12 @@ clock. Every function takes floats or NumPy arrays.
   walks), or the touched experts' weights read at `memory_efficiency` of the bandwidth, whichever
   is slower; plus `latency_s`. Fitted to NVIDIA's power-law-routed tables (its default), so the
   routing's imbalance is in the efficiencies.
+- Expert all-to-all (dispatch and combine of T tokens a GPU holds, each routed to k of the
+  experts spread over g GPUs), per kernel family: `latency_s` plus T copies x (`s_per_copy` +
+  hidden x 2 bytes / `bytes_per_s`), where DeepEP's low-latency kernels send a copy per routed
+  expert (k) and its high-throughput ones a copy per destination GPU (g (1 - (1 - 1/g)^k) of
+  them: the GPUs k uniformly routed experts fall on). The engines run the low-latency kernels for
+  decode batches and the high-throughput ones for prefill (SGLang's `--deepep-mode auto`).
 """
 
 from __future__ import annotations
@@ -98,3 +104,15 @@ def moe_s(curve, peak_flops_per_s: float, memory_bytes_per_s: float, tokens, hid
                + (rows * curve.row_passes + tokens * top_k * curve.token_passes) * hidden * ACTIVATION_BYTES / memory_bytes_per_s)
     moved = touched * params * weight_bytes_per_element
     return np.maximum(compute, moved / (memory_bytes_per_s * curve.memory_efficiency)) + curve.latency_s
+
+
+def all_to_all_copies(top_k, gpus: int, low_latency: bool):
+    """The copies of a token an all-to-all among `gpus` GPUs sends: one per routed expert
+    (low-latency kernels), or one per GPU its `top_k` experts fall on (high-throughput)."""
+    return top_k if low_latency else gpus * (1 - (1 - 1 / gpus) ** top_k)
+
+
+def all_to_all_s(line, tokens, hidden, top_k, gpus: int, low_latency: bool):
+    """Seconds of one dispatch and combine of `tokens` tokens a GPU holds (`line` an `AllToAllLine`)."""
+    copies = all_to_all_copies(top_k, gpus, low_latency)
+    return line.latency_s + tokens * copies * (line.s_per_copy + hidden * ACTIVATION_BYTES / line.bytes_per_s)

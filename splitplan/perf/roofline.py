@@ -54,8 +54,10 @@ Modelling assumptions (units: seconds, FLOPs and bytes per GPU):
   and the GPU's file carries them, the dense GEMMs, prefill and decode attention, TP
   all-reduces and routed experts take the curves' efficiencies, bandwidths, fixed latencies and
   per-GPU-count collective terms in place of the profile's factors (`Instance._curves`), measured
-  at the clock the GPU holds under load (only a power cap slows them further); `timing_sources`
-  says which.
+  at the clock the GPU holds under load (only a power cap slows them further); where the profile
+  also sets `expert_all_to_all: deepep`, so does the expert exchange among the GPU count the
+  tables measured (DeepEP's low-latency kernels in decode-only passes, its high-throughput ones
+  in passes with prompt work). `timing_sources` says which.
 
 All functions are pure and accept numpy arrays, so the capacity search and the
 simulator can evaluate thousands of passes at once.
@@ -83,7 +85,8 @@ from splitplan.specs.layout import Layout
 from splitplan.specs.model import ModelSpec
 
 BOUNDS = ("compute", "memory", "network", "overhead")
-MEASURED_OPERATORS = ("GEMMs", "prefill attention", "decode attention", "all-reduce", "MoE experts")  # what kernel curves time
+# what kernel curves time
+MEASURED_OPERATORS = ("GEMMs", "prefill attention", "decode attention", "all-reduce", "MoE experts", "all-to-all")
 
 
 def _num(x):
@@ -146,8 +149,10 @@ class PassConstants:
     collective_latency_s: float
     large_collective_s_per_token: float  # the large-message algorithm's (the same without a measured curve)
     large_collective_latency_s: float
-    all_to_all_s_per_token: float  # expert dispatch and combine (EP or DP attention)
+    all_to_all_s_per_token: float  # expert dispatch and combine (EP or DP attention), in a pass with prompt work
     all_to_all_latency_s: float
+    decode_all_to_all_s_per_token: float  # and in a decode-only pass (the same without a measured curve)
+    decode_all_to_all_latency_s: float
     hop_s_per_token: float  # pipeline stage boundary
     hop_latency_s: float
     dp: float
@@ -344,11 +349,6 @@ class Instance(PassShortcuts):
             decode_bytes = m.kv_cache_elements_per_layer * kvbpe
         else:
             prefill_attn_flops, decode_flops, decode_bytes = 2 * m.q_dim / t, 4 * m.q_dim / t, 2 * kv_dim_gpu * kvbpe
-        # MoE layers exchange tokens between a stage's GPUs when experts are not split by the
-        # attention group's TP alone (EP, or DP attention): dispatch and combine, each token to
-        # min(k, ep) expert groups of moe_tp GPUs (an all-gather and reduce-scatter when ep = 1).
-        exchange = m.is_moe and (lay.ep > 1 or lay.dp > 1)
-        a2a_bytes = 2 * min(m.num_experts_per_tok, lay.ep) * lay.moe_tp / g * (g - 1) / g * m.hidden_size * bpe if exchange else 0.0
         layers = m.num_hidden_layers / lay.pp
         curves = self._curves
         return PassConstants(
@@ -362,13 +362,10 @@ class Instance(PassShortcuts):
             decode_flops_per_context_token=decode_flops, decode_bytes_per_context_token=decode_bytes,
             routed_expert_share=m.moe_layers / m.num_hidden_layers / g,  # routed experts, per layer on average, per GPU of the stage
             lm_head_params=m.vocab_size * m.hidden_size / t / lay.pp,  # (on the last stage: 1/pp of it per stage time)
-            # all-to-all per token of the micro-batch, per layer on average, and its two latencies per MoE layer
-            all_to_all_s_per_token=a2a_bytes / self._link_bytes_per_s(g, f) * m.moe_layers / m.num_hidden_layers,
-            all_to_all_latency_s=2 * f.collective_latency_s * m.moe_layers / m.num_hidden_layers if exchange else 0.0,
             # pipeline: one hop per stage boundary, the activations split over the stage's GPUs
             hop_s_per_token=(m.hidden_size * bpe / g / self._link_bytes_per_s(2 * g, f, off=1.0)) if lay.pp > 1 else 0.0,
             hop_latency_s=f.collective_latency_s if lay.pp > 1 else 0.0,
-            dp=float(lay.dp), pp=lay.pp, divides_pass=lay.dp > 1 or lay.pp > 1 or exchange,
+            dp=float(lay.dp), pp=lay.pp, divides_pass=lay.dp > 1 or lay.pp > 1 or self._exchanges,
             gpu_launch_s=layers * self.engine.kernels_per_layer * f.kernel_launch_s,
             host_launch_s=f.host_launch_s_per_layer * layers,
             packed_attention=self.engine.prefill_attention == "packed",
@@ -376,6 +373,12 @@ class Instance(PassShortcuts):
             clock_slowdown=1.0 / (hw.cap_clock_fraction if self._measured["GEMMs"] else hw.prefill_clock_fraction),
             capped_clock_slowdown=1.0 / hw.cap_clock_fraction,
         )
+
+    @cached_property
+    def _exchanges(self) -> bool:
+        """Whether MoE layers exchange tokens between a stage's GPUs: experts not split by the
+        attention group's TP alone (EP, or DP attention)."""
+        return self.model.is_moe and (self.layout.ep > 1 or self.layout.dp > 1)
 
     @cached_property
     def kernel_curves(self) -> KernelCurves | None:
@@ -392,7 +395,9 @@ class Instance(PassShortcuts):
         return dict(zip(MEASURED_OPERATORS, (
             k.gemm.get(eng.weights), k.context_attention.get(eng.kv), k.generation_attention.get(eng.kv),  # type: ignore[call-overload]
             k.all_reduce_among(t) if 1 < t <= self.hardware.nvlink_domain else None,
-            k.moe.get(eng.weights) if self.model.is_moe else None), strict=True))  # type: ignore[call-overload]
+            k.moe.get(eng.weights) if self.model.is_moe else None,  # type: ignore[call-overload]
+            k.all_to_all_among(self.layout.stage_gpus) if self._exchanges and eng.expert_all_to_all == "deepep" else None),
+            strict=True))
 
     @cached_property
     def timing_sources(self) -> dict[str, str]:
@@ -403,6 +408,8 @@ class Instance(PassShortcuts):
                else f"roofline: datasheet peak and bandwidth, {eng.name}'s factors" for op, curve in self._measured.items()}
         if self.layout.tp == 1:
             out["all-reduce"] = "none (TP 1)"
+        if not self._exchanges:
+            del out["all-to-all"]
         if not self.model.is_moe:
             del out["MoE experts"]
         elif self._measured["MoE experts"] is None:
@@ -424,7 +431,7 @@ class Instance(PassShortcuts):
                "collective_s_per_token": (2 * (t - 1) / t * m.hidden_size * 2 / self._link_bytes_per_s(t, f)) if t > 1 else 0.0,
                "collective_latency_s": f.collective_latency_s if t > 1 else 0.0, "moe_latency_s": 0.0,
                "moe_s_per_row": 0.0, "moe_s_per_token": 0.0, "moe_efficiency": f.moe_efficiency}
-        gemm, context, generation, reduce, moe = self._measured.values()
+        gemm, context, generation, reduce, moe, exchange = self._measured.values()
         if gemm is not None:
             # per layer, the (n, k) of its GEMMs: QKV and O projections, the FFN's gate-and-up (fused) and down
             shapes = np.array([((m.q_dim + 2 * m.kv_dim) / t, m.hidden_size), (m.hidden_size, m.q_dim / t),
@@ -464,6 +471,31 @@ class Instance(PassShortcuts):
                     "moe_s_per_row": moe.row_passes * row_s * self.layout.moe_tp,
                     "moe_s_per_token": moe.token_passes * row_s * moe_share,
                     "moe_efficiency": 1.0}
+        return out | self._all_to_all(exchange)
+
+    def _all_to_all(self, curve) -> dict[str, float]:
+        """The pass constants of the expert all-to-all, per token of the micro-batch and per layer on
+        average: dispatch and combine, each token to min(k, ep) expert groups of moe_tp GPUs (an
+        all-gather and reduce-scatter when ep = 1) at the link's bandwidth, with two latencies per MoE
+        layer; or, measured, a GPU's tokens (moe_tp / g of them) by the high-throughput kernels in a
+        pass with prompt work and the low-latency ones in a decode-only pass (`curve`)."""
+        m, f, lay, g = self.model, self.factors, self.layout, self.layout.stage_gpus
+        if not self._exchanges:
+            return dict.fromkeys(("all_to_all_s_per_token", "all_to_all_latency_s", "decode_all_to_all_s_per_token",
+                                  "decode_all_to_all_latency_s"), 0.0)
+        k = m.num_experts_per_tok
+        if curve is None:
+            copy_bytes = 2 * min(k, lay.ep) * lay.moe_tp / g * (g - 1) / g * m.hidden_size * self.engine.bytes_per_element
+            per_token = copy_bytes / self._link_bytes_per_s(g, f) * m.moe_layers / m.num_hidden_layers
+            latency = 2 * f.collective_latency_s * m.moe_layers / m.num_hidden_layers
+            return {"all_to_all_s_per_token": per_token, "all_to_all_latency_s": latency,
+                    "decode_all_to_all_s_per_token": per_token, "decode_all_to_all_latency_s": latency}
+        out: dict[str, float] = {}
+        share = m.moe_layers / m.num_hidden_layers
+        for prefix, line, low in (("", curve.high_throughput, False), ("decode_", curve.low_latency, True)):
+            per_copy = line.s_per_copy + m.hidden_size * curves.ACTIVATION_BYTES / line.bytes_per_s
+            out |= {f"{prefix}all_to_all_s_per_token": lay.moe_tp / g * curves.all_to_all_copies(k, g, low) * per_copy * share,
+                    f"{prefix}all_to_all_latency_s": line.latency_s * share}
         return out
 
     @cached_property

@@ -117,6 +117,12 @@ class EngineProfile(BaseModel):
     # gemm_half_tokens, attention_efficiency, the memory_efficiency of weight and KV reads and the
     # collective terms. None, or a GPU without them: the roofline with the factors below.
     kernel_curves: KernelEngine | None = None
+    # The kernels of the expert exchange (EP, DP attention): "deepep" where the engine is set to
+    # DeepEP's (vLLM --all2all-backend deepep_high_throughput / deepep_low_latency, SGLang
+    # --moe-a2a-backend deepep), which the kernel curves then time (`all_to_all`: the low-latency
+    # kernels for decode-only passes, the high-throughput ones for prefill); None: the engines'
+    # default all-gather and reduce-scatter, timed by the roofline with the collective terms.
+    expert_all_to_all: Literal["deepep"] | None = None
     defaults: EngineFactors = EngineFactors()
     hardware_overrides: dict[str, EngineFactors] = {}
     # Where each machine type's factors come from (a measurement, or "estimate: ..."), by machine name.

@@ -127,6 +127,26 @@ class AllReduceCurve(BaseModel):
         return self
 
 
+class AllToAllLine(BaseModel):
+    """One kernel family's expert dispatch and combine (`perf.curves.all_to_all_s`)."""
+
+    model_config = _STRICT
+    latency_s: Seconds
+    bytes_per_s: Annotated[float, Field(gt=0, le=1e14)]  # of the copies' activations, as bf16
+    s_per_copy: Seconds  # per token copy sent, whatever its size
+
+
+class AllToAllCurve(BaseModel):
+    """The expert all-to-all among `gpus` GPUs of one NVLink domain, as DeepEP's kernels measure
+    it: `low_latency` (a copy per routed expert, for decode batches) and `high_throughput` (a copy
+    per destination GPU, for prefill)."""
+
+    model_config = _STRICT
+    gpus: Annotated[int, Field(ge=2, le=72)]
+    low_latency: AllToAllLine
+    high_throughput: AllToAllLine
+
+
 class MoeCurve(BaseModel):
     """A fused MoE layer's routed experts on one GPU (`perf.curves.moe_s`)."""
 
@@ -144,8 +164,8 @@ Precision = Literal["bf16", "fp8"]
 
 class KernelCurves(BaseModel):
     """One engine's measured kernels on this GPU as curves: GEMMs and MoE experts per weight
-    precision, attention per KV-cache precision, all-reduces per GPU count. What they leave out
-    (MLA, all-to-alls) the engine profile's factors time, as on a GPU with no curves."""
+    precision, attention per KV-cache precision, all-reduces and expert all-to-alls per GPU count.
+    What they leave out (MLA) the engine profile's factors time, as on a GPU with no curves."""
 
     model_config = _STRICT
     source: str
@@ -154,11 +174,15 @@ class KernelCurves(BaseModel):
     generation_attention: dict[Precision, GenerationAttentionCurve] = {}
     all_reduce: tuple[AllReduceCurve, ...] = ()
     moe: dict[WeightPrecision, MoeCurve] = {}
+    all_to_all: tuple[AllToAllCurve, ...] = ()
     # held-out MAPE % per operator class and precision (bench/fit_kernels.py), for the record
     mape_pct: dict[str, float] = {}
 
     def all_reduce_among(self, gpus: int) -> AllReduceCurve | None:
         return next((c for c in self.all_reduce if c.gpus == gpus), None)
+
+    def all_to_all_among(self, gpus: int) -> AllToAllCurve | None:
+        return next((c for c in self.all_to_all if c.gpus == gpus), None)
 
 
 class ShapeSpec(BaseModel):

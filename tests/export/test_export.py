@@ -470,3 +470,17 @@ def test_a_vllm_instance_whose_ranks_span_nodes_runs_on_a_ray_cluster_of_its_nod
         assert head[1][:2] == ["vllm", "serve"] and head[1][-2:] == ["--distributed-executor-backend", "ray"]
         assert head[1][head[1].index("--pipeline-parallel-size") + 1] == "2"
         assert other == [["ray", "start", "--address", f"${{WORKER_H100_80GB_TP8PP2_{k}_HOST}}:6379", "--block"]]
+
+
+def test_a_plan_priced_on_deepep_kernels_is_refused(tmp_path):
+    """An engine profile timing the expert exchange by DeepEP's kernels (expert_all_to_all) priced a
+    deployment whose engine flags export does not write: a plan of exchanging pools is refused (exit
+    2, nothing written); dense or TP-only pools export as before."""
+    profile = tmp_path / "deepep.yaml"
+    shipped = yaml.safe_load((Path(__file__).resolve().parents[2] / "engine_profiles" / "sglang-fp8.yaml").read_text())
+    profile.write_text(yaml.safe_dump({**shipped, "expert_all_to_all": "deepep"}))
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["export", str(_plan(tmp_path, SPLIT, engine=str(profile))), "--to", "sglang", "--output", str(out)])
+    assert result.exit_code == 2 and "expert_all_to_all" in result.stderr and not out.exists()
+    tp_only = {"prompt": [("h200-141gb", Layout(8), 1)], "token": [("h200-141gb", Layout(8), 1)]}
+    assert "launch.sh" in _files(tmp_path, "sglang", tp_only, engine=str(profile))

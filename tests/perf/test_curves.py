@@ -21,7 +21,7 @@ BYTES = {"bf16": 2.0, "fp8": 1.0}
 # MAPE % the fit reaches held out over every measured shape (bench/fit_kernels.py), with a margin for a 60-row sample
 TOLERANCE_PCT = {("gemm", "bf16"): 10, ("gemm", "fp8"): 18, ("context_attention", "bf16"): 30,
                  ("context_attention", "fp8"): 30, ("generation_attention", "bf16"): 20, ("generation_attention", "fp8"): 20,
-                 ("moe", "bf16"): 25, ("moe", "fp8"): 25}
+                 ("moe", "bf16"): 25, ("moe", "fp8"): 25, ("all_to_all", "low-latency"): 20, ("all_to_all", "high-throughput"): 15}
 
 
 def _curved(name="vllm-fp8"):
@@ -42,6 +42,9 @@ def _predict(hw, op: str, precision: str, f: pd.DataFrame) -> np.ndarray:
         return curves.moe_s(k.moe[precision], hw.peak_flops_per_s(precision), bandwidth, col["num_tokens"], col["hidden_size"],
                             col["inter_size"], col["num_experts"], col["topk"], col["moe_tp_size"], col["moe_ep_size"],
                             BYTES[precision])
+    if op == "all_to_all":  # (the kernel family in place of the precision; 8 GPUs, one machine)
+        return curves.all_to_all_s(getattr(k.all_to_all_among(8), precision.replace("-", "_")), col["num_tokens"],
+                                   col["hidden_size"], col["topk"], 8, precision == "low-latency")
     return curves.generation_attention_s(k.generation_attention[precision], bf16, bandwidth, col["batch_size"],
                                          col["isl"] + col["step"], col["num_heads"], col["num_key_value_heads"],
                                          col["head_dim"], BYTES[precision])
@@ -268,3 +271,62 @@ def test_an_all_reduce_of_one_algorithm_is_its_line():
     assert curves.all_reduce_s(one, np.array([0.0, 1e9])).tolist() == [1e-5, 1e-5 + 1e-2]
     with pytest.raises(ValueError, match="come together"):
         AllReduceCurve(gpus=8, latency_s=1e-5, bytes_per_s=1e11, large_latency_s=1e-4)
+
+
+def _deepseek(hw, layout="dp8ep8", exchange="deepep"):
+    """DeepSeek-V3 timed by vLLM's curves, its experts exchanged by DeepEP's kernels (or the engine's default)."""
+    engine = _curved().model_copy(update={"expert_all_to_all": exchange})
+    return Instance(load_model("deepseek-v3"), hw, engine, parse_layout(layout, "x"))
+
+
+def test_expert_all_to_alls_take_their_kernels_by_pass():
+    """With curves, an EP-8 instance's dispatch and combine are DeepEP's as measured: a decode-only
+    step by the low-latency kernels, a pass with prompt work by the high-throughput ones. Raising
+    one family's latency by d slows only its passes, a decode step by d per MoE layer (58 of
+    DeepSeek-V3's 61)."""
+    hw = load_hardware("h200-141gb")
+    k = hw.kernels["vllm"]
+    a2a = k.all_to_all_among(8)
+
+    def passes(h):
+        inst = _deepseek(h)
+        return inst.pass_time_s(decode_seqs=64.0, decode_context_tokens=64 * 2048.0), inst.pass_time_s(8, 8 * 2048.0, 8 * 2048.0**2)
+
+    before = passes(hw)
+    for family, moved in (("low_latency", 0), ("high_throughput", 1)):
+        line = getattr(a2a, family)
+        slower_a2a = a2a.model_copy(update={family: line.model_copy(update={"latency_s": line.latency_s + 1e-4})})
+        after = passes(hw.model_copy(update={"kernels": {"vllm": k.model_copy(update={"all_to_all": (slower_a2a,)})}}))
+        assert after[1 - moved] == before[1 - moved]
+        assert after[moved] > before[moved]
+        if family == "low_latency":
+            assert after[0] - before[0] == pytest.approx(58 * 1e-4, rel=1e-6)
+
+
+def test_a_copy_per_expert_or_per_gpu():
+    """Low-latency kernels send a token to each of its k experts; high-throughput ones once to each GPU
+    its experts fall on: 8 (1 - (7/8)^8) = 5.25 of 8 GPUs for DeepSeek's top 8, one for a top 1."""
+    assert curves.all_to_all_copies(8, 8, True) == 8
+    assert curves.all_to_all_copies(8, 8, False) == pytest.approx(5.2511, abs=1e-4)
+    assert curves.all_to_all_copies(1, 8, False) == pytest.approx(1.0)
+    line = load_hardware("h200-141gb").kernels["vllm"].all_to_all_among(8).high_throughput
+    tokens = np.arange(1, 16385, dtype=float)
+    assert (np.diff(curves.all_to_all_s(line, tokens, 7168.0, 8.0, 8, False)) > 0).all()
+
+
+def test_an_all_to_all_the_tables_did_not_measure_is_the_roofline():
+    """The tables measure DeepEP among one node's 8 GPUs: a DP-16 EP-16 instance over two H200 machines
+    keeps the roofline's all-to-all (and says so), an EP-8 one takes the curve, an engine left at its
+    default exchange (all-gather and reduce-scatter, not DeepEP) the roofline; a dense model has none."""
+    hw = load_hardware("h200-141gb")
+    wide, node = _deepseek(hw, "dp16ep16"), _deepseek(hw, "dp8ep8")
+    assert wide.timing_sources["all-to-all"].startswith("roofline")
+    default = _deepseek(hw, "dp8ep8", exchange=None)
+    assert default.timing_sources["all-to-all"].startswith("roofline")
+    assert default.constants.all_to_all_latency_s == default.constants.decode_all_to_all_latency_s
+    assert node.timing_sources["all-to-all"] == "measured vllm kernels on h200-141gb"
+    roofline = Instance(wide.model, hw, _curved().model_copy(update={"kernel_curves": None}), wide.layout)
+    for name in ("all_to_all_s_per_token", "all_to_all_latency_s", "decode_all_to_all_s_per_token", "decode_all_to_all_latency_s"):
+        assert getattr(wide.constants, name) == getattr(roofline.constants, name) > 0
+    assert node.constants.decode_all_to_all_latency_s != node.constants.all_to_all_latency_s
+    assert "all-to-all" not in _instance(_curved()).timing_sources
