@@ -12,6 +12,10 @@ range) on the shapes serving produces:
 - GEMMs: m of 1 to 16,384 rows (tokens), n and k of at least 1,024, bf16 and fp8 weights;
 - context attention: full attention, one beam, bf16 and fp8 KV;
 - generation attention: the same, context = isl + step;
+- MLA generation attention: DeepSeek's absorbed decode (a 576-element latent, its 512-rank part the
+  values; the collectors measure DeepSeek-V3 only) per query heads a GPU holds, SGLang's and
+  TensorRT-LLM's `generation_mla` kernels (vLLM's tables time the whole MLA module, projections
+  included, which the model's GEMMs time apart: not fitted), bf16 and fp8 KV;
 - all-reduce: bf16, the graph-captured kernel where the table has both (serving's decode and
   vLLM's piecewise graphs), per GPU count, as the faster of two lines (`fit_all_reduce`); the
   tables' message_size counts elements (the collector all-reduces a tensor of that many), so a
@@ -28,7 +32,7 @@ range) on the shapes serving produces:
   engine offers (an engine picks its MoE backend per GPU and precision).
 
 Held out by model shape: the GEMM shapes fall in five folds by their (n, k), the attention shapes
-by their (heads, KV heads, head dim), the MoE shapes by their (hidden, inter, experts, top-k), the
+by their (heads, KV heads, head dim), MLA's by its heads, the MoE shapes by their (hidden, inter, experts, top-k), the
 all-to-all shapes by their (hidden, top-k, experts);
 each fold is predicted by a fit without it. Prints the MAPE % / median signed error % per engine,
 GPU, operator class and precision (the target of issue 55: 10 % in every cell of more than 20
@@ -67,6 +71,8 @@ GEMM = {"efficiency": (0.7, 0.05, 1.0), "half_tokens": (50.0, 0.0, 4096.0), "hal
 CONTEXT = {"efficiency": (0.5, 0.02, 1.0), "half_tokens": (100.0, 0.0, 1e5), "latency_s": (1e-5, 0.0, 1e-3)}
 GENERATION = {"memory_efficiency": (0.7, 0.05, 1.0), "efficiency": (0.3, 0.01, 1.0), "s_per_sequence": (1e-7, 0.0, 1e-4),
               "s_per_kv_head": (1e-8, 0.0, 1e-4), "latency_s": (1e-5, 0.0, 1e-3)}
+MLA_GENERATION = {name: GENERATION[name] for name in ("memory_efficiency", "efficiency", "s_per_sequence", "latency_s")}
+MLA_LATENT, MLA_RANK = 576.0, 512.0  # DeepSeek-V3's kv_lora_rank + qk_rope_head_dim, and kv_lora_rank
 ALL_REDUCE = {"latency_s": (5e-6, 0.0, 1e-3), "bytes_per_s": (2e11, 1e8, 1e13),
               "large_latency_s": (5e-5, 0.0, 1e-2), "large_bytes_per_s": (3e11, 1e8, 1e13)}
 MOE = {"efficiency": (0.5, 0.02, 1.0), "half_rows": (50.0, 0.0, 1e4), "memory_efficiency": (0.6, 0.05, 1.0),
@@ -193,6 +199,10 @@ def operator_frames(system: str, engine: str) -> dict[tuple[str, str], pd.DataFr
             frame = frame[frame.attn_dtype == "bfloat16"]
             for dtype, precision in DTYPES.items():
                 out[f"{op}_attention", precision] = frame[frame.kv_cache_dtype == dtype]
+    mla = table(system, "mla", engine, "generation_mla_perf.parquet")
+    for dtype, precision in DTYPES.items():
+        if not mla.empty:
+            out["mla_generation", precision] = mla[(mla.kv_cache_dtype == dtype) & (mla.mla_dtype == "bfloat16")]
     moe = table(system, "moe", engine, "moe_perf.parquet")
     if not moe.empty:  # gated experts, tokens as for GEMMs; per shape the fastest kernel the engine has
         moe = moe[(moe.distribution == MOE_ROUTING) & (moe.num_tokens <= 16384) & ~moe.kernel_source.str.contains("nongated")]
@@ -215,7 +225,8 @@ def fit_gpu(name: str, engine: str):
     """(curves as the hardware spec's `kernels.<engine>` mapping, rows of held-out errors, bounds hit)."""
     hw = load_hardware(name)
     bf16, bandwidth = hw.peak_flops_per_s("bf16"), hw.memory_bytes_per_s
-    curves_out: dict = {"gemm": {}, "context_attention": {}, "generation_attention": {}, "all_reduce": [], "moe": {}}
+    curves_out: dict = {"gemm": {}, "context_attention": {}, "generation_attention": {}, "mla_generation": {}, "all_reduce": [],
+                        "moe": {}}
     errors, bounds, mape, lines = [], [], {}, {}
     for (op, key), frame in operator_frames(SYSTEMS[name], engine).items():
         if op == "gemm":
@@ -245,6 +256,13 @@ def fit_gpu(name: str, engine: str):
                 c, bf16, bandwidth, f.batch_size.to_numpy(float), (f.isl + f.step).to_numpy(float), f.num_heads.to_numpy(float),
                 f.num_key_value_heads.to_numpy(float), f.head_dim.to_numpy(float), kvb), GENERATION, frame,
                 _folds(frame.num_heads, frame.num_key_value_heads, frame.head_dim))
+            size = (frame.isl + frame.step).to_numpy(float)
+        elif op == "mla_generation":
+            kvb = {"bf16": 2.0, "fp8": 1.0}[key]
+            params, err, hit = fit(lambda c, f, kvb=kvb: curves.mla_generation_s(
+                c, bf16, bandwidth, f.batch_size.to_numpy(float), (f.isl + f.step).to_numpy(float), f.num_heads.to_numpy(float),
+                MLA_LATENT, MLA_RANK, kvb), MLA_GENERATION, frame, _folds(frame.num_heads))
+            params["s_per_kv_head"] = 0.0  # (one latent per token: a generation-attention curve of one KV head)
             size = (frame.isl + frame.step).to_numpy(float)
         elif op == "all_to_all":
             gpus = NODE_GPUS.get(SYSTEMS[name], 8)
@@ -281,7 +299,8 @@ def fit_gpu(name: str, engine: str):
 
 TOKEN_BANDS = [(1, 16), (17, 256), (257, 4096), (4097, 16384)]
 BANDS = {"gemm": TOKEN_BANDS, "moe": TOKEN_BANDS, "all_to_all": TOKEN_BANDS, "context_attention": [(1, 512), (513, 4096), (4097, 1 << 30)],
-         "generation_attention": [(1, 512), (513, 4096), (4097, 1 << 30)], "all_reduce": [(0, 1 << 40)]}
+         "generation_attention": [(1, 512), (513, 4096), (4097, 1 << 30)], "mla_generation": [(1, 512), (513, 4096), (4097, 1 << 30)],
+         "all_reduce": [(0, 1 << 40)]}
 
 
 def report(frame: pd.DataFrame) -> None:
@@ -309,12 +328,15 @@ def write(fitted: dict[str, dict]) -> None:
 
 
 def sample(out: Path) -> None:
-    """A small sample of the measured tables for the tests (vLLM on H100 and H200), with its license."""
+    """A small sample of the measured tables for the tests (vLLM on H100 and H200; MLA's decode, which
+    vLLM's tables time only as a whole module: SGLang's on H200), with its license."""
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     frames = [(name, op, key, frame) for name in ("h100-80gb", "h200-141gb")
               for (op, key), frame in operator_frames(SYSTEMS[name], "vllm").items() if op != "all_reduce"]
-    later = {"moe": 1, "all_to_all": 2}  # (the later operators last: the others' draws as before)
+    frames += [("h200-141gb", op, key, frame) for (op, key), frame in operator_frames("h200_sxm", "sglang").items()
+               if op == "mla_generation"]
+    later = {"moe": 1, "all_to_all": 2, "mla_generation": 3}  # (the later operators last: the others' draws as before)
     for name, op, key, frame in sorted(frames, key=lambda f: later.get(f[1], 0)):
         part = frame.iloc[np.sort(rng.choice(len(frame), size=min(60, len(frame)), replace=False))]
         columns = [c for c in ("m", "n", "k", "batch_size", "isl", "step", "num_heads", "num_key_value_heads",

@@ -21,6 +21,10 @@ its operator class (core/splitplan_core.pyx, `pass_terms`), nothing fitted here:
   the weights' peak times compute_efficiency x moe_efficiency ramped by rows per touched expert, or
   the touched experts' weights at the achieved bandwidth (perf.curves.moe_s without its passes
   and latency), with `vllm`, `vllm-fp8` and `vllm-fp8@weights=fp4`.
+- MLA generation attention (class 3 for an MLA model), SGLang 0.5.14's `generation_mla` tables
+  (vLLM's time the whole MLA module): the latent's 576 elements read per context token at the
+  achieved bandwidth, or 2 H (576 + 512) FLOPs per context token at the peak times
+  compute_efficiency, whichever is slower, with `sglang-fp8` (its KV at the table's precision);
 - expert all-to-all, DeepEP's dispatch plus combine of t tokens a GPU holds among one node's g
   GPUs (fit_kernels.py's tables, each kernel family apart): 2 t min(k, g) (g - 1) / g hidden bf16
   bytes over NVLink at link_efficiency, plus two collective latencies (the pass formula's
@@ -39,7 +43,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
-from fit_kernels import MOE_SHAPE, NODE_GPUS, TOKEN_BANDS, operator_frames  # (this folder: one reading of the tables)
+from fit_kernels import MLA_LATENT, MLA_RANK, MOE_SHAPE, NODE_GPUS, TOKEN_BANDS, operator_frames  # (this folder: one reading of the tables)
 
 from splitplan.perf import curves
 from splitplan.specs.engine import load_engine
@@ -52,6 +56,7 @@ BANDS = {"GEMM": TOKEN_BANDS,  # m, tokens
          "context attention": [(1, 512), (513, 4096), (4097, 1 << 20)],  # prompt tokens
          "generation attention": [(1, 512), (513, 4096), (4097, 1 << 20)],  # context tokens
          "MoE experts": TOKEN_BANDS,  # tokens entering the layer
+         "MLA generation": [(1, 512), (513, 4096), (4097, 1 << 20)],  # context tokens
          "all-to-all": TOKEN_BANDS}  # tokens a GPU dispatches
 
 
@@ -88,6 +93,13 @@ def moe_s(hw, engine, f: pd.DataFrame) -> np.ndarray:
     peak = hw.peak_flops_per_s(engine.weights) * hw.prefill_clock_fraction
     return curves.moe_s(factors, peak, hw.memory_bytes_per_s, *(f[c].to_numpy(float) for c in MOE_SHAPE),
                         engine.weight_bytes_per_element)
+
+
+def mla_generation_s(hw, engine, b, c, heads) -> np.ndarray:
+    f = engine.factors(hw.name, 1)
+    compute = 2 * heads * (MLA_LATENT + MLA_RANK) * b * c / (hw.peak_flops_per_s(engine.dtype) * f.compute_efficiency)
+    moved = MLA_LATENT * b * c * engine.kv_bytes_per_element
+    return np.maximum(compute, moved / (hw.memory_bytes_per_s * f.memory_efficiency))
 
 
 def all_to_all_s(hw, engine, gpus: int, f: pd.DataFrame) -> np.ndarray:
@@ -144,6 +156,11 @@ def rows() -> pd.DataFrame:
             elif op == "all_to_all":
                 timed = all_to_all_s(hw, load_engine("vllm"), NODE_GPUS.get(system, 8), part)
                 out.append(_errors("all-to-all", name, precision, part.num_tokens, timed, part.latency))
+        for (op, precision), part in operator_frames(system, "sglang").items():
+            if op == "mla_generation":
+                b, c, heads = part.batch_size.to_numpy(float), (part.isl + part.step).to_numpy(float), part.num_heads.to_numpy(float)
+                timed = mla_generation_s(hw, load_engine(f"sglang-fp8@kv={precision}"), b, c, heads)
+                out.append(_errors("MLA generation", name, precision, c, timed, part.latency))
     return pd.concat(out, ignore_index=True)
 
 

@@ -260,6 +260,15 @@ def claim_name(value: str | None) -> str | None:
     return value
 
 
+def _require_default_exchange(source: str, engine: EngineProfile, model: ModelSpec, groups: tuple[Group, ...]) -> None:
+    """Refuse a plan whose pools exchange experts on kernels the engine takes only from flags export
+    does not write (`expert_all_to_all`)."""
+    if engine.expert_all_to_all and model.is_moe and any(g.layout.ep > 1 or g.layout.dp > 1 for g in groups):
+        raise SpecError(f"{printable(source)}: engine {excerpt(engine.name)} prices the expert exchange on "
+                        f"{engine.expert_all_to_all}'s kernels (expert_all_to_all), whose engine flags export does not "
+                        "write; re-plan with a profile without it to deploy the engines' default exchange")
+
+
 def deployment(pools: list[Pool], inputs: dict, source: str, model_id_option: str | None = None,
                node_labels: list[str] | None = None, model_cache_pvc: str | None = None) -> Deployment:
     """The Deployment of a plan's pools (role, hardware, layout, machines) and inputs (as
@@ -292,10 +301,7 @@ def deployment(pools: list[Pool], inputs: dict, source: str, model_id_option: st
     for g in groups:
         g.layout.require_whole(g.machines, g.hardware.gpus_per_machine, f"{printable(source)}: {g.role} pool "
                                f"{excerpt(g.hardware.name)}:{g.layout.spec}:{g.machines}")
-    if engine.expert_all_to_all and model.is_moe and any(g.layout.ep > 1 or g.layout.dp > 1 for g in groups):
-        raise SpecError(f"{printable(source)}: engine {excerpt(engine.name)} prices the expert exchange on "
-                        f"{engine.expert_all_to_all}'s kernels (expert_all_to_all), whose engine flags export does not "
-                        "write; re-plan with a profile without it to deploy the engines' default exchange")
+    _require_default_exchange(source, engine, model, groups)
     names = [g.name for g in groups]
     if len(set(names)) != len(names):  # (slugs carry a hash where they differ from the text: a guard)
         raise SpecError(f"{printable(source)}: two pools share the name {excerpt(max(names, key=names.count))}; "

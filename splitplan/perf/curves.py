@@ -23,6 +23,11 @@ clock. Every function takes floats or NumPy arrays.
   the larger of 2 H_kv d b c KV elements read at `memory_efficiency` of the bandwidth and 4 H d b c
   FLOPs at `efficiency` of the bf16 peak, plus b (`s_per_sequence` + H_kv `s_per_kv_head`) and
   `latency_s`.
+- MLA generation attention (DeepSeek's absorbed decode: b sequences over c tokens of context, H
+  query heads over one latent of L elements, a rank-R part of it the values): the larger of L b c
+  KV elements read at `memory_efficiency` of the bandwidth and 2 H (L + R) b c FLOPs at
+  `efficiency` of the bf16 peak, plus b `s_per_sequence` and `latency_s` (a generation-attention
+  curve whose `s_per_kv_head` is 0: one latent per token).
 - All-reduce among g GPUs of S bytes (per GPU count measured): the faster of `latency_s` + S /
   `bytes_per_s` and `large_latency_s` + S / `large_bytes_per_s` (the engines switch algorithms as
   messages grow: one-shot for small ones, two-shot or NCCL's for large ones).
@@ -78,6 +83,15 @@ def generation_attention_s(curve, bf16_flops_per_s: float, memory_bytes_per_s: f
     flops = 4 * heads * head_dim * batch * context_tokens
     return (np.maximum(kv_bytes / (memory_bytes_per_s * curve.memory_efficiency), flops / (bf16_flops_per_s * curve.efficiency))
             + batch * (curve.s_per_sequence + kv_heads * curve.s_per_kv_head) + curve.latency_s)
+
+
+def mla_generation_s(curve, bf16_flops_per_s: float, memory_bytes_per_s: float, batch, context_tokens, heads,
+                     latent: float, rank: float, kv_bytes_per_element: float):
+    """Seconds of one decode step's MLA attention for `batch` sequences of `context_tokens` each."""
+    kv_bytes = latent * batch * context_tokens * kv_bytes_per_element
+    flops = 2 * heads * (latent + rank) * batch * context_tokens
+    return (np.maximum(kv_bytes / (memory_bytes_per_s * curve.memory_efficiency), flops / (bf16_flops_per_s * curve.efficiency))
+            + batch * curve.s_per_sequence + curve.latency_s)
 
 
 def all_reduce_s(curve, message_bytes):

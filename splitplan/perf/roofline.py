@@ -389,11 +389,13 @@ class Instance(PassShortcuts):
     def _measured(self) -> dict[str, Any]:
         """Per operator class the curves time, its curve on this GPU at this instance's precisions and
         TP degree (None where there is none: the roofline times it)."""
-        k, eng, t = self.kernel_curves, self.engine, self.layout.tp
+        k, eng, t, mla = self.kernel_curves, self.engine, self.layout.tp, self.model.is_mla
         if k is None:
             return dict.fromkeys(MEASURED_OPERATORS)
+        # MLA: its absorbed decode has curves of its own, its prefill none (the heads' attention curves are not it)
         return dict(zip(MEASURED_OPERATORS, (
-            k.gemm.get(eng.weights), k.context_attention.get(eng.kv), k.generation_attention.get(eng.kv),  # type: ignore[call-overload]
+            k.gemm.get(eng.weights), None if mla else k.context_attention.get(eng.kv),  # type: ignore[call-overload]
+            (k.mla_generation if mla else k.generation_attention).get(eng.kv),  # type: ignore[call-overload]
             k.all_reduce_among(t) if 1 < t <= self.hardware.nvlink_domain else None,
             k.moe.get(eng.weights) if self.model.is_moe else None,  # type: ignore[call-overload]
             k.all_to_all_among(self.layout.stage_gpus) if self._exchanges and eng.expert_all_to_all == "deepep" else None),

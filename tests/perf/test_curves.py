@@ -21,7 +21,8 @@ BYTES = {"bf16": 2.0, "fp8": 1.0}
 # MAPE % the fit reaches held out over every measured shape (bench/fit_kernels.py), with a margin for a 60-row sample
 TOLERANCE_PCT = {("gemm", "bf16"): 10, ("gemm", "fp8"): 18, ("context_attention", "bf16"): 30,
                  ("context_attention", "fp8"): 30, ("generation_attention", "bf16"): 20, ("generation_attention", "fp8"): 20,
-                 ("moe", "bf16"): 25, ("moe", "fp8"): 25, ("all_to_all", "low-latency"): 20, ("all_to_all", "high-throughput"): 15}
+                 ("moe", "bf16"): 25, ("moe", "fp8"): 25, ("all_to_all", "low-latency"): 20, ("all_to_all", "high-throughput"): 15,
+                 ("mla_generation", "bf16"): 20, ("mla_generation", "fp8"): 20}
 
 
 def _curved(name="vllm-fp8"):
@@ -42,6 +43,9 @@ def _predict(hw, op: str, precision: str, f: pd.DataFrame) -> np.ndarray:
         return curves.moe_s(k.moe[precision], hw.peak_flops_per_s(precision), bandwidth, col["num_tokens"], col["hidden_size"],
                             col["inter_size"], col["num_experts"], col["topk"], col["moe_tp_size"], col["moe_ep_size"],
                             BYTES[precision])
+    if op == "mla_generation":  # (SGLang's: vLLM's tables time the whole MLA module)
+        return curves.mla_generation_s(hw.kernels["sglang"].mla_generation[precision], bf16, bandwidth, col["batch_size"],
+                                       col["isl"] + col["step"], col["num_heads"], 576.0, 512.0, BYTES[precision])
     if op == "all_to_all":  # (the kernel family in place of the precision; 8 GPUs, one machine)
         return curves.all_to_all_s(getattr(k.all_to_all_among(8), precision.replace("-", "_")), col["num_tokens"],
                                    col["hidden_size"], col["topk"], 8, precision == "low-latency")
@@ -330,3 +334,28 @@ def test_an_all_to_all_the_tables_did_not_measure_is_the_roofline():
         assert getattr(wide.constants, name) == getattr(roofline.constants, name) > 0
     assert node.constants.decode_all_to_all_latency_s != node.constants.all_to_all_latency_s
     assert "all-to-all" not in _instance(_curved()).timing_sources
+
+
+def test_mla_decode_takes_its_own_curve_and_its_prefill_the_roofline():
+    """DeepSeek-V3 timed by SGLang's curves: its absorbed decode attention by the MLA curve (a step of
+    64 sequences slows by 64 x 61 layers x d when the curve's per-sequence time grows by d; the heads'
+    generation-attention curve moves nothing), its prefill attention by the roofline (no MLA prefill
+    curve: the heads' context curve is not its kernel), and `perf` says so."""
+    hw = load_hardware("h200-141gb")
+    k = hw.kernels["sglang"]
+    engine = load_engine("sglang-fp8").model_copy(update={"kernel_curves": "sglang"})
+
+    def step(h):
+        inst = Instance(load_model("deepseek-v3"), h, engine, parse_layout("tp8", "x"))
+        return inst, inst.pass_time_s(decode_seqs=64.0, decode_context_tokens=64 * 2048.0)
+
+    inst, before = step(hw)
+    assert inst.timing_sources["decode attention"] == "measured sglang kernels on h200-141gb"
+    assert inst.timing_sources["prefill attention"].startswith("roofline")
+    assert inst.constants.kv_bytes_per_s == hw.memory_bytes_per_s * k.mla_generation["fp8"].memory_efficiency
+    mla = k.mla_generation["fp8"].model_copy(update={"s_per_sequence": k.mla_generation["fp8"].s_per_sequence + 1e-6})
+    _, slower = step(hw.model_copy(update={"kernels": {**hw.kernels, "sglang": k.model_copy(update={"mla_generation": {"fp8": mla}})}}))
+    assert slower - before == pytest.approx(64 * 61 * 1e-6, rel=1e-6)
+    heads = {p: c.model_copy(update={"s_per_sequence": c.s_per_sequence + 1e-6}) for p, c in k.generation_attention.items()}
+    _, same = step(hw.model_copy(update={"kernels": {**hw.kernels, "sglang": k.model_copy(update={"generation_attention": heads})}}))
+    assert same == before
