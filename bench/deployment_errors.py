@@ -62,8 +62,10 @@ def main() -> None:
         error = quantiles(mine, predicted)
         source = (f"bench/deployment_errors.py (2026-12): {len(mine)} measured aggregated fp8 runs of "
                   f"{engine or 'vLLM, SGLang and TensorRT-LLM'} in aiconfigurator's silicon sample replayed by this profile as "
-                  "closed loops; " + ("in-sample, as the profile was fitted on them (held out by machine: bench/fidelity.py)"
-                                      if engine else "out-of-sample: the profile was fitted to none of them"))
+                  "closed loops at 2,048 tokens a step and no sequence cap (the runs record neither; at the profile's own "
+                  "settings: bench/replay_settings.py); "
+                  + ("in-sample, as the profile was fitted on them (held out by machine: bench/fidelity.py)"
+                     if engine else "out-of-sample: the profile was fitted to none of them"))
         print(f"### {name}\n\n" + yaml.safe_dump({"error_source": source, "error": error}, sort_keys=False, width=130), flush=True)
         if args.write:
             path = ROOT / "engine_profiles" / f"{name}.yaml"
