@@ -85,6 +85,11 @@ ALL_TO_ALL = {"latency_s": (5e-5, 0.0, 1e-2), "bytes_per_s": (2e11, 1e8, 1e13), 
 A2A_VERSIONS = {"vllm": "0.24.0", "sglang": "0.5.12", "trtllm": "1.3.0rc11"}  # (the versions with all-to-all tables)
 A2A_SHAPE = ["num_tokens", "hidden_size", "topk", "num_experts"]
 NODE_GPUS = {"gb200": 4}  # the all-to-all tables' one node (8 GPUs; a GB200 compute tray, 4): their only GPU count
+CONTEXT_BANDS = [(1, 512), (513, 4096), (4097, 1 << 30)]  # attention's context (or prompt) tokens
+
+
+def node_gpus(system: str) -> int:
+    return NODE_GPUS.get(system, 8)
 
 
 def table(system: str, kind: str, engine: str, name: str, version: str | None = None) -> pd.DataFrame:
@@ -174,7 +179,7 @@ def all_to_all_frames(system: str, engine: str) -> dict[tuple[str, str], pd.Data
                 frames[kernels] = t.assign(latency=sum(t[c] for c in parts) * 1e-3)
     else:
         t = table(system, "comm", engine, "moe_a2a_perf.parquet", version)
-        t = t[(t.node_num == 1) & (t.ep_size == NODE_GPUS.get(system, 8)) & t.comm_dtype.isin(["bfloat16", "default"])] if len(t) else t
+        t = t[(t.node_num == 1) & (t.ep_size == node_gpus(system)) & t.comm_dtype.isin(["bfloat16", "default"])] if len(t) else t
         if t.empty:
             return {}
         t = t.pivot_table(index=[*A2A_SHAPE, "comm_backend", "sms"], columns="phase", values="latency").dropna().reset_index()
@@ -200,8 +205,8 @@ def operator_frames(system: str, engine: str) -> dict[tuple[str, str], pd.DataFr
             for dtype, precision in DTYPES.items():
                 out[f"{op}_attention", precision] = frame[frame.kv_cache_dtype == dtype]
     mla = table(system, "mla", engine, "generation_mla_perf.parquet")
-    for dtype, precision in DTYPES.items():
-        if not mla.empty:
+    if not mla.empty:
+        for dtype, precision in DTYPES.items():
             out["mla_generation", precision] = mla[(mla.kv_cache_dtype == dtype) & (mla.mla_dtype == "bfloat16")]
     moe = table(system, "moe", engine, "moe_perf.parquet")
     if not moe.empty:  # gated experts, tokens as for GEMMs; per shape the fastest kernel the engine has
@@ -232,7 +237,7 @@ def fit_gpu(name: str, engine: str):
         if op == "gemm":
             if key == "fp8" and not hw.gpu.fp8_tflop_per_s:
                 continue
-            peak, wbpe = hw.peak_flops_per_s(key), {"bf16": 2.0, "fp8": 1.0}[key]
+            peak, wbpe = hw.peak_flops_per_s(key), BYTES[key]
             params, err, hit = fit(lambda c, f, peak=peak, wbpe=wbpe: curves.gemm_s(
                 c, peak, bandwidth, f.m.to_numpy(float), f.n.to_numpy(float), f.k.to_numpy(float), wbpe), GEMM, frame,
                 _folds(frame.n, frame.k))
@@ -251,21 +256,21 @@ def fit_gpu(name: str, engine: str):
                 f.head_dim.to_numpy(float)), CONTEXT, frame, _folds(frame.num_heads, frame.num_key_value_heads, frame.head_dim))
             size = frame.isl.to_numpy(float)
         elif op == "generation_attention":
-            kvb = {"bf16": 2.0, "fp8": 1.0}[key]
+            kvb = BYTES[key]
             params, err, hit = fit(lambda c, f, kvb=kvb: curves.generation_attention_s(
                 c, bf16, bandwidth, f.batch_size.to_numpy(float), (f.isl + f.step).to_numpy(float), f.num_heads.to_numpy(float),
                 f.num_key_value_heads.to_numpy(float), f.head_dim.to_numpy(float), kvb), GENERATION, frame,
                 _folds(frame.num_heads, frame.num_key_value_heads, frame.head_dim))
             size = (frame.isl + frame.step).to_numpy(float)
         elif op == "mla_generation":
-            kvb = {"bf16": 2.0, "fp8": 1.0}[key]
+            kvb = BYTES[key]
             params, err, hit = fit(lambda c, f, kvb=kvb: curves.mla_generation_s(
                 c, bf16, bandwidth, f.batch_size.to_numpy(float), (f.isl + f.step).to_numpy(float), f.num_heads.to_numpy(float),
                 MLA_LATENT, MLA_RANK, kvb), MLA_GENERATION, frame, _folds(frame.num_heads))
             params["s_per_kv_head"] = 0.0  # (one latent per token: a generation-attention curve of one KV head)
             size = (frame.isl + frame.step).to_numpy(float)
         elif op == "all_to_all":
-            gpus = NODE_GPUS.get(SYSTEMS[name], 8)
+            gpus = node_gpus(SYSTEMS[name])
             params, err, hit = fit(lambda c, f, low=key == "low-latency", gpus=gpus: curves.all_to_all_s(
                 c, f.num_tokens.to_numpy(float), f.hidden_size.to_numpy(float), f.topk.to_numpy(float), gpus, low),
                 ALL_TO_ALL, frame, _folds(frame.hidden_size, frame.topk, frame.num_experts))
@@ -285,7 +290,7 @@ def fit_gpu(name: str, engine: str):
         else:
             curves_out[op][key] = rounded
     if len(lines) == 2:  # (a curve needs both kernel families)
-        curves_out["all_to_all"] = [{"gpus": NODE_GPUS.get(SYSTEMS[name], 8), "low_latency": lines["low_latency"],
+        curves_out["all_to_all"] = [{"gpus": node_gpus(SYSTEMS[name]), "low_latency": lines["low_latency"],
                                      "high_throughput": lines["high_throughput"]}]
     version = VERSIONS[engine][name == "a100-80gb"]
     curves_out = {k: v for k, v in curves_out.items() if v}
@@ -298,9 +303,8 @@ def fit_gpu(name: str, engine: str):
 
 
 TOKEN_BANDS = [(1, 16), (17, 256), (257, 4096), (4097, 16384)]
-BANDS = {"gemm": TOKEN_BANDS, "moe": TOKEN_BANDS, "all_to_all": TOKEN_BANDS, "context_attention": [(1, 512), (513, 4096), (4097, 1 << 30)],
-         "generation_attention": [(1, 512), (513, 4096), (4097, 1 << 30)], "mla_generation": [(1, 512), (513, 4096), (4097, 1 << 30)],
-         "all_reduce": [(0, 1 << 40)]}
+BANDS = {"gemm": TOKEN_BANDS, "moe": TOKEN_BANDS, "all_to_all": TOKEN_BANDS, "context_attention": CONTEXT_BANDS,
+         "generation_attention": CONTEXT_BANDS, "mla_generation": CONTEXT_BANDS, "all_reduce": [(0, 1 << 40)]}
 
 
 def report(frame: pd.DataFrame) -> None:

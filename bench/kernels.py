@@ -43,7 +43,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
-from fit_kernels import MLA_LATENT, MLA_RANK, MOE_SHAPE, NODE_GPUS, TOKEN_BANDS, operator_frames  # (this folder: one reading of the tables)
+from fit_kernels import (  # (this folder: one reading of the tables)
+    CONTEXT_BANDS,
+    MLA_LATENT,
+    MLA_RANK,
+    MOE_SHAPE,
+    TOKEN_BANDS,
+    node_gpus,
+    operator_frames,
+)
 
 from splitplan.perf import curves
 from splitplan.specs.engine import load_engine
@@ -53,10 +61,10 @@ SYSTEMS = {"a100-80gb": ("a100_sxm", "0.14.0"), "h100-80gb": ("h100_sxm", "0.24.
            "b200-180gb": ("b200_sxm", "0.24.0"), "gb200-nvl72": ("gb200", "0.24.0"), "l40s-48gb": ("l40s", "0.24.0")}
 PROFILES = {"bfloat16": ("bf16", "vllm"), "fp8": ("fp8", "vllm-fp8")}
 BANDS = {"GEMM": TOKEN_BANDS,  # m, tokens
-         "context attention": [(1, 512), (513, 4096), (4097, 1 << 20)],  # prompt tokens
-         "generation attention": [(1, 512), (513, 4096), (4097, 1 << 20)],  # context tokens
+         "context attention": CONTEXT_BANDS,  # prompt tokens
+         "generation attention": CONTEXT_BANDS,  # context tokens
          "MoE experts": TOKEN_BANDS,  # tokens entering the layer
-         "MLA generation": [(1, 512), (513, 4096), (4097, 1 << 20)],  # context tokens
+         "MLA generation": CONTEXT_BANDS,  # context tokens
          "all-to-all": TOKEN_BANDS}  # tokens a GPU dispatches
 
 
@@ -154,7 +162,7 @@ def rows() -> pd.DataFrame:
                 engine = load_engine({"bf16": "vllm", "fp8": "vllm-fp8"}.get(precision, f"vllm-fp8@weights={precision}"))
                 out.append(_errors("MoE experts", name, precision, part.num_tokens, moe_s(hw, engine, part), part.latency))
             elif op == "all_to_all":
-                timed = all_to_all_s(hw, load_engine("vllm"), NODE_GPUS.get(system, 8), part)
+                timed = all_to_all_s(hw, load_engine("vllm"), node_gpus(system), part)
                 out.append(_errors("all-to-all", name, precision, part.num_tokens, timed, part.latency))
         for (op, precision), part in operator_frames(system, "sglang").items():
             if op == "mla_generation":

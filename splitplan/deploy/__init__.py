@@ -263,7 +263,7 @@ def claim_name(value: str | None) -> str | None:
 def _require_default_exchange(source: str, engine: EngineProfile, model: ModelSpec, groups: tuple[Group, ...]) -> None:
     """Refuse a plan whose pools exchange experts on kernels the engine takes only from flags export
     does not write (`expert_all_to_all`)."""
-    if engine.expert_all_to_all and model.is_moe and any(g.layout.ep > 1 or g.layout.dp > 1 for g in groups):
+    if engine.expert_all_to_all and any(g.layout.exchanges_experts(model.is_moe) for g in groups):
         raise SpecError(f"{printable(source)}: engine {excerpt(engine.name)} prices the expert exchange on "
                         f"{engine.expert_all_to_all}'s kernels (expert_all_to_all), whose engine flags export does not "
                         "write; re-plan with a profile without it to deploy the engines' default exchange")

@@ -56,6 +56,11 @@ def role_args(engine: str, role: str) -> list[str]:
     return ["--disaggregation-mode", "prefill" if role == "prompt" else "decode", "--disaggregation-transfer-backend", "nixl"]
 
 
+def _ranks_schedule_alone(engine: str, layout: Layout) -> bool:
+    """Whether each DP rank of `layout` takes the scheduler flags' values for itself (vLLM)."""
+    return engine == "vllm" and layout.dp > 1
+
+
 def rank_limits(engine: str, layout: Layout, dep) -> tuple[int, int | None]:
     """The token budget and sequence cap to give each instance of `layout`: the plan prices them
     per instance. SGLang takes them so and divides them over its DP attention ranks itself
@@ -66,7 +71,7 @@ def rank_limits(engine: str, layout: Layout, dep) -> tuple[int, int | None]:
     sequence cap fails to start (max_num_batched_tokens >= max_num_seqs): with no cap in the plan
     its ranks get their budget as the cap, what a chunked pass can carry."""
     seqs = dep.max_num_seqs
-    if engine != "vllm" or layout.dp == 1:
+    if not _ranks_schedule_alone(engine, layout):
         return dep.max_batch_tokens, seqs
     per_rank = max(1, dep.max_batch_tokens // layout.dp)
     return per_rank, max(1, seqs // layout.dp) if seqs else per_rank
@@ -84,7 +89,7 @@ def setting_args(engine: str, dep, layout: Layout) -> list[str]:
 
 def setting_mapping(engine: str, dep) -> list[tuple[str, str]]:
     """The export's mapping rows of the token budget and sequence cap."""
-    ranks = sorted({g.layout.dp for g in dep.groups if g.layout.dp > 1}) if engine == "vllm" else []
+    ranks = sorted({g.layout.dp for g in dep.groups if _ranks_schedule_alone(engine, g.layout)})
     per_rank = (f" per data-parallel rank: the plan's value over the ranks (DP {', '.join(map(str, ranks))}), each vLLM "
                 "DP rank scheduling alone") if ranks else ""
     rows = [("inputs.max_batch_tokens", BATCH_TOKENS_FLAG[engine] + per_rank)]

@@ -376,9 +376,7 @@ class Instance(PassShortcuts):
 
     @cached_property
     def _exchanges(self) -> bool:
-        """Whether MoE layers exchange tokens between a stage's GPUs: experts not split by the
-        attention group's TP alone (EP, or DP attention)."""
-        return self.model.is_moe and (self.layout.ep > 1 or self.layout.dp > 1)
+        return self.layout.exchanges_experts(self.model.is_moe)
 
     @cached_property
     def kernel_curves(self) -> KernelCurves | None:

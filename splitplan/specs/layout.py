@@ -46,6 +46,11 @@ class Layout(NamedTuple):
         """How many GPUs each routed expert is split over."""
         return self.stage_gpus // self.ep
 
+    def exchanges_experts(self, moe: bool) -> bool:
+        """Whether a model's MoE layers (`moe`) exchange tokens between a stage's GPUs: experts not
+        split by the attention group's TP alone (EP, or DP attention)."""
+        return moe and (self.ep > 1 or self.dp > 1)
+
     def _shown(self) -> list[tuple[str, int]]:
         """The degrees above 1, and TP whenever DP does not replace it."""
         return [(k, v) for k, v in zip(self._fields, self, strict=True) if v > 1 or (k == "tp" and self.dp == 1)]
