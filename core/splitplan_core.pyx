@@ -19,7 +19,7 @@ Events come from one binary heap (`Heap`, apart from the models) keyed (time, th
 a sequence number, or an instance), popped in the order Python's heapq pops the same tuples.
 """
 
-from libc.math cimport INFINITY, pow
+from libc.math cimport INFINITY, pow, sqrt
 from libc.stdint cimport INT64_MAX, INT64_MIN, int64_t
 from libc.stdlib cimport free, malloc, realloc
 
@@ -549,7 +549,7 @@ FIELDS = (
     "gemm_bytes_per_s", "gemm_pass_s_per_token", "gemm_latency_s", "prefill_attention_half_tokens",
     "prefill_attention_latency_s", "kv_bytes_per_s", "decode_attention_efficiency", "decode_attention_s_per_seq",
     "decode_attention_latency_s", "moe_compute_efficiency", "moe_half_rows", "moe_bytes_per_s", "moe_latency_s",
-    "moe_s_per_row", "moe_s_per_token",
+    "moe_s_per_row", "moe_s_per_token", "moe_load_spread", "moe_load_cap", "moe_routing_alpha",
     # the engine's factors and the model's experts the formula reads
     "knee_slowdown", "knee_tokens", "moe_efficiency", "attention_efficiency", "decode_overhead_s", "prefill_overhead_s",
     "sequence_overhead_s", "prefill_sequence_overhead_s", "is_moe", "experts", "experts_per_token", "expert_params",
@@ -562,7 +562,7 @@ cdef enum:  # FIELDS' order
     DECODE_A2A_LATENCY, HOP_S_PER_TOKEN, HOP_LATENCY, DP, PP, DIVIDES, GPU_LAUNCH, HOST_LAUNCH,
     PACKED, CLOCK_SLOWDOWN, CAPPED_SLOWDOWN, GEMM_BPS, GEMM_PASS_S, GEMM_LATENCY, PREFILL_ATTN_HALF, PREFILL_ATTN_LATENCY,
     KV_BPS, DECODE_ATTN_EFF, DECODE_ATTN_S_PER_SEQ, DECODE_ATTN_LATENCY, MOE_COMPUTE_EFF, MOE_HALF, MOE_BPS,
-    MOE_LATENCY, MOE_S_PER_ROW, MOE_S_PER_TOKEN, KNEE_SLOWDOWN, KNEE_TOKENS, MOE_EFF, ATTN_EFF,
+    MOE_LATENCY, MOE_S_PER_ROW, MOE_S_PER_TOKEN, MOE_LOAD_SPREAD, MOE_LOAD_CAP, MOE_ROUTING_ALPHA, KNEE_SLOWDOWN, KNEE_TOKENS, MOE_EFF, ATTN_EFF,
     DECODE_OVERHEAD, PREFILL_OVERHEAD, SEQ_OVERHEAD, PREFILL_SEQ_OVERHEAD, IS_MOE, EXPERTS, TOP_K, EXPERT_PARAMS,
     FIELD_COUNT
 
@@ -592,6 +592,22 @@ cdef inline double _ramped(double efficiency, double half, double rows) noexcept
     return efficiency * rows / (rows + half)
 
 
+cdef inline double _busiest_load(const double* c, double tokens) noexcept nogil:
+    """The rows the busiest expert group gets over the mean group's, routed as NVIDIA's MoE tables
+    are (perf.curves.busiest_load); 1 where no curve times the experts (a spread of 0)."""
+    if c[MOE_LOAD_SPREAD] == 0:
+        return 1.0
+    cdef double alpha = c[MOE_ROUTING_ALPHA], lo = 0.01, hi = 2.0
+    if tokens * c[TOP_K] > c[EXPERTS]:
+        lo, hi = 1.0, 0.8 * tokens
+    hi = max(hi, lo)
+    cdef double first = (pow(hi, 2 - alpha) - pow(lo, 2 - alpha)) / (2 - alpha)
+    cdef double second = (pow(hi, 3 - alpha) - pow(lo, 3 - alpha)) / (3 - alpha)
+    cdef double scale = (pow(hi, 1 - alpha) - pow(lo, 1 - alpha)) / (1 - alpha)
+    cdef double variation = sqrt(max(second * scale / max(first * first, 1e-300) - 1, 0.0))
+    return min(1 + c[MOE_LOAD_SPREAD] * variation, c[MOE_LOAD_CAP])
+
+
 cdef Terms _terms(const double* c, double prefill_seqs, double prefill_tokens, double prefill_sq_tokens,
                   double decode_seqs, double decode_context_tokens) noexcept nogil:
     """(compute_s, memory_s, network_s, overhead_s, flops, bytes) of one pass (`Instance._terms`)."""
@@ -613,7 +629,7 @@ cdef Terms _terms(const double* c, double prefill_seqs, double prefill_tokens, d
     cdef double gemm_peak = c[GEMM_PEAK]
     cdef double compute_s = 0.0, memory_s = 0.0, flops = 0.0, nbytes = 0.0
     cdef double bandwidth, fixed_s, extra_s, class_flops, class_bytes, class_peak, tc, tm
-    cdef double experts, top_k, touched, rows, group_pre, pre_sq, ctx, group_decode
+    cdef double experts, top_k, load_tok, touched, rows, group_pre, pre_sq, ctx, group_decode
     cdef int k
     for k in range(5):  # operator classes: dense GEMMs, routed experts, prefill attention, decode attention, LM head
         # beside the roofline: fixed_s (kernel latency, per sequence) and extra_s (compute-side: activation passes, ramp)
@@ -625,14 +641,15 @@ cdef Terms _terms(const double* c, double prefill_seqs, double prefill_tokens, d
         elif k == 1:
             if not c[IS_MOE]:
                 continue
-            experts, top_k = c[EXPERTS], c[TOP_K]
-            touched = experts * (1 - pow(1 - top_k / experts, n_tok))
-            rows = max(n_tok * top_k / max(touched, 1e-9), 1.0)
-            class_flops = 2 * n_tok * top_k * c[EXPERT_PARAMS] * c[EXPERT_SHARE]
+            # the busiest expert group's tokens: its experts see `load` times the mean group's
+            experts, top_k, load_tok = c[EXPERTS], c[TOP_K], n_tok * _busiest_load(c, n_tok)
+            touched = experts * (1 - pow(1 - top_k / experts, load_tok))
+            rows = max(load_tok * top_k / max(touched, 1e-9), 1.0)
+            class_flops = 2 * load_tok * top_k * c[EXPERT_PARAMS] * c[EXPERT_SHARE]
             class_bytes = touched * c[EXPERT_PARAMS] * c[WEIGHT_BPE] * c[EXPERT_SHARE]
             class_peak = gemm_peak * _ramped(c[MOE_COMPUTE_EFF], c[MOE_HALF], rows) * c[MOE_EFF]
             bandwidth, fixed_s = c[MOE_BPS], c[MOE_LATENCY]
-            extra_s = n_tok * top_k * (c[EXPERT_SHARE] * c[MOE_S_PER_ROW]) + a_tok * top_k * c[MOE_S_PER_TOKEN]
+            extra_s = load_tok * top_k * (c[EXPERT_SHARE] * c[MOE_S_PER_ROW]) + a_tok * top_k * c[MOE_S_PER_TOKEN]
         elif k == 2:
             group_pre = pre_tok / groups
             pre_sq = group_pre * group_pre if c[PACKED] else prefill_sq_tokens * micro / groups

@@ -39,8 +39,12 @@ clock. Every function takes floats or NumPy arrays.
   traffic of the routing (`row_passes` 2-byte reads of each routed row, `token_passes` of each
   token's k copies, whichever GPU computes them: the permutes, the padding a grouped kernel
   walks), or the touched experts' weights read at `memory_efficiency` of the bandwidth, whichever
-  is slower; plus `latency_s`. Fitted to NVIDIA's power-law-routed tables (its default), so the
-  routing's imbalance is in the efficiencies.
+  is slower; plus `latency_s`. NVIDIA's tables route as its collector does by default (read
+  2026-12): each expert's load drawn from a power law (`ROUTING_ALPHA`; between 1 and 0.8 T tokens
+  where T k > E, else between 0.01 and 2), scaled to T k in all, the busiest expert group timed. So
+  the GPU is the busiest of ep groups of E / ep experts: `busiest_load` times the mean group's rows
+  (from the power law's moments: the group's sum, mean plus the expected largest of ep normal
+  deviates; at most all its experts' rows), its experts each seeing that many more tokens.
 - Expert all-to-all (dispatch and combine of T tokens a GPU holds, each routed to k of the
   experts spread over g GPUs), per kernel family: `latency_s` plus T copies x (`s_per_copy` +
   hidden x 2 bytes / `bytes_per_s`), where DeepEP's low-latency kernels send a copy per routed
@@ -51,9 +55,14 @@ clock. Every function takes floats or NumPy arrays.
 
 from __future__ import annotations
 
+from statistics import NormalDist
+
 import numpy as np
 
 ACTIVATION_BYTES = 2.0  # activations between kernels and all-reduced are bf16, whatever the weights
+# NVIDIA aiconfigurator's default expert routing in its MoE tables: power-law loads of this exponent
+# (collector/helper.py `_generate_power_law_distribution`, aiconfigurator-core 0.12.0's tables)
+ROUTING_ALPHA = 1.01
 
 
 def gemm_s(curve, peak_flops_per_s: float, memory_bytes_per_s: float, m, n, k, weight_bytes_per_element: float):
@@ -107,11 +116,40 @@ def all_reduce_lines(curve) -> tuple[tuple[float, float], tuple[float, float]]:
     return small, small if curve.large_latency_s is None else (curve.large_latency_s, curve.large_bytes_per_s)
 
 
+def load_spread(experts, ep):
+    """How far the busiest of `ep` expert groups lies above the mean group, in the power-law
+    loads' coefficients of variation: the expected largest of ep standard normal deviates (Blom's
+    approximation) times the group sum's share of the spread, sqrt((1 - 1/ep) / (E / ep)) (its E / ep
+    loads, drawn from a whole that sums to T k). 0 for one group."""
+    ep = np.asarray(ep, float)
+    groups, index = np.unique(ep, return_inverse=True)
+    z = np.array([NormalDist().inv_cdf((g - 0.375) / (g + 0.25)) if g > 1 else 0.0 for g in groups])[index].reshape(ep.shape)
+    return z * np.sqrt((1 - 1 / ep) * ep / experts)
+
+
+def load_cap(experts, top_k, ep):
+    """The busiest group's load at most: all rows of its E / ep experts (a token takes each expert once)."""
+    return np.minimum(top_k, experts / ep) * ep / top_k
+
+
+def busiest_load(tokens, experts, top_k, ep, alpha: float = ROUTING_ALPHA):
+    """The rows the busiest of `ep` expert groups gets over the mean group's (T k / ep), routed by the
+    power law of NVIDIA's tables (`moe_s`); the compiled pass formula computes the same (_busiest_load)."""
+    lo, hi = np.where(tokens * top_k > experts, 1.0, 0.01), np.where(tokens * top_k > experts, 0.8 * tokens, 2.0)
+    hi = np.maximum(hi, lo)
+    first, second = ((hi ** (n - alpha) - lo ** (n - alpha)) / (n - alpha) for n in (2.0, 3.0))
+    scale = (hi ** (1 - alpha) - lo ** (1 - alpha)) / (1 - alpha)
+    variation = np.sqrt(np.maximum(second * scale / np.maximum(first * first, 1e-300) - 1, 0.0))
+    return np.minimum(1 + load_spread(experts, ep) * variation, load_cap(experts, top_k, ep))
+
+
 def moe_s(curve, peak_flops_per_s: float, memory_bytes_per_s: float, tokens, hidden, inter, experts, top_k, tp, ep,
-          weight_bytes_per_element: float, matrices: float = 3.0):
-    """Seconds of one fused MoE layer's routed experts on one GPU (`curve` a `MoeCurve`)."""
-    rows = tokens * top_k / ep
-    touched = experts / ep * (1 - (1 - top_k / experts) ** tokens)
+          weight_bytes_per_element: float, matrices: float = 3.0, load=None):
+    """Seconds of one fused MoE layer's routed experts on the busiest GPU (`curve` a `MoeCurve`;
+    `load`: its group's rows over the mean group's, `busiest_load` unless given)."""
+    load = busiest_load(tokens, experts, top_k, ep) if load is None else load
+    rows = tokens * top_k / ep * load
+    touched = experts / ep * (1 - (1 - top_k / experts) ** (tokens * load))
     per_expert = np.maximum(rows / np.maximum(touched, 1e-9), 1.0)
     params = matrices * hidden * inter / tp
     compute = (2 * rows * params / (peak_flops_per_s * curve.efficiency * per_expert / (per_expert + curve.half_rows))

@@ -180,6 +180,9 @@ class PassConstants:
     moe_latency_s: float  # per layer on average (the MoE layers' share)
     moe_s_per_row: float  # activation passes per routed row
     moe_s_per_token: float  # and per token's top-k copies, per layer on average
+    moe_load_spread: float  # the busiest expert group's, as a curve's tables route (perf.curves.load_spread); 0: the mean group
+    moe_load_cap: float  # (perf.curves.load_cap)
+    moe_routing_alpha: float  # (perf.curves.ROUTING_ALPHA)
     moe_efficiency: float  # the engine's factor on the above (1 where a curve times the experts)
 
 
@@ -430,7 +433,8 @@ class Instance(PassShortcuts):
                "decode_attention_efficiency": f.compute_efficiency, "decode_attention_s_per_seq": 0.0, "decode_attention_latency_s": 0.0,
                "collective_s_per_token": (2 * (t - 1) / t * m.hidden_size * 2 / self._link_bytes_per_s(t, f)) if t > 1 else 0.0,
                "collective_latency_s": f.collective_latency_s if t > 1 else 0.0, "moe_latency_s": 0.0,
-               "moe_s_per_row": 0.0, "moe_s_per_token": 0.0, "moe_efficiency": f.moe_efficiency}
+               "moe_s_per_row": 0.0, "moe_s_per_token": 0.0, "moe_load_spread": 0.0, "moe_load_cap": 1.0,
+               "moe_routing_alpha": curves.ROUTING_ALPHA, "moe_efficiency": f.moe_efficiency}
         gemm, context, generation, reduce, moe, exchange = self._measured.values()
         if gemm is not None:
             # per layer, the (n, k) of its GEMMs: QKV and O projections, the FFN's gate-and-up (fused) and down
@@ -465,8 +469,12 @@ class Instance(PassShortcuts):
                 "moe_bytes_per_s": out["gemm_bytes_per_s"]}
         if moe is not None:  # (per layer on average: the MoE layers' share of the layers)
             moe_share, row_s = m.moe_layers / m.num_hidden_layers, m.hidden_size * curves.ACTIVATION_BYTES / bandwidth
-            # a GPU passes the rows of its expert group (1/ep of them) where the formula's share is 1/(ep moe_tp)
-            out |= {"moe_compute_efficiency": moe.efficiency, "moe_half_rows": moe.half_rows,
+            experts, ep = m.num_local_experts, self.layout.ep
+            # a GPU passes the rows of its expert group (1/ep of them) where the formula's share is 1/(ep moe_tp),
+            # the busiest group's as the curve's tables time it
+            out |= {"moe_load_spread": float(curves.load_spread(experts, ep)),
+                    "moe_load_cap": float(curves.load_cap(experts, m.num_experts_per_tok, ep)),
+                    "moe_compute_efficiency": moe.efficiency, "moe_half_rows": moe.half_rows,
                     "moe_bytes_per_s": bandwidth * moe.memory_efficiency, "moe_latency_s": moe.latency_s * moe_share,
                     "moe_s_per_row": moe.row_passes * row_s * self.layout.moe_tp,
                     "moe_s_per_token": moe.token_passes * row_s * moe_share,

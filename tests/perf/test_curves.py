@@ -188,11 +188,14 @@ def _with_moe(hw, **change):
 def test_routed_experts_take_their_curve(layout):
     """With an MoE curve, a layer's routed experts cost its fixed latency once per MoE layer, its
     token passes per token's top-k copies on every GPU, and its row passes per routed row of the
-    GPU's expert group (all of them at EP 1, an eighth at EP 8): each term checked by moving it
-    (DeepSeek-V3: 58 of its 61 layers are MoE layers)."""
+    busiest GPU's expert group (all of them at EP 1; at EP 8 an eighth times the busiest group's
+    load, as the curve's tables route): each term checked by moving it (DeepSeek-V3: 58 of its 61
+    layers are MoE layers)."""
     hw, engine, model = load_hardware("h200-141gb"), _curved(), load_model("deepseek-v3")
     lay = parse_layout(layout, "x")
-    tokens, k, moe_layers = 4096.0, model.num_experts_per_tok, model.moe_layers
+    tokens, k, moe_layers, experts = 4096.0, model.num_experts_per_tok, model.moe_layers, model.num_local_experts
+    load = curves.busiest_load(tokens, experts, k, lay.ep)
+    assert load == 1.0 if lay.ep == 1 else 1.2 < load < 1.6
     row_s = model.hidden_size * curves.ACTIVATION_BYTES / hw.memory_bytes_per_s
 
     def prefill(h):
@@ -203,21 +206,22 @@ def test_routed_experts_take_their_curve(layout):
     assert prefill(_with_moe(hw, latency_s=base.latency_s + 1e-5)) - before == pytest.approx(1e-5 * moe_layers, rel=1e-6)
     assert (prefill(_with_moe(hw, token_passes=base.token_passes + 1)) - before
             == pytest.approx(moe_layers * tokens * k * row_s, rel=1e-6))
-    rows = tokens * k / lay.ep
+    rows = tokens * k / lay.ep * load
     assert (prefill(_with_moe(hw, row_passes=base.row_passes + 1)) - before
             == pytest.approx(moe_layers * rows * row_s, rel=1e-6))
     # the efficiency ramps by rows per touched expert: half_rows + D costs each FLOP D / rows more
-    c, experts = Instance(model, hw, engine, lay).constants, model.num_local_experts
-    touched = experts * (1 - (1 - k / experts) ** tokens)
-    flops = c.layers_per_stage * 2 * tokens * k * model.expert_params * c.routed_expert_share
-    expected = flops / (c.gemm_peak_flops_per_s * base.efficiency) * 100 / (tokens * k / touched)
+    c = Instance(model, hw, engine, lay).constants
+    touched = experts * (1 - (1 - k / experts) ** (tokens * load))
+    flops = c.layers_per_stage * 2 * tokens * load * k * model.expert_params * c.routed_expert_share
+    expected = flops / (c.gemm_peak_flops_per_s * base.efficiency) * 100 / (tokens * load * k / touched)
     assert prefill(_with_moe(hw, half_rows=base.half_rows + 100)) - before == pytest.approx(expected, rel=1e-6)
     # a one-token step reads its k experts' weights at the curve's bandwidth: half of it doubles that read
     def step(h):
         return Instance(model, h, engine, lay).pass_time_s(decode_seqs=1.0, decode_context_tokens=1024.0)
 
-    read = (c.layers_per_stage * k * model.expert_params * engine.weight_bytes_per_element * c.routed_expert_share
-            / (hw.memory_bytes_per_s * base.memory_efficiency))
+    one = curves.busiest_load(1.0, experts, k, lay.ep)  # (its k experts, the busiest group's share of them)
+    read = (c.layers_per_stage * experts * (1 - (1 - k / experts) ** one) * model.expert_params
+            * engine.weight_bytes_per_element * c.routed_expert_share / (hw.memory_bytes_per_s * base.memory_efficiency))
     assert step(_with_moe(hw, memory_efficiency=base.memory_efficiency / 2)) - step(hw) == pytest.approx(read, rel=1e-6)
 
 
@@ -243,6 +247,32 @@ def test_more_tokens_never_take_the_experts_less_time():
         t = curves.moe_s(curve, hw.peak_flops_per_s(precision), hw.memory_bytes_per_s, tokens, 4096.0, 1536.0, 128.0, 8.0,
                          4.0, 1.0, BYTES[precision])
         assert (np.diff(t) >= 0).all()
+
+
+def _drawn_busiest_load(rng, tokens, experts, top_k, ep, draws=400):
+    """The busiest of ep expert groups' rows over the mean group's, drawn as NVIDIA's collector routes
+    its MoE tables (per-expert power-law loads scaled to T k, none above T; not rounded)."""
+    lo, hi = (1.0, 0.8 * tokens) if tokens * top_k > experts else (0.01, 2.0)
+    a = 1 - curves.ROUTING_ALPHA
+    x = ((hi**a - lo**a) * rng.random((draws, experts)) + lo**a) ** (1 / a)
+    loads = np.minimum(x / x.sum(1, keepdims=True) * tokens * top_k, tokens)
+    return loads.reshape(draws, ep, experts // ep).sum(2).max(1).mean() / (tokens * top_k / ep)
+
+
+@pytest.mark.parametrize("shape", [(2, 256, 8, 8), (64, 256, 8, 2), (256, 256, 8, 8), (4096, 256, 8, 8), (4096, 256, 8, 32),
+                                   (1024, 128, 8, 16), (16384, 160, 8, 32), (4096, 8, 2, 4)])
+def test_the_busiest_expert_group_is_as_the_tables_route(shape):
+    """The closed form of the busiest group's load (the mean group's plus the expected largest of ep
+    normal deviates) is within 20 % of drawing the routing (it reads low at EP 32, where a group's few
+    heavy-tailed loads are not yet normal); 1 at EP 1, and at most every row of the group's experts."""
+    assert curves.busiest_load(*shape) == pytest.approx(_drawn_busiest_load(np.random.default_rng(0), *shape), rel=0.2)
+    tokens, experts, top_k, _ = shape
+    assert curves.busiest_load(tokens, experts, top_k, 1) == 1.0
+    tokens = np.geomspace(1, 16384, 50)
+    for ep in (2.0, 4.0, 8.0):  # (8 experts of top-2: at EP 8 a group is one expert, whose rows are at most all tokens)
+        load = curves.busiest_load(tokens, 8.0, 2.0, ep)
+        assert (load >= 1).all() and (load <= curves.load_cap(8.0, 2.0, ep)).all()
+    assert (curves.busiest_load(tokens, 8.0, 8.0, 4.0) == 1.0).all()  # every token takes every expert: groups are equal
 
 
 def test_an_all_reduce_takes_the_faster_algorithm_for_its_message():
