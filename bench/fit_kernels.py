@@ -10,7 +10,9 @@ engine (vLLM 0.24, SGLang 0.5.14, TensorRT-LLM 1.3; A100: vLLM 0.14, SGLang 0.5.
 soft-L1 on the log ratio of predicted to measured latency, each parameter within its physical
 range) on the shapes serving produces:
 - GEMMs: m of 1 to 16,384 rows (tokens), n and k of at least 1,024, bf16 and fp8 weights;
-- context attention: full attention, one beam, bf16 and fp8 KV;
+- context attention: full attention, one beam, the heads the catalog's models hold on a GPU at TP 1
+  to 8 (`SERVING_HEADS`: 4 or more query heads of at most 128 dims, at most 16 to a KV head), bf16
+  and fp8 KV;
 - generation attention: the same, context = isl + step;
 - MLA generation attention: DeepSeek's absorbed decode (a 576-element latent, its 512-rank part the
   values; the collectors measure DeepSeek-V3 only) per query heads a GPU holds, SGLang's and
@@ -86,6 +88,10 @@ A2A_VERSIONS = {"vllm": "0.24.0", "sglang": "0.5.12", "trtllm": "1.3.0rc11"}  # 
 A2A_SHAPE = ["num_tokens", "hidden_size", "topk", "num_experts"]
 NODE_GPUS = {"gb200": 4}  # the all-to-all tables' one node (8 GPUs; a GB200 compute tray, 4): their only GPU count
 CONTEXT_BANDS = [(1, 512), (513, 4096), (4097, 1 << 30)]  # attention's context (or prompt) tokens
+# The attention heads serving produces: the catalog's models at TP 1 to 8 hold 4 to 128 query heads a GPU,
+# of 64 or 128 dims, at most 16 to a KV head (Llama-3.1-405B's and Qwen3-235B-A22B's groups; MLA has its
+# own tables). The tables also time dims to 512 and groups to 128, which no catalog model serves.
+SERVING_HEADS = {"min_heads": 4, "max_head_dim": 128, "max_group": 16}
 
 
 def node_gpus(system: str) -> int:
@@ -157,8 +163,14 @@ def _folds(*columns) -> np.ndarray:
     return (index * 7919) % FOLDS  # shapes spread over the folds, the same every run
 
 
-def _attention(frame: pd.DataFrame) -> pd.DataFrame:
-    keep = np.ones(len(frame), bool)
+def serving_attention(frame: pd.DataFrame) -> pd.DataFrame:
+    """An attention table's rows of the shapes serving produces: full attention, one beam (older
+    tables have neither column: all are), and heads as the catalog's models hold them on a GPU at TP 1
+    to 8 (SERVING_HEADS)."""
+    if frame.empty:
+        return frame
+    keep = ((frame.head_dim <= SERVING_HEADS["max_head_dim"]) & (frame.num_heads >= SERVING_HEADS["min_heads"])
+            & (frame.num_heads <= SERVING_HEADS["max_group"] * frame.num_key_value_heads)).to_numpy(copy=True)
     for column, value in (("window_size", 0), ("beam_width", 1)):
         if column in frame:
             keep &= (frame[column] == value).to_numpy()
@@ -199,7 +211,7 @@ def operator_frames(system: str, engine: str) -> dict[tuple[str, str], pd.DataFr
         for dtype, precision in DTYPES.items():
             out["gemm", precision] = gemm[gemm.gemm_dtype == dtype]
     for op in ("context", "generation"):
-        frame = _attention(table(system, "attention", engine, f"{op}_attention_perf.parquet"))
+        frame = serving_attention(table(system, "attention", engine, f"{op}_attention_perf.parquet"))
         if not frame.empty:
             frame = frame[frame.attn_dtype == "bfloat16"]
             for dtype, precision in DTYPES.items():

@@ -15,7 +15,8 @@ its operator class (core/splitplan_core.pyx, `pass_terms`), nothing fitted here:
   d: 2 H d b p^2 FLOPs at the activations' peak times attention_efficiency (sustained clock), or
   b p (2 H d + 2 H_kv d) activation bytes, whichever is slower;
 - generation attention (class 3), b requests over a context of c tokens: 4 H d b c FLOPs at the
-  activations' peak times compute_efficiency, or 2 H_kv d b c KV bytes, whichever is slower.
+  activations' peak times compute_efficiency, or 2 H_kv d b c KV bytes, whichever is slower;
+  both on the heads serving produces (fit_kernels.SERVING_HEADS: the rows the curves are fitted on).
 - MoE experts (class 1), one fused layer on one GPU of each measured expert layout (the tables
   fit_kernels.py reads: power-law routing, the fastest kernel per shape): the routed rows' FLOPs at
   the weights' peak times compute_efficiency x moe_efficiency ramped by rows per touched expert, or
@@ -51,6 +52,7 @@ from fit_kernels import (  # (this folder: one reading of the tables)
     TOKEN_BANDS,
     node_gpus,
     operator_frames,
+    serving_attention,
 )
 
 from splitplan.perf import curves
@@ -123,15 +125,8 @@ def _errors(op: str, gpu: str, precision: str, size, predicted_s, measured_ms) -
 
 
 def _attention(path) -> pd.DataFrame:
-    """An attention table, its full-attention, single-beam rows (older tables have neither column: all are)."""
-    if not path.is_file():
-        return pd.DataFrame()
-    table = pd.read_parquet(path)
-    keep = np.ones(len(table), bool)
-    for column, value in (("window_size", 0), ("beam_width", 1)):
-        if column in table:
-            keep &= (table[column] == value).to_numpy()
-    return table[keep]
+    """An attention table's rows of the shapes serving produces (fit_kernels.serving_attention)."""
+    return serving_attention(pd.read_parquet(path)) if path.is_file() else pd.DataFrame()
 
 
 def rows() -> pd.DataFrame:

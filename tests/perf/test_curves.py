@@ -18,10 +18,11 @@ from splitplan.specs.model import load_model
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "kernels"
 BYTES = {"bf16": 2.0, "fp8": 1.0}
-# MAPE % the fit reaches held out over every measured shape (bench/fit_kernels.py), with a margin for a 60-row sample
-TOLERANCE_PCT = {("gemm", "bf16"): 10, ("gemm", "fp8"): 18, ("context_attention", "bf16"): 30,
-                 ("context_attention", "fp8"): 30, ("generation_attention", "bf16"): 20, ("generation_attention", "fp8"): 20,
-                 ("moe", "bf16"): 25, ("moe", "fp8"): 25, ("all_to_all", "low-latency"): 20, ("all_to_all", "high-throughput"): 15,
+# MAPE % the fit reaches held out over every measured shape serving produces (bench/fit_kernels.py), with a margin
+# for a 60-row sample
+TOLERANCE_PCT = {("gemm", "bf16"): 10, ("gemm", "fp8"): 18, ("context_attention", "bf16"): 22,
+                 ("context_attention", "fp8"): 22, ("generation_attention", "bf16"): 15, ("generation_attention", "fp8"): 15,
+                 ("moe", "bf16"): 22, ("moe", "fp8"): 20, ("all_to_all", "low-latency"): 20, ("all_to_all", "high-throughput"): 15,
                  ("mla_generation", "bf16"): 20, ("mla_generation", "fp8"): 20}
 
 
