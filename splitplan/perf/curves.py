@@ -61,7 +61,7 @@ import numpy as np
 
 ACTIVATION_BYTES = 2.0  # activations between kernels and all-reduced are bf16, whatever the weights
 # NVIDIA aiconfigurator's default expert routing in its MoE tables: power-law loads of this exponent
-# (collector/helper.py `_generate_power_law_distribution`, aiconfigurator-core 0.12.0's tables)
+# (its collector's `_generate_power_law_distribution`, read 2026-12; aiconfigurator-core 0.12.0's tables)
 ROUTING_ALPHA = 1.01
 
 
