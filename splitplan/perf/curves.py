@@ -18,7 +18,9 @@ clock. Every function takes floats or NumPy arrays.
 - Context attention (b prompts of p tokens, H query heads of d): 2 H d b p (p + half_tokens)
   FLOPs at `efficiency` of the bf16 peak (causal QK^T and PV, halved, with an efficiency that
   ramps with the prompt, p / (p + half_tokens); the engines compute attention in bf16 whatever
-  the KV cache holds), plus `latency_s`.
+  the KV cache holds), `efficiency` being that of heads of 128 dims, ramped by the head dim,
+  d / (d + half_dim), relative to 128's (`head_dim_share`; fitted where a table times both 64- and
+  128-dim heads), plus `latency_s`.
 - Generation attention (b sequences over c tokens of context each, H query and H_kv KV heads):
   the larger of 2 H_kv d b c KV elements read at `memory_efficiency` of the bandwidth and 4 H d b c
   FLOPs at `efficiency` of the bf16 peak, plus b (`s_per_sequence` + H_kv `s_per_kv_head`) and
@@ -79,10 +81,20 @@ def shape_efficiency(curve, n, k):
     return n / (n + curve.half_n) * k / (k + curve.half_k)
 
 
+REFERENCE_HEAD_DIM = 128.0  # the head dim a context curve's `efficiency` is quoted at
+
+
+def head_dim_share(curve, head_dim):
+    """The share of a context curve's efficiency heads of `head_dim` dims reach: 1 at 128 dims, more
+    for wider heads (never past the peak)."""
+    share = head_dim / (head_dim + curve.half_dim) * (REFERENCE_HEAD_DIM + curve.half_dim) / REFERENCE_HEAD_DIM
+    return np.minimum(share, 1.0 / curve.efficiency)
+
+
 def context_attention_s(curve, bf16_flops_per_s: float, batch, prompt_tokens, heads, head_dim):
     """Seconds of causal attention over `batch` prompts of `prompt_tokens` each."""
     flops = 2 * heads * head_dim * batch * prompt_tokens * (prompt_tokens + curve.half_tokens)
-    return flops / (bf16_flops_per_s * curve.efficiency) + curve.latency_s
+    return flops / (bf16_flops_per_s * curve.efficiency * head_dim_share(curve, head_dim)) + curve.latency_s
 
 
 def generation_attention_s(curve, bf16_flops_per_s: float, memory_bytes_per_s: float, batch, context_tokens, heads,

@@ -449,7 +449,7 @@ class Instance(PassShortcuts):
                     * curves.ACTIVATION_BYTES / bandwidth,
                     "gemm_latency_s": gemm.latency_s * (len(shapes) + 1 / m.num_hidden_layers)}  # the LM head once
         if context is not None:
-            out |= {"attention_efficiency": context.efficiency * of_bf16,
+            out |= {"attention_efficiency": context.efficiency * curves.head_dim_share(context, m.head_dim_eff) * of_bf16,
                     "prefill_attention_half_tokens": context.half_tokens, "prefill_attention_latency_s": context.latency_s}
         if generation is not None:
             out |= {"kv_bytes_per_s": bandwidth * generation.memory_efficiency,

@@ -92,9 +92,10 @@ class ContextAttentionCurve(BaseModel):
     """Causal prefill attention (`perf.curves.context_attention_s`)."""
 
     model_config = _STRICT
-    efficiency: Frac  # of the bf16 peak at the datasheet clock, approached as prompts grow
+    efficiency: Frac  # of the bf16 peak at the datasheet clock for heads of 128 dims, approached as prompts grow
     half_tokens: Positive  # prompt tokens at which it is half that
     latency_s: Seconds
+    half_dim: Positive = 0.0  # head dims at which the efficiency is half its asymptote (perf.curves.head_dim_share)
 
 
 class GenerationAttentionCurve(BaseModel):

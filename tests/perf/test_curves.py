@@ -178,6 +178,27 @@ def test_prefill_attention_ramps_as_its_curve():
     assert after - before == pytest.approx(80 * per_layer, rel=1e-6)
 
 
+def test_prefill_attention_takes_its_head_dims_share():
+    """A context curve's efficiency is that of 128-dim heads: a model of 128-dim heads takes it as it is
+    whatever `half_dim`, one of 64-dim heads (gpt-oss) 64 / (64 + h) x (128 + h) / 128 of it: its prefill
+    attention's efficiency moves with `half_dim`, the other's does not."""
+    hw, engine = load_hardware("h200-141gb"), _curved()
+    k = hw.kernels["vllm"]
+    context = k.context_attention["fp8"]
+    assert context.half_dim > 0  # (fitted: the tables' 64-dim heads run at a lower efficiency)
+    assert curves.head_dim_share(context, 128.0) == pytest.approx(1.0, rel=1e-12)
+    wider = context.model_copy(update={"half_dim": 2 * context.half_dim})
+    moved = hw.model_copy(update={"kernels": {"vllm": k.model_copy(update={"context_attention": {"fp8": wider}})}})
+    for name, dim in (("llama3.1-70b", 128.0), ("gpt-oss-120b", 64.0)):
+        model = load_model(name)
+        assert model.head_dim_eff == dim
+        share = [Instance(model, h, engine, parse_layout("tp4", "x")).constants.attention_efficiency
+                 / (context.efficiency * hw.peak_flops_per_s("bf16") / hw.peak_flops_per_s(engine.dtype)) for h in (hw, moved)]
+        assert share[0] == pytest.approx(float(curves.head_dim_share(context, dim)), rel=1e-9)
+        assert share[1] == pytest.approx(float(curves.head_dim_share(wider, dim)), rel=1e-9)
+        assert (share[0] == pytest.approx(1.0)) if dim == 128 else (share[1] < share[0] < 1.0)
+
+
 def _with_moe(hw, **change):
     """`hw` with vLLM's fp8 MoE curve changed."""
     k = hw.kernels["vllm"]
