@@ -39,7 +39,6 @@ than 20 points.
 
 from __future__ import annotations
 
-from importlib import resources
 from types import SimpleNamespace
 
 import numpy as np
@@ -49,19 +48,17 @@ from fit_kernels import (  # (this folder: one reading of the tables)
     MLA_LATENT,
     MLA_RANK,
     MOE_SHAPE,
+    SYSTEMS,
     TOKEN_BANDS,
     node_gpus,
     operator_frames,
-    serving_attention,
 )
 
 from splitplan.perf import curves
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 
-SYSTEMS = {"a100-80gb": ("a100_sxm", "0.14.0"), "h100-80gb": ("h100_sxm", "0.24.0"), "h200-141gb": ("h200_sxm", "0.24.0"),
-           "b200-180gb": ("b200_sxm", "0.24.0"), "gb200-nvl72": ("gb200", "0.24.0"), "l40s-48gb": ("l40s", "0.24.0")}
-PROFILES = {"bfloat16": ("bf16", "vllm"), "fp8": ("fp8", "vllm-fp8")}
+PROFILES = {"bf16": "vllm", "fp8": "vllm-fp8"}  # GEMMs and attention at the tables' precision
 BANDS = {"GEMM": TOKEN_BANDS,  # m, tokens
          "context attention": CONTEXT_BANDS,  # prompt tokens
          "generation attention": CONTEXT_BANDS,  # context tokens
@@ -124,36 +121,26 @@ def _errors(op: str, gpu: str, precision: str, size, predicted_s, measured_ms) -
                          "error_pct": (predicted_s / (np.asarray(measured_ms, float) * 1e-3) - 1) * 100})
 
 
-def _attention(path) -> pd.DataFrame:
-    """An attention table's rows of the shapes serving produces (fit_kernels.serving_attention)."""
-    return serving_attention(pd.read_parquet(path)) if path.is_file() else pd.DataFrame()
+ATTENTION = {"context_attention": "context attention", "generation_attention": "generation attention"}
 
 
 def rows() -> pd.DataFrame:
-    data = resources.files("aiconfigurator_core") / "systems" / "data"
     out = []
-    for name, (system, version) in SYSTEMS.items():
+    for name, system in SYSTEMS.items():
         hw = load_hardware(name)
-        gemm = pd.read_parquet(data / system / "gemm" / "vllm" / version / "gemm_perf.parquet")
-        gemm = gemm[(gemm.m <= 16384) & (gemm.n >= 1024) & (gemm.k >= 1024)]
-        attention = data / system / "attention" / "vllm" / version
-        context, generation = (_attention(attention / f"{kind}_attention_perf.parquet") for kind in ("context", "generation"))
-        for dtype, (precision, profile) in PROFILES.items():
+        for (op, precision), part in operator_frames(system, "vllm").items():
             if precision == "fp8" and not hw.gpu.fp8_tflop_per_s:
                 continue
-            engine = load_engine(profile)
-            part = gemm[gemm.gemm_dtype == dtype]
-            m, n, k = (part[c].to_numpy(float) for c in ("m", "n", "k"))
-            out.append(_errors("GEMM", name, precision, m, gemm_s(hw, engine, m, n, k), part.latency))
-            for op, table, timing in (("context attention", context, context_s), ("generation attention", generation, generation_s)):
-                if table.empty:
-                    continue
-                part = table[table.kv_cache_dtype == dtype]
+            if op == "gemm":
+                m, n, k = (part[c].to_numpy(float) for c in ("m", "n", "k"))
+                out.append(_errors("GEMM", name, precision, m, gemm_s(hw, load_engine(PROFILES[precision]), m, n, k), part.latency))
+            elif op in ATTENTION:
+                decode = op == "generation_attention"  # (over the prompt and the steps so far)
                 b, heads, kv_heads, d = (part[c].to_numpy(float) for c in ("batch_size", "num_heads", "num_key_value_heads", "head_dim"))
-                tokens = part.isl.to_numpy(float) + (part.step.to_numpy(float) if op == "generation attention" else 0.0)
-                out.append(_errors(op, name, precision, tokens, timing(hw, engine, b, tokens, heads, kv_heads, d), part.latency))
-        for (op, precision), part in operator_frames(system, "vllm").items():
-            if op == "moe" and hw.has_tensor_cores(precision):
+                tokens = (part.isl + part.step if decode else part.isl).to_numpy(float)
+                timed = (generation_s if decode else context_s)(hw, load_engine(PROFILES[precision]), b, tokens, heads, kv_heads, d)
+                out.append(_errors(ATTENTION[op], name, precision, tokens, timed, part.latency))
+            elif op == "moe" and hw.has_tensor_cores(precision):
                 engine = load_engine({"bf16": "vllm", "fp8": "vllm-fp8"}.get(precision, f"vllm-fp8@weights={precision}"))
                 out.append(_errors("MoE experts", name, precision, part.num_tokens, moe_s(hw, engine, part), part.latency))
             elif op == "all_to_all":

@@ -593,6 +593,11 @@ cdef inline double _ramped(double efficiency, double half, double rows) noexcept
     return efficiency * rows / (rows + half)
 
 
+cdef inline double _power_integral(double lo, double hi, double e) noexcept nogil:
+    """The integral of x^(e - 1) from lo to hi (e != 0): the power-law loads' moments, unnormalized."""
+    return (pow(hi, e) - pow(lo, e)) / e
+
+
 cdef inline double _busiest_load(const double* c, double tokens) noexcept nogil:
     """The rows the busiest expert group gets over the mean group's, routed as NVIDIA's MoE tables
     are (perf.curves.busiest_load); 1 where no curve times the experts (a spread of 0)."""
@@ -602,9 +607,8 @@ cdef inline double _busiest_load(const double* c, double tokens) noexcept nogil:
     if tokens * c[TOP_K] > c[EXPERTS]:
         lo, hi = 1.0, 0.8 * tokens
     hi = max(hi, lo)
-    cdef double first = (pow(hi, 2 - alpha) - pow(lo, 2 - alpha)) / (2 - alpha)
-    cdef double second = (pow(hi, 3 - alpha) - pow(lo, 3 - alpha)) / (3 - alpha)
-    cdef double scale = (pow(hi, 1 - alpha) - pow(lo, 1 - alpha)) / (1 - alpha)
+    cdef double scale = _power_integral(lo, hi, 1 - alpha), first = _power_integral(lo, hi, 2 - alpha)
+    cdef double second = _power_integral(lo, hi, 3 - alpha)
     cdef double variation = sqrt(max(second * scale / max(first * first, 1e-300) - 1, 0.0))
     return min(1 + c[MOE_LOAD_SPREAD] * variation, c[MOE_LOAD_CAP])
 

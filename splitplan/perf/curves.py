@@ -147,10 +147,11 @@ def load_cap(experts, top_k, ep):
 def busiest_load(tokens, experts, top_k, ep, alpha: float = ROUTING_ALPHA):
     """The rows the busiest of `ep` expert groups gets over the mean group's (T k / ep), routed by the
     power law of NVIDIA's tables (`moe_s`); the compiled pass formula computes the same (_busiest_load)."""
-    lo, hi = np.where(tokens * top_k > experts, 1.0, 0.01), np.where(tokens * top_k > experts, 0.8 * tokens, 2.0)
-    hi = np.maximum(hi, lo)
-    first, second = ((hi ** (n - alpha) - lo ** (n - alpha)) / (n - alpha) for n in (2.0, 3.0))
-    scale = (hi ** (1 - alpha) - lo ** (1 - alpha)) / (1 - alpha)
+    many = tokens * top_k > experts  # (the collector draws loads between 1 and 0.8 T, else between 0.01 and 2)
+    lo = np.where(many, 1.0, 0.01)
+    hi = np.maximum(np.where(many, 0.8 * tokens, 2.0), lo)
+    # the loads' integrals of x^(n-1) x^-alpha, n = 1, 2, 3: their sum, mean and second moment unnormalized
+    scale, first, second = ((hi ** (n - alpha) - lo ** (n - alpha)) / (n - alpha) for n in (1.0, 2.0, 3.0))
     variation = np.sqrt(np.maximum(second * scale / np.maximum(first * first, 1e-300) - 1, 0.0))
     return np.minimum(1 + load_spread(experts, ep) * variation, load_cap(experts, top_k, ep))
 
