@@ -375,7 +375,7 @@ def test_simulate_closed_loop_reports_benchmark_figures():
     assert doc["inputs"]["concurrency"] == 8 and doc["summary"]["requests"] == 100
     bench = doc["summary"]["benchmark"]
     assert set(bench["tpot_ms"]) == {"mean", "median", "p99"} and bench["gpus"] == 8
-    assert bench["output_tokens_per_s_per_gpu"] == pytest.approx(bench["output_tokens_per_s"] / 8)
+    assert bench["output_tokens_per_s_per_gpu"] == pytest.approx(bench["output_tokens_per_s"] / 8, abs=1e-3)  # (both rounded)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -400,8 +400,8 @@ def test_optimize_closed_loop_plans_the_rate_the_loop_runs_at():
     assert rounds[0]["planned_rate_rps"] > rounds[0]["simulated_rate_rps"]
     assert all(b["planned_rate_rps"] == pytest.approx(a["simulated_rate_rps"], rel=0.05) for a, b in pairwise(rounds))
     assert all(line["met"] for line in loop["slo"]) and loop["concurrency"] == 32
-    chosen = [r for r in rounds if r["slo_met"] and r["cost_usd_per_hour"] == plan["cost_usd_per_hour"]]
-    assert chosen and plan["cost_usd_per_hour"] == min(r["cost_usd_per_hour"] for r in rounds if r["slo_met"])
+    cheapest_met = min(r["cost_usd_per_hour"] for r in rounds if r["slo_met"])  # (the plan: it, trimmed while its loop meets the SLO)
+    assert plan["cost_usd_per_hour"] < cheapest_met if loop["machines_removed"] else plan["cost_usd_per_hour"] == cheapest_met
     pools = plan.get("prompt_pools", []) + plan.get("token_pools", []) + plan.get("mixed_pools", [])
     assert loop["benchmark"]["gpus"] == sum(p["gpus"] for p in pools) == plan["gpus"]
 

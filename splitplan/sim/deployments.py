@@ -16,14 +16,8 @@ concurrency x 8/TP clients: the same load per instance. Predictions are the simu
 mean TTFT and mean TPOT ((E2E - TTFT) / (output - 1), vLLM's definition) over
 `REQUESTS_PER_CLIENT` requests per client.
 
-Every client sends its first request at once, and the clients then run out of phase: the
-first wave's outputs are graded (`out_of_phase`), so the clients free up spread over one
-request's life, not in the lockstep groups a simulation of identical requests otherwise keeps
-for ever (requests that finish in one iteration send their next ones together, which prefill
-together and finish together again). On a real engine timing noise breaks those groups: the
-measured vLLM runs' TTFT grows with concurrency far more slowly than lockstep groups queue
-(at 4 clients on H100 TP 8, 70 ms where lockstep replay gives 1.8 times that), as
-aiconfigurator's own vLLM model finds (a factor 1 + log2(concurrency) / 8 on one prefill).
+Every client sends its first request at once, and the clients then run out of phase (the
+first wave's outputs graded: workload.closed_loop_workload), as real engines' runs show.
 The first wave's TTFT counts, as the benchmark's mean holds it (its prefills do not depend
 on the outputs); its TPOT does not (the replay's warm-up: its outputs are not the run's).
 
@@ -56,7 +50,7 @@ from splitplan.specs.hardware import load_hardware
 from splitplan.specs.layout import Layout, parse_layout
 from splitplan.specs.model import load_model
 from splitplan.specs.roles import Role
-from splitplan.workload.trace import Trace, closed_loop_workload
+from splitplan.workload.trace import closed_loop_workload
 
 COLUMNS = ["backend", "system", "precision", "mode", "model_path", "isl", "osl", "batch_size", "tp_size",
            "silicon_ttft_ms", "silicon_tpot_ms"]
@@ -145,29 +139,19 @@ def run_pools(run: dict, profile: EngineProfile) -> tuple[list[PoolSpec], int]:
 
 def replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUESTS_PER_CLIENT) -> tuple[float, float]:
     """Simulated mean TTFT and mean TPOT (ms) of one run under `profile`: `requests_per_client`
-    requests per client (at least 8 in all), every client sending its first at once, and the
-    means over all of them, as a benchmark reports them. NaN where an instance cannot hold
-    the model.
+    requests per client (at least 8 in all), every client sending its first at once and the
+    clients out of phase after it (workload.closed_loop_workload), and the means over all of them (TPOT: but
+    the first wave's), as a benchmark reports them. NaN where an instance cannot hold the model.
 
     An aggregated run's machine is replayed as one of its instances with its share of the
-    clients: identical instances fed identical requests by join-shortest-queue run in lockstep,
-    so each sees what one alone sees (the means agree to rounding; a test holds both to it),
-    at 1/instances of the cost."""
+    clients: identical instances fed identical requests by join-shortest-queue (each first wave
+    graded alike) run in lockstep with each other, so each sees what one alone sees (the means
+    agree to rounding; a test holds both to it), at 1/instances of the cost."""
     replayed = _replay(run, profile, requests_per_client)
     if replayed is None:
         return float("nan"), float("nan")
-    result, pools = replayed
-    return float(np.nanmean(result.ttft_s) * 1e3), float(np.nanmean(result.tpot_s[~result.warmup]) * 1e3)
-
-
-def out_of_phase(work: Trace, clients: int) -> Trace:
-    """A closed loop's requests with the first wave's outputs graded, 1/clients, 2/clients, ...
-    of the run's output length (see the module's docstring): the clients free up spread over one
-    request's life, and run out of phase from then on."""
-    outputs = work.output_tokens.copy()
-    wave = min(clients, len(outputs))
-    outputs[:wave] = np.maximum(1, np.round(outputs[:wave] * np.arange(1, wave + 1) / clients)).astype(outputs.dtype)
-    return dataclasses.replace(work, output_tokens=outputs)
+    result = replayed[0]
+    return float(np.nanmean(result.ttft_s) * 1e3), float(np.nanmean(result.tpot_s[result.measured]) * 1e3)
 
 
 def _replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUESTS_PER_CLIENT,
@@ -179,13 +163,12 @@ def _replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUES
     if len(pools) == 1 and pools[0].instances > 1:  # one instance of the machine's, with its clients (see below)
         clients //= pools[0].instances
         pools = [dataclasses.replace(pools[0], instances_given=1)]
-    work = out_of_phase(closed_loop_workload(None, clients, max(requests_per_client * clients, 8), int(run["isl"]), int(run["osl"])),
-                        clients)
+    work = closed_loop_workload(None, clients, max(requests_per_client * clients, 8), int(run["isl"]), int(run["osl"]))
     # the scheduler settings the run records (`max_batch_tokens`, `max_num_seqs`), else the profile's: the
     # engine's defaults, which a benchmark that sets none runs (the aiconfigurator sample records none)
     options = SimOptions(profile.batch_tokens(run.get("max_batch_tokens")), concurrency=clients, inter_token_gaps=False,
                          record_passes=record_passes, max_num_seqs=profile.seqs_cap(run.get("max_num_seqs")),
-                         warmup_requests=clients)  # (the first wave: `out_of_phase`)
+                         warmup_requests=clients)  # (the first wave, its outputs graded)
     return simulate(work, pools, options), pools
 
 

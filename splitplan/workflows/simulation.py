@@ -355,7 +355,7 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
     E2E`. The search starts at the highest such rate, every request as fast as the fastest
     instance serves it alone, so the first plan is large enough; it then plans an open loop
     (Poisson, the same requests) at `concurrency / E2E` of the last plan's simulated closed
-    loop, and keeps the best plan whose closed-loop simulation met every SLO line. Each
+    loop (its warm-up left out), and keeps the best plan whose closed-loop simulation met every SLO line. Each
     round is recorded (`closed_loop` in the result)."""
     from splitplan.search.optimize import OptimizeOptions, optimize, plan_key
 
@@ -375,7 +375,7 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
             progress(rounds_out[-1])
         if met and (best is None or plan_key(opts.objective, result.plan) < plan_key(opts.objective, best[0].plan)):
             best = (result, sim)
-        mean_e2e_s = float(np.nanmean(sim.result.e2e_s))
+        mean_e2e_s = float(np.nanmean(sim.result.e2e_s[sim.result.measured]))  # (past the warm-up, whose outputs are graded)
         following = concurrency / mean_e2e_s if np.isfinite(mean_e2e_s) and mean_e2e_s > 0 else rate
         if not met or abs(following - rate) <= 0.02 * rate:
             break

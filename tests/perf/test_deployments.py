@@ -149,8 +149,9 @@ def test_an_aggregated_run_replays_one_instance_as_its_whole_machine(engine, tp,
     pools, clients = dep.run_pools(run, profile)
     assert pools[0].instances == 8 // tp and clients == concurrency * 8 // tp
     work = closed_loop_workload(None, clients, dep.REQUESTS_PER_CLIENT * clients, isl, osl)
-    per_instance = concurrency  # (the first wave's outputs graded on each instance as on the one replayed)
-    work.output_tokens[:clients] = np.maximum(1, np.round(osl * (np.arange(clients) // pools[0].instances + 1) / per_instance))
+    one = closed_loop_workload(None, concurrency, dep.REQUESTS_PER_CLIENT * concurrency, isl, osl)
+    work.output_tokens[:clients] = np.repeat(one.output_tokens[:concurrency], pools[0].instances)  # (each instance's first wave
+    # graded as the one replayed: join-shortest-queue gives request k to instance k mod instances)
     whole = simulate(work, pools, SimOptions(profile.batch_tokens(), concurrency=clients, max_num_seqs=profile.seqs_cap(),
                                              warmup_requests=clients))  # (the profile's settings: the runs record none)
     expected = (np.nanmean(whole.ttft_s) * 1e3, np.nanmean(whole.tpot_s[clients:]) * 1e3)
@@ -232,16 +233,17 @@ def test_the_replayed_clients_run_out_of_phase_after_their_first_wave():
     """Identical requests that finish in one iteration send their next ones together, which
     prefill together and finish together again: a simulation keeps such lockstep groups for
     ever, where a real engine's timing noise breaks them. The replay grades the first wave's
-    outputs (1/4, 2/4, 3/4 and all of the output for four clients), so the clients free up
+    outputs (workload.closed_loop_workload), so the clients free up
     spread over a request's life: on Llama-3.1-70B, H100 TP 8, four clients of 1,024-token
     prompts queue behind each other's prefills far less than in lockstep (measured: 70 ms)."""
     from splitplan.sim.cluster import SimOptions, simulate
     from splitplan.workload.trace import closed_loop_workload
-    assert dep.out_of_phase(closed_loop_workload(None, 4, 40, 1000, 10), 4).output_tokens[:6].tolist() == [2, 5, 8, 10, 10, 10]
     run = {"model": "llama3.1-70b", "machine": "h100-80gb", "tp": 8, "concurrency": 4, "isl": 1024, "osl": 256}
     profile = load_engine("vllm-fp8")
     pools, clients = dep.run_pools(run, profile)
-    lockstep = simulate(closed_loop_workload(None, clients, dep.REQUESTS_PER_CLIENT * clients, 1024, 256), pools,
+    work = closed_loop_workload(None, clients, dep.REQUESTS_PER_CLIENT * clients, 1024, 256)
+    work.output_tokens[:clients] = 256  # (the first wave ungraded: lockstep)
+    lockstep = simulate(work, pools,
                         SimOptions(profile.batch_tokens(), concurrency=clients, max_num_seqs=profile.seqs_cap()))
     ttft_ms, tpot_ms = dep.replay(run, profile)
     assert ttft_ms < 0.75 * np.mean(lockstep.ttft_s) * 1e3

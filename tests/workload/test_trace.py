@@ -198,3 +198,18 @@ def test_a_plain_csv_trace_is_read_without_pandas():
     code = ("import sys; from splitplan.workload.trace import load_trace, default_trace_path; t = load_trace(default_trace_path()); "
             "print(len(t), 'pandas' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == ["8819", "False"]
+
+
+def test_a_closed_loops_warm_up_outputs_are_graded_so_its_clients_run_out_of_phase():
+    """Every client sends its warm-up at once; their outputs, 1/N, 2/N, ... of their length for N
+    clients, free the clients spread over a request's life (rounded, at least one token); every
+    later request keeps its own size."""
+    from splitplan.workload.trace import closed_loop_workload
+    work = closed_loop_workload(None, 4, 40, 1000, 10)
+    assert work.output_tokens.tolist() == [2, 5, 8, 10] + [10] * 36
+    assert (work.prompt_tokens == 1000).all() and (work.arrival_s == 0).all()
+    drawn = closed_loop_workload(None, 3, 30, None, None, seed=2)
+    raw = closed_loop_workload(None, 1, 30, None, None, seed=2)  # (the same draws; one client's warm-up is all of its output)
+    assert drawn.output_tokens[3:].tolist() == raw.output_tokens[3:].tolist()
+    assert drawn.output_tokens[:3].tolist() == np.maximum(1, np.round(raw.output_tokens[:3] * np.arange(1, 4) / 3)).tolist()
+    assert closed_loop_workload(None, 8, 16, 64, 1).output_tokens.tolist() == [1] * 16
