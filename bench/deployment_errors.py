@@ -62,8 +62,8 @@ def main() -> None:
         error = quantiles(mine, predicted)
         source = (f"bench/deployment_errors.py (2026-12): {len(mine)} measured aggregated fp8 runs of "
                   f"{engine or 'vLLM, SGLang and TensorRT-LLM'} in aiconfigurator's silicon sample replayed by this profile as "
-                  "closed loops at 2,048 tokens a step and no sequence cap (the runs record neither; at the profile's own "
-                  "settings: bench/replay_settings.py); "
+                  "closed loops, their clients out of phase after the first wave, at the profile's own token budget and "
+                  "sequence cap (the runs record neither: sim.deployments); "
                   + ("in-sample, as the profile was fitted on them (held out by machine: bench/fidelity.py)"
                      if engine else "out-of-sample: the profile was fitted to none of them"))
         print(f"### {name}\n\n" + yaml.safe_dump({"error_source": source, "error": error}, sort_keys=False, width=130), flush=True)
