@@ -6,7 +6,9 @@ its requests (sizes in send order; arrival times for an open loop), its load (a 
 one co-located instance it ran on, the engine's scheduler settings, and what it measured.
 `predict` simulates it under a profile and computes each measured figure as the tool did: means
 and percentiles over the measured requests, TPOT as a mean per request or, where the tool
-derives it so (inference-perf), from the means.
+derives it so (inference-perf), from the means. A closed loop's first wave has its outputs
+graded so that its clients run out of phase (workload.trace.out_of_phase); where that wave is
+measured (no warm-up before it), its TTFT counts and its E2E and TPOT do not.
 
 Where the requests come from, in order: `--trace` (the run's own: arrivals, sizes, prefix
 columns), the file's per-request record, the length distribution a summary keeps, its means. A
@@ -32,7 +34,7 @@ from splitplan.specs.hardware import load_hardware
 from splitplan.specs.layout import Layout
 from splitplan.specs.model import catalog_name_of, load_model
 from splitplan.specs.roles import Role
-from splitplan.workload.trace import Trace
+from splitplan.workload.trace import Trace, out_of_phase
 
 MAX_REPLAY_REQUESTS = 6_000  # measured requests replayed per run (the first ones: a longer run's steady state repeats)
 
@@ -63,6 +65,7 @@ class Replay:
     measured_ms: dict[str, float]
     tpot_of_means: bool = False
     memory_fraction: float | None = None  # the GPU memory the engine was given, where the run records it
+    graded: int = 0  # the measured requests (after the warm-up) of a closed loop's graded first wave: TTFT only
 
     def under(self, profile: EngineProfile) -> Instance:
         return Instance(self.instance.model, self.instance.hardware, _as_run(profile, self.memory_fraction),
@@ -87,14 +90,17 @@ def predict(replay: Replay, profile: EngineProfile) -> dict[str, float]:
     done = np.isfinite(e2e) & np.isfinite(ttft)
     if not done.any():
         return {m: float("nan") for m in replay.measured_ms}
-    ttft, e2e, outputs = ttft[done], e2e[done], outputs[done]
+    steady = done.copy()
+    steady[:replay.graded] = False  # (their outputs graded: their E2E and TPOT are not the run's)
+    steady = steady if steady.any() else done
     figures = {}
-    for name, values in (("ttft", ttft), ("e2e", e2e)):
+    for name, values in (("ttft", ttft[done]), ("e2e", e2e[steady])):
         figures[f"{name}_mean"] = float(np.mean(values))
         for q in (50, 90, 99):
             figures[f"{name}_p{q}"] = float(np.percentile(values, q))
+    ttft, e2e, outputs = ttft[steady], e2e[steady], outputs[steady]
     if replay.tpot_of_means:
-        figures["tpot_mean"] = (figures["e2e_mean"] - figures["ttft_mean"]) / max(float(np.mean(outputs)) - 1, 1.0)
+        figures["tpot_mean"] = (float(np.mean(e2e)) - float(np.mean(ttft))) / max(float(np.mean(outputs)) - 1, 1.0)
     else:
         many = outputs > 1
         figures["tpot_mean"] = float(np.mean((e2e[many] - ttft[many]) / (outputs[many] - 1))) if many.any() else float("nan")
@@ -244,7 +250,10 @@ def bench_replay(run, settings: BenchSettings, base: EngineProfile, trace=None):
                          max_model_len=context, max_num_seqs=base.seqs_cap(seqs),
                          warmup_requests=warm, prefix_caching=base.caches_prefixes(caching, kv_offload_gb=settings.kv_offload_gb),
                          kv_offload_gb=settings.kv_offload_gb)
-    return Replay(run.source, _with_warmup(measured, warm), inst, options, warm, dict(run.measured_ms), run.tpot_of_means,
-                  fraction)
+    trace, graded = _with_warmup(measured, warm), 0
+    if run.closed_loop:  # (the first wave out of phase: workload.trace.out_of_phase)
+        trace = dataclasses.replace(trace, output_tokens=out_of_phase(trace.output_tokens, run.concurrency))
+        graded = max(min(run.concurrency, len(trace)) - warm, 0)
+    return Replay(run.source, trace, inst, options, warm, dict(run.measured_ms), run.tpot_of_means, fraction, graded)
 
 

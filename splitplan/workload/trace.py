@@ -591,16 +591,7 @@ def closed_loop_workload(trace: str | Path | Trace | None, concurrency: int, num
     (prompt, output) pairs with `seed`; more than `concurrency`, whose first requests are the
     warm-up. Arrival times are left at 0: the simulator sets them as clients free up.
 
-    Every client sends its warm-up request at once, and the warm-up's outputs are graded, 1/N,
-    2/N, ... of their length for N clients, so that the clients free up spread over a request's
-    life and run out of phase from then on. Without it a simulation of identical requests keeps
-    lockstep groups for ever (requests that finish in one iteration send their next ones
-    together, which prefill together and finish together again), which real engines do not
-    keep (timing noise breaks them, presumably: the runs do not show how): measured vLLM TTFT
-    grows with concurrency far more slowly than lockstep groups queue (Llama-3.1-70B fp8, 4
-    clients on H100 TP 8: 70 ms, where a lockstep replay timed by NVIDIA's measured kernels
-    gives 129 ms and one out of phase 74 ms; aiconfigurator's silicon sample), as
-    aiconfigurator's own vLLM model finds (a factor 1 + log2(clients) / 8 on one prefill)."""
+    Every client sends its warm-up request at once, its outputs graded (`out_of_phase`)."""
     if concurrency < 1:
         raise SpecError(f"--concurrency {concurrency}: must be >= 1 client")
     for flag, value in (("--isl", isl), ("--osl", osl), ("--num-requests", num_requests)):
@@ -620,9 +611,25 @@ def closed_loop_workload(trace: str | Path | Trace | None, concurrency: int, num
         output = np.full(n, osl) if osl is not None else base.output_tokens[pick]
         source = f"sizes of {base.source}" + (f", ISL {isl}" if isl else "") + (f", OSL {osl}" if osl else "")
         tree = _take(base.prefix, pick) if isl is None else None
-    output = output.astype(np.int64)
-    output[:concurrency] = np.maximum(1, np.round(output[:concurrency] * np.arange(1, concurrency + 1) / concurrency))
-    return Trace(np.zeros(n), prompt.astype(np.int64), output, f"{source}; {n} requests", prefix=tree)
+    return Trace(np.zeros(n), prompt.astype(np.int64), out_of_phase(output, concurrency), f"{source}; {n} requests", prefix=tree)
+
+
+def out_of_phase(output_tokens: np.ndarray, clients: int) -> np.ndarray:
+    """A closed loop's output lengths with its first wave's (one request per client, all sent at
+    once) graded, 1/N, 2/N, ... of their length for N clients, so that the clients free up spread
+    over a request's life and run out of phase from then on. Without it a simulation of identical
+    requests keeps lockstep groups for ever (requests that finish in one iteration send their next
+    ones together, which prefill together and finish together again), which real engines do not
+    keep (timing noise breaks them, presumably: the runs do not show how): measured vLLM TTFT
+    grows with concurrency far more slowly than lockstep groups queue (Llama-3.1-70B fp8, 4
+    clients on H100 TP 8: 70 ms, where a lockstep replay timed by NVIDIA's measured kernels gives
+    129 ms and one out of phase 74 ms; aiconfigurator's silicon sample), as aiconfigurator's own
+    vLLM model finds (a factor 1 + log2(clients) / 8 on one prefill). The first wave's prefills do
+    not depend on its outputs: its TTFT is the burst's; its E2E and TPOT are not the run's."""
+    graded = np.asarray(output_tokens, np.int64).copy()
+    wave = min(clients, len(graded))
+    graded[:wave] = np.maximum(1, np.round(graded[:wave] * np.arange(1, wave + 1) / clients))
+    return graded
 
 
 def check_closed_loop(concurrency: int | None, isl: int | None, osl: int | None, num_requests: int | None) -> None:

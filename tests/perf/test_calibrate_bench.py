@@ -20,7 +20,9 @@ from typer.testing import CliRunner
 from splitplan.cli import app
 from splitplan.sim import bench_fit
 from splitplan.sim.bench_replay import BenchSettings, bench_replay, predict
+from splitplan.sim.cluster import PoolSpec, simulate
 from splitplan.specs.engine import load_engine
+from splitplan.specs.roles import Role
 from splitplan.workflows.calibration import calibrate_bench
 from splitplan.workload.benchmarks import BenchRun, read_benchmarks
 
@@ -249,6 +251,23 @@ def test_a_closed_loop_and_a_summary_only_file_replay_as_they_ran(tmp_path):
     assert run_.closed_loop and run_.input_tokens is None and run_.isl_mean == pytest.approx(loop["isl"].mean())
     replay = bench_replay(run_, BenchSettings(hardware=HW), load_engine("vllm"))
     assert replay.options.concurrency == 4 and len(set(replay.trace.prompt_tokens)) == 1  # (the mean size, every request)
+
+
+def test_a_closed_loops_first_wave_runs_out_of_phase_and_counts_for_its_ttft_only():
+    """Four clients of identical requests, no warm-up: the first wave's outputs are graded
+    (workload.trace.out_of_phase) so that the clients run out of phase; its TTFT is the burst's and
+    counts, its E2E and TPOT do not (its outputs are not the run's)."""
+    osl = 100
+    run_ = BenchRun("loop", "vllm", {"ttft_mean": 1.0, "e2e_mean": 1.0, "tpot_mean": 1.0}, 40, None, concurrency=4,
+                    isl_mean=1000.0, osl_mean=float(osl), settings={"model": HF_MODEL, "tp": 1})
+    replay = bench_replay(run_, BenchSettings(hardware=HW), load_engine("vllm"))
+    assert replay.trace.output_tokens[:5].tolist() == [25, 50, 75, 100, 100] and (replay.warmup, replay.graded) == (0, 4)
+    result = simulate(replay.trace, [PoolSpec(Role.MIXED, replay.instance, 1, 1)], replay.options)
+    figures = predict(replay, load_engine("vllm"))
+    assert figures["ttft_mean"] == pytest.approx(np.mean(result.ttft_s) * 1e3, rel=1e-9)
+    assert figures["e2e_mean"] == pytest.approx(np.mean(result.e2e_s[4:]) * 1e3, rel=1e-9)
+    tpot = (result.e2e_s[4:] - result.ttft_s[4:]) / (osl - 1)
+    assert figures["tpot_mean"] == pytest.approx(np.mean(tpot) * 1e3, rel=1e-9)
 
 
 @pytest.mark.parametrize(("doc", "args", "needle"), [
