@@ -17,7 +17,7 @@ mean TTFT and mean TPOT ((E2E - TTFT) / (output - 1), vLLM's definition) over
 `REQUESTS_PER_CLIENT` requests per client.
 
 Every client sends its first request at once, and the clients then run out of phase (the
-first wave's outputs graded: workload.closed_loop_workload), as real engines' runs show.
+first wave's outputs graded: workload.trace.out_of_phase), as real engines' runs show.
 The first wave's TTFT counts, as the benchmark's mean holds it (its prefills do not depend
 on the outputs); its TPOT does not (the replay's warm-up: its outputs are not the run's).
 
@@ -140,8 +140,9 @@ def run_pools(run: dict, profile: EngineProfile) -> tuple[list[PoolSpec], int]:
 def replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUESTS_PER_CLIENT) -> tuple[float, float]:
     """Simulated mean TTFT and mean TPOT (ms) of one run under `profile`: `requests_per_client`
     requests per client (at least 8 in all), every client sending its first at once and the
-    clients out of phase after it (workload.closed_loop_workload), and the means over all of them (TPOT: but
-    the first wave's), as a benchmark reports them. NaN where an instance cannot hold the model.
+    clients out of phase after it (workload.trace.out_of_phase), and the means over all of them
+    (TPOT: but the first wave's), as a benchmark reports them. NaN where an instance cannot hold
+    the model.
 
     An aggregated run's machine is replayed as one of its instances with its share of the
     clients: identical instances fed identical requests by join-shortest-queue (each first wave

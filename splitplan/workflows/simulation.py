@@ -355,8 +355,8 @@ def optimize_closed_loop(workload, concurrency: int, model: str, slo: str, seed:
     E2E`. The search starts at the highest such rate, every request as fast as the fastest
     instance serves it alone, so the first plan is large enough; it then plans an open loop
     (Poisson, the same requests) at `concurrency / E2E` of the last plan's simulated closed
-    loop (its warm-up left out), and keeps the best plan whose closed-loop simulation met every SLO line. Each
-    round is recorded (`closed_loop` in the result)."""
+    loop (its warm-up left out), and keeps the best plan whose closed-loop simulation met every
+    SLO line. Each round is recorded (`closed_loop` in the result)."""
     from splitplan.search.optimize import OptimizeOptions, optimize, plan_key
 
     opts = dataclasses.replace(options or OptimizeOptions(), **settings)

@@ -232,10 +232,10 @@ def test_the_factors_scales_let_fourteen_evaluations_recover_a_known_engine(tmp_
 def test_the_replayed_clients_run_out_of_phase_after_their_first_wave():
     """Identical requests that finish in one iteration send their next ones together, which
     prefill together and finish together again: a simulation keeps such lockstep groups for
-    ever, where a real engine's timing noise breaks them. The replay grades the first wave's
-    outputs (workload.closed_loop_workload), so the clients free up
-    spread over a request's life: on Llama-3.1-70B, H100 TP 8, four clients of 1,024-token
-    prompts queue behind each other's prefills far less than in lockstep (measured: 70 ms)."""
+    ever, which measured runs do not show. The replay grades the first wave's outputs
+    (workload.trace.out_of_phase), so the clients free up spread over a request's life: on
+    Llama-3.1-70B, H100 TP 8, four clients of 1,024-token prompts queue behind each other's
+    prefills far less than in lockstep (measured: 70 ms)."""
     from splitplan.sim.cluster import SimOptions, simulate
     from splitplan.workload.trace import closed_loop_workload
     run = {"model": "llama3.1-70b", "machine": "h100-80gb", "tp": 8, "concurrency": 4, "isl": 1024, "osl": 256}
