@@ -193,7 +193,7 @@ class Schedule:
     first: np.ndarray  # the step at whose end its first token came
     finish: np.ndarray  # the step at whose end it finished
     outputs: np.ndarray
-    warmup: np.ndarray  # per request: the first wave's, whose TPOT does not count (`replay`)
+    measured: np.ndarray  # per request: whether its TPOT counts (SimResult.measured: past the first wave, `replay`)
 
     def means(self, inst: Instance) -> tuple[float, float]:
         """Mean TTFT and mean TPOT (ms) of the run when `inst` times the iterations."""
@@ -207,7 +207,7 @@ class Schedule:
         ttft, e2e = ends[self.first + 1] - start, ends[self.finish + 1] - start
         with np.errstate(divide="ignore", invalid="ignore"):
             tpot = np.where(self.outputs > 1, (e2e - ttft) / (self.outputs - 1), np.nan)
-        return float(np.mean(ttft) * 1e3), float(np.nanmean(tpot[~self.warmup]) * 1e3)
+        return float(np.mean(ttft) * 1e3), float(np.nanmean(tpot[self.measured]) * 1e3)
 
 
 def stretch_s(base, per_token, slack, batch, context, iterations):
@@ -246,7 +246,7 @@ def record(run: dict, profile: EngineProfile) -> Schedule | None:
     prompt = passes[:, 0] > 0
     decode = passes[~prompt]
     return Schedule(passes[prompt, :5], decode[:, [3, 4, 5]], prompt, sent, first, finish,
-                    result.trace.output_tokens.astype(float), result.warmup)
+                    result.trace.output_tokens.astype(float), result.measured)
 
 
 def _stretches(passes: np.ndarray) -> np.ndarray:
