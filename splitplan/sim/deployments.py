@@ -313,15 +313,16 @@ def schedules(runs: pd.DataFrame, base: EngineProfile, run: Runner = serial) -> 
 
 def fit_deployments(runs: pd.DataFrame, base: EngineProfile, max_evaluations: int = 25, run: Runner = serial,
                     factors: tuple[str, ...] = tuple(DEPLOYMENT_FACTORS),
-                    shared: list[Schedule | None] | None = None) -> EngineProfile:
-    """`base` with `factors` (of DEPLOYMENT_FACTORS) refitted to the runs (engine-wide defaults;
-    the base's per-machine overrides are dropped, they came from other data). Each run is
-    simulated once and its schedule timed at every evaluation where it has one (`shared`:
-    `schedules(runs, base)`, recorded here when not given)."""
+                    shared: list[Schedule | None] | None = None, table: dict | None = None) -> EngineProfile:
+    """`base` with `factors` (of `table`, name: (lower, upper, scale); DEPLOYMENT_FACTORS by default)
+    refitted to the runs (engine-wide defaults; the base's per-machine overrides are dropped, they
+    came from other data). Each run is simulated once and its schedule timed at every evaluation
+    where it has one (`shared`: `schedules(runs, base)`, recorded here when not given)."""
+    table = table or DEPLOYMENT_FACTORS
     machines = [load_hardware(m) for m in sorted(set(runs.machine))]
     names = [k for k in factors if not all(timed_by_curves(k, base, hw) for hw in machines)]
-    lower, upper, why = fit_bounds(DEPLOYMENT_FACTORS, names, machines, base.weights)
-    scale = np.array([DEPLOYMENT_FACTORS[k][2] for k in names])
+    lower, upper, why = fit_bounds(table, names, machines, base.weights)
+    scale = np.array([table[k][2] for k in names])
     start = np.clip([getattr(base.defaults, k) for k in names], lower, upper)
     measured = np.log(runs[["ttft_ms", "tpot_ms"]].to_numpy(float))
     shared = schedules(runs, base, run) if shared is None else shared
