@@ -11,6 +11,11 @@ profiles were fitted on these runs (lean-fp8 on none), so theirs are in-sample; 
 gives the held-out MAPE. `--write` adds them to engine_profiles/*.yaml (fit.error,
 fit.error_source). The runs record no E2E: a profile's E2E lines take the larger of its TTFT and
 TPOT factors (EngineProfile.latency_factors).
+
+Beside them, the error on the same engine's aggregated MoE runs with fp8 weights (DeepSeek-R1/V3,
+Qwen3-235B-A22B: bench/moe_accuracy.py's, in the layouts they recorded), as `fit.moe_error`: every
+profile is fitted on dense runs only, so this one is out-of-sample. `optimize` reads it for MoE
+models (its warning, and --confidence).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
+from moe_accuracy import runs_of as moe_runs
 
 from splitplan.base.parallel import run_units
 from splitplan.sim import deployments as dep
@@ -54,25 +60,35 @@ def main() -> None:
     args = parser.parse_args()
     runs, _ = dep.read_deployments(args.data)
     runs = runs[runs.precision == "fp8"].reset_index(drop=True)
+    moe, _ = moe_runs(args.data, max_concurrency=64)
+    moe = moe[(moe["mode"] == "agg") & (moe.weights == "fp8")].reset_index(drop=True)
+    moe["band"] = pd.cut(moe.concurrency, dep.BANDS, labels=dep.BAND_LABELS).astype(str)
     for name, engine in PROFILES.items():
         if args.profile and name not in args.profile:
             continue
+        run = partial(run_units, jobs=args.jobs)
         mine = runs if engine is None else runs[runs.engine == engine].reset_index(drop=True)
-        predicted = dep.predict(mine, load_engine(name), partial(run_units, jobs=args.jobs))
-        error = quantiles(mine, predicted)
+        error = quantiles(mine, dep.predict(mine, load_engine(name), run))
+        whose = engine or "vLLM, SGLang and TensorRT-LLM"
         source = (f"bench/deployment_errors.py (2026-12): {len(mine)} measured aggregated fp8 runs of "
-                  f"{engine or 'vLLM, SGLang and TensorRT-LLM'} in aiconfigurator's silicon sample replayed by this profile as "
+                  f"{whose} in aiconfigurator's silicon sample replayed by this profile as "
                   "closed loops, their clients out of phase after the first wave, at the profile's own token budget and "
                   "sequence cap (the runs record neither: sim.deployments); "
                   + ("in-sample, as the profile was fitted on them (held out by machine: bench/fidelity.py)"
                      if engine else "out-of-sample: the profile was fitted to none of them"))
-        print(f"### {name}\n\n" + yaml.safe_dump({"error_source": source, "error": error}, sort_keys=False, width=130), flush=True)
+        theirs = moe if engine is None else moe[moe.engine == engine].reset_index(drop=True)
+        moe_error = quantiles(theirs, dep.predict(theirs, load_engine(name), run))
+        moe_source = (f"bench/deployment_errors.py (2026-12): {moe_error['all']['runs']} measured aggregated MoE runs of {whose} "
+                      "with fp8 weights (DeepSeek-R1/V3, Qwen3-235B-A22B) in aiconfigurator's silicon sample, in the layouts they "
+                      "recorded, replayed alike (bench/moe_accuracy.py); out-of-sample: the profile was fitted on dense runs")
+        measured = {"error_source": source, "error": error, "moe_error_source": moe_source, "moe_error": moe_error}
+        print(f"### {name}\n\n" + yaml.safe_dump(measured, sort_keys=False, width=130), flush=True)
         if args.write:
             path = ROOT / "engine_profiles" / f"{name}.yaml"
             text = path.read_text().rstrip("\n") + "\n"
             if "\n  error_source:" in text:  # (written last by an earlier run: replaced, not repeated)
                 text = text[: text.index("\n  error_source:") + 1]
-            block = yaml.safe_dump({"error_source": source, "error": error}, sort_keys=False, width=130)
+            block = yaml.safe_dump(measured, sort_keys=False, width=130)
             indented = "".join("  " + line + "\n" for line in block.splitlines())
             path.write_text(text + (indented if "\nfit:\n" in text else "fit:\n" + indented))
 

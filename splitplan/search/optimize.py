@@ -69,11 +69,14 @@ class OptimizeResult:
     @property
     def warnings(self) -> list[str]:
         """What the reader of this result should know: prices of the plans compared taken more
-        than a year apart."""
+        than a year apart; for a MoE model planned without a confidence, the engine profile's
+        error on measured MoE deployments (EngineProfile.moe_warning)."""
         machines = {o.inst.hardware.name: o.inst.hardware for o in self.options}
         used = {p.hardware for plan in (self.plan, *self.alternatives) for p in plan.pools}
-        warning = price_date_warning(machines[name] for name in sorted(used) if name in machines)
-        return [*self.notes, *([warning] if warning else [])]
+        inst = self.options[0].inst if self.options else None
+        warnings = [price_date_warning(machines[name] for name in sorted(used) if name in machines),
+                    inst.engine.moe_warning(inst.model.name) if inst and inst.model.is_moe and self.confidence is None else None]
+        return [*self.notes, *(w for w in warnings if w)]
 
     @property
     def split_saving_pct(self) -> float | None:
@@ -270,8 +273,8 @@ def _at_confidence(trace, model: str, slo: str | SloProfile, opts: OptimizeOptio
     ones as the engine profile's measured error reaches at quantile `opts.confidence`
     (EngineProfile.latency_factors: each line's limit divided by its factor), with the nominal
     plan beside it."""
-    eng = load_engine(opts.engine)
-    factors = eng.latency_factors(cast(float, opts.confidence))
+    eng, moe = load_engine(opts.engine), load_model(model).is_moe
+    factors = eng.latency_factors(cast(float, opts.confidence), moe)
     profile = slo if isinstance(slo, SloProfile) else load_slo(slo)
     plain = dataclasses.replace(opts, confidence=None)
     nominal = optimize(trace, model, profile, options=plain)
@@ -280,7 +283,7 @@ def _at_confidence(trace, model: str, slo: str | SloProfile, opts: OptimizeOptio
     lines = tuple(ConfidenceLine(line.label, line.limit, line.unit, factors[line.metric], t.limit)
                   for line, t in zip(profile.lines(), tight.lines(), strict=True))
     return dataclasses.replace(result, nominal=nominal.plan, confidence=Confidence(
-        cast(float, opts.confidence), eng.name, factors, lines, (eng.fit or {}).get("error_source", "")))
+        cast(float, opts.confidence), eng.name, factors, lines, eng.measured_error(moe)[1]))
 
 
 def _prepare(trace, model: str, slo: str | SloProfile, opts: OptimizeOptions) -> _Search:

@@ -143,17 +143,23 @@ class EngineProfile(BaseModel):
                             f"the engine's prefix caches, which are off ({self.name}): add --prefix-caching on")
         return on
 
-    def latency_factors(self, confidence: float) -> dict[str, float]:
+    def measured_error(self, moe: bool = False) -> tuple[dict, str]:
+        """(`fit.error`, `fit.error_source`): the profile's measured error; for a MoE model the
+        error measured on MoE deployments (`fit.moe_error`) where the profile has one."""
+        fit = self.fit or {}
+        key = "moe_error" if moe and fit.get("moe_error") else "error"
+        return fit.get(key) or {}, fit.get(f"{key}_source", "")
+
+    def latency_factors(self, confidence: float, moe: bool = False) -> dict[str, float]:
         """How many times the predicted latencies the measured ones reach at `confidence`, per SLO
-        metric, from the profile's measured error (`fit.error`: per load band, quantiles `qNN` of
-        the signed error predicted / measured - 1 of mean TTFT, TPOT and E2E, in %): the error at
-        quantile 1 - confidence (interpolated), the worst band's of those with at least
-        MIN_BAND_SAMPLES measurements (`stages` or `runs`), as a factor 1 / (1 + error)
-        (1 where the model over-predicts, or where it has no error of that metric). ITL, TBT and TPOT
-        lines take TPOT's error; E2E lines, where no E2E error was measured, the larger of TTFT's and
-        TPOT's factors. SpecError
-        for a profile without a measured error."""
-        error = (self.fit or {}).get("error")
+        metric, from the profile's measured error (`measured_error`, for a MoE model when `moe`:
+        per load band, quantiles `qNN` of the signed error predicted / measured - 1 of mean TTFT,
+        TPOT and E2E, in %): the error at quantile 1 - confidence (interpolated), the worst band's
+        of those with at least MIN_BAND_SAMPLES measurements (`stages` or `runs`), as a factor
+        1 / (1 + error) (1 where the model over-predicts, or where it has no error of that metric).
+        ITL, TBT and TPOT lines take TPOT's error; E2E lines, where no E2E error was measured, the
+        larger of TTFT's and TPOT's factors. SpecError for a profile without a measured error."""
+        error, _ = self.measured_error(moe)
         if not error:
             measured = ", ".join(e.name for e in engine_catalog() if (e.fit or {}).get("error")) or "none"
             raise SpecError(f"--confidence {confidence:g}: engine profile {self.name} carries no measured error (fit.error); "
@@ -167,6 +173,21 @@ class EngineProfile(BaseModel):
         e2e = e2e or max(ttft or 1.0, tpot or 1.0)  # (no E2E measured: the larger of the two)
         tpot = tpot or 1.0
         return {"ttft": ttft or 1.0, "tbt": tpot, "itl": tpot, "tpot": tpot, "e2e": e2e}
+
+    def moe_warning(self, model: str) -> str | None:
+        """What a plan for MoE `model` should say of this profile's error on measured MoE
+        deployments (`fit.moe_error`), where its median TTFT or TPOT is off by 10 % or more."""
+        fit = self.fit or {}
+        error = fit.get("moe_error", {}).get("all")
+        if not error or not error.get("runs"):
+            return None
+        ttft, tpot = error["ttft_mean"]["q50"], error["tpot_mean"]["q50"]
+        if max(abs(ttft), abs(tpot)) < 10:
+            return None
+        source = str(fit.get("moe_error_source", "")).split(":")[0]  # (the script and its date)
+        return (f"{model} is a mixture-of-experts model: {self.name} predicted the mean TTFT of {error['runs']} measured MoE "
+                f"deployments at a median {ttft:+.0f} % ({'optimistic' if ttft < 0 else 'pessimistic'}) and their mean TPOT at "
+                f"{tpot:+.0f} % ({source}); --confidence (for example 0.9) sizes the plan for that error")
 
     def seqs_cap(self, given: int | None = None) -> int | None:
         """The most requests an instance runs at once: `given`, else the profile's (None: no cap)."""

@@ -152,6 +152,34 @@ def test_latency_factors_take_the_worst_bands_error_at_one_minus_the_confidence(
     assert no_e2e.latency_factors(0.9)["e2e"] == pytest.approx(2.0)  # (no E2E measured: the larger of TTFT's and TPOT's)
 
 
+def test_a_moe_model_takes_the_error_measured_on_moe_deployments():
+    dense, moe = {"q10": -20.0, "q50": 0.0}, {"q10": -60.0, "q50": -40.0}
+    eng = _with_error("sglang-fp8", {"all": {"runs": 40, "ttft_mean": dense, "tpot_mean": dense}})
+    eng = eng.model_copy(update={"fit": {**eng.fit, "moe_error_source": "bench/x.py (2026-12): MoE runs",
+                                         "moe_error": {"all": {"runs": 30, "ttft_mean": moe, "tpot_mean": dense}}}})
+    assert eng.latency_factors(0.9)["ttft"] == pytest.approx(1 / 0.8)  # (a dense model: the dense runs' error)
+    assert eng.latency_factors(0.9, moe=True)["ttft"] == pytest.approx(1 / 0.4)  # (-60 % at the 10th percentile)
+    assert eng.measured_error(moe=True)[1] == "bench/x.py (2026-12): MoE runs"
+    warning = eng.moe_warning("deepseek-v3")
+    assert "30 measured MoE deployments at a median -40 % (optimistic)" in warning and "(bench/x.py (2026-12))" in warning
+    close = eng.model_copy(update={"fit": {**eng.fit, "moe_error": {"all": {"runs": 30, "ttft_mean": {"q50": 5.0},
+                                                                            "tpot_mean": {"q50": -9.0}}}}})
+    assert close.moe_warning("deepseek-v3") is None  # (within 10 % either way: nothing to say)
+    without = _with_error("sglang-fp8", {"all": {"runs": 40, "ttft_mean": dense}})
+    without = without.model_copy(update={"fit": {k: v for k, v in without.fit.items() if not k.startswith("moe_error")}})
+    assert without.latency_factors(0.9, moe=True)["ttft"] == pytest.approx(1 / 0.8) and without.moe_warning("m") is None
+
+
+def test_a_plan_for_a_moe_model_says_how_its_engine_did_on_measured_moe_deployments():
+    from splitplan.workload.trace import load_workload
+    trace = load_workload("azure-code", 2.0, 30.0)
+    plain = api.optimize(trace, "deepseek-v3", "chat", hardware=["h200-141gb"], engine="sglang-fp8", mode="split")
+    assert any("deepseek-v3 is a mixture-of-experts model: sglang-fp8 predicted the mean TTFT of" in w for w in plain.warnings)
+    assert plain.to_json()["warnings"] == plain.warnings
+    dense = api.optimize(trace, "llama3.1-70b", "chat", hardware=["h200-141gb"], engine="sglang-fp8", mode="split")
+    assert not any("mixture-of-experts" in w for w in dense.warnings)
+
+
 def test_a_profile_without_a_measured_error_refuses_a_confidence():
     from splitplan.specs.engine import load_engine
     with pytest.raises(SpecError, match=r"engine profile splitwise-vllm carries no measured error .*"
