@@ -279,7 +279,13 @@ def _at_confidence(trace, model: str, slo: str | SloProfile, opts: OptimizeOptio
     plain = dataclasses.replace(opts, confidence=None)
     nominal = optimize(trace, model, profile, options=plain)
     tight = tightened(profile, factors)
-    result = optimize(trace, model, tight, options=plain)
+    try:
+        result = optimize(trace, model, tight, options=plain)
+    except InfeasibleError as exc:  # (a line the user did not write: say where it comes from)
+        raise with_details(InfeasibleError(
+            f"{exc}; at --confidence {opts.confidence:g} each line is divided by {eng.name}'s measured error"
+            f"{' on MoE deployments' if moe and (eng.fit or {}).get('moe_error') else ''} (TTFT {factors['ttft']:.2f}x, "
+            f"TPOT {factors['tpot']:.2f}x): plan without it or at a lower confidence"), getattr(exc, "details", "")) from None
     lines = tuple(ConfidenceLine(line.label, line.limit, line.unit, factors[line.metric], t.limit)
                   for line, t in zip(profile.lines(), tight.lines(), strict=True))
     return dataclasses.replace(result, nominal=nominal.plan, confidence=Confidence(

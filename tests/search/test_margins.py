@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from splitplan import api
-from splitplan.base.errors import SpecError
+from splitplan.base.errors import InfeasibleError, SpecError
 from splitplan.cli import app
 from splitplan.perf.roofline import Instance
 from splitplan.search.accounting import with_spares
@@ -178,6 +178,10 @@ def test_a_plan_for_a_moe_model_says_how_its_engine_did_on_measured_moe_deployme
     assert plain.to_json()["warnings"] == plain.warnings
     dense = api.optimize(trace, "llama3.1-70b", "chat", hardware=["h200-141gb"], engine="sglang-fp8", mode="split")
     assert not any("mixture-of-experts" in w for w in dense.warnings)
+    # at 0.9 the MoE runs' error divides TTFT p50's 500 ms by 7.75: no option meets it, and the refusal says why
+    with pytest.raises(InfeasibleError, match=r"TTFT p50 not met.*; at --confidence 0.9 each line is divided by "
+                                              r"sglang-fp8's measured error on MoE deployments \(TTFT 7.75x"):
+        api.optimize(trace, "deepseek-v3", "chat", hardware=["h200-141gb"], engine="sglang-fp8", mode="split", confidence=0.9)
 
 
 def test_a_profile_without_a_measured_error_refuses_a_confidence():
