@@ -77,9 +77,10 @@ def integer_program(problem: Problem, usable: list[AnyOption]) -> IntegerProgram
 
 def _solve_highs(program: IntegerProgram) -> np.ndarray | None:
     """Units per option from HiGHS through its own Python interface (highspy), None if
-    infeasible, run as scipy.optimize.milp runs it (the same model, HiGHS's defaults, nothing
-    logged), which splitplan used before: highspy imports in about 10 ms where scipy.optimize
-    takes 0.3-0.4 s, a quarter of a default `optimize`."""
+    infeasible: the model as scipy.optimize.milp passed it (which splitplan used before; highspy
+    imports in about 10 ms where scipy.optimize takes 0.3-0.4 s, a quarter of a default
+    `optimize`), nothing logged, solved to the exact optimum (HiGHS's default relative gap, 1e-4,
+    could stop before the 1e-6 tie-break by the other objective decides)."""
     import highspy
 
     # HiGHS meets the columns in the order of their LP names (x0, x1, x10, x11, ..., x2: ilp_model's),
@@ -110,8 +111,8 @@ def _solve_highs(program: IntegerProgram) -> np.ndarray | None:
         units = np.empty(len(order))
         units[order] = highs.getSolution().col_value
         return units
-    if status == highspy.HighsModelStatus.kInfeasible:
-        return None
+    if status in (highspy.HighsModelStatus.kInfeasible, highspy.HighsModelStatus.kUnboundedOrInfeasible):
+        return None  # (every unit count is bounded: "unbounded or infeasible" is infeasible)
     raise SolverError(f"highs returned status {highs.modelStatusToString(status)}")
 
 
@@ -119,7 +120,11 @@ def _solve_highs(program: IntegerProgram) -> np.ndarray | None:
 def _stdout_to_devnull():
     """The process's standard output (the file descriptor C code writes to) sent to /dev/null."""
     sys.stdout.flush()
-    saved = os.dup(1)
+    try:
+        saved = os.dup(1)
+    except OSError:  # (no standard output open: nothing to guard)
+        yield
+        return
     try:
         with open(os.devnull, "w") as null:
             os.dup2(null.fileno(), 1)
