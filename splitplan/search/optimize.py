@@ -284,7 +284,7 @@ def _at_confidence(trace, model: str, slo: str | SloProfile, opts: OptimizeOptio
     except InfeasibleError as exc:  # (a line the user did not write: say where it comes from)
         raise with_details(InfeasibleError(
             f"{exc}; at --confidence {opts.confidence:g} each line is divided by {eng.name}'s measured error"
-            f"{' on MoE deployments' if moe and (eng.fit or {}).get('moe_error') else ''} (TTFT {factors['ttft']:.2f}x, "
+            f"{' on MoE deployments' if eng.error_key(moe) == 'moe_error' else ''} (TTFT {factors['ttft']:.2f}x, "
             f"TPOT {factors['tpot']:.2f}x): plan without it or at a lower confidence"), getattr(exc, "details", "")) from None
     lines = tuple(ConfidenceLine(line.label, line.limit, line.unit, factors[line.metric], t.limit)
                   for line, t in zip(profile.lines(), tight.lines(), strict=True))

@@ -143,11 +143,14 @@ class EngineProfile(BaseModel):
                             f"the engine's prefix caches, which are off ({self.name}): add --prefix-caching on")
         return on
 
+    def error_key(self, moe: bool = False) -> str:
+        """Which measured error a model's plans take: `moe_error` (measured on MoE deployments) for
+        a MoE model where the profile has one, else `error`."""
+        return "moe_error" if moe and (self.fit or {}).get("moe_error") else "error"
+
     def measured_error(self, moe: bool = False) -> tuple[dict, str]:
-        """(`fit.error`, `fit.error_source`): the profile's measured error; for a MoE model the
-        error measured on MoE deployments (`fit.moe_error`) where the profile has one."""
-        fit = self.fit or {}
-        key = "moe_error" if moe and fit.get("moe_error") else "error"
+        """(`fit.<error_key>`, `fit.<error_key>_source`): the measured error a model's plans take."""
+        fit, key = self.fit or {}, self.error_key(moe)
         return fit.get(key) or {}, fit.get(f"{key}_source", "")
 
     def latency_factors(self, confidence: float, moe: bool = False) -> dict[str, float]:
