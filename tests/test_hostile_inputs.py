@@ -135,6 +135,24 @@ def test_a_memory_reserve_above_the_gpu_is_a_spec_error_naming_the_key(tmp_path)
     assert "activation_reserve_gb_per_gpu" in line and len(line) < 300
 
 
+@pytest.mark.parametrize("error, needle", [
+    ({"error": {"all": 5}}, "fit.error.all: runs or stages"),
+    ({"error": {"all": {"runs": 30, "ttft_mean": {"qq": 1.0}}}}, "fit.error.all.ttft_mean:"),
+    ({"error": {"all": {"runs": -1}}}, "fit.error.all.runs:"),
+    ({"moe_error": {"all": {"ttft_mean": {"q50": float("nan")}}}}, "fit.moe_error.all.ttft_mean:"),
+    ({"moe_error": "x"}, "fit.moe_error: a mapping of load bands"),
+])
+def test_a_measured_error_plans_read_is_checked_when_the_profile_loads(tmp_path, error, needle):
+    """`fit.error` and `fit.moe_error` size --confidence plans and word a MoE plan's warning: a malformed
+    one is refused (exit 2, naming the entry) before a plan reads it, not a traceback after."""
+    engine = tmp_path / "measured.yaml"
+    data = yaml.safe_load((ROOT / "engine_profiles" / "sglang-fp8.yaml").read_text())
+    engine.write_text(yaml.safe_dump({**data, "fit": error}))
+    line = one_line(run("optimize", "--model", "deepseek-v3", "--engine", engine, "--hardware", "h200-141gb", "--rate", "2",
+                        "--duration", "20", "--split-only"))
+    assert needle in line and "regenerate it" in line
+
+
 def test_an_infeasibility_names_the_closest_candidate_and_counts_the_rest(tmp_path):
     data = yaml.safe_load((ROOT / "model_specs" / "llama3.1-405b.yaml").read_text())
     data.update(name="huge", num_hidden_layers=5000)

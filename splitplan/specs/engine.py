@@ -10,10 +10,12 @@ override use the profile's defaults.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Annotated, Any, Literal, get_args
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from splitplan.base.defaults import MAX_BATCH_TOKENS
 from splitplan.base.errors import SpecError
@@ -129,6 +131,26 @@ class EngineProfile(BaseModel):
     efficiency_sources: dict[str, str] = {}
     fit: dict[str, Any] | None = None
 
+    @field_validator("fit")
+    @classmethod
+    def _measured_errors(cls, fit: dict[str, Any] | None) -> dict[str, Any] | None:
+        """`fit.error` and `fit.moe_error`, which plans read, as error_quantiles writes them: per
+        band, `runs` or `stages` (counts) and per figure its quantiles `qNN` (finite %)."""
+        for key in ("error", "moe_error"):
+            bands = (fit or {}).get(key)
+            if bands is None:
+                continue
+            if not isinstance(bands, dict):
+                raise ValueError(f"fit.{key}: a mapping of load bands, each with its error quantiles; regenerate it as "
+                                 "bench/deployment_errors.py or calibrate --bench writes it")
+            for band, figures in bands.items():
+                for name, value in (figures.items() if isinstance(figures, dict) else [("", None)]):
+                    if not _error_figure(name, value):
+                        raise ValueError(f"fit.{key}.{band}{'.' + str(name) if name else ''}: runs or stages (a count), "
+                                         "or a figure's quantiles (q01: -12.5, ..., finite %); regenerate it as "
+                                         "bench/deployment_errors.py or calibrate --bench writes it")
+        return fit
+
     def batch_tokens(self, given: int | None = None) -> int:
         """The scheduler's token budget per iteration: `given` (the command line's), else the
         profile's, else MAX_BATCH_TOKENS."""
@@ -184,8 +206,8 @@ class EngineProfile(BaseModel):
         error = fit.get("moe_error", {}).get("all")
         if not error or not error.get("runs"):
             return None
-        ttft, tpot = error["ttft_mean"]["q50"], error["tpot_mean"]["q50"]
-        if max(abs(ttft), abs(tpot)) < 10:
+        ttft, tpot = (error.get(figure, {}).get("q50") for figure in ("ttft_mean", "tpot_mean"))
+        if ttft is None or tpot is None or max(abs(ttft), abs(tpot)) < 10:
             return None
         source = str(fit.get("moe_error_source", "")).split(":")[0]  # (the script and its date)
         return (f"{model} is a mixture-of-experts model: {self.name} predicted the mean TTFT of {error['runs']} measured MoE "
@@ -305,6 +327,15 @@ def error_quantiles(signed_pct) -> dict[str, float]:
     """One figure's measured error as `fit.error` records it: the quantiles (ERROR_LEVELS) of its
     signed error in % (predicted / measured - 1), keyed `q01`, `q05`, ..., to a tenth."""
     return {f"q{round(q * 100):02d}": round(float(np.quantile(signed_pct, q)), 1) for q in ERROR_LEVELS}
+
+
+def _error_figure(name: Any, value: Any) -> bool:
+    """Whether one entry of a measured-error band is as error_quantiles writes it."""
+    if name in ("runs", "stages"):
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return (isinstance(value, dict) and bool(value) and all(
+        re.fullmatch(r"q\d\d", str(k)) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        for k, v in value.items()))
 
 
 def _samples(band: dict) -> int:
