@@ -12,7 +12,11 @@ aiconfigurator's sample (`../shared/data/perf/`, the runs bench/moe_accuracy.py 
    read; 1 in the shipped SGLang and TensorRT-LLM profiles, fitted on dense runs) fitted alone per
    engine and weight precision to the aggregated MoE runs at up to 64 clients, within 0.02-1:
    its value, whether it ends on a bound, and the TTFT and TPOT error (MAPE / median %) shipped,
-   fitted in-sample, and held out by machine (each machine predicted by the fit on the others).
+   fitted in-sample, and held out by machine (each machine predicted by the fit on the others);
+4. which form the shipped profiles' TTFT error takes on the fp8 MoE runs, per engine and load:
+   measured = a + b x predicted (a latency every request adds: a floor) or m x predicted (a
+   factor, as `--confidence` applies it), each fitted by soft-L1 least squares on log ratios,
+   with its MAPE.
 """
 
 from __future__ import annotations
@@ -113,7 +117,31 @@ def main() -> None:
     print(_table(dense, ["engine", "machine", "model", "tp", "isl"]))
     print("\n## moe_efficiency fitted alone to the aggregated MoE runs (MAPE / median %)\n")
     _moe_factor_fits(moe, args.jobs, args.max_evaluations)
+    print("\n## The shipped profiles' TTFT error on the fp8 MoE runs: a floor or a factor?\n")
+    _error_form(_predicted(moe[moe.weights == "fp8"].reset_index(drop=True), moe_profile, args.jobs))
 
+
+def _error_form(runs: pd.DataFrame) -> None:
+    print("| engine | clients | runs | floor a ms | b | MAPE % | factor m | MAPE % |\n|---|---|---|---|---|---|---|---|")
+    runs = runs[np.isfinite(runs.ttft_shipped)]
+    for engine, group in runs.groupby("engine"):
+        for low, high in ((1, 4), (5, 16), (17, 64)):
+            band = group[(group.concurrency >= low) & (group.concurrency <= high)]
+            if len(band) >= 6:
+                (a, b), m, mapes = _forms(band.ttft_shipped.to_numpy(), band.ttft_ms.to_numpy())
+                print(f"| {engine} | {low}-{high} | {len(band)} | {a:.0f} | {b:.2f} | {mapes[0]:.0f} | {m:.2f} | {mapes[1]:.0f} |")
+
+
+def _forms(predicted: np.ndarray, measured: np.ndarray):
+    """measured = a + b x predicted, and measured = m x predicted, fitted on log ratios (soft L1): (a, b), m, their MAPEs %."""
+    from scipy.optimize import least_squares
+
+    def fit(form, start, lower, upper):
+        return least_squares(lambda p: np.log(form(p) / measured), start, bounds=(lower, upper), loss="soft_l1", f_scale=0.1).x
+    floor = fit(lambda p: p[0] + p[1] * predicted, [100.0, 1.0], [0, 0.1], [2000, 20])
+    factor = fit(lambda p: p[0] * predicted, [2.0], [0.1], [50])[0]
+    mapes = [np.mean(np.abs(v / measured - 1)) * 100 for v in (floor[0] + floor[1] * predicted, factor * predicted)]
+    return floor, factor, mapes
 
 if __name__ == "__main__":
     main()
