@@ -33,10 +33,14 @@ from moe_accuracy import runs_of as moe_runs
 from splitplan.base.parallel import run_units
 from splitplan.sim import deployments as dep
 from splitplan.specs.engine import error_quantiles, load_engine
+from splitplan.specs.hardware import load_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT.parent / "shared" / "data" / "perf" / "aiconfigurator_silicon_sample.csv"
 PROFILES = {"vllm-fp8": "vllm", "sglang-fp8": "sglang", "trtllm-fp8": "trtllm", "lean-fp8": None}
+# The factors each profile's command fitted to these runs (bench/fit_vllm.py; calibrate --deployments; none)
+FITTED = {"vllm-fp8": ("compute_efficiency", "memory_efficiency"), "sglang-fp8": tuple(dep.DEPLOYMENT_FACTORS),
+          "trtllm-fp8": tuple(dep.DEPLOYMENT_FACTORS), "lean-fp8": ()}
 
 
 def quantiles(frame: pd.DataFrame, predicted: np.ndarray) -> dict:
@@ -49,6 +53,18 @@ def quantiles(frame: pd.DataFrame, predicted: np.ndarray) -> dict:
         out[str(band)] = {"runs": int(keep.sum()), **{m: error_quantiles(e[keep, j] * 100)
                                                          for j, m in enumerate(("ttft_mean", "tpot_mean"))}}
     return out
+
+
+def _sample_role(name: str, profile, runs: pd.DataFrame) -> str:
+    """Whether the profile's error on `runs` is in-sample: whether a factor its command fitted to them
+    times them (not where its measured kernel curves time every operator those factors would)."""
+    machines = [load_hardware(m) for m in sorted(set(runs.machine))]
+    if not FITTED[name]:
+        return "out-of-sample: the profile was fitted to none of them"
+    if all(dep.timed_by_curves(k, profile, hw) for k in FITTED[name] for hw in machines):
+        return (f"out-of-sample: its measured kernel curves time every operator that its factors fitted to them "
+                f"({', '.join(FITTED[name])}) would on these runs' GPUs")
+    return "in-sample, as the profile was fitted on them (held out by machine: bench/fidelity.py)"
 
 
 def main() -> None:
@@ -68,14 +84,13 @@ def main() -> None:
             continue
         run = partial(run_units, jobs=args.jobs)
         mine = runs if engine is None else runs[runs.engine == engine].reset_index(drop=True)
-        error = quantiles(mine, dep.predict(mine, load_engine(name), run))
+        profile = load_engine(name)
+        error = quantiles(mine, dep.predict(mine, profile, run))
         whose = engine or "vLLM, SGLang and TensorRT-LLM"
         source = (f"bench/deployment_errors.py (2026-12): {len(mine)} measured aggregated fp8 runs of "
                   f"{whose} in aiconfigurator's silicon sample replayed by this profile as "
                   "closed loops, their clients out of phase after the first wave, at the profile's own token budget and "
-                  "sequence cap (the runs record neither: sim.deployments); "
-                  + ("in-sample, as the profile was fitted on them (held out by machine: bench/fidelity.py)"
-                     if engine else "out-of-sample: the profile was fitted to none of them"))
+                  "sequence cap (the runs record neither: sim.deployments); " + _sample_role(name, profile, mine))
         theirs = moe if engine is None else moe[moe.engine == engine].reset_index(drop=True)
         moe_error = quantiles(theirs, dep.predict(theirs, load_engine(name), run))
         moe_source = (f"bench/deployment_errors.py (2026-12): {moe_error['all']['runs']} measured aggregated MoE runs of {whose} "

@@ -14,10 +14,14 @@ GPUs, and the dense GEMM efficiency (`compute_efficiency`, REFERENCE.md's 75 %, 
 cannot pin: their prefix cache leaves little prefill). Held-out error: folds by model, each
 model's stages predicted by a fit without them.
 
-fp8 (`engine_profiles/vllm-fp8.yaml`): the bf16 profile at fp8 (weights, KV and activations), with
-its two efficiencies refitted to aiconfigurator's aggregated vLLM runs of catalog models (closed
-loops, `splitplan calibrate --deployments`'s replay), the engine's overheads kept: an fp8 step
-is not half a bf16 one. `--write` writes both profiles with their provenance and error.
+fp8 (`engine_profiles/vllm-fp8.yaml`): the bf16 profile at fp8 (weights, KV and activations), its
+operators timed by vLLM's measured kernel curves (`kernel_curves: vllm`, issue 55; the hardware
+files' `kernels:`) wherever a GPU has them, the engine's overheads kept. Its two efficiencies are
+refitted to aiconfigurator's aggregated vLLM runs of catalog models (closed loops, `splitplan
+calibrate --deployments`'s replay) as the roofline's for GPUs without curves; on the runs' own
+GPUs (H100, H200, B200) the curves time every operator those efficiencies would, so the profile's
+error on these runs is out-of-sample (printed for both: the curves, and the scalars as fitted).
+`--write` writes both profiles with their provenance and error.
 """
 
 from __future__ import annotations
@@ -216,32 +220,48 @@ def main() -> None:
 
 
 def fit_fp8(fitted, args):
-    """vllm-fp8: the bf16 profile `fitted` at fp8, its compute and memory efficiency refitted to
-    aiconfigurator's vLLM fp8 runs within perf.bounds' bounds (compute at most the measured fp8
-    GEMM ceiling of the runs' machines); a factor that ends on a bound is printed and recorded."""
+    """vllm-fp8: the bf16 profile `fitted` at fp8, timed by vLLM's kernel curves where a GPU has
+    them; its compute and memory efficiency (the roofline's, for GPUs without curves) refitted to
+    aiconfigurator's vLLM fp8 runs without the curves, within perf.bounds' bounds (compute at most
+    the measured fp8 GEMM ceiling of the runs' machines); a factor that ends on a bound is printed
+    and recorded."""
     runs, _ = dep.read_deployments(args.deployments)
     mine = runs[(runs.engine == "vllm") & (runs.precision == "fp8")].reset_index(drop=True)
     start = fitted.model_copy(update={
         "name": "vllm-fp8", "dtype": "fp8", "fit": None,
-        "description": "vLLM (fp8 weights, KV and activations): the vllm profile with its efficiencies refitted at fp8",
-        "source": "bench/fit_vllm.py: vllm's overheads and scheduler; compute and memory efficiency fitted to "
-                  "aiconfigurator_silicon_sample.csv (vLLM 0.11-0.19, fp8)"})
+        "description": "vLLM (fp8 weights, KV and activations): the vllm profile at fp8, its operators timed by vLLM's "
+                       "measured kernel curves where a GPU has them",
+        "source": "bench/fit_vllm.py: vllm's overheads and scheduler; operators by NVIDIA aiconfigurator-core 0.12.0's "
+                  "vLLM kernel tables (kernel_curves: vllm); compute and memory efficiency, for GPUs without those tables, "
+                  "fitted to aiconfigurator_silicon_sample.csv (vLLM 0.11-0.19, fp8)"})
     run = partial(run_units, jobs=args.jobs)
-    fp8 = dep.fit_deployments(mine, start, max_evaluations=args.evaluations, run=run, factors=FP8_FACTORS)
-    pred = dep.predict(mine, fp8, run)
+    scalars = dep.fit_deployments(mine, start, max_evaluations=args.evaluations, run=run, factors=FP8_FACTORS)
+    fp8 = scalars.model_copy(update={"kernel_curves": "vllm"})
     truth = mine[["ttft_ms", "tpot_ms"]].to_numpy(float)
-    err = (pred / truth - 1) * 100
-    figures = {f"{m}_{k}_pct": round(float(f(err[:, j])), 1) for j, m in enumerate(("ttft", "tpot"))
-               for k, f in (("mape", lambda e: np.nanmean(np.abs(e))), ("bias", np.nanmedian))}
+    figures, by_model = {}, {}
+    for tag, profile in (("curves", fp8), ("scalars_fitted", scalars)):
+        err = (dep.predict(mine, profile, run) / truth - 1) * 100
+        figures[tag] = _figures(err)
+        by_model[tag] = {model: _figures(err[(mine.model == model).to_numpy()]) for model in sorted(mine.model.unique())}
     print(f"\nfp8 on {len(mine)} aiconfigurator vLLM runs:", {n: float(f"{value(fp8, n):.4g}") for n in FP8_FACTORS}, figures)
-    for name, why in fp8.fit["at_bound"].items():
+    print("per model:", by_model)
+    for name, why in scalars.fit["at_bound"].items():
         print(f"  on its bound: {name}, {why}")
     return fp8.model_copy(update={"fit": {
         "data": "../shared/data/perf/aiconfigurator_silicon_sample.csv (vllm, fp8, aggregated)", "runs": len(mine),
-        "method": "bench/fit_vllm.py: each run replayed as a closed loop (sim.deployments); scipy least_squares, "
-                  f"soft-L1 on log TTFT and TPOT; {', '.join(FP8_FACTORS)} fitted within perf.bounds (compute_efficiency at "
-                  "most the measured fp8 GEMM ceiling of the runs' machines), the rest the vllm profile's",
-        "mape_pct": {"fitted": figures}, "at_bound": fp8.fit["at_bound"]}})
+        "method": "bench/fit_vllm.py: operators timed by vLLM's measured kernel curves where a GPU has them (on these runs' "
+                  "H100, H200 and B200 every operator the efficiencies below would time: the profile's error on them is "
+                  "out-of-sample, mape_pct.curves); each run replayed as a closed loop (sim.deployments); for GPUs without "
+                  f"curves, {', '.join(FP8_FACTORS)} fitted without the curves (scipy least_squares, soft-L1 on log TTFT and "
+                  "TPOT, within perf.bounds: compute_efficiency at most the measured fp8 GEMM ceiling of the runs' machines; "
+                  "mape_pct.scalars_fitted, in-sample), the rest the vllm profile's",
+        "mape_pct": figures, "at_bound": scalars.fit["at_bound"]}})
+
+
+def _figures(err: np.ndarray) -> dict[str, float]:
+    """MAPE and median signed error % of TTFT and TPOT from (n, 2) signed errors."""
+    return {f"{m}_{k}_pct": round(float(f(err[:, j])), 1) for j, m in enumerate(("ttft", "tpot"))
+            for k, f in (("mape", lambda e: np.nanmean(np.abs(e))), ("bias", np.nanmedian))}
 
 
 def write(fitted, fp8) -> None:
