@@ -119,6 +119,20 @@ def test_a_run_is_replayed_with_the_scheduler_settings_it_records():
         != dep.replay({**run, "max_batch_tokens": 2048}, vllm)
 
 
+@pytest.mark.parametrize("machine, tp", [("h100-80gb", 8), ("h200-141gb", 1), ("b200-180gb", 2)])
+def test_vllm_fp8_runs_on_curved_gpus_do_not_read_its_fitted_efficiencies(machine, tp):
+    """vllm-fp8's compute and memory efficiency are fitted to aiconfigurator's vLLM runs; on those
+    runs' GPUs its kernel curves time every operator they would, so its error there is
+    out-of-sample (bench/deployment_errors.py says so): moving them moves no prediction there."""
+    shipped = load_engine("vllm-fp8")
+    moved = shipped.model_copy(update={"defaults": shipped.defaults.model_copy(update={"compute_efficiency": 0.3,
+                                                                                     "memory_efficiency": 0.4})})
+    run = {"model": "llama3.1-70b", "machine": machine, "tp": tp, "concurrency": 8, "isl": 1024, "osl": 128}
+    assert shipped.kernel_curves == "vllm" and dep.replay(run, moved) == dep.replay(run, shipped)
+    plain = shipped.model_copy(update={"kernel_curves": None})
+    assert dep.replay(run, plain.model_copy(update={"defaults": moved.defaults})) != dep.replay(run, plain)
+
+
 def test_a_disaggregated_run_keeps_its_load_per_instance_on_whole_machines():
     """One TP-4 prefill worker (half an 8-GPU machine) and one DP-8 EP-8 decode worker: scaled by 2,
     two prefill instances fill one machine, two decode instances two machines, twice the clients."""
