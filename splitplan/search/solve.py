@@ -99,7 +99,7 @@ def _solve_highs(program: IntegerProgram) -> np.ndarray | None:
     lp.a_matrix_.start_ = np.concatenate([[0], np.cumsum(nonzero.sum(axis=1))]).astype(np.int32)
     lp.a_matrix_.index_ = np.nonzero(nonzero)[1].astype(np.int32)
     lp.a_matrix_.value_ = rows.T[nonzero]
-    with _stdout_to_devnull():  # (HiGHS 1.13 and later print a banner on stdout when a solver is made)
+    with _stdout_to_devnull():  # (highspy 1.16 prints a banner on stdout when a solver is made; 1.12-1.15 do not)
         highs = highspy.Highs()
     highs.setOptionValue("log_to_console", False)
     highs.setOptionValue("mip_rel_gap", 0.0)
