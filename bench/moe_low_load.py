@@ -77,7 +77,7 @@ def _moe_factor_fits(runs: pd.DataFrame, jobs: int, max_evaluations: int) -> Non
     for (engine, weights), group in runs.groupby(["engine", "weights"]):
         group = group.reset_index(drop=True)
         base = load_engine(moe_profile({"engine": engine, "weights": weights}))
-        shipped = dep.predict(group, base, run)
+        shipped = group[["ttft_shipped", "tpot_shipped"]].to_numpy(float)  # (predicted by `_predicted`)
         keep = np.isfinite(shipped[:, 0])
         group, shipped = group[keep].reset_index(drop=True), shipped[keep]
         fit = partial(dep.fit_deployments, base=base, max_evaluations=max_evaluations, run=run, factors=tuple(MOE_FACTOR),
@@ -106,10 +106,9 @@ def main() -> None:
     parser.add_argument("--max-evaluations", type=int, default=12)
     args = parser.parse_args()
     moe, _ = runs_of(args.data, 64)
-    moe = moe[moe["mode"] == "agg"].reset_index(drop=True)
-    low = _predicted(moe[moe.concurrency <= LOW].reset_index(drop=True), moe_profile, args.jobs)
+    moe = _predicted(moe[moe["mode"] == "agg"].reset_index(drop=True), moe_profile, args.jobs)  # (every table's, once)
     print(f"## MoE aggregated runs at 1-{LOW} clients (medians)\n")
-    print(_table(low, ["engine", "machine", "model", "weights", "layout", "isl"]))
+    print(_table(moe[moe.concurrency <= LOW], ["engine", "machine", "model", "weights", "layout", "isl"]))
     dense, _ = dep.read_deployments(args.data)
     dense = dense[(dense.concurrency <= LOW) & (dense.precision == "fp8")].reset_index(drop=True)
     dense = _predicted(dense, lambda r: f"{r.engine}-fp8", args.jobs)
@@ -118,7 +117,7 @@ def main() -> None:
     print("\n## moe_efficiency fitted alone to the aggregated MoE runs (MAPE / median %)\n")
     _moe_factor_fits(moe, args.jobs, args.max_evaluations)
     print("\n## The shipped profiles' TTFT error on the fp8 MoE runs: a floor or a factor?\n")
-    _error_form(_predicted(moe[moe.weights == "fp8"].reset_index(drop=True), moe_profile, args.jobs))
+    _error_form(moe[moe.weights == "fp8"])
 
 
 def _error_form(runs: pd.DataFrame) -> None:
