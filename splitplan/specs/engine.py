@@ -203,7 +203,7 @@ class EngineProfile(BaseModel):
         """What a plan for MoE `model` should say of this profile's error on measured MoE
         deployments (`fit.moe_error`), where its median TTFT or TPOT is off by 10 % or more."""
         fit = self.fit or {}
-        error = fit.get("moe_error", {}).get("all")
+        error = (fit.get("moe_error") or {}).get("all")
         if not error or not error.get("runs"):
             return None
         ttft, tpot = (error.get(figure, {}).get("q50") for figure in ("ttft_mean", "tpot_mean"))

@@ -168,6 +168,8 @@ def test_a_moe_model_takes_the_error_measured_on_moe_deployments():
     without = _with_error("sglang-fp8", {"all": {"runs": 40, "ttft_mean": dense}})
     without = without.model_copy(update={"fit": {k: v for k, v in without.fit.items() if not k.startswith("moe_error")}})
     assert without.latency_factors(0.9, moe=True)["ttft"] == pytest.approx(1 / 0.8) and without.moe_warning("m") is None
+    empty = without.model_copy(update={"fit": {**without.fit, "moe_error": None}})  # (YAML's `moe_error:` with nothing)
+    assert empty.moe_warning("m") is None and empty.error_key(moe=True) == "error"
 
 
 def test_a_plan_for_a_moe_model_says_how_its_engine_did_on_measured_moe_deployments():
