@@ -1,7 +1,7 @@
 """Fit the `vllm` engine profiles: bf16 on measured vLLM v0.15.1 runs, fp8 on aiconfigurator's vLLM rows.
 
     python bench/fit_vllm.py [--data DIR] [--deployments CSV] [--jobs N] [--evaluations N] [--no-cv]
-                             [--no-fp8 | --fp8-only] [--write]
+                             [--no-fp8 | --fp8-only | --kernel-curves] [--write]
 
 bf16 (`engine_profiles/vllm.yaml`): the load stages of `../shared/data/real-runs/` (measured, used
 here and never copied into the project) replayed as `bench/real_runs.py` replays them (the run's
@@ -22,6 +22,10 @@ calibrate --deployments`'s replay) as the roofline's for GPUs without curves; on
 GPUs (H100, H200, B200) the curves time every operator those efficiencies would, so the profile's
 error on these runs is out-of-sample (printed for both: the curves, and the scalars as fitted).
 `--write` writes both profiles with their provenance and error.
+
+`--kernel-curves` (a study, never written): the bf16 fit with vLLM's measured kernel curves timing
+the operators (`kernel_curves: vllm`), so only the overheads are fitted: issue 55's item 4 for
+`vllm`, which stays on its scalars because this makes the runs' TTFT worse (docs/accuracy.md).
 """
 
 from __future__ import annotations
@@ -168,8 +172,12 @@ def main() -> None:
     parser.add_argument("--no-cv", action="store_true", help="skip the held-out folds by model")
     parser.add_argument("--no-fp8", action="store_true", help="skip the fp8 refit")
     parser.add_argument("--fp8-only", action="store_true", help="refit only fp8, from engine_profiles/vllm.yaml as shipped")
+    parser.add_argument("--kernel-curves", action="store_true",
+                        help="fit bf16 with vLLM's kernel curves timing the operators (a study: no fp8, not written)")
     parser.add_argument("--write", action="store_true", help="write engine_profiles/vllm.yaml and vllm-fp8.yaml")
     args = parser.parse_args()
+    if args.kernel_curves and (args.write or args.fp8_only):
+        parser.error("--kernel-curves is a study: it writes nothing and fits no fp8")
     stages = pd.read_csv(args.data / "runs.csv")
     stages = stages[stages.include == 1].reset_index(drop=True)
 
@@ -179,6 +187,8 @@ def main() -> None:
             write(None, fp8)
         return
     base = base_profile()
+    if args.kernel_curves:
+        base, args.no_fp8 = base.model_copy(update={"kernel_curves": "vllm"}), True
     fitted = fit(base, stages, args.data, args.jobs, args.evaluations)
     at_bound = fitted.fit["at_bound"]
     print("fitted:", {n: float(f"{value(fitted, n):.4g}") for n in FACTORS}, flush=True)
