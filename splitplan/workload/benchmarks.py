@@ -464,6 +464,8 @@ def _config_type(path: Path) -> str:
 
 
 def _guidellm(path: Path, report: dict) -> list[BenchRun]:
+    if not report["benchmarks"]:
+        raise TraceError(f"{path}: benchmarks is empty; pass a GuideLLM report of at least one run")
     runs = []
     for k, bench in enumerate(report["benchmarks"]):
         where = Path(f"{path} (benchmarks[{k}])")
@@ -520,19 +522,22 @@ def _guidellm_requests(requests: Any, where: Path) -> Requests:
 def _guidellm_warmup(bench: dict, where: Path, count: int, rate: float | None, concurrency: int | None,
                      e2e_ms: float | None) -> int:
     """Requests GuideLLM sent in its warm-up (`config.warmup`: a share of the run, a request
-    count, or seconds) and left out of its statistics."""
+    count, or seconds) and left out of its statistics; at most the run's own count, as many as
+    the replay sends before it."""
     warmup = _section(bench, where, "config.warmup", required=False)
     percent = _number(warmup, where, "percent", required=False)
-    if percent:
-        return round(count * min(percent, 0.99) / (1 - min(percent, 0.99)))
     value = _number(warmup, where, "value", required=False) or 0.0
-    if str(warmup.get("mode", "prefer_duration")) in ("requests", "prefer_requests"):
-        return int(value)
-    if rate:
-        return round(value * rate)  # (seconds at the run's rate)
-    if concurrency and e2e_ms:
-        return round(value * concurrency / (e2e_ms / 1e3))  # (seconds of a closed loop: clients / latency a second)
-    return 0
+    if percent:
+        requests = count * min(percent, 0.99) / (1 - min(percent, 0.99))
+    elif str(warmup.get("mode", "prefer_duration")) in ("requests", "prefer_requests"):
+        requests = value
+    elif rate:
+        requests = value * rate  # (seconds at the run's rate)
+    elif concurrency and e2e_ms:
+        requests = value * concurrency / (e2e_ms / 1e3)  # (seconds of a closed loop: clients / latency a second)
+    else:
+        requests = 0.0
+    return round(min(requests, count))
 
 
 def _aiperf(path: Path, doc: dict) -> BenchRun:

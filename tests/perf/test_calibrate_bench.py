@@ -284,6 +284,7 @@ def test_a_closed_loops_first_wave_runs_out_of_phase_and_counts_for_its_ttft_onl
     ("huge-tp", ["--hardware", HW], "tp is 100,000; at most 1,024"),
     ("slow-rate", ["--hardware", HW], "a request rate of 1e-09 req/s"),
     ("too-long", ["--hardware", HW], "every request is longer than the model's"),
+    ("no-runs", ["--hardware", HW], "benchmarks is empty"),
     ("vllm", ["--hardware", HW, "--bench-format", "locust"], "--bench-format locust"),
     ("vllm", ["--hardware", HW, "--perf-db", "x.csv"], "one of them"),
     ("vllm", ["--hardware", HW, "--trace", "a.csv", "--trace", "b.csv"], "--trace given 2 times"),
@@ -298,7 +299,8 @@ def test_calibrate_bench_refuses_with_one_line_naming_the_file_key_or_flag(tmp_p
             "fp8": {**base, "model_id": "nvidia/Llama-3.1-8B-Instruct-FP8"},
             "null-size": {**base, "input_lens": [*base["input_lens"][:3], None, *base["input_lens"][4:]]},
             "huge-tp": {**base, "tp": "100000"}, "slow-rate": {**base, "request_rate": 1e-9},
-            "too-long": {**base, "input_lens": [200_000] * len(base["input_lens"])}}
+            "too-long": {**base, "input_lens": [200_000] * len(base["input_lens"])},
+            "no-runs": {"metadata": {"version": 2}, "benchmarks": []}}
     path = tmp_path / "r.json"
     path.write_text("{oops" if doc == "not-json" else json.dumps(docs[doc]))
     result = run("--bench", path, *args)
@@ -419,6 +421,7 @@ def _guidellm_with(light, strategy, warmup=None):
     ("guidellm", lambda m: _guidellm_with(m, {"type_": "throughput", "max_concurrency": 16}), (None, 16, 0)),
     ("guidellm", lambda m: _guidellm_with(m, {"type_": "constant", "rate": 3.0}, {"percent": 0.2}), (3.0, None, 30)),
     ("guidellm", lambda m: _guidellm_with(m, {"type_": "poisson", "rate": 2.0}, {"value": 5.0}), (2.0, None, 10)),
+    ("guidellm", lambda m: _guidellm_with(m, {"type_": "poisson", "rate": 2.0}, {"value": 1e308}), (2.0, None, 120)),
     ("aiperf", lambda m: {**aiperf_export(m), "input_config": {"loadgen": {"concurrency": 8, "warmup_request_count": 4}}},
      (None, 8, 4)),
     ("aiperf", lambda m: {**aiperf_export(m), "input_config": {"concurrency": 8, "model": [HF_MODEL]}}, (None, 8, 0)),
@@ -426,7 +429,7 @@ def _guidellm_with(light, strategy, warmup=None):
 ])
 def test_each_tools_load_is_read_as_it_ran(tmp_path, light, kind, make, load):
     """Rate, clients and the warm-up the tool sent first (GuideLLM's `percent` of the run or seconds
-    at its rate, AIPerf's warmup_request_count)."""
+    at its rate, at most the run's count; AIPerf's warmup_request_count)."""
     name = {"aiperf": "profile_export_aiperf.json", "inference-perf": "stage_3_lifecycle_metrics.json"}.get(kind, "r.json")
     (run_,) = read_benchmarks([_write(tmp_path / name, make(light))])
     assert (run_.tool, run_.rate_rps, run_.concurrency, run_.warmup_requests) == (kind, *load)
