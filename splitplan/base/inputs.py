@@ -236,3 +236,30 @@ def finite_columns(frame, columns: list[str], path: Path, error: type[SplitplanE
                         "not a finite number; fix or remove the row")
         out[col] = values
     return out
+
+
+def number_column(frame, col: str, path: Path, error: type[SplitplanError] = SpecError):
+    """`frame[col]` as floats, an empty cell NaN; text that is not a number is an error naming its
+    line (header = line 1)."""
+    import numpy as np
+    import pandas as pd  # on first use: the CLI starts without it
+    values = pd.to_numeric(frame[col], errors="coerce")
+    bad = (values.isna() & frame[col].notna()).to_numpy()
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise error(f"{path}: line {int(frame.index[row]) + 2}: column {col} has '{excerpt(frame[col].iloc[row])}', "
+                    "not a number; fix or remove the row")
+    return values.astype(float)
+
+
+def whole_columns(frame, caps: dict[str, int], path: Path, error: type[SplitplanError] = SpecError) -> None:
+    """Every value of each column in `caps` a whole number from 1 to its cap; else an error naming
+    the first line (header = line 1)."""
+    import numpy as np
+    for col, cap in caps.items():
+        values = frame[col].to_numpy(float)
+        bad = ~((values >= 1) & (values <= cap) & (values == np.floor(values)))
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise error(f"{path}: line {int(frame.index[row]) + 2}: column {col} is {values[row]:g}; "
+                        f"expected a whole number from 1 to {cap:,}")

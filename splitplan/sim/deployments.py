@@ -39,7 +39,8 @@ import numpy as np
 import pandas as pd
 
 from splitplan.base.errors import TraceError
-from splitplan.base.inputs import finite_columns, read_table
+from splitplan.base.inputs import finite_columns, number_column, read_table, whole_columns
+from splitplan.base.limits import MAX_CONCURRENCY, MAX_REQUEST_TOKENS
 from splitplan.base.runner import Runner, serial
 from splitplan.perf.bounds import at_bounds
 from splitplan.perf.bounds import bounds as fit_bounds
@@ -47,7 +48,7 @@ from splitplan.perf.roofline import Instance
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.specs.engine import EngineProfile
 from splitplan.specs.hardware import load_hardware
-from splitplan.specs.layout import Layout, parse_layout
+from splitplan.specs.layout import MAX_GPUS, Layout, parse_layout
 from splitplan.specs.model import load_model
 from splitplan.specs.roles import Role
 from splitplan.workload.trace import closed_loop_workload
@@ -57,6 +58,9 @@ COLUMNS = ["backend", "system", "precision", "mode", "model_path", "isl", "osl",
 MACHINES = {"h100_sxm": "h100-80gb", "h200_sxm": "h200-141gb", "b200_sxm": "b200-180gb"}
 MODELS = {"meta-llama/Llama-3.1-70B": "llama3.1-70b", "meta-llama/Llama-3.1-8B-Instruct": "llama3.1-8b",
           "nvidia/Llama-3.1-8B-Instruct-FP8": "llama3.1-8b", "Qwen/Qwen3-32B": "qwen3-32b"}
+# A kept run's whole-number columns and their caps, and every column read as a number.
+WHOLE = {"tp_size": MAX_GPUS, "batch_size": MAX_CONCURRENCY, "isl": MAX_REQUEST_TOKENS, "osl": MAX_REQUEST_TOKENS}
+NUMBERS = (*WHOLE, "pp_size", "attention_dp_size", "moe_ep_size", "silicon_ttft_ms", "silicon_tpot_ms")
 BANDS = (0, 4, 16, 32, 64, 1_000_000)
 BAND_LABELS = ("1-4", "5-16", "17-32", "33-64", ">64")
 # name: (lower, upper, scale)
@@ -81,6 +85,7 @@ def read_deployments(path: str | Path) -> tuple[pd.DataFrame, dict[str, int]]:
     missing = [c for c in COLUMNS if c not in raw.columns]
     if missing:
         raise TraceError(f"{path}: not a deployment file (aiconfigurator silicon format); missing {', '.join(missing)}")
+    raw = raw.assign(**{col: number_column(raw, col, path, TraceError) for col in NUMBERS if col in raw})
     reasons = {
         "disaggregated (not yet replayed)": raw["mode"] != "agg",
         "precision other than bf16/fp8": ~raw.precision.isin(["bf16", "fp8"]),
@@ -96,7 +101,8 @@ def read_deployments(path: str | Path) -> tuple[pd.DataFrame, dict[str, int]]:
         if new.any():
             dropped[reason] = int(new.sum())
         out |= mask
-    kept = finite_columns(raw[~out], ["tp_size", "batch_size", "isl", "osl"], path, TraceError)
+    kept = finite_columns(raw[~out], [*WHOLE, "silicon_ttft_ms", "silicon_tpot_ms"], path, TraceError)
+    whole_columns(kept, WHOLE, path, TraceError)
     runs = pd.DataFrame({
         "machine": kept.system.map(MACHINES), "model": kept.model_path.map(MODELS), "engine": kept.backend,
         "precision": kept.precision, "tp": kept.tp_size.astype(int), "concurrency": kept.batch_size.astype(int),

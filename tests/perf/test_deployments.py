@@ -87,6 +87,27 @@ def test_calibrate_deployments_failures(args, needle, tmp_path, monkeypatch):
     assert result.exit_code == 2 and needle in result.stderr, result.output
 
 
+@pytest.mark.parametrize("row,column,value,needle", [
+    (0, "tp_size", "two", "line 2: column tp_size has 'two', not a number"),
+    (7, "silicon_ttft_ms", "fast", "line 9: column silicon_ttft_ms has 'fast', not a number"),  # (a row left out, still read)
+    (1, "batch_size", "1e308", "line 3: column batch_size is 1e+308; expected a whole number from 1 to 100,000"),
+    (2, "isl", "1.5", "line 4: column isl is 1.5; expected a whole number"),
+    (3, "tp_size", "0", "line 5: column tp_size is 0; expected a whole number from 1 to 1,024"),
+    (4, "silicon_tpot_ms", "inf", "line 6: column silicon_tpot_ms has 'inf', not a finite number"),
+])
+def test_a_cell_that_is_no_run_figure_is_refused_naming_its_line(tmp_path, row, column, value, needle):
+    """Text where a number belongs (in a row the catalog cannot model too), a count that is not a
+    whole number within its bound, an infinite latency: exit 2 naming the line, never a wrapped
+    integer or a comparison of text with a number."""
+    frame = pd.read_csv(_synthetic(tmp_path)).astype(object)
+    frame.loc[row, column] = value
+    frame.to_csv(tmp_path / "bad.csv", index=False)
+    result = CliRunner().invoke(app, ["calibrate", "--deployments", str(tmp_path / "bad.csv"), "--backend", "vllm",
+                                      "--folds", "0"])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and needle in result.output, result.output
+
+
 def test_one_client_replays_back_to_back_requests_in_milliseconds():
     """Concurrency 1 on a whole machine: no queueing, so the mean TTFT is one prefill and the
     mean TPOT one decode step over the request's context (both in ms, as the files give them)."""
