@@ -276,6 +276,7 @@ def fit_gpu(name: str, engine: str):
                 c, bf16, bandwidth, f.batch_size.to_numpy(float), (f.isl + f.step).to_numpy(float), f.num_heads.to_numpy(float),
                 f.num_key_value_heads.to_numpy(float), f.head_dim.to_numpy(float), kvb), GENERATION, frame,
                 _folds(frame.num_heads, frame.num_key_value_heads, frame.head_dim))
+            params["max_kv_heads"] = int(frame.num_key_value_heads.max())  # (the per-KV-head term's measured range)
             size = (frame.isl + frame.step).to_numpy(float)
         elif op == "mla_generation":
             kvb = BYTES[key]
@@ -297,7 +298,7 @@ def fit_gpu(name: str, engine: str):
         bounds += [f"{engine} {name} {label}: {p}" for p in hit]
         errors.append(pd.DataFrame({"engine": engine, "gpu": name, "op": op, "key": key, "size": size, "error_pct": err}))
         mape[label.replace(" ", "_")] = round(float(np.nanmean(np.abs(err))), 1)
-        rounded = {k: float(f"{v:.4g}") for k, v in params.items()}
+        rounded = {k: v if isinstance(v, int) else float(f"{v:.4g}") for k, v in params.items()}
         if op == "all_reduce":
             curves_out["all_reduce"].append({"gpus": int(key), **rounded})
         elif op == "all_to_all":

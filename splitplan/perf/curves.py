@@ -24,7 +24,9 @@ clock. Every function takes floats or NumPy arrays.
 - Generation attention (b sequences over c tokens of context each, H query and H_kv KV heads):
   the larger of 2 H_kv d b c KV elements read at `memory_efficiency` of the bandwidth and 4 H d b c
   FLOPs at `efficiency` of the bf16 peak, plus b (`s_per_sequence` + H_kv `s_per_kv_head`) and
-  `latency_s`.
+  `latency_s`, H_kv in that term at most `max_kv_heads`, the most the fitted table measured (NVIDIA's
+  tables stop at 8 a GPU: a per-head cost fitted there is not extrapolated to a 32-head MHA model,
+  `kv_heads_timed`).
 - MLA generation attention (DeepSeek's absorbed decode: b sequences over c tokens of context, H
   query heads over one latent of L elements, a rank-R part of it the values): the larger of L b c
   KV elements read at `memory_efficiency` of the bandwidth and 2 H (L + R) b c FLOPs at
@@ -97,13 +99,20 @@ def context_attention_s(curve, bf16_flops_per_s: float, batch, prompt_tokens, he
     return flops / (bf16_flops_per_s * curve.efficiency * head_dim_share(curve, head_dim)) + curve.latency_s
 
 
+def kv_heads_timed(curve, kv_heads):
+    """The KV heads a generation curve's per-KV-head term counts: at most the most its table
+    measured (`max_kv_heads`; a fit's trial curve, without one, all of them)."""
+    bound = getattr(curve, "max_kv_heads", None)
+    return kv_heads if bound is None else np.minimum(kv_heads, bound)
+
+
 def generation_attention_s(curve, bf16_flops_per_s: float, memory_bytes_per_s: float, batch, context_tokens, heads,
                            kv_heads, head_dim, kv_bytes_per_element: float):
     """Seconds of one decode step's attention for `batch` sequences of `context_tokens` each."""
     kv_bytes = 2 * kv_heads * head_dim * batch * context_tokens * kv_bytes_per_element
     flops = 4 * heads * head_dim * batch * context_tokens
     return (np.maximum(kv_bytes / (memory_bytes_per_s * curve.memory_efficiency), flops / (bf16_flops_per_s * curve.efficiency))
-            + batch * (curve.s_per_sequence + kv_heads * curve.s_per_kv_head) + curve.latency_s)
+            + batch * (curve.s_per_sequence + kv_heads_timed(curve, kv_heads) * curve.s_per_kv_head) + curve.latency_s)
 
 
 def mla_generation_s(curve, bf16_flops_per_s: float, memory_bytes_per_s: float, batch, context_tokens, heads,

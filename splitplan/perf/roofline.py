@@ -454,7 +454,8 @@ class Instance(PassShortcuts):
         if generation is not None:
             out |= {"kv_bytes_per_s": bandwidth * generation.memory_efficiency,
                     "decode_attention_efficiency": generation.efficiency * of_bf16,
-                    "decode_attention_s_per_seq": generation.s_per_sequence + self.kv_heads_per_gpu * generation.s_per_kv_head,
+                    "decode_attention_s_per_seq": generation.s_per_sequence
+                    + curves.kv_heads_timed(generation, self.kv_heads_per_gpu) * generation.s_per_kv_head,
                     "decode_attention_latency_s": generation.latency_s}
         out |= {"large_collective_s_per_token": out["collective_s_per_token"],
                 "large_collective_latency_s": out["collective_latency_s"]}

@@ -107,6 +107,9 @@ class GenerationAttentionCurve(BaseModel):
     s_per_sequence: Seconds
     s_per_kv_head: Seconds  # per sequence and KV head
     latency_s: Seconds
+    # the most KV heads per GPU the fitted table measured: more are timed as that many in the
+    # per-KV-head term (perf.curves.kv_heads_timed; None: no bound, the term grows with them)
+    max_kv_heads: Annotated[int, Field(ge=1, le=1024)] | None = None
 
 
 class AllReduceCurve(BaseModel):

@@ -153,6 +153,25 @@ def test_a_kernel_latency_adds_once_per_kernel_and_layer():
     assert after - before == pytest.approx(1e-6 * 8 * 80, rel=1e-6)
 
 
+def test_a_per_kv_head_cost_is_not_extrapolated_past_the_heads_its_table_measured():
+    """NVIDIA's vLLM decode-attention tables time at most 8 KV heads a GPU (`max_kv_heads`): Llama-2-7B's
+    32 at TP 1 pay the per-KV-head cost of 8, at TP 4 (8 a GPU) all of theirs; the KV they read is
+    still all 32 heads'."""
+    hw = load_hardware("h100-80gb")
+    generation = hw.kernels["vllm"].generation_attention["bf16"]
+    assert generation.max_kv_heads == 8 and generation.s_per_kv_head > 0
+    for tp, heads in ((1, 8), (4, 8), (8, 4)):
+        inst = _instance(_curved("vllm"), "h100-80gb", tp, "llama2-7b")
+        assert inst.constants.decode_attention_s_per_seq == pytest.approx(
+            generation.s_per_sequence + heads * generation.s_per_kv_head, rel=1e-12)
+    args = (1e15, 3e12, np.array([64.0]), np.array([1000.0]), np.array([32.0]))
+    wide, eight = (curves.generation_attention_s(generation, *args, np.array([h]), np.array([128.0]), 2.0) for h in (32.0, 8.0))
+    kv_read = 2 * 24 * 128 * 64 * 1000 * 2.0 / (3e12 * generation.memory_efficiency)  # (24 more heads' KV, same terms else)
+    assert wide[0] - eight[0] == pytest.approx(kv_read, rel=1e-9)
+    unbounded = generation.model_copy(update={"max_kv_heads": None})
+    assert curves.kv_heads_timed(unbounded, 32.0) == 32.0 and curves.kv_heads_timed(generation, 32.0) == 8
+
+
 @pytest.mark.parametrize("batch", [1, 16, 256])
 def test_the_decode_line_is_the_pass_with_curves(batch):
     """The simulator's decode step (`decode_line`: base + per-token slope in the summed context) equals the
