@@ -24,8 +24,10 @@ error on these runs is out-of-sample (printed for both: the curves, and the scal
 `--write` writes both profiles with their provenance and error.
 
 `--kernel-curves` (a study, never written): the bf16 fit with vLLM's measured kernel curves timing
-the operators (`kernel_curves: vllm`), so only the overheads are fitted: issue 55's item 4 for
-`vllm`, which stays on its scalars because this makes the runs' TTFT worse (docs/accuracy.md).
+the operators (`kernel_curves: vllm`), so only the overheads are fitted; then, the overheads held,
+the factors the curves replace on the runs' H100 (`ROOFLINE_ONLY`) fitted without the curves, for
+GPUs that have none (column "without curves"). Issue 55's item 4 for `vllm`, not yet shipped
+(docs/accuracy.md).
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ FACTORS = {
     "frontend_latency_s": (0.0, 0.03, 1e-3),
 }
 FP8_FACTORS = ("compute_efficiency", "memory_efficiency")
+# What vLLM's curves time on the runs' H100 in place of these factors: with the curves they move
+# nothing there, so `--kernel-curves` fits them again without the curves, the overheads held, for
+# the GPUs that have none.
+ROOFLINE_ONLY = ("memory_efficiency", "moe_efficiency", "collective_latency_s")
 FITTED = ("fitted (bench/fit_vllm.py, 2026-12) to vLLM v0.15.1 on H100, engine-wide: the decode's achieved bandwidth and the "
           "overheads as fitted, dense prefill at REFERENCE.md's 75 % of peak at this machine's sustained clock")
 METRICS = ("ttft_mean", "tpot_mean", "e2e_mean")
@@ -120,10 +126,10 @@ def measured(stages: pd.DataFrame) -> np.ndarray:
     return stages[[f"{m}_ms" for m in rr.METRICS]].to_numpy(float)
 
 
-def fit(profile, stages: pd.DataFrame, data: Path, jobs: int, evaluations: int):
-    """`profile` with FACTORS fitted to the stages, within perf.bounds' bounds for H100 (the runs'
-    machine); the factors that ended on a bound in its `fit.at_bound`."""
-    names = list(FACTORS)
+def fit(profile, stages: pd.DataFrame, data: Path, jobs: int, evaluations: int, names: tuple[str, ...] = tuple(FACTORS)):
+    """`profile` with `names` (of FACTORS) fitted to the stages, within perf.bounds' bounds for H100
+    (the runs' machine); the factors that ended on a bound in its `fit.at_bound`."""
+    names = list(names)
     lower, upper, why = bounds(FACTORS, names, [load_hardware("h100-80gb")], profile.weights)
     scale = np.array([FACTORS[n][2] for n in names])
     target = np.log(measured(stages)[:, :len(METRICS)])
@@ -193,6 +199,13 @@ def main() -> None:
     at_bound = fitted.fit["at_bound"]
     print("fitted:", {n: float(f"{value(fitted, n):.4g}") for n in FACTORS}, flush=True)
     columns = {"fitted": predict(fitted, stages, args.data, args.jobs)}
+    if args.kernel_curves:  # the roofline's factors for GPUs without curves, the overheads as fitted
+        roofline = fit(fitted.model_copy(update={"kernel_curves": None}), stages, args.data, args.jobs, args.evaluations,
+                       ROOFLINE_ONLY)
+        at_bound |= roofline.fit["at_bound"]
+        fitted = with_values(fitted, {n: value(roofline, n) for n in ROOFLINE_ONLY})
+        print("without curves:", {n: float(f"{value(fitted, n):.4g}") for n in ROOFLINE_ONLY}, flush=True)
+        columns["without curves"] = predict(roofline, stages, args.data, args.jobs)
     if not args.no_cv:
         held = np.full_like(columns["fitted"], np.nan)
         for model in stages.model_arg.unique():
