@@ -184,6 +184,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.kernel_curves and (args.write or args.fp8_only):
         parser.error("--kernel-curves is a study: it writes nothing and fits no fp8")
+    args.no_fp8 |= args.kernel_curves
     stages = pd.read_csv(args.data / "runs.csv")
     stages = stages[stages.include == 1].reset_index(drop=True)
 
@@ -194,7 +195,7 @@ def main() -> None:
         return
     base = base_profile()
     if args.kernel_curves:
-        base, args.no_fp8 = base.model_copy(update={"kernel_curves": "vllm"}), True
+        base = base.model_copy(update={"kernel_curves": "vllm"})
     fitted = fit(base, stages, args.data, args.jobs, args.evaluations)
     at_bound = fitted.fit["at_bound"]
     print("fitted:", {n: float(f"{value(fitted, n):.4g}") for n in FACTORS}, flush=True)
