@@ -1,33 +1,30 @@
 """Fit the `vllm` engine profiles: bf16 on measured vLLM v0.15.1 runs, fp8 on aiconfigurator's vLLM rows.
 
     python bench/fit_vllm.py [--data DIR] [--deployments CSV] [--jobs N] [--evaluations N] [--no-cv]
-                             [--no-fp8 | --fp8-only | --kernel-curves] [--write]
+                             [--no-fp8 | --fp8-only] [--write]
 
 bf16 (`engine_profiles/vllm.yaml`): the load stages of `../shared/data/real-runs/` (measured, used
 here and never copied into the project) replayed as `bench/real_runs.py` replays them (the run's
-chunked scheduler, budget, `max_num_seqs`, memory fraction and prefix cache), and the engine-wide
-factors in `FACTORS` fitted with `scipy.optimize.least_squares` (soft-L1 on the log ratio of
-predicted to measured mean TTFT, TPOT and E2E, each factor within physical bounds). What stays
-fixed is the engine as documented (`BASE`): chunked prefill, async scheduling, CUDA-graph decode
-(about 1 us between graph-launched kernels), vLLM's default budget and sequence cap on H100-class
-GPUs, and the dense GEMM efficiency (`compute_efficiency`, REFERENCE.md's 75 %, which these runs
-cannot pin: their prefix cache leaves little prefill). Held-out error: folds by model, each
-model's stages predicted by a fit without them.
+chunked scheduler, budget, `max_num_seqs`, memory fraction and prefix cache). The operators are
+timed by vLLM's measured kernel curves (`kernel_curves: vllm`, issue 55; the hardware files'
+`kernels:`), so on the runs' H100 only the engine's overheads (`OVERHEADS`) are fitted, with
+`scipy.optimize.least_squares` (soft-L1 on the log ratio of predicted to measured mean TTFT, TPOT
+and E2E, each factor within physical bounds). Then, the overheads held, the factors the curves
+replace on H100 (`ROOFLINE_ONLY`) are fitted to the same stages without the curves: the roofline's,
+for GPUs that have none (A100-40GB, the capped H100, MI300X, a GPU of the user's; column "without
+curves"). What stays fixed is the engine as documented (`base_profile`): chunked prefill, async
+scheduling, CUDA-graph decode (about 1 us between graph-launched kernels), vLLM's default budget and
+sequence cap on H100-class GPUs, and the roofline's dense GEMM efficiency (`compute_efficiency`,
+REFERENCE.md's 75 %, which these runs cannot pin: their prefix cache leaves little prefill).
+Held-out error: folds by model, each model's stages predicted by a fit without them.
 
 fp8 (`engine_profiles/vllm-fp8.yaml`): the bf16 profile at fp8 (weights, KV and activations), its
-operators timed by vLLM's measured kernel curves (`kernel_curves: vllm`, issue 55; the hardware
-files' `kernels:`) wherever a GPU has them, the engine's overheads kept. Its two efficiencies are
-refitted to aiconfigurator's aggregated vLLM runs of catalog models (closed loops, `splitplan
-calibrate --deployments`'s replay) as the roofline's for GPUs without curves; on the runs' own
-GPUs (H100, H200, B200) the curves time every operator those efficiencies would, so the profile's
-error on these runs is out-of-sample (printed for both: the curves, and the scalars as fitted).
-`--write` writes both profiles with their provenance and error.
-
-`--kernel-curves` (a study, never written): the bf16 fit with vLLM's measured kernel curves timing
-the operators (`kernel_curves: vllm`), so only the overheads are fitted; then, the overheads held,
-the factors the curves replace on the runs' H100 (`ROOFLINE_ONLY`) fitted without the curves, for
-GPUs that have none (column "without curves"). Issue 55's item 4 for `vllm`, not yet shipped
-(docs/accuracy.md).
+operators timed by the same curves wherever a GPU has them, the engine's overheads kept. Its two
+efficiencies are refitted to aiconfigurator's aggregated vLLM runs of catalog models (closed loops,
+`splitplan calibrate --deployments`'s replay) as the roofline's for GPUs without curves; on the
+runs' own GPUs (H100, H200, B200) the curves time every operator those efficiencies would, so the
+profile's error on these runs is out-of-sample (printed for both: the curves, and the scalars as
+fitted). `--write` writes both profiles with their provenance and error.
 """
 
 from __future__ import annotations
@@ -65,11 +62,14 @@ FACTORS = {
 }
 FP8_FACTORS = ("compute_efficiency", "memory_efficiency")
 # What vLLM's curves time on the runs' H100 in place of these factors: with the curves they move
-# nothing there, so `--kernel-curves` fits them again without the curves, the overheads held, for
-# the GPUs that have none.
+# nothing there, so they are fitted without the curves, the overheads held, for the GPUs that have none.
 ROOFLINE_ONLY = ("memory_efficiency", "moe_efficiency", "collective_latency_s")
-FITTED = ("fitted (bench/fit_vllm.py, 2026-12) to vLLM v0.15.1 on H100, engine-wide: the decode's achieved bandwidth and the "
-          "overheads as fitted, dense prefill at REFERENCE.md's 75 % of peak at this machine's sustained clock")
+OVERHEADS = tuple(n for n in FACTORS if n not in ROOFLINE_ONLY)
+CURVED = ("vLLM's measured kernels on this GPU (NVIDIA aiconfigurator-core 0.12.0's tables, its hardware file's kernels:), "
+          "the engine's overheads fitted with them (bench/fit_vllm.py, 2026-12) to vLLM v0.15.1 on H100")
+FITTED = ("fitted (bench/fit_vllm.py, 2026-12) to vLLM v0.15.1 on H100 without kernel curves, the overheads held: the decode's "
+          "achieved bandwidth, the MoE experts' efficiency and the all-reduce latency; dense prefill at REFERENCE.md's 75 % "
+          "of peak at this machine's sustained clock")
 METRICS = ("ttft_mean", "tpot_mean", "e2e_mean")
 SOURCE = ("vLLM v0.15.1 (the measured runs): chunked prefill and async scheduling on by default; "
           "max_num_batched_tokens 8192 and max_num_seqs 1024, vLLM's defaults for its API server on GPUs of 70 GB "
@@ -84,12 +84,14 @@ def base_profile():
     """vLLM as documented, before fitting: `lean`'s datasheet factors with the engine's scheduler."""
     lean = load_engine("lean")
     return lean.model_copy(update={
-        "name": "vllm", "description": "vLLM v0.15.1 (bf16): chunked prefill, async scheduling, CUDA graphs; fitted to measured runs",
-        "source": "bench/fit_vllm.py on ../shared/data/real-runs (vLLM v0.15.1 on H100, 2026-02)",
+        "name": "vllm", "kernel_curves": "vllm",
+        "description": "vLLM v0.15.1 (bf16): chunked prefill, async scheduling, CUDA graphs; operators timed by vLLM's "
+                       "measured kernel curves where a GPU has them, overheads fitted to measured runs",
+        "source": "bench/fit_vllm.py on ../shared/data/real-runs (vLLM v0.15.1 on H100, 2026-02); operators by NVIDIA "
+                  "aiconfigurator-core 0.12.0's vLLM kernel tables (kernel_curves: vllm)",
         "scheduler": "chunked", "max_num_batched_tokens": 8192, "max_num_seqs": 1024, "scheduler_source": SOURCE,
         "async_scheduling": True, "prefix_caching": True, "kv_block_tokens": 16, "prefix_caching_source": PREFIX_SOURCE,
-        "efficiency_sources": {name: (f"{text}; the rest as fitted" if name in lean.hardware_overrides else FITTED)
-                               for name, text in lean.efficiency_sources.items()},
+        "efficiency_sources": {name: _efficiency_source(name, text, lean) for name, text in lean.efficiency_sources.items()},
         # where the fit starts: the decode at about 80 % of bandwidth, graph-launched kernels and
         # sub-millisecond host work per step (overlapped by async scheduling), a few ms of front end
         "frontend_latency_s": 5e-3,
@@ -97,6 +99,12 @@ def base_profile():
             "kernel_launch_s": 1e-6, "memory_efficiency": 0.78, "decode_overhead_s": 8e-4, "prefill_overhead_s": 5e-4,
             "sequence_overhead_s": 5e-6, "moe_efficiency": 0.5, "collective_latency_s": 5e-6}),
     })
+
+
+def _efficiency_source(machine: str, lean_source: str, lean) -> str:
+    if load_hardware(machine).curves_for("vllm") is not None:
+        return CURVED
+    return f"{lean_source}; the rest as fitted" if machine in lean.hardware_overrides else FITTED
 
 
 def with_values(profile, values: dict):
@@ -178,13 +186,8 @@ def main() -> None:
     parser.add_argument("--no-cv", action="store_true", help="skip the held-out folds by model")
     parser.add_argument("--no-fp8", action="store_true", help="skip the fp8 refit")
     parser.add_argument("--fp8-only", action="store_true", help="refit only fp8, from engine_profiles/vllm.yaml as shipped")
-    parser.add_argument("--kernel-curves", action="store_true",
-                        help="fit bf16 with vLLM's kernel curves timing the operators (a study: no fp8, not written)")
     parser.add_argument("--write", action="store_true", help="write engine_profiles/vllm.yaml and vllm-fp8.yaml")
     args = parser.parse_args()
-    if args.kernel_curves and (args.write or args.fp8_only):
-        parser.error("--kernel-curves is a study: it writes nothing and fits no fp8")
-    args.no_fp8 |= args.kernel_curves
     stages = pd.read_csv(args.data / "runs.csv")
     stages = stages[stages.include == 1].reset_index(drop=True)
 
@@ -194,26 +197,18 @@ def main() -> None:
             write(None, fp8)
         return
     base = base_profile()
-    if args.kernel_curves:
-        base = base.model_copy(update={"kernel_curves": "vllm"})
-    fitted = fit(base, stages, args.data, args.jobs, args.evaluations)
-    at_bound = fitted.fit["at_bound"]
+    fitted = fit_bf16(base, stages, args)
     print("fitted:", {n: float(f"{value(fitted, n):.4g}") for n in FACTORS}, flush=True)
-    columns = {"fitted": predict(fitted, stages, args.data, args.jobs)}
-    if args.kernel_curves:  # the roofline's factors for GPUs without curves, the overheads as fitted
-        roofline = fit(fitted.model_copy(update={"kernel_curves": None}), stages, args.data, args.jobs, args.evaluations,
-                       ROOFLINE_ONLY)
-        at_bound |= roofline.fit["at_bound"]
-        fitted = with_values(fitted, {n: value(roofline, n) for n in ROOFLINE_ONLY})
-        print("without curves:", {n: float(f"{value(fitted, n):.4g}") for n in ROOFLINE_ONLY}, flush=True)
-        columns["without curves"] = predict(roofline, stages, args.data, args.jobs)
+    at_bound = fitted.fit["at_bound"]
+    columns = {"fitted": predict(fitted, stages, args.data, args.jobs),
+               "without curves": predict(fitted.model_copy(update={"kernel_curves": None}), stages, args.data, args.jobs)}
     if not args.no_cv:
         held = np.full_like(columns["fitted"], np.nan)
         for model in stages.model_arg.unique():
             out = (stages.model_arg == model).to_numpy()
-            fold = fit(base, stages[~out].reset_index(drop=True), args.data, args.jobs, args.evaluations)
+            fold = fit(base, stages[~out].reset_index(drop=True), args.data, args.jobs, args.evaluations, OVERHEADS)
             held[out] = predict(fold, stages[out].reset_index(drop=True), args.data, args.jobs)
-            print(f"held out {model}:", {n: float(f"{value(fold, n):.4g}") for n in FACTORS}, flush=True)
+            print(f"held out {model}:", {n: float(f"{value(fold, n):.4g}") for n in OVERHEADS}, flush=True)
         columns["held out"] = held
     columns["lean"] = predict(load_engine("lean"), stages, args.data, args.jobs)
     print(f"\n{len(stages)} stages; MAPE % / median signed error %\n")
@@ -223,9 +218,12 @@ def main() -> None:
         "stages": len(stages),
         "folds": None if args.no_cv else "by model",
         "method": "bench/fit_vllm.py: each stage replayed as measured (bench/real_runs.py, prefix cache as the runs had it); "
-                  "scipy least_squares, soft-L1 on log(predicted/measured) mean TTFT, TPOT and E2E; engine-wide factors "
-                  f"({', '.join(FACTORS)}) within physical bounds; compute_efficiency and kernel_launch_s fixed",
-        "mape_pct": {"fitted": summary(stages, columns["fitted"])}
+                  "scipy least_squares, soft-L1 on log(predicted/measured) mean TTFT, TPOT and E2E; the operators timed by "
+                  f"vLLM's measured kernel curves and the overheads ({', '.join(OVERHEADS)}) fitted within physical bounds; "
+                  f"then, the overheads held, {', '.join(ROOFLINE_ONLY)} fitted without the curves, for GPUs that have none "
+                  "(mape_pct.without_curves); compute_efficiency and kernel_launch_s fixed",
+        "mape_pct": {"fitted": summary(stages, columns["fitted"]),
+                     "without_curves": summary(stages, columns["without curves"])}
         | ({} if args.no_cv else {"held_out_by_model": summary(stages, columns["held out"])}),
         "at_bound": at_bound,
     }
@@ -243,6 +241,17 @@ def main() -> None:
         write(fitted, fp8)
 
 
+def fit_bf16(base, stages: pd.DataFrame, args):
+    """`base` with its overheads fitted to the stages, its operators timed by the curves; then the
+    roofline's factors (ROOFLINE_ONLY) fitted without the curves, the overheads held; every factor
+    that ended on a bound in `fit.at_bound`."""
+    curved = fit(base, stages, args.data, args.jobs, args.evaluations, OVERHEADS)
+    roofline = fit(curved.model_copy(update={"kernel_curves": None}), stages, args.data, args.jobs, args.evaluations,
+                   ROOFLINE_ONLY)
+    fitted = with_values(curved, {n: value(roofline, n) for n in ROOFLINE_ONLY})
+    return fitted.model_copy(update={"fit": {"at_bound": curved.fit["at_bound"] | roofline.fit["at_bound"]}})
+
+
 def fit_fp8(fitted, args):
     """vllm-fp8: the bf16 profile `fitted` at fp8, timed by vLLM's kernel curves where a GPU has
     them; its compute and memory efficiency (the roofline's, for GPUs without curves) refitted to
@@ -252,7 +261,7 @@ def fit_fp8(fitted, args):
     runs, _ = dep.read_deployments(args.deployments)
     mine = runs[(runs.engine == "vllm") & (runs.precision == "fp8")].reset_index(drop=True)
     start = fitted.model_copy(update={
-        "name": "vllm-fp8", "dtype": "fp8", "fit": None,
+        "name": "vllm-fp8", "dtype": "fp8", "fit": None, "kernel_curves": None,
         "description": "vLLM (fp8 weights, KV and activations): the vllm profile at fp8, its operators timed by vLLM's "
                        "measured kernel curves where a GPU has them",
         "source": "bench/fit_vllm.py: vllm's overheads and scheduler; operators by NVIDIA aiconfigurator-core 0.12.0's "

@@ -458,7 +458,7 @@ def test_optimize_solves_its_program_without_scipy():
     code = ("import sys\nfrom splitplan.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
             "print('scipy' in sys.modules, file=sys.stderr)")
     out = subprocess.run([sys.executable, "-c", code, "optimize", "--rate", "4", "--duration", "30", "--hardware", "h100-80gb",
-                          "--format", "json"], capture_output=True, text=True, check=True)
+                          "--split-only", "--format", "json"], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)["plan"]["prompt_pools"] and out.stderr.split()[-1] == "False"
 
 

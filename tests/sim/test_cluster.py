@@ -190,7 +190,7 @@ def test_measured_table_matches_its_points_and_reports_extrapolation(tmp_path):
 
 
 def test_validate_grows_an_undersized_plan_until_the_simulation_meets_the_slo():
-    trace = resample_poisson(load_trace(default_trace_path()), 20.0, 60.0, np.random.default_rng(0))
+    trace = resample_poisson(load_trace(default_trace_path()), 30.0, 60.0, np.random.default_rng(0))
     small = api.plan_from_pools([("prompt", "h100-80gb", 8, 1), ("token", "h100-80gb", 8, 1)], binding="given")
     grown, sim, added = api.validate(small, trace, "llama2-70b", "chat")
     assert added > 0 and grown.machines == 2 + added and "simulation: " in grown.binding
@@ -486,8 +486,8 @@ def test_the_closed_loop_search_keeps_looking_past_a_self_consistent_plan():
     the simulated closed loop still meets every line: the plan meets it, and no unit more can go."""
     from splitplan.workflows.simulation import Setup, plan_pools
     from splitplan.workload.trace import closed_loop_workload, default_trace_path
-    work = closed_loop_workload(default_trace_path(), 128)
-    result = api.optimize_closed_loop(work, 128, "llama2-70b", "chat", hardware=["h100-80gb"], tp=8)
+    work = closed_loop_workload(default_trace_path(), 256)
+    result = api.optimize_closed_loop(work, 256, "llama2-70b", "chat", hardware=["h100-80gb"], tp=8)
     loop = result.closed_loop
     assert loop.machines_removed >= 1 and all(x.met for x in loop.slo)
     assert "closed loop: " in result.plan.binding
@@ -495,7 +495,7 @@ def test_the_closed_loop_search_keeps_looking_past_a_self_consistent_plan():
     for k, pool in enumerate(pools):
         if sum(p.machines for p in pools if p.role == pool.role) > 1:
             fewer = [*pools[:k], pool._replace(machines=pool.machines - 1), *pools[k + 1:]]
-            assert not setup.simulate(work, fewer, 128).slo_met, pool
+            assert not setup.simulate(work, fewer, 256).slo_met, pool
 
 
 # --- today's engine: prefix cache, async scheduling, front end (issue 28, item 3) ------------
