@@ -22,8 +22,9 @@ concurrency each (per instance), mean TTFT and TPOT. Every series of one engine,
 precision, TP and ISL/OSL measured at three concurrencies or more is written out as `vllm bench
 serve` summaries (`max_concurrency`, rate `inf`, the token totals and the two means: what a team
 keeps without `--save-detailed`), fitted on its lowest concurrency alone from the engine's shipped
-fp8 profile (`vllm-fp8`, `trtllm-fp8`; both fitted to this sample, so their "before" is
-in-sample engine-wide), and its other concurrencies predicted.
+fp8 profile (`trtllm-fp8`, fitted to this sample, so its "before" is in-sample engine-wide;
+`vllm-fp8`, timed there by vLLM's measured kernel curves and fitted to none of it), and its other
+concurrencies predicted.
 
 Starting profiles (`--engines`): `held-out`, the realistic case, is the shipped `vllm` profile as
 bench/fit_vllm.py fits it but without the run's model (its held-out-by-model fold: the profile
@@ -121,9 +122,9 @@ def held_out(runs: pd.DataFrame, model: str, args):
     """bench/fit_vllm.py's fit of the `vllm` profile on every stage but `model`'s."""
     others = runs[runs.model_arg != model].reset_index(drop=True)
     start = time.perf_counter()
-    fold = fit_vllm.fit(fit_vllm.base_profile(), others, args.data, args.jobs, args.evaluations)
+    fold = fit_vllm.fit(fit_vllm.base_profile(), others, args.data, args.jobs, args.evaluations, fit_vllm.OVERHEADS)
     print(f"vllm without {model} ({len(others)} stages, {time.perf_counter() - start:.0f} s): "
-          + ", ".join(f"{n} {fit_vllm.value(fold, n):.4g}" for n in fit_vllm.FACTORS), flush=True)
+          + ", ".join(f"{n} {fit_vllm.value(fold, n):.4g}" for n in fit_vllm.OVERHEADS), flush=True)
     return fold.model_copy(update={"fit": None})
 
 

@@ -231,10 +231,15 @@ def _calibrate_bench(paths: list[Path], bench_format, traces: list[Path], settin
     con.print(report.table("MAPE % per figure", ["figure", "runs", "before", "fitted", "held out"],
                            [(m, v["runs"], *(_one(v[k]) for k in ("before", "fitted", "held_out")))
                             for m, v in result.summary.items()]))
+    _print_factors(con, result.factors, profile, engine)
+
+
+def _print_factors(con, factors, profile, engine: str) -> None:
+    """The fitted factors' table, and those the profile's kernel curves time (left out of the fit)."""
     con.print(report.table(f"Factors on {profile.fit['machine']} (pinned: the share the runs fixed; the rest is the prior, "
                            f"{printable(engine)})", ["factor", "prior", "fitted", "pinned %", "from"],
                            [(f["factor"], f["prior"], f["fitted"], _one(f["pinned_pct"]), f["source"])
-                            for f in result.factors.to_dict("records")]))
+                            for f in factors.to_dict("records")]))
     if profile.fit["timed_by_curves"]:
         con.print(f"Not fitted: {', '.join(profile.fit['timed_by_curves'])}; {profile.kernel_curves}'s measured kernel curves "
                   f"time what they would on {profile.fit['machine']}")

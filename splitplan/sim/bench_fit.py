@@ -21,22 +21,36 @@ from splitplan.perf.bounds import bounds as fit_bounds
 from splitplan.sim.bench_replay import Replay, predict
 from splitplan.specs.engine import EngineProfile
 
-# name: (lower, upper, prior spread, relative): an efficiency's spread is a share of its prior
-# value, an overhead's is in seconds. Bounds are physical (perf.bounds lowers compute's to the
+# name: (lower, upper, share, floor): a factor's prior spread is `share` of its prior value, at
+# least `floor` (the factor's unit). Bounds are physical (perf.bounds lowers compute's to the
 # GPU's measured GEMM ceiling); the spreads say how far a team's engine build and machine
-# plausibly sit from the shipped profile's.
+# plausibly sit from the shipped profile's: an efficiency within a quarter or a sixth of it, a
+# step's host overheads within their own size (a build or host CPU that takes twice or half the
+# shipped host time), the API front end within 5 ms. (Until 2026-12-07 the overheads' spreads were
+# fixed, 2 ms a prefill pass, 1 ms a step, 20 us a request: beside `vllm`'s 0.5 ms, 0.6 ms and
+# 6 us, one light run moved them far enough to overload the busier stages it did not see,
+# docs/accuracy.md#calibration-from-benchmarks.)
 BENCH_FACTORS = {
-    "compute_efficiency": (0.1, 1.0, 0.25, True),
-    "memory_efficiency": (0.3, 0.95, 0.15, True),
-    "prefill_overhead_s": (0.0, 0.05, 2e-3, False),
-    "decode_overhead_s": (0.0, 0.02, 1e-3, False),
-    "sequence_overhead_s": (0.0, 2e-4, 2e-5, False),
-    "frontend_latency_s": (0.0, 0.05, 5e-3, False),  # (engine-wide: the API server's, not the GPU's)
+    "compute_efficiency": (0.1, 1.0, 0.25, 0.0),
+    "memory_efficiency": (0.3, 0.95, 0.15, 0.0),
+    "prefill_overhead_s": (0.0, 0.05, 1.0, 1e-4),
+    "decode_overhead_s": (0.0, 0.02, 1.0, 1e-4),
+    "sequence_overhead_s": (0.0, 2e-4, 1.0, 1e-6),
+    "frontend_latency_s": (0.0, 0.05, 0.0, 5e-3),  # (engine-wide: the API server's, not the GPU's)
 }
+
+
+def prior_spread(name: str, prior: float) -> float:
+    """The prior's standard deviation for factor `name` at value `prior` (BENCH_FACTORS)."""
+    share, floor = BENCH_FACTORS[name][2:]
+    return max(share * prior, floor)
+
+
 # Spread of log(predicted / measured) each figure is trusted to: how far the model itself misses
 # it, not only how well a benchmark repeats it (its means within a few %). The model's TTFT is
-# its least certain figure (held out by model, the shipped vllm profile's mean TTFT is off by
-# 57 % where its TPOT is by 12 %: docs/accuracy.md), and tails less certain than means; a
+# its least certain figure (held out by model, the vllm profile's mean TTFT is off by 9 % where
+# its TPOT is by 5 %, by 57 and 12 % before its kernel curves: docs/accuracy.md; on MoE
+# deployments by 60 % and more), and tails less certain than means; a
 # figure trusted beyond the model would move a factor far past physics to explain what the
 # model leaves out (one closed loop's TTFT drove an fp8 GEMM efficiency from 0.72 to 0.32,
 # and its busier runs' TPOT 35 % high: bench/bench_calibration.py).
@@ -78,6 +92,11 @@ class BenchFit:
     pinned: dict[str, float]  # share of each factor the data pinned (module docstring)
     at_bound: dict[str, str]
 
+    @property
+    def timed_by_curves(self) -> list[str]:
+        """The factors left out: those the profile's measured kernel curves time on the runs' machine."""
+        return [k for k in BENCH_FACTORS if k not in self.names]
+
 
 def fitted_names(base: EngineProfile, replays: list[Replay]) -> list[str]:
     """The factors of BENCH_FACTORS these runs can move: all but the efficiencies measured kernel
@@ -96,8 +115,7 @@ def fit(replays: list[Replay], base: EngineProfile, max_evaluations: int = 40) -
     names = fitted_names(base, replays)
     lower, upper, why = fit_bounds({k: BENCH_FACTORS[k] for k in names}, names, [inst.hardware], base.weights)
     prior = np.clip([factor_value(base, k, hardware, tp, model) for k in names], lower, upper)
-    spread = np.array([BENCH_FACTORS[k][2] * (prior[i] if BENCH_FACTORS[k][3] else 1.0) for i, k in enumerate(names)])
-    spread = np.maximum(spread, 1e-9)
+    spread = np.array([prior_spread(k, p) for k, p in zip(names, prior, strict=True)])
     measured = [(r, m, v) for r in replays for m, v in r.measured_ms.items() if v > 0]
     target = np.log([v for _, _, v in measured])
     noise = np.array([metric_noise(m) for _, m, _ in measured])

@@ -203,7 +203,7 @@ def calibrate_bench(paths: list[str], settings: BenchSettings | None = None, eng
     profile = _calibrated(base, result, replays, paths, {
         "factors": {f["factor"]: {k: v for k, v in f.items() if k != "factor"} for f in factors.to_dict("records")},
         "mape_pct": summary, "at_bound": result.at_bound,
-        "timed_by_curves": [k for k in bench_fit.BENCH_FACTORS if k not in result.names],
+        "timed_by_curves": result.timed_by_curves,
         "error_source": ("held out: each run predicted by a fit without it" if held else
                          "in-sample (one run, or --folds 0): the error of the fitted runs themselves"),
         "error": _error_quantiles(table, "held_out_ms" if held else "fitted_ms")})

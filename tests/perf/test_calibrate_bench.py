@@ -348,7 +348,8 @@ def test_the_fit_is_the_posterior_mode_of_its_figures_and_priors(monkeypatch, fi
     replay = bench_replay(run, BenchSettings(hardware=HW), base)
     monkeypatch.setattr(bench_fit, "predict", lambda r, p: {figure: 1000 * p.frontend_latency_s + 10})
     result = bench_fit.fit([replay], base)
-    prior, spread = base.frontend_latency_s, bench_fit.BENCH_FACTORS["frontend_latency_s"][2]
+    prior = base.frontend_latency_s
+    spread = bench_fit.prior_spread("frontend_latency_s", prior)
     noise = bench_fit.metric_noise(figure)
 
     def cost(f):
@@ -360,6 +361,16 @@ def test_the_fit_is_the_posterior_mode_of_its_figures_and_priors(monkeypatch, fi
         assert result.fitted[name] == pytest.approx(result.prior[name]) and result.pinned[name] < 0.01
     jac = 1000 * spread / (1000 * best + 10) / noise  # d(log ttft / noise) per prior spread
     assert result.pinned["frontend_latency_s"] == pytest.approx(jac ** 2 / (jac ** 2 + 1), rel=0.05)
+
+
+def test_a_host_overhead_is_trusted_to_its_own_size():
+    """A prior's spread is its share of the value, at least its floor: a step's host overhead
+    within its own size (vllm's 0.6 ms a step: 0.6 ms, where a fixed 1 ms let one light run
+    overload the busier stages), an efficiency within a quarter, the front end within 5 ms."""
+    assert bench_fit.prior_spread("decode_overhead_s", 6e-4) == pytest.approx(6e-4)
+    assert bench_fit.prior_spread("sequence_overhead_s", 0.0) == 1e-6  # (a zero prior can still move)
+    assert bench_fit.prior_spread("compute_efficiency", 0.8) == pytest.approx(0.2)
+    assert bench_fit.prior_spread("frontend_latency_s", 0.009) == 5e-3
 
 
 def test_the_fitted_factors_apply_on_the_machine_at_every_tp_and_model():
