@@ -450,6 +450,24 @@ def test_json_on_stdout_is_only_json_in_a_real_process():
     assert json.loads(out)["plan"]["prompt_pools"]
 
 
+def test_a_plan_says_what_timed_each_pools_operators(tmp_path):
+    """A plan on a GPU with vLLM's measured kernel curves (H100) and one without (A100 40GB) says what
+    each pool's latencies came from: in the table, the JSON and plan.json, which simulate reads back."""
+    args = ["optimize", "--prompt-hardware", "a100-40gb", "--token-hardware", "h100-80gb", "--tp", "8", "--rate", "2",
+            "--duration", "30", "--split-only"]
+    runner = CliRunner()
+    doc = json.loads(runner.invoke(app, [*args, "--format", "json"]).stdout)
+    timed = {x["hardware"]: set(x["operators"].values()) for x in doc["timed_from"]}
+    assert timed["h100-80gb"] == {"measured vllm kernels on h100-80gb"}
+    assert timed["a100-40gb"] == {"roofline: datasheet peak and bandwidth, vllm's factors"}
+    table = " ".join(runner.invoke(app, args).stdout.split())
+    assert "Operators timed by: a100-40gb tp8: roofline: datasheet peak and bandwidth, vllm's factors (GEMMs," in table
+    assert "h100-80gb tp8: measured vllm kernels on h100-80gb (GEMMs," in table
+    assert runner.invoke(app, [*args, "--output-dir", str(tmp_path / "p")]).exit_code == 0
+    assert json.loads((tmp_path / "p" / "plan.json").read_text())["timed_from"] == doc["timed_from"]
+    assert runner.invoke(app, ["simulate", "--plan", str(tmp_path / "p" / "plan.json")]).exit_code == 0
+
+
 def test_optimize_solves_its_program_without_scipy():
     """The integer program goes to HiGHS through highspy: planning loads no SciPy, whose
     optimizers take 0.3-0.4 s to import (a quarter of a default `optimize`)."""

@@ -54,7 +54,7 @@ from splitplan.cli.common import (
     with_precision,
 )
 from splitplan.io import plan_document, report
-from splitplan.search.documents import power_sources_of
+from splitplan.search.documents import power_sources_of, timing_sources_of
 from splitplan.specs.engine import load_engine
 from splitplan.specs.slo import METRICS
 from splitplan.workflows.plan_replay import cache_switch, scheduler_settings, trace_record
@@ -343,6 +343,7 @@ def _render_plan(result, workload) -> None:
     sources = power_sources_of(result)
     if plan.energy_kwh_per_million_tokens is not None and sources:
         con.print(f"GPU power in the energy figures: {report.power_text(sources)}.")
+    con.print(f"Operators timed by: {report.timing_text(timing_sources_of(result))}.")
     attained = plan.attainment_pct or (None,) * len(plan.slo)
     con.print(report.table("Predicted against the SLO", ["line", "target", "achieved", "attainment %", "met"],
                            [(line.label, line.target, line.text(v), _pct(line, a), "yes" if ok else "NO")

@@ -242,6 +242,7 @@ class PlanDocument(BaseModel):
     warnings: list[str] = []
     pareto: list[PlanBody] = []
     power_sources: Annotated[list[dict[str, Any]], Field(max_length=limits.MAX_PLAN_POOLS)] = []  # (the energy figures')
+    timed_from: Annotated[list[dict[str, Any]], Field(max_length=limits.MAX_PLAN_POOLS)] = []  # (the latencies': curves or roofline)
     specs: Specs | None = None
 
     @model_validator(mode="after")

@@ -318,6 +318,16 @@ def power_text(sources: list[dict]) -> str:
     return "; ".join(one(x) for x in sources)
 
 
+def timing_text(sources: list[dict]) -> str:
+    """What timed each machine type and layout's operators, grouped by source, for captions."""
+    def one(x: dict) -> str:
+        by_source: dict[str, list[str]] = {}
+        for operator, source in x["operators"].items():
+            by_source.setdefault(source, []).append(operator)
+        return f"{x['hardware']} {x['layout']}: " + "; ".join(f"{s} ({', '.join(ops)})" for s, ops in by_source.items())
+    return " | ".join(one(x) for x in sources)
+
+
 def file_names(source: str) -> str:
     """A trace's description (its path, then what was done to it in parentheses) with the path
     cut to the file's name: a title names the file, and an absolute path runs off a figure. The

@@ -72,7 +72,7 @@ def optimize_json(result, inputs: dict) -> dict:
         for alternative, outcome in zip(body["alternatives"], result.alternatives_simulated, strict=True):
             alternative["simulated"] = outcome.to_json()
     return {"schema_version": SCHEMA_VERSION, "inputs": inputs, "plan": body, "power_sources": power_sources_of(result),
-            "warnings": result.warnings}
+            "timed_from": timing_sources_of(result), "warnings": result.warnings}
 
 
 def power_sources_of(result) -> list[dict]:
@@ -81,6 +81,16 @@ def power_sources_of(result) -> list[dict]:
     machines = {o.inst.hardware.name: o.inst.hardware for o in result.options}
     used = {p.hardware for plan in (result.plan, *result.alternatives) for p in plan.pools}
     return power_sources(machines[name] for name in sorted(used) if name in machines)
+
+
+def timing_sources_of(result) -> list[dict]:
+    """What timed each operator class of each machine type and layout the plan and its runner-ups
+    use: the engine profile's measured kernel curves on that GPU, or the roofline with its factors
+    (Instance.timing_sources)."""
+    insts = {(o.inst.hardware.name, o.inst.layout): o.inst for o in result.options}
+    used = {(p.hardware, p.layout) for plan in (result.plan, *result.alternatives) for p in plan.pools}
+    return [{"hardware": hw, "layout": layout.spec, "operators": insts[hw, layout].timing_sources}
+            for hw, layout in sorted(used) if (hw, layout) in insts]
 
 
 def _p99(predicted: dict, metric: str) -> str:
