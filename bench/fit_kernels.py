@@ -95,6 +95,11 @@ CONTEXT_BANDS = [(1, 512), (513, 4096), (4097, 1 << 30)]  # attention's context 
 SERVING_HEADS = {"min_heads": 4, "max_head_dim": 128, "max_group": 16}
 
 
+def _table_load(f: pd.DataFrame) -> np.ndarray:
+    """The busiest expert group's load as NVIDIA's collector routed the MoE rows `f` (curves.table_load)."""
+    return curves.table_load(*(f[col].to_numpy(float) for col in ("num_tokens", "num_experts", "topk", "moe_ep_size")))
+
+
 def node_gpus(system: str) -> int:
     return NODE_GPUS.get(system, 8)
 
@@ -260,7 +265,7 @@ def fit_gpu(name: str, engine: str):
                 continue
             peak, wbpe = hw.peak_flops_per_s(key), BYTES[key]
             params, err, hit = fit(lambda c, f, peak=peak, wbpe=wbpe: curves.moe_s(
-                c, peak, bandwidth, *(f[col].to_numpy(float) for col in MOE_SHAPE), wbpe), MOE, frame,
+                c, peak, bandwidth, *(f[col].to_numpy(float) for col in MOE_SHAPE), wbpe, load=_table_load(f)), MOE, frame,
                 _folds(frame.hidden_size, frame.inter_size, frame.num_experts, frame.topk))
             size = frame.num_tokens.to_numpy(float)
         elif op == "context_attention":

@@ -598,11 +598,9 @@ cdef inline double _power_integral(double lo, double hi, double e) noexcept nogi
     return (pow(hi, e) - pow(lo, e)) / e
 
 
-cdef inline double _busiest_load(const double* c, double tokens) noexcept nogil:
+cdef inline double _table_load(const double* c, double tokens) noexcept nogil:
     """The rows the busiest expert group gets over the mean group's, routed as NVIDIA's MoE tables
-    are (perf.curves.busiest_load); 1 where no curve times the experts (a spread of 0)."""
-    if c[MOE_LOAD_SPREAD] == 0:
-        return 1.0
+    are (perf.curves.table_load)."""
     cdef double alpha = c[MOE_ROUTING_ALPHA], lo = 0.01, hi = 2.0
     if tokens * c[TOP_K] > c[EXPERTS]:
         lo, hi = 1.0, 0.8 * tokens
@@ -611,6 +609,17 @@ cdef inline double _busiest_load(const double* c, double tokens) noexcept nogil:
     cdef double second = _power_integral(lo, hi, 3 - alpha)
     cdef double variation = sqrt(max(second * scale / max(first * first, 1e-300) - 1, 0.0))
     return min(1 + c[MOE_LOAD_SPREAD] * variation, c[MOE_LOAD_CAP])
+
+
+cdef inline double _busiest_load(const double* c, double tokens) noexcept nogil:
+    """The tables' load in serving, never fewer rows than at T k = E (perf.curves.busiest_load); 1
+    where no curve times the experts (a spread of 0)."""
+    if c[MOE_LOAD_SPREAD] == 0:
+        return 1.0
+    cdef double switch = c[EXPERTS] / c[TOP_K], load = _table_load(c, tokens)
+    if tokens > switch:
+        load = max(load, _table_load(c, switch) * switch / max(tokens, 1.0))
+    return load
 
 
 cdef Terms _terms(const double* c, double prefill_seqs, double prefill_tokens, double prefill_sq_tokens,

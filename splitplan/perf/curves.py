@@ -48,7 +48,9 @@ clock. Every function takes floats or NumPy arrays.
   where T k > E, else between 0.01 and 2), scaled to T k in all, the busiest expert group timed. So
   the GPU is the busiest of ep groups of E / ep experts: `busiest_load` times the mean group's rows
   (from the power law's moments: the group's sum, mean plus the expected largest of ep normal
-  deviates; at most all its experts' rows), its experts each seeing that many more tokens.
+  deviates; at most all its experts' rows), its experts each seeing that many more tokens. The
+  collector narrows its draw where T k passes E; serving keeps the busiest group at least the rows it
+  had there, so more tokens never take less time (`busiest_load`; `table_load` is the tables' own).
 - Expert all-to-all (dispatch and combine of T tokens a GPU holds, each routed to k of the
   experts spread over g GPUs), per kernel family: `latency_s` plus T copies x (`s_per_copy` +
   hidden x 2 bytes / `bytes_per_s`), where DeepEP's low-latency kernels send a copy per routed
@@ -153,9 +155,9 @@ def load_cap(experts, top_k, ep):
     return np.minimum(top_k, experts / ep) * ep / top_k
 
 
-def busiest_load(tokens, experts, top_k, ep, alpha: float = ROUTING_ALPHA):
+def table_load(tokens, experts, top_k, ep, alpha: float = ROUTING_ALPHA):
     """The rows the busiest of `ep` expert groups gets over the mean group's (T k / ep), routed by the
-    power law of NVIDIA's tables (`moe_s`); the compiled pass formula computes the same (_busiest_load)."""
+    power law of NVIDIA's tables: what their measurements saw (bench/fit_kernels.py fits to it)."""
     many = tokens * top_k > experts  # (the collector draws loads between 1 and 0.8 T, else between 0.01 and 2)
     lo = np.where(many, 1.0, 0.01)
     hi = np.maximum(np.where(many, 0.8 * tokens, 2.0), lo)
@@ -163,6 +165,16 @@ def busiest_load(tokens, experts, top_k, ep, alpha: float = ROUTING_ALPHA):
     scale, first, second = ((hi ** (n - alpha) - lo ** (n - alpha)) / (n - alpha) for n in (1.0, 2.0, 3.0))
     variation = np.sqrt(np.maximum(second * scale / np.maximum(first * first, 1e-300) - 1, 0.0))
     return np.minimum(1 + load_spread(experts, ep) * variation, load_cap(experts, top_k, ep))
+
+
+def busiest_load(tokens, experts, top_k, ep):
+    """`table_load` in serving (`moe_s`; the compiled pass formula computes the same, _busiest_load):
+    the tables' routing narrows its spread where T k passes E, so past there the busiest group keeps
+    at least the rows it had at T k = E (more tokens never lighten it)."""
+    switch = experts / top_k
+    load = table_load(tokens, experts, top_k, ep)
+    return np.where(tokens > switch, np.maximum(load, table_load(switch, experts, top_k, ep) * switch / np.maximum(tokens, 1.0)),
+                    load)
 
 
 def moe_s(curve, peak_flops_per_s: float, memory_bytes_per_s: float, tokens, hidden, inter, experts, top_k, tp, ep,

@@ -43,7 +43,8 @@ def _predict(hw, op: str, precision: str, f: pd.DataFrame) -> np.ndarray:
     if op == "moe":
         return curves.moe_s(k.moe[precision], hw.peak_flops_per_s(precision), bandwidth, col["num_tokens"], col["hidden_size"],
                             col["inter_size"], col["num_experts"], col["topk"], col["moe_tp_size"], col["moe_ep_size"],
-                            BYTES[precision])
+                            BYTES[precision], load=curves.table_load(col["num_tokens"], col["num_experts"], col["topk"],
+                                                                     col["moe_ep_size"]))
     if op == "mla_generation":  # (SGLang's: vLLM's tables time the whole MLA module)
         return curves.mla_generation_s(hw.kernels["sglang"].mla_generation[precision], bf16, bandwidth, col["batch_size"],
                                        col["isl"] + col["step"], col["num_heads"], 576.0, 512.0, BYTES[precision])
@@ -267,6 +268,26 @@ def test_routed_experts_take_their_curve(layout):
     assert step(_with_moe(hw, memory_efficiency=base.memory_efficiency / 2)) - step(hw) == pytest.approx(read, rel=1e-6)
 
 
+def test_past_the_tables_routing_switch_the_busiest_group_keeps_its_rows():
+    """DeepSeek-V3 (256 experts, top-8) at EP 8: at 33 tokens the tables' routing gives the busiest
+    group fewer rows than at 32; the pass formula, like curves.busiest_load, keeps the 32's
+    (the row-pass term, moved by a pass per row, counts them; the experts' weights read as good as
+    free, so that the compute side binds at so few tokens)."""
+    hw, engine, model, lay = load_hardware("h200-141gb"), _curved(), load_model("deepseek-v3"), parse_layout("tp8ep8", "x")
+    tokens, k, experts = 33.0, model.num_experts_per_tok, model.num_local_experts
+    assert 33 * curves.table_load(33.0, experts, k, 8) < 32 * curves.table_load(32.0, experts, k, 8)
+    assert 33 * curves.busiest_load(33.0, experts, k, 8) == pytest.approx(32 * curves.table_load(32.0, experts, k, 8))
+    row_s = model.hidden_size * curves.ACTIVATION_BYTES / hw.memory_bytes_per_s
+    base = hw.kernels["vllm"].moe["fp8"]
+
+    def prefill(**change):
+        return Instance(model, _with_moe(hw, memory_efficiency=1e6, **change), engine, lay).pass_time_s(1, tokens, tokens**2)
+
+    more = prefill(row_passes=base.row_passes + 1) - prefill()
+    assert more == pytest.approx(model.moe_layers * tokens * k / 8 * curves.busiest_load(tokens, experts, k, 8) * row_s,
+                                 rel=1e-6)
+
+
 def test_routed_experts_without_their_curve_keep_the_gemms_and_the_factor():
     hw, model = load_hardware("h200-141gb"), load_model("qwen3-235b-a22b")
     curved = Instance(model, hw, _curved(), parse_layout("tp4", "x"))
@@ -282,13 +303,28 @@ def test_routed_experts_without_their_curve_keep_the_gemms_and_the_factor():
     assert "MoE experts" not in _instance(_curved()).timing_sources  # a dense model has none
 
 
-def test_more_tokens_never_take_the_experts_less_time():
+@pytest.mark.parametrize("experts, top_k", [(128.0, 8.0), (256.0, 8.0), (128.0, 1.0)])
+@pytest.mark.parametrize("ep", [1.0, 8.0, 64.0])
+def test_more_tokens_never_take_the_experts_less_time(experts, top_k, ep):
+    """Also where the tables' routing narrows its spread (T k passes E: the busiest group's load drops
+    from 2.5 to 2.0 times the mean group's at 256 experts of top-8 over 64 groups)."""
     hw = load_hardware("h200-141gb")
     tokens = np.arange(1, 16385, dtype=float)
     for precision, curve in hw.kernels["vllm"].moe.items():
-        t = curves.moe_s(curve, hw.peak_flops_per_s(precision), hw.memory_bytes_per_s, tokens, 4096.0, 1536.0, 128.0, 8.0,
-                         4.0, 1.0, BYTES[precision])
+        t = curves.moe_s(curve, hw.peak_flops_per_s(precision), hw.memory_bytes_per_s, tokens, 4096.0, 1536.0, experts, top_k,
+                         1.0, ep, BYTES[precision])
         assert (np.diff(t) >= 0).all()
+
+
+@pytest.mark.parametrize("model, layout", [("deepseek-v3", "dp64ep64"), ("qwen3-235b-a22b", "tp8dp2ep16"),
+                                           ("llama4-maverick", "dp8ep8"), ("gpt-oss-120b", "dp8ep8")])
+def test_a_bigger_moe_pass_never_takes_less_time(model, layout):
+    """The compiled pass formula with vLLM's expert curves: prefills by tokens and decode steps by
+    batch, through where each model's T k passes its E (32, 16, 128 and 32 tokens)."""
+    inst = Instance(load_model(model), load_hardware("b200-180gb"), load_engine("vllm"), parse_layout(layout, "x"))
+    tokens = np.arange(1, 600, dtype=float)
+    assert (np.diff(inst.prefill_time_s(tokens)) >= 0).all()
+    assert (np.diff(inst.decode_step_time_s(tokens, np.full_like(tokens, 1024.0))) >= 0).all()
 
 
 def _drawn_busiest_load(rng, tokens, experts, top_k, ep, draws=400):
@@ -307,9 +343,9 @@ def test_the_busiest_expert_group_is_as_the_tables_route(shape):
     """The closed form of the busiest group's load (the mean group's plus the expected largest of ep
     normal deviates) is within 20 % of drawing the routing (it reads low at EP 32, where a group's few
     heavy-tailed loads are not yet normal); 1 at EP 1, and at most every row of the group's experts."""
-    assert curves.busiest_load(*shape) == pytest.approx(_drawn_busiest_load(np.random.default_rng(0), *shape), rel=0.2)
+    assert curves.table_load(*shape) == pytest.approx(_drawn_busiest_load(np.random.default_rng(0), *shape), rel=0.2)
     tokens, experts, top_k, _ = shape
-    assert curves.busiest_load(tokens, experts, top_k, 1) == 1.0
+    assert curves.table_load(tokens, experts, top_k, 1) == 1.0
     tokens = np.geomspace(1, 16384, 50)
     for ep in (2.0, 4.0, 8.0):  # (8 experts of top-2: at EP 8 a group is one expert, whose rows are at most all tokens)
         load = curves.busiest_load(tokens, 8.0, 2.0, ep)
