@@ -1,11 +1,13 @@
-"""MoE accuracy (issue 17): DeepSeek and Qwen3-MoE deployments measured by NVIDIA aiconfigurator,
-replayed as closed loops, against splitplan's predictions.
+"""MoE accuracy (issue 17): DeepSeek, Qwen3-MoE and gpt-oss deployments measured by NVIDIA
+aiconfigurator, replayed as closed loops, against splitplan's predictions.
 
     python bench/moe_accuracy.py [--data PATH] [--jobs N] [--max-concurrency N] [--no-cv]
 
 Takes the runs of `../shared/data/perf/aiconfigurator_silicon_sample.csv` that the catalog can
-model: DeepSeek-R1 / DeepSeek-V3 (same architecture: `deepseek-v3`) and Qwen3-235B-A22B
-(`qwen3-235b-a22b`), on H100, H200, B200 and GB200 NVL72 (`gb200-nvl72`), fp8 or fp4 weights,
+model: DeepSeek-R1 / DeepSeek-V3 and their NVFP4 checkpoints (same architecture: `deepseek-v3`),
+Qwen3-235B-A22B (`qwen3-235b-a22b`) and gpt-oss-120b, on H100, H200, B200 and GB200 NVL72
+(`gb200-nvl72`), fp8 weights, or fp4 on a GPU with fp4 tensor cores (gpt-oss's MXFP4 on Hopper,
+which the engines run weight-only, is left out and counted),
 aggregated (one co-located instance) and disaggregated (prefill and decode workers), in every
 layout the file records (`tp_size`, `attention_dp_size`, `moe_ep_size`, `pp_size`, and the
 `prefill_`/`decode_` ones), at most `--max-concurrency` clients. Each run is replayed as the
@@ -41,11 +43,13 @@ from splitplan.base.runner import Runner
 from splitplan.sim import deployments
 from splitplan.sim.deployments import fit_deployments, replay, run_pools
 from splitplan.specs.engine import EngineProfile, load_engine
+from splitplan.specs.hardware import load_hardware
 from splitplan.specs.layout import Layout
 
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "perf" / "aiconfigurator_silicon_sample.csv"
 MODELS = {"deepseek-ai/DeepSeek-R1": "deepseek-v3", "deepseek-ai/DeepSeek-V3": "deepseek-v3",
-          "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b"}
+          "nvidia/DeepSeek-R1-NVFP4": "deepseek-v3", "nvidia/DeepSeek-V3.1-NVFP4": "deepseek-v3",
+          "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b", "openai/gpt-oss-120b": "gpt-oss-120b"}
 MACHINES = {**deployments.MACHINES, "gb200": "gb200-nvl72"}
 
 
@@ -76,6 +80,8 @@ def runs_of(path: Path, max_concurrency: int) -> tuple[pd.DataFrame, dict[str, i
                   "disaggregated, no worker counts recorded" if r["mode"] != "agg"
                   and (pd.isna(r.prefill_num_workers) or pd.isna(r.decode_num_workers)) else
                   "precision other than fp8/fp4" if r.precision not in ("fp8", "fp4") else
+                  "fp4 weights on a GPU without fp4 tensor cores (weight-only MXFP4, which the catalog does not model)"
+                  if not load_hardware(MACHINES[r.system]).has_tensor_cores(r.precision) else
                   f"more than {max_concurrency} clients" if concurrency > max_concurrency else
                   "missing or non-positive latency" if not (r.silicon_ttft_ms > 0 and r.silicon_tpot_ms > 0) else "")
         run = {"model": MODELS[r.model_path], "machine": MACHINES.get(r.system), "engine": r.backend, "mode": r["mode"],
