@@ -45,6 +45,7 @@ from splitplan.sim.deployments import fit_deployments, replay, run_pools
 from splitplan.specs.engine import EngineProfile, load_engine
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.layout import Layout
+from splitplan.specs.model import load_model
 
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "perf" / "aiconfigurator_silicon_sample.csv"
 MODELS = {"deepseek-ai/DeepSeek-R1": "deepseek-v3", "deepseek-ai/DeepSeek-V3": "deepseek-v3",
@@ -53,24 +54,31 @@ MODELS = {"deepseek-ai/DeepSeek-R1": "deepseek-v3", "deepseek-ai/DeepSeek-V3": "
 MACHINES = {**deployments.MACHINES, "gb200": "gb200-nvl72"}
 
 
-def _layout(row: pd.Series, prefix: str = "") -> str:
+def _layout(row: pd.Series, prefix: str = "", moe: bool = True) -> str:
     """aiconfigurator's layout columns as a splitplan layout (`tp8`, `dp8ep8`): attention TP x DP
-    on every stage, the experts over EP of them (their TP the rest), PP stages."""
+    on every stage, the experts over EP of them (their TP the rest), PP stages; a dense model's
+    TP and PP (its rows' MoE columns hold 0 or nothing)."""
     def get(col):
         value = row.get(prefix + col)
-        return 1 if pd.isna(value) else int(value)
+        return 1 if pd.isna(value) or (value == 0 and not moe) else int(value)
     tp, dp, ep, pp = get("tp_size"), get("attention_dp_size"), get("moe_ep_size"), get("pp_size")
+    if not moe:
+        return Layout(tp, dp, 1, pp).spec
     if tp * dp != get("moe_tp_size") * ep:
         raise ValueError(f"attention TP x DP {tp * dp} != MoE TP x EP {get('moe_tp_size') * ep}")
     return Layout(tp, dp, ep, pp).spec
 
 
-def runs_of(path: Path, max_concurrency: int) -> tuple[pd.DataFrame, dict[str, int]]:
+def runs_of(path: Path, max_concurrency: int, models: dict[str, str] = MODELS) -> tuple[pd.DataFrame, dict[str, int]]:
+    """The runs of `models` (the sample's model_path: a catalog name) the catalog can model, and how
+    many were left out, by reason."""
     raw = pd.read_csv(path)
-    raw = raw[raw.model_path.isin(list(MODELS))]
+    raw = raw[raw.model_path.isin(list(models))]
     dropped: dict[str, int] = {}
     rows = []
+    moe_models = {name for name in set(models.values()) if load_model(name).is_moe}
     for _, r in raw.iterrows():
+        moe = models[r.model_path] in moe_models
         # the benchmark's clients (with attention DP, `batch_size` is per DP rank); aggregated runs
         # that do not record it ran `batch_size`
         recorded = re.search(r"silicon_concurrency=(\d+)", str(r.silicon_data_source))
@@ -84,15 +92,15 @@ def runs_of(path: Path, max_concurrency: int) -> tuple[pd.DataFrame, dict[str, i
                   if not load_hardware(MACHINES[r.system]).has_tensor_cores(r.precision) else
                   f"more than {max_concurrency} clients" if concurrency > max_concurrency else
                   "missing or non-positive latency" if not (r.silicon_ttft_ms > 0 and r.silicon_tpot_ms > 0) else "")
-        run = {"model": MODELS[r.model_path], "machine": MACHINES.get(r.system), "engine": r.backend, "mode": r["mode"],
+        run = {"model": models[r.model_path], "machine": MACHINES.get(r.system), "engine": r.backend, "mode": r["mode"],
                "weights": r.precision, "concurrency": concurrency, "isl": int(r.isl), "osl": int(r.osl),
                "ttft_ms": float(r.silicon_ttft_ms), "tpot_ms": float(r.silicon_tpot_ms)}
         try:
             if r["mode"] == "agg":
-                run |= {"layout": _layout(r)}
+                run |= {"layout": _layout(r, moe=moe)}
             else:
-                run |= {"prefill_layout": _layout(r, "prefill_"), "prefill_workers": int(r.prefill_num_workers),
-                        "decode_layout": _layout(r, "decode_"), "decode_workers": int(r.decode_num_workers)}
+                run |= {"prefill_layout": _layout(r, "prefill_", moe), "prefill_workers": int(r.prefill_num_workers),
+                        "decode_layout": _layout(r, "decode_", moe), "decode_workers": int(r.decode_num_workers)}
         except ValueError:
             reason = reason or "inconsistent layout columns"
         if reason:
