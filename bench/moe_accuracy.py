@@ -6,8 +6,8 @@ aiconfigurator, replayed as closed loops, against splitplan's predictions.
 Takes the runs of `../shared/data/perf/aiconfigurator_silicon_sample.csv` that the catalog can
 model: DeepSeek-R1 / DeepSeek-V3 and their NVFP4 checkpoints (same architecture: `deepseek-v3`),
 Qwen3-235B-A22B (`qwen3-235b-a22b`) and gpt-oss-120b, on H100, H200, B200 and GB200 NVL72
-(`gb200-nvl72`), fp8 weights, or fp4 on a GPU with fp4 tensor cores (gpt-oss's MXFP4 on Hopper,
-which the engines run weight-only, is left out and counted),
+(`gb200-nvl72`), fp8 or fp4 weights (gpt-oss's MXFP4 on Hopper, which has no fp4 tensor cores,
+weight-only as the engines run it),
 aggregated (one co-located instance) and disaggregated (prefill and decode workers), in every
 layout the file records (`tp_size`, `attention_dp_size`, `moe_ep_size`, `pp_size`, and the
 `prefill_`/`decode_` ones), at most `--max-concurrency` clients. Each run is replayed as the
@@ -43,7 +43,6 @@ from splitplan.base.runner import Runner
 from splitplan.sim import deployments
 from splitplan.sim.deployments import fit_deployments, replay, run_pools
 from splitplan.specs.engine import EngineProfile, load_engine
-from splitplan.specs.hardware import load_hardware
 from splitplan.specs.layout import Layout
 from splitplan.specs.model import load_model
 
@@ -88,8 +87,6 @@ def runs_of(path: Path, max_concurrency: int, models: dict[str, str] = MODELS) -
                   "disaggregated, no worker counts recorded" if r["mode"] != "agg"
                   and (pd.isna(r.prefill_num_workers) or pd.isna(r.decode_num_workers)) else
                   "precision other than fp8/fp4" if r.precision not in ("fp8", "fp4") else
-                  "fp4 weights on a GPU without fp4 tensor cores (weight-only MXFP4, which the catalog does not model)"
-                  if not load_hardware(MACHINES[r.system]).has_tensor_cores(r.precision) else
                   f"more than {max_concurrency} clients" if concurrency > max_concurrency else
                   "missing or non-positive latency" if not (r.silicon_ttft_ms > 0 and r.silicon_tpot_ms > 0) else "")
         run = {"model": models[r.model_path], "machine": MACHINES.get(r.system), "engine": r.backend, "mode": r["mode"],

@@ -474,8 +474,8 @@ NUM_REQUESTS = typer.Option(None, "--num-requests", help="With --concurrency: re
                             "at least 100).")
 
 # The precision options of every command that takes --engine (one declaration, shared).
-WEIGHTS = typer.Option(None, "--weights", help="Weight precision (default: the engine's): bf16, fp8, or fp4 (NVFP4; machines "
-                       "with fp4 tensor cores). Memory and GEMM speed follow.")
+WEIGHTS = typer.Option(None, "--weights", help="Weight precision (default: the engine's): bf16, fp8, or fp4 (NVFP4; on GPUs "
+                       "without fp4 tensor cores weight-only, GEMMs at bf16). Memory and GEMM speed follow.")
 KV_CACHE = typer.Option(None, "--kv-cache", help="KV-cache precision (default: the engine's): bf16 or fp8.")
 MAX_NUM_BATCHED_TOKENS = typer.Option(
     None, "--max-num-batched-tokens", "--max-batch-tokens",

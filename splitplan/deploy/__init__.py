@@ -382,7 +382,9 @@ def export(dep: Deployment, target: str, backend: str | None = None, image: str 
         image_ref(image)
     if target == "dynamo":
         from splitplan.deploy.dynamo import dynamo
-        return dynamo(dep, backend or _backend_of(dep), image, scaled)
+        backend = backend or _backend_of(dep)
+        _require_fp4_servable(dep, backend)
+        return dynamo(dep, backend, image, scaled)
     if target not in KUBERNETES_TARGETS and (dep.node_selector is not None or dep.model_cache_pvc):
         flag = "--node-selector" if dep.node_selector is not None else "--model-cache-pvc"
         raise SpecError(f"{flag}: --to {target} writes a launch script, which runs where it is started; {flag} is for "
@@ -390,11 +392,23 @@ def export(dep: Deployment, target: str, backend: str | None = None, image: str 
     runs = "vllm" if target == "llm-d" else target
     if backend not in (None, runs):
         raise SpecError(f"--backend {excerpt(backend)}: --to {target} runs {runs}; --backend is for --to dynamo")
+    _require_fp4_servable(dep, runs)
     if target == "llm-d":
         from splitplan.deploy.llmd import llmd
         return llmd(dep, image)
     from splitplan.deploy.launch import launch
     return launch(dep, target, image)
+
+
+def _require_fp4_servable(dep: Deployment, engine: str) -> None:
+    """fp4 weights on a GPU without fp4 tensor cores are priced weight-only, as vLLM serves them (its
+    FP4 Marlin kernels, from compute capability 8.0); SGLang's NVFP4 path needs fp4 tensor cores, so
+    such a plan is exported for vLLM only: SpecError for SGLang."""
+    short = sorted({g.hardware.name for g in dep.groups if not g.hardware.has_tensor_cores(dep.engine.weights)})
+    if engine == "sglang" and short:
+        raise SpecError(f"the plan runs fp4 weights on {', '.join(short)}, which has no fp4 tensor cores: priced "
+                        f"weight-only, as vLLM serves them, where SGLang's fp4 path needs fp4 tensor cores; export for vLLM "
+                        f"(--to vllm or llm-d, or --backend vllm), or plan with --weights fp8")
 
 
 def _backend_of(dep: Deployment) -> str:

@@ -306,8 +306,6 @@ class Instance(PassShortcuts):
                             f"is at least the {hw.memory_bytes_per_gpu * eng.memory_usable_fraction / 1e9:,.1f} GB that "
                             f"memory_usable_fraction ({eng.memory_usable_fraction:g}) leaves of each {hw.name} GPU; lower it")
         room = usable - weights
-        if not hw.has_tensor_cores(eng.weights):
-            return Fit(False, f"{hw.name} has no {eng.weights} tensor cores; give --weights fp8 or bf16", weights, 0)
         problem = self._layout_problem()
         if problem:
             return Fit(False, problem, weights, 0)

@@ -333,12 +333,14 @@ class HardwareSpec(BaseModel):
 
     # SI views, converted once here so no other module sees human units.
     def native_precision(self, dtype: str) -> str:
-        """The precision the GPU computes `dtype` at: its own where the datasheet gives its peak, else bf16."""
+        """The precision the GPU computes `dtype` at: its own where the datasheet gives its peak, else
+        bf16 (fp4 weights on a GPU without fp4 tensor cores run weight-only: held at 4 bits, widened
+        to bf16 for the GEMMs, as vLLM's FP4 Marlin kernels and gpt-oss's MXFP4 kernels on Hopper)."""
         return dtype if {"fp8": self.gpu.fp8_tflop_per_s, "fp4": self.gpu.fp4_tflop_per_s}.get(dtype) else "bf16"
 
     def peak_flops_per_s(self, dtype: str) -> float:
-        """Dense peak per GPU for `dtype` (bf16, fp8 or fp4) at its native precision: fp8 falls back to
-        bf16 if absent (fp8 then runs at bf16 speed), fp4 has no fallback (see `has_tensor_cores`)."""
+        """Dense peak per GPU for `dtype` (bf16, fp8 or fp4) at its native precision: fp8 and fp4 fall
+        back to bf16 where the GPU has no tensor cores of theirs (they then run at bf16 speed)."""
         g = self.gpu
         tflops = {"bf16": g.bf16_tflop_per_s, "fp8": g.fp8_tflop_per_s, "fp4": g.fp4_tflop_per_s}[self.native_precision(dtype)]
         return (tflops or g.bf16_tflop_per_s) * 1e12  # (never None: native_precision names a peak the datasheet gives)
@@ -357,7 +359,7 @@ class HardwareSpec(BaseModel):
                          f"sustained clock ({self.gpu.gemm_source})")
 
     def has_tensor_cores(self, dtype: str) -> bool:
-        """Whether the GPU computes in `dtype` natively (fp4 needs them: no fallback is modelled)."""
+        """Whether the GPU computes in `dtype` natively (fp8 and fp4 otherwise run at bf16 speed)."""
         return dtype != "fp4" or self.gpu.fp4_tflop_per_s is not None
 
     @property

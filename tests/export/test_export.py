@@ -366,6 +366,22 @@ def test_the_export_names_the_repository_it_serves_and_asks_for_a_checkpoint_onl
     assert fp4.exit_code == 2 and "give --model-id with an fp4 checkpoint" in fp4.stderr, fp4.stderr
 
 
+def test_gpt_oss_serves_its_own_mxfp4_checkpoint_and_fp4_on_hopper_is_exported_for_vllm(tmp_path):
+    """gpt-oss-120b's repository holds its experts in MXFP4 (hf_repo_weights fp4): an fp8 or fp4
+    plan serves it as it is, where an fp8 plan was refused as if it held bf16 weights. fp4 weights
+    on H100, which has no fp4 tensor cores, are priced weight-only, as vLLM serves them: exported
+    for vLLM, refused for SGLang (whose fp4 path needs fp4 tensor cores), no file written."""
+    for engine in ("vllm-fp8", "vllm@weights=fp4"):
+        script = _files(tmp_path, "vllm", COLOCATED, model="gpt-oss-120b", engine=engine)["launch.sh"]
+        assert "vllm serve openai/gpt-oss-120b " in script and "--quantization" not in script
+    plan = _plan(tmp_path, COLOCATED, model="gpt-oss-120b", engine="vllm@weights=fp4")
+    for args in (["--to", "sglang"], ["--to", "dynamo", "--backend", "sglang"]):
+        refused = runner.invoke(app, ["export", str(plan), *args, "--output", str(tmp_path / "refused")])
+        assert refused.exit_code == 2 and "h100-80gb, which has no fp4 tensor cores" in refused.stderr, refused.stderr
+        assert not (tmp_path / "refused").exists()
+    assert runner.invoke(app, ["export", str(plan), "--to", "dynamo"]).exit_code == 0  # (the plan's engine: vLLM)
+
+
 def test_pods_request_storage_for_the_weights_cpus_and_memory(tmp_path):
     """Issue 54, item 4: Dynamo's template asks 2Gi of ephemeral storage, llm-d's pods nothing but
     GPUs; each pod now requests the checkpoint it downloads (Llama-3.1-70B: 141 GB of bf16) and
