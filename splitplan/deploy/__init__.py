@@ -404,8 +404,8 @@ def _require_fp4_servable(dep: Deployment, engine: str) -> None:
     """fp4 weights on a GPU without fp4 tensor cores are priced weight-only, as vLLM serves them (its
     FP4 Marlin kernels, from compute capability 8.0); SGLang's NVFP4 path needs fp4 tensor cores, so
     such a plan is exported for vLLM only: SpecError for SGLang."""
-    short = sorted({g.hardware.name for g in dep.groups if not g.hardware.has_tensor_cores(dep.engine.weights)})
-    if engine == "sglang" and short:
+    short = sorted({g.hardware.name for g in dep.groups if not g.hardware.has_tensor_cores("fp4")})
+    if engine == "sglang" and dep.engine.weights == "fp4" and short:
         raise SpecError(f"the plan runs fp4 weights on {', '.join(short)}, which has no fp4 tensor cores: priced "
                         f"weight-only, as vLLM serves them, where SGLang's fp4 path needs fp4 tensor cores; export for vLLM "
                         f"(--to vllm or llm-d, or --backend vllm), or plan with --weights fp8")

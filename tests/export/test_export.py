@@ -380,6 +380,8 @@ def test_gpt_oss_serves_its_own_mxfp4_checkpoint_and_fp4_on_hopper_is_exported_f
         assert refused.exit_code == 2 and "h100-80gb, which has no fp4 tensor cores" in refused.stderr, refused.stderr
         assert not (tmp_path / "refused").exists()
     assert runner.invoke(app, ["export", str(plan), "--to", "dynamo"]).exit_code == 0  # (the plan's engine: vLLM)
+    a100_fp8 = _plan(tmp_path, {"mixed": [("a100-80gb", Layout(4), 1)]}, model="llama3.1-70b", engine="sglang-fp8")
+    assert runner.invoke(app, ["export", str(a100_fp8), "--to", "sglang"]).exit_code == 0  # (fp8 without fp8 tensor cores)
 
 
 def test_pods_request_storage_for_the_weights_cpus_and_memory(tmp_path):
