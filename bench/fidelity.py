@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from moe_accuracy import errors_pct, runs_of
 from moe_accuracy import predict as predict_shipped
-from moe_accuracy import runs_of
 
 from splitplan.base.parallel import run_units
 from splitplan.sim import deployments as dep
@@ -75,7 +75,7 @@ def markdown(table: pd.DataFrame, keys: list[str]) -> str:
     return "\n".join(lines)
 
 
-# the sample's dense models with NVFP4 weights too (`runs_of` keeps fp4 where the GPU has fp4 tensor cores)
+# the sample's dense models, their NVFP4 checkpoints too
 DENSE = {**dep.MODELS, "nvidia/Qwen3-32B-NVFP4": "qwen3-32b"}
 
 
@@ -85,7 +85,7 @@ def beyond_the_fit(path: Path, jobs: int) -> str:
     `--weights fp4` plans them), fitted to none of them: MAPE % / median %."""
     runs, _ = runs_of(path, max_concurrency=1 << 30, models=DENSE)
     runs = runs[(runs.weights == "fp4") | (runs["mode"] != "agg")].reset_index(drop=True)
-    errors = (predict_shipped(runs, jobs) / runs[["ttft_ms", "tpot_ms"]].to_numpy(float) - 1) * 100
+    errors = errors_pct(runs, predict_shipped(runs, jobs))
     lines = ["| engine | model | weights | mode | machine | runs | TTFT | TPOT |", "|---|---|---|---|---|---|---|---|"]
     for key, group in runs.groupby(["engine", "model", "weights", "mode", "machine"]):
         e = errors[group.index]

@@ -158,7 +158,8 @@ def cross_validated(runs: pd.DataFrame, jobs: int, max_evaluations: int, train_r
     return out
 
 
-def _errors(runs, predicted):
+def errors_pct(runs, predicted):
+    """Signed errors % of TTFT and TPOT (n, 2): predicted over measured, minus 1."""
     return (predicted / runs[["ttft_ms", "tpot_ms"]].to_numpy(float) - 1) * 100
 
 
@@ -192,7 +193,7 @@ def main() -> None:
     print("| engine | machine | mode | layout | runs | " + " | ".join(
         f"TTFT MAPE % {t} | TTFT median % {t} | TPOT MAPE % {t} | TPOT median % {t}" for t in tags) + " |")
     print("|---|---|---|---|---|" + "---|" * 4 * len(tags))
-    errs = {t: _errors(runs, p) for t, p in tags.items()}
+    errs = {t: errors_pct(runs, p) for t, p in tags.items()}
     for key, group in runs.groupby(["engine", "machine", "mode", "kind"]):
         cells = []
         for t in tags:
