@@ -216,7 +216,8 @@ def test_the_planners_prompt_replay_caches_as_the_simulator(memory, offload_gb, 
     does (the same class, looked up, kept and evicted at the same moments, routed the same way,
     host-memory hits loaded first): the same TTFT, request by request, and the same hit rate, at
     a memory that evicts or not (Mooncake's first requests), and with a host tier (30 system
-    prompts of 3,000 tokens in turn: more than the GPU tier holds, less than the host's)."""
+    prompts of 3,000 tokens in turn: more than the GPU tier holds, less than the host's; routed
+    by prefix, an instance may hold its share of them and never load from the host)."""
     from splitplan.capacity.pools import prompt_queue_ttft_s
     from splitplan.sim.prefix_cache import PrefixModel
     rng = np.random.default_rng(seed)
@@ -238,7 +239,10 @@ def test_the_planners_prompt_replay_caches_as_the_simulator(memory, offload_gb, 
     assert np.allclose(planned, simulated.ttft_s, rtol=1e-12, atol=1e-12)
     caches = list(cluster.caches.values())[:3]
     assert stats == [(c.hit_tokens, c.lookup_tokens) for c in caches]
-    assert sum(hit for hit, _ in stats) > 0 and (sum(c.loaded_tokens for c in caches) > 0) == (offload_gb > 0)
+    loaded = sum(c.loaded_tokens for c in caches)
+    assert sum(hit for hit, _ in stats) > 0
+    if routing == "jsq" or not offload_gb:
+        assert (loaded > 0) == (offload_gb > 0)
 
 
 def test_the_planner_sizes_prompt_pools_with_the_hit_rate():
