@@ -147,8 +147,9 @@ def replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUEST
     """Simulated mean TTFT and mean TPOT (ms) of one run under `profile`: `requests_per_client`
     requests per client (at least 8 in all), every client sending its first at once and the
     clients out of phase after it (workload.trace.out_of_phase), and the means over all of them
-    (TPOT: but the first wave's), as a benchmark reports them. NaN where an instance cannot hold
-    the model.
+    (TPOT: but the first wave's), as a benchmark reports them (a disaggregated run's first token
+    as its client got it, from a decode worker: `SimResult.client_ttft_s`). NaN where an instance
+    cannot hold the model.
 
     An aggregated run's machine is replayed as one of its instances with its share of the
     clients: identical instances fed identical requests by join-shortest-queue (each first wave
@@ -158,7 +159,7 @@ def replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUEST
     if replayed is None:
         return float("nan"), float("nan")
     result = replayed[0]
-    return float(np.nanmean(result.ttft_s) * 1e3), float(np.nanmean(result.tpot_s[result.measured]) * 1e3)
+    return float(np.nanmean(result.client_ttft_s) * 1e3), float(np.nanmean(result.client_tpot_s[result.measured]) * 1e3)
 
 
 def _replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUESTS_PER_CLIENT,

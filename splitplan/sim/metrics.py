@@ -33,8 +33,10 @@ def percentiles_ms(values_s: np.ndarray) -> dict:
 
 def benchmark_report(result: SimResult, pools: list[PoolSpec]) -> dict:
     """The figures a serving benchmark prints (vLLM benchmark_serving, genai-perf), so a run
-    can be put beside one: mean, median and p99 of TTFT and TPOT ((E2E - TTFT) / (output - 1),
-    vLLM's definition; one-token answers left out) in ms, and throughput, per GPU too."""
+    can be put beside one: mean, median and p99 of TTFT as the client receives the first token
+    (`SimResult.client_ttft_s`: on split pools, after the KV transfer and the token instance's
+    admission) and TPOT ((E2E - TTFT) / (output - 1), vLLM's definition; one-token answers left
+    out) in ms, and throughput, per GPU too."""
     def stats(values_s):
         finite = values_s[np.isfinite(values_s)]
         if not len(finite):
@@ -45,7 +47,7 @@ def benchmark_report(result: SimResult, pools: list[PoolSpec]) -> dict:
     span = max(result.span_s, 1e-9)
     finished = int(np.isfinite(result.e2e_s).sum())
     measured = result.measured
-    return {"ttft_ms": stats(result.ttft_s[measured]), "tpot_ms": stats(result.tpot_s[measured]), "gpus": gpus,
+    return {"ttft_ms": stats(result.client_ttft_s[measured]), "tpot_ms": stats(result.client_tpot_s[measured]), "gpus": gpus,
             "requests_per_s": finished / span, "output_tokens_per_s": result.tokens_out / span,
             "output_tokens_per_s_per_gpu": result.tokens_out / span / max(gpus, 1)}
 

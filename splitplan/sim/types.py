@@ -167,9 +167,28 @@ class SimResult:
     def tpot_s(self) -> np.ndarray:
         """TPOT as vLLM's benchmark_serving defines it: (E2E - TTFT) / (output tokens - 1);
         NaN for one-token answers."""
+        return self._tpot_s(self.ttft_s)
+
+    @property
+    def client_ttft_s(self) -> np.ndarray:
+        """TTFT as a benchmark client measures it: on split pools the first token reaches the
+        client from the decode worker (vLLM's P/D proxy and Dynamo, SGLang's router, TensorRT-LLM's
+        disaggregated server all stream the answer from it), so it comes with the KV transfer and
+        the wait for the token instance to admit the request (`ttft_s`, Splitwise's, stamps it
+        at the prefill's end); on a co-located instance the two are one. vLLM's decode worker
+        computes that token in its first iteration, one step later still: not modelled."""
+        later = self.transfer_s + self.decode_queue_s
+        return np.where(np.isfinite(later), self.ttft_s + later, self.ttft_s)  # (a one-token answer ends at its prefill)
+
+    @property
+    def client_tpot_s(self) -> np.ndarray:
+        """TPOT from `client_ttft_s`: what a benchmark client reports."""
+        return self._tpot_s(self.client_ttft_s)
+
+    def _tpot_s(self, ttft_s: np.ndarray) -> np.ndarray:
         o = self.trace.output_tokens.astype(float)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(o > 1, (self.e2e_s - self.ttft_s) / (o - 1), np.nan)
+            return np.where(o > 1, (self.e2e_s - ttft_s) / (o - 1), np.nan)
 
     @property
     def tbt_s(self) -> np.ndarray:

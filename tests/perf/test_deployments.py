@@ -166,6 +166,20 @@ def test_a_disaggregated_run_keeps_its_load_per_instance_on_whole_machines():
     assert (pool.role, pool.machines, pool.instances, clients) == ("mixed", 2, 1, 8)
 
 
+def test_a_disaggregated_run_reports_the_first_token_as_its_clients_got_it():
+    """A disaggregated benchmark's clients get the first token from a decode worker: the replay's
+    mean TTFT takes the KV transfer and the decode worker's admission, and its TPOT what is left."""
+    run = {"model": "llama3.1-8b", "machine": "h100-80gb", "concurrency": 8, "isl": 2048, "osl": 64,
+           "prefill_layout": "tp1", "prefill_workers": 1, "decode_layout": "tp1", "decode_workers": 1}
+    result = dep._replay(run, load_engine("vllm"))[0]
+    later = np.nan_to_num(result.transfer_s + result.decode_queue_s)  # (NaN: a one-token answer of the graded first wave)
+    assert np.mean(later > 0) > 0.9
+    ttft_ms, tpot_ms = dep.replay(run, load_engine("vllm"))
+    assert ttft_ms == pytest.approx(np.mean(result.ttft_s + later) * 1e3, rel=1e-12)
+    expected_tpot = (result.e2e_s - result.ttft_s - later) / (run["osl"] - 1)
+    assert tpot_ms == pytest.approx(np.mean(expected_tpot[result.measured]) * 1e3, rel=1e-12)
+
+
 def test_a_run_whose_instance_cannot_hold_the_model_is_not_predicted():
     run = {"model": "deepseek-v3", "machine": "h100-80gb", "concurrency": 4, "layout": "tp8", "isl": 512, "osl": 16}
     assert all(np.isnan(dep.replay(run, load_engine("sglang-fp8"))))

@@ -43,11 +43,30 @@ def test_single_request_is_prefill_plus_transfer_plus_decode_steps(prompt):
     assert r.e2e_s[0] == pytest.approx(prefill + transfer + steps, rel=1e-9)
     assert r.decode_queue_s[0] == 0 and r.prompt_queue_s[0] == 0
     assert r.tokens_out == out
+    # a benchmark client gets the first token from the token instance, past the transfer
+    assert r.client_ttft_s[0] == pytest.approx(prefill + transfer, rel=1e-9)
+    assert r.client_tpot_s[0] == pytest.approx(steps / (out - 1), rel=1e-9)
 
 
 def test_one_output_token_finishes_at_prefill():
     r = simulate(one(500, 1), [PoolSpec("prompt", H100, 1), PoolSpec("token", H100, 1)])
-    assert r.e2e_s[0] == r.ttft_s[0] and r.tokens_out == 1
+    assert r.e2e_s[0] == r.ttft_s[0] == r.client_ttft_s[0] and r.tokens_out == 1
+
+
+def test_a_client_gets_its_first_token_when_the_token_instance_admits_it():
+    """On split pools the first token reaches the client from the decode worker (vLLM's P/D
+    proxy, Dynamo, SGLang's router): the wait for KV memory there is part of the client's TTFT;
+    co-located, the client's TTFT is the simulator's own."""
+    small = api.instance("bloom-176b", "h100-80gb", 8, "lean")
+    half = small.fit.kv_capacity_tokens // 2
+    trace = Trace(np.array([0.0, 0.0]), np.array([half, half]), np.array([10, 10]), "t")
+    r = simulate(trace, [PoolSpec("prompt", small, 2), PoolSpec("token", small, 1)], SimOptions(routing="round-robin"))
+    second = int(np.argmax(r.decode_queue_s))
+    assert r.decode_queue_s[second] > 0.1  # (the other's ten decode steps)
+    assert r.client_ttft_s == pytest.approx(r.ttft_s + r.transfer_s + r.decode_queue_s, rel=1e-12)
+    assert r.client_ttft_s[second] > r.ttft_s[second] + 0.1
+    mixed = simulate(trace, [PoolSpec("mixed", small, 1)])
+    assert np.array_equal(mixed.client_ttft_s, mixed.ttft_s) and np.array_equal(mixed.client_tpot_s, mixed.tpot_s)
 
 
 @settings(max_examples=15, deadline=None)
