@@ -155,7 +155,8 @@ def _render_simulation(summary: SimulationSummary, workload, note: str = "") -> 
                            + f"over {summary.span_s:,.1f} s{note}", ["ms", "p50", "p90", "p99"],
                            [(name, p["p50"], p["p90"], p["p99"]) for name, p in metrics]))
     bench = summary.benchmark
-    con.print(report.table("As a serving benchmark reports it (TPOT = (E2E - TTFT) / (output - 1))",
+    con.print(report.table("As a serving benchmark's client measures it (TTFT on split pools: past the KV transfer and "
+                           "decode queue; TPOT = (E2E - TTFT) / (output - 1))",
                            ["ms", "mean", "median", "p99"],
                            [(name, bench[key]["mean"], bench[key]["median"], bench[key]["p99"])
                             for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))],
