@@ -547,9 +547,9 @@ FIELDS = (
     "packed_attention", "clock_slowdown", "capped_clock_slowdown",
     # measured kernel curves (perf.curves), or their roofline defaults (the same bandwidth, no extra time)
     "gemm_bytes_per_s", "gemm_pass_s_per_token", "gemm_latency_s", "prefill_attention_half_tokens",
-    "prefill_attention_latency_s", "kv_bytes_per_s", "decode_attention_efficiency", "decode_attention_s_per_seq",
-    "decode_attention_latency_s", "moe_compute_efficiency", "moe_half_rows", "moe_bytes_per_s", "moe_latency_s",
-    "moe_s_per_row", "moe_s_per_token", "moe_load_spread", "moe_load_cap", "moe_routing_alpha",
+    "prefill_attention_latency_s", "prefill_attention_s_per_seq", "kv_bytes_per_s", "decode_attention_efficiency",
+    "decode_attention_s_per_seq", "decode_attention_latency_s", "moe_compute_efficiency", "moe_half_rows", "moe_bytes_per_s",
+    "moe_latency_s", "moe_s_per_row", "moe_s_per_token", "moe_load_spread", "moe_load_cap", "moe_routing_alpha",
     # the engine's factors and the model's experts the formula reads
     "knee_slowdown", "knee_tokens", "moe_efficiency", "attention_efficiency", "decode_overhead_s", "prefill_overhead_s",
     "sequence_overhead_s", "prefill_sequence_overhead_s", "is_moe", "experts", "experts_per_token", "expert_params",
@@ -561,8 +561,8 @@ cdef enum:  # FIELDS' order
     COLL_LATENCY, LARGE_COLL_S_PER_TOKEN, LARGE_COLL_LATENCY, A2A_S_PER_TOKEN, A2A_LATENCY, DECODE_A2A_S_PER_TOKEN,
     DECODE_A2A_LATENCY, HOP_S_PER_TOKEN, HOP_LATENCY, DP, PP, DIVIDES, GPU_LAUNCH, HOST_LAUNCH,
     PACKED, CLOCK_SLOWDOWN, CAPPED_SLOWDOWN, GEMM_BPS, GEMM_PASS_S, GEMM_LATENCY, PREFILL_ATTN_HALF, PREFILL_ATTN_LATENCY,
-    KV_BPS, DECODE_ATTN_EFF, DECODE_ATTN_S_PER_SEQ, DECODE_ATTN_LATENCY, MOE_COMPUTE_EFF, MOE_HALF, MOE_BPS,
-    MOE_LATENCY, MOE_S_PER_ROW, MOE_S_PER_TOKEN, MOE_LOAD_SPREAD, MOE_LOAD_CAP, MOE_ROUTING_ALPHA, KNEE_SLOWDOWN,
+    PREFILL_ATTN_S_PER_SEQ, KV_BPS, DECODE_ATTN_EFF, DECODE_ATTN_S_PER_SEQ, DECODE_ATTN_LATENCY, MOE_COMPUTE_EFF, MOE_HALF,
+    MOE_BPS, MOE_LATENCY, MOE_S_PER_ROW, MOE_S_PER_TOKEN, MOE_LOAD_SPREAD, MOE_LOAD_CAP, MOE_ROUTING_ALPHA, KNEE_SLOWDOWN,
     KNEE_TOKENS, MOE_EFF, ATTN_EFF,
     DECODE_OVERHEAD, PREFILL_OVERHEAD, SEQ_OVERHEAD, PREFILL_SEQ_OVERHEAD, IS_MOE, EXPERTS, TOP_K, EXPERT_PARAMS,
     FIELD_COUNT
@@ -670,7 +670,7 @@ cdef Terms _terms(const double* c, double prefill_seqs, double prefill_tokens, d
             class_flops = pre_sq * c[PREFILL_ATTN_FLOPS]
             class_bytes = group_pre * (2 * c[Q_DIM] + 2 * c[KV_DIM]) * c[ACT_BPE]
             class_peak, bandwidth = peak * c[ATTN_EFF], c[MEMORY_BPS]
-            fixed_s = c[PREFILL_ATTN_LATENCY] * has_prefill
+            fixed_s = c[PREFILL_ATTN_LATENCY] * has_prefill + c[PREFILL_ATTN_S_PER_SEQ] * prefill_seqs * micro / groups
             extra_s = c[PREFILL_ATTN_HALF] * group_pre * c[PREFILL_ATTN_FLOPS] / class_peak  # the ramp over short prompts
         elif k == 3:
             ctx = decode_context_tokens * micro / groups

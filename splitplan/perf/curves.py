@@ -15,12 +15,14 @@ clock. Every function takes floats or NumPy arrays.
   (`input_passes` reads of the m x k input, `output_passes` of the m x n output, as 2-byte
   elements at the datasheet bandwidth: fp8's per-token quantization, the epilogue), and the
   weights and activations read at `memory_efficiency` of the bandwidth; plus `latency_s`.
-- Context attention (b prompts of p tokens, H query heads of d): 2 H d b p (p + half_tokens)
-  FLOPs at `efficiency` of the bf16 peak (causal QK^T and PV, halved, with an efficiency that
-  ramps with the prompt, p / (p + half_tokens); the engines compute attention in bf16 whatever
-  the KV cache holds), `efficiency` being that of heads of 128 dims, ramped by the head dim,
-  d / (d + half_dim), relative to 128's (`head_dim_share`; fitted where a table times both 64- and
-  128-dim heads), plus `latency_s`.
+- Context attention (b prompts of p tokens, H query heads of d over H_kv KV heads): 2 H d b p
+  (p + half_tokens) (1 + `kv_head_cost` H_kv / H) FLOPs at `efficiency` of the bf16 peak (causal
+  QK^T and PV, halved, with an efficiency that ramps with the prompt, p / (p + half_tokens); the
+  engines compute attention in bf16 whatever the KV cache holds; the kernels load K and V once per
+  head group, so a head of a narrow group costs more than one of a wide group), `efficiency` being
+  that of heads of 128 dims, ramped by the head dim, d / (d + half_dim), relative to 128's
+  (`head_dim_share`; fitted where a table times both 64- and 128-dim heads), plus b H_kv
+  `s_per_kv_head` (the tiles each prompt's head groups start) and `latency_s`.
 - Generation attention (b sequences over c tokens of context each, H query and H_kv KV heads):
   the larger of 2 H_kv d b c KV elements read at `memory_efficiency` of the bandwidth and 4 H d b c
   FLOPs at `efficiency` of the bf16 peak, plus b (`s_per_sequence` + H_kv `s_per_kv_head`) and
@@ -95,10 +97,16 @@ def head_dim_share(curve, head_dim):
     return np.minimum(share, 1.0 / curve.efficiency)
 
 
-def context_attention_s(curve, bf16_flops_per_s: float, batch, prompt_tokens, heads, head_dim):
+def context_attention_s(curve, bf16_flops_per_s: float, batch, prompt_tokens, heads, kv_heads, head_dim):
     """Seconds of causal attention over `batch` prompts of `prompt_tokens` each."""
     flops = 2 * heads * head_dim * batch * prompt_tokens * (prompt_tokens + curve.half_tokens)
-    return flops / (bf16_flops_per_s * curve.efficiency * head_dim_share(curve, head_dim)) + curve.latency_s
+    return (flops / (bf16_flops_per_s * context_efficiency(curve, heads, kv_heads, head_dim))
+            + batch * kv_heads * curve.s_per_kv_head + curve.latency_s)
+
+
+def context_efficiency(curve, heads, kv_heads, head_dim):
+    """A context curve's share of the bf16 peak for H query heads of `head_dim` over H_kv KV heads."""
+    return curve.efficiency * head_dim_share(curve, head_dim) / (1 + curve.kv_head_cost * kv_heads / heads)
 
 
 def kv_heads_timed(curve, kv_heads):

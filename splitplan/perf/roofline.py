@@ -170,6 +170,7 @@ class PassConstants:
     attention_efficiency: float  # prefill attention's, of the activations' peak
     prefill_attention_half_tokens: float  # prompt tokens at which attention's efficiency is half its peak's
     prefill_attention_latency_s: float
+    prefill_attention_s_per_seq: float  # per prompt (or chunk) in the pass
     kv_bytes_per_s: float  # the KV cache read by decode attention
     decode_attention_efficiency: float  # of the activations' peak, where decode attention is compute-bound
     decode_attention_s_per_seq: float
@@ -427,7 +428,8 @@ class Instance(PassShortcuts):
         out = {"compute_efficiency": f.compute_efficiency, "gemm_half_tokens": f.gemm_half_tokens,
                "gemm_bytes_per_s": bandwidth * f.memory_efficiency, "gemm_pass_s_per_token": 0.0, "gemm_latency_s": 0.0,
                "attention_efficiency": f.attention_efficiency, "prefill_attention_half_tokens": 0.0,
-               "prefill_attention_latency_s": 0.0, "kv_bytes_per_s": bandwidth * f.memory_efficiency,
+               "prefill_attention_latency_s": 0.0, "prefill_attention_s_per_seq": 0.0,
+               "kv_bytes_per_s": bandwidth * f.memory_efficiency,
                "decode_attention_efficiency": f.compute_efficiency, "decode_attention_s_per_seq": 0.0, "decode_attention_latency_s": 0.0,
                "collective_s_per_token": (2 * (t - 1) / t * m.hidden_size * 2 / self._link_bytes_per_s(t, f)) if t > 1 else 0.0,
                "collective_latency_s": f.collective_latency_s if t > 1 else 0.0, "moe_latency_s": 0.0,
@@ -447,8 +449,10 @@ class Instance(PassShortcuts):
                     * curves.ACTIVATION_BYTES / bandwidth,
                     "gemm_latency_s": gemm.latency_s * (len(shapes) + 1 / m.num_hidden_layers)}  # the LM head once
         if context is not None:
-            out |= {"attention_efficiency": context.efficiency * curves.head_dim_share(context, m.head_dim_eff) * of_bf16,
-                    "prefill_attention_half_tokens": context.half_tokens, "prefill_attention_latency_s": context.latency_s}
+            heads, kv_heads = m.num_attention_heads / t, self.kv_heads_per_gpu
+            out |= {"attention_efficiency": curves.context_efficiency(context, heads, kv_heads, m.head_dim_eff) * of_bf16,
+                    "prefill_attention_half_tokens": context.half_tokens, "prefill_attention_latency_s": context.latency_s,
+                    "prefill_attention_s_per_seq": kv_heads * context.s_per_kv_head}
         if generation is not None:
             out |= {"kv_bytes_per_s": bandwidth * generation.memory_efficiency,
                     "decode_attention_efficiency": generation.efficiency * of_bf16,

@@ -96,6 +96,10 @@ class ContextAttentionCurve(BaseModel):
     half_tokens: Positive  # prompt tokens at which it is half that
     latency_s: Seconds
     half_dim: Positive = 0.0  # head dims at which the efficiency is half its asymptote (perf.curves.head_dim_share)
+    # each KV head's share of a query head's work (K and V loaded per head group: an MHA head costs
+    # 1 + kv_head_cost of a wide GQA group's), and a fixed time per prompt and KV head
+    kv_head_cost: Positive = 0.0
+    s_per_kv_head: Seconds = 0.0
 
 
 class GenerationAttentionCurve(BaseModel):
