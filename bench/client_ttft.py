@@ -10,7 +10,7 @@ disaggregated server), so a benchmark client gets its first token only after bot
 TP 8, default engine and model) over traces, rates and SLO profiles, this plans, simulates the
 plan on the same requests (`simulate --plan`), and prints per TTFT line the value the SLO stamps
 beside the client's, and whether the line would hold on the client's: what the plans would lose
-if the SLO's TTFT were the client's. About a minute on 2 cores.
+if the SLO's TTFT were the client's. About 10 s on 2 cores.
 """
 
 from __future__ import annotations
