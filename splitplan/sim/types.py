@@ -175,9 +175,10 @@ class SimResult:
         client from the decode worker (vLLM's P/D proxy and Dynamo, SGLang's router, TensorRT-LLM's
         disaggregated server all stream the answer from it), so it comes with the KV transfer and
         the wait for the token instance to admit the request (`ttft_s`, Splitwise's, stamps it
-        at the prefill's end); on a co-located instance the two are one. vLLM's decode worker
-        computes that token in its first iteration, one step later still: not modelled."""
-        later = self.transfer_s + self.decode_queue_s
+        at the prefill's end); where one instance prefilled and decodes a request (co-located, or
+        Splitwise's borrowing) the two are one. vLLM's decode worker computes that token in its
+        first iteration, one step later still: not modelled."""
+        later = np.where(self.prompt_instance != self.token_instance, self.transfer_s + self.decode_queue_s, 0.0)
         return np.where(np.isfinite(later), self.ttft_s + later, self.ttft_s)  # (a one-token answer ends at its prefill)
 
     @property

@@ -11,6 +11,7 @@ from splitplan import api
 from splitplan.perf.roofline import kv_transfer_time_s
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
 from splitplan.sim.metrics import borrowed as borrowed_counts
+from splitplan.sim.types import SimResult
 from splitplan.workload.trace import (
     Trace,
     default_trace_path,
@@ -186,6 +187,25 @@ def test_mixed_pool_borrowing_uses_prompt_machines_for_decode_when_token_kv_is_f
     assert borrowed.tokens_out == plain.tokens_out == 300 * n
     assert np.median(borrowed.e2e_s) < np.median(plain.e2e_s)
     assert np.percentile(borrowed.decode_queue_s, 99) < np.percentile(plain.decode_queue_s, 99)
+    # decoded on the prompt instance that prefilled it, a request streams its first token there at
+    # the prefill's end; sent to the token instance, after the transfer and the admission
+    local = borrowed.prompt_instance == borrowed.token_instance
+    assert local.any() and np.array_equal(borrowed.client_ttft_s[local], borrowed.ttft_s[local])
+    sent = ~local & np.isfinite(borrowed.transfer_s)
+    assert np.all(borrowed.client_ttft_s[sent] > borrowed.ttft_s[sent])
+
+
+def test_a_request_decoded_where_it_was_prefilled_streams_its_first_token_at_the_prefill():
+    """`client_ttft_s` adds the transfer and the admission only where another instance decodes:
+    one that prefilled and then waits on its own instance (a lent one, busy) has its first token out."""
+    trace = Trace(np.zeros(3), np.array([100, 100, 100]), np.array([5, 5, 5]), "t")
+    same, other = np.array([0, 0, 0]), np.array([0, 1, 0])
+    r = SimResult(trace, ttft_s=np.array([0.1, 0.1, 0.1]), e2e_s=np.array([0.3, 0.3, 0.1]), tbt_max_s=np.zeros(3),
+                  prompt_queue_s=np.zeros(3), transfer_s=np.array([0.0, 0.02, np.nan]),
+                  decode_queue_s=np.array([0.05, 0.03, np.nan]), prompt_instance=same, token_instance=other,
+                  rejected=np.zeros(3, bool), tokens_out=11, span_s=0.3)
+    assert r.client_ttft_s.tolist() == pytest.approx([0.1, 0.15, 0.1])  # (the third answered in its prefill)
+    assert r.client_tpot_s[1] == pytest.approx((0.3 - 0.15) / 4)
 
 
 def test_measured_table_matches_its_points_and_reports_extrapolation(tmp_path):
