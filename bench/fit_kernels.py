@@ -43,7 +43,9 @@ all-to-all shapes by their (hidden, top-k, experts);
 each fold is predicted by a fit without it. Prints the MAPE % / median signed error % per engine,
 GPU, operator class and precision (the target of issue 55: 10 % in every cell of more than 20
 points), and flags any parameter fitted onto its bound.
-`--write` writes the curves fitted on every shape into `hardware_specs/*.yaml` (`kernels:`);
+`--write` writes the curves fitted on every shape into `hardware_specs/*.yaml` (`kernels:`; with
+`--only OPERATOR ...`, those classes' curves alone: the context curves shipped since 2026-12-07
+came from `--write --only context_attention`);
 `--sample DIR` writes the small vendored sample the tests check the curves against.
 """
 
@@ -359,6 +361,25 @@ def alignment(gemm: pd.DataFrame) -> None:
         print(f"| {engine} | {gpu} | {key} | " + " | ".join(f"{e.abs().mean():.1f} / {e.median():+.1f} ({len(e):,})" for e in cells) + " |")
 
 
+OPERATORS = ("gemm", "context_attention", "generation_attention", "mla_generation", "all_reduce", "all_to_all", "moe")
+
+
+def keep_others(name: str, fitted: dict[str, dict], only: list[str]) -> dict[str, dict]:
+    """A GPU's `kernels:` block as its hardware file has it, with the `only` operator classes' curves
+    (and their errors in `mape_pct`) replaced by those just fitted."""
+    shipped = yaml.safe_load((ROOT / "hardware_specs" / f"{name}.yaml").read_text()).get("kernels") or {}
+    out = {}
+    for engine, block in fitted.items():
+        kept = dict(shipped.get(engine) or block)
+        for op in only:
+            if op in block:
+                kept[op] = block[op]
+            kept["mape_pct"] = {**kept.get("mape_pct", {}),
+                                **{k: v for k, v in block["mape_pct"].items() if k.startswith(op)}}
+        out[engine] = kept
+    return out
+
+
 def write(fitted: dict[str, dict]) -> None:
     """Each GPU's `kernels:` block written into its hardware spec (replacing the one there)."""
     for name, by_engine in fitted.items():
@@ -390,6 +411,9 @@ def sample(out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="write the curves into hardware_specs/*.yaml")
+    parser.add_argument("--only", nargs="+", metavar="OPERATOR", choices=OPERATORS,
+                        help="with --write, write these operator classes' curves and keep the files' others (a fit "
+                             "rerun elsewhere moves parameters the tables barely pin)")
     parser.add_argument("--sample", type=Path, help="write the tests' sample of the tables here")
     args = parser.parse_args()
     fitted: dict[str, dict] = {}
@@ -406,7 +430,7 @@ def main() -> None:
     for line in bounds:
         print(f"- {line}")
     if args.write:
-        write(fitted)
+        write(fitted if not args.only else {name: keep_others(name, blocks, args.only) for name, blocks in fitted.items()})
     if args.sample:
         sample(args.sample)
 
