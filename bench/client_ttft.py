@@ -8,7 +8,7 @@ whole answer from the decode worker (vLLM's P/D proxy and Dynamo, SGLang's route
 disaggregated server), so a benchmark client gets its first token only after both
 (`SimResult.client_ttft_s`, `summary.benchmark`). For split plans (`optimize --split-only`, H100
 TP 8, default engine and model) over traces, rates and SLO profiles, this plans, simulates the
-plan on the same requests (`simulate --plan`), and prints per TTFT line the value the SLO stamps
+plan on the same requests (as `simulate --plan` does), and prints per TTFT line the value the SLO stamps
 beside the client's, and whether the line would hold on the client's: what the plans would lose
 if the SLO's TTFT were the client's. About 10 s on 2 cores.
 """
@@ -21,8 +21,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import yaml
+
+import splitplan
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = {"code": None, "conversation": ROOT.parent / "shared" / "data" / "traces" / "azure_conv_2023.csv"}
@@ -48,14 +49,13 @@ def case(trace: Path | None, rate: float, slo: str, scratch: Path) -> list[dict]
             "--tp", "8", "--split-only", "--output-dir", str(out), "--format", "json")
     except subprocess.CalledProcessError:
         return None  # (no split plan meets the SLO)
-    run("simulate", "--plan", str(out / "plan.json"), "--output-dir", str(out / "sim"), "--format", "json")
-    rows = pd.read_csv(out / "sim" / "requests.csv")
-    rows = rows[np.isfinite(rows.ttft_ms)]
-    client = rows.ttft_ms + rows.transfer_ms.fillna(0) + rows.decode_queue_ms.fillna(0)
+    result = splitplan.simulate(out / "plan.json").result  # (as `simulate --plan` replays it)
+    served = np.isfinite(result.ttft_s)
+    stamped_ms, client_ms = result.ttft_s[served] * 1e3, result.client_ttft_s[served] * 1e3
     out_rows = []
     for p, limit in ttft_lines(slo).items():
         q = float(p[1:])
-        stamped, seen = float(np.percentile(rows.ttft_ms, q)), float(np.percentile(client, q))
+        stamped, seen = float(np.percentile(stamped_ms, q)), float(np.percentile(client_ms, q))
         out_rows.append({"rate": rate, "slo": slo, "line": f"TTFT {p} <= {limit:g}",
                          "stamped_ms": stamped, "client_ms": seen, "added_ms": seen - stamped,
                          "holds_stamped": stamped <= limit, "holds_client": seen <= limit})

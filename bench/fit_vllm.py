@@ -49,6 +49,7 @@ from splitplan.specs.engine import engine_to_yaml, load_engine  # noqa: E402
 from splitplan.specs.hardware import load_hardware  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+VLLM_YAML = ROOT / "engine_profiles" / "vllm.yaml"  # (the shipped bf16 profile: --fp8-only and --keep-roofline start from it)
 DEPLOYMENTS = ROOT.parent / "shared" / "data" / "perf" / "aiconfigurator_silicon_sample.csv"
 # name: (lower, upper, scale); physical bounds
 FACTORS = {
@@ -195,7 +196,7 @@ def main() -> None:
     stages = stages[stages.include == 1].reset_index(drop=True)
 
     if args.fp8_only:
-        fp8 = fit_fp8(load_engine(str(ROOT / "engine_profiles" / "vllm.yaml")), args)
+        fp8 = fit_fp8(load_engine(str(VLLM_YAML)), args)
         if args.write:
             write(None, fp8)
         return
@@ -252,7 +253,7 @@ def fit_bf16(base, stages: pd.DataFrame, args):
     that ended on a bound in `fit.at_bound`."""
     curved = fit(base, stages, args.data, args.jobs, args.evaluations, OVERHEADS)
     if args.keep_roofline:
-        shipped = load_engine(str(ROOT / "engine_profiles" / "vllm.yaml"))
+        shipped = load_engine(str(VLLM_YAML))
         return with_values(curved, {n: value(shipped, n) for n in ROOFLINE_ONLY})
     roofline = fit(curved.model_copy(update={"kernel_curves": None}), stages, args.data, args.jobs, args.evaluations,
                    ROOFLINE_ONLY)
@@ -310,7 +311,7 @@ def write(fitted, fp8) -> None:
     for its measured error, fit.error)."""
     header = "Written by: python bench/fit_vllm.py --write (do not edit by hand; rerun it)"
     if fitted is not None:
-        (ROOT / "engine_profiles" / "vllm.yaml").write_text(engine_to_yaml(fitted, header))
+        VLLM_YAML.write_text(engine_to_yaml(fitted, header))
     if fp8 is not None:
         (ROOT / "engine_profiles" / "vllm-fp8.yaml").write_text(engine_to_yaml(fp8, header))
     print("wrote " + " and ".join(f"engine_profiles/{n}.yaml" for n, p in (("vllm", fitted), ("vllm-fp8", fp8)) if p is not None))

@@ -363,7 +363,9 @@ class HardwareSpec(BaseModel):
                          f"sustained clock ({self.gpu.gemm_source})")
 
     def has_tensor_cores(self, dtype: str) -> bool:
-        """Whether the GPU computes in `dtype` natively (fp8 and fp4 otherwise run at bf16 speed)."""
+        """False only for fp4 on a GPU without fp4 tensor cores (run weight-only, priced at bf16; the
+        export refuses such a plan for SGLang): fp8 on a GPU without fp8 tensor cores counts as served
+        (`native_precision` gives the precision each dtype is computed at)."""
         return dtype != "fp4" or self.gpu.fp4_tflop_per_s is not None
 
     @property
