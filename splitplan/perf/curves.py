@@ -82,6 +82,15 @@ def gemm_s(curve, peak_flops_per_s: float, memory_bytes_per_s: float, m, n, k, w
     return np.maximum(compute, moved / (memory_bytes_per_s * curve.memory_efficiency)) + curve.latency_s
 
 
+def layer_gemms(model, tp: int) -> tuple[np.ndarray, np.ndarray]:
+    """The (n, k) of a transformer layer's GEMMs on one GPU of a `tp`-way layout: the QKV and O
+    projections, the FFN's gate-and-up (fused) and down."""
+    shapes = np.array([((model.q_dim + 2 * model.kv_dim) / tp, model.hidden_size), (model.hidden_size, model.q_dim / tp),
+                       ((model.ffn_matrices - 1) * model.intermediate_size / tp, model.hidden_size),
+                       (model.hidden_size, model.intermediate_size / tp)])
+    return shapes[:, 0], shapes[:, 1]
+
+
 def shape_efficiency(curve, n, k):
     """The share of a GEMM curve's efficiency an n x k weight reaches."""
     return n / (n + curve.half_n) * k / (k + curve.half_k)

@@ -437,17 +437,13 @@ class Instance(PassShortcuts):
                "moe_routing_alpha": curves.ROUTING_ALPHA, "moe_efficiency": f.moe_efficiency}
         gemm, context, generation, reduce, moe, exchange = self._measured.values()
         if gemm is not None:
-            # per layer, the (n, k) of its GEMMs: QKV and O projections, the FFN's gate-and-up (fused) and down
-            shapes = np.array([((m.q_dim + 2 * m.kv_dim) / t, m.hidden_size), (m.hidden_size, m.q_dim / t),
-                               ((m.ffn_matrices - 1) * m.intermediate_size / t, m.hidden_size),
-                               (m.hidden_size, m.intermediate_size / t)])
-            n, k_in = shapes[:, 0], shapes[:, 1]
+            n, k_in = curves.layer_gemms(m, t)
             work = n * k_in  # each GEMM's share of the FLOPs; its time at the shape's efficiency
             out |= {"compute_efficiency": gemm.efficiency * work.sum() / (work / curves.shape_efficiency(gemm, n, k_in)).sum(),
                     "gemm_half_tokens": gemm.half_tokens, "gemm_bytes_per_s": bandwidth * gemm.memory_efficiency,
                     "gemm_pass_s_per_token": (gemm.input_passes * k_in.sum() + gemm.output_passes * n.sum())
                     * curves.ACTIVATION_BYTES / bandwidth,
-                    "gemm_latency_s": gemm.latency_s * (len(shapes) + 1 / m.num_hidden_layers)}  # the LM head once
+                    "gemm_latency_s": gemm.latency_s * (len(n) + 1 / m.num_hidden_layers)}  # the LM head once
         if context is not None:
             heads, kv_heads = m.num_attention_heads / t, self.kv_heads_per_gpu
             out |= {"attention_efficiency": curves.context_efficiency(context, heads, kv_heads, m.head_dim_eff) * of_bf16,

@@ -6,8 +6,9 @@ engine (`backend`: vllm, sglang, trtllm), a machine (`system`), a precision, fix
 and output lengths (`isl`, `osl`), a concurrency (`batch_size` for aggregated runs), a
 layout (`tp_size`, ...) and the run's mean TTFT and mean TPOT (`silicon_ttft_ms`,
 `silicon_tpot_ms`). Rows the catalog can model are kept: aggregated, TP only (no PP,
-attention DP or EP), a catalog machine and a dense catalog model, bf16 or fp8; the others
-are counted by reason.
+attention DP or EP), a catalog machine and a dense catalog model, bf16 or fp8, that ran no
+faster than its prompts' GEMMs can (`prompt_gemm_share`: a run that did cannot have computed its
+prompts whole); the others are counted by reason.
 
 A run is predicted by simulating it as the benchmark ran it: a co-located instance with
 `concurrency` clients, each sending its next request when the last finishes
@@ -42,11 +43,12 @@ from splitplan.base.errors import TraceError
 from splitplan.base.inputs import finite_columns, number_column, read_table, whole_columns
 from splitplan.base.limits import MAX_CONCURRENCY, MAX_REQUEST_TOKENS
 from splitplan.base.runner import Runner, serial
+from splitplan.perf import curves
 from splitplan.perf.bounds import at_bounds
 from splitplan.perf.bounds import bounds as fit_bounds
 from splitplan.perf.roofline import Instance
 from splitplan.sim.cluster import PoolSpec, SimOptions, simulate
-from splitplan.specs.engine import EngineProfile
+from splitplan.specs.engine import BYTES, EngineProfile
 from splitplan.specs.hardware import load_hardware
 from splitplan.specs.layout import MAX_GPUS, Layout, parse_layout
 from splitplan.specs.model import load_model
@@ -79,7 +81,17 @@ REQUESTS_PER_CLIENT = 10
 
 def read_deployments(path: str | Path) -> tuple[pd.DataFrame, dict[str, int]]:
     """Runs the catalog can model, as `machine, model, engine, precision, tp, concurrency,
-    isl, osl, ttft_ms, tpot_ms`, and how many rows were left out, by reason."""
+    isl, osl, ttft_ms, tpot_ms`, and how many rows were left out, by reason: `catalog_runs` without
+    those that ran faster than their prompts' GEMMs can (TOO_FAST)."""
+    runs, dropped = catalog_runs(path)
+    too_fast = prompt_gemm_share(runs) > 1
+    if too_fast.any():
+        dropped[TOO_FAST] = int(too_fast.sum())
+    return runs[~too_fast].reset_index(drop=True), dropped
+
+
+def catalog_runs(path: str | Path) -> tuple[pd.DataFrame, dict[str, int]]:
+    """The rows of a deployments file the catalog can model, and how many it cannot, by reason."""
     path = Path(path)
     raw = read_table(path, "deployments CSV", TraceError)
     missing = [c for c in COLUMNS if c not in raw.columns]
@@ -113,6 +125,35 @@ def read_deployments(path: str | Path) -> tuple[pd.DataFrame, dict[str, int]]:
     return runs, dropped
 
 
+# A run is left out where its prompts' GEMMs alone (prompt_gemm_share) would take longer than it ran:
+# it cannot have computed its prompts whole, which is what its replay does.
+TOO_FAST = "faster than its prompts' GEMMs can run (prompts served from a prefix cache, or shorter than recorded)"
+FASTEST_PASS_TOKENS = 16_384  # GEMMs speed up with their rows: a pass this long, the largest the kernel tables time
+
+
+def prompt_gemm_share(runs: pd.DataFrame) -> np.ndarray:
+    """Per run, the share of its wall time its prompts' GEMMs alone take, each prompt computed in full:
+    its clients finish `concurrency` / E2E requests a second (E2E = TTFT + (osl - 1) TPOT), each
+    prompt's tokens passing every layer's GEMMs (perf.curves.layer_gemms) in passes of
+    FASTEST_PASS_TOKENS at the GPU's measured rate for the run's engine and precision
+    (perf.curves.gemm_s), or at the datasheet peak where the GPU has no such curve. Attention, decode
+    steps and every overhead come on top, so a run above 1 cannot have prefilled its prompts (vLLM,
+    SGLang and TensorRT-LLM keep a prefix cache by default: a benchmark that repeats its prompts hits
+    it)."""
+    out = np.zeros(len(runs))
+    for i, run in enumerate(runs.to_dict("records")):
+        model, hw = load_model(run["model"]), load_hardware(run["machine"])
+        n, k = curves.layer_gemms(model, int(run["tp"]))
+        peak, m = hw.peak_flops_per_s(run["precision"]), FASTEST_PASS_TOKENS
+        kernels = hw.curves_for(run["engine"])
+        curve = kernels.gemm.get(run["precision"]) if kernels else None
+        pass_s = (curves.gemm_s(curve, peak, hw.memory_bytes_per_s, m, n, k, BYTES[run["precision"]]) if curve
+                  else 2 * m * n * k / peak).sum() * model.num_hidden_layers
+        e2e_s = (run["ttft_ms"] + (run["osl"] - 1) * run["tpot_ms"]) * 1e-3
+        out[i] = run["concurrency"] * run["isl"] / e2e_s * pass_s / m
+    return out
+
+
 def _layout(run: dict, key: str) -> Layout | None:
     value = run.get(key)
     return parse_layout(value, key) if isinstance(value, str) and value else None
@@ -143,7 +184,8 @@ def run_pools(run: dict, profile: EngineProfile) -> tuple[list[PoolSpec], int]:
     return pools, int(run["concurrency"]) * scale
 
 
-def replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUESTS_PER_CLIENT) -> tuple[float, float]:
+def replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUESTS_PER_CLIENT,
+           cached_tokens: int = 0) -> tuple[float, float]:
     """Simulated mean TTFT and mean TPOT (ms) of one run under `profile`: `requests_per_client`
     requests per client (at least 8 in all), every client sending its first at once and the
     clients out of phase after it (workload.trace.out_of_phase), and the means over all of them
@@ -154,8 +196,11 @@ def replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUEST
     An aggregated run's machine is replayed as one of its instances with its share of the
     clients: identical instances fed identical requests by join-shortest-queue (each first wave
     graded alike) run in lockstep with each other, so each sees what one alone sees (the means
-    agree to rounding; a test holds both to it), at 1/instances of the cost."""
-    replayed = _replay(run, profile, requests_per_client)
+    agree to rounding; a test holds both to it), at 1/instances of the cost.
+
+    `cached_tokens`: the leading prompt tokens each request finds in the engine's prefix cache (a
+    benchmark that sends its prompts again; `Trace.cached_tokens`), 0 as the rows record none."""
+    replayed = _replay(run, profile, requests_per_client, cached_tokens=cached_tokens)
     if replayed is None:
         return float("nan"), float("nan")
     result = replayed[0]
@@ -163,7 +208,7 @@ def replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUEST
 
 
 def _replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUESTS_PER_CLIENT,
-            record_passes: bool = False):
+            record_passes: bool = False, cached_tokens: int = 0):
     """(the simulation's result, its pools) of `replay`; None where an instance cannot hold the model."""
     pools, clients = run_pools(run, profile)
     if not all(p.perf.fit.fits for p in pools):
@@ -172,6 +217,8 @@ def _replay(run: dict, profile: EngineProfile, requests_per_client: int = REQUES
         clients //= pools[0].instances
         pools = [dataclasses.replace(pools[0], instances_given=1)]
     work = closed_loop_workload(None, clients, max(requests_per_client * clients, 8), int(run["isl"]), int(run["osl"]))
+    if cached_tokens:
+        work = dataclasses.replace(work, cached_tokens=np.full(len(work), cached_tokens))
     # the scheduler settings the run records (`max_batch_tokens`, `max_num_seqs`), else the profile's: the
     # engine's defaults, which a benchmark that sets none runs (the aiconfigurator sample records none)
     options = SimOptions(profile.batch_tokens(run.get("max_batch_tokens")), concurrency=clients, inter_token_gaps=False,

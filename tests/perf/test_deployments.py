@@ -51,6 +51,38 @@ def test_rows_the_catalog_cannot_model_are_counted_by_reason(tmp_path):
                        "model not in the catalog or not dense": 1, "machine not in the catalog": 1}
 
 
+def test_a_runs_prompt_gemm_share_at_the_datasheet_peak_is_hand_computed():
+    # Llama-3.1-8B at TP 1: per layer 4096 x (4096 + 2 x 1024) + 4096 x 4096 + 2 x 14336 x 4096 + 14336 x 4096
+    # = 218,103,808 weights, 32 layers, 2 FLOPs each a token at H100's 1,979 fp8 TFLOP/s (no curve for 'tgi');
+    # 10 clients of 1,000-token prompts each finish one in 0.1 + 100 x 0.01 = 1.1 s
+    run = {"engine": "tgi", "machine": "h100-80gb", "model": "llama3.1-8b", "precision": "fp8", "tp": 1,
+           "concurrency": 10, "isl": 1000, "osl": 101, "ttft_ms": 100.0, "tpot_ms": 10.0}
+    s_per_token = 2 * 218_103_808 * 32 / 1979e12
+    assert dep.prompt_gemm_share(pd.DataFrame([run]))[0] == pytest.approx(10 * 1000 / 1.1 * s_per_token, rel=1e-9)
+    # NVIDIA's measured GEMMs never beat the peak: timed by them, the same run's prompts take longer
+    measured = dep.prompt_gemm_share(pd.DataFrame([run | {"engine": "vllm"}]))[0]
+    assert 10 * 1000 / 1.1 * s_per_token < measured < 3 * 10 * 1000 / 1.1 * s_per_token
+
+
+def test_a_run_faster_than_its_prompts_gemms_is_left_out_by_reason(tmp_path):
+    # 64 clients of 8,000-token prompts done every 0.11 s: 4.7 M prompt tokens a second on one H100, whose GEMMs
+    # pass at most 0.14 M at the peak: prompts served from a cache, not computed (one client of 500 tokens is kept)
+    rows = [_row("h100_sxm", "meta-llama/Llama-3.1-8B-Instruct", 1, 64, 8000, 2, 100.0, 10.0),
+            _row("h100_sxm", "meta-llama/Llama-3.1-8B-Instruct", 1, 1, 500, 2, 100.0, 10.0)]
+    path = tmp_path / "silicon.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    runs, dropped = dep.read_deployments(path)
+    assert len(runs) == 1 and runs.concurrency[0] == 1
+    assert dropped == {dep.TOO_FAST: 1}
+
+
+def test_prompts_served_from_the_prefix_cache_make_a_replayed_run_faster():
+    run = {"model": "llama3.1-8b", "machine": "h100-80gb", "tp": 1, "concurrency": 8, "isl": 2048, "osl": 32}
+    cold = dep.replay(run, load_engine("vllm-fp8"))
+    cached = dep.replay(run, load_engine("vllm-fp8"), cached_tokens=2032)  # (all but the last 16-token block)
+    assert cached[0] < 0.5 * cold[0] and cached[1] < cold[1]  # (prefills of 16 tokens instead of 2,048)
+
+
 @pytest.mark.slow
 def test_calibration_recovers_a_known_engine_from_whole_runs(tmp_path):
     path = _synthetic(tmp_path)
