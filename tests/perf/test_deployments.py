@@ -83,6 +83,20 @@ def test_prompts_served_from_the_prefix_cache_make_a_replayed_run_faster():
     assert cached[0] < 0.5 * cold[0] and cached[1] < cold[1]  # (prefills of 16 tokens instead of 2,048)
 
 
+def test_calibrate_deployments_says_which_runs_it_left_out_and_why(tmp_path):
+    rows = [_row("h100_sxm", "meta-llama/Llama-3.1-8B-Instruct", 1, 2, 512, 16, 60.0, 8.0),
+            _row("h100_sxm", "meta-llama/Llama-3.1-8B-Instruct", 1, 64, 8000, 2, 100.0, 10.0),  # (30x too fast)
+            _row("h100_sxm", "deepseek-ai/DeepSeek-R1", 8, 4, 512, 32, 50, 10)]
+    path = tmp_path / "silicon.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    result = CliRunner().invoke(app, ["calibrate", "--deployments", str(path), "--backend", "vllm", "--folds", "0",
+                                      "--output", str(tmp_path / "fitted.yaml")])
+    assert result.exit_code == 0, result.output
+    left_out = " ".join(result.stdout.split())  # (the console wraps long lines)
+    assert "1 x model not in the catalog or not dense" in left_out
+    assert "1 x faster than its prompts' GEMMs can run (prompts served from a prefix cache, or shorter than recorded)" in left_out
+
+
 @pytest.mark.slow
 def test_calibration_recovers_a_known_engine_from_whole_runs(tmp_path):
     path = _synthetic(tmp_path)
