@@ -98,13 +98,14 @@ def catalog_runs(path: str | Path) -> tuple[pd.DataFrame, dict[str, int]]:
     if missing:
         raise TraceError(f"{path}: not a deployment file (aiconfigurator silicon format); missing {', '.join(missing)}")
     raw = raw.assign(**{col: number_column(raw, col, path, TraceError) for col in NUMBERS if col in raw})
+    one = pd.Series(1.0, index=raw.index)  # (a file without a parallel-size column: 1)
     reasons = {
         "disaggregated (not yet replayed)": raw["mode"] != "agg",
         "precision other than bf16/fp8": ~raw.precision.isin(["bf16", "fp8"]),
         "model not in the catalog or not dense": ~raw.model_path.isin(list(MODELS)),
         "machine not in the catalog": ~raw.system.isin(list(MACHINES)),
-        "pipeline, attention-DP or expert parallel": (raw.get("pp_size", 1).fillna(1) != 1)
-        | (raw.get("attention_dp_size", 1).fillna(1) != 1) | (raw.get("moe_ep_size", 1).fillna(1) > 1),
+        "pipeline, attention-DP or expert parallel": (raw.get("pp_size", one).fillna(1) != 1)
+        | (raw.get("attention_dp_size", one).fillna(1) != 1) | (raw.get("moe_ep_size", one).fillna(1) > 1),
         "missing or non-positive latency": ~((raw.silicon_ttft_ms > 0) & (raw.silicon_tpot_ms > 0)),
     }
     dropped, out = {}, pd.Series(False, index=raw.index)

@@ -118,8 +118,10 @@ def calibrate_deployments(path: str, backend: str, engine: str = "lean-fp8", fol
     runs, dropped = dep.read_deployments(path)
     mine = runs[runs.engine == backend].reset_index(drop=True)
     if mine.empty:
+        left_out = "; ".join(f"{n} x {reason}" for reason, n in dropped.items())
         raise SpecError(f"{path}: no run of backend '{backend}' that the catalog can model; "
-                        f"the file has: {', '.join(sorted(runs.engine.unique())) or 'none'}")
+                        f"the file has: {', '.join(sorted(runs.engine.unique())) or 'none'}"
+                        + (f" (left out: {left_out})" if left_out else ""))
     base = load_engine(engine)
     if set(mine.precision) != {base.dtype}:
         raise SpecError(f"{path}: the {backend} runs are {', '.join(sorted(set(mine.precision)))} and --engine {engine} is "

@@ -97,6 +97,19 @@ def test_calibrate_deployments_says_which_runs_it_left_out_and_why(tmp_path):
     assert "1 x faster than its prompts' GEMMs can run (prompts served from a prefix cache, or shorter than recorded)" in left_out
 
 
+def test_a_file_without_parallel_columns_whose_runs_are_all_left_out_is_refused_with_the_reasons(tmp_path):
+    rows = [_row("h100_sxm", "deepseek-ai/DeepSeek-R1", 8, 4, 512, 32, 50, 10),
+            _row("h100_sxm", "meta-llama/Llama-3.1-8B-Instruct", 1, 64, 8000, 2, 100.0, 10.0)]
+    path = tmp_path / "silicon.csv"
+    pd.DataFrame(rows).drop(columns=["pp_size", "attention_dp_size", "moe_ep_size"]).to_csv(path, index=False)
+    result = CliRunner().invoke(app, ["calibrate", "--deployments", str(path), "--backend", "vllm", "--folds", "0",
+                                      "--output", str(tmp_path / "fitted.yaml")])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    message = " ".join(result.stderr.split())
+    assert "no run of backend 'vllm'" in message and "1 x model not in the catalog or not dense" in message
+    assert "1 x faster than its prompts' GEMMs can run" in message and not (tmp_path / "fitted.yaml").exists()
+
+
 @pytest.mark.slow
 def test_calibration_recovers_a_known_engine_from_whole_runs(tmp_path):
     path = _synthetic(tmp_path)
