@@ -204,7 +204,7 @@ def _calibrate_deployments(path: Path, backend: str | None, engine: str, folds: 
     con.print(report.table("Fitted engine-wide factors", ["factor", "value"],
                            [(name, getattr(d, name)) for name in type(d).model_fields]))
     if result.dropped:
-        con.print("Left out of the file: " + "; ".join(f"{n} x {reason}" for reason, n in result.dropped.items()))
+        con.print("Left out of the file: " + result.left_out)
 
 
 def _calibrate_bench(paths: list[Path], bench_format, traces: list[Path], settings, engine: str, folds: int, output,

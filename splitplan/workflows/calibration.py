@@ -107,6 +107,15 @@ class DeploymentCalibration:
     def to_json(self) -> dict:
         return {"groups": self.table.to_dict("records"), "dropped": self.dropped, "fit": self.profile.fit}
 
+    @property
+    def left_out(self) -> str:
+        """The file's rows left out, as one line ("N x reason; ...")."""
+        return _left_out(self.dropped)
+
+
+def _left_out(dropped: dict[str, int]) -> str:
+    return "; ".join(f"{n} x {reason}" for reason, n in dropped.items())
+
 
 def calibrate_deployments(path: str, backend: str, engine: str = "lean-fp8", folds: bool = True, jobs: int = 1,
                           progress=None) -> DeploymentCalibration:
@@ -118,10 +127,9 @@ def calibrate_deployments(path: str, backend: str, engine: str = "lean-fp8", fol
     runs, dropped = dep.read_deployments(path)
     mine = runs[runs.engine == backend].reset_index(drop=True)
     if mine.empty:
-        left_out = "; ".join(f"{n} x {reason}" for reason, n in dropped.items())
         raise SpecError(f"{path}: no run of backend '{backend}' that the catalog can model; "
                         f"the file has: {', '.join(sorted(runs.engine.unique())) or 'none'}"
-                        + (f" (left out: {left_out})" if left_out else ""))
+                        + (f" (left out: {_left_out(dropped)})" if dropped else ""))
     base = load_engine(engine)
     if set(mine.precision) != {base.dtype}:
         raise SpecError(f"{path}: the {backend} runs are {', '.join(sorted(set(mine.precision)))} and --engine {engine} is "
