@@ -100,6 +100,7 @@ def catalog_runs(path: str | Path) -> tuple[pd.DataFrame, dict[str, int]]:
     raw = raw.assign(**{col: number_column(raw, col, path, TraceError) for col in NUMBERS if col in raw})
     one = pd.Series(1.0, index=raw.index)  # (a file without a parallel-size column: 1)
     reasons = {
+        "no mode recorded (agg or disagg)": raw["mode"].isna(),
         "disaggregated (not yet replayed)": raw["mode"] != "agg",
         "precision other than bf16/fp8": ~raw.precision.isin(["bf16", "fp8"]),
         "model not in the catalog or not dense": ~raw.model_path.isin(list(MODELS)),

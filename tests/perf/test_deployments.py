@@ -39,6 +39,7 @@ def _synthetic(tmp_path):
     rows.append(_row("h100_sxm", "meta-llama/Llama-3.1-8B-Instruct", 1, 4, 512, 32, 50, 10, precision="fp4"))
     rows.append(_row("h100_sxm", "deepseek-ai/DeepSeek-R1", 8, 4, 512, 32, 50, 10))
     rows.append(_row("mi355x", "meta-llama/Llama-3.1-8B-Instruct", 1, 4, 512, 32, 50, 10))
+    rows.append(_row("h100_sxm", "meta-llama/Llama-3.1-8B-Instruct", 1, 4, 512, 32, 50, 10, mode=None))
     path = tmp_path / "silicon.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
     return path
@@ -48,7 +49,8 @@ def test_rows_the_catalog_cannot_model_are_counted_by_reason(tmp_path):
     runs, dropped = dep.read_deployments(_synthetic(tmp_path))
     assert len(runs) == 6
     assert dropped == {"disaggregated (not yet replayed)": 1, "precision other than bf16/fp8": 1,
-                       "model not in the catalog or not dense": 1, "machine not in the catalog": 1}
+                       "model not in the catalog or not dense": 1, "machine not in the catalog": 1,
+                       "no mode recorded (agg or disagg)": 1}
 
 
 def test_a_runs_prompt_gemm_share_at_the_datasheet_peak_is_hand_computed():
