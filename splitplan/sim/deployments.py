@@ -7,7 +7,7 @@ and output lengths (`isl`, `osl`), a concurrency (`batch_size` for aggregated ru
 layout (`tp_size`, ...) and the run's mean TTFT and mean TPOT (`silicon_ttft_ms`,
 `silicon_tpot_ms`). Rows the catalog can model are kept: aggregated, TP only (no PP,
 attention DP or EP), a catalog machine and a dense catalog model, bf16 or fp8, that ran no
-faster than its prompts' GEMMs can (`prompt_gemm_share`: a run that did cannot have computed its
+faster than its prompts can be prefilled (`prefill_share`: a run that did cannot have computed its
 prompts whole); the others are counted by reason.
 
 A run is predicted by simulating it as the benchmark ran it: a co-located instance with
@@ -82,9 +82,9 @@ REQUESTS_PER_CLIENT = 10
 def read_deployments(path: str | Path) -> tuple[pd.DataFrame, dict[str, int]]:
     """Runs the catalog can model, as `machine, model, engine, precision, tp, concurrency,
     isl, osl, ttft_ms, tpot_ms`, and how many rows were left out, by reason: `catalog_runs` without
-    those that ran faster than their prompts' GEMMs can (TOO_FAST)."""
+    those that ran faster than their prompts can be prefilled (TOO_FAST)."""
     runs, dropped = catalog_runs(path)
-    too_fast = prompt_gemm_share(runs) > 1
+    too_fast = prefill_share(runs) > 1
     if too_fast.any():
         dropped[TOO_FAST] = int(too_fast.sum())
     return runs[~too_fast].reset_index(drop=True), dropped
@@ -127,32 +127,36 @@ def catalog_runs(path: str | Path) -> tuple[pd.DataFrame, dict[str, int]]:
     return runs, dropped
 
 
-# A run is left out where its prompts' GEMMs alone (prompt_gemm_share) would take longer than it ran:
+# A run is left out where its prompts' prefill alone (prefill_share) would take longer than it ran:
 # it cannot have computed its prompts whole, which is what its replay does.
-TOO_FAST = "faster than its prompts' GEMMs can run (prompts served from a prefix cache, or shorter than recorded)"
+TOO_FAST = "faster than its prompts can be prefilled (prompts served from a prefix cache, or shorter than recorded)"
 FASTEST_PASS_TOKENS = 16_384  # GEMMs speed up with their rows: a pass this long, the largest the kernel tables time
 
 
-def prompt_gemm_share(runs: pd.DataFrame) -> np.ndarray:
-    """Per run, the share of its wall time its prompts' GEMMs alone take, each prompt computed in full:
-    its clients finish `concurrency` / E2E requests a second (E2E = TTFT + (osl - 1) TPOT), each
-    prompt's tokens passing every layer's GEMMs (perf.curves.layer_gemms) in passes of
-    FASTEST_PASS_TOKENS at the GPU's measured rate for the run's engine and precision
-    (perf.curves.gemm_s), or at the datasheet peak where the GPU has no such curve. Attention, decode
-    steps and every overhead come on top, so a run above 1 cannot have prefilled its prompts (vLLM,
-    SGLang and TensorRT-LLM keep a prefix cache by default: a benchmark that repeats its prompts hits
-    it)."""
+def prefill_share(runs: pd.DataFrame) -> np.ndarray:
+    """Per run, the share of its wall time its prompts' prefill alone takes, each prompt computed in
+    full: its clients finish `concurrency` / E2E requests a second (E2E = TTFT + (osl - 1) TPOT), each
+    prompt passing every layer's GEMMs (perf.curves.layer_gemms) in passes of FASTEST_PASS_TOKENS and
+    its causal attention, at the GPU's measured kernel curves for the run's engine (GEMMs at the run's
+    precision, attention at the faster of its KV precisions), or at the datasheet peak where the GPU
+    has no such curve (attention then left out). The decode steps and every overhead come on top, so a
+    run above 1 cannot have prefilled its prompts (vLLM, SGLang and TensorRT-LLM keep a prefix cache by
+    default: a benchmark that repeats its prompts hits it)."""
     out = np.zeros(len(runs))
     for i, run in enumerate(runs.to_dict("records")):
-        model, hw = load_model(run["model"]), load_hardware(run["machine"])
-        n, k = curves.layer_gemms(model, int(run["tp"]))
+        model, hw, tp, isl = load_model(run["model"]), load_hardware(run["machine"]), int(run["tp"]), float(run["isl"])
+        n, k = curves.layer_gemms(model, tp)
         peak, m = hw.peak_flops_per_s(run["precision"]), FASTEST_PASS_TOKENS
         kernels = hw.curves_for(run["engine"])
         curve = kernels.gemm.get(run["precision"]) if kernels else None
-        pass_s = (curves.gemm_s(curve, peak, hw.memory_bytes_per_s, m, n, k, BYTES[run["precision"]]) if curve
-                  else 2 * m * n * k / peak).sum() * model.num_hidden_layers
+        gemm_s = (curves.gemm_s(curve, peak, hw.memory_bytes_per_s, m, n, k, BYTES[run["precision"]]) if curve
+                  else 2 * m * n * k / peak).sum() / m * isl
+        heads, kv_heads = model.num_attention_heads / tp, max(model.kv_heads / tp, 1.0)
+        attention_s = min((float(curves.context_attention_s(c, hw.peak_flops_per_s("bf16"), 1, isl, heads, kv_heads,
+                                                              model.head_dim_eff))
+                           for c in (kernels.context_attention.values() if kernels else ())), default=0.0)
         e2e_s = (run["ttft_ms"] + (run["osl"] - 1) * run["tpot_ms"]) * 1e-3
-        out[i] = run["concurrency"] * run["isl"] / e2e_s * pass_s / m
+        out[i] = run["concurrency"] / e2e_s * (gemm_s + attention_s) * model.num_hidden_layers
     return out
 
 
