@@ -1,19 +1,18 @@
 """Which measured deployments cannot have computed their prompts whole, and what a prefix cache would make of them.
 
-    python bench/prompt_gemm_share.py [--data PATH] [--profile vllm-fp8]
+    python bench/prefill_share.py [--data PATH] [--profile vllm-fp8]
 
 Per engine and machine of aiconfigurator's silicon sample (../shared/data/perf, Apache-2.0; the
-runs `bench/fidelity.py` replays), the share of each run's wall time its prompts' GEMMs alone take
-(`sim.deployments.prompt_gemm_share`: every prompt computed in full, in 16,384-token passes at the
-GPU's measured GEMM rate for the run's engine). `read_deployments` leaves out the runs above 1
-(their replay computes every prompt: they cannot have).
+runs `bench/fidelity.py` replays), the share of each run's wall time its prompts' prefill alone
+takes (`sim.deployments.prefill_share`: every prompt computed in full, its GEMMs in 16,384-token
+passes and its attention, at the GPU's measured kernel curves for the run's engine).
+`read_deployments` leaves out the runs above 1 (their replay computes every prompt: they cannot
+have).
 
 Then every run of `--profile`'s engine on a machine and model with a run above 1 is replayed twice
-by the profile: as recorded
-(every prompt computed), and with every prompt but its last block served from the engine's prefix
-cache (`Trace.cached_tokens`; vLLM keeps one by default, so a benchmark that repeats its prompts
-hits it). A few seconds on 2 cores.
-"""
+by the profile: as recorded (every prompt computed), and with every prompt but its last block
+served from the engine's prefix cache (`Trace.cached_tokens`; vLLM keeps one by default, so a
+benchmark that repeats its prompts hits it). A few seconds on 2 cores."""
 
 from __future__ import annotations
 
@@ -33,8 +32,8 @@ def main() -> None:
     parser.add_argument("--profile", default="vllm-fp8")
     args = parser.parse_args()
     runs, _ = dep.catalog_runs(args.data)
-    runs = runs.assign(share=dep.prompt_gemm_share(runs))
-    print("Share of each run's wall time its prompts' GEMMs alone take (quantiles), and runs above 1:\n")
+    runs = runs.assign(share=dep.prefill_share(runs))
+    print("Share of each run's wall time its prompts' prefill alone takes, and runs above 1:\n")
     print("| engine | machine | runs | median | max | above 1 |\n|---|---|---|---|---|---|")
     for (engine, machine), g in runs.groupby(["engine", "machine"]):
         print(f"| {engine} | {machine} | {len(g)} | {g.share.median():.2f} | {g.share.max():.2f} | {(g.share > 1).sum()} |")
