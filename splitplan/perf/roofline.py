@@ -259,7 +259,7 @@ class Instance(PassShortcuts):
     # --- memory ---------------------------------------------------------------
     @cached_property
     def kv_heads_per_gpu(self) -> int:
-        return math.ceil(self.model.kv_heads / self.tp)
+        return self.model.kv_heads_per_gpu(self.tp)
 
     @cached_property
     def kv_bytes_per_token(self) -> float:

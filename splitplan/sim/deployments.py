@@ -151,7 +151,7 @@ def prefill_share(runs: pd.DataFrame) -> np.ndarray:
         curve = kernels.gemm.get(run["precision"]) if kernels else None
         gemm_s = (curves.gemm_s(curve, peak, hw.memory_bytes_per_s, m, n, k, BYTES[run["precision"]]) if curve
                   else 2 * m * n * k / peak).sum() / m * isl
-        heads, kv_heads = model.num_attention_heads / tp, max(model.kv_heads / tp, 1.0)
+        heads, kv_heads = model.num_attention_heads / tp, model.kv_heads_per_gpu(tp)
         attention_s = min((float(curves.context_attention_s(c, hw.peak_flops_per_s("bf16"), 1, isl, heads, kv_heads,
                                                               model.head_dim_eff))
                            for c in (kernels.context_attention.values() if kernels else ())), default=0.0)

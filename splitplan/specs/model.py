@@ -9,6 +9,7 @@ mapped to the Llama-style names. The FFN is gated (SwiGLU, 3 matrices) when
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -118,6 +119,10 @@ class ModelSpec(BaseModel):
     @property
     def kv_heads(self) -> int:
         return self.num_key_value_heads or self.num_attention_heads
+
+    def kv_heads_per_gpu(self, tp: int) -> int:
+        """The KV heads one GPU of a `tp`-way layout holds: each its share, replicated where TP passes them."""
+        return math.ceil(self.kv_heads / tp)
 
     @property
     def head_dim_eff(self) -> int:
