@@ -108,6 +108,7 @@ def catalog_runs(path: str | Path) -> tuple[pd.DataFrame, dict[str, int]]:
         "pipeline, attention-DP or expert parallel": (raw.get("pp_size", one).fillna(1) != 1)
         | (raw.get("attention_dp_size", one).fillna(1) != 1) | (raw.get("moe_ep_size", one).fillna(1) > 1),
         "missing or non-positive latency": ~((raw.silicon_ttft_ms > 0) & (raw.silicon_tpot_ms > 0)),
+        "fewer than 2 output tokens (no TPOT)": raw.osl < 2,
     }
     dropped, out = {}, pd.Series(False, index=raw.index)
     for reason, mask in reasons.items():
@@ -157,6 +158,25 @@ def prefill_share(runs: pd.DataFrame) -> np.ndarray:
                            for c in (kernels.context_attention.values() if kernels else ())), default=0.0)
         e2e_s = (run["ttft_ms"] + (run["osl"] - 1) * run["tpot_ms"]) * 1e-3
         out[i] = run["concurrency"] / e2e_s * (gemm_s + attention_s) * model.num_hidden_layers
+    return out
+
+
+def unservable(runs: pd.DataFrame, profile: EngineProfile) -> list[str]:
+    """Per run, why `profile` cannot replay it as it was recorded ("" where it can): an instance of
+    its layout cannot hold the model on its machine (`Instance.fit`), or a request, prompt and output,
+    is longer than the context window the engine takes for the model (`EngineProfile.context_tokens`)
+    or than the KV cache one instance holds."""
+    out = []
+    for run in runs.to_dict("records"):
+        pools, _ = run_pools(run, profile)
+        why = next((p.perf.fit.reason for p in pools if not p.perf.fit.fits), "")
+        tokens, context = run["isl"] + run["osl"], profile.context_tokens(load_model(run["model"]))
+        held = min(p.perf.max_request_tokens for p in pools)
+        if not why and context is not None and tokens > context:
+            why = f"requests longer than {run['model']}'s context window ({context:,} tokens)"
+        elif not why and tokens > held:
+            why = f"requests longer than the KV cache an instance holds ({held:,} tokens)"
+        out.append(why)
     return out
 
 

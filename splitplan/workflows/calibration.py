@@ -3,6 +3,7 @@ runs (sim.deployments), with held-out error."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -124,16 +125,7 @@ def calibrate_deployments(path: str, backend: str, engine: str = "lean-fp8", fol
     TTFT and TPOT error per machine and concurrency band, fitted and held out (folds by
     machine, or by concurrency band when the runs hold one machine)."""
     from splitplan.sim import deployments as dep  # (on first use: it loads pandas)
-    runs, dropped = dep.read_deployments(path)
-    mine = runs[runs.engine == backend].reset_index(drop=True)
-    if mine.empty:
-        raise SpecError(f"{path}: no run of backend '{backend}' that the catalog can model; "
-                        f"the file has: {', '.join(sorted(runs.engine.unique())) or 'none'}"
-                        + (f" (left out: {_left_out(dropped)})" if dropped else ""))
-    base = load_engine(engine)
-    if set(mine.precision) != {base.dtype}:
-        raise SpecError(f"{path}: the {backend} runs are {', '.join(sorted(set(mine.precision)))} and --engine {engine} is "
-                        f"{base.dtype}; start from a profile of that precision (e.g. --engine lean-fp8)")
+    mine, base, dropped = _replayable_runs(path, backend, engine)
     run = partial(run_units, jobs=jobs)
     shared = dep.schedules(mine, base, run)  # (each run simulated once for every fit: sim.deployments.Schedule)
     fitted = dep.fit_deployments(mine, base, run=run, shared=shared)
@@ -162,6 +154,28 @@ def calibrate_deployments(path: str, backend: str, engine: str = "lean-fp8", fol
     if held is not None:
         runs_out = runs_out.assign(cv_ttft_ms=held[:, 0], cv_tpot_ms=held[:, 1])
     return DeploymentCalibration(profile, table, runs_out, dropped)
+
+
+def _replayable_runs(path: str, backend: str, engine: str):
+    """(the file's runs of `backend` that `engine` can replay, that profile, the rows left out by reason)."""
+    from splitplan.sim import deployments as dep
+    runs, dropped = dep.read_deployments(path)
+    mine = runs[runs.engine == backend].reset_index(drop=True)
+    if mine.empty:
+        raise SpecError(f"{path}: no run of backend '{backend}' that the catalog can model; "
+                        f"the file has: {', '.join(sorted(runs.engine.unique())) or 'none'}"
+                        + (f" (left out: {_left_out(dropped)})" if dropped else ""))
+    base = load_engine(engine)
+    if set(mine.precision) != {base.dtype}:
+        raise SpecError(f"{path}: the {backend} runs are {', '.join(sorted(set(mine.precision)))} and --engine {engine} is "
+                        f"{base.dtype}; start from a profile of that precision (e.g. --engine lean-fp8)")
+    why = dep.unservable(mine, base)
+    for reason, count in Counter(w for w in why if w).items():
+        dropped[f"not servable as recorded under {base.name}: {reason}"] = count
+    mine = mine[[not w for w in why]].reset_index(drop=True)
+    if mine.empty:
+        raise SpecError(f"{path}: no run of backend '{backend}' that {base.name} can replay (left out: {_left_out(dropped)})")
+    return mine, base, dropped
 
 
 # --- calibrate --bench: serving benchmarks a team already ran -------------------------------
