@@ -116,7 +116,7 @@ def fit(replays: list[Replay], base: EngineProfile, max_evaluations: int = 40) -
     lower, upper, why = fit_bounds({k: BENCH_FACTORS[k] for k in names}, names, [inst.hardware], base.weights)
     prior = np.clip([factor_value(base, k, hardware, tp, model) for k in names], lower, upper)
     spread = np.array([prior_spread(k, p) for k, p in zip(names, prior, strict=True)])
-    measured = [(r, m, v) for r in replays for m, v in r.measured_ms.items() if v > 0]
+    measured = [(r, m, v) for r in replays for m, v in r.measured_ms.items()]
     target = np.log([v for _, _, v in measured])
     noise = np.array([metric_noise(m) for _, m, _ in measured])
 

@@ -240,11 +240,12 @@ def _keys(metric: str, pattern: str, names: tuple[str, ...]) -> dict[str, str]:
 
 def _figures(doc: Any, path: Path, keys: dict[str, str], scale_ms: dict[str, float] | float = 1.0) -> dict[str, float]:
     """{figure: ms} of the `keys` (figure: dotted key) the document has, times `scale_ms` (one, or per
-    figure's metric: ttft, tpot, e2e)."""
+    figure's metric: ttft, tpot, e2e); a figure of 0 is none measured (vLLM writes a mean TPOT of 0
+    when no request had a second token), left out."""
     out = {}
     for figure, key in keys.items():
         value = _number(doc, path, key, required=False)
-        if value is not None:
+        if value:
             scale = scale_ms if isinstance(scale_ms, float) else scale_ms[figure.split("_")[0]]
             out[figure] = value * scale
     return out

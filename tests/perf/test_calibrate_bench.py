@@ -496,6 +496,17 @@ def test_failed_requests_of_a_detailed_vllm_result_are_left_out(tmp_path, light)
         assert np.array_equal(run_.input_tokens, np.delete(light["isl"], dropped))
 
 
+def test_a_figure_of_zero_is_none_measured_and_left_out(tmp_path, light):
+    # vLLM writes a mean TPOT of 0 when no request had a second token: no measurement, not a 0 ms latency
+    doc = {**vllm_result(light), "mean_tpot_ms": 0.0}
+    (run_,) = read_benchmarks([_write(tmp_path / "r.json", doc)])
+    assert "tpot_mean" not in run_.measured_ms and run_.measured_ms["ttft_mean"] > 0
+    result = CliRunner().invoke(app, ["calibrate", "--bench", str(tmp_path / "r.json"), "--hardware", HW, "--folds", "0",
+                                      "--output", str(tmp_path / "fitted.yaml")])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    assert "tpot_mean" not in result.stdout and (tmp_path / "fitted.yaml").exists()
+
+
 def _inference_perf_dir(tmp_path, light, newer: bool):
     """Two stage reports and the per-request records inference-perf keeps (request_lifecycle
     per_request): stage 0 the light run's requests, stage 1 the same again an hour later; the
