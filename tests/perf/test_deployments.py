@@ -414,3 +414,35 @@ def test_the_replayed_clients_run_out_of_phase_after_their_first_wave():
     ttft_ms, tpot_ms = dep.replay(run, profile)
     assert ttft_ms < 0.75 * np.mean(lockstep.ttft_s) * 1e3
     assert tpot_ms == pytest.approx(np.nanmean(lockstep.tpot_s) * 1e3, rel=0.05)  # (the decodes batch alike)
+
+
+HOSTILE_VALUES = st.one_of(st.none(), st.sampled_from(["", "x", "agg", "disagg", "fp8", "bf16", "fp4", "h100_sxm", "b200_sxm",
+                                                         "mi355x", "meta-llama/Llama-3.1-70B", "Qwen/Qwen3-32B", "vllm"]),
+                           st.integers(-3, 20), st.sampled_from([1_000_000, 10**9]), st.floats(allow_nan=True, allow_infinity=True))
+SIZES = {"tp_size": st.sampled_from([1, 2, 3, 4, 6, 8, 16]), "isl": st.sampled_from([1, 200, 130_000, 200_000]),
+         "osl": st.sampled_from([1, 2, 8]), "batch_size": st.sampled_from([1, 4, 64])}
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_hostile_deployments_files_fail_as_bad_input_never_as_a_crash(tmp_path_factory, data):
+    """Any cell of a small deployments file holding any value, and its runs any size a catalog row
+    can have: the file is fitted, or refused as bad input (exit 2's errors); never another exception
+    (runs that cannot be replayed are left out, by reason)."""
+    from splitplan.base.errors import SplitplanError
+    rows = [_row("h100_sxm", "meta-llama/Llama-3.1-8B-Instruct", 1, 2, 512, 16, 60.0, 8.0),
+            _row("h200_sxm", "meta-llama/Llama-3.1-8B-Instruct", 2, 4, 1024, 8, 70.0, 6.0),
+            _row("b200_sxm", "meta-llama/Llama-3.1-70B", 4, 1, 256, 8, 90.0, 9.0)]
+    frame = pd.DataFrame(rows).astype(object)
+    row = data.draw(st.integers(0, 2))
+    for column, sizes in SIZES.items():
+        frame.at[row, column] = data.draw(sizes)
+    for _ in range(data.draw(st.integers(0, 2))):
+        frame.at[data.draw(st.integers(0, 2)), data.draw(st.sampled_from(list(frame.columns)))] = data.draw(HOSTILE_VALUES)
+    path = tmp_path_factory.mktemp("hostile") / "silicon.csv"
+    frame.to_csv(path, index=False)
+    try:
+        result = api.calibrate_deployments(str(path), "vllm", "lean-fp8", folds=False)
+    except SplitplanError:
+        return
+    assert np.isfinite(result.runs[["fit_ttft_ms", "fit_tpot_ms"]].to_numpy(float)).all()
