@@ -159,7 +159,7 @@ def test_an_infeasibility_names_the_closest_candidate_and_counts_the_rest(tmp_pa
     (tmp_path / "huge.yaml").write_text(yaml.safe_dump(data))
     for split in ([], ["--no-split"]):
         line = one_line(run("optimize", "--model", tmp_path / "huge.yaml", *split), code=3)
-        assert len(line) < 300 and "mi300x-192gb TP 8 PP 4" in line and "more (--debug lists them all)" in line
+        assert len(line) < 300 and "gb200-nvl72 TP 8 PP 4" in line and "more (--debug lists them all)" in line
     debug = run("--debug", "optimize", "--model", tmp_path / "huge.yaml", "--no-split")
     assert debug.exit_code != 0 and "a100-40gb TP 1: huge weights need" in debug.stderr
 

@@ -36,6 +36,11 @@ class GpuSpec(BaseModel):
     fp8_tflop_per_s: Annotated[float, Field(gt=0, le=100_000)] | None = None
     fp4_tflop_per_s: Annotated[float, Field(gt=0, le=100_000)] | None = None  # (Blackwell and later)
     memory_gb: Annotated[float, Field(gt=0, le=10_000)]
+    # The memory the driver reports (nvidia-smi's memory.total), in MiB: what an engine sizes its KV
+    # cache from (vLLM's gpu_memory_utilization is a fraction of it). The datasheet's "80 GB" is about
+    # 80 GiB, 7 % more bytes than 80e9. None: the datasheet's memory_gb, as 1e9 bytes each.
+    memory_reported_mib: Annotated[int, Field(gt=0, le=10_000_000)] | None = None
+    memory_reported_source: str = ""
     memory_tb_per_s: Annotated[float, Field(gt=0, le=1_000)]
     tdp_w: Annotated[float, Field(gt=0, le=10_000)]
     idle_w: Annotated[float, Field(ge=0, le=10_000)]
@@ -60,6 +65,8 @@ class GpuSpec(BaseModel):
 
     @model_validator(mode="after")
     def _power_order(self) -> GpuSpec:
+        if self.memory_reported_mib and not self.memory_reported_source:
+            raise ValueError("memory_reported_mib needs its memory_reported_source (where the reported memory comes from)")
         if self.gemm_tflop_per_s and not self.gemm_source:
             raise ValueError("gemm_tflop_per_s needs its gemm_source (where the measured throughput comes from)")
         if self.idle_w >= self.tdp_w:
@@ -370,7 +377,8 @@ class HardwareSpec(BaseModel):
 
     @property
     def memory_bytes_per_gpu(self) -> float:
-        return self.gpu.memory_gb * 1e9
+        reported = self.gpu.memory_reported_mib
+        return reported * 2**20 if reported else self.gpu.memory_gb * 1e9
 
     @property
     def memory_bytes_per_s(self) -> float:

@@ -21,7 +21,7 @@ from tests.conftest import DATA, PERF_DB
 
 MOONCAKE = load_trace(DATA / "mooncake_conversation.jsonl.gz")
 SMALL_KV = api.instance("llama3.1-8b", "h100-80gb", 1, "vllm")
-SMALL_KV = dataclasses.replace(SMALL_KV, engine=SMALL_KV.engine.model_copy(update={"memory_usable_fraction": 0.3}))
+SMALL_KV = dataclasses.replace(SMALL_KV, engine=SMALL_KV.engine.model_copy(update={"memory_usable_fraction": 0.28}))
 
 # an async-scheduling engine (vLLM V1) and one without, dense and MoE
 INSTANCES = {

@@ -52,7 +52,7 @@ def test_tp_all_reduce_time():
 def test_kv_capacity_by_hand():
     m = load_model("llama2-70b")
     inst = Instance(m, H100, load_engine("lean"), 8)
-    usable = 80e9 * 0.9 - 2e9
+    usable = 81_559 * 2**20 * 0.9 - 2e9  # (the 81,559 MiB the driver reports of an H100 80GB, not 80e9 bytes)
     weights = m.total_params * 2 / 8
     assert inst.fit.kv_capacity_tokens == int((usable - weights) * 8 // 327_680)
 

@@ -182,7 +182,7 @@ def test_compiled_mixed_pool_is_the_python_one(seed, engine, token_type, counts,
 
 def _mixed_pool_run(run, prompt, output, tokens: int, threshold: int):
     """(prefilling, decoding instance per request) of requests 1 ms apart on one BLOOM prompt
-    instance (index 0) and `tokens` token instances (1 ...: 51,700 KV tokens each), whole prompts."""
+    instance (index 0) and `tokens` token instances (1 ...: 61,603 KV tokens each), whole prompts."""
     n = len(prompt)
     trace = Trace(np.arange(n) * 1e-3, np.array(prompt), np.array(output), "hand-made")
     inst = api.instance("bloom-176b", "h100-80gb", 8, "lean")
@@ -203,9 +203,9 @@ def test_mixed_pool_borrows_a_token_instance_past_the_threshold_not_at_it(run):
 @pytest.mark.parametrize("run", [simulate, python_run])
 def test_mixed_pool_sends_a_request_short_of_kv_to_the_first_roomiest_token_instance(run):
     """Request 0 commits 40,010 KV tokens on token instance 1 with 10 output tokens, 1 and 2 1,100
-    each on instances 2 and 3: request 3 (20,005) goes by join-shortest-queue (output tokens) to 1,
+    each on instances 2 and 3: request 3 (25,005) goes by join-shortest-queue (output tokens) to 1,
     does not fit there, and goes to the one with most room, the first of two equal ones: 2."""
-    placed = _mixed_pool_run(run, [40_000, 100, 100, 20_000], [10, 1000, 1000, 5], 3, 10**9)[1]
+    placed = _mixed_pool_run(run, [40_000, 100, 100, 25_000], [10, 1000, 1000, 5], 3, 10**9)[1]
     assert placed == [1, 2, 3, 2]
 
 
@@ -213,7 +213,7 @@ def test_mixed_pool_sends_a_request_short_of_kv_to_the_first_roomiest_token_inst
 def test_a_co_located_answer_of_one_token_frees_its_kv(run):
     """A co-located instance reserves a prompt's KV when it admits it and frees it when the request
     decodes or ends: thirty 10,000-token prompts answered in one token each, 2 s apart on one BLOOM
-    instance (51,700 KV tokens), all finish and leave none reserved (they leaked, and the sixth on
+    instance (61,603 KV tokens), all finish and leave none reserved (they leaked, and the sixth on
     waited for KV forever, missing from every statistic)."""
     trace = Trace(np.arange(30) * 2.0, np.full(30, 10_000), np.ones(30, int), "one-token answers")
     pools = [PoolSpec("mixed", api.instance("bloom-176b", "h100-80gb", 8, "lean"), 1)]

@@ -100,6 +100,18 @@ def test_missing_and_negative_hardware_values(tmp_path):
         load_hardware(_write(tmp_path, "b.yaml", text.replace("memory_gb: 80", "memory_gb: -80")))
 
 
+def test_kv_room_comes_from_the_memory_the_driver_reports_with_its_source(tmp_path):
+    # an A100 80GB reports 81,920 MiB: 85.9e9 bytes, not the datasheet's 80e9; a GPU without the
+    # figure counts its datasheet GB as 1e9 bytes each; the figure without its source is refused
+    text = Path(catalog_path("a100-80gb")).read_text()
+    assert load_hardware("a100-80gb").memory_bytes_per_gpu == 81_920 * 2**20
+    bare = "\n".join(x for x in text.splitlines() if not x.lstrip().startswith("memory_reported"))
+    assert load_hardware(_write(tmp_path, "a.yaml", bare)).memory_bytes_per_gpu == 80e9
+    unsourced = "\n".join(x for x in text.splitlines() if not x.lstrip().startswith("memory_reported_source"))
+    with pytest.raises(SpecError, match="memory_reported_mib needs its memory_reported_source"):
+        load_hardware(_write(tmp_path, "b.yaml", unsourced))
+
+
 def test_model_heads_must_divide_hidden(tmp_path):
     path = _write(tmp_path, "m.yaml", "num_hidden_layers: 2\nhidden_size: 100\nnum_attention_heads: 3\n"
                   "intermediate_size: 400\nvocab_size: 1000\n")
