@@ -156,7 +156,7 @@ def calibrate_deployments(path: str, backend: str, engine: str = "lean-fp8", fol
     return DeploymentCalibration(profile, table, runs_out, dropped)
 
 
-def _replayable_runs(path: str, backend: str, engine: str):
+def _replayable_runs(path: str, backend: str, engine: str) -> tuple[Any, EngineProfile, dict[str, int]]:
     """(the file's runs of `backend` that `engine` can replay, that profile, the rows left out by reason)."""
     from splitplan.sim import deployments as dep
     runs, dropped = dep.read_deployments(path)
