@@ -95,14 +95,19 @@ def test_prompts_served_from_the_prefix_cache_make_a_replayed_run_faster():
     assert cached[0] < 0.5 * cold[0] and cached[1] < cold[1]  # (prefills of 16 tokens instead of 2,048)
 
 
+def _calibrate(tmp_path, frame: pd.DataFrame, output: str = "fitted.yaml"):
+    """`splitplan calibrate --deployments` (no folds) of `frame` written as a deployments file."""
+    path = tmp_path / "silicon.csv"
+    frame.to_csv(path, index=False)
+    return CliRunner().invoke(app, ["calibrate", "--deployments", str(path), "--backend", "vllm", "--folds", "0",
+                                    "--output", str(tmp_path / output)])
+
+
 def test_calibrate_deployments_says_which_runs_it_left_out_and_why(tmp_path):
     rows = [_row("h100_sxm", "meta-llama/Llama-3.1-8B-Instruct", 1, 2, 512, 16, 60.0, 8.0),
             _row("h100_sxm", "meta-llama/Llama-3.1-8B-Instruct", 1, 64, 8000, 2, 100.0, 10.0),  # (30x too fast)
             _row("h100_sxm", "deepseek-ai/DeepSeek-R1", 8, 4, 512, 32, 50, 10)]
-    path = tmp_path / "silicon.csv"
-    pd.DataFrame(rows).to_csv(path, index=False)
-    result = CliRunner().invoke(app, ["calibrate", "--deployments", str(path), "--backend", "vllm", "--folds", "0",
-                                      "--output", str(tmp_path / "fitted.yaml")])
+    result = _calibrate(tmp_path, pd.DataFrame(rows))
     assert result.exit_code == 0, result.output
     left_out = " ".join(result.stdout.split())  # (the console wraps long lines)
     assert "1 x model not in the catalog or not dense" in left_out
@@ -135,10 +140,7 @@ def test_calibrate_deployments_leaves_out_runs_it_cannot_replay_instead_of_faili
             _row("h100_sxm", "meta-llama/Llama-3.1-70B", 1, 1, 30_000, 16, 6_000.0, 30.0),  # (27k tokens of KV)
             _row("h100_sxm", "meta-llama/Llama-3.1-8B-Instruct", 1, 1, 200_000, 16, 60_000.0, 8.0),
             _row("h100_sxm", "meta-llama/Llama-3.1-8B-Instruct", 1, 2, 512, 1, 60.0, 8.0)]
-    path = tmp_path / "silicon.csv"
-    pd.DataFrame(rows).to_csv(path, index=False)
-    result = CliRunner().invoke(app, ["calibrate", "--deployments", str(path), "--backend", "vllm", "--folds", "0",
-                                      "--output", str(tmp_path / "fitted.yaml")])
+    result = _calibrate(tmp_path, pd.DataFrame(rows))
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
     left_out = " ".join(result.stdout.split())
     assert "1 x fewer than 2 output tokens (no TPOT)" in left_out
@@ -146,9 +148,7 @@ def test_calibrate_deployments_leaves_out_runs_it_cannot_replay_instead_of_faili
     assert "1 x not servable as recorded under lean-fp8: requests longer than the KV cache an instance holds" in left_out
     assert "1 x not servable as recorded under lean-fp8: requests longer than llama3.1-8b's context window" in left_out
     # with none left that it can replay, the file is refused, naming why, and nothing is written
-    pd.DataFrame(rows[1:]).to_csv(path, index=False)
-    result = CliRunner().invoke(app, ["calibrate", "--deployments", str(path), "--backend", "vllm", "--folds", "0",
-                                      "--output", str(tmp_path / "refused.yaml")])
+    result = _calibrate(tmp_path, pd.DataFrame(rows[1:]), "refused.yaml")
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     message = " ".join(result.stderr.split())
     assert "no run of backend 'vllm' that lean-fp8 can replay" in message and "TP 3 does not divide" in message
@@ -158,10 +158,7 @@ def test_calibrate_deployments_leaves_out_runs_it_cannot_replay_instead_of_faili
 def test_a_file_without_parallel_columns_whose_runs_are_all_left_out_is_refused_with_the_reasons(tmp_path):
     rows = [_row("h100_sxm", "deepseek-ai/DeepSeek-R1", 8, 4, 512, 32, 50, 10),
             _row("h100_sxm", "meta-llama/Llama-3.1-8B-Instruct", 1, 64, 8000, 2, 100.0, 10.0)]
-    path = tmp_path / "silicon.csv"
-    pd.DataFrame(rows).drop(columns=["pp_size", "attention_dp_size", "moe_ep_size"]).to_csv(path, index=False)
-    result = CliRunner().invoke(app, ["calibrate", "--deployments", str(path), "--backend", "vllm", "--folds", "0",
-                                      "--output", str(tmp_path / "fitted.yaml")])
+    result = _calibrate(tmp_path, pd.DataFrame(rows).drop(columns=["pp_size", "attention_dp_size", "moe_ep_size"]))
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     message = " ".join(result.stderr.split())
     assert "no run of backend 'vllm'" in message and "1 x model not in the catalog or not dense" in message
