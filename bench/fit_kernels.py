@@ -16,8 +16,16 @@ range) on the shapes serving produces:
   with each KV head's share of a query head's work (`kv_head_cost`) and a time per prompt and KV
   head (`s_per_kv_head`) since 2026-12-07, where the kernels ran narrow head groups slower than
   FLOPs alone say (vLLM's B200 fp8-KV table: an MHA layout -15 to -48 % fast, GQA groups of 16 +9
-  to +37 % slow);
+  to +37 % slow); and since 2026-12-08 a time per prompt and query head (`s_per_head`: at 16-token
+  prompts every table takes about 20 ns per prompt and query head on B200) and the ramp of query
+  tiles short of filling the SMs (`half_tiles`: in vLLM's B200 table one 2,048-token prompt over 8
+  query heads, Llama-3.1-70B at TP 8, takes 3.8x a prompt's share of a batch of 64, over 32 heads
+  1.6x; on H100 2.2x and 1.16x);
 - generation attention: the same, context = isl + step;
+- attention, as each engine serves it (`serving_kernels`): where a table times a shape with two
+  kernels, the engine's default (SGLang's Blackwell tables time 833 shapes with both FlashInfer and
+  trtllm_mha, FlashInfer's 1.38x slower at the median); vLLM's one-token prompts on FlashInfer
+  backends, which its kernels time as decodes, are not prompts;
 - MLA generation attention: DeepSeek's absorbed decode (a 576-element latent, its 512-rank part the
   values; the collectors measure DeepSeek-V3 only) per query heads a GPU holds, SGLang's and
   TensorRT-LLM's `generation_mla` kernels (vLLM's tables time the whole MLA module, projections
@@ -44,8 +52,10 @@ each fold is predicted by a fit without it. Prints the MAPE % / median signed er
 GPU, operator class and precision (the target of issue 55: 10 % in every cell of more than 20
 points), and flags any parameter fitted onto its bound.
 `--write` writes the curves fitted on every shape into `hardware_specs/*.yaml` (`kernels:`; with
-`--only OPERATOR ...`, those classes' curves alone: the context curves shipped since 2026-12-07
-came from `--write --only context_attention`);
+`--only OPERATOR ...`, those classes' curves alone, of `--engines` and into `--gpus` if given: the
+context curves shipped since 2026-12-08 came from `--write --only context_attention`, SGLang's
+Blackwell generation curves from `--write --only generation_attention --engines sglang --gpus
+b200-180gb gb200-nvl72`);
 `--sample DIR` writes the small vendored sample the tests check the curves against.
 """
 
@@ -77,7 +87,8 @@ GEMM = {"efficiency": (0.7, 0.05, 1.0), "half_tokens": (50.0, 0.0, 4096.0), "hal
         "memory_efficiency": (0.8, 0.2, 1.0),
         "input_passes": (1.0, 0.0, 50.0), "output_passes": (1.0, 0.0, 50.0), "latency_s": (5e-6, 0.0, 1e-4)}
 CONTEXT = {"efficiency": (0.5, 0.02, 1.0), "half_tokens": (100.0, 0.0, 1e5), "latency_s": (1e-5, 0.0, 1e-3),
-           "half_dim": (10.0, 0.0, 1e4), "kv_head_cost": (0.5, 0.0, 20.0), "s_per_kv_head": (1e-7, 0.0, 1e-4)}
+           "half_dim": (10.0, 0.0, 1e4), "kv_head_cost": (0.5, 0.0, 20.0), "s_per_kv_head": (1e-7, 0.0, 1e-4),
+           "s_per_head": (1e-8, 0.0, 1e-5), "half_tiles": (50.0, 0.0, 1e5)}
 GENERATION = {"memory_efficiency": (0.7, 0.05, 1.0), "efficiency": (0.3, 0.01, 1.0), "s_per_sequence": (1e-7, 0.0, 1e-4),
               "s_per_kv_head": (1e-8, 0.0, 1e-4), "latency_s": (1e-5, 0.0, 1e-3)}
 MLA_GENERATION = {name: GENERATION[name] for name in ("memory_efficiency", "efficiency", "s_per_sequence", "latency_s")}
@@ -99,6 +110,11 @@ CONTEXT_BANDS = [(1, 512), (513, 4096), (4097, 1 << 30)]  # attention's context 
 # of 64 or 128 dims, at most 16 to a KV head (Llama-3.1-405B's and Qwen3-235B-A22B's groups; MLA has its
 # own tables). The tables also time dims to 512 and groups to 128, which no catalog model serves.
 SERVING_HEADS = {"min_heads": 4, "max_head_dim": 128, "max_group": 16}
+# Where a table times a shape with more than one attention kernel, the one the engine serves with by default:
+# SGLang's default for models without MLA is trtllm_mha on Blackwell, fa3 on Hopper, else flashinfer, else triton
+# (server_args `_get_default_attn_backend`, read 2026-12). Kernels not listed rank after those listed.
+SERVING_KERNELS = {"sglang": ("trtllm_mha", "fa3", "flashinfer", "triton")}
+ATTENTION_SHAPE = ["batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim", "kv_cache_dtype"]
 
 
 def _table_load(f: pd.DataFrame) -> np.ndarray:
@@ -189,6 +205,24 @@ def serving_attention(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[keep]
 
 
+def serving_kernels(frame: pd.DataFrame, engine: str, context: bool) -> pd.DataFrame:
+    """An attention table's rows as the engine serves them: per shape and KV precision, the kernel it
+    runs by default (SERVING_KERNELS), attending in bf16 where that kernel was timed both ways (an fp8
+    cache is attended in fp8 only where the kernel has no bf16 path: SGLang's trtllm_mha on
+    Blackwell, its fa3 prefill on Hopper); and of a context table, the prompts its prefill kernel
+    times. vLLM's FlashInfer backends serve a query of one token as a decode (`reorder_batch_threshold`
+    1), so its collector's one-token prompts are timed by the decode kernel (`kernel_source`
+    ...decode) and are left out."""
+    if frame.empty:
+        return frame
+    if context:
+        frame = frame[~frame.kernel_source.str.contains("decode")]
+    order = SERVING_KERNELS.get(engine, ())
+    rank = 2 * frame.kernel_source.map(lambda k: order.index(k) if k in order else len(order)) + (frame.attn_dtype != "bfloat16")
+    shape = [frame[c] for c in ATTENTION_SHAPE if c in frame]
+    return frame[rank == rank.groupby(shape, dropna=False).transform("min")]
+
+
 def all_to_all_frames(system: str, engine: str) -> dict[tuple[str, str], pd.DataFrame]:
     """("all_to_all", kernels): dispatch plus combine (ms) per shape among one machine's GPUs."""
     version = A2A_VERSIONS[engine]
@@ -223,9 +257,9 @@ def operator_frames(system: str, engine: str) -> dict[tuple[str, str], pd.DataFr
         for dtype, precision in DTYPES.items():
             out["gemm", precision] = gemm[gemm.gemm_dtype == dtype]
     for op in ("context", "generation"):
-        frame = serving_attention(table(system, "attention", engine, f"{op}_attention_perf.parquet"))
+        frame = serving_kernels(serving_attention(table(system, "attention", engine, f"{op}_attention_perf.parquet")), engine,
+                                op == "context")
         if not frame.empty:
-            frame = frame[frame.attn_dtype == "bfloat16"]
             for dtype, precision in DTYPES.items():
                 out[f"{op}_attention", precision] = frame[frame.kv_cache_dtype == dtype]
     mla = table(system, "mla", engine, "generation_mla_perf.parquet")
@@ -364,14 +398,14 @@ def alignment(gemm: pd.DataFrame) -> None:
 OPERATORS = ("gemm", "context_attention", "generation_attention", "mla_generation", "all_reduce", "all_to_all", "moe")
 
 
-def keep_others(name: str, fitted: dict[str, dict], only: list[str]) -> dict[str, dict]:
+def keep_others(name: str, fitted: dict[str, dict], only: list[str], engines: list[str] | None = None) -> dict[str, dict]:
     """A GPU's `kernels:` block as its hardware file has it, with the `only` operator classes' curves
-    (and their errors in `mape_pct`) replaced by those just fitted."""
+    (and their errors in `mape_pct`) replaced by those just fitted (of every engine, or of `engines`)."""
     shipped = yaml.safe_load((ROOT / "hardware_specs" / f"{name}.yaml").read_text()).get("kernels") or {}
     out = {}
     for engine, block in fitted.items():
         kept = dict(shipped.get(engine) or block)
-        for op in only:
+        for op in only if engines is None or engine in engines else ():
             if op in block:
                 kept[op] = block[op]
             kept["mape_pct"] = {**kept.get("mape_pct", {}),
@@ -414,6 +448,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", metavar="OPERATOR", choices=OPERATORS,
                         help="with --write, write these operator classes' curves and keep the files' others (a fit "
                              "rerun elsewhere moves parameters the tables barely pin)")
+    parser.add_argument("--engines", nargs="+", choices=list(VERSIONS), help="with --only, of these engines only")
+    parser.add_argument("--gpus", nargs="+", choices=list(SYSTEMS), help="with --only, into these GPUs' files only")
     parser.add_argument("--sample", type=Path, help="write the tests' sample of the tables here")
     args = parser.parse_args()
     fitted: dict[str, dict] = {}
@@ -430,7 +466,8 @@ def main() -> None:
     for line in bounds:
         print(f"- {line}")
     if args.write:
-        write(fitted if not args.only else {name: keep_others(name, blocks, args.only) for name, blocks in fitted.items()})
+        write(fitted if not args.only else {name: keep_others(name, blocks, args.only, args.engines)
+                                            for name, blocks in fitted.items() if args.gpus is None or name in args.gpus})
     if args.sample:
         sample(args.sample)
 

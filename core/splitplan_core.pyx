@@ -547,7 +547,8 @@ FIELDS = (
     "packed_attention", "clock_slowdown", "capped_clock_slowdown",
     # measured kernel curves (perf.curves), or their roofline defaults (the same bandwidth, no extra time)
     "gemm_bytes_per_s", "gemm_pass_s_per_token", "gemm_latency_s", "prefill_attention_half_tokens",
-    "prefill_attention_latency_s", "prefill_attention_s_per_seq", "kv_bytes_per_s", "decode_attention_efficiency",
+    "prefill_attention_latency_s", "prefill_attention_s_per_seq", "prefill_attention_ramp_tokens",
+    "prefill_attention_tile_tokens", "kv_bytes_per_s", "decode_attention_efficiency",
     "decode_attention_s_per_seq", "decode_attention_latency_s", "moe_compute_efficiency", "moe_half_rows", "moe_bytes_per_s",
     "moe_latency_s", "moe_s_per_row", "moe_s_per_token", "moe_load_spread", "moe_load_cap", "moe_routing_alpha",
     # the engine's factors and the model's experts the formula reads
@@ -561,9 +562,9 @@ cdef enum:  # FIELDS' order
     COLL_LATENCY, LARGE_COLL_S_PER_TOKEN, LARGE_COLL_LATENCY, A2A_S_PER_TOKEN, A2A_LATENCY, DECODE_A2A_S_PER_TOKEN,
     DECODE_A2A_LATENCY, HOP_S_PER_TOKEN, HOP_LATENCY, DP, PP, DIVIDES, GPU_LAUNCH, HOST_LAUNCH,
     PACKED, CLOCK_SLOWDOWN, CAPPED_SLOWDOWN, GEMM_BPS, GEMM_PASS_S, GEMM_LATENCY, PREFILL_ATTN_HALF, PREFILL_ATTN_LATENCY,
-    PREFILL_ATTN_S_PER_SEQ, KV_BPS, DECODE_ATTN_EFF, DECODE_ATTN_S_PER_SEQ, DECODE_ATTN_LATENCY, MOE_COMPUTE_EFF, MOE_HALF,
-    MOE_BPS, MOE_LATENCY, MOE_S_PER_ROW, MOE_S_PER_TOKEN, MOE_LOAD_SPREAD, MOE_LOAD_CAP, MOE_ROUTING_ALPHA, KNEE_SLOWDOWN,
-    KNEE_TOKENS, MOE_EFF, ATTN_EFF,
+    PREFILL_ATTN_S_PER_SEQ, PREFILL_ATTN_RAMP, PREFILL_ATTN_TILE, KV_BPS, DECODE_ATTN_EFF, DECODE_ATTN_S_PER_SEQ,
+    DECODE_ATTN_LATENCY, MOE_COMPUTE_EFF, MOE_HALF, MOE_BPS, MOE_LATENCY, MOE_S_PER_ROW, MOE_S_PER_TOKEN, MOE_LOAD_SPREAD,
+    MOE_LOAD_CAP, MOE_ROUTING_ALPHA, KNEE_SLOWDOWN, KNEE_TOKENS, MOE_EFF, ATTN_EFF,
     DECODE_OVERHEAD, PREFILL_OVERHEAD, SEQ_OVERHEAD, PREFILL_SEQ_OVERHEAD, IS_MOE, EXPERTS, TOP_K, EXPERT_PARAMS,
     FIELD_COUNT
 
@@ -643,7 +644,7 @@ cdef Terms _terms(const double* c, double prefill_seqs, double prefill_tokens, d
     cdef double gemm_peak = c[GEMM_PEAK]
     cdef double compute_s = 0.0, memory_s = 0.0, flops = 0.0, nbytes = 0.0
     cdef double bandwidth, fixed_s, extra_s, class_flops, class_bytes, class_peak, tc, tm
-    cdef double experts, top_k, load_tok, touched, rows, group_pre, pre_sq, ctx, group_decode
+    cdef double experts, top_k, load_tok, touched, rows, group_pre, group_prompts, pre_sq, ctx, group_decode, tiled
     cdef int k
     for k in range(5):  # operator classes: dense GEMMs, routed experts, prefill attention, decode attention, LM head
         # beside the roofline: fixed_s (kernel latency, per sequence) and extra_s (compute-side: activation passes, ramp)
@@ -670,8 +671,13 @@ cdef Terms _terms(const double* c, double prefill_seqs, double prefill_tokens, d
             class_flops = pre_sq * c[PREFILL_ATTN_FLOPS]
             class_bytes = group_pre * (2 * c[Q_DIM] + 2 * c[KV_DIM]) * c[ACT_BPE]
             class_peak, bandwidth = peak * c[ATTN_EFF], c[MEMORY_BPS]
-            fixed_s = c[PREFILL_ATTN_LATENCY] * has_prefill + c[PREFILL_ATTN_S_PER_SEQ] * prefill_seqs * micro / groups
+            group_prompts = prefill_seqs * micro / groups
+            fixed_s = c[PREFILL_ATTN_LATENCY] * has_prefill + c[PREFILL_ATTN_S_PER_SEQ] * group_prompts
             extra_s = c[PREFILL_ATTN_HALF] * group_pre * c[PREFILL_ATTN_FLOPS] / class_peak  # the ramp over short prompts
+            # query tiles short of filling the SMs (perf.curves.context_attention_s), counted in tokens
+            tiled = group_pre + group_prompts * c[PREFILL_ATTN_TILE] / 2
+            if tiled > 0:
+                extra_s = extra_s + (class_flops / class_peak + extra_s) * c[PREFILL_ATTN_RAMP] / tiled
         elif k == 3:
             ctx = decode_context_tokens * micro / groups
             class_flops, class_bytes, class_peak = ctx * c[DECODE_FLOPS], ctx * c[DECODE_BYTES], peak * c[DECODE_ATTN_EFF]

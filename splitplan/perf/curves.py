@@ -17,12 +17,17 @@ clock. Every function takes floats or NumPy arrays.
   weights and activations read at `memory_efficiency` of the bandwidth; plus `latency_s`.
 - Context attention (b prompts of p tokens, H query heads of d over H_kv KV heads): 2 H d b p
   (p + half_tokens) (1 + `kv_head_cost` H_kv / H) FLOPs at `efficiency` of the bf16 peak (causal
-  QK^T and PV, halved, with an efficiency that ramps with the prompt, p / (p + half_tokens); the
-  engines compute attention in bf16 whatever the KV cache holds; the kernels load K and V once per
+  QK^T and PV, halved, with an efficiency that ramps with the prompt, p / (p + half_tokens), quoted
+  against the bf16 peak whatever the kernel attends in (most attend in bf16 over any cache; SGLang's
+  trtllm_mha and fa3 prefill attend an fp8 cache in fp8); the kernels load K and V once per
   head group, so a head of a narrow group costs more than one of a wide group), `efficiency` being
   that of heads of 128 dims, ramped by the head dim, d / (d + half_dim), relative to 128's
-  (`head_dim_share`; fitted where a table times both 64- and 128-dim heads), plus b H_kv
-  `s_per_kv_head` (the tiles each prompt's head groups start) and `latency_s`.
+  (`head_dim_share`; fitted where a table times both 64- and 128-dim heads), slowed while its
+  query tiles do not fill the GPU's SMs: by (tiles + `half_tiles`) / tiles, tiles = b H (p /
+  TILE_TOKENS + 1/2), a prompt's rows cut into tiles of 128 (a pass of prompts of many lengths counts
+  its tokens and prompts the same way); plus b H `s_per_head` and b H_kv `s_per_kv_head` (the work
+  each prompt's query heads and head groups start whatever their length: at 16-token prompts the
+  kernels take about 20 ns per prompt and query head) and `latency_s`.
 - Generation attention (b sequences over c tokens of context each, H query and H_kv KV heads):
   the larger of 2 H_kv d b c KV elements read at `memory_efficiency` of the bandwidth and 4 H d b c
   FLOPs at `efficiency` of the bf16 peak, plus b (`s_per_sequence` + H_kv `s_per_kv_head`) and
@@ -106,11 +111,15 @@ def head_dim_share(curve, head_dim):
     return np.minimum(share, 1.0 / curve.efficiency)
 
 
+TILE_TOKENS = 128.0  # the query rows a prefill attention kernel's thread block takes (FlashAttention's tile)
+
+
 def context_attention_s(curve, bf16_flops_per_s: float, batch, prompt_tokens, heads, kv_heads, head_dim):
     """Seconds of causal attention over `batch` prompts of `prompt_tokens` each."""
     flops = 2 * heads * head_dim * batch * prompt_tokens * (prompt_tokens + curve.half_tokens)
-    return (flops / (bf16_flops_per_s * context_efficiency(curve, heads, kv_heads, head_dim))
-            + batch * kv_heads * curve.s_per_kv_head + curve.latency_s)
+    tiles = heads * batch * (prompt_tokens / TILE_TOKENS + 0.5)
+    return (flops / (bf16_flops_per_s * context_efficiency(curve, heads, kv_heads, head_dim)) * (1 + curve.half_tiles / tiles)
+            + batch * (heads * curve.s_per_head + kv_heads * curve.s_per_kv_head) + curve.latency_s)
 
 
 def context_efficiency(curve, heads, kv_heads, head_dim):

@@ -171,6 +171,8 @@ class PassConstants:
     prefill_attention_half_tokens: float  # prompt tokens at which attention's efficiency is half its peak's
     prefill_attention_latency_s: float
     prefill_attention_s_per_seq: float  # per prompt (or chunk) in the pass
+    prefill_attention_ramp_tokens: float  # tiled tokens at which its query tiles half fill the SMs (0: no ramp)
+    prefill_attention_tile_tokens: float  # a prompt's tiled tokens: its tokens plus half this (rows cut into tiles)
     kv_bytes_per_s: float  # the KV cache read by decode attention
     decode_attention_efficiency: float  # of the activations' peak, where decode attention is compute-bound
     decode_attention_s_per_seq: float
@@ -428,7 +430,8 @@ class Instance(PassShortcuts):
         out = {"compute_efficiency": f.compute_efficiency, "gemm_half_tokens": f.gemm_half_tokens,
                "gemm_bytes_per_s": bandwidth * f.memory_efficiency, "gemm_pass_s_per_token": 0.0, "gemm_latency_s": 0.0,
                "attention_efficiency": f.attention_efficiency, "prefill_attention_half_tokens": 0.0,
-               "prefill_attention_latency_s": 0.0, "prefill_attention_s_per_seq": 0.0,
+               "prefill_attention_latency_s": 0.0, "prefill_attention_s_per_seq": 0.0, "prefill_attention_ramp_tokens": 0.0,
+               "prefill_attention_tile_tokens": curves.TILE_TOKENS,
                "kv_bytes_per_s": bandwidth * f.memory_efficiency,
                "decode_attention_efficiency": f.compute_efficiency, "decode_attention_s_per_seq": 0.0, "decode_attention_latency_s": 0.0,
                "collective_s_per_token": (2 * (t - 1) / t * m.hidden_size * 2 / self._link_bytes_per_s(t, f)) if t > 1 else 0.0,
@@ -448,7 +451,8 @@ class Instance(PassShortcuts):
             heads, kv_heads = m.num_attention_heads / t, self.kv_heads_per_gpu
             out |= {"attention_efficiency": curves.context_efficiency(context, heads, kv_heads, m.head_dim_eff) * of_bf16,
                     "prefill_attention_half_tokens": context.half_tokens, "prefill_attention_latency_s": context.latency_s,
-                    "prefill_attention_s_per_seq": kv_heads * context.s_per_kv_head}
+                    "prefill_attention_s_per_seq": heads * context.s_per_head + kv_heads * context.s_per_kv_head,
+                    "prefill_attention_ramp_tokens": context.half_tiles * curves.TILE_TOKENS / heads}
         if generation is not None:
             out |= {"kv_bytes_per_s": bandwidth * generation.memory_efficiency,
                     "decode_attention_efficiency": generation.efficiency * of_bf16,

@@ -104,9 +104,11 @@ class ContextAttentionCurve(BaseModel):
     latency_s: Seconds
     half_dim: Positive = 0.0  # head dims at which the efficiency is half its asymptote (perf.curves.head_dim_share)
     # each KV head's share of a query head's work (K and V loaded per head group: an MHA head costs
-    # 1 + kv_head_cost of a wide GQA group's), and a fixed time per prompt and KV head
+    # 1 + kv_head_cost of a wide GQA group's), and a fixed time per prompt and KV head, and per prompt and query head
     kv_head_cost: Positive = 0.0
     s_per_kv_head: Seconds = 0.0
+    s_per_head: Seconds = 0.0
+    half_tiles: Positive = 0.0  # query tiles (heads x 128-row blocks) at which the SMs are half filled
 
 
 class GenerationAttentionCurve(BaseModel):

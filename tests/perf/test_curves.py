@@ -2,6 +2,7 @@
 NVIDIA's measured tables (tests/data/kernels, NOTICE), time monotonically, reach the pass formula,
 and a GPU or an engine without them falls back to the roofline and says so."""
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -186,8 +187,9 @@ def test_the_decode_line_is_the_pass_with_curves(batch):
 
 
 def test_prefill_attention_ramps_as_its_curve():
-    """A prompt's attention takes 2 H d p (p + half_tokens) FLOPs at the curve's efficiency of the bf16 peak:
-    raising half_tokens by D slows a p-token prefill by 2 q_dim p D / (bf16 peak x efficiency) per layer."""
+    """A prompt's attention takes 2 H d p (p + half_tokens) FLOPs at the curve's efficiency of the bf16 peak,
+    slowed by (tiles + half_tiles) / tiles over its H (p / 128 + 1/2) query tiles: raising half_tokens by D
+    slows a p-token prefill by 2 q_dim p D / (bf16 peak x efficiency) x that per layer."""
     hw, engine, model = load_hardware("h200-141gb"), _curved(), load_model("llama3.1-70b")
     k = hw.kernels["vllm"]
     context = k.context_attention["fp8"]
@@ -196,7 +198,9 @@ def test_prefill_attention_ramps_as_its_curve():
     layout, p = parse_layout("tp4", "x"), 2048.0
     before, after = (Instance(model, h, engine, layout).pass_time_s(1, p, p * p) for h in (hw, slower))
     efficiency = curves.context_efficiency(context, model.num_attention_heads / 4, model.num_key_value_heads / 4, 128.0)
-    per_layer = 2 * model.q_dim / 4 * p * 500 / (hw.peak_flops_per_s("bf16") * efficiency)
+    tiles = model.num_attention_heads / 4 * (p / 128 + 0.5)
+    assert context.half_tiles > 0.1 * tiles  # (fitted: a prompt's 16 tiles over 16 heads do not fill an H200)
+    per_layer = 2 * model.q_dim / 4 * p * 500 / (hw.peak_flops_per_s("bf16") * efficiency) * (1 + context.half_tiles / tiles)
     assert after - before == pytest.approx(80 * per_layer, rel=1e-6)
 
 
@@ -222,6 +226,28 @@ def test_prefill_attention_pays_for_its_kv_heads():
                          for h in (hw, moved))
         assert after - before == pytest.approx(model.num_hidden_layers * 3 * model.num_key_value_heads * 1e-6, rel=1e-6)
     assert shares["llama2-7b"] < shares["llama3.1-8b"] < 1
+
+
+def test_prefill_attention_times_its_query_heads_and_tiles_as_the_curve():
+    """A context curve's per-query-head time and its ramp over query tiles short of filling the SMs
+    reach the pass formula as `curves.context_attention_s` has them: a pass of b prompts of p tokens
+    moves by the layers times the curve's own change, for prompts short and long (the ramp weighs
+    most where few tiles run: one short prompt)."""
+    hw, engine, model = load_hardware("h200-141gb"), _curved("vllm"), load_model("llama3.1-8b")
+    k = hw.kernels["vllm"]
+    context = k.context_attention["bf16"]
+    heads, kv_heads = model.num_attention_heads / 2, model.num_key_value_heads / 2
+    changed = context.model_copy(update={"s_per_head": context.s_per_head + 2e-8, "half_tiles": context.half_tiles + 300.0})
+    moved = hw.model_copy(update={"kernels": {"vllm": k.model_copy(update={"context_attention": {"bf16": changed}})}})
+    growth = []
+    for b, p in ((1, 16.0), (3, 512.0), (1, 4096.0), (8, 4096.0)):
+        before, after = (Instance(model, h, engine, parse_layout("tp2", "x")).pass_time_s(b, b * p, b * p * p)
+                         for h in (hw, moved))
+        curve = [curves.context_attention_s(c, hw.peak_flops_per_s("bf16"), b, p, heads, kv_heads, 128.0)
+                 for c in (context, changed)]
+        assert after - before == pytest.approx(model.num_hidden_layers * (curve[1] - curve[0]), rel=1e-6)
+        growth.append(curve[1] / curve[0])
+    assert growth[2] > growth[3] > 1  # (one long prompt fills fewer tiles than eight)
 
 
 def test_prefill_attention_takes_its_head_dims_share():
@@ -494,3 +520,31 @@ def test_mla_decode_takes_its_own_curve_and_its_prefill_the_roofline():
     heads = {p: c.model_copy(update={"s_per_sequence": c.s_per_sequence + 1e-6}) for p, c in k.generation_attention.items()}
     _, same = step(hw.model_copy(update={"kernels": {**hw.kernels, "sglang": k.model_copy(update={"generation_attention": heads})}}))
     assert same == before
+
+
+def _fit_kernels():
+    """bench/fit_kernels.py as a module (the fitting step: it reads NVIDIA's tables only when run)."""
+    spec = importlib.util.spec_from_file_location("fit_kernels", Path(__file__).resolve().parents[2] / "bench" / "fit_kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_attention_is_fitted_on_the_kernels_the_engine_serves_with():
+    """Per shape and KV precision the kernel the engine runs by default (SGLang: trtllm_mha before
+    FlashInfer), attending in bf16 where that kernel was timed so, else in fp8; a context table's
+    one-token prompts timed by a decode kernel are not prompts."""
+    shape = {"batch_size": 4, "step": 0, "num_heads": 32, "num_key_value_heads": 8, "head_dim": 128}
+    rows = [(16, "flashinfer", "bfloat16", "bfloat16", 1.4), (16, "trtllm_mha", "bfloat16", "bfloat16", 1.0),
+            (16, "flashinfer", "bfloat16", "fp8", 1.3), (16, "trtllm_mha", "fp8", "fp8", 0.9),
+            (1, "vllm_flashinfer_trtllmdecode", "bfloat16", "bfloat16", 0.1)]
+    frame = pd.DataFrame([{**shape, "isl": isl, "kernel_source": k, "attn_dtype": a, "kv_cache_dtype": kv, "latency": t}
+                          for isl, k, a, kv, t in rows])
+    fk = _fit_kernels()
+    served = fk.serving_kernels(frame, "sglang", context=True)
+    assert sorted(zip(served.kernel_source, served.attn_dtype, served.kv_cache_dtype, strict=True)) == [
+        ("trtllm_mha", "bfloat16", "bfloat16"), ("trtllm_mha", "fp8", "fp8")]
+    # an engine with no preference keeps every kernel's shapes, bf16 attention first; decodes only out of context tables
+    kept = fk.serving_kernels(frame, "vllm", context=False)
+    assert len(kept) == 4 and set(kept[kept.kv_cache_dtype == "fp8"].attn_dtype) == {"bfloat16"}
+    assert (fk.serving_kernels(frame, "vllm", context=True).isl > 1).all()
