@@ -90,6 +90,14 @@ def test_more_work_never_takes_less_time():
     assert (np.diff(inst.pass_time_s(decode_seqs=64.0, decode_context_tokens=64 * rows)) >= 0).all()
 
 
+def _with_curve(hw, op: str, precision: str, **change):
+    """`hw` with vLLM's `op` curve of `precision` changed (its other precisions as they are)."""
+    k = hw.kernels["vllm"]
+    by_precision = getattr(k, op)
+    curve = by_precision[precision].model_copy(update=change)
+    return hw.model_copy(update={"kernels": {"vllm": k.model_copy(update={op: {**by_precision, precision: curve}})}})
+
+
 def _instance(engine, hardware="h200-141gb", tp=4, model="llama3.1-70b"):
     return Instance(load_model(model), load_hardware(hardware), engine, parse_layout(f"tp{tp}", "x"))
 
@@ -142,16 +150,13 @@ def test_a_kernel_latency_adds_once_per_kernel_and_layer():
     """Raising the GEMM curve's fixed latency by d slows a decode step by d per GEMM: four per layer and the LM head."""
     hw, engine, model = load_hardware("h200-141gb"), _curved(), load_model("llama3.1-70b")
     k = hw.kernels["vllm"]
-    gemm = k.gemm["fp8"].model_copy(update={"latency_s": k.gemm["fp8"].latency_s + 1e-5})
-    slower = hw.model_copy(update={"kernels": {"vllm": k.model_copy(update={"gemm": {**k.gemm, "fp8": gemm}})}})
+    slower = _with_curve(hw, "gemm", "fp8", latency_s=k.gemm["fp8"].latency_s + 1e-5)
     layout = parse_layout("tp4", "x")
     before, after = (Instance(model, h, engine, layout).pass_time_s(decode_seqs=8.0, decode_context_tokens=8 * 1024.0)
                      for h in (hw, slower))
     assert after - before == pytest.approx(1e-5 * (4 * 80 + 1), rel=1e-6)
     # and a per-sequence time of decode attention by d slows it by d per sequence and layer
-    generation = k.generation_attention["fp8"]
-    generation = generation.model_copy(update={"s_per_sequence": generation.s_per_sequence + 1e-6})
-    slower = hw.model_copy(update={"kernels": {"vllm": k.model_copy(update={"generation_attention": {"fp8": generation}})}})
+    slower = _with_curve(hw, "generation_attention", "fp8", s_per_sequence=k.generation_attention["fp8"].s_per_sequence + 1e-6)
     after = Instance(model, slower, engine, layout).pass_time_s(decode_seqs=8.0, decode_context_tokens=8 * 1024.0)
     assert after - before == pytest.approx(1e-6 * 8 * 80, rel=1e-6)
 
@@ -193,8 +198,7 @@ def test_prefill_attention_ramps_as_its_curve():
     hw, engine, model = load_hardware("h200-141gb"), _curved(), load_model("llama3.1-70b")
     k = hw.kernels["vllm"]
     context = k.context_attention["fp8"]
-    longer = context.model_copy(update={"half_tokens": context.half_tokens + 500})
-    slower = hw.model_copy(update={"kernels": {"vllm": k.model_copy(update={"context_attention": {"fp8": longer}})}})
+    slower = _with_curve(hw, "context_attention", "fp8", half_tokens=context.half_tokens + 500)
     layout, p = parse_layout("tp4", "x"), 2048.0
     before, after = (Instance(model, h, engine, layout).pass_time_s(1, p, p * p) for h in (hw, slower))
     efficiency = curves.context_efficiency(context, model.num_attention_heads / 4, model.num_key_value_heads / 4, 128.0)
@@ -220,8 +224,7 @@ def test_prefill_attention_pays_for_its_kv_heads():
         share = inst.constants.attention_efficiency / (context.efficiency * curves.head_dim_share(context, 128.0))
         shares[name] = share
         assert share == pytest.approx(1 / (1 + context.kv_head_cost * model.num_key_value_heads / model.num_attention_heads))
-        costlier = context.model_copy(update={"s_per_kv_head": context.s_per_kv_head + 1e-6})
-        moved = hw.model_copy(update={"kernels": {"vllm": k.model_copy(update={"context_attention": {"bf16": costlier}})}})
+        moved = _with_curve(hw, "context_attention", "bf16", s_per_kv_head=context.s_per_kv_head + 1e-6)
         before, after = (Instance(model, h, engine, parse_layout("tp1", "x")).pass_time_s(3, 3 * 512.0, 3 * 512.0**2)
                          for h in (hw, moved))
         assert after - before == pytest.approx(model.num_hidden_layers * 3 * model.num_key_value_heads * 1e-6, rel=1e-6)
@@ -237,8 +240,9 @@ def test_prefill_attention_times_its_query_heads_and_tiles_as_the_curve():
     k = hw.kernels["vllm"]
     context = k.context_attention["bf16"]
     heads, kv_heads = model.num_attention_heads / 2, model.num_key_value_heads / 2
-    changed = context.model_copy(update={"s_per_head": context.s_per_head + 2e-8, "half_tiles": context.half_tiles + 300.0})
-    moved = hw.model_copy(update={"kernels": {"vllm": k.model_copy(update={"context_attention": {"bf16": changed}})}})
+    moved = _with_curve(hw, "context_attention", "bf16", s_per_head=context.s_per_head + 2e-8,
+                        half_tiles=context.half_tiles + 300.0)
+    changed = moved.kernels["vllm"].context_attention["bf16"]
     growth = []
     for b, p in ((1, 16.0), (3, 512.0), (1, 4096.0), (8, 4096.0)):
         before, after = (Instance(model, h, engine, parse_layout("tp2", "x")).pass_time_s(b, b * p, b * p * p)
@@ -259,8 +263,8 @@ def test_prefill_attention_takes_its_head_dims_share():
     context = k.context_attention["fp8"]
     assert context.half_dim > 0  # (fitted: the tables' 64-dim heads run at a lower efficiency)
     assert curves.head_dim_share(context, 128.0) == pytest.approx(1.0, rel=1e-12)
-    wider = context.model_copy(update={"half_dim": 2 * context.half_dim})
-    moved = hw.model_copy(update={"kernels": {"vllm": k.model_copy(update={"context_attention": {"fp8": wider}})}})
+    moved = _with_curve(hw, "context_attention", "fp8", half_dim=2 * context.half_dim)
+    wider = moved.kernels["vllm"].context_attention["fp8"]
     for name, dim in (("llama3.1-70b", 128.0), ("gpt-oss-120b", 64.0)):
         model = load_model(name)
         assert model.head_dim_eff == dim
@@ -271,13 +275,6 @@ def test_prefill_attention_takes_its_head_dims_share():
         assert share[0] == pytest.approx(float(curves.head_dim_share(context, dim)), rel=1e-9)
         assert share[1] == pytest.approx(float(curves.head_dim_share(wider, dim)), rel=1e-9)
         assert (share[0] == pytest.approx(1.0)) if dim == 128 else (share[1] < share[0] < 1.0)
-
-
-def _with_moe(hw, **change):
-    """`hw` with vLLM's fp8 MoE curve changed."""
-    k = hw.kernels["vllm"]
-    moe = k.moe["fp8"].model_copy(update=change)
-    return hw.model_copy(update={"kernels": {"vllm": k.model_copy(update={"moe": {**k.moe, "fp8": moe}})}})
 
 
 @pytest.mark.parametrize("layout", ["tp8", "tp8ep8"])
@@ -299,18 +296,18 @@ def test_routed_experts_take_their_curve(layout):
 
     base = hw.kernels["vllm"].moe["fp8"]
     before = prefill(hw)
-    assert prefill(_with_moe(hw, latency_s=base.latency_s + 1e-5)) - before == pytest.approx(1e-5 * moe_layers, rel=1e-6)
-    assert (prefill(_with_moe(hw, token_passes=base.token_passes + 1)) - before
+    assert prefill(_with_curve(hw, "moe", "fp8", latency_s=base.latency_s + 1e-5)) - before == pytest.approx(1e-5 * moe_layers, rel=1e-6)
+    assert (prefill(_with_curve(hw, "moe", "fp8", token_passes=base.token_passes + 1)) - before
             == pytest.approx(moe_layers * tokens * k * row_s, rel=1e-6))
     rows = tokens * k / lay.ep * load
-    assert (prefill(_with_moe(hw, row_passes=base.row_passes + 1)) - before
+    assert (prefill(_with_curve(hw, "moe", "fp8", row_passes=base.row_passes + 1)) - before
             == pytest.approx(moe_layers * rows * row_s, rel=1e-6))
     # the efficiency ramps by rows per touched expert: half_rows + D costs each FLOP D / rows more
     c = Instance(model, hw, engine, lay).constants
     touched = experts * (1 - (1 - k / experts) ** (tokens * load))
     flops = c.layers_per_stage * 2 * tokens * load * k * model.expert_params * c.routed_expert_share
     expected = flops / (c.gemm_peak_flops_per_s * base.efficiency) * 100 / (tokens * load * k / touched)
-    assert prefill(_with_moe(hw, half_rows=base.half_rows + 100)) - before == pytest.approx(expected, rel=1e-6)
+    assert prefill(_with_curve(hw, "moe", "fp8", half_rows=base.half_rows + 100)) - before == pytest.approx(expected, rel=1e-6)
     # a one-token step reads its k experts' weights at the curve's bandwidth: half of it doubles that read
     def step(h):
         return Instance(model, h, engine, lay).pass_time_s(decode_seqs=1.0, decode_context_tokens=1024.0)
@@ -318,7 +315,7 @@ def test_routed_experts_take_their_curve(layout):
     one = curves.busiest_load(1.0, experts, k, lay.ep)  # (its k experts, the busiest group's share of them)
     read = (c.layers_per_stage * experts * (1 - (1 - k / experts) ** one) * model.expert_params
             * engine.weight_bytes_per_element * c.routed_expert_share / (hw.memory_bytes_per_s * base.memory_efficiency))
-    assert step(_with_moe(hw, memory_efficiency=base.memory_efficiency / 2)) - step(hw) == pytest.approx(read, rel=1e-6)
+    assert step(_with_curve(hw, "moe", "fp8", memory_efficiency=base.memory_efficiency / 2)) - step(hw) == pytest.approx(read, rel=1e-6)
 
 
 def test_past_the_tables_routing_switch_the_busiest_group_keeps_its_rows():
@@ -334,7 +331,8 @@ def test_past_the_tables_routing_switch_the_busiest_group_keeps_its_rows():
     base = hw.kernels["vllm"].moe["fp8"]
 
     def prefill(**change):
-        return Instance(model, _with_moe(hw, memory_efficiency=1e6, **change), engine, lay).pass_time_s(1, tokens, tokens**2)
+        moved = _with_curve(hw, "moe", "fp8", memory_efficiency=1e6, **change)
+        return Instance(model, moved, engine, lay).pass_time_s(1, tokens, tokens**2)
 
     more = prefill(row_passes=base.row_passes + 1) - prefill()
     assert more == pytest.approx(model.moe_layers * tokens * k / 8 * curves.busiest_load(tokens, experts, k, 8) * row_s,
