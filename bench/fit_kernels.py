@@ -29,7 +29,13 @@ range) on the shapes serving produces:
 - MLA generation attention: DeepSeek's absorbed decode (a 576-element latent, its 512-rank part the
   values; the collectors measure DeepSeek-V3 only) per query heads a GPU holds, SGLang's and
   TensorRT-LLM's `generation_mla` kernels (vLLM's tables time the whole MLA module, projections
-  included, which the model's GEMMs time apart: not fitted), bf16 and fp8 KV;
+  included, which the model's GEMMs time apart: not fitted), bf16 and fp8 KV; since 2026-12-07
+  with the cache read slower while few sequences fill the SMs (`half_sequences`: on Blackwell one
+  sequence's 131,072 tokens take 1.2-2.1x the time per token of 64 sequences' 2,048, on Hopper
+  1.0-1.2x), a time per sequence and query head (`s_per_head`: H100 TensorRT-LLM's 1,024 sequences
+  of 2 tokens over 128 heads take 3x those over 16), and the compute of an fp8 cache at the fp8
+  peak (TensorRT-LLM's B200 kernel decodes 128 heads over an fp8 latent faster than the bf16 peak
+  allows);
 - all-reduce: bf16, the graph-captured kernel where the table has both (serving's decode and
   vLLM's piecewise graphs), per GPU count, as the faster of two lines (`fit_all_reduce`); the
   tables' message_size counts elements (the collector all-reduces a tensor of that many), so a
@@ -91,7 +97,9 @@ CONTEXT = {"efficiency": (0.5, 0.02, 1.0), "half_tokens": (100.0, 0.0, 1e5), "la
            "s_per_head": (1e-8, 0.0, 1e-5), "half_tiles": (50.0, 0.0, 1e5)}
 GENERATION = {"memory_efficiency": (0.7, 0.05, 1.0), "efficiency": (0.3, 0.01, 1.0), "s_per_sequence": (1e-7, 0.0, 1e-4),
               "s_per_kv_head": (1e-8, 0.0, 1e-4), "latency_s": (1e-5, 0.0, 1e-3)}
-MLA_GENERATION = {name: GENERATION[name] for name in ("memory_efficiency", "efficiency", "s_per_sequence", "latency_s")}
+UNFITTED_GENERATION = {"half_sequences": 0.0, "s_per_head": 0.0}  # (MLA's terms: 0 in the heads' form, not fitted)
+MLA_GENERATION = {**{name: GENERATION[name] for name in ("memory_efficiency", "efficiency", "s_per_sequence", "latency_s")},
+                  "half_sequences": (1.0, 0.0, 1e4), "s_per_head": (1e-9, 0.0, 1e-5)}
 MLA_LATENT, MLA_RANK = 576.0, 512.0  # DeepSeek-V3's kv_lora_rank + qk_rope_head_dim, and kv_lora_rank
 ALL_REDUCE = {"latency_s": (5e-6, 0.0, 1e-3), "bytes_per_s": (2e11, 1e8, 1e13),
               "large_latency_s": (5e-5, 0.0, 1e-2), "large_bytes_per_s": (3e11, 1e8, 1e13)}
@@ -319,15 +327,16 @@ def fit_gpu(name: str, engine: str):
         elif op == "generation_attention":
             kvb = BYTES[key]
             params, err, hit = fit(lambda c, f, kvb=kvb: curves.generation_attention_s(
-                c, bf16, bandwidth, f.batch_size.to_numpy(float), (f.isl + f.step).to_numpy(float), f.num_heads.to_numpy(float),
-                f.num_key_value_heads.to_numpy(float), f.head_dim.to_numpy(float), kvb), GENERATION, frame,
+                SimpleNamespace(**vars(c), **UNFITTED_GENERATION), bf16, bandwidth, f.batch_size.to_numpy(float),
+                (f.isl + f.step).to_numpy(float), f.num_heads.to_numpy(float), f.num_key_value_heads.to_numpy(float),
+                f.head_dim.to_numpy(float), kvb), GENERATION, frame,
                 _folds(frame.num_heads, frame.num_key_value_heads, frame.head_dim))
             params["max_kv_heads"] = int(frame.num_key_value_heads.max())  # (the per-KV-head term's measured range)
             size = (frame.isl + frame.step).to_numpy(float)
         elif op == "mla_generation":
-            kvb = BYTES[key]
-            params, err, hit = fit(lambda c, f, kvb=kvb: curves.mla_generation_s(
-                c, bf16, bandwidth, f.batch_size.to_numpy(float), (f.isl + f.step).to_numpy(float), f.num_heads.to_numpy(float),
+            kvb, cache_peak = BYTES[key], hw.peak_flops_per_s(key)
+            params, err, hit = fit(lambda c, f, kvb=kvb, cache_peak=cache_peak: curves.mla_generation_s(
+                c, cache_peak, bandwidth, f.batch_size.to_numpy(float), (f.isl + f.step).to_numpy(float), f.num_heads.to_numpy(float),
                 MLA_LATENT, MLA_RANK, kvb), MLA_GENERATION, frame, _folds(frame.num_heads))
             params["s_per_kv_head"] = 0.0  # (one latent per token: a generation-attention curve of one KV head)
             size = (frame.isl + frame.step).to_numpy(float)

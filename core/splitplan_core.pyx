@@ -548,7 +548,7 @@ FIELDS = (
     # measured kernel curves (perf.curves), or their roofline defaults (the same bandwidth, no extra time)
     "gemm_bytes_per_s", "gemm_pass_s_per_token", "gemm_latency_s", "prefill_attention_half_tokens",
     "prefill_attention_latency_s", "prefill_attention_s_per_seq", "prefill_attention_ramp_tokens",
-    "prefill_attention_tile_tokens", "kv_bytes_per_s", "decode_attention_efficiency",
+    "prefill_attention_tile_tokens", "kv_bytes_per_s", "decode_attention_half_seqs", "decode_attention_efficiency",
     "decode_attention_s_per_seq", "decode_attention_latency_s", "moe_compute_efficiency", "moe_half_rows", "moe_bytes_per_s",
     "moe_latency_s", "moe_s_per_row", "moe_s_per_token", "moe_load_spread", "moe_load_cap", "moe_routing_alpha",
     # the engine's factors and the model's experts the formula reads
@@ -562,7 +562,7 @@ cdef enum:  # FIELDS' order
     COLL_LATENCY, LARGE_COLL_S_PER_TOKEN, LARGE_COLL_LATENCY, A2A_S_PER_TOKEN, A2A_LATENCY, DECODE_A2A_S_PER_TOKEN,
     DECODE_A2A_LATENCY, HOP_S_PER_TOKEN, HOP_LATENCY, DP, PP, DIVIDES, GPU_LAUNCH, HOST_LAUNCH,
     PACKED, CLOCK_SLOWDOWN, CAPPED_SLOWDOWN, GEMM_BPS, GEMM_PASS_S, GEMM_LATENCY, PREFILL_ATTN_HALF, PREFILL_ATTN_LATENCY,
-    PREFILL_ATTN_S_PER_SEQ, PREFILL_ATTN_RAMP, PREFILL_ATTN_TILE, KV_BPS, DECODE_ATTN_EFF, DECODE_ATTN_S_PER_SEQ,
+    PREFILL_ATTN_S_PER_SEQ, PREFILL_ATTN_RAMP, PREFILL_ATTN_TILE, KV_BPS, DECODE_ATTN_HALF, DECODE_ATTN_EFF, DECODE_ATTN_S_PER_SEQ,
     DECODE_ATTN_LATENCY, MOE_COMPUTE_EFF, MOE_HALF, MOE_BPS, MOE_LATENCY, MOE_S_PER_ROW, MOE_S_PER_TOKEN, MOE_LOAD_SPREAD,
     MOE_LOAD_CAP, MOE_ROUTING_ALPHA, KNEE_SLOWDOWN, KNEE_TOKENS, MOE_EFF, ATTN_EFF,
     DECODE_OVERHEAD, PREFILL_OVERHEAD, SEQ_OVERHEAD, PREFILL_SEQ_OVERHEAD, IS_MOE, EXPERTS, TOP_K, EXPERT_PARAMS,
@@ -681,8 +681,10 @@ cdef Terms _terms(const double* c, double prefill_seqs, double prefill_tokens, d
         elif k == 3:
             ctx = decode_context_tokens * micro / groups
             class_flops, class_bytes, class_peak = ctx * c[DECODE_FLOPS], ctx * c[DECODE_BYTES], peak * c[DECODE_ATTN_EFF]
-            bandwidth = c[KV_BPS]
             group_decode = decode_seqs * micro / groups
+            bandwidth = c[KV_BPS]  # (read slower while few sequences fill the SMs: perf.curves.decode_attention_s)
+            if group_decode > 0:
+                bandwidth = bandwidth * (group_decode / (group_decode + c[DECODE_ATTN_HALF]))
             fixed_s = c[DECODE_ATTN_S_PER_SEQ] * group_decode + c[DECODE_ATTN_LATENCY] * (1.0 if group_decode > 0 else 0.0)
         else:  # one row per sequence (the last prompt token, or the decoded token)
             class_flops, class_bytes = 2 * n_seq * c[LM_HEAD] / layers, c[LM_HEAD] * c[WEIGHT_BPE] / layers

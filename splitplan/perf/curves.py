@@ -36,9 +36,15 @@ clock. Every function takes floats or NumPy arrays.
   `kv_heads_timed`).
 - MLA generation attention (DeepSeek's absorbed decode: b sequences over c tokens of context, H
   query heads over one latent of L elements, a rank-R part of it the values): the larger of L b c
-  KV elements read at `memory_efficiency` of the bandwidth and 2 H (L + R) b c FLOPs at
-  `efficiency` of the bf16 peak, plus b `s_per_sequence` and `latency_s` (a generation-attention
-  curve whose `s_per_kv_head` is 0: one latent per token).
+  KV elements read at `memory_efficiency` of the bandwidth, slowed while few sequences share the
+  GPU by (b + `half_sequences`) / b (the kernels split a sequence's context over too few thread
+  blocks to fill the SMs: in NVIDIA's Blackwell tables one sequence's 131,072 tokens take 1.2-2.1x
+  the time per token of 64 sequences' 2,048; A100's kernel splits none), and 2 H (L + R) b c FLOPs at `efficiency` of the peak of the
+  cache's precision (an fp8 cache is attended in fp8: TensorRT-LLM's B200 kernel decodes 128
+  heads over an fp8 latent faster than the bf16 peak allows), plus b (`s_per_sequence` + H
+  `s_per_head`) (each query head's latent query and output) and `latency_s` (a generation-attention
+  curve whose `s_per_kv_head` is 0: one latent per token). In the generation-attention form
+  `half_sequences` and `s_per_head` are 0 (not fitted).
 - All-reduce among g GPUs of S bytes (per GPU count measured): the faster of `latency_s` + S /
   `bytes_per_s` and `large_latency_s` + S / `large_bytes_per_s` (the engines switch algorithms as
   messages grow: one-shot for small ones, two-shot or NCCL's for large ones).
@@ -134,22 +140,30 @@ def kv_heads_timed(curve, kv_heads):
     return kv_heads if bound is None else np.minimum(kv_heads, bound)
 
 
+def decode_attention_s(curve, peak_flops_per_s: float, memory_bytes_per_s: float, batch, kv_bytes, flops, per_sequence_s):
+    """Seconds of one decode step's attention over `kv_bytes` of cache with `flops` of work for `batch`
+    sequences (`per_sequence_s` each): the two decode forms' one rule."""
+    read_s = kv_bytes / (memory_bytes_per_s * curve.memory_efficiency) * (batch + curve.half_sequences) / np.maximum(batch, 1e-9)
+    return np.maximum(read_s, flops / (peak_flops_per_s * curve.efficiency)) + batch * per_sequence_s + curve.latency_s
+
+
 def generation_attention_s(curve, bf16_flops_per_s: float, memory_bytes_per_s: float, batch, context_tokens, heads,
                            kv_heads, head_dim, kv_bytes_per_element: float):
     """Seconds of one decode step's attention for `batch` sequences of `context_tokens` each."""
-    kv_bytes = 2 * kv_heads * head_dim * batch * context_tokens * kv_bytes_per_element
-    flops = 4 * heads * head_dim * batch * context_tokens
-    return (np.maximum(kv_bytes / (memory_bytes_per_s * curve.memory_efficiency), flops / (bf16_flops_per_s * curve.efficiency))
-            + batch * (curve.s_per_sequence + kv_heads_timed(curve, kv_heads) * curve.s_per_kv_head) + curve.latency_s)
+    return decode_attention_s(curve, bf16_flops_per_s, memory_bytes_per_s, batch,
+                              2 * kv_heads * head_dim * batch * context_tokens * kv_bytes_per_element,
+                              4 * heads * head_dim * batch * context_tokens,
+                              curve.s_per_sequence + kv_heads_timed(curve, kv_heads) * curve.s_per_kv_head + heads * curve.s_per_head)
 
 
-def mla_generation_s(curve, bf16_flops_per_s: float, memory_bytes_per_s: float, batch, context_tokens, heads,
+def mla_generation_s(curve, cache_flops_per_s: float, memory_bytes_per_s: float, batch, context_tokens, heads,
                      latent: float, rank: float, kv_bytes_per_element: float):
-    """Seconds of one decode step's MLA attention for `batch` sequences of `context_tokens` each."""
-    kv_bytes = latent * batch * context_tokens * kv_bytes_per_element
-    flops = 2 * heads * (latent + rank) * batch * context_tokens
-    return (np.maximum(kv_bytes / (memory_bytes_per_s * curve.memory_efficiency), flops / (bf16_flops_per_s * curve.efficiency))
-            + batch * curve.s_per_sequence + curve.latency_s)
+    """Seconds of one decode step's MLA attention for `batch` sequences of `context_tokens` each
+    (`cache_flops_per_s`: the peak of the cache's precision)."""
+    return decode_attention_s(curve, cache_flops_per_s, memory_bytes_per_s, batch,
+                              latent * batch * context_tokens * kv_bytes_per_element,
+                              2 * heads * (latent + rank) * batch * context_tokens,
+                              curve.s_per_sequence + heads * curve.s_per_head)
 
 
 def all_reduce_s(curve, message_bytes):

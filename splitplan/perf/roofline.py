@@ -174,6 +174,7 @@ class PassConstants:
     prefill_attention_ramp_tokens: float  # tiled tokens at which its query tiles half fill the SMs (0: no ramp)
     prefill_attention_tile_tokens: float  # a prompt's tiled tokens: its tokens plus half this (rows cut into tiles)
     kv_bytes_per_s: float  # the KV cache read by decode attention
+    decode_attention_half_seqs: float  # decoding sequences at which it is read at half that (0: no ramp)
     decode_attention_efficiency: float  # of the activations' peak, where decode attention is compute-bound
     decode_attention_s_per_seq: float
     decode_attention_latency_s: float
@@ -432,7 +433,7 @@ class Instance(PassShortcuts):
                "attention_efficiency": f.attention_efficiency, "prefill_attention_half_tokens": 0.0,
                "prefill_attention_latency_s": 0.0, "prefill_attention_s_per_seq": 0.0, "prefill_attention_ramp_tokens": 0.0,
                "prefill_attention_tile_tokens": curves.TILE_TOKENS,
-               "kv_bytes_per_s": bandwidth * f.memory_efficiency,
+               "kv_bytes_per_s": bandwidth * f.memory_efficiency, "decode_attention_half_seqs": 0.0,
                "decode_attention_efficiency": f.compute_efficiency, "decode_attention_s_per_seq": 0.0, "decode_attention_latency_s": 0.0,
                "collective_s_per_token": (2 * (t - 1) / t * m.hidden_size * 2 / self._link_bytes_per_s(t, f)) if t > 1 else 0.0,
                "collective_latency_s": f.collective_latency_s if t > 1 else 0.0, "moe_latency_s": 0.0,
@@ -453,11 +454,14 @@ class Instance(PassShortcuts):
                     "prefill_attention_half_tokens": context.half_tokens, "prefill_attention_latency_s": context.latency_s,
                     "prefill_attention_s_per_seq": heads * context.s_per_head + kv_heads * context.s_per_kv_head,
                     "prefill_attention_ramp_tokens": context.half_tiles * curves.TILE_TOKENS / heads}
-        if generation is not None:
+        if generation is not None:  # (MLA's efficiency is of its cache precision's peak: perf.curves.mla_generation_s)
+            of_peak = hw.peak_flops_per_s(self.engine.kv if m.is_mla else "bf16") / hw.peak_flops_per_s(self.engine.dtype)
             out |= {"kv_bytes_per_s": bandwidth * generation.memory_efficiency,
-                    "decode_attention_efficiency": generation.efficiency * of_bf16,
+                    "decode_attention_half_seqs": generation.half_sequences,
+                    "decode_attention_efficiency": generation.efficiency * of_peak,
                     "decode_attention_s_per_seq": generation.s_per_sequence
-                    + curves.kv_heads_timed(generation, self.kv_heads_per_gpu) * generation.s_per_kv_head,
+                    + curves.kv_heads_timed(generation, self.kv_heads_per_gpu) * generation.s_per_kv_head
+                    + m.num_attention_heads / t * generation.s_per_head,
                     "decode_attention_latency_s": generation.latency_s}
         out |= {"large_collective_s_per_token": out["collective_s_per_token"],
                 "large_collective_latency_s": out["collective_latency_s"]}
@@ -578,8 +582,10 @@ class Instance(PassShortcuts):
         gpu_s = compute_s + memory_s + network_s + k.gpu_launch_s * k.pp  # (all pp stage times)
         wait_s = _max(k.host_launch_s * k.pp - gpu_s, 0.0)
         micro, groups = self._shares(0.0, _num(batch), False)
-        per_token = k.layers_per_stage * max(k.decode_flops_per_context_token / (k.peak_flops_per_s * k.decode_attention_efficiency),
-                                             k.decode_bytes_per_context_token / k.kv_bytes_per_s) * micro / groups * k.pp
+        seqs = _max(_num(batch) * micro / groups, 1e-9)  # a group's decoding sequences, whose few read the cache slower
+        read_s = k.decode_bytes_per_context_token / (k.kv_bytes_per_s * (seqs / (seqs + k.decode_attention_half_seqs)))
+        per_token = k.layers_per_stage * _max(k.decode_flops_per_context_token / (k.peak_flops_per_s * k.decode_attention_efficiency),
+                                              read_s) * micro / groups * k.pp
         return compute_s + memory_s + network_s + overhead_s - wait_s, per_token, k.host_launch_s * k.pp - gpu_s
 
     def explain(self, prompt_tokens: list[int] | None = None, decode_batch: int = 0, decode_context_tokens: int = 0) -> Latency:

@@ -123,6 +123,10 @@ class GenerationAttentionCurve(BaseModel):
     # the most KV heads per GPU the fitted table measured: more are timed as that many in the
     # per-KV-head term (perf.curves.kv_heads_timed; None: no bound, the term grows with them)
     max_kv_heads: Annotated[int, Field(ge=1, le=1024)] | None = None
+    # MLA's (0 in the heads' form): sequences at which the cache is read at half the bandwidth (the
+    # SMs a few sequences fill), and a time per sequence and query head
+    half_sequences: Positive = 0.0
+    s_per_head: Seconds = 0.0
 
 
 class AllReduceCurve(BaseModel):
