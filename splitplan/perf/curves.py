@@ -39,12 +39,12 @@ clock. Every function takes floats or NumPy arrays.
   KV elements read at `memory_efficiency` of the bandwidth, slowed while few sequences share the
   GPU by (b + `half_sequences`) / b (the kernels split a sequence's context over too few thread
   blocks to fill the SMs: in NVIDIA's Blackwell tables one sequence's 131,072 tokens take 1.2-2.1x
-  the time per token of 64 sequences' 2,048; A100's kernel splits none), and 2 H (L + R) b c FLOPs at `efficiency` of the peak of the
-  cache's precision (an fp8 cache is attended in fp8: TensorRT-LLM's B200 kernel decodes 128
-  heads over an fp8 latent faster than the bf16 peak allows), plus b (`s_per_sequence` + H
-  `s_per_head`) (each query head's latent query and output) and `latency_s` (a generation-attention
-  curve whose `s_per_kv_head` is 0: one latent per token). In the generation-attention form
-  `half_sequences` and `s_per_head` are 0 (not fitted).
+  the time per token of 64 sequences' 2,048; A100's kernel splits none), and 2 H (L + R) b c
+  FLOPs at `efficiency` of the peak of the cache's precision (an fp8 cache is attended in fp8:
+  TensorRT-LLM's B200 kernel decodes 128 heads over an fp8 latent faster than the bf16 peak
+  allows), plus b (`s_per_sequence` + H `s_per_head`) (each query head's latent query and output)
+  and `latency_s` (a generation-attention curve whose `s_per_kv_head` is 0: one latent per token).
+  In the generation-attention form `half_sequences` and `s_per_head` are 0 (not fitted).
 - All-reduce among g GPUs of S bytes (per GPU count measured): the faster of `latency_s` + S /
   `bytes_per_s` and `large_latency_s` + S / `large_bytes_per_s` (the engines switch algorithms as
   messages grow: one-shot for small ones, two-shot or NCCL's for large ones).
