@@ -82,8 +82,16 @@ def runs_of(path: Path, max_concurrency: int, models: dict[str, str] = MODELS) -
         # that do not record it ran `batch_size`
         recorded = re.search(r"silicon_concurrency=(\d+)", str(r.silicon_data_source))
         concurrency = int(recorded.group(1)) if recorded else (int(r.batch_size) if r["mode"] == "agg" else 0)
+        # an aggregated run's clients are at most batch_size x TP x attention DP where it records both (its
+        # batch_size per GPU or per DP rank: 3,599 of the sample's 3,607 such rows); more ran on instances
+        # the row does not count (TensorRT-LLM's Qwen3-32B-NVFP4 runs: 416 clients at batch 13 and TP 2,
+        # 15,000-token prompts at 719 ms TTFT, which two GPUs cannot prefill)
+        dp = r.attention_dp_size if r.attention_dp_size >= 1 else 1  # (0 or not recorded: none)
+        one_instance = r.batch_size * r.tp_size * dp if r["mode"] == "agg" else np.inf  # (NaN where not recorded: kept)
         reason = ("machine not in the catalog" if r.system not in MACHINES else
                   "no concurrency recorded" if concurrency < 1 else
+                  "aggregated, more clients than one instance's batch (instances not recorded)"
+                  if recorded and concurrency > one_instance else
                   "disaggregated, no worker counts recorded" if r["mode"] != "agg"
                   and (pd.isna(r.prefill_num_workers) or pd.isna(r.decode_num_workers)) else
                   "precision other than fp8/fp4" if r.precision not in ("fp8", "fp4") else
