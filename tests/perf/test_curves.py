@@ -495,6 +495,19 @@ def test_an_all_to_all_the_tables_did_not_measure_is_the_roofline():
     assert "all-to-all" not in _instance(_curved()).timing_sources
 
 
+def _sglang_mla(hw, **change):
+    """`hw` with SGLang's fp8-cache MLA curve changed."""
+    k = hw.kernels["sglang"]
+    curve = k.mla_generation["fp8"].model_copy(update=change)
+    return hw.model_copy(update={"kernels": {**hw.kernels, "sglang": k.model_copy(update={"mla_generation": {"fp8": curve}})}})
+
+
+def _mla_instance(hw, layout="tp8"):
+    """DeepSeek-V3 at `layout` on `hw`, timed by SGLang's curves."""
+    engine = load_engine("sglang-fp8").model_copy(update={"kernel_curves": "sglang"})
+    return Instance(load_model("deepseek-v3"), hw, engine, parse_layout(layout, "x"))
+
+
 def test_mla_decode_takes_its_own_curve_and_its_prefill_the_roofline():
     """DeepSeek-V3 timed by SGLang's curves: its absorbed decode attention by the MLA curve (a step of
     64 sequences slows by 64 x 61 layers x d when the curve's per-sequence time grows by d; the heads'
@@ -502,34 +515,19 @@ def test_mla_decode_takes_its_own_curve_and_its_prefill_the_roofline():
     curve: the heads' context curve is not its kernel), and `perf` says so."""
     hw = load_hardware("h200-141gb")
     k = hw.kernels["sglang"]
-    engine = load_engine("sglang-fp8").model_copy(update={"kernel_curves": "sglang"})
 
     def step(h):
-        inst = Instance(load_model("deepseek-v3"), h, engine, parse_layout("tp8", "x"))
-        return inst, inst.pass_time_s(decode_seqs=64.0, decode_context_tokens=64 * 2048.0)
+        return _mla_instance(h).pass_time_s(decode_seqs=64.0, decode_context_tokens=64 * 2048.0)
 
-    inst, before = step(hw)
+    inst, before = _mla_instance(hw), step(hw)
     assert inst.timing_sources["decode attention"] == "measured sglang kernels on h200-141gb"
     assert inst.timing_sources["prefill attention"].startswith("roofline")
     assert inst.constants.kv_bytes_per_s == hw.memory_bytes_per_s * k.mla_generation["fp8"].memory_efficiency
-    mla = k.mla_generation["fp8"].model_copy(update={"s_per_sequence": k.mla_generation["fp8"].s_per_sequence + 1e-6})
-    _, slower = step(hw.model_copy(update={"kernels": {**hw.kernels, "sglang": k.model_copy(update={"mla_generation": {"fp8": mla}})}}))
+    slower = step(_sglang_mla(hw, s_per_sequence=k.mla_generation["fp8"].s_per_sequence + 1e-6))
     assert slower - before == pytest.approx(64 * 61 * 1e-6, rel=1e-6)
     heads = {p: c.model_copy(update={"s_per_sequence": c.s_per_sequence + 1e-6}) for p, c in k.generation_attention.items()}
-    _, same = step(hw.model_copy(update={"kernels": {**hw.kernels, "sglang": k.model_copy(update={"generation_attention": heads})}}))
+    same = step(hw.model_copy(update={"kernels": {**hw.kernels, "sglang": k.model_copy(update={"generation_attention": heads})}}))
     assert same == before
-
-
-def _sglang_mla(hw, **change):
-    """`hw` with SGLang's fp8-cache MLA curve changed, and DeepSeek-V3 at `layout` timed by it."""
-    k = hw.kernels["sglang"]
-    curve = k.mla_generation["fp8"].model_copy(update=change)
-    return hw.model_copy(update={"kernels": {**hw.kernels, "sglang": k.model_copy(update={"mla_generation": {"fp8": curve}})}})
-
-
-def _mla_instance(hw, layout="tp8"):
-    engine = load_engine("sglang-fp8").model_copy(update={"kernel_curves": "sglang"})
-    return Instance(load_model("deepseek-v3"), hw, engine, parse_layout(layout, "x"))
 
 
 def test_mla_decode_reads_slower_over_few_sequences_and_pays_per_query_head():
