@@ -90,12 +90,12 @@ def test_more_work_never_takes_less_time():
     assert (np.diff(inst.pass_time_s(decode_seqs=64.0, decode_context_tokens=64 * rows)) >= 0).all()
 
 
-def _with_curve(hw, op: str, precision: str, **change):
-    """`hw` with vLLM's `op` curve of `precision` changed (its other precisions as they are)."""
-    k = hw.kernels["vllm"]
+def _with_curve(hw, op: str, precision: str, engine: str = "vllm", **change):
+    """`hw` with `engine`'s `op` curve of `precision` changed (its other precisions and engines as they are)."""
+    k = hw.kernels[engine]
     by_precision = getattr(k, op)
     curve = by_precision[precision].model_copy(update=change)
-    return hw.model_copy(update={"kernels": {"vllm": k.model_copy(update={op: {**by_precision, precision: curve}})}})
+    return hw.model_copy(update={"kernels": {**hw.kernels, engine: k.model_copy(update={op: {**by_precision, precision: curve}})}})
 
 
 def _instance(engine, hardware="h200-141gb", tp=4, model="llama3.1-70b"):
@@ -495,13 +495,6 @@ def test_an_all_to_all_the_tables_did_not_measure_is_the_roofline():
     assert "all-to-all" not in _instance(_curved()).timing_sources
 
 
-def _sglang_mla(hw, **change):
-    """`hw` with SGLang's fp8-cache MLA curve changed."""
-    k = hw.kernels["sglang"]
-    curve = k.mla_generation["fp8"].model_copy(update=change)
-    return hw.model_copy(update={"kernels": {**hw.kernels, "sglang": k.model_copy(update={"mla_generation": {"fp8": curve}})}})
-
-
 def _mla_instance(hw, layout="tp8"):
     """DeepSeek-V3 at `layout` on `hw`, timed by SGLang's curves."""
     engine = load_engine("sglang-fp8").model_copy(update={"kernel_curves": "sglang"})
@@ -523,7 +516,7 @@ def test_mla_decode_takes_its_own_curve_and_its_prefill_the_roofline():
     assert inst.timing_sources["decode attention"] == "measured sglang kernels on h200-141gb"
     assert inst.timing_sources["prefill attention"].startswith("roofline")
     assert inst.constants.kv_bytes_per_s == hw.memory_bytes_per_s * k.mla_generation["fp8"].memory_efficiency
-    slower = step(_sglang_mla(hw, s_per_sequence=k.mla_generation["fp8"].s_per_sequence + 1e-6))
+    slower = step(_with_curve(hw, "mla_generation", "fp8", engine="sglang", s_per_sequence=k.mla_generation["fp8"].s_per_sequence + 1e-6))
     assert slower - before == pytest.approx(64 * 61 * 1e-6, rel=1e-6)
     heads = {p: c.model_copy(update={"s_per_sequence": c.s_per_sequence + 1e-6}) for p, c in k.generation_attention.items()}
     same = step(hw.model_copy(update={"kernels": {**hw.kernels, "sglang": k.model_copy(update={"generation_attention": heads})}}))
@@ -562,13 +555,13 @@ def test_the_pass_reads_mla_cache_as_its_curve(layout):
         base.efficiency * hw.peak_flops_per_s("fp8") / hw.peak_flops_per_s(inst.engine.dtype), rel=1e-12)
     seqs, context = 2.0 * groups, 65536.0
     step = inst.pass_time_s(decode_seqs=seqs, decode_context_tokens=seqs * context)
-    ramped = _sglang_mla(hw, half_sequences=base.half_sequences + 5.0)
+    ramped = _with_curve(hw, "mla_generation", "fp8", engine="sglang", half_sequences=base.half_sequences + 5.0)
     slower = _mla_instance(ramped, layout).pass_time_s(decode_seqs=seqs, decode_context_tokens=seqs * context)
     peak, bandwidth = hw.peak_flops_per_s("fp8"), hw.memory_bytes_per_s
     per_group = [curves.mla_generation_s(h.kernels["sglang"].mla_generation["fp8"], peak, bandwidth, seqs / groups, context, heads,
                                          576.0, 512.0, 1.0) for h in (hw, ramped)]
     assert slower - step == pytest.approx(61 * (per_group[1] - per_group[0]), rel=1e-9)
-    headed = _mla_instance(_sglang_mla(hw, s_per_head=base.s_per_head + 1e-9), layout)
+    headed = _mla_instance(_with_curve(hw, "mla_generation", "fp8", engine="sglang", s_per_head=base.s_per_head + 1e-9), layout)
     later = headed.pass_time_s(decode_seqs=seqs, decode_context_tokens=seqs * context)
     assert later - step == pytest.approx(61 * seqs / groups * heads * 1e-9, rel=1e-6)
 
