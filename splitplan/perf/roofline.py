@@ -440,6 +440,7 @@ class Instance(PassShortcuts):
                "moe_s_per_row": 0.0, "moe_s_per_token": 0.0, "moe_load_spread": 0.0, "moe_load_cap": 1.0,
                "moe_routing_alpha": curves.ROUTING_ALPHA, "moe_efficiency": f.moe_efficiency}
         gemm, context, generation, reduce, moe, exchange = self._measured.values()
+        heads, kv_heads = m.num_attention_heads / t, self.kv_heads_per_gpu
         if gemm is not None:
             n, k_in = curves.layer_gemms(m, t)
             work = n * k_in  # each GEMM's share of the FLOPs; its time at the shape's efficiency
@@ -449,7 +450,6 @@ class Instance(PassShortcuts):
                     * curves.ACTIVATION_BYTES / bandwidth,
                     "gemm_latency_s": gemm.latency_s * (len(n) + 1 / m.num_hidden_layers)}  # the LM head once
         if context is not None:
-            heads, kv_heads = m.num_attention_heads / t, self.kv_heads_per_gpu
             out |= {"attention_efficiency": curves.context_efficiency(context, heads, kv_heads, m.head_dim_eff) * of_bf16,
                     "prefill_attention_half_tokens": context.half_tokens, "prefill_attention_latency_s": context.latency_s,
                     "prefill_attention_s_per_seq": heads * context.s_per_head + kv_heads * context.s_per_kv_head,
@@ -460,8 +460,7 @@ class Instance(PassShortcuts):
                     "decode_attention_half_seqs": generation.half_sequences,
                     "decode_attention_efficiency": generation.efficiency * of_peak,
                     "decode_attention_s_per_seq": generation.s_per_sequence
-                    + curves.kv_heads_timed(generation, self.kv_heads_per_gpu) * generation.s_per_kv_head
-                    + m.num_attention_heads / t * generation.s_per_head,
+                    + curves.kv_heads_timed(generation, kv_heads) * generation.s_per_kv_head + heads * generation.s_per_head,
                     "decode_attention_latency_s": generation.latency_s}
         out |= {"large_collective_s_per_token": out["collective_s_per_token"],
                 "large_collective_latency_s": out["collective_latency_s"]}
