@@ -36,6 +36,11 @@ range) on the shapes serving produces:
   of 2 tokens over 128 heads take 3x those over 16), and the compute of an fp8 cache at the fp8
   peak (TensorRT-LLM's B200 kernel decodes 128 heads over an fp8 latent faster than the bf16 peak
   allows);
+- MLA prefill attention (since 2026-12-07): an uncached prompt attended as MHA over the expanded
+  heads (192 query-key and 128 value dims, counted as heads of 160), the context form with one head
+  group and one dim, on the `context_mla` tables of the kernels that time it so
+  (`MLA_PREFILL_KERNELS`: TensorRT-LLM's, and SGLang's on Blackwell; SGLang's Hopper and L40S tables
+  time the absorbed latent), bf16 and fp8 KV, held out by heads;
 - all-reduce: bf16, the graph-captured kernel where the table has both (serving's decode and
   vLLM's piecewise graphs), per GPU count, as the faster of two lines (`fit_all_reduce`); the
   tables' message_size counts elements (the collector all-reduces a tensor of that many), so a
@@ -61,7 +66,7 @@ points), and flags any parameter fitted onto its bound.
 `--only OPERATOR ...`, those classes' curves alone, of `--engines` and into `--gpus` if given: the
 context curves shipped since 2026-12-08 came from `--write --only context_attention`, SGLang's
 Blackwell generation curves from `--write --only generation_attention --engines sglang --gpus
-b200-180gb gb200-nvl72`);
+b200-180gb gb200-nvl72`, the MLA prefill curves from `--write --only mla_context`);
 `--sample DIR` writes the small vendored sample the tests check the curves against.
 """
 
@@ -101,6 +106,16 @@ UNFITTED_GENERATION = {"half_sequences": 0.0, "s_per_head": 0.0}  # (MLA's terms
 MLA_GENERATION = {**{name: GENERATION[name] for name in ("memory_efficiency", "efficiency", "s_per_sequence", "latency_s")},
                   "half_sequences": (1.0, 0.0, 1e4), "s_per_head": (1e-9, 0.0, 1e-5)}
 MLA_LATENT, MLA_RANK = 576.0, 512.0  # DeepSeek-V3's kv_lora_rank + qk_rope_head_dim, and kv_lora_rank
+# MLA's prefill: the latent expanded to MHA heads (as many KV heads as query heads) of 192 query-key and 128
+# value dims, attended as heads of their mean (perf.curves.context_attention_s counts 2 x dims FLOPs a score)
+MLA_PREFILL_HEAD_DIM = (192 + 128) / 2
+# The MLA prefill kernels whose tables time it as the engine serves an uncached prompt (TensorRT-LLM's collector:
+# MHA over the projected heads, all of them). SGLang's collector (aiconfigurator collector/sglang/collect_mla.py,
+# read 2026-12) times Blackwell's trtllm_mla over projected heads too, but Hopper's FA3 (`flash_attention`) and
+# L40S's Triton over the absorbed 576-dim latent, which SGLang serves only for decode and cached prefixes.
+MLA_PREFILL_KERNELS = {"sglang": ("trtllm_mla",)}
+UNFITTED_MLA_CONTEXT = {"half_dim": 0.0, "kv_head_cost": 0.0, "s_per_kv_head": 0.0}  # (one dim, one head group)
+MLA_CONTEXT = {name: spec for name, spec in CONTEXT.items() if name not in UNFITTED_MLA_CONTEXT}
 ALL_REDUCE = {"latency_s": (5e-6, 0.0, 1e-3), "bytes_per_s": (2e11, 1e8, 1e13),
               "large_latency_s": (5e-5, 0.0, 1e-2), "large_bytes_per_s": (3e11, 1e8, 1e13)}
 MOE = {"efficiency": (0.5, 0.02, 1.0), "half_rows": (50.0, 0.0, 1e4), "memory_efficiency": (0.6, 0.05, 1.0),
@@ -274,6 +289,13 @@ def operator_frames(system: str, engine: str) -> dict[tuple[str, str], pd.DataFr
     if not mla.empty:
         for dtype, precision in DTYPES.items():
             out["mla_generation", precision] = mla[(mla.kv_cache_dtype == dtype) & (mla.mla_dtype == "bfloat16")]
+    mla = table(system, "mla", engine, "context_mla_perf.parquet")
+    if not mla.empty:  # (the kernels that time it as served; some tables time each shape twice: their median)
+        mla = mla[(mla.num_heads >= SERVING_HEADS["min_heads"]) & (mla.mla_dtype == "bfloat16")
+                  & mla.kernel_source.isin(MLA_PREFILL_KERNELS.get(engine, mla.kernel_source.unique()))]
+        mla = mla.groupby(["kv_cache_dtype", "batch_size", "isl", "num_heads"], as_index=False).latency.median()
+        for dtype, precision in DTYPES.items():
+            out["mla_context", precision] = mla[mla.kv_cache_dtype == dtype]
     moe = table(system, "moe", engine, "moe_perf.parquet")
     if not moe.empty:  # gated experts, tokens as for GEMMs; per shape the fastest kernel the engine has
         moe = moe[(moe.distribution == MOE_ROUTING) & (moe.num_tokens <= 16384) & ~moe.kernel_source.str.contains("nongated")]
@@ -296,8 +318,8 @@ def fit_gpu(name: str, engine: str):
     """(curves as the hardware spec's `kernels.<engine>` mapping, rows of held-out errors, bounds hit)."""
     hw = load_hardware(name)
     bf16, bandwidth = hw.peak_flops_per_s("bf16"), hw.memory_bytes_per_s
-    curves_out: dict = {"gemm": {}, "context_attention": {}, "generation_attention": {}, "mla_generation": {}, "all_reduce": [],
-                        "moe": {}}
+    curves_out: dict = {"gemm": {}, "context_attention": {}, "generation_attention": {}, "mla_context": {}, "mla_generation": {},
+                        "all_reduce": [], "moe": {}}
     errors, bounds, mape, lines = [], [], {}, {}
     for (op, key), frame in operator_frames(SYSTEMS[name], engine).items():
         if op == "gemm":
@@ -323,6 +345,13 @@ def fit_gpu(name: str, engine: str):
                 _folds(frame.num_heads, frame.num_key_value_heads, frame.head_dim))
             if frame.head_dim.nunique() == 1:  # (heads of one dim, 128: no ramp to fit, none assumed)
                 params["half_dim"], hit = 0.0, [p for p in hit if p != "half_dim"]
+            size = frame.isl.to_numpy(float)
+        elif op == "mla_context":
+            params, err, hit = fit(lambda c, f: curves.context_attention_s(
+                SimpleNamespace(**vars(c), **UNFITTED_MLA_CONTEXT), bf16, f.batch_size.to_numpy(float), f.isl.to_numpy(float),
+                f.num_heads.to_numpy(float), f.num_heads.to_numpy(float), MLA_PREFILL_HEAD_DIM), MLA_CONTEXT, frame,
+                _folds(frame.num_heads))
+            params |= UNFITTED_MLA_CONTEXT
             size = frame.isl.to_numpy(float)
         elif op == "generation_attention":
             kvb = BYTES[key]
@@ -375,7 +404,7 @@ def fit_gpu(name: str, engine: str):
 
 TOKEN_BANDS = [(1, 16), (17, 256), (257, 4096), (4097, 16384)]
 BANDS = {"gemm": TOKEN_BANDS, "moe": TOKEN_BANDS, "all_to_all": TOKEN_BANDS, "context_attention": CONTEXT_BANDS,
-         "generation_attention": CONTEXT_BANDS, "mla_generation": CONTEXT_BANDS, "all_reduce": [(0, 1 << 40)]}
+         "generation_attention": CONTEXT_BANDS, "mla_context": CONTEXT_BANDS, "mla_generation": CONTEXT_BANDS, "all_reduce": [(0, 1 << 40)]}
 
 
 def report(frame: pd.DataFrame) -> None:
@@ -404,7 +433,8 @@ def alignment(gemm: pd.DataFrame) -> None:
         print(f"| {engine} | {gpu} | {key} | " + " | ".join(f"{e.abs().mean():.1f} / {e.median():+.1f} ({len(e):,})" for e in cells) + " |")
 
 
-OPERATORS = ("gemm", "context_attention", "generation_attention", "mla_generation", "all_reduce", "all_to_all", "moe")
+OPERATORS = ("gemm", "context_attention", "generation_attention", "mla_context", "mla_generation", "all_reduce", "all_to_all",
+             "moe")
 
 
 def keep_others(name: str, fitted: dict[str, dict], only: list[str], engines: list[str] | None = None) -> dict[str, dict]:
@@ -419,7 +449,7 @@ def keep_others(name: str, fitted: dict[str, dict], only: list[str], engines: li
                 kept[op] = block[op]
             kept["mape_pct"] = {**kept.get("mape_pct", {}),
                                 **{k: v for k, v in block["mape_pct"].items() if k.startswith(op)}}
-        out[engine] = kept
+        out[engine] = {op: kept[op] for op in [*block, *kept] if op in kept}  # (in the fitted block's order)
     return out
 
 
@@ -435,15 +465,17 @@ def write(fitted: dict[str, dict]) -> None:
 
 
 def sample(out: Path) -> None:
-    """A small sample of the measured tables for the tests (vLLM on H100 and H200; MLA's decode, which
-    vLLM's tables time only as a whole module: SGLang's on H200), with its license."""
+    """A small sample of the measured tables for the tests (vLLM on H100 and H200; MLA's decode and
+    prefill, which vLLM's tables time only as a whole module: SGLang's and TensorRT-LLM's on H200),
+    with its license."""
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     frames = [(name, op, key, frame) for name in ("h100-80gb", "h200-141gb")
               for (op, key), frame in operator_frames(SYSTEMS[name], "vllm").items() if op != "all_reduce"]
-    frames += [("h200-141gb", op, key, frame) for (op, key), frame in operator_frames("h200_sxm", "sglang").items()
-               if op == "mla_generation"]
-    later = {"moe": 1, "all_to_all": 2, "mla_generation": 3}  # (the later operators last: the others' draws as before)
+    frames += [("h200-141gb", op, key, frame) for engine, mla in (("sglang", "mla_generation"), ("trtllm", "mla_context"))
+               for (op, key), frame in operator_frames("h200_sxm", engine).items() if op == mla]
+    # (the later operators last: the others' draws as before)
+    later = {"moe": 1, "all_to_all": 2, "mla_generation": 3, "mla_context": 4}
     for name, op, key, frame in sorted(frames, key=lambda f: later.get(f[1], 0)):
         part = frame.iloc[np.sort(rng.choice(len(frame), size=min(60, len(frame)), replace=False))]
         columns = [c for c in ("m", "n", "k", "batch_size", "isl", "step", "num_heads", "num_key_value_heads",

@@ -348,12 +348,12 @@ class Instance(PassShortcuts):
                                                   + m.moe_layers * m.n_shared_experts * m.expert_params) / m.num_hidden_layers
         kv_dim_gpu = m.kv_dim / t if m.is_mla else self.kv_heads_per_gpu * m.head_dim_eff
         heads_gpu = m.num_attention_heads / t
-        if m.is_mla:  # prefill expands the latent per head; decode attends over the latent itself (absorbed)
-            prefill_attn_flops = heads_gpu * (m.qk_head_dim + m.v_head_dim_eff)
+        prefill_attn_flops = 2 * heads_gpu * m.prefill_head_dim  # (MLA: the latent expanded per head)
+        if m.is_mla:  # decode attends over the latent itself (absorbed)
             decode_flops = 2 * heads_gpu * (m.kv_cache_elements_per_layer + m.mla.kv_lora_rank)
             decode_bytes = m.kv_cache_elements_per_layer * kvbpe
         else:
-            prefill_attn_flops, decode_flops, decode_bytes = 2 * m.q_dim / t, 4 * m.q_dim / t, 2 * kv_dim_gpu * kvbpe
+            decode_flops, decode_bytes = 4 * m.q_dim / t, 2 * kv_dim_gpu * kvbpe
         layers = m.num_hidden_layers / lay.pp
         curves = self._curves
         return PassConstants(
@@ -395,9 +395,9 @@ class Instance(PassShortcuts):
         k, eng, t, mla = self.kernel_curves, self.engine, self.layout.tp, self.model.is_mla
         if k is None:
             return dict.fromkeys(MEASURED_OPERATORS)
-        # MLA: its absorbed decode has curves of its own, its prefill none (the heads' attention curves are not it)
+        # MLA: its prefill (the latent expanded per head) and its absorbed decode have curves of their own
         return dict(zip(MEASURED_OPERATORS, (
-            k.gemm.get(eng.weights), None if mla else k.context_attention.get(eng.kv),  # type: ignore[call-overload]
+            k.gemm.get(eng.weights), (k.mla_context if mla else k.context_attention).get(eng.kv),  # type: ignore[call-overload]
             (k.mla_generation if mla else k.generation_attention).get(eng.kv),  # type: ignore[call-overload]
             k.all_reduce_among(t) if 1 < t <= self.hardware.nvlink_domain else None,
             k.moe.get(eng.weights) if self.model.is_moe else None,  # type: ignore[call-overload]
@@ -450,7 +450,7 @@ class Instance(PassShortcuts):
                     * curves.ACTIVATION_BYTES / bandwidth,
                     "gemm_latency_s": gemm.latency_s * (len(n) + 1 / m.num_hidden_layers)}  # the LM head once
         if context is not None:
-            out |= {"attention_efficiency": curves.context_efficiency(context, heads, kv_heads, m.head_dim_eff) * of_bf16,
+            out |= {"attention_efficiency": curves.context_efficiency(context, heads, kv_heads, m.prefill_head_dim) * of_bf16,
                     "prefill_attention_half_tokens": context.half_tokens, "prefill_attention_latency_s": context.latency_s,
                     "prefill_attention_s_per_seq": heads * context.s_per_head + kv_heads * context.s_per_kv_head,
                     "prefill_attention_ramp_tokens": context.half_tiles * curves.TILE_TOKENS / heads}

@@ -185,16 +185,18 @@ Precision = Literal["bf16", "fp8"]
 
 class KernelCurves(BaseModel):
     """One engine's measured kernels on this GPU as curves: GEMMs and MoE experts per weight
-    precision, attention (and MLA's decode attention) per KV-cache precision, all-reduces and
-    expert all-to-alls per GPU count. What they leave out (MLA's prefill attention) the engine
-    profile's factors time, as on a GPU with no curves."""
+    precision, attention (and MLA's) per KV-cache precision, all-reduces and expert all-to-alls per
+    GPU count. What they leave out the engine profile's factors time, as on a GPU with no curves."""
 
     model_config = _STRICT
     source: str
     gemm: dict[Precision, GemmCurve] = {}
     context_attention: dict[Precision, ContextAttentionCurve] = {}
     generation_attention: dict[Precision, GenerationAttentionCurve] = {}
-    mla_generation: dict[Precision, GenerationAttentionCurve] = {}  # MLA's absorbed decode (perf.curves.mla_generation_s)
+    # MLA's prefill, the latent expanded to a KV head per query head (perf.curves.context_attention_s of
+    # heads of its query-key and value dims' mean), and its absorbed decode (perf.curves.mla_generation_s)
+    mla_context: dict[Precision, ContextAttentionCurve] = {}
+    mla_generation: dict[Precision, GenerationAttentionCurve] = {}
     all_reduce: tuple[AllReduceCurve, ...] = ()
     moe: dict[WeightPrecision, MoeCurve] = {}
     all_to_all: tuple[AllToAllCurve, ...] = ()

@@ -138,6 +138,12 @@ class ModelSpec(BaseModel):
         return self.mla.v_head_dim if self.is_mla else self.head_dim_eff
 
     @property
+    def prefill_head_dim(self) -> float:
+        """The mean of a head's query-key and value widths: causal prefill attention takes 2 x heads x
+        this FLOPs per pair of tokens (MLA's prefill expands the latent to MHA heads of 192 and 128)."""
+        return (self.qk_head_dim + self.v_head_dim_eff) / 2
+
+    @property
     def q_dim(self) -> int:
         return self.num_attention_heads * self.qk_head_dim
 

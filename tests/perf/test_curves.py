@@ -24,7 +24,8 @@ BYTES = {"bf16": 2.0, "fp8": 1.0}
 TOLERANCE_PCT = {("gemm", "bf16"): 10, ("gemm", "fp8"): 18, ("context_attention", "bf16"): 12,
                  ("context_attention", "fp8"): 12, ("generation_attention", "bf16"): 15, ("generation_attention", "fp8"): 15,
                  ("moe", "bf16"): 22, ("moe", "fp8"): 20, ("all_to_all", "low-latency"): 20, ("all_to_all", "high-throughput"): 15,
-                 ("mla_generation", "bf16"): 14, ("mla_generation", "fp8"): 10}
+                 ("mla_generation", "bf16"): 14, ("mla_generation", "fp8"): 10, ("mla_context", "bf16"): 10,
+                 ("mla_context", "fp8"): 10}
 
 
 def _curved(name="vllm-fp8"):
@@ -46,6 +47,9 @@ def _predict(hw, op: str, precision: str, f: pd.DataFrame) -> np.ndarray:
                             col["inter_size"], col["num_experts"], col["topk"], col["moe_tp_size"], col["moe_ep_size"],
                             BYTES[precision], load=curves.table_load(col["num_tokens"], col["num_experts"], col["topk"],
                                                                      col["moe_ep_size"]))
+    if op == "mla_context":  # (TensorRT-LLM's: MHA heads of 192 and 128 dims)
+        return curves.context_attention_s(hw.kernels["trtllm"].mla_context[precision], bf16, col["batch_size"], col["isl"],
+                                          col["num_heads"], col["num_heads"], 160.0)
     if op == "mla_generation":  # (SGLang's: vLLM's tables time the whole MLA module)
         return curves.mla_generation_s(hw.kernels["sglang"].mla_generation[precision], hw.peak_flops_per_s(precision), bandwidth,
                                        col["batch_size"], col["isl"] + col["step"], col["num_heads"], 576.0, 512.0, BYTES[precision])
@@ -495,17 +499,16 @@ def test_an_all_to_all_the_tables_did_not_measure_is_the_roofline():
     assert "all-to-all" not in _instance(_curved()).timing_sources
 
 
-def _mla_instance(hw, layout="tp8"):
-    """DeepSeek-V3 at `layout` on `hw`, timed by SGLang's curves."""
-    engine = load_engine("sglang-fp8").model_copy(update={"kernel_curves": "sglang"})
+def _mla_instance(hw, layout="tp8", engine_name="sglang"):
+    """DeepSeek-V3 at `layout` on `hw`, timed by the engine's (SGLang's) curves."""
+    engine = load_engine(f"{engine_name}-fp8").model_copy(update={"kernel_curves": engine_name})
     return Instance(load_model("deepseek-v3"), hw, engine, parse_layout(layout, "x"))
 
 
-def test_mla_decode_takes_its_own_curve_and_its_prefill_the_roofline():
+def test_mla_decode_takes_its_own_curve():
     """DeepSeek-V3 timed by SGLang's curves: its absorbed decode attention by the MLA curve (a step of
     64 sequences slows by 64 x 61 layers x d when the curve's per-sequence time grows by d; the heads'
-    generation-attention curve moves nothing), its prefill attention by the roofline (no MLA prefill
-    curve: the heads' context curve is not its kernel), and `perf` says so."""
+    generation-attention curve moves nothing), and `perf` says so."""
     hw = load_hardware("h200-141gb")
     k = hw.kernels["sglang"]
 
@@ -514,13 +517,36 @@ def test_mla_decode_takes_its_own_curve_and_its_prefill_the_roofline():
 
     inst, before = _mla_instance(hw), step(hw)
     assert inst.timing_sources["decode attention"] == "measured sglang kernels on h200-141gb"
-    assert inst.timing_sources["prefill attention"].startswith("roofline")
     assert inst.constants.kv_bytes_per_s == hw.memory_bytes_per_s * k.mla_generation["fp8"].memory_efficiency
     slower = step(_with_curve(hw, "mla_generation", "fp8", engine="sglang", s_per_sequence=k.mla_generation["fp8"].s_per_sequence + 1e-6))
     assert slower - before == pytest.approx(64 * 61 * 1e-6, rel=1e-6)
     heads = {p: c.model_copy(update={"s_per_sequence": c.s_per_sequence + 1e-6}) for p, c in k.generation_attention.items()}
     same = step(hw.model_copy(update={"kernels": {**hw.kernels, "sglang": k.model_copy(update={"generation_attention": heads})}}))
     assert same == before
+
+
+def test_mla_prefill_takes_its_own_curve_of_expanded_heads():
+    """DeepSeek-V3 at TP 8 timed by TensorRT-LLM's curves: its prefill attention is the MLA context
+    curve's (the latent expanded to 16 MHA heads a GPU, a KV head each, of 192 query-key and 128 value
+    dims: heads of 160 as `curves.context_attention_s` counts them), a pass of b prompts of p tokens
+    moving by the 61 layers times the curve's own change; the heads' context curve moves nothing. SGLang
+    has no Hopper MLA prefill curve (its tables time the absorbed latent): the roofline's. `perf` says so."""
+    hw = load_hardware("h200-141gb")
+    k = hw.kernels["trtllm"]
+    context = k.mla_context["fp8"]
+    assert _mla_instance(hw, engine_name="trtllm").timing_sources["prefill attention"] == "measured trtllm kernels on h200-141gb"
+    assert _mla_instance(hw).timing_sources["prefill attention"].startswith("roofline")
+    moved = _with_curve(hw, "mla_context", "fp8", engine="trtllm", efficiency=context.efficiency / 2,
+                        s_per_head=context.s_per_head + 2e-8, half_tiles=context.half_tiles + 300.0,
+                        half_dim=50.0, kv_head_cost=0.5, s_per_kv_head=1e-8)  # (0 as fitted: set, to be counted)
+    changed = moved.kernels["trtllm"].mla_context["fp8"]
+    heads = {p: c.model_copy(update={"efficiency": c.efficiency / 2}) for p, c in k.context_attention.items()}
+    others = hw.model_copy(update={"kernels": {**hw.kernels, "trtllm": k.model_copy(update={"context_attention": heads})}})
+    for b, p in ((1, 128.0), (1, 8192.0), (4, 2048.0)):
+        before, after, same = (_mla_instance(h, engine_name="trtllm").pass_time_s(b, b * p, b * p * p) for h in (hw, moved, others))
+        curve = [curves.context_attention_s(c, hw.peak_flops_per_s("bf16"), b, p, 16.0, 16.0, 160.0) for c in (context, changed)]
+        assert after - before == pytest.approx(61 * (curve[1] - curve[0]), rel=1e-6)
+        assert same == before
 
 
 def test_mla_decode_reads_slower_over_few_sequences_and_pays_per_query_head():
