@@ -26,6 +26,10 @@ its operator class (core/splitplan_core.pyx, `pass_terms`), nothing fitted here:
   (vLLM's time the whole MLA module): the latent's 576 elements read per context token at the
   achieved bandwidth, or 2 H (576 + 512) FLOPs per context token at the peak times
   compute_efficiency, whichever is slower, with `sglang-fp8` (its KV at the table's precision);
+- MLA prefill attention (class 2 for an MLA model), TensorRT-LLM 1.3's `context_mla` tables (the
+  kernels that time it as served, fit_kernels.MLA_PREFILL_KERNELS): context attention over MHA heads
+  of 160 dims (192 query-key, 128 value: fit_kernels.MLA_PREFILL_HEAD_DIM), with `trtllm-fp8` (its
+  KV at the table's precision);
 - expert all-to-all, DeepEP's dispatch plus combine of t tokens a GPU holds among one node's g
   GPUs (fit_kernels.py's tables, each kernel family apart): 2 t min(k, g) (g - 1) / g hidden bf16
   bytes over NVLink at link_efficiency, plus two collective latencies (the pass formula's
@@ -46,6 +50,7 @@ import pandas as pd
 from fit_kernels import (  # (this folder: one reading of the tables)
     CONTEXT_BANDS,
     MLA_LATENT,
+    MLA_PREFILL_HEAD_DIM,
     MLA_RANK,
     MOE_SHAPE,
     SYSTEMS,
@@ -64,6 +69,7 @@ BANDS = {"GEMM": TOKEN_BANDS,  # m, tokens
          "generation attention": CONTEXT_BANDS,  # context tokens
          "MoE experts": TOKEN_BANDS,  # tokens entering the layer
          "MLA generation": CONTEXT_BANDS,  # context tokens
+         "MLA context": CONTEXT_BANDS,  # prompt tokens
          "all-to-all": TOKEN_BANDS}  # tokens a GPU dispatches
 
 
@@ -151,6 +157,11 @@ def rows() -> pd.DataFrame:
                 b, c, heads = part.batch_size.to_numpy(float), (part.isl + part.step).to_numpy(float), part.num_heads.to_numpy(float)
                 timed = mla_generation_s(hw, load_engine(f"sglang-fp8@kv={precision}"), b, c, heads)
                 out.append(_errors("MLA generation", name, precision, c, timed, part.latency))
+        for (op, precision), part in operator_frames(system, "trtllm").items():
+            if op == "mla_context":
+                b, p, heads = part.batch_size.to_numpy(float), part.isl.to_numpy(float), part.num_heads.to_numpy(float)
+                timed = context_s(hw, load_engine(f"trtllm-fp8@kv={precision}"), b, p, heads, heads, MLA_PREFILL_HEAD_DIM)
+                out.append(_errors("MLA context", name, precision, p, timed, part.latency))
     return pd.concat(out, ignore_index=True)
 
 
