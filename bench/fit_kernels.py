@@ -92,6 +92,7 @@ SYSTEMS = {"a100-80gb": "a100_sxm", "h100-80gb": "h100_sxm", "h200-141gb": "h200
            "gb200-nvl72": "gb200", "l40s-48gb": "l40s"}
 VERSIONS = {"vllm": ("0.24.0", "0.14.0"), "sglang": ("0.5.14", "0.5.10"), "trtllm": ("1.3.0rc20", "1.0.0")}  # (others, A100)
 DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
+GEMM_DTYPES = {**DTYPES, "nvfp4": "fp4"}  # (weights: NVFP4's W4A4 GEMMs where the GPU has fp4 tensor cores)
 FOLDS = 5
 # name: (start, lower, upper) per curve parameter
 GEMM = {"efficiency": (0.7, 0.05, 1.0), "half_tokens": (50.0, 0.0, 4096.0), "half_n": (100.0, 0.0, 1e5), "half_k": (100.0, 0.0, 1e5),
@@ -277,7 +278,7 @@ def operator_frames(system: str, engine: str) -> dict[tuple[str, str], pd.DataFr
     gemm = table(system, "gemm", engine, "gemm_perf.parquet")
     if not gemm.empty:
         gemm = gemm[(gemm.m <= 16384) & (gemm.n >= 1024) & (gemm.k >= 1024)]
-        for dtype, precision in DTYPES.items():
+        for dtype, precision in GEMM_DTYPES.items():
             out["gemm", precision] = gemm[gemm.gemm_dtype == dtype]
     for op in ("context", "generation"):
         frame = serving_kernels(serving_attention(table(system, "attention", engine, f"{op}_attention_perf.parquet")), engine,
@@ -323,7 +324,7 @@ def fit_gpu(name: str, engine: str):
     errors, bounds, mape, lines = [], [], {}, {}
     for (op, key), frame in operator_frames(SYSTEMS[name], engine).items():
         if op == "gemm":
-            if key == "fp8" and not hw.gpu.fp8_tflop_per_s:
+            if key == "fp8" and not hw.gpu.fp8_tflop_per_s or not hw.has_tensor_cores(key):
                 continue
             peak, wbpe = hw.peak_flops_per_s(key), BYTES[key]
             params, err, hit = fit(lambda c, f, peak=peak, wbpe=wbpe: curves.gemm_s(
@@ -437,18 +438,22 @@ OPERATORS = ("gemm", "context_attention", "generation_attention", "mla_context",
              "moe")
 
 
-def keep_others(name: str, fitted: dict[str, dict], only: list[str], engines: list[str] | None = None) -> dict[str, dict]:
+def keep_others(name: str, fitted: dict[str, dict], only: list[str], engines: list[str] | None = None,
+                precisions: list[str] | None = None) -> dict[str, dict]:
     """A GPU's `kernels:` block as its hardware file has it, with the `only` operator classes' curves
-    (and their errors in `mape_pct`) replaced by those just fitted (of every engine, or of `engines`)."""
+    (and their errors in `mape_pct`) replaced by those just fitted (of every engine, or of `engines`;
+    of every precision, or of `precisions`: the other precisions' curves of a class kept)."""
     shipped = yaml.safe_load((ROOT / "hardware_specs" / f"{name}.yaml").read_text()).get("kernels") or {}
     out = {}
     for engine, block in fitted.items():
         kept = dict(shipped.get(engine) or block)
         for op in only if engines is None or engine in engines else ():
             if op in block:
-                kept[op] = block[op]
-            kept["mape_pct"] = {**kept.get("mape_pct", {}),
-                                **{k: v for k, v in block["mape_pct"].items() if k.startswith(op)}}
+                kept[op] = block[op] if precisions is None else {
+                    **kept.get(op, {}), **{p: curve for p, curve in block[op].items() if p in precisions}}
+            fitted_now = {k: v for k, v in block["mape_pct"].items()
+                          if k.startswith(op) and (precisions is None or k.rsplit("_", 1)[1] in precisions)}
+            kept["mape_pct"] = {**kept.get("mape_pct", {}), **fitted_now}
         out[engine] = {op: kept[op] for op in [*block, *kept] if op in kept}  # (in the fitted block's order)
     return out
 
@@ -465,9 +470,9 @@ def write(fitted: dict[str, dict]) -> None:
 
 
 def sample(out: Path) -> None:
-    """A small sample of the measured tables for the tests (vLLM on H100 and H200; MLA's decode and
-    prefill, which vLLM's tables time only as a whole module: SGLang's and TensorRT-LLM's on H200),
-    with its license."""
+    """A small sample of the measured tables for the tests (vLLM on H100 and H200, and its NVFP4 GEMMs
+    on B200; MLA's decode and prefill, which vLLM's tables time only as a whole module: SGLang's and
+    TensorRT-LLM's on H200), with its license."""
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     frames = [(name, op, key, frame) for name in ("h100-80gb", "h200-141gb")
@@ -476,7 +481,8 @@ def sample(out: Path) -> None:
                for (op, key), frame in operator_frames("h200_sxm", engine).items() if op == mla]
     # (the later operators last: the others' draws as before)
     later = {"moe": 1, "all_to_all": 2, "mla_generation": 3, "mla_context": 4}
-    for name, op, key, frame in sorted(frames, key=lambda f: later.get(f[1], 0)):
+    nvfp4 = ("b200-180gb", "gemm", "fp4", operator_frames("b200_sxm", "vllm")["gemm", "fp4"])  # (Blackwell's)
+    for name, op, key, frame in [*sorted(frames, key=lambda f: later.get(f[1], 0)), nvfp4]:
         part = frame.iloc[np.sort(rng.choice(len(frame), size=min(60, len(frame)), replace=False))]
         columns = [c for c in ("m", "n", "k", "batch_size", "isl", "step", "num_heads", "num_key_value_heads",
                                "head_dim", *MOE_SHAPE, "latency") if c in part]
@@ -491,6 +497,8 @@ def main() -> None:
                              "rerun elsewhere moves parameters the tables barely pin)")
     parser.add_argument("--engines", nargs="+", choices=list(VERSIONS), help="with --only, of these engines only")
     parser.add_argument("--gpus", nargs="+", choices=list(SYSTEMS), help="with --only, into these GPUs' files only")
+    parser.add_argument("--precisions", nargs="+", choices=["bf16", "fp8", "fp4"],
+                        help="with --only, these precisions' curves only (of the classes with a curve per precision)")
     parser.add_argument("--sample", type=Path, help="write the tests' sample of the tables here")
     args = parser.parse_args()
     fitted: dict[str, dict] = {}
@@ -507,7 +515,7 @@ def main() -> None:
     for line in bounds:
         print(f"- {line}")
     if args.write:
-        write(fitted if not args.only else {name: keep_others(name, blocks, args.only, args.engines)
+        write(fitted if not args.only else {name: keep_others(name, blocks, args.only, args.engines, args.precisions)
                                             for name, blocks in fitted.items() if args.gpus is None or name in args.gpus})
     if args.sample:
         sample(args.sample)

@@ -190,7 +190,7 @@ class KernelCurves(BaseModel):
 
     model_config = _STRICT
     source: str
-    gemm: dict[Precision, GemmCurve] = {}
+    gemm: dict[WeightPrecision, GemmCurve] = {}
     context_attention: dict[Precision, ContextAttentionCurve] = {}
     generation_attention: dict[Precision, GenerationAttentionCurve] = {}
     # MLA's prefill, the latent expanded to a KV head per query head (perf.curves.context_attention_s of

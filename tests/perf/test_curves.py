@@ -18,10 +18,10 @@ from splitplan.specs.layout import parse_layout
 from splitplan.specs.model import load_model
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "kernels"
-BYTES = {"bf16": 2.0, "fp8": 1.0}
+BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}
 # MAPE % the fit reaches held out over every measured shape serving produces (bench/fit_kernels.py), with a margin
 # for a 60-row sample
-TOLERANCE_PCT = {("gemm", "bf16"): 10, ("gemm", "fp8"): 18, ("context_attention", "bf16"): 12,
+TOLERANCE_PCT = {("gemm", "bf16"): 10, ("gemm", "fp8"): 18, ("gemm", "fp4"): 15, ("context_attention", "bf16"): 12,
                  ("context_attention", "fp8"): 12, ("generation_attention", "bf16"): 15, ("generation_attention", "fp8"): 15,
                  ("moe", "bf16"): 22, ("moe", "fp8"): 20, ("all_to_all", "low-latency"): 20, ("all_to_all", "high-throughput"): 15,
                  ("mla_generation", "bf16"): 14, ("mla_generation", "fp8"): 10, ("mla_context", "bf16"): 10,
@@ -73,7 +73,7 @@ def test_curves_reproduce_the_measured_sample(path):
 
 
 def test_the_sample_is_what_the_catalog_gpus_were_fitted_on():
-    assert {p.stem.partition("_")[0] for p in SAMPLE.glob("*.csv")} == {"h100-80gb", "h200-141gb"}
+    assert {p.stem.partition("_")[0] for p in SAMPLE.glob("*.csv")} == {"h100-80gb", "h200-141gb", "b200-180gb"}
     assert "aiconfigurator-core 0.12.0" in load_hardware("h200-141gb").kernels["vllm"].source
 
 
@@ -136,9 +136,14 @@ def test_a_gpu_without_curves_falls_back_to_the_roofline_and_says_so():
     assert (mi300x.pass_vector == roofline.pass_vector).all()
     h200 = _instance(engine).timing_sources
     assert h200["GEMMs"] == h200["decode attention"] == h200["all-reduce"] == "measured vllm kernels on h200-141gb"
-    # an fp4 weight GEMM has no measured curve: the roofline times it, the attention keeps its curves
-    fp4 = _instance(engine.model_copy(update={"weights_dtype": "fp4"}), "b200-180gb").timing_sources
-    assert fp4["GEMMs"].startswith("roofline") and fp4["prefill attention"].startswith("measured")
+    # fp4 weights: B200's measured NVFP4 GEMMs time them; a GPU without fp4 tensor cores (H200: weight-only)
+    # has no fp4 GEMM curve, so the roofline times them and the attention keeps its curves
+    fp4 = engine.model_copy(update={"weights_dtype": "fp4"})
+    b200 = _instance(fp4, "b200-180gb")
+    assert b200.timing_sources["GEMMs"] == "measured vllm kernels on b200-180gb"
+    assert b200.constants.gemm_latency_s == pytest.approx(b200.hardware.kernels["vllm"].gemm["fp4"].latency_s * (4 + 1 / 80))
+    weight_only = _instance(fp4).timing_sources
+    assert weight_only["GEMMs"].startswith("roofline") and weight_only["prefill attention"].startswith("measured")
 
 
 def test_a_deployment_fit_leaves_what_the_curves_time():
