@@ -86,6 +86,7 @@ from scipy.optimize import least_squares
 from splitplan.perf import curves
 from splitplan.specs.engine import BYTES
 from splitplan.specs.hardware import load_hardware
+from splitplan.specs.model import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = {"a100-80gb": "a100_sxm", "h100-80gb": "h100_sxm", "h200-141gb": "h200_sxm", "b200-180gb": "b200_sxm",
@@ -109,7 +110,7 @@ MLA_GENERATION = {**{name: GENERATION[name] for name in ("memory_efficiency", "e
 MLA_LATENT, MLA_RANK = 576.0, 512.0  # DeepSeek-V3's kv_lora_rank + qk_rope_head_dim, and kv_lora_rank
 # MLA's prefill: the latent expanded to MHA heads (as many KV heads as query heads) of 192 query-key and 128
 # value dims, attended as heads of their mean (perf.curves.context_attention_s counts 2 x dims FLOPs a score)
-MLA_PREFILL_HEAD_DIM = (192 + 128) / 2
+MLA_PREFILL_HEAD_DIM = load_model("deepseek-v3").prefill_head_dim  # (the collectors measure DeepSeek-V3)
 # The MLA prefill kernels whose tables time it as the engine serves an uncached prompt (TensorRT-LLM's collector:
 # MHA over the projected heads, all of them). SGLang's collector (aiconfigurator collector/sglang/collect_mla.py,
 # read 2026-12) times Blackwell's trtllm_mla over projected heads too, but Hopper's FA3 (`flash_attention`) and
@@ -324,7 +325,7 @@ def fit_gpu(name: str, engine: str):
     errors, bounds, mape, lines = [], [], {}, {}
     for (op, key), frame in operator_frames(SYSTEMS[name], engine).items():
         if op == "gemm":
-            if key == "fp8" and not hw.gpu.fp8_tflop_per_s or not hw.has_tensor_cores(key):
+            if (key == "fp8" and not hw.gpu.fp8_tflop_per_s) or not hw.has_tensor_cores(key):
                 continue
             peak, wbpe = hw.peak_flops_per_s(key), BYTES[key]
             params, err, hit = fit(lambda c, f, peak=peak, wbpe=wbpe: curves.gemm_s(
