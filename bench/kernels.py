@@ -35,10 +35,10 @@ its operator class (core/splitplan_core.pyx, `pass_terms`), nothing fitted here:
   bytes over NVLink at link_efficiency, plus two collective latencies (the pass formula's
   roofline all-to-all), with `vllm`.
 bf16 GEMMs and bf16-KV attention with the `vllm` profile, fp8 GEMMs and fp8-KV attention with
-`vllm-fp8` (which also computes attention at fp8, as the model does), each with its factors for
-that machine. Prints MAPE % / median signed error % of the model against the measured latency per
-operator class, GPU, precision and size band; the target of issue 55 is 10 % in every cell of more
-than 20 points.
+`vllm-fp8` (which also computes attention at fp8, as the model does), NVFP4 GEMMs (B200, GB200)
+with `vllm-fp8@weights=fp4`, each with its factors for that machine. Prints MAPE % / median signed
+error % of the model against the measured latency per operator class, GPU, precision and size band;
+the target of issue 55 is 10 % in every cell of more than 20 points.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ from splitplan.perf import curves
 from splitplan.specs.engine import load_engine
 from splitplan.specs.hardware import load_hardware
 
-PROFILES = {"bf16": "vllm", "fp8": "vllm-fp8"}  # GEMMs and attention at the tables' precision
+PROFILES = {"bf16": "vllm", "fp8": "vllm-fp8", "fp4": "vllm-fp8@weights=fp4"}  # GEMMs and attention at the tables' precision
 BANDS = {"GEMM": TOKEN_BANDS,  # m, tokens
          "context attention": CONTEXT_BANDS,  # prompt tokens
          "generation attention": CONTEXT_BANDS,  # context tokens
@@ -135,7 +135,7 @@ def rows() -> pd.DataFrame:
     for name, system in SYSTEMS.items():
         hw = load_hardware(name)
         for (op, precision), part in operator_frames(system, "vllm").items():
-            if precision == "fp8" and not hw.gpu.fp8_tflop_per_s:
+            if (precision == "fp8" and not hw.gpu.fp8_tflop_per_s) or not hw.has_tensor_cores(precision):
                 continue
             if op == "gemm":
                 m, n, k = (part[c].to_numpy(float) for c in ("m", "n", "k"))
