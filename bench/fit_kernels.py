@@ -248,6 +248,17 @@ def serving_kernels(frame: pd.DataFrame, engine: str, context: bool) -> pd.DataF
     return frame[rank == rank.groupby(shape, dropna=False).transform("min")]
 
 
+def serving_mla_prefill(frame: pd.DataFrame, engine: str) -> pd.DataFrame:
+    """A `context_mla` table's rows as the engine serves an uncached prompt: of the kernels that time
+    it so (MLA_PREFILL_KERNELS), bf16 MLA, the heads serving produces (SERVING_HEADS' least), a shape
+    timed twice by its median."""
+    if frame.empty:
+        return frame
+    frame = frame[(frame.num_heads >= SERVING_HEADS["min_heads"]) & (frame.mla_dtype == "bfloat16")
+                  & frame.kernel_source.isin(MLA_PREFILL_KERNELS.get(engine, frame.kernel_source.unique()))]
+    return frame.groupby(["kv_cache_dtype", "batch_size", "isl", "num_heads"], as_index=False).latency.median()
+
+
 def all_to_all_frames(system: str, engine: str) -> dict[tuple[str, str], pd.DataFrame]:
     """("all_to_all", kernels): dispatch plus combine (ms) per shape among one machine's GPUs."""
     version = A2A_VERSIONS[engine]
@@ -291,11 +302,8 @@ def operator_frames(system: str, engine: str) -> dict[tuple[str, str], pd.DataFr
     if not mla.empty:
         for dtype, precision in DTYPES.items():
             out["mla_generation", precision] = mla[(mla.kv_cache_dtype == dtype) & (mla.mla_dtype == "bfloat16")]
-    mla = table(system, "mla", engine, "context_mla_perf.parquet")
-    if not mla.empty:  # (the kernels that time it as served; some tables time each shape twice: their median)
-        mla = mla[(mla.num_heads >= SERVING_HEADS["min_heads"]) & (mla.mla_dtype == "bfloat16")
-                  & mla.kernel_source.isin(MLA_PREFILL_KERNELS.get(engine, mla.kernel_source.unique()))]
-        mla = mla.groupby(["kv_cache_dtype", "batch_size", "isl", "num_heads"], as_index=False).latency.median()
+    mla = serving_mla_prefill(table(system, "mla", engine, "context_mla_perf.parquet"), engine)
+    if not mla.empty:
         for dtype, precision in DTYPES.items():
             out["mla_context", precision] = mla[mla.kv_cache_dtype == dtype]
     moe = table(system, "moe", engine, "moe_perf.parquet")

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from splitplan.perf import curves
 from splitplan.perf.roofline import Instance
@@ -639,3 +640,37 @@ def test_attention_is_fitted_on_the_kernels_the_engine_serves_with():
     kept = fk.serving_kernels(frame, "vllm", context=False)
     assert len(kept) == 4 and set(kept[kept.kv_cache_dtype == "fp8"].attn_dtype) == {"bfloat16"}
     assert (fk.serving_kernels(frame, "vllm", context=True).isl > 1).all()
+
+
+def test_mla_prefill_is_fitted_on_the_kernels_that_time_it_as_served():
+    """SGLang's Hopper collector times MLA's prefill over the absorbed latent (`flash_attention`), its
+    Blackwell one over the projected heads (`trtllm_mla`), as served: SGLang's curve takes the second
+    alone; TensorRT-LLM's tables all; a shape timed twice counts once, at its median; fewer than 4 heads
+    a GPU, which no catalog model serves, are left out."""
+    shape = {"mla_dtype": "bfloat16", "kv_cache_dtype": "bfloat16", "batch_size": 1, "isl": 4096}
+    rows = [("flash_attention", 16, 7.8), ("trtllm_mla", 16, 1.0), ("trtllm_mla", 16, 1.2), ("trtllm_mla", 16, 1.1),
+            ("trtllm_mla", 2, 0.1), ("default", 16, 2.3)]
+    frame = pd.DataFrame([{**shape, "kernel_source": k, "num_heads": h, "latency": t} for k, h, t in rows])
+    fk = _fit_kernels()
+    served = fk.serving_mla_prefill(frame[frame.kernel_source != "default"], "sglang")
+    assert served[["num_heads", "latency"]].to_dict("records") == [{"num_heads": 16, "latency": 1.1}]
+    assert fk.serving_mla_prefill(frame[frame.kernel_source == "default"], "trtllm").latency.tolist() == [2.3]
+
+
+def test_a_refit_of_some_precisions_keeps_the_others(tmp_path, monkeypatch):
+    """`fit_kernels --write --only gemm --precisions fp4` adds the fp4 curve and its error and keeps the
+    shipped bf16 and fp8 ones as they are (a rerun moves parameters the tables barely pin); without
+    --precisions the class is replaced whole."""
+    fk = _fit_kernels()
+    (tmp_path / "hardware_specs").mkdir()
+    shipped = {"source": "s", "gemm": {"bf16": {"efficiency": 0.7}, "fp8": {"efficiency": 0.8}},
+               "mape_pct": {"gemm_bf16": 6.0, "gemm_fp8": 11.0}}
+    (tmp_path / "hardware_specs" / "x.yaml").write_text(yaml.safe_dump({"name": "x", "kernels": {"vllm": shipped}}))
+    monkeypatch.setattr(fk, "ROOT", tmp_path)
+    fitted = {"vllm": {"source": "s", "gemm": {"bf16": {"efficiency": 0.71}, "fp8": {"efficiency": 0.79},
+                                               "fp4": {"efficiency": 0.67}},
+                       "mape_pct": {"gemm_bf16": 6.1, "gemm_fp8": 11.2, "gemm_fp4": 10.3}}}
+    some = fk.keep_others("x", fitted, ["gemm"], None, ["fp4"])["vllm"]
+    assert some["gemm"] == {"bf16": {"efficiency": 0.7}, "fp8": {"efficiency": 0.8}, "fp4": {"efficiency": 0.67}}
+    assert some["mape_pct"] == {"gemm_bf16": 6.0, "gemm_fp8": 11.0, "gemm_fp4": 10.3}
+    assert fk.keep_others("x", fitted, ["gemm"])["vllm"] == fitted["vllm"]
