@@ -107,10 +107,12 @@ GENERATION = {"memory_efficiency": (0.7, 0.05, 1.0), "efficiency": (0.3, 0.01, 1
 UNFITTED_GENERATION = {"half_sequences": 0.0, "s_per_head": 0.0}  # (MLA's terms: 0 in the heads' form, not fitted)
 MLA_GENERATION = {**{name: GENERATION[name] for name in ("memory_efficiency", "efficiency", "s_per_sequence", "latency_s")},
                   "half_sequences": (1.0, 0.0, 1e4), "s_per_head": (1e-9, 0.0, 1e-5)}
-MLA_LATENT, MLA_RANK = 576.0, 512.0  # DeepSeek-V3's kv_lora_rank + qk_rope_head_dim, and kv_lora_rank
+DEEPSEEK = load_model("deepseek-v3")  # (the MLA collectors measure DeepSeek-V3's)
+# its decode latent (kv_lora_rank + qk_rope_head_dim, 576) and its rank (kv_lora_rank, 512)
+MLA_LATENT, MLA_RANK = float(DEEPSEEK.kv_cache_elements_per_layer), float(DEEPSEEK.mla.kv_lora_rank)
 # MLA's prefill: the latent expanded to MHA heads (as many KV heads as query heads) of 192 query-key and 128
 # value dims, attended as heads of their mean (perf.curves.context_attention_s counts 2 x dims FLOPs a score)
-MLA_PREFILL_HEAD_DIM = load_model("deepseek-v3").prefill_head_dim  # (the collectors measure DeepSeek-V3)
+MLA_PREFILL_HEAD_DIM = DEEPSEEK.prefill_head_dim
 # The MLA prefill kernels whose tables time it as the engine serves an uncached prompt (TensorRT-LLM's collector:
 # MHA over the projected heads, all of them). SGLang's collector (aiconfigurator collector/sglang/collect_mla.py,
 # read 2026-12) times Blackwell's trtllm_mla over projected heads too, but Hopper's FA3 (`flash_attention`) and
@@ -333,7 +335,7 @@ def fit_gpu(name: str, engine: str):
     errors, bounds, mape, lines = [], [], {}, {}
     for (op, key), frame in operator_frames(SYSTEMS[name], engine).items():
         if op == "gemm":
-            if (key == "fp8" and not hw.gpu.fp8_tflop_per_s) or not hw.has_tensor_cores(key):
+            if hw.native_precision(key) != key:  # (a precision the GPU computes at another: no curve of its own)
                 continue
             peak, wbpe = hw.peak_flops_per_s(key), BYTES[key]
             params, err, hit = fit(lambda c, f, peak=peak, wbpe=wbpe: curves.gemm_s(

@@ -43,7 +43,7 @@ def main() -> None:
         for gpu in args.gpu:
             hw = load_hardware(gpu)
             for (op, key), frame in operator_frames(SYSTEMS[gpu], engine).items():
-                if op != "gemm" or (key == "fp8" and not hw.gpu.fp8_tflop_per_s):
+                if op != "gemm" or hw.native_precision(key) != key:
                     continue
                 peak, wbpe, m = hw.peak_flops_per_s(key), BYTES[key], frame.m.to_numpy(float)
 

@@ -60,7 +60,7 @@ from fit_kernels import (  # (this folder: one reading of the tables)
 )
 
 from splitplan.perf import curves
-from splitplan.specs.engine import load_engine
+from splitplan.specs.engine import BYTES, load_engine
 from splitplan.specs.hardware import load_hardware
 
 PROFILES = {"bf16": "vllm", "fp8": "vllm-fp8", "fp4": "vllm-fp8@weights=fp4"}  # GEMMs and attention at the tables' precision
@@ -135,7 +135,7 @@ def rows() -> pd.DataFrame:
     for name, system in SYSTEMS.items():
         hw = load_hardware(name)
         for (op, precision), part in operator_frames(system, "vllm").items():
-            if (precision == "fp8" and not hw.gpu.fp8_tflop_per_s) or not hw.has_tensor_cores(precision):
+            if precision in BYTES and hw.native_precision(precision) != precision:  # (keys of all-to-alls: kernels)
                 continue
             if op == "gemm":
                 m, n, k = (part[c].to_numpy(float) for c in ("m", "n", "k"))
