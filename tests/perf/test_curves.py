@@ -95,12 +95,13 @@ def test_more_work_never_takes_less_time():
     assert (np.diff(inst.pass_time_s(decode_seqs=64.0, decode_context_tokens=64 * rows)) >= 0).all()
 
 
-def _with_curve(hw, op: str, precision: str, engine: str = "vllm", **change):
-    """`hw` with `engine`'s `op` curve of `precision` changed (its other precisions and engines as they are)."""
+def _with_curve(hw, op: str, precision: str | None, engine: str = "vllm", **change):
+    """`hw` with `engine`'s `op` curve of `precision` (None: of every precision) changed (its other
+    precisions and engines as they are)."""
     k = hw.kernels[engine]
     by_precision = getattr(k, op)
-    curve = by_precision[precision].model_copy(update=change)
-    return hw.model_copy(update={"kernels": {**hw.kernels, engine: k.model_copy(update={op: {**by_precision, precision: curve}})}})
+    changed = {p: c.model_copy(update=change) for p, c in by_precision.items() if precision in (None, p)}
+    return hw.model_copy(update={"kernels": {**hw.kernels, engine: k.model_copy(update={op: {**by_precision, **changed}})}})
 
 
 def _instance(engine, hardware="h200-141gb", tp=4, model="llama3.1-70b"):
@@ -526,8 +527,7 @@ def test_mla_decode_takes_its_own_curve():
     assert inst.constants.kv_bytes_per_s == hw.memory_bytes_per_s * k.mla_generation["fp8"].memory_efficiency
     slower = step(_with_curve(hw, "mla_generation", "fp8", engine="sglang", s_per_sequence=k.mla_generation["fp8"].s_per_sequence + 1e-6))
     assert slower - before == pytest.approx(64 * 61 * 1e-6, rel=1e-6)
-    heads = {p: c.model_copy(update={"s_per_sequence": c.s_per_sequence + 1e-6}) for p, c in k.generation_attention.items()}
-    same = step(hw.model_copy(update={"kernels": {**hw.kernels, "sglang": k.model_copy(update={"generation_attention": heads})}}))
+    same = step(_with_curve(hw, "generation_attention", None, engine="sglang", s_per_sequence=1e-5))
     assert same == before
 
 
@@ -546,8 +546,7 @@ def test_mla_prefill_takes_its_own_curve_of_expanded_heads():
                         s_per_head=context.s_per_head + 2e-8, half_tiles=context.half_tiles + 300.0,
                         half_dim=50.0, kv_head_cost=0.5, s_per_kv_head=1e-8)  # (0 as fitted: set, to be counted)
     changed = moved.kernels["trtllm"].mla_context["fp8"]
-    heads = {p: c.model_copy(update={"efficiency": c.efficiency / 2}) for p, c in k.context_attention.items()}
-    others = hw.model_copy(update={"kernels": {**hw.kernels, "trtllm": k.model_copy(update={"context_attention": heads})}})
+    others = _with_curve(hw, "context_attention", None, engine="trtllm", efficiency=0.1)
     for b, p in ((1, 128.0), (1, 8192.0), (4, 2048.0)):
         before, after, same = (_mla_instance(h, engine_name="trtllm").pass_time_s(b, b * p, b * p * p) for h in (hw, moved, others))
         curve = [curves.context_attention_s(c, hw.peak_flops_per_s("bf16"), b, p, 16.0, 16.0, 160.0) for c in (context, changed)]
