@@ -123,7 +123,8 @@ MLA_CONTEXT = {name: spec for name, spec in CONTEXT.items() if name not in UNFIT
 ALL_REDUCE = {"latency_s": (5e-6, 0.0, 1e-3), "bytes_per_s": (2e11, 1e8, 1e13),
               "large_latency_s": (5e-5, 0.0, 1e-2), "large_bytes_per_s": (3e11, 1e8, 1e13)}
 MOE = {"efficiency": (0.5, 0.02, 1.0), "half_rows": (50.0, 0.0, 1e4), "memory_efficiency": (0.6, 0.05, 1.0),
-       "row_passes": (2.0, 0.0, 100.0), "token_passes": (1.0, 0.0, 100.0), "latency_s": (2e-5, 0.0, 1e-3)}
+       "row_passes": (2.0, 0.0, 100.0), "token_passes": (1.0, 0.0, 100.0), "latency_s": (2e-5, 0.0, 1e-3),
+       "s_per_expert": (1e-7, 0.0, 1e-4)}
 # a weight precision's MoE tables, the first the engine has: DeepSeek's and Qwen3's fp8 checkpoints are block-scaled
 MOE_DTYPES = {"bf16": ("bfloat16",), "fp8": ("fp8_block", "fp8"), "fp4": ("nvfp4",)}
 MOE_ROUTING = "power_law_1.01"  # aiconfigurator's default routing (imbalanced, as served), not the balanced rows
@@ -483,7 +484,7 @@ def write(fitted: dict[str, dict]) -> None:
 def sample(out: Path) -> None:
     """A small sample of the measured tables for the tests (vLLM on H100 and H200, and its NVFP4 GEMMs
     on B200; MLA's decode and prefill, which vLLM's tables time only as a whole module: SGLang's and
-    TensorRT-LLM's on H200), with its license."""
+    TensorRT-LLM's on H200; and TensorRT-LLM's fp8 MoE experts on H200, under trtllm/), with its license."""
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     frames = [(name, op, key, frame) for name in ("h100-80gb", "h200-141gb")
@@ -493,10 +494,13 @@ def sample(out: Path) -> None:
     # (the later operators last: the others' draws as before)
     later = {"moe": 1, "all_to_all": 2, "mla_generation": 3, "mla_context": 4}
     nvfp4 = ("b200-180gb", "gemm", "fp4", operator_frames("b200_sxm", "vllm")["gemm", "fp4"])  # (Blackwell's)
-    for name, op, key, frame in [*sorted(frames, key=lambda f: later.get(f[1], 0)), nvfp4]:
+    # (another engine's tables: in a folder of that engine's name)
+    trtllm_moe = ("trtllm/h200-141gb", "moe", "fp8", operator_frames("h200_sxm", "trtllm")["moe", "fp8"])
+    for name, op, key, frame in [*sorted(frames, key=lambda f: later.get(f[1], 0)), nvfp4, trtllm_moe]:
         part = frame.iloc[np.sort(rng.choice(len(frame), size=min(60, len(frame)), replace=False))]
         columns = [c for c in ("m", "n", "k", "batch_size", "isl", "step", "num_heads", "num_key_value_heads",
                                "head_dim", *MOE_SHAPE, "latency") if c in part]
+        (out / f"{name}_{op}_{key}.csv").parent.mkdir(exist_ok=True)
         part[columns].to_csv(out / f"{name}_{op}_{key}.csv", index=False)
 
 

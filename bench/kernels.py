@@ -102,7 +102,8 @@ def moe_s(hw, engine, f: pd.DataFrame) -> np.ndarray:
     the measured passes and latency, and the mean expert group's rows: the roofline knows no routing)."""
     x = engine.factors(hw.name, 1)
     factors = SimpleNamespace(efficiency=x.compute_efficiency * x.moe_efficiency, half_rows=x.gemm_half_tokens,
-                              memory_efficiency=x.memory_efficiency, row_passes=0.0, token_passes=0.0, latency_s=0.0)
+                              memory_efficiency=x.memory_efficiency, row_passes=0.0, token_passes=0.0, latency_s=0.0,
+                              s_per_expert=0.0)
     peak = hw.peak_flops_per_s(engine.weights) * hw.prefill_clock_fraction
     return curves.moe_s(factors, peak, hw.memory_bytes_per_s, *(f[c].to_numpy(float) for c in MOE_SHAPE),
                         engine.weight_bytes_per_element, load=1.0)

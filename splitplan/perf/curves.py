@@ -56,9 +56,12 @@ clock. Every function takes floats or NumPy arrays.
   traffic of the routing (`row_passes` 2-byte reads of each routed row, `token_passes` of each
   token's k copies, whichever GPU computes them: the permutes, the padding a grouped kernel
   walks), or the touched experts' weights read at `memory_efficiency` of the bandwidth, whichever
-  is slower; plus `latency_s`. NVIDIA's tables route as its collector does by default (read
-  2026-12): each expert's load drawn from a power law (`ROUTING_ALPHA`; between 1 and 0.8 T tokens
-  where T k > E, else between 0.01 and 2), scaled to T k in all, the busiest expert group timed. So
+  is slower; plus `latency_s` and `s_per_expert` for each of the E / ep experts the GPU holds,
+  touched or not (the grouped kernels' work per expert: TensorRT-LLM's fp8 kernels take about
+  0.25 us each, so a few tokens over 256 experts take some 60 us more at EP 1 than at EP 8).
+  NVIDIA's tables route as its collector does by default (read 2026-12): each expert's load drawn
+  from a power law (`ROUTING_ALPHA`; between 1 and 0.8 T tokens where T k > E, else between 0.01
+  and 2), scaled to T k in all, the busiest expert group timed. So
   the GPU is the busiest of ep groups of E / ep experts: `busiest_load` times the mean group's rows
   (from the power law's moments: the group's sum, mean plus the expected largest of ep normal
   deviates; at most all its experts' rows), its experts each seeing that many more tokens. The
@@ -229,7 +232,13 @@ def moe_s(curve, peak_flops_per_s: float, memory_bytes_per_s: float, tokens, hid
     compute = (2 * rows * params / (peak_flops_per_s * curve.efficiency * per_expert / (per_expert + curve.half_rows))
                + (rows * curve.row_passes + tokens * top_k * curve.token_passes) * hidden * ACTIVATION_BYTES / memory_bytes_per_s)
     moved = touched * params * weight_bytes_per_element
-    return np.maximum(compute, moved / (memory_bytes_per_s * curve.memory_efficiency)) + curve.latency_s
+    return np.maximum(compute, moved / (memory_bytes_per_s * curve.memory_efficiency)) + moe_fixed_s(curve, experts, ep)
+
+
+def moe_fixed_s(curve, experts, ep):
+    """The seconds an MoE layer's routed experts take whatever their rows: `latency_s` and
+    `s_per_expert` for each of the E / ep experts the GPU holds."""
+    return curve.latency_s + curve.s_per_expert * experts / ep
 
 
 def all_to_all_copies(top_k, gpus: int, low_latency: bool):

@@ -481,7 +481,8 @@ class Instance(PassShortcuts):
             out |= {"moe_load_spread": float(curves.load_spread(experts, ep)),
                     "moe_load_cap": float(curves.load_cap(experts, m.num_experts_per_tok, ep)),
                     "moe_compute_efficiency": moe.efficiency, "moe_half_rows": moe.half_rows,
-                    "moe_bytes_per_s": bandwidth * moe.memory_efficiency, "moe_latency_s": moe.latency_s * moe_share,
+                    "moe_bytes_per_s": bandwidth * moe.memory_efficiency,
+                    "moe_latency_s": curves.moe_fixed_s(moe, experts, ep) * moe_share,
                     "moe_s_per_row": moe.row_passes * row_s * self.layout.moe_tp,
                     "moe_s_per_token": moe.token_passes * row_s * moe_share,
                     "moe_efficiency": 1.0}

@@ -178,6 +178,7 @@ class MoeCurve(BaseModel):
     row_passes: Positive  # 2-byte reads of each routed row (permutes, quantization, the epilogue)
     token_passes: Positive  # and of each token's top-k copies, whichever GPU computes them
     latency_s: Seconds
+    s_per_expert: Seconds = 0.0  # per expert the GPU holds, touched or not (the grouped kernels' per-expert work)
 
 
 Precision = Literal["bf16", "fp8"]
