@@ -423,14 +423,20 @@ BANDS = {"gemm": TOKEN_BANDS, "moe": TOKEN_BANDS, "all_to_all": TOKEN_BANDS, "co
 def report(frame: pd.DataFrame) -> None:
     print("| engine | GPU | operator | precision / GPUs | points | held-out MAPE % / median % | worst size band |")
     print("|---|---|---|---|---|---|---|")
+    cells: dict[str, list[bool]] = {}  # per class, whether each cell of more than 20 points meets 10 %
     for (engine, gpu, op, key), part in frame.groupby(["engine", "gpu", "op", "key"], sort=True):
         err = part.error_pct.dropna()
         bands = [(lo, hi, part[(part["size"] >= lo) & (part["size"] <= hi)].error_pct.dropna()) for lo, hi in BANDS[op]]
         lo, hi, worst = max(bands, key=lambda b: b[2].abs().mean() if len(b[2]) > 20 else -1)
+        if len(err) > 20:
+            cells.setdefault(op, []).append(err.abs().mean() <= 10)
         flag = " **" if len(err) > 20 and err.abs().mean() > 10 else ""
         band = f"{lo:,}-{hi:,}: {worst.abs().mean():.0f}" if len(worst) else "-"
         print(f"| {engine} | {gpu} | {op.replace('_', ' ')} | {key} | {len(err):,} | "
               f"{err.abs().mean():.1f} / {err.median():+.1f}{flag} | {band} |")
+    met = sum(sum(v) for v in cells.values())
+    print(f"\n{met} of {sum(len(v) for v in cells.values())} cells of more than 20 points within 10 % (**: not): "
+          + ", ".join(f"{op.replace('_', ' ')} {sum(v)} of {len(v)}" for op, v in sorted(cells.items())))
     alignment(frame[frame.op == "gemm"])
 
 
