@@ -695,3 +695,16 @@ def test_a_refit_of_some_precisions_keeps_the_others(tmp_path, monkeypatch):
     assert some["gemm"] == {"bf16": {"efficiency": 0.7}, "fp8": {"efficiency": 0.8}, "fp4": {"efficiency": 0.67}}
     assert some["mape_pct"] == {"gemm_bf16": 6.0, "gemm_fp8": 11.0, "gemm_fp4": 10.3}
     assert fk.keep_others("x", fitted, ["gemm"])["vllm"] == fitted["vllm"]
+
+
+def test_the_fit_counts_the_cells_within_ten_percent(capsys):
+    """bench/fit_kernels.py's closing count, which the README's op-level row quotes: a cell of more
+    than 20 points counts, and meets the target at a held-out MAPE of 10 % or less."""
+    def cell(gpu, op, errors):
+        return pd.DataFrame({"engine": "vllm", "gpu": gpu, "op": op, "key": "bf16", "size": np.arange(1.0, len(errors) + 1),
+                             "error_pct": errors})
+
+    fk = _fit_kernels()
+    fk.report(pd.concat([cell("a", "gemm", [5.0] * 21), cell("b", "gemm", [-15.0] * 21), cell("c", "moe", [10.0] * 21),
+                         cell("d", "moe", [50.0] * 20)], ignore_index=True))
+    assert "\n2 of 3 cells of more than 20 points within 10 % (**: not): gemm 1 of 2, moe 1 of 1\n" in capsys.readouterr().out
