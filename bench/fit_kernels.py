@@ -428,9 +428,10 @@ def report(frame: pd.DataFrame) -> None:
         err = part.error_pct.dropna()
         bands = [(lo, hi, part[(part["size"] >= lo) & (part["size"] <= hi)].error_pct.dropna()) for lo, hi in BANDS[op]]
         lo, hi, worst = max(bands, key=lambda b: b[2].abs().mean() if len(b[2]) > 20 else -1)
-        if len(err) > 20:
+        judged = len(err) > 20
+        if judged:
             cells.setdefault(op, []).append(err.abs().mean() <= 10)
-        flag = " **" if len(err) > 20 and err.abs().mean() > 10 else ""
+        flag = " **" if judged and not cells[op][-1] else ""
         band = f"{lo:,}-{hi:,}: {worst.abs().mean():.0f}" if len(worst) else "-"
         print(f"| {engine} | {gpu} | {op.replace('_', ' ')} | {key} | {len(err):,} | "
               f"{err.abs().mean():.1f} / {err.median():+.1f}{flag} | {band} |")
