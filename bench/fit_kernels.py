@@ -491,25 +491,25 @@ def write(fitted: dict[str, dict]) -> None:
 def sample(out: Path) -> None:
     """A small sample of the measured tables for the tests (vLLM on H100 and H200, and its NVFP4 GEMMs
     on B200; MLA's decode and prefill, which vLLM's tables time only as a whole module: SGLang's and
-    TensorRT-LLM's on H200; and TensorRT-LLM's fp8 MoE experts on H200, under trtllm/), with its license."""
+    TensorRT-LLM's on H200; and TensorRT-LLM's fp8 MoE experts on H200), with its license. Another
+    engine's tables than vLLM's go in a folder of that engine's name."""
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    frames = [(name, op, key, frame) for name in ("h100-80gb", "h200-141gb")
+    frames = [("vllm", name, op, key, frame) for name in ("h100-80gb", "h200-141gb")
               for (op, key), frame in operator_frames(SYSTEMS[name], "vllm").items() if op != "all_reduce"]
-    frames += [("h200-141gb", op, key, frame) for engine, mla in (("sglang", "mla_generation"), ("trtllm", "mla_context"))
+    frames += [(engine, "h200-141gb", op, key, frame) for engine, mla in (("sglang", "mla_generation"), ("trtllm", "mla_context"))
                for (op, key), frame in operator_frames("h200_sxm", engine).items() if op == mla]
     # (the later operators last: the others' draws as before)
     later = {"moe": 1, "all_to_all": 2, "mla_generation": 3, "mla_context": 4}
-    nvfp4 = ("b200-180gb", "gemm", "fp4", operator_frames("b200_sxm", "vllm")["gemm", "fp4"])  # (Blackwell's)
-    # (another engine's tables: in a folder of that engine's name)
-    trtllm_moe = ("trtllm/h200-141gb", "moe", "fp8", operator_frames("h200_sxm", "trtllm")["moe", "fp8"])
-    for name, op, key, frame in [*sorted(frames, key=lambda f: later.get(f[1], 0)), nvfp4, trtllm_moe]:
+    nvfp4 = ("vllm", "b200-180gb", "gemm", "fp4", operator_frames("b200_sxm", "vllm")["gemm", "fp4"])  # (Blackwell's)
+    trtllm_moe = ("trtllm", "h200-141gb", "moe", "fp8", operator_frames("h200_sxm", "trtllm")["moe", "fp8"])
+    for engine, name, op, key, frame in [*sorted(frames, key=lambda f: later.get(f[2], 0)), nvfp4, trtllm_moe]:
         part = frame.iloc[np.sort(rng.choice(len(frame), size=min(60, len(frame)), replace=False))]
         columns = [c for c in ("m", "n", "k", "batch_size", "isl", "step", "num_heads", "num_key_value_heads",
                                "head_dim", *MOE_SHAPE, "latency") if c in part]
-        (out / f"{name}_{op}_{key}.csv").parent.mkdir(exist_ok=True)
-        part[columns].to_csv(out / f"{name}_{op}_{key}.csv", index=False)
-
+        path = (out if engine == "vllm" else out / engine) / f"{name}_{op}_{key}.csv"
+        path.parent.mkdir(exist_ok=True)
+        part[columns].to_csv(path, index=False)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

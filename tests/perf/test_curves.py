@@ -48,11 +48,11 @@ def _predict(hw, op: str, precision: str, f: pd.DataFrame, engine: str = "vllm")
                             col["inter_size"], col["num_experts"], col["topk"], col["moe_tp_size"], col["moe_ep_size"],
                             BYTES[precision], load=curves.table_load(col["num_tokens"], col["num_experts"], col["topk"],
                                                                      col["moe_ep_size"]))
-    if op == "mla_context":  # (TensorRT-LLM's: MHA heads of 192 and 128 dims)
-        return curves.context_attention_s(hw.kernels["trtllm"].mla_context[precision], bf16, col["batch_size"], col["isl"],
+    if op == "mla_context":  # (MHA heads of 192 and 128 dims)
+        return curves.context_attention_s(k.mla_context[precision], bf16, col["batch_size"], col["isl"],
                                           col["num_heads"], col["num_heads"], 160.0)
-    if op == "mla_generation":  # (SGLang's: vLLM's tables time the whole MLA module)
-        return curves.mla_generation_s(hw.kernels["sglang"].mla_generation[precision], hw.peak_flops_per_s(precision), bandwidth,
+    if op == "mla_generation":
+        return curves.mla_generation_s(k.mla_generation[precision], hw.peak_flops_per_s(precision), bandwidth,
                                        col["batch_size"], col["isl"] + col["step"], col["num_heads"], 576.0, 512.0, BYTES[precision])
     if op == "all_to_all":  # (the kernel family in place of the precision; 8 GPUs, one machine)
         return curves.all_to_all_s(getattr(k.all_to_all_among(8), precision.replace("-", "_")), col["num_tokens"],
@@ -64,8 +64,8 @@ def _predict(hw, op: str, precision: str, f: pd.DataFrame, engine: str = "vllm")
 
 @pytest.mark.parametrize("path", sorted(SAMPLE.glob("**/*.csv")), ids=lambda p: str(p.relative_to(SAMPLE).with_suffix("")))
 def test_curves_reproduce_the_measured_sample(path):
-    """Each file of the sample within its class's tolerance: vLLM's curves but for MLA's classes (their
-    engine's), and another engine's where the file lies in a folder of that engine's name."""
+    """Each file of the sample within its class's tolerance: vLLM's curves, another engine's where the
+    file lies in a folder of that engine's name (MLA's: vLLM's tables time the whole MLA module)."""
     gpu, _, rest = path.stem.partition("_")
     op, precision = rest.rsplit("_", 1)
     frame = pd.read_csv(path)
