@@ -225,6 +225,17 @@ def decode_step_alone_s(inst: Instance, prompt_tokens: np.ndarray, output_tokens
     return np.asarray(inst.decode_step_time_s(1, prompt_tokens.astype(float) + output_tokens.astype(float) / 2))
 
 
+def kv_bound_guess(start_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray, inst: Instance,
+                   step_alone_s: np.ndarray) -> int:
+    """The token instances whose KV holds every request decoding at its step alone (`decode_step_alone_s`)
+    from `start_s`: where a token pool's count search starts (a guess, not a bound: `decode_pool` steps
+    at the pool's mean context, not each request's own)."""
+    held = (prompt_tokens + output_tokens).astype(float)
+    times = np.concatenate([start_s, start_s + output_tokens * step_alone_s])
+    peak = core.running_peak(times, np.concatenate([held, -held]), np.argsort(times))
+    return max(1, min(MAX_INSTANCES, math.ceil(peak / inst.fit.kv_capacity_tokens)))
+
+
 def decode_pool(start_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray, inst: Instance,
                 instances: int, max_iterations: int = 12, tolerance: float = 1e-2,
                 step_alone_s: np.ndarray | None = None) -> DecodeResult:

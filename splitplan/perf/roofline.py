@@ -542,7 +542,7 @@ class Instance(PassShortcuts):
         if all(isinstance(x, float) for x in args):
             return core.pass_terms(self.pass_vector, *args)
         arrays = np.broadcast_arrays(*args)
-        out = core.pass_terms_array(self.pass_vector, *(np.array(a, float).ravel() for a in arrays))
+        out = core.pass_terms_array(self.pass_vector, *(a.reshape(-1) for a in arrays))  # (views: the core reads strides)
         return tuple(row.reshape(arrays[0].shape) for row in out)
 
     def _shares(self, prefill_seqs, decode_seqs, has_prefill):

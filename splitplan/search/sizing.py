@@ -16,6 +16,7 @@ from splitplan.capacity.pools import (
     Latencies,
     colocated_estimate,
     decode_step_alone_s,
+    kv_bound_guess,
     prompt_queue_ttft_s,
     smallest_count,
 )
@@ -46,10 +47,19 @@ def _busy_guess(inst: Instance, t: Trace) -> int:
     return max(1, min(len(t), math.ceil(work / max(t.span_s, 1e-9))))
 
 
+def _guess(inst: Instance, t: Trace, role: Role) -> int:
+    """Where an option's count search starts: a token pool's instances whose KV holds its requests
+    decoding alone, another's instances the prefill work keeps busy."""
+    if role == Role.TOKEN:
+        return kv_bound_guess(t.arrival_s, t.prompt_tokens, t.output_tokens, inst,
+                              decode_step_alone_s(inst, t.prompt_tokens, t.output_tokens))
+    return _busy_guess(inst, t)
+
+
 def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, guess: int | None = None) -> Option:
     """n*(o) for one option alone, and the line that decided it. `lower` is a known
     lower bound on n* (a co-located pool needs at least the prompt pool's count); `guess`, where
-    the count search starts (None: the instances the prefill work keeps busy)."""
+    the count search starts (None: `_guess`)."""
     refused = _refused(problem, role, inst)
     if refused is not None:
         return refused
@@ -57,8 +67,7 @@ def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, gu
     scores: dict[int, float] = {}  # (how far each count checked is from holding: where the search is aimed, smallest_count's score)
     check = {Role.PROMPT: _prompt_check, Role.TOKEN: _token_check}.get(role, _mixed_check)
     failing = functools.cache(check(problem, inst, scores))  # (the bisection has usually tried n - 1, which names the binding line)
-    n = smallest_count(lambda k: failing(k) is None, lower, guess or (_busy_guess(inst, t) if role != Role.TOKEN else None),
-                       score=scores.get)
+    n = smallest_count(lambda k: failing(k) is None, lower, guess or _guess(inst, t, role), score=scores.get)
     if n is None:
         missed = failing(MAX_INSTANCES)  # (the walk's last check: more instances only approach this)
         label = getattr(missed, "label", missed)

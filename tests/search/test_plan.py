@@ -687,3 +687,26 @@ def test_plans_only_compared_carry_no_cliff(small_trace):
     assert api.optimize(small_trace, "llama2-70b", "chat", cliff=False, **kw).plan.cliff == ()
     windows = api.plan_windows(60.0, small_trace, "llama2-70b", "chat", hardware=["h100-80gb"], tp=8)
     assert all(p is None or p.cliff == () for p in windows.plans)
+
+
+def test_a_token_pools_count_search_starts_where_its_kv_holds_the_requests_decoding_alone(monkeypatch):
+    """A token pool's count search starts at the instances whose KV holds every request decoding
+    at its step alone (capacity.pools.kv_bound_guess): where KV memory binds, it checks that count
+    and its neighbour, not the counts from 1 up."""
+    from types import SimpleNamespace
+
+    from splitplan.capacity.pools import kv_bound_guess
+    from splitplan.search import sizing
+    from splitplan.specs.slo import load_slo
+    small = SimpleNamespace(fit=SimpleNamespace(kv_capacity_tokens=150))
+    prompt, output, step = np.array([100, 100]), np.array([10, 10]), np.array([0.1, 0.1])
+    assert kv_bound_guess(np.array([0.0, 0.5]), prompt, output, small, step) == 2  # 220 tokens held at once
+    assert kv_bound_guess(np.array([0.0, 1.0]), prompt, output, small, step) == 1  # the first ends as the second starts
+    trace = resample_poisson(load_trace(default_trace_path()), 40.0, 30.0, np.random.default_rng(5))
+    aimed, checked = sizing.smallest_count, []
+    monkeypatch.setattr(sizing, "smallest_count", lambda check, *a, **k: aimed(lambda n: checked.append(n) or check(n), *a, **k))
+    for hw, answer in (("h100-80gb", 4), ("a100-80gb", 5)):
+        checked.clear()
+        option = sizing.size_option(Problem(trace, load_slo("chat"), None), "token", Instance(MODEL, load_hardware(hw), ENGINE, 2))
+        assert (option.instances, option.binding) == (answer, "KV memory")
+        assert checked == [answer, answer - 1]
