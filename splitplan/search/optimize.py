@@ -25,6 +25,7 @@ from splitplan.search.accounting import make_plan
 from splitplan.search.bracket import plan_max_rate
 from splitplan.search.colocated import as_simulated, closest_fit, colocated_plan
 from splitplan.search.documents import optimize_json, plan_json, plans_csv
+from splitplan.search.evaluation import slo_lines
 from splitplan.search.frontier import cost_power_frontier, nondominated
 from splitplan.search.outcomes import ClosedLoop, Confidence, ConfidenceLine, SimulatedOutcome, Unservable, Validation
 from splitplan.search.repair import cliff, repair
@@ -483,8 +484,9 @@ def _size(problem, tasks: list, jobs: int, done: dict, ks) -> dict:
     or co-located pool's size follows the prefill work it carries, so each such role's count
     searches start from a sized one's count (the first of the role sized, else, when there are
     more than a pair of tasks, the first of `ks` that fits, sized first), scaled by their prefill
-    work against its (a guess: the search still finds the smallest count that holds). What is
-    sized, and from which guess, does not depend on `jobs`."""
+    work against its (a guess: the search still finds the smallest count that holds); under an
+    inter-token line a co-located pool's follows the gaps its prefills stall instead
+    (`sizing.stall_guess`). What is sized, and from which guess, does not depend on `jobs`."""
     ks = [k for k in ks if k not in done]
     work = {k: float(np.sum(inst.prefill_time_s(problem.trace.prompt_tokens))) for k, (role, inst, _) in enumerate(tasks)
             if (k in done or k in ks) and role != Role.TOKEN and inst.fit.fits}
@@ -497,10 +499,10 @@ def _size(problem, tasks: list, jobs: int, done: dict, ks) -> dict:
 
 
 def _pilots(problem, tasks: list, work: dict, done: dict, ks: list) -> dict:
-    """Per prompt or co-located role, the task whose count the role's other searches start
-    from (sized into `done` first where it was not yet)."""
+    """Per prompt or co-located role (not the latter under an inter-token line: `_size`), the task
+    whose count the role's other searches start from (sized into `done` first where it was not yet)."""
     pilots = {}
-    for role in (Role.PROMPT, Role.MIXED):
+    for role in (Role.PROMPT, Role.MIXED) if not slo_lines(problem, "itl") else (Role.PROMPT,):
         sized = [k for k in work if tasks[k][0] == role and k in done and done[k].instances]
         first = sized[0] if sized else next((k for k in ks if k in work and tasks[k][0] == role), None)
         if first is None:

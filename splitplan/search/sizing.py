@@ -47,13 +47,35 @@ def _busy_guess(inst: Instance, t: Trace) -> int:
     return max(1, min(len(t), math.ceil(work / max(t.span_s, 1e-9))))
 
 
-def _guess(inst: Instance, t: Trace, role: Role) -> int:
+def stall_guess(problem: Problem, inst: Instance) -> int | None:
+    """Where a co-located pool's count search starts under inter-token lines (None without one). Each
+    prefill batch stretches one gap of every request decoding on its instance (`colocated_estimate`):
+    at a rate r of prompts over n instances, with B = r x o x step / n requests decoding on each, a
+    share r x step / n of the o gaps a request has. The gaps a prompt stretches past the line's limit
+    less a step (its prefill alone, of a share q of the prompts) must stay within the share the line's
+    percentile allows: n = q r step / (1 - p / 100), at each request's step alone (a guess, not a bound:
+    batches carry several prompts, steps grow with the batch)."""
+    t = problem.trace
+    lines = slo_lines(problem, "itl")
+    if not lines:
+        return None
+    step_s = decode_step_alone_s(inst, t.prompt_tokens, t.output_tokens)
+    prefill_s = np.asarray(inst.prefill_time_s(t.prompt_tokens))
+    rate = len(t) / max(t.span_s, 1e-9)
+    need = [float(np.mean(prefill_s > line.limit / 1e3 - step_s)) * rate * float(np.mean(step_s)) / (1 - line.percentile / 100)
+            for line in lines]
+    return max(1, min(MAX_INSTANCES, math.ceil(max(need))))
+
+
+def _guess(problem: Problem, role: Role, inst: Instance) -> int:
     """Where an option's count search starts: a token pool's instances whose KV holds its requests
-    decoding alone, another's instances the prefill work keeps busy."""
+    decoding alone, a co-located pool's `stall_guess`, else the instances the prefill work keeps busy."""
+    t = problem.trace
     if role == Role.TOKEN:
         return kv_bound_guess(t.arrival_s, t.prompt_tokens, t.output_tokens, inst,
                               decode_step_alone_s(inst, t.prompt_tokens, t.output_tokens))
-    return _busy_guess(inst, t)
+    stalls = stall_guess(problem, inst) if role == Role.MIXED else None
+    return _busy_guess(inst, t) if stalls is None else stalls
 
 
 def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, guess: int | None = None) -> Option:
@@ -63,11 +85,10 @@ def size_option(problem: Problem, role: Role, inst: Instance, lower: int = 1, gu
     refused = _refused(problem, role, inst)
     if refused is not None:
         return refused
-    t = problem.trace
     scores: dict[int, float] = {}  # (how far each count checked is from holding: where the search is aimed, smallest_count's score)
     check = {Role.PROMPT: _prompt_check, Role.TOKEN: _token_check}.get(role, _mixed_check)
     failing = functools.cache(check(problem, inst, scores))  # (the bisection has usually tried n - 1, which names the binding line)
-    n = smallest_count(lambda k: failing(k) is None, lower, guess or _guess(inst, t, role), score=scores.get)
+    n = smallest_count(lambda k: failing(k) is None, lower, guess or _guess(problem, role, inst), score=scores.get)
     if n is None:
         missed = failing(MAX_INSTANCES)  # (the walk's last check: more instances only approach this)
         label = getattr(missed, "label", missed)

@@ -411,7 +411,7 @@ def test_a_sequence_cap_sizes_the_token_pool():
     assert capped.instances > free.instances and capped.binding == "max_num_seqs"
 
 
-@pytest.mark.parametrize(("role", "max_num_seqs"), [("prompt", None), ("token", None), ("token", 8)])
+@pytest.mark.parametrize(("role", "max_num_seqs"), [("prompt", None), ("token", None), ("token", 8), ("mixed", None)])
 def test_an_aimed_count_search_sizes_as_a_scan_of_every_count(monkeypatch, role, max_num_seqs):
     """A pool's count search is aimed by how far each count is from holding (smallest_count's
     score): it finds the count a scan upward from 1 finds, whatever binds, in no more checks than
@@ -710,3 +710,29 @@ def test_a_token_pools_count_search_starts_where_its_kv_holds_the_requests_decod
         option = sizing.size_option(Problem(trace, load_slo("chat"), None), "token", Instance(MODEL, load_hardware(hw), ENGINE, 2))
         assert (option.instances, option.binding) == (answer, "KV memory")
         assert checked == [answer, answer - 1]
+
+
+def test_a_colocated_pools_count_search_starts_from_the_gaps_its_prefills_stall(monkeypatch):
+    """Under an inter-token line a co-located pool's count search starts at `sizing.stall_guess`:
+    the instances over which the gaps its prompts' prefills stretch past the limit stay within the
+    share the line's percentile allows. A guess (join-shortest-queue sends prompts where few requests
+    decode, so it errs high), within a factor of 2.5 of the count sized where ITL binds; none
+    without an inter-token line. `optimize` leaves every co-located search to it (no first sized
+    option's count scaled by prefill work)."""
+    from splitplan.search import optimize as search
+    from splitplan.search.sizing import size_option, stall_guess
+    from splitplan.specs.slo import load_slo
+    trace = resample_poisson(load_trace(default_trace_path()), 40.0, 30.0, np.random.default_rng(5))
+    chat = Problem(trace, load_slo("chat"), None)
+    for hw, tp in (("h100-80gb", 2), ("h100-80gb", 8), ("a100-80gb", 4), ("mi300x-192gb", 2)):
+        inst = Instance(MODEL, load_hardware(hw), ENGINE, tp)
+        option = size_option(chat, "mixed", inst)
+        assert option.binding == "ITL p99"
+        assert option.instances / 2 <= stall_guess(chat, inst) <= option.instances * 2.5
+    assert stall_guess(Problem(trace, load_slo("batch"), None), inst) is None
+    tasks: list = []
+    sized = search._size_one
+    monkeypatch.setattr(search, "_size_one", lambda problem, task: tasks.append(task) or sized(problem, task))
+    api.optimize(trace, "llama2-70b", "chat", ["a100-80gb", "h100-80gb", "mi300x-192gb"], mode="colocated")
+    mixed = [task for task in tasks if task[0] == "mixed"]
+    assert len(mixed) >= 3 and all(task[-1] is None for task in mixed)  # (role, instance, lower bound, guess)
