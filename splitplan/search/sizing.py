@@ -49,21 +49,24 @@ def _busy_guess(inst: Instance, t: Trace) -> int:
 
 def stall_guess(problem: Problem, inst: Instance) -> int | None:
     """Where a co-located pool's count search starts under inter-token lines (None without one). Each
-    prefill batch stretches one gap of every request decoding on its instance (`colocated_estimate`):
-    at a rate r of prompts over n instances, with B = r x o x step / n requests decoding on each, a
-    share r x step / n of the o gaps a request has. The gaps a prompt stretches past the line's limit
-    less a step (its prefill alone, of a share q of the prompts) must stay within the share the line's
-    percentile allows: n = q r step / (1 - p / 100), at each request's step alone (a guess, not a bound:
-    batches carry several prompts, steps grow with the batch)."""
+    prefill batch stretches one gap of every request decoding on its instance (`colocated_estimate`).
+    At a rate r of requests with o outputs on average over n instances, B = r o step / n decode on
+    each; join-shortest-queue sends a prompt to an instance holding the fewest, about half a request
+    fewer. So a share q (B - 1/2) / o of the gaps is stretched past the line's limit, q the share of
+    prompts whose prefill alone passes the limit less a step, and it must stay within the share
+    a = 1 - p / 100 the line's percentile allows: n = q r o step / (q / 2 + a o), at each request's
+    step alone (a guess, not a bound: batches carry several prompts, steps grow with the batch)."""
     t = problem.trace
     lines = slo_lines(problem, "itl")
     if not lines:
         return None
     step_s = decode_step_alone_s(inst, t.prompt_tokens, t.output_tokens)
     prefill_s = np.asarray(inst.prefill_time_s(t.prompt_tokens))
-    rate = len(t) / max(t.span_s, 1e-9)
-    need = [float(np.mean(prefill_s > line.limit / 1e3 - step_s)) * rate * float(np.mean(step_s)) / (1 - line.percentile / 100)
-            for line in lines]
+    rate, output = len(t) / max(t.span_s, 1e-9), float(np.mean(t.output_tokens))
+    need = []
+    for line in lines:
+        stretched = float(np.mean(prefill_s > line.limit / 1e3 - step_s))
+        need.append(stretched * rate * output * float(np.mean(step_s)) / (stretched / 2 + (1 - line.percentile / 100) * output))
     return max(1, min(MAX_INSTANCES, math.ceil(max(need))))
 
 
