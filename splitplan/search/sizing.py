@@ -67,7 +67,7 @@ def stall_guess(problem: Problem, inst: Instance) -> int | None:
     for line in lines:
         stretched = float(np.mean(prefill_s > line.limit / 1e3 - step_s))
         need.append(stretched * rate * output * float(np.mean(step_s)) / (stretched / 2 + (1 - line.percentile / 100) * output))
-    return max(1, min(MAX_INSTANCES, math.ceil(max(need))))
+    return max(1, min(len(t), math.ceil(max(need))))  # (no more instances than requests, as `_busy_guess`)
 
 
 def _guess(problem: Problem, role: Role, inst: Instance) -> int:

@@ -716,8 +716,8 @@ def test_a_colocated_pools_count_search_starts_from_the_gaps_its_prefills_stall(
     """Under an inter-token line a co-located pool's count search starts at `sizing.stall_guess`:
     the instances over which the gaps its prompts' prefills stretch past the limit stay within the
     share the line's percentile allows, with join-shortest-queue sending each prompt where the fewest
-    requests decode. A guess: from 0.6 to 1.25 times the count sized where ITL binds; none without
-    an inter-token line. `optimize` leaves every co-located search to it (no first sized
+    requests decode. A guess: from 0.6 to 1.25 times the count sized where ITL binds, at most one
+    instance a request; none without an inter-token line. `optimize` leaves every co-located search to it (no first sized
     option's count scaled by prefill work)."""
     from splitplan.search import optimize as search
     from splitplan.search.sizing import size_option, stall_guess
@@ -731,6 +731,9 @@ def test_a_colocated_pools_count_search_starts_from_the_gaps_its_prefills_stall(
         assert option.binding == "ITL p99"
         assert 0.6 * option.instances <= stall_guess(chat, inst) <= 1.25 * option.instances
     assert stall_guess(Problem(trace, load_slo("batch"), None), inst) is None
+    longest = slice(k := int(np.argmax(trace.prompt_tokens)), k + 1)  # (a prompt whose prefill passes the limit)
+    one = Trace(trace.arrival_s[longest], trace.prompt_tokens[longest], trace.output_tokens[longest], "one request")
+    assert stall_guess(Problem(one, load_slo("chat"), None), inst) == 1  # (no span: no more instances than requests)
     tasks: list = []
     sized = search._size_one
     monkeypatch.setattr(search, "_size_one", lambda problem, task: tasks.append(task) or sized(problem, task))
