@@ -511,6 +511,7 @@ def sample(out: Path) -> None:
         path.parent.mkdir(exist_ok=True)
         part[columns].to_csv(path, index=False)
 
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="write the curves into hardware_specs/*.yaml")

@@ -62,11 +62,11 @@ def stall_guess(problem: Problem, inst: Instance) -> int | None:
         return None
     step_s = decode_step_alone_s(inst, t.prompt_tokens, t.output_tokens)
     prefill_s = np.asarray(inst.prefill_time_s(t.prompt_tokens))
-    rate, output = len(t) / max(t.span_s, 1e-9), float(np.mean(t.output_tokens))
+    rate, output, mean_step_s = len(t) / max(t.span_s, 1e-9), float(np.mean(t.output_tokens)), float(np.mean(step_s))
     need = []
     for line in lines:
         stretched = float(np.mean(prefill_s > line.limit / 1e3 - step_s))
-        need.append(stretched * rate * output * float(np.mean(step_s)) / (stretched / 2 + (1 - line.percentile / 100) * output))
+        need.append(stretched * rate * output * mean_step_s / (stretched / 2 + (1 - line.percentile / 100) * output))
     return max(1, min(len(t), math.ceil(max(need))))  # (no more instances than requests, as `_busy_guess`)
 
 
